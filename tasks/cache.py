@@ -1,0 +1,227 @@
+"""The content-addressed stage cache: ``cache/<kind>/<key>/{manifest.json, out/...}``.
+
+- An entry is built in ``cache/.tmp/`` (same filesystem) and renamed into place only when the
+  stage succeeded and its manifest is written: a failed or killed stage leaves no entry, only
+  a temp folder that :meth:`Cache.gc` removes.
+- A per-key lock (``filelock``) means two processes sharing a cache never build one key twice
+  and never read an entry being written.
+- Output files are made read-only, as DVC does for linked cache files; the manifest records
+  each file's size, mtime_ns and xxh3-128. :meth:`Cache.lookup` checks size and mtime on
+  every use (cheap); :meth:`Cache.verify` rereads every byte. A damaged entry is moved to
+  ``cache/.damaged/`` and rebuilt, never used.
+
+This module knows nothing of what a stage does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from filelock import FileLock
+
+from . import digest
+
+
+def _rmtree(path: Path) -> None:
+    def onexc(func, p, exc):  # read-only files (Windows) and read-only dirs
+        os.chmod(p, stat.S_IWRITE | stat.S_IREAD | stat.S_IEXEC)
+        func(p)
+
+    if path.exists():
+        if sys.version_info >= (3, 12):
+            shutil.rmtree(path, onexc=onexc)
+        else:
+            shutil.rmtree(path, onerror=lambda f, p, e: onexc(f, p, e))
+
+
+def _write_json(path: Path, obj) -> None:
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+@dataclass
+class Entry:
+    """A committed cache entry: where it is and its manifest."""
+
+    kind: str
+    key: str
+    path: Path
+    manifest: dict
+
+    @property
+    def out(self) -> Path:
+        return self.path / "out"
+
+    @property
+    def output_digest(self) -> str:
+        return self.manifest["output_digest"]
+
+
+class Cache:
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    def entry_path(self, kind: str, key: str) -> Path:
+        return self.root / kind / key
+
+    def _lock(self, kind: str, key: str) -> FileLock:
+        d = self.root / ".locks"
+        d.mkdir(parents=True, exist_ok=True)
+        return FileLock(str(d / f"{kind}-{key}.lock"))
+
+    # ------------------------------------------------------------ reading
+
+    def problems(self, kind: str, key: str, full: bool = False) -> list[str] | None:
+        """None if no entry exists; else the list of ways the entry differs from its manifest
+        (empty = intact). ``full=True`` rehashes every output file (uncached)."""
+        path = self.entry_path(kind, key)
+        mpath = path / "manifest.json"
+        if not path.exists():
+            return None
+        try:
+            m = json.loads(mpath.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            return [f"manifest.json unreadable: {e}"]
+        out = []
+        if m.get("key") != key:
+            out.append(f"manifest key {m.get('key')} != folder name {key}")
+        listed = m.get("outputs", {})
+        present = {p.relative_to(path / "out").as_posix() for p in digest.list_files(path / "out")} \
+            if (path / "out").is_dir() else set()
+        for rel in sorted(present - set(listed)):
+            out.append(f"{rel}: not in the manifest")
+        for rel, meta in sorted(listed.items()):
+            f = path / "out" / rel
+            try:
+                st = f.stat()
+            except OSError:
+                out.append(f"{rel}: missing")
+                continue
+            if st.st_size != meta["size"]:
+                out.append(f"{rel}: size {st.st_size} != {meta['size']}")
+            elif full:
+                if digest.hash_file_uncached(f) != meta["xxh3"]:
+                    out.append(f"{rel}: content differs (xxh3)")
+            elif st.st_mtime_ns != meta["mtime_ns"]:
+                out.append(f"{rel}: modified (mtime)")
+        return out
+
+    def lookup(self, kind: str, key: str) -> Entry | None:
+        """The intact entry for (kind, key), or None. A damaged entry is quarantined (moved
+        to ``.damaged/``) with a warning on stderr, so the caller rebuilds it."""
+        probs = self.problems(kind, key)
+        if probs is None:
+            return None
+        if probs:
+            self.quarantine(kind, key, probs)
+            return None
+        path = self.entry_path(kind, key)
+        return Entry(kind, key, path, json.loads((path / "manifest.json").read_text(encoding="utf-8")))
+
+    def quarantine(self, kind: str, key: str, probs: list[str]) -> Path:
+        dest = self.root / ".damaged" / f"{kind}-{key}-{uuid.uuid4().hex[:8]}"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(self.entry_path(kind, key), dest)
+        print(f"npubuild: cache entry {kind}/{key} is damaged ({'; '.join(probs[:3])}); "
+              f"moved to {dest} and rebuilding", file=sys.stderr)
+        return dest
+
+    def entries(self):
+        """Every committed entry folder as (kind, key, path)."""
+        if not self.root.exists():
+            return
+        for kd in sorted(self.root.iterdir()):
+            if kd.is_dir() and not kd.name.startswith("."):
+                for e in sorted(kd.iterdir()):
+                    if e.is_dir():
+                        yield kd.name, e.name, e
+
+    # ------------------------------------------------------------ writing
+
+    def get_or_build(self, kind: str, key: str, manifest_base: dict,
+                     build: Callable[[Path], dict]) -> tuple[Entry, bool]:
+        """Return (entry, built). If an intact entry exists it is returned (a cache hit);
+        otherwise ``build(out_dir)`` runs in a temp folder, must fill ``out_dir`` and return a
+        JSON-able dict of extra manifest info, and the folder is committed atomically.
+
+        Holds the per-key lock for the whole build. Any exception from ``build`` removes the
+        temp folder and propagates; nothing is committed.
+        """
+        with self._lock(kind, key):
+            hit = self.lookup(kind, key)
+            if hit:
+                return hit, False
+            tmp_root = self.root / ".tmp"
+            tmp_root.mkdir(parents=True, exist_ok=True)
+            tmp = tmp_root / f"{kind}-{key}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            (tmp / "out").mkdir(parents=True)
+            try:
+                t0 = time.time()
+                info = build(tmp / "out") or {}
+                seconds = time.time() - t0
+                listing = {}
+                for f in digest.list_files(tmp / "out"):
+                    os.chmod(f, stat.S_IREAD | stat.S_IRGRP | stat.S_IROTH)
+                    st = f.stat()
+                    listing[f.relative_to(tmp / "out").as_posix()] = {
+                        "size": st.st_size, "mtime_ns": st.st_mtime_ns, "xxh3": digest.file_digest(f)}
+                manifest = dict(manifest_base, key=key, kind=kind, outputs=listing,
+                                output_digest=digest.listing_digest(listing), info=info,
+                                timings={"build_seconds": round(seconds, 3), "finished": time.time()})
+                _write_json(tmp / "manifest.json", manifest)
+                dest = self.entry_path(kind, key)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(tmp, dest)
+            except BaseException:
+                _rmtree(tmp)
+                raise
+            return Entry(kind, key, dest, manifest), True
+
+    # ------------------------------------------------------------ maintenance
+
+    def verify(self) -> dict[str, list[str]]:
+        """Rehash every entry fully. Returns {"kind/key": problems} for damaged entries
+        (not moved; the next build that needs one quarantines and rebuilds it)."""
+        bad = {}
+        for kind, key, _ in self.entries():
+            probs = self.problems(kind, key, full=True)
+            if probs:
+                bad[f"{kind}/{key}"] = probs
+        return bad
+
+    def gc(self, referenced: set[tuple[str, str]], apply: bool = False) -> list[tuple[str, int]]:
+        """Entries not in ``referenced`` (a set of (kind, key)), plus leftover temp and
+        damaged folders, as [(relative path, bytes)]. Removes them only when ``apply``.
+        A temp folder whose key lock is held (a build in progress) is kept."""
+        victims = []
+        for kind, key, path in self.entries():
+            if (kind, key) not in referenced:
+                victims.append(path)
+        for special in (".tmp", ".damaged"):
+            d = self.root / special
+            if d.is_dir():
+                for p in sorted(d.iterdir()):
+                    if special == ".tmp":
+                        kind, key = p.name.split("-")[:2]
+                        lock = self._lock(kind, key)
+                        try:
+                            lock.acquire(timeout=0)
+                        except Exception:
+                            continue
+                        lock.release()
+                    victims.append(p)
+        out = []
+        for p in victims:
+            size = sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+            out.append((p.relative_to(self.root).as_posix(), size))
+            if apply:
+                _rmtree(p)
+        return out

@@ -1,0 +1,149 @@
+"""Content digests: xxh3-128 of files and folders, canonical JSON, and the stat cache.
+
+- ``canonical_json(obj)``: the one serialisation that keys are hashed from (sorted keys,
+  no whitespace, UTF-8), as DVC does for its run-cache (``dvc/stage/cache.py``).
+- ``file_digest(path)``: xxh3-128 hex of a file's bytes, streamed in 1 MiB chunks (bounded
+  memory), memoised in a :class:`StatCache` keyed by (path, inode, size, mtime_ns), as
+  dvc-data's ``hashfile/state.py`` does, so an unchanged multi-GB file is not read again.
+- ``tree_digest(folder)``: xxh3-128 of the canonical JSON of {relative POSIX path: file
+  digest}; names and contents count, timestamps and permissions do not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import threading
+from pathlib import Path
+
+import xxhash
+
+CHUNK = 1 << 20  # bytes per read; xxhash releases the GIL above 64 KiB
+
+
+def canonical_json(obj) -> str:
+    """Serialise ``obj`` as canonical JSON: sorted keys, ``(",", ":")`` separators,
+    non-ASCII kept. Raises TypeError for values JSON cannot hold."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def digest_json(obj) -> str:
+    """xxh3-128 hex digest (32 chars) of ``canonical_json(obj)``."""
+    return xxhash.xxh3_128_hexdigest(canonical_json(obj).encode("utf-8"))
+
+
+def digest_bytes(data: bytes) -> str:
+    return xxhash.xxh3_128_hexdigest(data)
+
+
+def hash_file_uncached(path: Path) -> str:
+    """xxh3-128 hex digest of a file, streamed (``hashlib.file_digest`` with a 1 MiB buffer)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, xxhash.xxh3_128).hexdigest()
+
+
+class StatCache:
+    """Maps (absolute path, inode, size, mtime_ns) to the file's xxh3-128 digest.
+
+    Kept in SQLite (WAL mode) so that several doit processes can share it. A file whose stat
+    changed is hashed again; a row never answers for a different stat. ``reads`` counts the
+    bytes actually read from disk by this instance (used by benchmarks and tests).
+    """
+
+    def __init__(self, db_path: Path):
+        self.db_path = Path(db_path)
+        self.db_path.parent.mkdir(parents=True, exist_ok=True)
+        self._local = threading.local()
+        self.bytes_read = 0
+        self.hits = 0
+
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.db_path, timeout=60)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS stat (path TEXT PRIMARY KEY, inode INTEGER,"
+                " size INTEGER, mtime_ns INTEGER, digest TEXT)"
+            )
+            self._local.conn = conn
+        return conn
+
+    def file_digest(self, path: Path) -> str:
+        """Digest of ``path``, from the cache when its stat is unchanged. Raises OSError if
+        the file cannot be read."""
+        path = Path(path).absolute()
+        st = path.stat()
+        conn = self._conn()
+        row = conn.execute(
+            "SELECT inode, size, mtime_ns, digest FROM stat WHERE path=?", (str(path),)
+        ).fetchone()
+        if row and tuple(row[:3]) == (st.st_ino, st.st_size, st.st_mtime_ns):
+            self.hits += 1
+            return row[3]
+        digest = hash_file_uncached(path)
+        self.bytes_read += st.st_size
+        with conn:
+            conn.execute(
+                "INSERT OR REPLACE INTO stat VALUES (?,?,?,?,?)",
+                (str(path), st.st_ino, st.st_size, st.st_mtime_ns, digest),
+            )
+        return digest
+
+
+_default: StatCache | None = None
+
+
+def default_stat_cache() -> StatCache:
+    """The process-wide stat cache, at ``$NPUBUILD_HOME/statcache.sqlite`` (default
+    ``.npubuild/`` in the project root)."""
+    global _default
+    from .paths import state_dir
+
+    want = state_dir() / "statcache.sqlite"
+    if _default is None or _default.db_path != want:
+        _default = StatCache(want)
+    return _default
+
+
+def file_digest(path: Path) -> str:
+    """xxh3-128 hex of a file's bytes, through the default stat cache."""
+    return default_stat_cache().file_digest(path)
+
+
+def list_files(folder: Path) -> list[Path]:
+    """All regular files under ``folder``, sorted by relative POSIX path. Symlinks to files
+    are followed; hidden lock files (``*.lock``) are skipped."""
+    folder = Path(folder)
+    out = [p for p in folder.rglob("*") if p.is_file() and not p.name.endswith(".lock")]
+    return sorted(out, key=lambda p: p.relative_to(folder).as_posix())
+
+
+def tree_listing(folder: Path) -> dict[str, dict]:
+    """{relative POSIX path: {"size": bytes, "xxh3": digest}} for every file under ``folder``."""
+    folder = Path(folder)
+    return {
+        p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "xxh3": file_digest(p)}
+        for p in list_files(folder)
+    }
+
+
+def listing_digest(listing: dict[str, dict]) -> str:
+    """Digest of a folder listing: only relative paths and content digests count."""
+    return digest_json({k: v["xxh3"] for k, v in listing.items()})
+
+
+def tree_digest(folder: Path) -> str:
+    """xxh3-128 of a folder's content (names + bytes). Raises FileNotFoundError if absent."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"not a folder: {folder}")
+    return listing_digest(tree_listing(folder))
+
+
+def sha256_file(path: Path) -> str:
+    """sha256 hex of a file (for published manifests, where a standard hash is expected)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+

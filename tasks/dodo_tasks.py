@@ -1,0 +1,193 @@
+"""Turn recipes' plans into doit tasks. ``dodo.py`` only imports the ``task_*`` creators here.
+
+Tasks (``doit list``):
+
+- ``<stage>:<recipe>`` for every stage (``download:minilm-l6-w8a16``, ``export:...``); its
+  ``uptodate`` callable says "my stage key names an intact cache entry", so a stage runs only
+  when it is stale, and a stage built by another recipe is reused without running.
+- ``build:<recipe>`` runs a recipe's chain and fills ``build/<recipe>/``; ``doit build`` builds
+  every recipe.
+- ``explain:<recipe>`` prints each stage's key, status and what changed since its last build.
+- ``gc`` (``--apply`` to delete) and ``cache_verify`` (full rehash) maintain ``cache/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from . import engine, paths
+from .recipe import RecipeError
+
+paths.state_dir().mkdir(parents=True, exist_ok=True)
+DOIT_CONFIG = {
+    "backend": "sqlite3",  # the only doit backend that supports concurrent access
+    "dep_file": str(paths.state_dir() / "doit.sqlite3"),
+    "verbosity": 2,
+    "default_tasks": ["build"],
+}
+
+
+def _recipes() -> dict:
+    try:
+        return {n: r for n, r in engine.recipes().items() if not r.abstract}
+    except RecipeError as e:
+        print(f"npubuild: invalid recipe\n{e}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _stage_action(recipe: str, stage: str):
+    return engine.run_stage(recipe, stage)
+
+
+def _uptodate(recipe: str, stage: str):
+    def check(task, values):
+        return engine.is_up_to_date(recipe, stage)
+
+    check.__name__ = f"cached_{stage}"
+    return check
+
+
+def task_stages():
+    """One task per stage of every recipe; doit groups them by stage name."""
+    for name in _recipes():
+        for spec in engine.plan(name).values():
+            yield {
+                "basename": spec.name,
+                "name": name,
+                "doc": f"{spec.kind} stage of {name}",
+                "actions": [(_stage_action, [name, spec.name])],
+                "task_dep": [f"{up}:{name}" for up in sorted(set(spec.inputs.values()))],
+                "uptodate": [_uptodate(name, spec.name)],
+                "verbosity": 2,
+            }
+
+
+# ------------------------------------------------------------ build/<recipe>/
+
+
+def _link(src: Path, dest: Path) -> None:
+    """Hard-link ``src`` to ``dest`` (no copy, no symlink: works on NTFS too), else copy."""
+    if dest.exists() or dest.is_symlink():
+        dest.unlink()
+    try:
+        os.link(src, dest)
+    except OSError:
+        shutil.copyfile(src, dest)
+
+
+ARTIFACT_PATTERNS = {"compile": ("*_ctx.onnx", "*.bin", "genai_config.json"), "verify": ("verify.json",),
+                     "export": ("tokenizer*", "vocab*", "merges.txt", "special_tokens_map.json", "config.json",
+                                "generation_config.json")}
+
+
+def materialize(recipe: str) -> dict:
+    """Fill ``build/<recipe>/`` with links to the recipe's artifacts in the cache: context
+    binaries and EPContext models, tokenizer/config files and ``verify.json`` (one
+    sub-folder per target when there are several). Writes ``artifacts.json``: {file: entry}."""
+    res = engine.Resolver(recipe)
+    root = paths.build_dir() / recipe
+    root.mkdir(parents=True, exist_ok=True)
+    listing = {}
+    for name, spec in res.specs.items():
+        pats = ARTIFACT_PATTERNS.get(spec.kind)
+        if not pats:
+            continue
+        e = res.entry(name)
+        sub = name.split("@", 1)[1] if "@" in name else ""
+        for pat in pats:
+            for f in sorted(e.out.rglob(pat)):
+                rel = Path(sub) / f.relative_to(e.out)
+                (root / rel).parent.mkdir(parents=True, exist_ok=True)
+                _link(f, root / rel)
+                listing[rel.as_posix()] = f"{spec.kind}/{e.key}"
+    (root / "artifacts.json").write_text(json.dumps(listing, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    print(f"[build:{recipe}] {len(listing)} artifacts in {root}")
+    return {"artifacts": len(listing)}
+
+
+def _build_uptodate(recipe: str):
+    def check(task, values):
+        p = paths.build_dir() / recipe / "artifacts.json"
+        try:
+            want = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return False
+        res = engine.Resolver(recipe)
+        try:
+            keys = {f"{s.kind}/{res.key(n)}" for n, s in res.specs.items()}
+        except engine.NotReady:
+            return False
+        return set(want.values()) <= keys and all((p.parent / f).exists() for f in want)
+
+    return check
+
+
+def task_build():
+    """build:<recipe> runs the recipe's whole chain and links its artifacts into build/."""
+    for name in _recipes():
+        specs = engine.plan(name)
+        yield {
+            "name": name,
+            "doc": f"build {name} (all stages) into build/{name}/",
+            "actions": [(materialize, [name])],
+            "task_dep": [s.task for s in specs.values()],
+            "uptodate": [_build_uptodate(name)],
+            "verbosity": 2,
+        }
+
+
+def task_explain():
+    """explain:<recipe> prints each stage's key, params, status and what changed."""
+    for name in _recipes():
+        yield {"name": name, "actions": [(engine.print_explain, [name])], "uptodate": [False],
+               "verbosity": 2, "doc": f"show {name}'s plan, stage keys and why a stage is stale"}
+
+
+# ------------------------------------------------------------ cache maintenance
+
+
+def referenced_entries() -> set[tuple[str, str]]:
+    """(kind, key) of every stage of every recipe whose key can be computed now."""
+    refs = set()
+    for name in _recipes():
+        res = engine.Resolver(name)
+        for stage, spec in res.specs.items():
+            try:
+                refs.add((spec.kind, res.key(stage)))
+            except Exception:  # upstream not built or source unavailable: references nothing
+                pass
+    return refs
+
+
+def gc(apply: bool) -> None:
+    victims = engine.cache().gc(referenced_entries(), apply=apply)
+    total = sum(s for _, s in victims)
+    for rel, size in victims:
+        print(f"{'removed' if apply else 'would remove'} {rel} ({size / 1e6:.1f} MB)")
+    print(f"{len(victims)} unreferenced entries, {total / 1e6:.1f} MB"
+          + ("" if apply else " (dry run; doit gc --apply deletes)"))
+
+
+def task_gc():
+    """Remove cache entries that no recipe references (dry run unless --apply)."""
+    return {"actions": [gc], "params": [{"name": "apply", "long": "apply", "type": bool, "default": False,
+                                         "help": "delete (default: only list)"}],
+            "uptodate": [False], "verbosity": 2}
+
+
+def cache_verify() -> bool:
+    bad = engine.cache().verify()
+    for entry, probs in bad.items():
+        print(f"DAMAGED {entry}: {'; '.join(probs)}")
+    n = sum(1 for _ in engine.cache().entries())
+    print(f"{n} entries checked, {len(bad)} damaged")
+    return not bad
+
+
+def task_cache_verify():
+    """Rehash every cache entry and report those that no longer match their manifest."""
+    return {"actions": [cache_verify], "uptodate": [False], "verbosity": 2}

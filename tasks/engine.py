@@ -1,0 +1,264 @@
+"""Stage keys, and running one stage through the cache.
+
+The stage key (xxh3-128 of canonical JSON, :func:`key_material` + :func:`stage_key`) covers:
+
+- the stage kind and the ``VERSION`` of its module in ``tasks/stages/``;
+- its resolved params (minus the module's ``KEY_EXCLUDE``, e.g. verify thresholds, which
+  judge a result but do not change it);
+- the output digests of its upstream entries and the content digests of the project files
+  it reads, never their paths and never the recipe name, so two recipes whose stages agree
+  share one entry; and since an upstream enters by its *output* digest, a rebuilt upstream
+  with byte-identical output leaves its downstream up to date (early cut-off);
+- the versions of the tools in the module's ``TOOLS``;
+- whatever the module's optional ``key_extra(params)`` adds (a local source folder's digest,
+  a Hub revision resolved to its commit).
+
+This module knows nothing of doit; ``tasks/dodo_tasks.py`` wraps it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from functools import lru_cache
+from pathlib import Path
+
+from . import digest, paths, tools
+from .cache import Cache, Entry
+from .plan import StageSpec, expand
+from .recipe import load_all
+from .stages import module_for
+
+
+class StageFailed(Exception):
+    """A stage ran and its result does not pass (e.g. verify below threshold)."""
+
+
+class NotReady(Exception):
+    """An upstream stage has no cache entry yet, so this stage's key cannot be computed."""
+
+
+def cache() -> Cache:
+    return Cache(paths.cache_dir())
+
+
+@lru_cache(maxsize=None)
+def _recipes_cached(recipes_dir: str, stamp: tuple) -> dict:
+    return load_all(Path(recipes_dir))
+
+
+def recipes() -> dict:
+    """All recipes, reloaded when a recipe file changed (keyed by the files' stats)."""
+    d = paths.recipes_dir()
+    stamp = tuple((f.name, f.stat().st_mtime_ns, f.stat().st_size) for f in sorted(d.glob("*.yaml")))
+    return _recipes_cached(str(d), stamp)
+
+
+def plan(recipe_name: str) -> dict[str, StageSpec]:
+    """{stage name: spec} of one recipe, in build order."""
+    return {s.name: s for s in expand(recipes()[recipe_name])}
+
+
+def project_file(rel: str) -> Path:
+    """A recipe's data file, relative to the project root. Raises FileNotFoundError."""
+    p = (paths.root() / rel).absolute()
+    if not p.is_file():
+        raise FileNotFoundError(f"data file {rel!r} not found (looked at {p})")
+    return p
+
+
+def key_material(spec: StageSpec, upstream: dict[str, Entry]) -> dict:
+    """Everything the key of ``spec`` is the hash of (a plain dict). ``upstream`` maps each
+    role in ``spec.inputs`` to its committed entry."""
+    mod = module_for(spec.kind)
+    params = {k: v for k, v in spec.params.items() if k not in getattr(mod, "KEY_EXCLUDE", ())}
+    material = {
+        "kind": spec.kind,
+        "version": mod.VERSION,
+        "params": params,
+        "inputs": {role: upstream[role].output_digest for role in spec.inputs},
+        "files": {role: digest.file_digest(project_file(rel)) for role, rel in spec.files.items()},
+        "tools": tools.versions(mod.TOOLS),
+    }
+    extra = getattr(mod, "key_extra", None)
+    if extra:
+        material["extra"] = extra(spec.params)
+    return material
+
+
+def stage_key(material: dict) -> str:
+    """The stage key: xxh3-128 hex of the canonical JSON of ``material``."""
+    return digest.digest_json(material)
+
+
+class Resolver:
+    """Computes keys and finds entries for the stages of one recipe, memoising within a run."""
+
+    def __init__(self, recipe_name: str):
+        self.recipe = recipe_name
+        self.specs = plan(recipe_name)
+        self.cache = cache()
+        self._materials: dict[str, dict] = {}
+
+    def material(self, stage: str) -> dict:
+        """Key material of ``stage``. Raises NotReady if an upstream has no entry."""
+        if stage not in self._materials:
+            spec = self.specs[stage]
+            self._materials[stage] = key_material(spec, {r: self.entry(up) for r, up in spec.inputs.items()})
+        return self._materials[stage]
+
+    def key(self, stage: str) -> str:
+        return stage_key(self.material(stage))
+
+    def entry(self, stage: str) -> Entry:
+        """The committed entry of ``stage``. Raises NotReady."""
+        spec = self.specs[stage]
+        e = self.cache.lookup(spec.kind, self.key(stage))
+        if e is None:
+            raise NotReady(f"{spec.task} has no cache entry (stale or never built)")
+        return e
+
+    def try_entry(self, stage: str) -> Entry | None:
+        try:
+            return self.entry(stage)
+        except NotReady:
+            return None
+
+    def failures(self, stage: str, entry: Entry) -> list[str]:
+        spec = self.specs[stage]
+        check = getattr(module_for(spec.kind), "check", None)
+        return check(entry.out, entry.manifest, spec.params) if check else []
+
+
+def run_stage(recipe_name: str, stage: str) -> dict:
+    """Build (or reuse) the cache entry of one stage; the action of its doit task.
+
+    Returns {"key", "built"} (doit saves it as the task's values). Raises StageFailed when
+    the stage's ``check`` rejects the result (e.g. verify below a threshold); the entry
+    itself stays, since the measurement is valid and deterministic.
+    """
+    res = Resolver(recipe_name)
+    spec = res.specs[stage]
+    mod = module_for(spec.kind)
+    material = res.material(stage)
+    key = stage_key(material)
+    upstream = {role: res.entry(up) for role, up in spec.inputs.items()}
+    files = {role: project_file(rel) for role, rel in spec.files.items()}
+
+    def build(out: Path) -> dict:
+        print(f"[{spec.task}] building {spec.kind} {key[:12]}", flush=True)
+        return mod.run({r: e.out for r, e in upstream.items()}, files, spec.params, out) or {}
+
+    base = {
+        "stage_version": mod.VERSION, "params": spec.params, "tools": material["tools"],
+        "inputs": {r: {"kind": e.kind, "key": e.key, "output_digest": e.output_digest} for r, e in upstream.items()},
+        "files": {r: {"path": spec.files[r], "xxh3": material["files"][r]} for r in files},
+        "extra": material.get("extra", {}), "host": tools.host(), "built_for": recipe_name,
+    }
+    t0 = time.time()
+    entry, built = res.cache.get_or_build(spec.kind, key, base, build)
+    how = f"built in {time.time() - t0:.1f}s" if built else "cache hit"
+    print(f"[{spec.task}] {key[:12]} {how}", flush=True)
+    record(recipe_name, stage, key, material, entry)
+    bad = res.failures(stage, entry)
+    if bad:
+        raise StageFailed(f"{spec.task} failed:\n  " + "\n  ".join(bad) + f"\n  (details: {entry.out})")
+    return {"key": key, "built": built}
+
+
+def is_up_to_date(recipe_name: str, stage: str) -> bool:
+    """True when the stage's key can be computed and names an intact entry that passes its
+    check. Used as the doit ``uptodate`` callable (evaluated after upstream tasks ran)."""
+    res = Resolver(recipe_name)
+    try:
+        e = res.entry(stage)
+    except (NotReady, FileNotFoundError):
+        return False
+    if res.failures(stage, e):
+        return False
+    record(recipe_name, stage, e.key, res.material(stage), e)
+    return True
+
+
+# ------------------------------------------------------------ build/<recipe>/ state
+
+
+def state_path(recipe_name: str) -> Path:
+    return paths.build_dir() / recipe_name / "stages.json"
+
+
+def read_state(recipe_name: str) -> dict:
+    try:
+        return json.loads(state_path(recipe_name).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def record(recipe_name: str, stage: str, key: str, material: dict, entry: Entry) -> None:
+    """Remember the last key and key material of a stage of this recipe (for explain)."""
+    from filelock import FileLock
+
+    p = state_path(recipe_name)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(p) + ".lock"):
+        st = read_state(recipe_name)
+        st[stage] = {"key": key, "kind": entry.kind, "entry": str(entry.path), "material": material}
+        tmp = p.with_suffix(".tmp")
+        tmp.write_text(json.dumps(st, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        tmp.replace(p)
+
+
+def _diff(old, new, prefix="") -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for k in sorted(set(old) | set(new)):
+            p = f"{prefix}.{k}" if prefix else str(k)
+            if k not in old:
+                out.append(f"{p}: added {json.dumps(new[k])}")
+            elif k not in new:
+                out.append(f"{p}: removed (was {json.dumps(old[k])})")
+            else:
+                out += _diff(old[k], new[k], p)
+        return out
+    return [] if old == new else [f"{prefix}: {json.dumps(old)} -> {json.dumps(new)}"]
+
+
+def explain(recipe_name: str) -> list[dict]:
+    """For each stage: name, kind, key (or None), status (up to date / stale / blocked) and,
+    for a stale stage, what changed in its key material since the last recorded build."""
+    res = Resolver(recipe_name)
+    last = read_state(recipe_name)
+    rows = []
+    for name, spec in res.specs.items():
+        row = {"stage": name, "task": spec.task, "kind": spec.kind, "params": spec.params,
+               "inputs": spec.inputs, "files": spec.files}
+        try:
+            mat = res.material(name)
+            row["key"] = stage_key(mat)
+            e = res.cache.lookup(spec.kind, row["key"])
+            row["status"] = "up to date" if e else "stale"
+            if e and res.failures(name, e):
+                row["status"] = "failed"
+            if not e:
+                prev = last.get(name)
+                row["changes"] = _diff(prev["material"], mat) if prev else ["never built"]
+        except NotReady as err:
+            row["key"], row["status"], row["changes"] = None, "blocked", [str(err)]
+        except Exception as err:  # e.g. an offline Hub source: show the plan anyway
+            row["key"], row["status"], row["changes"] = None, "unknown", [f"{type(err).__name__}: {err}"]
+        rows.append(row)
+    return rows
+
+
+def print_explain(recipe_name: str, verbose: bool = True) -> None:
+    for row in explain(recipe_name):
+        key = row["key"][:16] if row["key"] else "-" * 16
+        print(f"{row['task']:<40} {row['kind']:<9} {key}  {row['status']}")
+        if verbose:
+            print(f"    params: {json.dumps(row['params'], sort_keys=True)}")
+            if row["inputs"] or row["files"]:
+                print(f"    inputs: {json.dumps(row['inputs'])} files: {json.dumps(row['files'])}")
+        for c in row.get("changes", []):
+            print(f"    changed: {c}")
+    sys.stdout.flush()

@@ -1,0 +1,177 @@
+"""Tiny, *trained* decoder LLM fixtures (Qwen2 / Llama) for export, quantization and QNN tests.
+
+Why trained: a random-init tiny LLM greedily repeats one token, so fp32 / QDQ / HTP outputs agree
+trivially and token-agreement tests cannot fail (see /work/shared/NOTES-qnn.md). These fixtures are
+trained for a fixed number of steps on ``data/tiny-corpus.txt`` (~10.6 KB of plain English written
+for this repo), so greedy continuations are varied and confident.
+
+Determinism: the number of optimizer steps is derived from ``train_seconds`` through a fixed nominal
+rate (:data:`STEPS_PER_SECOND`), never from the wall clock, and training runs with
+``torch.manual_seed(seed)``, ``torch.use_deterministic_algorithms(True)`` and a fixed thread count
+(:data:`TRAIN_THREADS`). On the same machine/torch build two calls give byte-identical folders
+(checked: sha256 of every file; see ``tests/test_llm_fixtures.py``). Across CPUs / BLAS builds the
+float results of training may differ in the last bits, so bytes are not promised across machines.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from pathlib import Path
+
+CORPUS_PATH = Path(__file__).parent / "data" / "tiny-corpus.txt"
+
+#: nominal optimizer steps per "second" of training budget (measured ~on a 2-core x86_64 machine).
+STEPS_PER_SECOND = 6.0
+#: intra-op threads used while training (fixed so the float results are reproducible).
+TRAIN_THREADS = 2
+VOCAB_SIZE = 1024
+EOS_TOKEN = "<|endoftext|>"
+
+#: architecture hyper-parameters: 4 layers, hidden 192, 6 query heads / 2 KV heads (GQA), head_dim 32
+ARCH_PARAMS = dict(
+    hidden_size=192,
+    intermediate_size=768,
+    num_hidden_layers=4,
+    num_attention_heads=6,
+    num_key_value_heads=2,
+    max_position_embeddings=4096,
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+)
+TRAIN_PARAMS = dict(seq=64, batch=16, lr=3e-3, warmup=20, weight_decay=0.01)
+
+
+def fixture_key(arch: str, seed: int = 0, train_seconds: float = 60) -> str:
+    """Hex digest (16 chars) of this file's source, the corpus and the parameters.
+
+    Use it as a cache key for a built fixture: any change to the fixture code, the corpus or the
+    parameters changes the key.
+    """
+    h = hashlib.sha256()
+    h.update(Path(__file__).read_bytes())
+    h.update(CORPUS_PATH.read_bytes())
+    h.update(json.dumps([arch, seed, float(train_seconds)]).encode())
+    return h.hexdigest()[:16]
+
+
+def train_tokenizer(corpus_path: Path = CORPUS_PATH, vocab_size: int = VOCAB_SIZE):
+    """Train a byte-level BPE tokenizer (``tokenizers`` library) on ``corpus_path``.
+
+    Returns a ``transformers.PreTrainedTokenizerFast`` with ``<|endoftext|>`` as eos and pad token,
+    no automatic BOS. Deterministic for a given corpus and tokenizers version.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train([str(corpus_path)], trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=EOS_TOKEN, pad_token=EOS_TOKEN, model_max_length=4096
+    )
+
+
+def _build_config(arch: str, vocab_size: int, eos_id: int):
+    from transformers import LlamaConfig, Qwen2Config
+
+    common = dict(ARCH_PARAMS, vocab_size=vocab_size, bos_token_id=eos_id, eos_token_id=eos_id,
+                  pad_token_id=eos_id, torch_dtype="float32")
+    if arch == "qwen2":
+        # Qwen2: q/k/v biases, tied embeddings (as in the small Qwen2.5 checkpoints)
+        return Qwen2Config(**common, tie_word_embeddings=True, use_sliding_window=False)
+    if arch == "llama":
+        return LlamaConfig(**common, tie_word_embeddings=False, attention_bias=False, mlp_bias=False)
+    raise ValueError(f"arch must be 'qwen2' or 'llama', got {arch!r}")
+
+
+def make_tiny_model(arch: str, out_dir, seed: int = 0, train_seconds: float = 60) -> Path:
+    """Build, train and save a tiny causal LM; return ``out_dir`` as a Path.
+
+    Args:
+        arch: ``"qwen2"`` (Qwen2ForCausalLM, qkv bias, tied embeddings) or ``"llama"``
+            (LlamaForCausalLM, no bias, untied lm_head).
+        out_dir: folder to write (created; existing files are overwritten).
+        seed: seed for torch / python RNG (weights init and batch sampling).
+        train_seconds: training budget; converted to ``round(train_seconds * STEPS_PER_SECOND)``
+            AdamW steps (batch 16 x 64 tokens), i.e. wall time depends on the machine, results do not.
+
+    Output folder: ``config.json``, ``model.safetensors`` (fp32), ``generation_config.json``
+    (greedy), ``tokenizer.json``, ``tokenizer_config.json``, ``special_tokens_map.json``,
+    ``train_log.json`` (steps, first/last loss, seconds). Loadable offline with
+    ``AutoModelForCausalLM.from_pretrained(out_dir)`` / ``AutoTokenizer.from_pretrained(out_dir)``.
+    ~2.5 M parameters, 4 layers, 6 query heads / 2 KV heads, head_dim 32, vocab 1024.
+
+    Raises ValueError for an unknown ``arch``.
+    """
+    import time
+
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = train_tokenizer()
+    eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+    config = _build_config(arch, len(tokenizer), eos_id)
+
+    prev_threads = torch.get_num_threads()
+    prev_det = torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(TRAIN_THREADS)
+    torch.use_deterministic_algorithms(True)
+    try:
+        torch.manual_seed(seed)
+        rng = random.Random(seed)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+        model.train()
+        text = CORPUS_PATH.read_text()
+        paragraphs = [p.strip() for p in text.split("\n\n") if p.strip()]
+        ids = []
+        for p in paragraphs:
+            ids.extend(tokenizer(p)["input_ids"] + [eos_id])
+        data = torch.tensor(ids, dtype=torch.long)
+        tp = TRAIN_PARAMS
+        steps = max(1, round(train_seconds * STEPS_PER_SECOND))
+        opt = torch.optim.AdamW(model.parameters(), lr=tp["lr"], weight_decay=tp["weight_decay"],
+                                betas=(0.9, 0.95))
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: min(1.0, (s + 1) / tp["warmup"]) * max(0.05, 1 - s / steps))
+        losses = []
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            starts = [rng.randrange(0, len(data) - tp["seq"] - 1) for _ in range(tp["batch"])]
+            batch = torch.stack([data[s:s + tp["seq"]] for s in starts])
+            loss = model(input_ids=batch, labels=batch).loss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            losses.append(float(loss.detach()))
+        elapsed = time.perf_counter() - t0
+    finally:
+        torch.set_num_threads(prev_threads)
+        torch.use_deterministic_algorithms(prev_det)
+
+    model.eval()
+    model.generation_config = GenerationConfig(
+        do_sample=False, eos_token_id=eos_id, pad_token_id=eos_id, bos_token_id=eos_id)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    n_params = sum(p.numel() for p in model.parameters())
+    (out_dir / "train_log.json").write_text(json.dumps({
+        "arch": arch, "seed": seed, "steps": steps, "params": n_params,
+        "loss_first": losses[0], "loss_last10": sum(losses[-10:]) / min(10, len(losses)),
+        "corpus_tokens": len(ids),
+    }, indent=1))
+    # wall time is logged separately so the main log stays byte-deterministic
+    (out_dir / "train_time.txt").write_text(f"{elapsed:.1f}\n")
+    return out_dir

@@ -1,0 +1,150 @@
+"""Compile QDQ LLM graphs to QNN HTP context binaries (onnxruntime-qnn plugin EP) and load them.
+
+Compile = create a session on the QDQ model with ``ep.context_enable=1`` (EPContext model
+``<name>_ctx.onnx`` + context binary ``<name>_ctx_qnn.bin``, ``ep.context_embed_mode=0``),
+``session.disable_cpu_ep_fallback=1`` and provider option ``offload_graph_io_quantization=0``, so a
+successful compile proves every node is on HTP. Weight sharing (:func:`compile_shared`) compiles
+prefill and decode one after the other with ``enable_htp_weight_sharing=1`` and
+``ep.share_ep_contexts=1`` (+ ``ep.stop_share_ep_contexts=1`` on the last), giving one ``.bin``
+holding both graphs.
+
+On x86_64 a session on a ``_ctx.onnx`` runs the binary on the HTP *simulator* (slow; its speed says
+nothing about a device). Tested with onnxruntime 1.32.0 + onnxruntime-qnn 2.7.0 (QNN SDK 2.51).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+_REGISTERED = False
+
+
+def qnn_devices():
+    """Register the onnxruntime-qnn plugin EP once; return its ``OrtEpDevice`` list.
+    Raises RuntimeError if no QNN device is found."""
+    global _REGISTERED
+    import onnxruntime as ort
+    import onnxruntime_qnn
+
+    if not _REGISTERED:
+        try:
+            ort.register_execution_provider_library(onnxruntime_qnn.EP_NAME,
+                                                    onnxruntime_qnn.get_library_path())
+        except Exception as e:  # already registered in this process
+            if "already" not in str(e).lower():
+                raise
+        _REGISTERED = True
+    devs = [d for d in ort.get_ep_devices() if d.ep_name == onnxruntime_qnn.EP_NAME]
+    if not devs:
+        raise RuntimeError("no QNNExecutionProvider device after registering the plugin")
+    return devs
+
+
+def provider_options(soc_model: int = 60, htp_arch: int = 73, **extra) -> dict:
+    """HTP provider options (all values as strings): backend_type=htp, soc_model, htp_arch,
+    offload_graph_io_quantization=0, plus ``extra``."""
+    opts = {"backend_type": "htp", "soc_model": str(soc_model), "htp_arch": str(htp_arch),
+            "offload_graph_io_quantization": "0"}
+    opts.update({k: str(v) for k, v in extra.items()})
+    return opts
+
+
+def make_qnn_session(path, *, soc_model: int = 60, htp_arch: int = 73, config: dict | None = None,
+                     cpu_fallback: bool = False, **extra_provider_options):
+    """``onnxruntime.InferenceSession`` on QNN HTP for ``path`` (QDQ or ``_ctx.onnx``).
+
+    ``config``: extra session config entries; ``cpu_fallback=False`` sets
+    ``session.disable_cpu_ep_fallback=1`` (session creation fails if any node is not on HTP)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if not cpu_fallback:
+        so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    for k, v in (config or {}).items():
+        so.add_session_config_entry(k, str(v))
+    so.add_provider_for_devices(qnn_devices(), provider_options(soc_model, htp_arch,
+                                                                **extra_provider_options))
+    return ort.InferenceSession(str(path), sess_options=so)
+
+
+def qnn_session_factory(**kw):
+    """``make_session(path)`` for :class:`tasks.llm.runner.LLMRunner` on QNN HTP."""
+    return lambda path: make_qnn_session(path, **kw)
+
+
+def _compile(qdq, ctx_path: Path, soc_model, htp_arch, config=None, **extra):
+    cfg = {"ep.context_enable": "1", "ep.context_embed_mode": "0",
+           "ep.context_file_path": str(ctx_path)}
+    cfg.update(config or {})
+    t = time.perf_counter()
+    sess = make_qnn_session(qdq, soc_model=soc_model, htp_arch=htp_arch, config=cfg, **extra)
+    del sess
+    return time.perf_counter() - t
+
+
+def _bins(out_dir: Path, before: set) -> list[Path]:
+    return sorted(p for p in out_dir.glob("*.bin") if p not in before)
+
+
+def compile_single(qdq, out_dir, *, name: str | None = None, soc_model: int = 60,
+                   htp_arch: int = 73) -> dict:
+    """Compile one QDQ graph to ``out_dir/<name>_ctx.onnx`` + its own context binary.
+
+    ``name`` defaults to the QDQ file's stem. Existing outputs are replaced (ORT refuses to
+    overwrite a ``_ctx.onnx``). Returns ``{"ctx": str, "bin": str, "bin_bytes": int,
+    "seconds": float}``. Raises onnxruntime's error if a node cannot go to HTP.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    name = name or Path(qdq).stem
+    ctx = out_dir / f"{name}_ctx.onnx"
+    for old in [ctx, *out_dir.glob(f"{name}_ctx*.bin")]:
+        old.unlink(missing_ok=True)
+    before = set(out_dir.glob("*.bin"))
+    secs = _compile(qdq, ctx, soc_model, htp_arch)
+    bins = _bins(out_dir, before)
+    return {"ctx": str(ctx), "bin": str(bins[0]) if bins else None,
+            "bin_bytes": sum(b.stat().st_size for b in bins), "seconds": secs}
+
+
+def compile_shared(prefill_qdq, decode_qdq, out_dir, soc_model: int = 60, htp_arch: int = 73,
+                   *, names=("prefill", "decode")) -> dict:
+    """Compile prefill + decode into ONE weight-shared context binary.
+
+    Writes ``out_dir/{names[0]}_ctx.onnx``, ``out_dir/{names[1]}_ctx.onnx`` (both EPContext models
+    reference the same ``.bin``) and the ``.bin`` (named after the first graph). Returns
+    ``{"ctx": [prefill_ctx, decode_ctx], "bins": [...], "bin_bytes": int, "seconds": float}``.
+    Note: on x86_64 loading such a multi-graph binary segfaulted the simulator (NOTES-qnn.md);
+    use per-graph binaries (:func:`compile_single`) to verify there, or see
+    :func:`load_shared_probe`.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ctxs = [out_dir / f"{n}_ctx.onnx" for n in names]
+    for old in [*ctxs, *out_dir.glob("*.bin")]:
+        old.unlink(missing_ok=True)
+    t = 0.0
+    for i, (qdq, ctx) in enumerate(zip((prefill_qdq, decode_qdq), ctxs)):
+        cfg = {"ep.share_ep_contexts": "1"}
+        if i == 1:
+            cfg["ep.stop_share_ep_contexts"] = "1"
+        t += _compile(qdq, ctx, soc_model, htp_arch, config=cfg, enable_htp_weight_sharing="1")
+    bins = sorted(out_dir.glob("*.bin"))
+    return {"ctx": [str(c) for c in ctxs], "bins": [str(b) for b in bins],
+            "bin_bytes": sum(b.stat().st_size for b in bins), "seconds": t}
+
+
+def run_in_subprocess(code: str, timeout: float = 600) -> tuple[int, str]:
+    """Run python ``code`` in a child process (same interpreter); return (returncode, output).
+    A negative return code is the signal that killed it (e.g. -11 = SIGSEGV)."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2]) + os.pathsep + env.get("PYTHONPATH", "")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=timeout, env=env)
+    return p.returncode, (p.stdout + p.stderr)[-4000:]

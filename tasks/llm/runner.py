@@ -1,0 +1,248 @@
+"""Greedy prefill + decode loop over the static graphs of :mod:`tasks.llm.export` (any EP).
+
+KV cache layout kept by the host (numpy, float32): per layer ``K, V`` of shape [1, Hkv, C, d];
+entries ``0..n-1`` hold the ``n`` tokens processed so far (in order), the rest are zeros (masked).
+A graph with S new tokens gets ``cache[:, :, :C-S]`` as ``past_*`` and returns the S new K/V, which
+the runner copies into slots ``n..n+m-1`` (m real tokens). So ``n + m <= C - S + ...`` bounds apply:
+a prefill chunk needs ``n <= C - S``; a decode step needs ``n <= C - 1``.
+
+Prompt chunks shorter than S are *left*-padded: pad rows sit at the start of the new block, attend
+only to themselves, and real rows never attend to them; so the last row is always the last real
+token, which is what ``lm_head="last"`` graphs return. Positions of real tokens are ``n + j``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .export import MASK_VALUE
+
+_PAST = re.compile(r"^past_(key|value)_(\d+)$")
+
+
+class _Graph:
+    def __init__(self, session):
+        self.sess = session
+        self.inputs = {i.name: i for i in session.get_inputs()}
+        self.output_names = [o.name for o in session.get_outputs()]
+        self.mask_shape = list(self.inputs["attention_mask"].shape)  # [1,1,S,C]
+        self.S, self.C = int(self.mask_shape[2]), int(self.mask_shape[3])
+        self.layers = sorted({int(m.group(2)) for n in self.inputs if (m := _PAST.match(n))})
+        self.first_input = next(n for n in ("input_ids", "inputs_embeds", "hidden_states_in")
+                                if n in self.inputs)
+        self.last = "logits" in self.output_names
+
+
+class LLMRunner:
+    """Run exported (fp32, QDQ or EPContext) LLM parts greedily with a host-side KV cache.
+
+    Args:
+        parts: list of ``(prefill_model_path, decode_model_path)``, one per part, in order.
+        make_session: ``path -> onnxruntime.InferenceSession`` (the caller picks the EP: CPU for
+            fp32/QDQ graphs, QNN HTP for ``*_ctx.onnx``). Any object with ``get_inputs()``,
+            ``get_outputs()`` and ``run(names, feeds)`` works.
+        embed_table: float32 [V, D] host-side embedding table, required iff part 0 takes
+            ``inputs_embeds`` (export with ``embed="separate"``; the table is ``embed_tokens.npy``).
+        mask_value: additive value for blocked attention entries (default export.MASK_VALUE=-100).
+        pad_id: token id fed at padded rows (their results are discarded).
+        recorder: optional ``callable(part_index, kind, feeds_dict)`` called before every graph
+            run (``kind`` is ``"prefill"`` or ``"decode"``); used by :mod:`tasks.llm.calib`.
+
+    Raises ValueError if the graphs disagree on C or layers, or embed_table is missing.
+    """
+
+    def __init__(self, parts: Sequence[tuple], make_session: Callable, *, embed_table=None,
+                 mask_value: float = MASK_VALUE, pad_id: int = 0, recorder=None):
+        self.prefill = [_Graph(make_session(str(p))) for p, _ in parts]
+        self.decode = [_Graph(make_session(str(d))) for _, d in parts]
+        self.S = self.prefill[0].S
+        self.C = self.prefill[0].C
+        for g in self.prefill + self.decode:
+            if g.C != self.C:
+                raise ValueError(f"context length mismatch: {g.C} != {self.C}")
+        if self.decode[0].S != 1:
+            raise ValueError("decode graphs must take 1 token")
+        if self.prefill[0].first_input == "inputs_embeds" and embed_table is None:
+            raise ValueError("part 0 takes inputs_embeds: pass embed_table (embed_tokens.npy)")
+        self.embed_table = None if embed_table is None else np.asarray(embed_table, np.float32)
+        self.mask_value = float(mask_value)
+        self.pad_id = int(pad_id)
+        self.recorder = recorder
+        shp = self.prefill[0].inputs[f"past_key_{self.prefill[0].layers[0]}"].shape
+        self.n_kv, self.head_dim = int(shp[1]), int(shp[3])
+        self.layers = [l for g in self.prefill for l in g.layers]
+        self.reset()
+
+    @classmethod
+    def from_export(cls, export_dir, make_session, suffix: str = ".onnx", **kw) -> "LLMRunner":
+        """Build from an :func:`tasks.llm.export.export_llm` folder; ``suffix`` picks the files
+        (e.g. ``".onnx"`` for fp32, ``"_ctx.onnx"`` if compiled models were written next to them
+        with that naming). Loads ``embed_tokens.npy`` when present."""
+        export_dir = Path(export_dir)
+        desc = json.loads((export_dir / "export.json").read_text())
+        parts = []
+        for p in desc["parts"]:
+            parts.append(tuple(str(export_dir / p[g]["path"]).replace(".onnx", suffix)
+                               for g in ("prefill", "decode")))
+        if desc.get("embed_file") and "embed_table" not in kw:
+            kw["embed_table"] = np.load(export_dir / desc["embed_file"])
+        kw.setdefault("mask_value", desc.get("mask_value", MASK_VALUE))
+        return cls(parts, make_session, **kw)
+
+    def reset(self) -> None:
+        """Empty the KV cache (n = 0)."""
+        self.k = {l: np.zeros((1, self.n_kv, self.C, self.head_dim), np.float32) for l in self.layers}
+        self.v = {l: np.zeros_like(self.k[l]) for l in self.layers}
+        self.n = 0
+
+    # -- one call of all parts over a block of m <= S new tokens ----------------------------------
+    def _run(self, tokens: list[int], kind: str) -> np.ndarray:
+        graphs = self.prefill if kind == "prefill" else self.decode
+        S, C, n, m = graphs[0].S, self.C, self.n, len(tokens)
+        P = C - S
+        if not 1 <= m <= S:
+            raise ValueError(f"block of {m} tokens for a graph with S={S}")
+        if n > P:
+            raise ValueError(f"KV cache full: {n} tokens cached, graph allows {P} past entries")
+        pad = S - m
+        ids = np.full((1, S), self.pad_id, np.int32)
+        ids[0, pad:] = tokens
+        pos = np.zeros((1, S), np.int32)
+        pos[0, pad:] = np.arange(n, n + m, dtype=np.int32)
+        mask = np.full((1, 1, S, C), self.mask_value, np.float32)
+        for i in range(S):
+            if i < pad:
+                mask[0, 0, i, P + i] = 0.0  # pad row: itself only
+            else:
+                mask[0, 0, i, :n] = 0.0
+                mask[0, 0, i, P + pad:P + i + 1] = 0.0
+        x = ids
+        if graphs[0].first_input == "inputs_embeds":
+            x = self.embed_table[ids]
+        out = None
+        for pi, g in enumerate(graphs):
+            feeds = {g.first_input: x, "position_ids": pos, "attention_mask": mask}
+            for l in g.layers:
+                feeds[f"past_key_{l}"] = self.k[l][:, :, :P]
+                feeds[f"past_value_{l}"] = self.v[l][:, :, :P]
+            if self.recorder is not None:
+                self.recorder(pi, kind, feeds)
+            res = dict(zip(g.output_names, g.sess.run(g.output_names, feeds)))
+            for l in g.layers:
+                self.k[l][:, :, n:n + m] = res[f"present_key_{l}"][:, :, pad:]
+                self.v[l][:, :, n:n + m] = res[f"present_value_{l}"][:, :, pad:]
+            out = res["logits"] if g.last else res["hidden_states"]
+            x = out
+        self.n = n + m
+        return out[0, -1].astype(np.float32)  # logits of the last (real) token, [V]
+
+    def feed(self, prompt_ids: Sequence[int]) -> np.ndarray:
+        """Append tokens to the cache: full/partial chunks of S through the prefill graphs.
+        Returns float32 [V] logits after the last token. Raises ValueError if the cache overflows."""
+        prompt_ids = [int(t) for t in prompt_ids]
+        if not prompt_ids:
+            raise ValueError("empty prompt")
+        logits = None
+        for s in range(0, len(prompt_ids), self.S):
+            logits = self._run(prompt_ids[s:s + self.S], "prefill")
+        return logits
+
+    def step(self, token: int) -> np.ndarray:
+        """Append one token through the decode graphs; returns float32 [V] next-token logits."""
+        return self._run([int(token)], "decode")
+
+    def prefill_logits(self, prompt_ids: Sequence[int]) -> np.ndarray:
+        """Reset, prefill ``prompt_ids`` and return the float32 [V] logits predicting the next token."""
+        self.reset()
+        return self.feed(prompt_ids)
+
+    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int,
+                 eos_token_id: int | None = None) -> list[int]:
+        """Greedy decoding: reset, prefill the prompt, then ``max_new_tokens - 1`` decode steps.
+
+        Returns only the new token ids (``len <= max_new_tokens``; stops after ``eos_token_id``).
+        Raises ValueError if prompt + new tokens exceed the context (C - 1 cached tokens for decode).
+        """
+        logits = self.prefill_logits(prompt_ids)
+        out = []
+        for i in range(max_new_tokens):
+            tok = int(np.argmax(logits))
+            out.append(tok)
+            if tok == eos_token_id or i == max_new_tokens - 1:
+                break
+            logits = self.step(tok)
+        return out
+
+
+def write_genai_config(export_desc: dict, out_path, *, model_files: dict | None = None,
+                       eos_token_id: int = 0, pad_token_id: int = 0, provider: str = "qnn") -> dict:
+    """Write a *best-effort, unverified* onnxruntime-genai ``genai_config.json`` for an export.
+
+    What it expresses: genai's ``decoder-pipeline`` model type (used by its QNN examples) lists
+    one entry per graph with ``filename``, ``inputs``, ``outputs``, ``run_on_prompt`` /
+    ``run_on_token_gen`` and per-graph ``session_options`` (provider options); the KV naming
+    templates ``past_key_%d`` / ``present_key_%d`` map to our names. ``sliding_window`` (with
+    ``window_size`` = seq_len and ``alignment`` = "left") is genai's static-shape/KV mode.
+
+    What it cannot express (so genai will NOT run these graphs unmodified, to our knowledge; we had
+    no onnxruntime-genai to test and no web docs, so details of key names are from memory):
+      * our ``attention_mask`` is an additive float [1,1,S,C] tensor built by the host; genai feeds
+        an integer [1, L] 0/1 mask (or total_seq_len/seqlens_k for GroupQueryAttention graphs)
+        and has no hook to build an additive 4-D mask. A small extra "mask builder" graph in the
+        pipeline (int mask -> additive float mask) would be needed.
+      * our ``present_*`` outputs hold only the S new entries and the host scatters them into slot
+        ``n``; genai's sliding-window KV update assumes its own layout (past window shifted left).
+      * int32 ``position_ids`` of shape [1,S] are supported; the int32 ``input_ids`` likely are too.
+    The file is therefore a starting point and documentation of the mapping, marked with
+    ``"_unverified": true``. Returns the dict written.
+    """
+    parts = export_desc["parts"]
+    files = model_files or {}
+    opts = [{"qnn": {"backend_path": "QnnHtp.dll", "htp_performance_mode": "burst"}}] \
+        if provider == "qnn" else []
+    pipeline = []
+    for p in parts:
+        for g in ("prefill", "decode"):
+            key = f"part{p['index']}_{'context' if g == 'prefill' else 'iterator'}"
+            pipeline.append({key: {
+                "filename": files.get(key, p[g]["path"].replace(".onnx", "_ctx.onnx")),
+                "inputs": [i["name"] for i in p[g]["inputs"]],
+                "outputs": [o["name"] for o in p[g]["outputs"]],
+                "session_options": {"provider_options": opts},
+                "run_on_prompt": g == "prefill",
+                "run_on_token_gen": g == "decode",
+            }})
+    cfg = {
+        "_unverified": True,
+        "_note": "additive float mask [1,1,S,C] and new-only present K/V are not genai-native; "
+                 "see tasks/llm/runner.py:write_genai_config docstring",
+        "model": {
+            "type": "decoder-pipeline",
+            "context_length": export_desc["context_len"],
+            "vocab_size": export_desc["vocab_size"],
+            "eos_token_id": eos_token_id, "pad_token_id": pad_token_id, "bos_token_id": eos_token_id,
+            "decoder": {
+                "head_size": export_desc["head_dim"],
+                "hidden_size": export_desc["hidden_size"],
+                "num_attention_heads": export_desc["num_heads"],
+                "num_key_value_heads": export_desc["num_kv_heads"],
+                "num_hidden_layers": export_desc["num_layers"],
+                "inputs": {"input_ids": "input_ids", "position_ids": "position_ids",
+                           "attention_mask": "attention_mask",
+                           "past_key_names": "past_key_%d", "past_value_names": "past_value_%d"},
+                "outputs": {"logits": "logits", "present_key_names": "present_key_%d",
+                            "present_value_names": "present_value_%d"},
+                "sliding_window": {"window_size": export_desc["seq_len"], "pad_value": 0,
+                                   "alignment": "left", "slide_key_value_cache": False},
+                "pipeline": pipeline,
+            },
+        },
+        "search": {"do_sample": False, "max_length": export_desc["context_len"], "num_beams": 1},
+    }
+    Path(out_path).write_text(json.dumps(cfg, indent=1))
+    return cfg

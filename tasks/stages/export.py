@@ -1,0 +1,107 @@
+"""export: HF model folder -> fp32 ONNX graph(s) with static shapes.
+
+- ``family: encoder``: optimum's ``main_export`` (``optimum.exporters.onnx``) with
+  ``no_dynamic_axes=True`` and the recipe's ``batch_size`` x ``sequence_length`` as the
+  dummy shapes, so every dim is fixed (QNN HTP has no dynamic shapes: onnxruntime QNN EP
+  docs). Output ``model.onnx`` plus the tokenizer and config files.
+- ``family: llm``: prefill (AR-``sequence_length``) and decode (AR-``decode_length``) graphs
+  per part, explicit KV cache, via ``tasks/llm/export.py``.
+
+Graph inputs that are int64 become int32 (the ``int64-to-int32`` patch; QNN HTP has no
+int64). Weights above 2 GB go to external data (protobuf's 2 GB limit).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import onnx
+
+from .. import patches
+
+VERSION = 1
+TOOLS = ("torch", "transformers", "optimum", "optimum-onnx", "onnx")
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
+                   "merges.txt", "vocab.json", "config.json", "generation_config.json", "tokenizer.model",
+                   "added_tokens.json")
+TWO_GB = 2 * 1024**3
+
+
+def key_extra(params: dict) -> dict:
+    return {"int64-to-int32": patches.get("int64-to-int32").version}
+
+
+def save_model(model: onnx.ModelProto, path: Path) -> None:
+    """Save ``model``; its weights go to external data ``<name>.data`` above 2 GB."""
+    path = Path(path)
+    try:
+        big = model.ByteSize() > TWO_GB
+    except ValueError:  # protobuf refuses to measure past 2 GB
+        big = True
+    if big:
+        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=path.name + ".data", size_threshold=1024)
+    else:
+        onnx.save_model(model, str(path))
+
+
+def copy_tokenizer(src: Path, out: Path) -> list[str]:
+    """Copy tokenizer and config files present in ``src`` to ``out``; returns their names."""
+    names = []
+    for name in TOKENIZER_FILES:
+        if (src / name).is_file():
+            shutil.copyfile(src / name, out / name)
+            names.append(name)
+    return names
+
+
+def to_int32_inputs(path: Path) -> dict:
+    model = onnx.load(str(path))
+    res = patches.get("int64-to-int32").fn(model)
+    if res.changed:
+        save_model(res.model, path)
+    return {"int64-to-int32": res.note}
+
+
+def _export_encoder(src: Path, params: dict, out: Path) -> dict:
+    import tempfile
+
+    from optimum.exporters.onnx import main_export
+
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        main_export(str(src), tmp, task=params.get("task") or "auto", opset=params["opset"],
+                    no_dynamic_axes=True, do_validation=False, library_name="transformers",
+                    local_files_only=True, batch_size=params["batch_size"],
+                    sequence_length=params["sequence_length"])
+        model = onnx.load(str(Path(tmp) / "model.onnx"))
+    save_model(model, out / "model.onnx")
+    info = to_int32_inputs(out / "model.onnx")
+    info["graphs"] = {"model": _io(onnx.load(str(out / "model.onnx"), load_external_data=False))}
+    return info
+
+
+def _io(model) -> dict:
+    def desc(vi):
+        t = vi.type.tensor_type
+        return {"name": vi.name, "dtype": onnx.TensorProto.DataType.Name(t.elem_type).lower(),
+                "shape": [d.dim_value if d.HasField("dim_value") else d.dim_param for d in t.shape.dim]}
+
+    return {"inputs": [desc(i) for i in model.graph.input], "outputs": [desc(o) for o in model.graph.output]}
+
+
+def run(inputs, files, params, out: Path) -> dict:
+    """Export the model in ``inputs["source"]`` into ``out``. Returns the graphs' inputs and
+    outputs (names, dtypes, shapes). Raises whatever optimum raises for an unsupported model."""
+    src = inputs["source"]
+    if params["family"] == "llm":
+        from ..llm.export import export_llm
+
+        info = export_llm(src, out, seq_len=params["sequence_length"], context_len=params["context_length"],
+                          parts=params["parts"])
+        copy_tokenizer(src, out)
+        return {"llm": info}
+    info = _export_encoder(src, params, out)
+    copy_tokenizer(src, out)
+    return info

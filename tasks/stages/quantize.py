@@ -1,0 +1,137 @@
+"""quantize: fp32 ONNX -> QDQ ONNX for QNN HTP, with onnxruntime's QNN quantization helpers.
+
+Precisions (activations are what flows between ops; weights are the initializers):
+
+| name  | weights | activations | per-channel |
+|-------|---------|-------------|-------------|
+| w8a16 | uint8   | uint16      | recipe (default yes) |
+| w4a16 | int4    | uint16      | recipe (default yes) |
+| w8a8  | uint8   | uint8       | recipe |
+
+Steps (onnxruntime docs, "QNN Execution Provider" -> "Generating a quantized model"):
+``qnn_preprocess_model`` (fuses ops QNN supports natively) -> ``get_qnn_qdq_config``
+(16-bit activations make it upgrade the model to opset 21) -> ``quantize``. Calibration
+feeds come from the recipe's text file: the first ``samples`` non-empty lines, tokenized
+with the model's tokenizer and padded to ``max_length``. Its content digest enters the key.
+``overrides`` keep matching weights (``re.search`` on initializer names) at other bit widths.
+Block-wise int4 is not offered by the QNN QDQ config of this onnxruntime, so it is refused
+in the recipe schema.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from .. import digest
+
+VERSION = 1
+TOOLS = ("onnxruntime", "onnx", "transformers", "tokenizers", "numpy")
+
+PRECISIONS = {  # name -> (weight QuantType name, activation QuantType name)
+    "w8a16": ("QUInt8", "QUInt16"),
+    "w4a16": ("QInt4", "QUInt16"),
+    "w8a8": ("QUInt8", "QUInt8"),
+}
+BITS = {4: "QInt4", 8: "QUInt8", 16: "QUInt16"}
+
+
+def read_lines(path: Path, n: int) -> list[str]:
+    """The first ``n`` non-empty, stripped lines of a UTF-8 text file. Raises ValueError if
+    the file has fewer."""
+    lines = [ln.strip() for ln in Path(path).read_text(encoding="utf-8").splitlines() if ln.strip()]
+    if len(lines) < n:
+        raise ValueError(f"{path}: wants {n} samples, the file has {len(lines)} non-empty lines")
+    return lines[:n]
+
+
+def encoder_feeds(model_path: Path, tokenizer_dir: Path, texts: list[str], max_length: int) -> list[dict]:
+    """Tokenized feeds for an encoder graph: one dict per text, {input name: array [1, L]} with
+    each input's dtype taken from the graph (int32 after export). Raises KeyError when the
+    graph wants an input the tokenizer does not give."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
+    m = onnx.load(str(model_path), load_external_data=False)
+    init = {i.name for i in m.graph.initializer}
+    want = {i.name: onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)
+            for i in m.graph.input if i.name not in init}
+    feeds = []
+    for t in texts:
+        enc = tok(t, padding="max_length", truncation=True, max_length=max_length, return_tensors="np")
+        feeds.append({name: np.asarray(enc[name]).astype(dt) for name, dt in want.items()})
+    return feeds
+
+
+class ListReader:
+    """``onnxruntime.quantization.CalibrationDataReader`` over a list of feed dicts."""
+
+    def __init__(self, feeds: list[dict]):
+        self._it = iter(feeds)
+
+    def get_next(self):
+        return next(self._it, None)
+
+    def rewind(self):  # pragma: no cover - not used by MinMax
+        raise NotImplementedError
+
+
+def quantize_graph(src: Path, dst: Path, feeds: list[dict], params: dict) -> dict:
+    """Quantize one graph to QDQ with ``feeds`` as the calibration set. Returns counts of
+    QuantizeLinear/DequantizeLinear nodes and the overrides applied."""
+    from onnxruntime.quantization import CalibrationMethod, QuantType, quantize
+    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config, qnn_preprocess_model
+
+    wname, aname = PRECISIONS[params["precision"]]
+    with tempfile.TemporaryDirectory(dir=dst.parent) as tmp:
+        pre = Path(tmp) / "pre.onnx"
+        if not qnn_preprocess_model(str(src), str(pre)):
+            pre = src
+        model = onnx.load(str(pre), load_external_data=False)
+        overrides = {}
+        for o in params.get("overrides", []):
+            for init in model.graph.initializer:
+                if re.search(o["pattern"], init.name) and len(init.dims) >= 2:
+                    overrides[init.name] = [{"quant_type": getattr(QuantType, BITS[o["weight_bits"]])}]
+        cfg = get_qnn_qdq_config(str(pre), ListReader(feeds),
+                                 calibrate_method=getattr(CalibrationMethod, params["calibrate_method"]),
+                                 activation_type=getattr(QuantType, aname), weight_type=getattr(QuantType, wname),
+                                 per_channel=params["per_channel"], init_overrides=overrides or None)
+        big = pre.stat().st_size > 2 * 1024**3
+        if big:
+            cfg.use_external_data_format = True
+        quantize(str(pre), str(dst), cfg)
+    q = onnx.load(str(dst), load_external_data=False)
+    ops = [n.op_type for n in q.graph.node]
+    return {"quantize_linear": ops.count("QuantizeLinear"), "dequantize_linear": ops.count("DequantizeLinear"),
+            "overridden_weights": sorted(overrides), "opset": max(o.version for o in q.opset_import if o.domain in ("", "ai.onnx"))}
+
+
+def run(inputs, files, params, out: Path) -> dict:
+    """Quantize every graph of ``inputs["model"]`` into ``out`` (same relative paths).
+    Raises ValueError when the calibration file has too few lines."""
+    src = inputs["model"]
+    cal = params["calibration"]
+    texts = read_lines(files["calibration"], cal["samples"])
+    report = {}
+    if params["family"] == "llm":
+        from ..llm.calib import llm_calibration_feeds
+
+        feeds_by_graph = llm_calibration_feeds(src, inputs["source"], texts, cal["max_length"])
+    else:
+        feeds_by_graph = None
+    for g in sorted(p for p in digest.list_files(src) if p.suffix == ".onnx"):
+        rel = g.relative_to(src).as_posix()
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        feeds = feeds_by_graph[rel] if feeds_by_graph is not None else \
+            encoder_feeds(g, inputs["source"], texts, cal["max_length"])
+        report[rel] = quantize_graph(g, out / rel, feeds, params)
+    for f in digest.list_files(src):
+        if f.suffix not in (".onnx", ".data") and not (out / f.relative_to(src)).exists():
+            shutil.copyfile(f, out / f.relative_to(src))
+    return {"graphs": report, "calibration_samples": len(texts)}

@@ -1,0 +1,68 @@
+"""Shared helpers for tests/test_llm_*.py (no conftest): cached trained fixtures and exports.
+
+Fixtures are cached under /work/main/.fixtures/llm/<arch>-<key>/ where key hashes the fixture
+code, corpus and parameters (tasks.llm.fixtures.fixture_key); a file lock makes parallel builds safe.
+"""
+from __future__ import annotations
+
+import fcntl
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tasks.llm import fixtures  # noqa: E402
+
+CACHE = ROOT / ".fixtures" / "llm"
+SEQ_LEN, CONTEXT_LEN = 16, 64  # small graphs: the HTP simulator is slow
+
+PROMPTS = [
+    "The old lighthouse",
+    "Every morning the farmer",
+    "The teacher wrote a question on the board.",
+    "In the autumn the",
+    "A purple dog walked into the bakery and",
+    "To plant a tree,",
+]
+
+
+def _locked_build(target: Path, build) -> Path:
+    CACHE.mkdir(parents=True, exist_ok=True)
+    if (target / ".done").exists():
+        return target
+    with open(CACHE / ".lock", "w") as lk:
+        fcntl.flock(lk, fcntl.LOCK_EX)
+        if not (target / ".done").exists():
+            tmp = target.with_name(target.name + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            build(tmp)
+            shutil.rmtree(target, ignore_errors=True)
+            tmp.rename(target)
+            (target / ".done").write_text("ok\n")
+    return target
+
+
+def tiny_model(arch: str, seed: int = 0, train_seconds: float = 60) -> Path:
+    """Path of the cached trained fixture (built on first use, ~1 min)."""
+    key = fixtures.fixture_key(arch, seed, train_seconds)
+    return _locked_build(CACHE / f"{arch}-{key}",
+                         lambda d: fixtures.make_tiny_model(arch, d, seed, train_seconds))
+
+
+def tiny_export(arch: str, seq_len: int = SEQ_LEN, context_len: int = CONTEXT_LEN, parts: int = 1,
+                embed: str = "part0", lm_head: str = "last") -> Path:
+    """Cached export of the fixture (keyed by fixture dir + export.py source + params)."""
+    import hashlib
+
+    from tasks.llm import export
+
+    mdir = tiny_model(arch)
+    h = hashlib.sha256(Path(export.__file__).read_bytes())
+    h.update(repr((mdir.name, seq_len, context_len, parts, embed, lm_head)).encode())
+    target = CACHE / f"export-{arch}-{h.hexdigest()[:16]}"
+    return _locked_build(target, lambda d: export.export_llm(
+        mdir, d, seq_len=seq_len, context_len=context_len, parts=parts, embed=embed,
+        lm_head=lm_head))
