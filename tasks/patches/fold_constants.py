@@ -25,6 +25,58 @@ def _tensor_bytes(model: onnx.ModelProto) -> int:
     return n
 
 
+def _save_external(model: onnx.ModelProto, path: str, location: str, min_bytes: int) -> None:
+    """Save a copy of ``model`` with its big non-index initializers in ``location``; int32/int64
+    tensors stay inline (onnxruntime's shape inference reads shape/axes inputs from raw data).
+    The caller's model is not modified (a copy is made: peak memory ~2x the model here)."""
+    from onnx import external_data_helper, numpy_helper
+
+    work = onnx.ModelProto()
+    work.CopyFrom(model)
+    for t in work.graph.initializer:
+        if t.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32):
+            continue
+        if not t.HasField("raw_data"):
+            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t), t.name))
+        if len(t.raw_data) >= min_bytes:
+            external_data_helper.set_external_data(t, location)
+    onnx.save_model(work, path)
+
+
+def _ort_basic(model: onnx.ModelProto, large: bool, external_min_bytes: int) -> onnx.ModelProto:
+    """One pass of onnxruntime's basic optimizations; returns a new in-memory model."""
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory(prefix="fold-constants-") as tmp:
+        src = os.path.join(tmp, "in.onnx")
+        dst = os.path.join(tmp, "out.onnx")
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        so.optimized_model_filepath = dst
+        so.log_severity_level = 3
+        so.intra_op_num_threads = 1
+        so.inter_op_num_threads = 1
+        if large:
+            _save_external(model, src, "in.onnx.data", external_min_bytes)
+            so.add_session_config_entry(
+                "session.optimized_model_external_initializers_file_name", "out.onnx.data")
+            so.add_session_config_entry(
+                "session.optimized_model_external_initializers_min_size_in_bytes",
+                str(external_min_bytes))
+            ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+        else:
+            ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        out = onnx.load_model(dst, load_external_data=True)
+    # tensors read back from external data carry explicit data_location/doc_string fields:
+    # clear them so the bytes equal those of the inline route
+    for t in out.graph.initializer:
+        if t.HasField("data_location") and t.data_location == onnx.TensorProto.DEFAULT:
+            t.ClearField("data_location")
+        if t.HasField("doc_string") and not t.doc_string:
+            t.ClearField("doc_string")
+    return out
+
+
 def _signature(model: onnx.ModelProto) -> bytes:
     """What counts as "the graph" when deciding whether anything changed: nodes (op, domain,
     inputs, outputs, attributes), initializers and graph inputs/outputs, ignoring node names,
@@ -43,7 +95,7 @@ def _signature(model: onnx.ModelProto) -> bytes:
 
 @register("fold-constants", 1)
 def fold_constants(model: onnx.ModelProto, level: str = "basic",
-                   external_min_bytes: int = 1024) -> PatchResult:
+                   external_min_bytes: int = 1024, max_passes: int = 4) -> PatchResult:
     """Fold constants and simplify with onnxruntime's *basic* graph optimizations.
 
     Matches: any model. onnxruntime (``SessionOptions.graph_optimization_level =
@@ -55,22 +107,26 @@ def fold_constants(model: onnx.ModelProto, level: str = "basic",
 
     Params:
       level: "basic" only (the higher levels write EP-specific ops; rejected).
+      max_passes: int, default 4: ORT is run again on its own output until the graph stops
+        changing (one pass can leave work for the next: e.g. on all-MiniLM-L6-v2 the second
+        pass merges the 36 duplicate shape constants the first pass created; the third pass
+        is a no-op), at most this many times.
       external_min_bytes: int, default 1024 (bytes): for models whose tensors exceed ~1.5 GB
         the model is written to and read back from external data, and tensors of at least
-        this size go to the external file.
+        this size go to the external file (int32/int64 tensors always stay inline).
 
-    Models > 2 GB: handled through external data in a temporary directory (input via
-    ``onnx.save_model(save_as_external_data=True)``, output via the session config
+    Models > 2 GB: handled through external data in a temporary directory (input: a copy
+    with big initializers marked external, written by ``onnx.save_model``, output via the session config
     ``session.optimized_model_external_initializers_file_name``). The returned ModelProto then
     holds > 2 GB of tensors in memory: it cannot be serialized with ``SerializeToString``;
-    save it with ``onnx.save_model(..., save_as_external_data=True)``. Memory use is about
-    3x the model size during the call.
+    save it with ``onnx.save_model(..., save_as_external_data=True)``. Peak memory is about
+    3x the model size during the call (input, a copy being written, the output read back).
 
     Deterministic: the same input gives the same bytes (checked in tests/test_patches.py).
     Not applicable (changed=False, input returned untouched): ORT's output has the same nodes,
     attributes, initializers and graph inputs/outputs as the input (node names, value_info and
     producer fields ignored).
-    Errors: ValueError for level != "basic"; onnxruntime's exceptions (InvalidGraph,
+    Errors: ValueError for level != "basic" or max_passes < 1; onnxruntime's exceptions (InvalidGraph,
     NotImplemented for an op the CPU EP lacks, e.g. an ``EPContext`` or unknown contrib op).
 
     Source: onnxruntime docs, "Graph Optimizations in ONNX Runtime"
@@ -81,37 +137,25 @@ def fold_constants(model: onnx.ModelProto, level: str = "basic",
     """
     if level != "basic":
         raise ValueError(f"level must be 'basic', got {level!r}")
-    import onnxruntime as ort
+    if max_passes < 1:
+        raise ValueError(f"max_passes must be >= 1, got {max_passes}")
 
     large = _tensor_bytes(model) >= _LARGE
-    with tempfile.TemporaryDirectory(prefix="fold-constants-") as tmp:
-        src = os.path.join(tmp, "in.onnx")
-        dst = os.path.join(tmp, "out.onnx")
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-        so.optimized_model_filepath = dst
-        so.log_severity_level = 3
-        so.intra_op_num_threads = 1
-        so.inter_op_num_threads = 1
-        if large:
-            onnx.save_model(model, src, save_as_external_data=True, all_tensors_to_one_file=True,
-                            location="in.onnx.data", size_threshold=external_min_bytes)
-            so.add_session_config_entry(
-                "session.optimized_model_external_initializers_file_name", "out.onnx.data")
-            so.add_session_config_entry(
-                "session.optimized_model_external_initializers_min_size_in_bytes",
-                str(external_min_bytes))
-            ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
-        else:
-            ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-        out = onnx.load_model(dst, load_external_data=True)
-    if _signature(out) == _signature(model):
+    cur, sig, passes = model, _signature(model), 0
+    for passes in range(1, max_passes + 1):
+        nxt = _ort_basic(cur, large, external_min_bytes)
+        nsig = _signature(nxt)
+        if nsig == sig:
+            break
+        cur, sig = nxt, nsig
+    out = cur
+    if out is model:
         return PatchResult(model, changed=False, note="onnxruntime basic optimizations changed nothing")
     # keep the caller's metadata that ORT does not carry over
     if not out.metadata_props and model.metadata_props:
         out.metadata_props.extend(model.metadata_props)
     nb, na = len(model.graph.node), len(out.graph.node)
     return PatchResult(out, changed=True,
-                       note=f"onnxruntime basic optimizations: {nb} -> {na} nodes, "
+                       note=f"onnxruntime basic optimizations ({passes} pass(es)): {nb} -> {na} nodes, "
                             f"{len(model.graph.initializer)} -> {len(out.graph.initializer)} initializers",
                        counts={"nodes_before": nb, "nodes_after": na})

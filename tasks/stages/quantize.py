@@ -81,6 +81,29 @@ class ListReader:
         raise NotImplementedError
 
 
+INT4_OPS = {"MatMul", "Conv"}  # ops whose int4 weight (input 1) QNN HTP took here
+
+
+def low_bit_guard(model: onnx.ModelProto) -> dict:
+    """init_overrides that keep at 8 bits every float weight not consumed only as the weight
+    of a MatMul/Conv (LayerNormalization scale/bias, Gemm weights, embedding tables...).
+
+    Rule measured here (onnxruntime-qnn 2.7.0, QNN SDK 2.51): the QNN EP leaves an int4
+    DequantizeLinear on the CPU when it feeds LayerNormalization or Gemm (either per-channel
+    axis), and takes it when it feeds MatMul. So w4a16 means int4 MatMul/Conv weights, the
+    rest at 8 bits, as AI Hub's w4a16 models keep some layers at 8 bits. Keep MatMul+Add
+    unfused (fold-constants ``disabled_optimizers: [MatMulAddFusion]``) to get int4 there."""
+    from onnxruntime.quantization import QuantType
+
+    uses: dict[str, set] = {}
+    for n in model.graph.node:
+        for i, name in enumerate(n.input):
+            uses.setdefault(name, set()).add(n.op_type if (n.op_type in INT4_OPS and i == 1) else "other")
+    floats = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16}
+    return {i.name: [{"quant_type": QuantType.QUInt8}] for i in model.graph.initializer
+            if i.data_type in floats and len(i.dims) >= 1 and "other" in uses.get(i.name, {"other"})}
+
+
 def quantize_graph(src: Path, dst: Path, feeds: list[dict], params: dict) -> dict:
     """Quantize one graph to QDQ with ``feeds`` as the calibration set. Returns counts of
     QuantizeLinear/DequantizeLinear nodes and the overrides applied."""
@@ -93,7 +116,7 @@ def quantize_graph(src: Path, dst: Path, feeds: list[dict], params: dict) -> dic
         if not qnn_preprocess_model(str(src), str(pre)):
             pre = src
         model = onnx.load(str(pre), load_external_data=False)
-        overrides = {}
+        overrides = low_bit_guard(model) if PRECISIONS[params["precision"]][0] == "QInt4" else {}
         for o in params.get("overrides", []):
             for init in model.graph.initializer:
                 if re.search(o["pattern"], init.name) and len(init.dims) >= 2:
