@@ -1,0 +1,114 @@
+"""Recipe loading: defaults, extends, and one test per kind of bad recipe, each checking that
+the error names the file and the key path, and that nothing is built."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from tasks.plan import expand
+from tasks.recipe import RecipeError, load_all, load_recipe
+
+GOOD = """\
+source: {path: models/m}
+quantize:
+  calibration: {file: data/c.txt}
+verify:
+  data: {file: data/v.txt}
+"""
+
+
+def write(tmp_path, name, text):
+    p = tmp_path / f"{name}.yaml"
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def test_defaults_and_plan(tmp_path):
+    r = load_recipe(write(tmp_path, "good-1", GOOD))
+    assert r.name == "good-1"
+    assert r.quantize.precision == "w8a16" and r.quantize.calibration.samples == 16
+    assert r.export.sequence_length == 128 and r.compile.targets == ["x-elite"]
+    specs = expand(r)
+    assert [s.name for s in specs] == ["download", "export", "quantize", "compile", "verify"]
+    assert specs[2].files == {"calibration": "data/c.txt"}
+    assert specs[4].inputs == {"compiled": "compile", "qdq": "quantize", "reference": "export", "source": "download"}
+
+
+def test_extends_deep_merges(tmp_path):
+    write(tmp_path, "base", GOOD + "description: base\nexport: {sequence_length: 64, batch_size: 1}\n")
+    r = load_recipe(write(tmp_path, "child", "extends: base\nexport: {sequence_length: 32}\nquantize: {precision: w4a16}\n"))
+    assert r.name == "child" and r.description == "base"
+    assert r.export.sequence_length == 32 and r.export.batch_size == 1
+    assert r.quantize.precision == "w4a16" and r.quantize.calibration.file == "data/c.txt"
+
+
+BAD = {
+    "yaml-syntax": ("source: {path: [unclosed\n", "", "invalid YAML: line"),
+    "duplicate-key": (GOOD + "source: {path: other}\n", "", "duplicate key 'source'"),
+    "not-a-mapping": ("- just\n- a list\n", "", "expected a mapping at the top level"),
+    "missing-required": ("source: {path: m}\nverify: {data: {file: v.txt}}\n", "quantize",
+                         "expected a value, found nothing"),
+    "unknown-key": (GOOD + "quantise: {precision: w8a16}\n", "quantise", "unknown"),
+    "wrong-type": (GOOD + "export: {sequence_length: long}\n", "export.sequence_length", "found 'long'"),
+    "bad-name": (GOOD + "name: Bad_Name\n", "name", "lowercase"),
+    "unknown-target": (GOOD + "compile: {targets: [x-elite, snapdragon-99]}\n", "compile.targets", "8gen3"),
+    "unknown-patch": (GOOD + "patches: [{name: make-it-fast}]\n", "patches[0].name", "mask-range"),
+    "bad-precision": (GOOD.replace("calibration:", "precision: w3a5\n  calibration:"), "quantize.precision", "w4a16"),
+    "two-sources": (GOOD.replace("{path: models/m}", "{path: m, package: p}"), "source", "exactly one of"),
+    "hf-without-revision": (GOOD.replace("{path: models/m}", "{hf: org/name}"), "source", "revision"),
+    "block-size": (GOOD.replace("calibration:", "block_size: 32\n  calibration:"), "quantize.block_size", "block-wise"),
+    "unknown-threshold": (GOOD.replace("data: {file: data/v.txt}", "data: {file: data/v.txt}\n  thresholds: {accuracy: 0.9}"),
+                          "verify.thresholds", "pooled_cosine_mean"),
+    "negative-samples": (GOOD.replace("{file: data/c.txt}", "{file: data/c.txt, samples: -3}"),
+                         "quantize.calibration.samples", "greater than or equal to 1"),
+    "llm-lengths": (GOOD + "export: {family: llm, sequence_length: 128, context_length: 64}\n", "export",
+                    "sequence_length < context_length"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD))
+def test_bad_recipe_names_file_and_key_path(tmp_path, kind):
+    text, path, words = BAD[kind]
+    f = write(tmp_path, "bad", text)
+    with pytest.raises(RecipeError) as err:
+        load_recipe(f)
+    msg = str(err.value)
+    assert str(f) in msg
+    if path:
+        assert any(p == path for p, _ in err.value.problems), err.value.problems
+    assert words in msg, msg
+
+
+def test_all_problems_reported_together(tmp_path):
+    f = write(tmp_path, "many", GOOD + "name: X\nexport: {opset: 3, batch_size: 0}\ncompile: {targets: [nope]}\n")
+    with pytest.raises(RecipeError) as err:
+        load_recipe(f)
+    paths = {p for p, _ in err.value.problems}
+    assert paths == {"name", "export.opset", "export.batch_size", "compile.targets"}
+
+
+def test_extends_missing_parent_and_cycle(tmp_path):
+    with pytest.raises(RecipeError, match=r"extends: expected an existing recipe nowhere.yaml"):
+        load_recipe(write(tmp_path, "orphan", "extends: nowhere\n"))
+    write(tmp_path, "a", "extends: b\n")
+    f = write(tmp_path, "b", "extends: a\n")
+    with pytest.raises(RecipeError, match=r"expected no cycle, found b -> a -> b"):
+        load_recipe(f)
+
+
+def test_duplicate_names_across_files(tmp_path):
+    write(tmp_path, "one", GOOD + "name: same\n")
+    write(tmp_path, "two", GOOD + "name: same\n")
+    with pytest.raises(RecipeError, match=r"two.yaml.*\n.*name: expected a unique name, found 'same' also in one.yaml"):
+        load_all(tmp_path)
+
+
+def test_bad_recipe_stops_doit_and_builds_nothing(project):
+    project.recipe("t8")
+    project.recipe("broken", "source: {path: models/tiny-bert}\nquantize: {precision: w8a16}\n")
+    run = project.doit("run", "build:t8", check=False)
+    assert run.code != 0
+    assert "broken.yaml" in run.output and "quantize.calibration" in run.output
+    assert not project.cache.exists() or not any(project.cache.iterdir())
