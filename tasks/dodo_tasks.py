@@ -191,3 +191,77 @@ def cache_verify() -> bool:
 def task_cache_verify():
     """Rehash every cache entry and report those that no longer match their manifest."""
     return {"actions": [cache_verify], "uptodate": [False], "verbosity": 2}
+
+
+# ------------------------------------------------------------ catalog, publish, reproduce (issue 5)
+
+
+def _catalog_action():
+    from . import catalog
+
+    catalog.write_catalog()
+
+
+def task_catalog():
+    """Write catalog/catalog.json, README.md and index.html: every recipe and its state."""
+    return {"actions": [_catalog_action], "uptodate": [False], "verbosity": 2}
+
+
+def _publish_action(recipe: str, dest: str, hub_repo: str, dry_run: bool):
+    from doit.exceptions import TaskFailed
+
+    from . import publish
+
+    try:
+        publish.publish(recipe, dest=dest or None, hub_repo=hub_repo or None, dry_run=dry_run)
+    except publish.PublishError as e:
+        print(f"npubuild: {e}", file=sys.stderr)
+        return TaskFailed(str(e))
+
+
+def task_publish():
+    """publish:<recipe> writes dist/<recipe>/ and its archive from a verified build (never
+    builds; refuses a failed, stale or unbuilt recipe); --dest, --hub-repo, --dry-run."""
+    params = [
+        {"name": "dest", "long": "dest", "type": str, "default": "", "help": "also copy bundle + archive to this folder"},
+        {"name": "hub_repo", "long": "hub-repo", "type": str, "default": "", "help": "also push to this Hub repo"},
+        {"name": "dry_run", "long": "dry-run", "type": bool, "default": False, "help": "only print the operations"},
+    ]
+    for name in _recipes():
+        yield {"name": name, "doc": f"publish {name} to dist/ (and --dest / --hub-repo)",
+               "actions": [(_publish_action, [name])], "params": params, "uptodate": [False], "verbosity": 2}
+
+
+def _reproduce_action(recipe: str):
+    from doit.exceptions import TaskFailed
+
+    from . import publish
+
+    try:
+        same = publish.reproduce(recipe)
+    except publish.PublishError as e:
+        return TaskFailed(str(e))
+    return True if same else TaskFailed(f"{recipe}: the rebuild is not byte-identical to dist/{recipe}/")
+
+
+def task_reproduce():
+    """reproduce:<recipe> rebuilds into an empty temp cache and compares with dist/<recipe>/."""
+    for name in _recipes():
+        yield {"name": name, "doc": f"rebuild {name} from scratch and compare with its published bundle",
+               "actions": [(_reproduce_action, [name])], "uptodate": [False], "verbosity": 2}
+
+
+def _check_bundle_action(path: str):
+    from doit.exceptions import TaskFailed
+
+    from . import publish
+
+    if not path:
+        return TaskFailed("give the bundle folder: doit check_bundle --path dist/<recipe>")
+    return True if publish.print_check(path) else TaskFailed(f"{path}: bundle does not match its manifest")
+
+
+def task_check_bundle():
+    """Recompute sha256 of every file of a bundle (--path) against its manifest.json."""
+    return {"actions": [_check_bundle_action], "uptodate": [False], "verbosity": 2,
+            "params": [{"name": "path", "long": "path", "type": str, "default": "", "help": "bundle folder"}]}

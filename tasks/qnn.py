@@ -78,12 +78,15 @@ def compile_graph(qdq: Path, ctx: Path, target: str, disable_cpu_ep_fallback: bo
     and some node would fall back to the CPU."""
     import onnxruntime as ort
 
+    ctx = Path(ctx)
     cfg = {"ep.context_enable": "1", "ep.context_file_path": str(ctx), "ep.context_embed_mode": "0"}
     cfg.update(config or {})
     so = session_options(target, cfg, disable_cpu_ep_fallback, extra_provider_options)
     try:
         ort.InferenceSession(str(qdq), sess_options=so)
     except Exception as e:
+        for partial in (ctx, ctx.with_name(ctx.stem + "_qnn.bin")):  # QNN may have written a part
+            Path(partial).unlink(missing_ok=True)
         left = cpu_op_types(qdq, target) if disable_cpu_ep_fallback else {}
         if left:
             raise NotOnNPU(qdq, left, str(e)) from None

@@ -148,3 +148,23 @@ def run_in_subprocess(code: str, timeout: float = 600) -> tuple[int, str]:
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=timeout, env=env)
     return p.returncode, (p.stdout + p.stderr)[-4000:]
+
+
+def load_shared_probe(ctx_paths, *, soc_model: int = 60, htp_arch: int = 73,
+                      timeout: float = 300) -> dict:
+    """Try, in a child process, to load the given ``_ctx.onnx`` models (sharing one context
+    binary) in one process with ``ep.share_ep_contexts=1`` and run nothing. Returns
+    ``{"returncode": int, "loaded": bool, "tail": str}``; returncode -11 = the simulator segfault
+    seen for multi-graph binaries on x86_64 (onnxruntime-qnn 2.7.0 / QNN 2.51)."""
+    paths = [str(p) for p in ctx_paths]
+    code = (
+        "from tasks.llm import qnn\n"
+        f"paths = {paths!r}\n"
+        "ss = []\n"
+        "for i, p in enumerate(paths):\n"
+        "    cfg = {'ep.share_ep_contexts': '1'}\n"
+        "    if i == len(paths) - 1: cfg['ep.stop_share_ep_contexts'] = '1'\n"
+        f"    ss.append(qnn.make_qnn_session(p, soc_model={soc_model}, htp_arch={htp_arch}, config=cfg))\n"
+        "print('LOADED', flush=True)\n")
+    rc, out = run_in_subprocess(code, timeout)
+    return {"returncode": rc, "loaded": rc == 0 and "LOADED" in out, "tail": out[-600:]}

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import digest, qnn
+from .. import qnn
+from ..graphs import list_graphs, load_model
 
 VERSION = 1
 TOOLS = ("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "onnx")
@@ -23,13 +24,14 @@ def run(inputs, files, params, out: Path) -> dict:
     """Compile every graph of ``inputs["model"]`` for ``params["target"]``. Returns
     {graph: EPContext info}. Raises qnn.NotOnNPU or onnxruntime's error."""
     src = inputs["model"]
-    graphs = sorted(p for p in digest.list_files(src) if p.suffix == ".onnx")
+    graphs = list_graphs(src)
     if params["family"] == "llm":
         from ..llm.compile import compile_llm
 
         return compile_llm(src, out, params)
     info = {}
     for g in graphs:
+        load_model(g, load_external_data=False)  # a clear error for a corrupt input
         rel = g.relative_to(src)
         ctx = out / rel.parent / f"{rel.stem}_ctx.onnx"
         ctx.parent.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,7 @@ from pathlib import Path
 import onnx
 
 from .. import patches
+from ..graphs import load_model, save_model
 
 VERSION = 1
 TOOLS = ("torch", "transformers", "optimum", "optimum-onnx", "onnx")
@@ -26,25 +27,10 @@ TOOLS = ("torch", "transformers", "optimum", "optimum-onnx", "onnx")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
                    "merges.txt", "vocab.json", "config.json", "generation_config.json", "tokenizer.model",
                    "added_tokens.json")
-TWO_GB = 2 * 1024**3
 
 
 def key_extra(params: dict) -> dict:
     return {"int64-to-int32": patches.get("int64-to-int32").version}
-
-
-def save_model(model: onnx.ModelProto, path: Path) -> None:
-    """Save ``model``; its weights go to external data ``<name>.data`` above 2 GB."""
-    path = Path(path)
-    try:
-        big = model.ByteSize() > TWO_GB
-    except ValueError:  # protobuf refuses to measure past 2 GB
-        big = True
-    if big:
-        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=path.name + ".data", size_threshold=1024)
-    else:
-        onnx.save_model(model, str(path))
 
 
 def copy_tokenizer(src: Path, out: Path) -> list[str]:
@@ -58,7 +44,7 @@ def copy_tokenizer(src: Path, out: Path) -> list[str]:
 
 
 def to_int32_inputs(path: Path) -> dict:
-    model = onnx.load(str(path))
+    model = load_model(path)
     res = patches.get("int64-to-int32").fn(model)
     if res.changed:
         save_model(res.model, path)
@@ -75,10 +61,10 @@ def _export_encoder(src: Path, params: dict, out: Path) -> dict:
                     no_dynamic_axes=True, do_validation=False, library_name="transformers",
                     local_files_only=True, batch_size=params["batch_size"],
                     sequence_length=params["sequence_length"])
-        model = onnx.load(str(Path(tmp) / "model.onnx"))
+        model = load_model(Path(tmp) / "model.onnx")
     save_model(model, out / "model.onnx")
     info = to_int32_inputs(out / "model.onnx")
-    info["graphs"] = {"model": _io(onnx.load(str(out / "model.onnx"), load_external_data=False))}
+    info["graphs"] = {"model": _io(load_model(out / "model.onnx", load_external_data=False))}
     return info
 
 

@@ -11,10 +11,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import onnx
-
 from .. import digest, patches
-from .export import save_model
+from ..graphs import list_graphs, load_model, save_model
 
 VERSION = 1
 TOOLS = ("onnx", "onnxruntime")
@@ -27,9 +25,9 @@ def run(inputs, files, params, out: Path) -> dict:
     src = inputs["model"]
     report = {}
     written = set()
-    for g in sorted(p for p in digest.list_files(src) if p.suffix == ".onnx"):
+    for g in list_graphs(src):
         rel = g.relative_to(src)
-        model = onnx.load(str(g))
+        model = load_model(g)
         changed_any = False
         log = []
         for step in params["steps"]:

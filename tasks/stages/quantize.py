@@ -29,6 +29,7 @@ import numpy as np
 import onnx
 
 from .. import digest
+from ..graphs import list_graphs, load_model
 
 VERSION = 1
 TOOLS = ("onnxruntime", "onnx", "transformers", "tokenizers", "numpy")
@@ -57,7 +58,7 @@ def encoder_feeds(model_path: Path, tokenizer_dir: Path, texts: list[str], max_l
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
-    m = onnx.load(str(model_path), load_external_data=False)
+    m = load_model(model_path, load_external_data=False)
     init = {i.name for i in m.graph.initializer}
     want = {i.name: onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)
             for i in m.graph.input if i.name not in init}
@@ -115,7 +116,7 @@ def quantize_graph(src: Path, dst: Path, feeds: list[dict], params: dict) -> dic
         pre = Path(tmp) / "pre.onnx"
         if not qnn_preprocess_model(str(src), str(pre)):
             pre = src
-        model = onnx.load(str(pre), load_external_data=False)
+        model = load_model(pre, load_external_data=False)
         overrides = low_bit_guard(model) if PRECISIONS[params["precision"]][0] == "QInt4" else {}
         for o in params.get("overrides", []):
             for init in model.graph.initializer:
@@ -148,7 +149,7 @@ def run(inputs, files, params, out: Path) -> dict:
         feeds_by_graph = llm_calibration_feeds(src, inputs["source"], texts, cal["max_length"])
     else:
         feeds_by_graph = None
-    for g in sorted(p for p in digest.list_files(src) if p.suffix == ".onnx"):
+    for g in list_graphs(src):
         rel = g.relative_to(src).as_posix()
         (out / rel).parent.mkdir(parents=True, exist_ok=True)
         feeds = feeds_by_graph[rel] if feeds_by_graph is not None else \

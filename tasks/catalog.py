@@ -1,0 +1,439 @@
+"""The catalog: every recipe, its state and, once built, what came out (``doit catalog``).
+
+Reads recipes, ``build/<recipe>/stages.json`` and cache manifests only: it never builds,
+never fetches (a Hub source that is offline shows as ``not-built``) and never moves a damaged
+cache entry (it reads entries with :meth:`Cache.problems`, not :meth:`Cache.lookup`).
+
+States (:func:`recipe_status`):
+
+=================  ==========================================================================
+``verified``       every stage has an intact cache entry and every verify passes its thresholds
+``verify-failed``  every stage has an entry, and some verify is below (or above) a threshold
+``stale``          some stage has no entry for its current key, but ``build/<recipe>/stages.json``
+                   records a complete earlier build (every verify stage recorded)
+``not-built``      some stage has no entry and no complete build was ever recorded here
+=================  ==========================================================================
+
+Abstract recipes (templates, ``abstract: true``) are left out, as from the doit tasks.
+
+Output (:func:`write_catalog`, in :func:`tasks.paths.catalog_dir`):
+
+- ``catalog.json``: ``{"schema_version": 1, "recipes": [row, ...]}``, rows sorted by recipe
+  name, keys sorted, 2-space indent, no timestamps (same inputs, same bytes). A row:
+
+  ==================  =======================================================================
+  ``name``            recipe name (str)
+  ``state``           one of the four states above (str)
+  ``reason``          why not built / stale: the first missing stage and why (str or null)
+  ``failures``        verify failures, one line each (list of str; empty unless verify-failed)
+  ``description``,    from the recipe (str)
+  ``license``,
+  ``task``, ``family``
+  ``precision``       quantization, e.g. ``w8a16`` (str)
+  ``targets``         SoC targets, e.g. ``["x-elite"]`` (list of str)
+  ``batch_size``      export batch size (int)
+  ``sequence_length`` tokens per call: encoder input length, or LLM prefill length (int)
+  ``context_length``  LLM KV-cache length (int); null for encoders
+  ``source``          ``kind`` (hf/path/package) and ``repo``/``revision``/``path``/``package``
+                      from the recipe; once built also ``commit`` (hf: the resolved 40-hex
+                      commit), ``package_version`` and ``content_digest`` (xxh3 of a local
+                      folder) from the download entry's manifest
+  ``stage_keys``      {stage name: 32-hex key, or null when it cannot be computed now}
+  ``architecture``    built only: {``model_type``, ``architectures``} from the source's
+                      config.json (else null)
+  ``parameters``      built only: number of floating-point weights (int) = elements of the
+                      export's fp32 ONNX initializers, unique by name across its graphs
+  ``artifacts``       built only: {target: {file: bytes}} of the compile entries' ``*_ctx.onnx``,
+                      ``*.bin`` and ``genai_config.json``
+  ``artifact_bytes``  built only: their total size in bytes (int)
+  ``verify``          built only: {target: {``backend``, ``metrics`` {name: float},
+                      ``thresholds`` {name: float}, ``failures`` [str]}}
+  ``tools``           built only: {``qnn-sdk``, ``onnxruntime``, ``onnxruntime-qnn``,
+                      ``optimum``, ``transformers``: version str} as recorded in the entries'
+                      manifests (several values joined by ", " if targets differ)
+  ``qnn_context_sdk`` built only: SDK versions written into the EPContext nodes (list of str)
+  ==================  =======================================================================
+
+  Built-only fields are null for ``stale`` and ``not-built`` rows.
+- ``README.md``: the same as a Markdown table, for reading on a code host.
+- ``index.html``: a static page with a table sortable by clicking a column header (inline
+  CSS and JS, nothing fetched from the network).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+from . import engine, paths
+from .cache import Entry
+
+SCHEMA_VERSION = 1
+STATES = ("verified", "verify-failed", "stale", "not-built")
+CATALOG_TOOLS = {"qnn-sdk": "compile", "onnxruntime": "compile", "onnxruntime-qnn": "compile",
+                 "optimum": "export", "transformers": "export"}  # tool -> stage kind that records it
+ARTIFACT_PATTERNS = ("*_ctx.onnx", "*.bin", "genai_config.json")
+_FLOAT_TYPES = {1, 10, 11, 16}  # onnx.TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16
+
+
+class _ReadOnlyResolver(engine.Resolver):
+    """A Resolver that never quarantines: a damaged entry counts as missing and stays put."""
+
+    def entry(self, stage: str) -> Entry:
+        spec = self.specs[stage]
+        key = self.key(stage)
+        probs = self.cache.problems(spec.kind, key)
+        if probs is None:
+            raise engine.NotReady(f"{spec.task} has no cache entry for key {key[:12]}")
+        if probs:
+            raise engine.NotReady(f"{spec.task}: cache entry {spec.kind}/{key} is damaged ({probs[0]})")
+        path = self.cache.entry_path(spec.kind, key)
+        return Entry(spec.kind, key, path, json.loads((path / "manifest.json").read_text(encoding="utf-8")))
+
+
+def catalog_recipes() -> dict:
+    """{name: Recipe} of every non-abstract recipe, sorted by name. Raises RecipeError."""
+    return {n: r for n, r in sorted(engine.recipes().items()) if not r.abstract}
+
+
+def recipe_status(name: str) -> dict:
+    """State of one recipe from the cache alone (no building, no fetching).
+
+    Returns {"state": one of STATES, "reason": str | None, "failures": [str],
+    "stage_keys": {stage: key | None}, "entries": {stage: Entry}, "resolver": Resolver}.
+    ``reason`` names the first stage without an entry and why (no entry for its key, an
+    upstream missing, a Hub source unavailable offline...). Raises KeyError for an unknown
+    recipe."""
+    from .stages.download import scrub
+
+    res = _ReadOnlyResolver(name)
+    keys, entries, reasons = {}, {}, []
+    for stage, spec in res.specs.items():
+        try:
+            entries[stage] = res.entry(stage)
+            keys[stage] = entries[stage].key
+        except engine.NotReady as err:
+            keys[stage] = None
+            reasons.append(str(err))
+        except Exception as err:  # e.g. SourceError: an hf source while offline
+            keys[stage] = None
+            reasons.append(f"{spec.task}: {type(err).__name__}: {scrub(str(err))}")
+    failures = []
+    if not reasons:
+        for stage, spec in res.specs.items():
+            if spec.kind == "verify":
+                failures += [f"{spec.task}: {f}" for f in res.failures(stage, entries[stage])]
+        state = "verify-failed" if failures else "verified"
+    else:
+        last = engine.read_state(name)
+        verifies = [s for s, sp in res.specs.items() if sp.kind == "verify"]
+        state = "stale" if verifies and all(v in last for v in verifies) else "not-built"
+    return {"state": state, "reason": reasons[0] if reasons else None, "failures": failures,
+            "stage_keys": keys, "entries": entries, "resolver": res}
+
+
+# ------------------------------------------------------------ details of a built recipe
+
+
+def source_info(recipe, download: Entry | None) -> dict:
+    """The recipe's source (kind, repo/revision/path/package) plus, from the download
+    entry's manifest when given, ``commit``, ``package_version`` and ``content_digest``."""
+    s = recipe.source
+    out = {"kind": s.kind, "repo": s.hf, "revision": s.revision, "path": s.path, "package": s.package,
+           "subdir": s.subdir or None}
+    if download is not None:
+        info, extra = download.manifest.get("info", {}), download.manifest.get("extra", {})
+        out.update(commit=info.get("commit") or extra.get("commit"), package_version=info.get("package_version"),
+                   content_digest=extra.get("content"))
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def architecture(download: Entry) -> dict | None:
+    """{"model_type", "architectures"} from the source's config.json, or None if absent."""
+    p = download.out / "config.json"
+    try:
+        cfg = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return {"model_type": cfg.get("model_type"), "architectures": cfg.get("architectures") or []}
+
+
+def parameter_count(export: Entry) -> int | None:
+    """Elements of the floating-point initializers of the export's fp32 ONNX graphs, unique
+    by initializer name across graphs (LLM prefill/decode graphs share weights). Reads the
+    graphs without their external data. None when the export has no ONNX file."""
+    import onnx
+
+    seen: dict[str, int] = {}
+    graphs = sorted(p for p in export.out.rglob("*.onnx"))
+    for g in graphs:
+        m = onnx.load(str(g), load_external_data=False)
+        for t in m.graph.initializer:
+            if t.data_type in _FLOAT_TYPES and t.name not in seen:
+                n = 1
+                for d in t.dims:
+                    n *= d
+                seen[t.name] = n
+    return sum(seen.values()) if graphs else None
+
+
+def _target_of(stage: str, spec) -> str:
+    return spec.params.get("target") or (stage.split("@", 1)[1] if "@" in stage else "")
+
+
+def artifacts(status: dict) -> dict:
+    """{target: {file: bytes}} of the compile entries' artifact files (from their manifests)."""
+    from fnmatch import fnmatch
+
+    out = {}
+    res = status["resolver"]
+    for stage, spec in res.specs.items():
+        if spec.kind == "compile":
+            listing = status["entries"][stage].manifest["outputs"]
+            out[_target_of(stage, spec)] = {rel: meta["size"] for rel, meta in sorted(listing.items())
+                                            if any(fnmatch(Path(rel).name, p) for p in ARTIFACT_PATTERNS)}
+    return out
+
+
+def verify_results(status: dict) -> dict:
+    """{target: {"backend", "metrics", "thresholds", "failures"}} from each verify entry."""
+    out = {}
+    res = status["resolver"]
+    for stage, spec in res.specs.items():
+        if spec.kind == "verify":
+            e = status["entries"][stage]
+            report = json.loads((e.out / "verify.json").read_text(encoding="utf-8"))
+            out[_target_of(stage, spec)] = {
+                "backend": report.get("backend"), "metrics": report.get("metrics", {}),
+                "thresholds": spec.params.get("thresholds", {}), "failures": res.failures(stage, e)}
+    return out
+
+
+def tool_versions(status: dict, names=CATALOG_TOOLS) -> dict:
+    """{tool: version} for ``names`` ({tool: stage kind}) as recorded in the manifests of the
+    entries of that kind; several distinct versions are joined with ", "; "unknown" if none."""
+    out = {}
+    for tool, kind in names.items():
+        vals = sorted({e.manifest.get("tools", {}).get(tool) for e in status["entries"].values() if e.kind == kind}
+                      - {None})
+        out[tool] = ", ".join(vals) if vals else "unknown"
+    return out
+
+
+def catalog_row(name: str, recipe=None) -> dict:
+    """One catalog row (schema in the module docstring) for recipe ``name``."""
+    recipe = recipe or engine.recipes()[name]
+    st = recipe_status(name)
+    ex = recipe.export
+    row = {
+        "name": name, "state": st["state"], "reason": st["reason"], "failures": st["failures"],
+        "description": recipe.description, "license": recipe.license, "task": recipe.task,
+        "family": ex.family, "precision": recipe.quantize.precision, "targets": list(recipe.compile.targets),
+        "batch_size": ex.batch_size, "sequence_length": ex.sequence_length,
+        "context_length": ex.context_length if ex.family == "llm" else None,
+        "stage_keys": st["stage_keys"],
+        "source": source_info(recipe, st["entries"].get("download")),
+        "architecture": None, "parameters": None, "artifacts": None, "artifact_bytes": None,
+        "verify": None, "tools": None, "qnn_context_sdk": None,
+    }
+    if st["state"] in ("verified", "verify-failed"):
+        ents = st["entries"]
+        arts = artifacts(st)
+        sdks = sorted({v for s, e in ents.items() if e.kind == "compile"
+                       for v in e.manifest.get("info", {}).get("qnn_sdk", [])})
+        row.update(architecture=architecture(ents["download"]), parameters=parameter_count(ents["export"]),
+                   artifacts=arts, artifact_bytes=sum(sum(f.values()) for f in arts.values()),
+                   verify=verify_results(st), tools=tool_versions(st), qnn_context_sdk=sdks)
+    return row
+
+
+def catalog_rows() -> list[dict]:
+    """Every non-abstract recipe's row, sorted by name. Raises RecipeError for an invalid
+    recipe file (the catalog is then not written)."""
+    return [catalog_row(n, r) for n, r in catalog_recipes().items()]
+
+
+# ------------------------------------------------------------ rendering
+
+
+def _human_bytes(n) -> str:
+    if n is None:
+        return ""
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+
+
+def _human_count(n) -> str:
+    if n is None:
+        return ""
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M" if n >= 1e6 else str(n)
+
+
+def _metrics_summary(row: dict) -> str:
+    """Thresholded metrics (else pooled_cosine_mean/cosine_mean), per target."""
+    if not row["verify"]:
+        return ""
+    parts = []
+    for target, v in sorted(row["verify"].items()):
+        names = sorted(v["thresholds"]) or [n for n in ("pooled_cosine_mean", "cosine_mean", "token_agreement")
+                                            if n in v["metrics"]][:1]
+        vals = ", ".join(f"{n}={v['metrics'][n]:.4f}" for n in names if isinstance(v["metrics"].get(n), (int, float)))
+        parts.append(f"{target}: {vals}" if len(row["verify"]) > 1 else vals)
+    return "; ".join(parts)
+
+
+def _arch(row: dict) -> str:
+    a = row["architecture"]
+    return "" if not a else (a.get("model_type") or "") + (f" ({', '.join(a['architectures'])})" if a.get("architectures") else "")
+
+
+def _source(row: dict) -> str:
+    s = row["source"]
+    if s["kind"] == "hf":
+        return f"{s['repo']}@{(s.get('commit') or s.get('revision') or '')[:12]}"
+    if s["kind"] == "package":
+        return f"{s['package']}" + (f"=={s['package_version']}" if s.get("package_version") else "")
+    return s.get("path", "")
+
+
+COLUMNS = [  # (header, cell text, sort value, numeric)
+    ("Recipe", lambda r: r["name"], lambda r: r["name"], False),
+    ("State", lambda r: r["state"], lambda r: STATES.index(r["state"]), True),
+    ("Source", _source, _source, False),
+    ("Architecture", _arch, _arch, False),
+    ("Parameters", lambda r: _human_count(r["parameters"]), lambda r: r["parameters"] or 0, True),
+    ("Precision", lambda r: r["precision"], lambda r: r["precision"], False),
+    ("Targets", lambda r: ", ".join(r["targets"]), lambda r: ", ".join(r["targets"]), False),
+    ("Seq len", lambda r: str(r["sequence_length"]), lambda r: r["sequence_length"], True),
+    ("Context", lambda r: str(r["context_length"] or ""), lambda r: r["context_length"] or 0, True),
+    ("Artifacts", lambda r: _human_bytes(r["artifact_bytes"]), lambda r: r["artifact_bytes"] or 0, True),
+    ("Verify", _metrics_summary, _metrics_summary, False),
+    ("QNN SDK", lambda r: (r["tools"] or {}).get("qnn-sdk", ""), lambda r: (r["tools"] or {}).get("qnn-sdk", ""), False),
+    ("onnxruntime / -qnn", lambda r: " / ".join((r["tools"] or {}).get(t, "") for t in ("onnxruntime", "onnxruntime-qnn"))
+     if r["tools"] else "", lambda r: (r["tools"] or {}).get("onnxruntime", ""), False),
+    ("optimum / transformers", lambda r: " / ".join((r["tools"] or {}).get(t, "") for t in ("optimum", "transformers"))
+     if r["tools"] else "", lambda r: (r["tools"] or {}).get("transformers", ""), False),
+    ("Verify key", lambda r: _verify_key(r), lambda r: _verify_key(r), False),
+]
+
+
+def _verify_key(row: dict) -> str:
+    keys = [k for s, k in sorted(row["stage_keys"].items()) if s.startswith("verify") and k]
+    return ", ".join(k[:12] for k in keys)
+
+
+def render_markdown(rows: list[dict]) -> str:
+    """The catalog as a Markdown document: one table row per recipe, then the reasons of the
+    recipes that are not built, stale or failed."""
+    def cell(text) -> str:
+        return str(text).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["# Model catalog", "", "Generated by `doit catalog` from recipes and the build cache "
+             "(schema: `tasks/catalog.py`). States: verified, verify-failed, stale, not-built.", "",
+             "| " + " | ".join(c[0] for c in COLUMNS) + " |", "|" + "|".join("---" for _ in COLUMNS) + "|"]
+    for r in rows:
+        lines.append("| " + " | ".join(cell(c[1](r)) for c in COLUMNS) + " |")
+    notes = [r for r in rows if r["reason"] or r["failures"]]
+    if notes:
+        lines += ["", "## Why not verified", ""]
+        for r in notes:
+            for why in r["failures"] or [r["reason"]]:
+                lines.append(f"- **{r['name']}** ({r['state']}): {cell(why)}")
+    return "\n".join(lines) + "\n"
+
+
+_HTML_HEAD = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>npubuild model catalog</title>
+<style>
+body { font-family: system-ui, sans-serif; margin: 1.5em; }
+table { border-collapse: collapse; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.3em 0.5em; text-align: left; vertical-align: top; }
+th { background: #eee; cursor: pointer; user-select: none; white-space: nowrap; }
+th[aria-sort="ascending"]::after { content: " \\25B2"; }
+th[aria-sort="descending"]::after { content: " \\25BC"; }
+td.verified { background: #dfd; } td.verify-failed { background: #fdd; }
+td.stale { background: #ffd; } td.not-built { background: #eee; }
+</style>
+</head>
+<body>
+<h1>npubuild model catalog</h1>
+<p>Generated by <code>doit catalog</code> from recipes and the build cache. Click a column header to sort.</p>
+"""
+
+_HTML_SCRIPT = """<script>
+(function () {
+  var table = document.getElementById("catalog");
+  var heads = table.tHead.rows[0].cells;
+  function key(row, i, numeric) {
+    var v = row.cells[i].getAttribute("data-sort");
+    return numeric ? parseFloat(v) : v.toLowerCase();
+  }
+  Array.prototype.forEach.call(heads, function (th, i) {
+    th.addEventListener("click", function () {
+      var numeric = th.getAttribute("data-type") === "num";
+      var asc = th.getAttribute("aria-sort") !== "ascending";
+      Array.prototype.forEach.call(heads, function (h) { h.removeAttribute("aria-sort"); });
+      th.setAttribute("aria-sort", asc ? "ascending" : "descending");
+      var body = table.tBodies[0];
+      var rows = Array.prototype.slice.call(body.rows);
+      rows.sort(function (a, b) {
+        var x = key(a, i, numeric), y = key(b, i, numeric);
+        return (x < y ? -1 : x > y ? 1 : 0) * (asc ? 1 : -1);
+      });
+      rows.forEach(function (r) { body.appendChild(r); });
+    });
+  });
+})();
+</script>
+</body>
+</html>
+"""
+
+
+def render_html(rows: list[dict]) -> str:
+    """The catalog as one static HTML page: a table (id ``catalog``, one ``tbody`` row per
+    recipe, each cell's sort value in ``data-sort``) and an inline script that sorts it."""
+    esc = html.escape
+    out = [_HTML_HEAD, '<table id="catalog">\n<thead><tr>']
+    for head, _, _, numeric in COLUMNS:
+        out.append(f'<th data-type="{"num" if numeric else "text"}">{esc(head)}</th>')
+    out.append("</tr></thead>\n<tbody>\n")
+    for r in rows:
+        out.append(f'<tr id="recipe-{esc(r["name"])}">')
+        for head, text, sort, _ in COLUMNS:
+            cls = f' class="{esc(r["state"])}"' if head == "State" else ""
+            title = f' title="{esc(r["reason"] or "; ".join(r["failures"]))}"' if head == "State" and (
+                r["reason"] or r["failures"]) else ""
+            out.append(f'<td{cls}{title} data-sort="{esc(str(sort(r)))}">{esc(str(text(r)))}</td>')
+        out.append("</tr>\n")
+    out.append("</tbody>\n</table>\n")
+    out.append(_HTML_SCRIPT)
+    return "".join(out)
+
+
+def write_catalog(out_dir: Path | None = None) -> dict[str, Path]:
+    """Write catalog.json, README.md and index.html into ``out_dir`` (default
+    :func:`tasks.paths.catalog_dir`). Returns {file name: path}. Each file is written to a
+    temp name and renamed, so a reader never sees half a file."""
+    out_dir = Path(out_dir or paths.catalog_dir())
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = catalog_rows()
+    docs = {"catalog.json": json.dumps({"schema_version": SCHEMA_VERSION, "recipes": rows}, indent=2,
+                                       sort_keys=True) + "\n",
+            "README.md": render_markdown(rows), "index.html": render_html(rows)}
+    written = {}
+    for fname, text in docs.items():
+        tmp = out_dir / f".{fname}.tmp"
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(out_dir / fname)
+        written[fname] = out_dir / fname
+    for r in rows:
+        print(f"{r['name']:<32} {r['state']:<14} {r['reason'] or '; '.join(r['failures'])}")
+    print(f"catalog: {len(rows)} recipes -> {out_dir}")
+    return written

@@ -1,0 +1,73 @@
+"""Static prefill/decode ONNX export: shapes, dtypes, op set, determinism, part split."""
+import numpy as np
+import onnx
+import pytest
+
+from llm_fixtures import CONTEXT_LEN, SEQ_LEN, tiny_export, tiny_model
+
+_DT = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.INT32: "int32"}
+BANNED = {"Where", "IsNaN", "IsInf", "Equal", "ConstantOfShape", "Expand", "ScatterND",
+          "GatherND", "Range", "Shape", "Cos", "Sin", "Cast"}
+
+
+def _io(vis):
+    return [(v.name, [d.dim_value for d in v.type.tensor_type.shape.dim],
+             _DT[v.type.tensor_type.elem_type]) for v in vis]
+
+
+@pytest.mark.parametrize("arch,parts", [("qwen2", 1), ("llama", 2)])
+def test_export_contract(arch, parts):
+    import json
+
+    ex = tiny_export(arch, parts=parts)
+    desc = json.loads((ex / "export.json").read_text())
+    assert len(desc["parts"]) == parts
+    covered = []
+    for p in desc["parts"]:
+        covered += list(range(*p["layers"]))
+        for g, S in (("prefill", SEQ_LEN), ("decode", 1)):
+            m = onnx.load(str(ex / p[g]["path"]))
+            ins = _io(m.graph.input)
+            outs = _io(m.graph.output)
+            assert ins == [(i["name"], i["shape"], i["dtype"]) for i in p[g]["inputs"]]
+            assert outs == [(o["name"], o["shape"], o["dtype"]) for o in p[g]["outputs"]]
+            names = dict((n, (s, d)) for n, s, d in ins)
+            assert names["position_ids"] == ([1, S], "int32")
+            assert names["attention_mask"] == ([1, 1, S, CONTEXT_LEN], "float32")
+            lo, hi = p["layers"]
+            assert names[f"past_key_{lo}"] == ([1, desc["num_kv_heads"], CONTEXT_LEN - S,
+                                                desc["head_dim"]], "float32")
+            assert sum(n.startswith("past_") for n in names) == 2 * (hi - lo)
+            if p["index"] == 0:
+                assert names["input_ids"] == ([1, S], "int32")
+            else:
+                assert "hidden_states_in" in names
+            onames = [o[0] for o in outs]
+            assert ("logits" in onames) == (p["index"] == parts - 1)
+            ops = {n.op_type for n in m.graph.node}
+            assert not ops & BANNED, ops & BANNED
+            assert all(n.domain in ("", "ai.onnx") for n in m.graph.node)
+            for d in outs[1:]:
+                assert d[1][2] == S  # only the new K/V are outputs
+    assert covered == list(range(desc["num_layers"]))
+
+
+def test_export_is_deterministic(tmp_path):
+    from tasks.llm.export import export_llm
+
+    mdir = tiny_model("qwen2")
+    a = export_llm(mdir, tmp_path / "a", seq_len=8, context_len=32)
+    export_llm(mdir, tmp_path / "b", seq_len=8, context_len=32)
+    for g in ("prefill", "decode"):
+        pa = (tmp_path / "a" / a["parts"][0][g]["path"]).read_bytes()
+        pb = (tmp_path / "b" / a["parts"][0][g]["path"]).read_bytes()
+        assert pa == pb
+
+
+def test_split_layers():
+    from tasks.llm.export import split_layers
+
+    assert split_layers(4, 1) == [(0, 4)]
+    assert split_layers(5, 2) == [(0, 3), (3, 5)]
+    with pytest.raises(ValueError):
+        split_layers(2, 3)

@@ -1,0 +1,58 @@
+"""w8a16 QDQ -> QNN HTP compile (all nodes on HTP) -> HTP simulator via LLMRunner; weight sharing."""
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+
+from llm_fixtures import PROMPTS, tiny_export, tiny_model
+
+
+@pytest.fixture(scope="module")
+def qwen2_qdq(tmp_path_factory):
+    from tasks.llm import calib, fixtures, quant
+
+    mdir, ex = tiny_model("qwen2"), tiny_export("qwen2")
+    cpu = lambda p: ort.InferenceSession(str(p), providers=["CPUExecutionProvider"])
+    feeds = calib.collect_calibration_feeds(mdir, ex, fixtures.CORPUS_PATH, n_prompts=6,
+                                            decode_steps=12, decode_keep=4, make_session=cpu)
+    out = tmp_path_factory.mktemp("qdq")
+    return {g: quant.quantize_qdq(ex / "part0" / f"{g}.onnx", out / f"{g}.qdq.onnx", feeds[g][0])
+            for g in ("prefill", "decode")}
+
+
+def test_compile_and_run_on_htp_simulator(qwen2_qdq, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tasks.llm import qnn
+    from tasks.llm.runner import LLMRunner
+
+    ctx = {g: qnn.compile_single(qwen2_qdq[g], tmp_path, name=g) for g in ("prefill", "decode")}
+    for c in ctx.values():
+        assert c["bin_bytes"] > 100_000
+    runner = LLMRunner([(ctx["prefill"]["ctx"], ctx["decode"]["ctx"])], qnn.qnn_session_factory())
+    mdir = tiny_model("qwen2")
+    m, tok = AutoModelForCausalLM.from_pretrained(mdir).eval(), AutoTokenizer.from_pretrained(mdir)
+    matches = []
+    for p in PROMPTS[:2]:
+        ids = tok(p)["input_ids"]
+        x = torch.tensor([ids])
+        with torch.no_grad():
+            ref = m.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=8,
+                             do_sample=False, min_new_tokens=8)[0, len(ids):].tolist()
+            ref_logits = m(x).logits[0, -1].numpy()
+        got = runner.generate(ids, 8)
+        matches += [a == b for a, b in zip(ref, got)]
+        lg = runner.prefill_logits(ids)
+        cos = float(lg @ ref_logits / np.linalg.norm(lg) / np.linalg.norm(ref_logits))
+        assert cos > 0.99, cos
+    assert np.mean(matches) >= 0.75, matches
+
+
+def test_weight_shared_binary_is_smaller(qwen2_qdq, tmp_path):
+    from tasks.llm import qnn
+
+    singles = [qnn.compile_single(qwen2_qdq[g], tmp_path / "single", name=g)["bin_bytes"]
+               for g in ("prefill", "decode")]
+    shared = qnn.compile_shared(qwen2_qdq["prefill"], qwen2_qdq["decode"], tmp_path / "shared")
+    assert len(shared["bins"]) == 1
+    assert shared["bin_bytes"] < 0.7 * sum(singles), (shared["bin_bytes"], singles)
