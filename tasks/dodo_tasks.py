@@ -215,7 +215,6 @@ def _publish_action(recipe: str, dest: str, hub_repo: str, dry_run: bool):
     try:
         publish.publish(recipe, dest=dest or None, hub_repo=hub_repo or None, dry_run=dry_run)
     except publish.PublishError as e:
-        print(f"npubuild: {e}", file=sys.stderr)
         return TaskFailed(str(e))
 
 

@@ -3,8 +3,8 @@
 KV cache layout kept by the host (numpy, float32): per layer ``K, V`` of shape [1, Hkv, C, d];
 entries ``0..n-1`` hold the ``n`` tokens processed so far (in order), the rest are zeros (masked).
 A graph with S new tokens gets ``cache[:, :, :C-S]`` as ``past_*`` and returns the S new K/V, which
-the runner copies into slots ``n..n+m-1`` (m real tokens). So ``n + m <= C - S + ...`` bounds apply:
-a prefill chunk needs ``n <= C - S``; a decode step needs ``n <= C - 1``.
+the runner copies into slots ``n..n+m-1`` (m real tokens). Bounds: a prefill chunk needs
+``n <= C - S`` cached tokens before it; a decode step needs ``n <= C - 1``.
 
 Prompt chunks shorter than S are *left*-padded: pad rows sit at the start of the new block, attend
 only to themselves, and real rows never attend to them; so the last row is always the last real
@@ -87,8 +87,8 @@ class LLMRunner:
         desc = json.loads((export_dir / "export.json").read_text())
         parts = []
         for p in desc["parts"]:
-            parts.append(tuple(str(export_dir / p[g]["path"]).replace(".onnx", suffix)
-                               for g in ("prefill", "decode")))
+            paths = [export_dir / p[g]["path"] for g in ("prefill", "decode")]
+            parts.append(tuple(str(q.with_name(q.name[:-len(".onnx")] + suffix)) for q in paths))
         if desc.get("embed_file") and "embed_table" not in kw:
             kw["embed_table"] = np.load(export_dir / desc["embed_file"])
         kw.setdefault("mask_value", desc.get("mask_value", MASK_VALUE))
@@ -189,8 +189,15 @@ def write_genai_config(export_desc: dict, out_path, *, model_files: dict | None 
     templates ``past_key_%d`` / ``present_key_%d`` map to our names. ``sliding_window`` (with
     ``window_size`` = seq_len and ``alignment`` = "left") is genai's static-shape/KV mode.
 
-    What it cannot express (so genai will NOT run these graphs unmodified, to our knowledge; we had
-    no onnxruntime-genai to test and no web docs, so details of key names are from memory):
+    The key names used here (``decoder-pipeline``, ``run_on_prompt``, ``run_on_token_gen``,
+    ``sliding_window``/``window_size``/``pad_value``/``alignment``/``slide_key_value_cache``,
+    ``past_key_names``-style templates) were checked only as strings inside the onnxruntime-genai
+    0.18.0 wheel (downloaded with ``pip download --no-deps``, not installed, not run: it would pull
+    its own onnxruntime into the shared venv). Its default KV names are ``past_key_values.%d.key`` /
+    ``present.%d.key``, hence the explicit templates below.
+
+    What it cannot express (so genai will NOT run these graphs unmodified, to our knowledge; no
+    genai run was possible here and no string in the wheel hints at an additive 4-D float mask):
       * our ``attention_mask`` is an additive float [1,1,S,C] tensor built by the host; genai feeds
         an integer [1, L] 0/1 mask (or total_seq_len/seqlens_k for GroupQueryAttention graphs)
         and has no hook to build an additive 4-D mask. A small extra "mask builder" graph in the

@@ -55,6 +55,10 @@ def mask_range(model: onnx.ModelProto, fill: float = -100.0, threshold: float = 
         exp(-100) ~ 4e-44 weight after Softmax, i.e. zero, while a u16 activation range of
         ~[-100, 10] keeps a step of ~0.002).
       threshold: float, default 1e4 (absolute value; catches -3.4e38, -1e9, -65504, -1e4, inf).
+        Measured on all-MiniLM-L6-v2 w8a16 (u16 activations, per-channel u8 weights, 32
+        calibration sentences, mean-pooled cosine vs fp32 over 28 sentences, CPU EP): fill
+        -20 / -100 / -1000 / -9000 -> avg 0.9991, worst 0.9971-0.9974; -65504 -> 0.9957 /
+        0.9901; -1e9 -> 0.428 / 0.190; unpatched -3.4e38 (per-tensor weights) -> 0.426 / 0.173.
       mask_inputs: regex on graph input names, default "mask" (matches "attention_mask").
       scope: "mask" (default, only the mask path) or "all" (every float constant consumed by a
         ``MASK_OPS`` node anywhere; for graphs that build a causal mask internally with no

@@ -1,0 +1,485 @@
+"""Catalog, publish, bundle check and reproducibility, through the real doit CLI on the tiny BERT.
+
+One module-scoped project holds four recipes: ``t8`` (builds and verifies), ``failing`` (the
+same stages, but a pooled_cosine_min threshold of 1.01 no model reaches: verify-failed),
+``stale`` (built, then its calibration changed: stale) and ``hub`` (a Hub source at a branch,
+with HF_HUB_OFFLINE=1: cannot build here, not-built). ``t8`` is published once; the tests then
+rebuild it from empty caches and compare, check and break copies of the bundle, and push it to
+a local HTTP stand-in of the Hugging Face Hub.
+
+What the Hub stand-in does not cover: authentication and permissions, the Xet upload protocol
+(the stand-in answers the LFS batch call with ``transfer: basic``, as for a repo without Xet;
+the real Hub picks Xet for new repos when hf_xet is installed), multipart LFS uploads (files
+above the server's chunk size), create_repo's 409 "already exists" answer, rate limits and
+retries, and whether the real Hub renders the model card's metadata as expected.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import shutil
+import tarfile
+import threading
+from html.parser import HTMLParser
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from conftest import TINY_RECIPE, Project
+
+from tasks import publish
+
+HUB_RECIPE = """\
+license: mit
+source: {hf: npubuild-test/not-in-any-cache, revision: main}
+quantize:
+  calibration: {file: data/calib.txt, samples: 4, max_length: 16}
+verify:
+  data: {file: data/verify.txt, samples: 3, max_length: 16}
+"""
+
+
+def _tiny(**changes) -> str:
+    text = TINY_RECIPE.format(precision="w8a16", targets="[x-elite]", backend="cpu-qdq")
+    for old, new in changes.items():
+        assert old in text
+        text = text.replace(old, new)
+    return text
+
+
+def sha256(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def tree_sums(folder: Path) -> dict[str, str]:
+    return {p.relative_to(folder).as_posix(): sha256(p) for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def proj(tmp_path_factory, tiny_bert) -> Project:
+    p = Project(tmp_path_factory.mktemp("catalog") / "proj", tiny_bert)
+    p.recipe("t8")
+    p.recipe("failing", _tiny(**{"pooled_cosine_mean: 0.9": "pooled_cosine_min: 1.01"}))
+    p.recipe("stale")
+    p.recipe("hub", HUB_RECIPE)
+    p.doit("run", "build:t8")
+    bad = p.doit("run", "build:failing", check=False)  # shares every entry with t8; only verify judges
+    assert bad.code != 0 and "pooled_cosine_min" in bad.log()
+    p.doit("run", "build:stale")
+    p.recipe("stale", _tiny(**{"samples: 4": "samples: 5"}))  # quantize key changes; not rebuilt
+    p.doit("run", "publish:t8")
+    return p
+
+
+def _bundle(proj: Project) -> Path:
+    return proj.root / "dist" / "t8"
+
+
+def _archive(proj: Project) -> Path:
+    (a,) = (proj.root / "dist").glob("t8-*.tar.gz")
+    return a
+
+
+# ------------------------------------------------------------ publish + determinism
+
+
+def test_publish_makes_bundle_manifest_card_and_archive(proj):
+    b = _bundle(proj)
+    files = set(tree_sums(b))
+    assert {"model_ctx.onnx", "model_ctx_qnn.bin", "tokenizer.json", "tokenizer_config.json", "vocab.txt",
+            "config.json", "special_tokens_map.json", "README.md", "manifest.json"} == files
+    m = json.loads((b / "manifest.json").read_text())
+    assert set(m["files"]) == files - {"manifest.json"}
+    for rel, meta in m["files"].items():
+        assert meta == {"sha256": sha256(b / rel), "size": (b / rel).stat().st_size}
+    st = json.loads((proj.root / "build" / "t8" / "stages.json").read_text())
+    assert {s: v["key"] for s, v in m["stages"].items()} == {s: v["key"] for s, v in st.items()}
+    assert m["resolved_recipe"]["name"] == "t8" and m["resolved_recipe"]["quantize"]["precision"] == "w8a16"
+    assert {"qnn-sdk", "onnxruntime", "onnxruntime-qnn", "optimum", "transformers"} <= set(m["tools"])
+    assert m["source"]["kind"] == "path" and m["build_platform"]["machine"]
+    assert m["build_key"] == st["verify"]["key"][:12] and _archive(proj).name == f"t8-{m['build_key']}.tar.gz"
+    text = json.dumps(m)
+    assert str(proj.root) not in text and "finished" not in text and "build_seconds" not in text
+    card = (b / "README.md").read_text()
+    assert card.startswith("---\n") and "license: apache-2.0" in card and "pooled_cosine_mean" in card
+    from huggingface_hub import ModelCard
+
+    assert ModelCard.load(b / "README.md").data.license == "apache-2.0"
+    with tarfile.open(_archive(proj)) as tar:
+        members = tar.getmembers()
+    names = [t.name for t in members]
+    assert names == sorted(names) and names[0] == "t8"
+    assert {n.removeprefix("t8/") for n in names if members[names.index(n)].isfile()} == files
+    assert all(t.mtime == 0 and t.uid == 0 and t.gid == 0 and t.uname == "" and t.gname == "" for t in members)
+    assert all(t.mode == (0o755 if t.isdir() else 0o644) for t in members)
+    raw = _archive(proj).read_bytes()
+    assert raw[:2] == b"\x1f\x8b" and raw[4:8] == b"\0\0\0\0"  # gzip magic, header mtime 0
+
+
+COMPILE_OUTPUTS = {"model_ctx.onnx", "model_ctx_qnn.bin"}
+
+
+def test_publish_is_deterministic(proj, tmp_path):
+    """Publishing the same cache entries twice (another dist folder, another time) gives
+    byte-identical bundles and archives: nothing in publish depends on time, place or order."""
+    other = Project.__new__(Project)
+    other.root, other.env = proj.root, dict(proj.env, NPUBUILD_DIST=str(tmp_path / "dist"))
+    other.doit("run", "publish:t8")
+    assert tree_sums(tmp_path / "dist" / "t8") == tree_sums(_bundle(proj))
+    (a,) = (tmp_path / "dist").glob("t8-*.tar.gz")
+    assert a.name == _archive(proj).name and sha256(a) == sha256(_archive(proj))
+
+
+def test_two_builds_from_empty_caches_are_byte_identical(proj):
+    """Everything but the compile outputs (and what names them) is byte-identical across two
+    builds from empty caches; the compile outputs are not yet (publish.KNOWN_VARIABLE): the
+    test xfails naming them, and starts passing once tasks/qnn.py makes them reproducible."""
+    second = proj.root / "second"
+    env = dict(proj.env, NPUBUILD_CACHE=str(second / "cache"), NPUBUILD_BUILD=str(second / "build"),
+               NPUBUILD_HOME=str(second / "home"), NPUBUILD_DIST=str(second / "dist"))
+    other = Project.__new__(Project)
+    other.root, other.env = proj.root, env
+    run = other.doit("run", "build:t8", "publish:t8")
+    assert "export:t8" in run.ran() and "verify:t8" in run.ran()  # really rebuilt from nothing
+    a, b = tree_sums(_bundle(proj)), tree_sums(second / "dist" / "t8")
+    assert set(a) == set(b)
+    differ = sorted(k for k in a if a[k] != b[k])
+    assert set(differ) <= COMPILE_OUTPUTS | {"manifest.json", "README.md"}, differ
+    # the verify results on the (HTP or CPU) backend are the same numbers
+    assert (proj.root / "build" / "t8" / "verify.json").read_bytes() == (second / "build" / "t8" / "verify.json").read_bytes()
+    (arch2,) = (second / "dist").glob("t8-*.tar.gz")
+    if differ:
+        assert all(publish.known_variable(f) for f in differ)
+        pytest.xfail(f"not byte-identical: {', '.join(differ)} ({publish.KNOWN_VARIABLE['*_ctx.onnx'][:90]}...)")
+    assert arch2.name == _archive(proj).name and sha256(arch2) == sha256(_archive(proj))
+
+
+def test_reproduce_task_reports_every_file(proj):
+    run = proj.doit("run", "reproduce:t8", check=False)
+    out = run.tasks["reproduce:t8"]["out"]
+    m = json.loads((_bundle(proj) / "manifest.json").read_text())
+    lines = out.splitlines()
+    for rel in [*m["files"], "manifest.json", _archive(proj).name]:
+        line = next((x for x in lines if x.startswith(("identical", "DIFFERS")) and f" {rel} " in x + " "), None)
+        assert line, (rel, out)
+        if rel not in COMPILE_OUTPUTS | {"manifest.json", "README.md", _archive(proj).name}:
+            assert line.startswith("identical"), line
+        if line.startswith("DIFFERS"):
+            assert "(known: " in line, line
+    assert "verify metrics identical" in out
+    assert (run.code == 0) == ("DIFFERS" not in out)
+
+
+def test_archive_mtime_from_source_date_epoch(proj, tmp_path):
+    env = dict(proj.env, SOURCE_DATE_EPOCH="1700000000", NPUBUILD_DIST=str(tmp_path / "dist"))
+    other = Project.__new__(Project)
+    other.root, other.env = proj.root, env
+    other.doit("run", "publish:t8")
+    (a,) = (tmp_path / "dist").glob("t8-*.tar.gz")
+    with tarfile.open(a) as tar:
+        assert {t.mtime for t in tar.getmembers()} == {1700000000}
+    m = json.loads((tmp_path / "dist" / "t8" / "manifest.json").read_text())
+    assert m["archive_mtime"] == {"seconds": 1700000000, "from": "SOURCE_DATE_EPOCH"}
+
+
+# ------------------------------------------------------------ refusing
+
+
+def test_publish_refuses_failed_verify(proj):
+    run = proj.doit("run", "publish:failing", check=False)
+    assert run.code != 0
+    assert "refusing to publish failing: its verify failed" in run.log()
+    assert "pooled_cosine_min" in run.log() and "threshold >= 1.01" in run.log()
+    assert not (proj.root / "dist" / "failing").exists()
+
+
+def test_publish_refuses_stale_build(proj):
+    run = proj.doit("run", "publish:stale", check=False)
+    assert run.code != 0
+    assert "refusing to publish stale: its build is stale" in run.log() and "doit build:stale" in run.log()
+    assert not (proj.root / "dist" / "stale").exists()
+    run = proj.doit("run", "publish:hub", check=False)
+    assert run.code != 0 and "refusing to publish hub: it is not built" in run.log()
+
+
+# ------------------------------------------------------------ catalog
+
+
+def test_catalog_lists_every_recipe_with_its_state(proj):
+    proj.doit("run", "catalog")
+    path = proj.root / "catalog" / "catalog.json"
+    first = path.read_bytes()
+    cat = json.loads(first)
+    assert cat["schema_version"] == 1
+    rows = {r["name"]: r for r in cat["recipes"]}
+    assert [r["name"] for r in cat["recipes"]] == ["failing", "hub", "stale", "t8"]
+    assert {n: r["state"] for n, r in rows.items()} == {
+        "t8": "verified", "failing": "verify-failed", "stale": "stale", "hub": "not-built"}
+    t8 = rows["t8"]
+    assert t8["architecture"] == {"model_type": "bert", "architectures": ["BertModel"]}
+    assert 900_000 < t8["parameters"] < 1_100_000  # 30522x32 word embeddings + 2 tiny layers
+    assert t8["precision"] == "w8a16" and t8["targets"] == ["x-elite"] and t8["sequence_length"] == 16
+    assert t8["context_length"] is None
+    built = proj.root / "build" / "t8"
+    assert t8["artifacts"]["x-elite"] == {f: (built / f).stat().st_size for f in ("model_ctx.onnx", "model_ctx_qnn.bin")}
+    assert t8["verify"]["x-elite"]["metrics"]["pooled_cosine_mean"] > 0.9 and t8["verify"]["x-elite"]["failures"] == []
+    assert set(t8["tools"]) == {"qnn-sdk", "onnxruntime", "onnxruntime-qnn", "optimum", "transformers"}
+    assert "unknown" not in t8["tools"].values()
+    assert all(t8["stage_keys"].values())
+    assert rows["failing"]["failures"] and "1.01" in rows["failing"]["failures"][0]
+    assert rows["failing"]["stage_keys"] == t8["stage_keys"]  # thresholds are not in the key
+    assert rows["stale"]["reason"] and rows["stale"]["verify"] is None
+    hub = rows["hub"]
+    assert "offline" in hub["reason"] and hub["source"]["repo"] == "npubuild-test/not-in-any-cache"
+    assert set(hub["stage_keys"].values()) == {None}
+    md = (proj.root / "catalog" / "README.md").read_text()
+    table = [line for line in md.splitlines() if line.startswith("| ") and not line.startswith("| Recipe")]
+    assert [line.split("|")[1].strip() for line in table] == ["failing", "hub", "stale", "t8"]
+    proj.doit("run", "catalog")
+    assert path.read_bytes() == first  # stable: same inputs, same bytes
+
+
+class _TableParser(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.heads, self.rows, self.net, self.scripts = [], [], [], 0
+        self._where, self._cell, self._row = None, None, None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        for k in ("src", "href"):
+            if a.get(k):
+                self.net.append((tag, a[k]))
+        if tag == "link":
+            self.net.append((tag, a))
+        if tag == "script":
+            self.scripts += 1
+        if tag in ("thead", "tbody"):
+            self._where = tag
+        elif tag == "tr" and self._where == "tbody":
+            self._row = []
+        elif tag in ("td", "th"):
+            self._cell = [a.get("data-sort"), ""]
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell[1] += data
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self._cell is not None:
+            (self.heads if self._where == "thead" else self._row).append(self._cell)
+            self._cell = None
+        elif tag == "tr" and self._row is not None:
+            self.rows.append(self._row)
+            self._row = None
+
+
+def test_catalog_html_parses_to_one_row_per_recipe(proj):
+    proj.doit("run", "catalog")
+    page = (proj.root / "catalog" / "index.html").read_text()
+    p = _TableParser()
+    p.feed(page)
+    p.close()
+    heads = [h[1] for h in p.heads]
+    assert heads[:2] == ["Recipe", "State"] and "Parameters" in heads and "QNN SDK" in heads
+    assert [r[0][1] for r in p.rows] == ["failing", "hub", "stale", "t8"]
+    assert {r[0][1]: r[1][1] for r in p.rows} == {
+        "t8": "verified", "failing": "verify-failed", "stale": "stale", "hub": "not-built"}
+    assert all(len(r) == len(heads) and all(c[0] is not None for c in r) for r in p.rows)  # sortable cells
+    params = heads.index("Parameters")
+    t8 = next(r for r in p.rows if r[0][1] == "t8")
+    assert int(t8[params][0]) > 900_000
+    assert p.net == [] and p.scripts == 1 and "http://" not in page and "https://" not in page
+
+
+def test_catalog_page_screenshot(proj, tmp_path):
+    """Renders the page in headless chromium when /usr/bin/chromium exists (not installed here)."""
+    chromium = Path("/usr/bin/chromium")
+    if not chromium.exists():
+        pytest.skip("no /usr/bin/chromium")
+    import subprocess
+
+    proj.doit("run", "catalog")
+    shot = tmp_path / "catalog.png"
+    subprocess.run([str(chromium), "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
+                    "--window-size=1600,600", (proj.root / "catalog" / "index.html").as_uri()],
+                   check=True, capture_output=True, timeout=120)
+    assert shot.stat().st_size > 1000
+
+
+# ------------------------------------------------------------ bundle check
+
+
+@pytest.fixture
+def bundle_copy(proj, tmp_path) -> Path:
+    dest = tmp_path / "t8"
+    shutil.copytree(_bundle(proj), dest)
+    assert publish.check_bundle(dest) == {"mismatch": [], "missing": [], "extra": []}
+    return dest
+
+
+def test_bundle_check_catches_a_flipped_byte(proj, bundle_copy):
+    f = bundle_copy / "model_ctx_qnn.bin"
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    f.write_bytes(bytes(data))
+    assert publish.check_bundle(bundle_copy) == {"mismatch": ["model_ctx_qnn.bin: sha256 differs"],
+                                                 "missing": [], "extra": []}
+    run = proj.doit("run", "check_bundle", "--path", str(bundle_copy), check=False)
+    assert run.code != 0 and "MISMATCH model_ctx_qnn.bin: sha256 differs" in run.log()
+
+
+def test_bundle_check_catches_a_missing_file(proj, bundle_copy):
+    (bundle_copy / "vocab.txt").unlink()
+    assert publish.check_bundle(bundle_copy) == {"mismatch": [], "missing": ["vocab.txt"], "extra": []}
+    run = proj.doit("run", "check_bundle", "--path", str(bundle_copy), check=False)
+    assert run.code != 0 and "MISSING vocab.txt" in run.log()
+
+
+def test_bundle_check_catches_an_extra_file(proj, bundle_copy):
+    (bundle_copy / "sub").mkdir()
+    (bundle_copy / "sub" / "notes.txt").write_text("not published")
+    assert publish.check_bundle(bundle_copy) == {"mismatch": [], "missing": [], "extra": ["sub/notes.txt"]}
+    run = proj.doit("run", "check_bundle", "--path", str(bundle_copy), check=False)
+    assert run.code != 0 and "EXTRA sub/notes.txt" in run.log()
+    assert proj.doit("run", "check_bundle", "--path", str(_bundle(proj))).code == 0
+
+
+# ------------------------------------------------------------ targets: folder, Hub
+
+
+def test_publish_to_a_folder_and_dry_run(proj, tmp_path):
+    before = tree_sums(proj.root / "dist")
+    dry = proj.doit("run", "publish:t8", "--dry-run", "--dest", str(tmp_path / "dry"), "--hub-repo", "me/tiny")
+    out = dry.tasks["publish:t8"]["out"]
+    assert "would call HfApi.create_repo(repo_id='me/tiny', repo_type='model', exist_ok=True)" in out
+    assert "would call HfApi.upload_folder(repo_id='me/tiny'" in out
+    assert "would call HfApi.create_tag(repo_id='me/tiny'" in out and "tag='npubuild-" in out
+    assert "would copy t8/" in out and "[dry-run]   model_ctx_qnn.bin" in out
+    assert not (tmp_path / "dry").exists() and tree_sums(proj.root / "dist") == before
+    proj.doit("run", "publish:t8", "--dest", str(tmp_path / "shelf"))
+    assert tree_sums(tmp_path / "shelf" / "t8") == tree_sums(_bundle(proj))
+    assert sha256(tmp_path / "shelf" / _archive(proj).name) == sha256(_archive(proj))
+
+
+class _HubStandIn(BaseHTTPRequestHandler):
+    """Just enough of the Hub API for create_repo, upload_folder (preupload, LFS basic
+    upload, NDJSON commit) and create_tag. State lives on the server object."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *a):
+        pass
+
+    def _body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            out = b""
+            while True:
+                n = int(self.rfile.readline().strip().split(b";")[0], 16)
+                if n == 0:
+                    self.rfile.readline()
+                    return out
+                out += self.rfile.read(n)
+                self.rfile.readline()
+        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+    def _send(self, obj, code=200):
+        data = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_PUT(self):
+        s, body = self.server, self._body()
+        s.calls.append(("PUT", self.path, self.headers.get("Authorization")))
+        if self.path.startswith("/lfs-upload/"):
+            oid = self.path.rsplit("/", 1)[1]
+            assert hashlib.sha256(body).hexdigest() == oid
+            s.lfs[oid] = body
+            return self._send({})
+        self._send({"error": "unknown"}, 404)
+
+    def do_POST(self):
+        s, body, path = self.server, self._body(), self.path.split("?")[0]
+        s.calls.append(("POST", path, self.headers.get("Authorization")))
+        base = f"http://127.0.0.1:{s.server_port}"
+        if path == "/api/repos/create":
+            req = json.loads(body)
+            repo = f"{req['organization']}/{req['name']}" if req.get("organization") else req["name"]
+            s.repos.setdefault(repo, {"files": {}, "commits": [], "tags": {}})
+            return self._send({"url": f"{base}/{repo}", "name": repo})
+        if path == "/api/validate-yaml":  # create_commit checks a README.md's metadata
+            s.validated.append(json.loads(body))
+            return self._send({"errors": [], "warnings": []})
+        if path.startswith("/api/models/") and "/preupload/" in path:
+            files = json.loads(body)["files"]
+            return self._send({"files": [{"path": f["path"], "uploadMode": "lfs" if f["path"].endswith(".bin")
+                                          else "regular", "shouldIgnore": False} for f in files]})
+        if path.endswith(".git/info/lfs/objects/batch"):
+            req = json.loads(body)
+            s.lfs_transfers.append(req["transfers"])
+            return self._send({"transfer": "basic", "objects": [
+                {"oid": o["oid"], "size": o["size"], "actions": {"upload": {"href": f"{base}/lfs-upload/{o['oid']}"}}}
+                for o in req["objects"]]})
+        if path.startswith("/api/models/") and "/commit/" in path:
+            repo = path[len("/api/models/"):].split("/commit/")[0]
+            header, files = None, {}
+            for line in body.splitlines():
+                item = json.loads(line)
+                v = item["value"]
+                if item["key"] == "header":
+                    header = v
+                elif item["key"] == "file":
+                    files[v["path"]] = base64.b64decode(v["content"])
+                elif item["key"] == "lfsFile":
+                    files[v["path"]] = s.lfs[v["oid"]]
+            oid = hashlib.sha1(json.dumps(sorted((k, hashlib.sha256(v).hexdigest()) for k, v in files.items()))
+                               .encode()).hexdigest()
+            s.repos[repo]["files"].update(files)
+            s.repos[repo]["commits"].append({"oid": oid, "message": header["summary"]})
+            return self._send({"commitUrl": f"{base}/{repo}/commit/{oid}", "commitOid": oid})
+        if path.startswith("/api/models/") and "/tag/" in path:
+            repo, rev = path[len("/api/models/"):].split("/tag/")
+            s.repos[repo]["tags"][json.loads(body)["tag"]] = rev
+            return self._send({})
+        self._send({"error": f"stand-in does not implement POST {path}"}, 404)
+
+
+@pytest.fixture
+def hub_standin():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _HubStandIn)
+    srv.calls, srv.repos, srv.lfs, srv.lfs_transfers, srv.validated = [], {}, {}, [], []
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_publish_to_hub_standin(proj, hub_standin, tmp_path):
+    env = dict(proj.env, HF_ENDPOINT=f"http://127.0.0.1:{hub_standin.server_port}", HF_HUB_OFFLINE="0",
+               HF_TOKEN="hf_standintoken0123456789", HF_HOME=str(tmp_path / "hf-home"),
+               NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost", HF_HUB_DISABLE_TELEMETRY="1")
+    other = Project.__new__(Project)
+    other.root, other.env = proj.root, env
+    run = other.doit("run", "publish:t8", "--hub-repo", "npubuild-test/tiny-t8")
+    out = run.tasks["publish:t8"]["out"]
+    repo = hub_standin.repos["npubuild-test/tiny-t8"]
+    bundle = tree_sums(_bundle(proj))
+    assert {k: hashlib.sha256(v).hexdigest() for k, v in repo["files"].items()} == bundle
+    m = json.loads((_bundle(proj) / "manifest.json").read_text())
+    (commit,) = repo["commits"]
+    assert repo["tags"] == {f"npubuild-{m['build_key']}": commit["oid"]}
+    assert commit["message"] == f"npubuild t8 build {m['build_key']}"
+    assert hashlib.sha256(repo["files"]["model_ctx_qnn.bin"]).hexdigest() in hub_standin.lfs  # went via LFS
+    assert hub_standin.validated and "license: apache-2.0" in hub_standin.validated[0]["content"]
+    api_calls = [c for c in hub_standin.calls if c[0] == "POST"]  # the LFS PUT goes to a pre-signed URL
+    assert api_calls and all(auth == "Bearer hf_standintoken0123456789" for _, _, auth in api_calls)
+    assert f"tagged npubuild-{m['build_key']}" in out and "hf_standintoken" not in run.log()
+    # a second publish of the same build: create_repo(exist_ok) and the tag again, no error
+    other.doit("run", "publish:t8", "--hub-repo", "npubuild-test/tiny-t8")
+    assert len(repo["commits"]) == 2
