@@ -11,9 +11,12 @@
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
+import os
 import sqlite3
+import sys
 import threading
 from pathlib import Path
 
@@ -93,6 +96,21 @@ class StatCache:
 
 
 _default: StatCache | None = None
+
+
+def _report_io() -> None:  # NPUBUILD_STATS=1: what this process hashed and read (benchmarks)
+    io = {}
+    try:
+        io = dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())
+    except OSError:
+        pass
+    c = _default
+    print(f"npubuild-stats hashed_bytes={c.bytes_read if c else 0} stat_hits={c.hits if c else 0} "
+          f"rchar={io.get('rchar', '?').strip()}", file=sys.stderr)
+
+
+if os.environ.get("NPUBUILD_STATS"):
+    atexit.register(_report_io)
 
 
 def default_stat_cache() -> StatCache:

@@ -21,10 +21,8 @@ Determinism: publishing the same cache entries again gives byte-identical bundle
 archives; nothing in publish depends on time, folder or order. What a cache manifest records
 but the bundle leaves out on purpose, because it differs from one build to the next although
 the artifacts do not, is listed in :data:`NOT_RECORDED` (and written into manifest.json under
-that name). Two builds from *empty* caches agree on every file except the compile outputs
-(``*_ctx.onnx``, ``*_ctx_qnn.bin``) and the files that name them: :data:`KNOWN_VARIABLE`
-says why (an onnxruntime node name hashed from the model's absolute path; a fix belongs in
-``tasks/qnn.py``). :func:`reproduce` reports those as DIFFERS with the known cause.
+that name). Two builds from *empty* caches agree on every file, compile outputs included (see
+:data:`KNOWN_VARIABLE` for the one untested case, graphs with external data).
 
 Targets: ``dest`` (a folder: the bundle is copied to ``<dest>/<recipe>/`` and the archive
 to ``<dest>/``) and ``hub_repo`` (a Hugging Face Hub model repo: ``create_repo(exist_ok=True)``,
@@ -64,20 +62,13 @@ NOT_RECORDED = {
 }
 
 
-# Files a rebuild from an empty cache does not reproduce byte for byte today; reproduce()
-# still reports them as DIFFERS (and fails) but names the cause. Checked on minilm-l6-w8a16
-# and the tiny test BERT with onnxruntime 1.32 + onnxruntime-qnn 2.7.0 (QNN SDK 2.51).
-KNOWN_VARIABLE = {
-    "*_ctx.onnx": "onnxruntime names the EPContext node QNNExecutionProvider_..._<hash>_... where <hash> is "
-                  "a MurmurHash of the absolute path the QDQ model was loaded from (a cache folder), so another "
-                  "cache location gives another name; fix in tasks/qnn.py: load the model from bytes",
-    "*.bin": "the QNN context binary embeds the same path-derived graph name (about 60 bytes differ); the "
-             "tiny model also showed occasional run-to-run variation with identical inputs and paths",
-    "manifest.json": "derived: lists the sha256 of the files above and the verify key, whose inputs include "
-                     "the compile output digest",
-    "README.md": "derived: the model card names the build key and the stage keys",
-    "*.tar.gz": "derived: contains the files above",
-}
+# Files a rebuild from an empty cache is known not to reproduce byte for byte; reproduce()
+# still reports them as DIFFERS (and fails) but names the cause. Empty since compile runs
+# from bytes in a fresh process (tasks/qnn.py: compile_in_subprocess): checked on
+# minilm-l6-w8a16 and the tiny test BERT with onnxruntime 1.32 + onnxruntime-qnn 2.7.0.
+# Not yet checked: graphs with external data (> 2 GB), which compile from their folder, so
+# onnxruntime's path-hashed node name can differ between cache locations.
+KNOWN_VARIABLE: dict[str, str] = {}
 
 
 def known_variable(name: str) -> str | None:
@@ -93,10 +84,7 @@ class PublishError(Exception):
     """The recipe cannot be published (not verified, stale, not built) or a target failed."""
 
 
-def sha256_file(path: Path) -> str:
-    """sha256 hex of a file, streamed in 1 MiB chunks."""
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+sha256_file = digest.sha256_file
 
 
 def _sha256_bytes(data: bytes) -> str:

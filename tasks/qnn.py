@@ -14,7 +14,10 @@ Provider" and "EPContext design" doc pages):
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -81,9 +84,16 @@ def compile_graph(qdq: Path, ctx: Path, target: str, disable_cpu_ep_fallback: bo
     ctx = Path(ctx)
     cfg = {"ep.context_enable": "1", "ep.context_file_path": str(ctx), "ep.context_embed_mode": "0"}
     cfg.update(config or {})
+    # From bytes, not from a path: onnxruntime names the compiled graph after a hash of the
+    # model's path (ModelMetadefIdGenerator), and the name is written into the EPContext model
+    # and the binary, which would then depend on where the cache lives. A model with external
+    # weights must be read from its folder, so its name (and bytes) do depend on the path.
+    external = has_external_data(qdq)
+    if external:
+        cfg.setdefault("session.model_external_initializers_file_folder_path", str(Path(qdq).parent))
     so = session_options(target, cfg, disable_cpu_ep_fallback, extra_provider_options)
     try:
-        ort.InferenceSession(str(qdq), sess_options=so)
+        ort.InferenceSession(Path(qdq).read_bytes(), sess_options=so)
     except Exception as e:
         for partial in (ctx, ctx.with_name(ctx.stem + "_qnn.bin")):  # QNN may have written a part
             Path(partial).unlink(missing_ok=True)
@@ -93,11 +103,42 @@ def compile_graph(qdq: Path, ctx: Path, target: str, disable_cpu_ep_fallback: bo
         raise
 
 
+def compile_in_subprocess(qdq: Path, ctx: Path, target: str, disable_cpu_ep_fallback: bool = True,
+                          config: dict | None = None, extra_provider_options: dict | None = None) -> None:
+    """:func:`compile_graph` in a fresh Python process.
+
+    Why: the QNN EP numbers tensors with process-wide counters, so a second compile in the same
+    process writes different ids into the context binary; in a fresh process the same QDQ model
+    gives the same bytes (measured here: three processes, identical sha256; two compiles in one
+    process, 12,430 bytes differ). A crash in the QNN libraries also stays in the child.
+    Raises NotOnNPU (rebuilt from the child's report) or RuntimeError with the child's stderr.
+    """
+    spec = {"qdq": str(qdq), "ctx": str(ctx), "target": target, "disable_cpu_ep_fallback": disable_cpu_ep_fallback,
+            "config": config or {}, "extra_provider_options": extra_provider_options or {}}
+    p = subprocess.run([sys.executable, "-m", "tasks.qnn", json.dumps(spec)], capture_output=True, text=True,
+                       cwd=str(Path(__file__).resolve().parent.parent))
+    if p.returncode == 0:
+        return
+    report = next((ln for ln in reversed(p.stdout.splitlines()) if ln.startswith("{")), None)
+    if p.returncode == 3 and report:
+        r = json.loads(report)
+        raise NotOnNPU(Path(qdq), r["op_types"], r["detail"])
+    tail = "\n".join((p.stderr or p.stdout).strip().splitlines()[-15:])
+    raise RuntimeError(f"compiling {Path(qdq).name} for {target} failed (exit {p.returncode}):\n{tail}")
+
+
+def has_external_data(model: Path) -> bool:
+    """True when some initializer of ``model`` lives in an external data file."""
+    m = onnx.load(str(model), load_external_data=False)
+    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in m.graph.initializer)
+
+
 class NotOnNPU(Exception):
     """Some nodes of a graph would run on the CPU EP, not on QNN HTP."""
 
     def __init__(self, model: Path, op_types: dict[str, int], detail: str):
         self.op_types = op_types
+        self.detail = detail
         ops = ", ".join(f"{k} x{v}" for k, v in sorted(op_types.items())) or "unknown (see detail)"
         super().__init__(f"{Path(model).name}: not every node runs on QNN HTP; op types left on the CPU: "
                          f"{ops}. (onnxruntime: {detail.splitlines()[0][:300]})")
@@ -153,3 +194,13 @@ def cpu_session(model: Path):
     so.log_severity_level = 3
     so.intra_op_num_threads = min(2, os.cpu_count() or 1)
     return ort.InferenceSession(str(model), sess_options=so, providers=["CPUExecutionProvider"])
+
+
+if __name__ == "__main__":  # used by compile_in_subprocess
+    _spec = json.loads(sys.argv[1])
+    try:
+        compile_graph(Path(_spec["qdq"]), Path(_spec["ctx"]), _spec["target"], _spec["disable_cpu_ep_fallback"],
+                      _spec["config"], _spec["extra_provider_options"])
+    except NotOnNPU as _e:
+        print(json.dumps({"op_types": _e.op_types, "detail": _e.detail}))
+        sys.exit(3)

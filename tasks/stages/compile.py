@@ -16,7 +16,7 @@ from pathlib import Path
 from .. import qnn
 from ..graphs import list_graphs, load_model
 
-VERSION = 1
+VERSION = 2
 TOOLS = ("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "onnx")
 
 
@@ -35,7 +35,7 @@ def run(inputs, files, params, out: Path) -> dict:
         rel = g.relative_to(src)
         ctx = out / rel.parent / f"{rel.stem}_ctx.onnx"
         ctx.parent.mkdir(parents=True, exist_ok=True)
-        qnn.compile_graph(g, ctx, params["target"], params["disable_cpu_ep_fallback"])
+        qnn.compile_in_subprocess(g, ctx, params["target"], params["disable_cpu_ep_fallback"])
         info[rel.as_posix()] = qnn.ep_context_info(ctx)
     sdk = sorted({n.get("ep_sdk_version", "?") for nodes in info.values() for n in nodes})
     return {"graphs": info, "qnn_sdk": sdk}

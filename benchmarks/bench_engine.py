@@ -1,0 +1,103 @@
+"""Benchmarks of the build engine (run by hand; prints figures, asserts nothing).
+
+    .venv/bin/python benchmarks/bench_engine.py [--recipes 50] [--runs 5] [--gb 1]
+
+1. No-op ``doit build`` over N generated recipes (tiny BERT, all built once first): wall
+   time (median of --runs) and the bytes the process hashed and read (``NPUBUILD_STATS``).
+2. Hashing a file of --gb GiB: our hasher (xxh3-128, streamed) cold, our hasher through the
+   stat cache, and ``hashlib.md5`` streamed, as medians of --runs, with ratios. "Cold" means
+   no stat-cache row; the file is in the OS page cache either way (dropping it needs
+   privileges a CI machine may not grant), so the comparison is hashing cost, not disk speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
+
+
+def noop_build(n: int, runs: int) -> None:
+    from conftest import TINY_RECIPE, Project, make_tiny_bert
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model = make_tiny_bert(Path(tmp) / "tiny-bert")
+        proj = Project(Path(tmp) / "proj", model)
+        for i in range(n):
+            proj.recipe(f"gen-{i:03d}", TINY_RECIPE.format(precision="w8a16" if i % 2 else "w4a16",
+                                                            targets="[x-elite]", backend="cpu-qdq"))
+        t0 = time.time()
+        first = proj.doit("run", "build")
+        print(f"first build of {n} recipes: {time.time() - t0:.1f} s, {len(first.ran())} stage tasks ran, "
+              f"{sum(len(proj.entries(k)) for k in ('download', 'export', 'patch', 'quantize', 'compile', 'verify'))} cache entries")
+        env = dict(proj.env, NPUBUILD_STATS="1")
+        times, stats = [], ""
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            p = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(proj.root), "build"],
+                               env=env, capture_output=True, text=True)
+            times.append(time.perf_counter() - t0)
+            assert p.returncode == 0, p.stdout + p.stderr
+            executed = [ln for ln in p.stdout.splitlines() if ln.startswith(".  ")]
+            assert not executed, executed
+            stats = re.findall(r"npubuild-stats .*", p.stderr)[-1]
+        print(f"no-op `doit build` over {n} recipes ({n * 7} tasks): median {statistics.median(times):.2f} s "
+              f"(min {min(times):.2f}, max {max(times):.2f}, {runs} runs); last run: {stats}")
+
+
+def hashing(gb: float, runs: int) -> None:
+    from tasks.digest import StatCache, hash_file_uncached
+
+    with tempfile.TemporaryDirectory(dir=REPO) as tmp:
+        f = Path(tmp) / "weights.bin"
+        size = int(gb * (1 << 30))
+        with open(f, "wb") as out:
+            block = os.urandom(1 << 24)
+            for _ in range(size // len(block)):
+                out.write(block)
+        def timed(fn):
+            ts = []
+            for _ in range(runs):
+                t0 = time.perf_counter()
+                fn()
+                ts.append(time.perf_counter() - t0)
+            return statistics.median(ts)
+
+        def md5():
+            with open(f, "rb") as fh:
+                hashlib.file_digest(fh, "md5")
+
+        sc_dir = Path(tmp) / "sc"
+        def cold():  # a fresh stat cache each time: the file is read and hashed
+            StatCache(sc_dir / f"{time.perf_counter_ns()}.sqlite").file_digest(f)
+
+        warm_cache = StatCache(sc_dir / "warm.sqlite")
+        warm_cache.file_digest(f)
+        t_xxh, t_md5 = timed(lambda: hash_file_uncached(f)), timed(md5)
+        t_cold, t_warm = timed(cold), timed(lambda: warm_cache.file_digest(f))
+        gbs = size / 1e9
+        print(f"hashing a {size / (1 << 30):.2f} GiB file, median of {runs}:")
+        print(f"  xxh3-128 streamed      {t_xxh:7.3f} s  {gbs / t_xxh:6.2f} GB/s")
+        print(f"  md5 streamed           {t_md5:7.3f} s  {gbs / t_md5:6.2f} GB/s   (xxh3 is {t_md5 / t_xxh:.1f}x faster)")
+        print(f"  ours, cold stat cache  {t_cold:7.3f} s  {gbs / t_cold:6.2f} GB/s")
+        print(f"  ours, stat-cache hit   {t_warm * 1e3:7.3f} ms ({t_cold / t_warm:,.0f}x faster than cold; no bytes read)")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--recipes", type=int, default=50)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--gb", type=float, default=1.0)
+    a = ap.parse_args()
+    hashing(a.gb, a.runs)
+    noop_build(a.recipes, a.runs)
