@@ -58,7 +58,10 @@ def noop_build(n: int, runs: int) -> None:
 def hashing(gb: float, runs: int) -> None:
     from tasks.digest import StatCache, hash_file_uncached
 
-    with tempfile.TemporaryDirectory(dir=REPO) as tmp:
+    from tasks.paths import state_dir
+
+    state_dir().mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=state_dir()) as tmp:  # on disk, not in a tmpfs
         f = Path(tmp) / "weights.bin"
         size = int(gb * (1 << 30))
         with open(f, "wb") as out:

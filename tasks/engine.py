@@ -116,7 +116,7 @@ class Resolver:
         spec = self.specs[stage]
         e = self.cache.lookup(spec.kind, self.key(stage))
         if e is None:
-            raise NotReady(f"{spec.task} has no cache entry (stale or never built)")
+            raise NotReady(f"waits for {spec.task}, which has no cache entry yet")
         return e
 
     def try_entry(self, stage: str) -> Entry | None:

@@ -38,12 +38,21 @@ def test_quantize_param_change_reruns_only_downstream(project):
     p = project.recipe("t8", TINY_RECIPE.format(precision="w8a16", targets="[x-elite]", backend="cpu-qdq")
                        .replace("samples: 4", "samples: 5"))
     assert "samples: 5" in p.read_text()
+    before = project.doit("run", "explain:t8").tasks["explain:t8"]["out"]
+    assert "changed: params.calibration.samples: 4 -> 5" in before
+    status = {ln.split()[0]: ln.split()[-1] for ln in before.splitlines() if not ln.startswith(" ")}
+    assert status == {"download:t8": "date", "export:t8": "date", "prepatch:t8": "date", "quantize:t8": "stale",
+                      "compile:t8": "blocked", "verify:t8": "blocked"}  # "up to date" ends in "date"
     run = project.doit("run", "build:t8")
     assert run.ran() == chain("t8", "quantize:{r}", "compile:{r}", "verify:{r}")
     assert len(project.entries("export")) == 1 and len(project.entries("quantize")) == 2
     # explain names the changed param for nothing now, and every stage is up to date
     ex = project.doit("run", "explain:t8")
     assert "stale" not in ex.tasks["explain:t8"]["out"]
+    # the old quantize, compile and verify entries are now unreferenced: gc lists, keeps them
+    dry = project.doit("run", "gc").tasks["gc"]["out"]
+    assert dry.count("would remove ") == 3 and "MB" in dry and "(dry run" in dry
+    assert len(project.entries("quantize")) == 2
 
 
 def test_precision_variants_share_download_and_export(project):
