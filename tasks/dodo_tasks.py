@@ -79,7 +79,7 @@ def _link(src: Path, dest: Path) -> None:
         shutil.copyfile(src, dest)
 
 
-ARTIFACT_PATTERNS = {"compile": ("*_ctx.onnx", "*.bin", "genai_config.json"), "verify": ("verify.json",),
+ARTIFACT_PATTERNS = {"compile": ("*_ctx.onnx", "*.bin", "genai_config.json", "export.json", "*.npy"), "verify": ("verify.json",),
                      "export": ("tokenizer*", "vocab*", "merges.txt", "special_tokens_map.json", "config.json",
                                 "generation_config.json")}
 

@@ -201,7 +201,9 @@ def record(recipe_name: str, stage: str, key: str, material: dict, entry: Entry)
 
     p = state_path(recipe_name)
     p.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(p) + ".lock"):
+    locks = paths.state_dir() / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(locks / f"state-{recipe_name}.lock")):
         st = read_state(recipe_name)
         st[stage] = {"key": key, "kind": entry.kind, "entry": str(entry.path), "material": material}
         tmp = p.with_suffix(".tmp")

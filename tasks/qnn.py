@@ -84,16 +84,13 @@ def compile_graph(qdq: Path, ctx: Path, target: str, disable_cpu_ep_fallback: bo
     ctx = Path(ctx)
     cfg = {"ep.context_enable": "1", "ep.context_file_path": str(ctx), "ep.context_embed_mode": "0"}
     cfg.update(config or {})
-    # From bytes, not from a path: onnxruntime names the compiled graph after a hash of the
-    # model's path (ModelMetadefIdGenerator), and the name is written into the EPContext model
-    # and the binary, which would then depend on where the cache lives. A model with external
-    # weights must be read from its folder, so its name (and bytes) do depend on the path.
-    external = has_external_data(qdq)
-    if external:
-        cfg.setdefault("session.model_external_initializers_file_folder_path", str(Path(qdq).parent))
+    # onnxruntime names the compiled graph after a hash of the model path *as given*
+    # (ModelMetadefIdGenerator) and writes that name into the EPContext model and the binary,
+    # so the path is passed relative to the working directory: compile_in_subprocess runs in
+    # the model's folder, making the name "model.onnx"-derived wherever the cache lives.
     so = session_options(target, cfg, disable_cpu_ep_fallback, extra_provider_options)
     try:
-        ort.InferenceSession(Path(qdq).read_bytes(), sess_options=so)
+        ort.InferenceSession(os.path.relpath(qdq), sess_options=so)
     except Exception as e:
         for partial in (ctx, ctx.with_name(ctx.stem + "_qnn.bin")):  # QNN may have written a part
             Path(partial).unlink(missing_ok=True)
@@ -110,13 +107,18 @@ def compile_in_subprocess(qdq: Path, ctx: Path, target: str, disable_cpu_ep_fall
     Why: the QNN EP numbers tensors with process-wide counters, so a second compile in the same
     process writes different ids into the context binary; in a fresh process the same QDQ model
     gives the same bytes (measured here: three processes, identical sha256; two compiles in one
-    process, 12,430 bytes differ). A crash in the QNN libraries also stays in the child.
+    process, 12,430 bytes differ). The child runs in the model's folder, so the graph name
+    onnxruntime derives from the model path does not depend on where the cache is. A crash in
+    the QNN libraries also stays in the child.
     Raises NotOnNPU (rebuilt from the child's report) or RuntimeError with the child's stderr.
     """
-    spec = {"qdq": str(qdq), "ctx": str(ctx), "target": target, "disable_cpu_ep_fallback": disable_cpu_ep_fallback,
-            "config": config or {}, "extra_provider_options": extra_provider_options or {}}
+    spec = {"qdq": Path(qdq).name, "ctx": str(Path(ctx).absolute()), "target": target,
+            "disable_cpu_ep_fallback": disable_cpu_ep_fallback, "config": config or {},
+            "extra_provider_options": extra_provider_options or {}}
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent),
+                                                                    os.environ.get("PYTHONPATH")])))
     p = subprocess.run([sys.executable, "-m", "tasks.qnn", json.dumps(spec)], capture_output=True, text=True,
-                       cwd=str(Path(__file__).resolve().parent.parent))
+                       cwd=str(Path(qdq).absolute().parent), env=env)
     if p.returncode == 0:
         return
     report = next((ln for ln in reversed(p.stdout.splitlines()) if ln.startswith("{")), None)
@@ -125,12 +127,6 @@ def compile_in_subprocess(qdq: Path, ctx: Path, target: str, disable_cpu_ep_fall
         raise NotOnNPU(Path(qdq), r["op_types"], r["detail"])
     tail = "\n".join((p.stderr or p.stdout).strip().splitlines()[-15:])
     raise RuntimeError(f"compiling {Path(qdq).name} for {target} failed (exit {p.returncode}):\n{tail}")
-
-
-def has_external_data(model: Path) -> bool:
-    """True when some initializer of ``model`` lives in an external data file."""
-    m = onnx.load(str(model), load_external_data=False)
-    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in m.graph.initializer)
 
 
 class NotOnNPU(Exception):

@@ -1,5 +1,4 @@
 """Static prefill/decode ONNX export: shapes, dtypes, op set, determinism, part split."""
-import numpy as np
 import onnx
 import pytest
 

@@ -16,8 +16,10 @@ def qwen2_qdq(tmp_path_factory):
     feeds = calib.collect_calibration_feeds(mdir, ex, fixtures.CORPUS_PATH, n_prompts=6,
                                             decode_steps=12, decode_keep=4, make_session=cpu)
     out = tmp_path_factory.mktemp("qdq")
-    return {g: quant.quantize_qdq(ex / "part0" / f"{g}.onnx", out / f"{g}.qdq.onnx", feeds[g][0])
-            for g in ("prefill", "decode")}
+    res = {g: quant.quantize_qdq(ex / "part0" / f"{g}.onnx", out / f"{g}.qdq.onnx", feeds[g][0])
+           for g in ("prefill", "decode")}
+    res["feeds"] = feeds
+    return res
 
 
 def test_compile_and_run_on_htp_simulator(qwen2_qdq, tmp_path):
@@ -56,3 +58,39 @@ def test_weight_shared_binary_is_smaller(qwen2_qdq, tmp_path):
     shared = qnn.compile_shared(qwen2_qdq["prefill"], qwen2_qdq["decode"], tmp_path / "shared")
     assert len(shared["bins"]) == 1
     assert shared["bin_bytes"] < 0.7 * sum(singles), (shared["bin_bytes"], singles)
+
+
+def test_w4a16_weights_and_htp_prefill(qwen2_qdq, tmp_path):
+    """int4 per-channel MatMul weights, lm_head kept uint8 (all-int4 incl. lm_head breaks on the
+    HTP simulator: cosine 0.62 vs the same QDQ model on CPU); prefill logits on HTP stay close."""
+    import onnx
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tasks.llm import qnn, quant
+
+    ex = tiny_export("qwen2")
+    q = quant.quantize_qdq(ex / "part0" / "prefill.onnx", tmp_path / "p4.qdq.onnx",
+                           qwen2_qdq["feeds"]["prefill"][0], weight_type="int4")
+    m = onnx.load(str(q))
+    inits = {i.name: i for i in m.graph.initializer}
+    deq = {n.output[0]: n for n in m.graph.node if n.op_type == "DequantizeLinear"}
+    kinds = {}
+    for n in m.graph.node:
+        if n.op_type == "MatMul" and n.input[1] in deq and deq[n.input[1]].input[0] in inits:
+            d = deq[n.input[1]]
+            w, scale = inits[d.input[0]], inits[d.input[1]]
+            kinds[n.name] = (onnx.TensorProto.DataType.Name(w.data_type), len(scale.dims) == 1)
+    assert kinds.pop("/lm_head/MatMul") == ("UINT8", True)
+    assert kinds and set(kinds.values()) == {("INT4", True)}
+    ctx = qnn.compile_single(q, tmp_path, name="p4")
+    sess = qnn.make_qnn_session(ctx["ctx"])
+    mdir = tiny_model("qwen2")
+    hf, tok = AutoModelForCausalLM.from_pretrained(mdir).eval(), AutoTokenizer.from_pretrained(mdir)
+    for f in qwen2_qdq["feeds"]["prefill"][0][:3]:
+        got = sess.run(["logits"], f)[0].ravel()
+        n_real = int((f["attention_mask"][0, 0, -1] == 0).sum())
+        ids = f["input_ids"][0, -n_real:].tolist()
+        with torch.no_grad():
+            ref = hf(torch.tensor([ids])).logits[0, -1].numpy()
+        cos = float(got @ ref / np.linalg.norm(got) / np.linalg.norm(ref))
+        assert cos > 0.98, cos

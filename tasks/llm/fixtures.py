@@ -173,6 +173,34 @@ def make_tiny_model(arch: str, out_dir, seed: int = 0, train_seconds: float = 60
         "loss_first": losses[0], "loss_last10": sum(losses[-10:]) / min(10, len(losses)),
         "corpus_tokens": len(ids),
     }, indent=1))
-    # wall time is logged separately so the main log stays byte-deterministic
-    (out_dir / "train_time.txt").write_text(f"{elapsed:.1f}\n")
+    # wall time is printed, not saved: the folder's bytes (its content digest is the download
+    # stage's key) must not depend on how busy the machine was
+    print(f"trained tiny {arch}: {steps} steps in {elapsed:.1f} s, {n_params} parameters", flush=True)
     return out_dir
+
+
+def ensure_fixture(arch: str, dest: Path, seed: int = 0, train_seconds: float = 60) -> Path:
+    """Make ``dest`` hold the tiny ``arch`` fixture, training it only when ``dest`` was made by
+    other fixture code/params (``dest/.fixture-key``). Atomic: trains in ``dest.tmp``, renames."""
+    import shutil
+
+    dest = Path(dest)
+    key = fixture_key(arch, seed, train_seconds)
+    if (dest / ".fixture-key").is_file() and (dest / ".fixture-key").read_text().strip() == key:
+        return dest
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    make_tiny_model(arch, tmp, seed, train_seconds)
+    (tmp / ".fixture-key").write_text(key + "\n")
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+    return dest
+
+
+if __name__ == "__main__":  # python -m tasks.llm.fixtures qwen2 llama
+    import sys
+
+    from ..paths import root
+
+    for a in sys.argv[1:] or ["qwen2", "llama"]:
+        print(ensure_fixture(a, root() / ".fixtures" / f"tiny-{a}"))

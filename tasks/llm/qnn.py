@@ -18,56 +18,28 @@ import os
 import time
 from pathlib import Path
 
-_REGISTERED = False
+from .. import qnn as _qnn
+from ..targets import TARGETS
 
 
-def qnn_devices():
-    """Register the onnxruntime-qnn plugin EP once; return its ``OrtEpDevice`` list.
-    Raises RuntimeError if no QNN device is found."""
-    global _REGISTERED
-    import onnxruntime as ort
-    import onnxruntime_qnn
-
-    if not _REGISTERED:
-        try:
-            ort.register_execution_provider_library(onnxruntime_qnn.EP_NAME,
-                                                    onnxruntime_qnn.get_library_path())
-        except Exception as e:  # already registered in this process
-            if "already" not in str(e).lower():
-                raise
-        _REGISTERED = True
-    devs = [d for d in ort.get_ep_devices() if d.ep_name == onnxruntime_qnn.EP_NAME]
-    if not devs:
-        raise RuntimeError("no QNNExecutionProvider device after registering the plugin")
-    return devs
-
-
-def provider_options(soc_model: int = 60, htp_arch: int = 73, **extra) -> dict:
-    """HTP provider options (all values as strings): backend_type=htp, soc_model, htp_arch,
-    offload_graph_io_quantization=0, plus ``extra``."""
-    opts = {"backend_type": "htp", "soc_model": str(soc_model), "htp_arch": str(htp_arch),
-            "offload_graph_io_quantization": "0"}
-    opts.update({k: str(v) for k, v in extra.items()})
-    return opts
+def _target_for(soc_model: int, htp_arch: int) -> str:
+    for t in TARGETS.values():
+        if (t.soc_model, t.htp_arch) == (int(soc_model), int(htp_arch)):
+            return t.name
+    raise KeyError(f"no target with soc_model={soc_model}, htp_arch={htp_arch} in tasks/targets.py")
 
 
 def make_qnn_session(path, *, soc_model: int = 60, htp_arch: int = 73, config: dict | None = None,
                      cpu_fallback: bool = False, **extra_provider_options):
-    """``onnxruntime.InferenceSession`` on QNN HTP for ``path`` (QDQ or ``_ctx.onnx``).
+    """``onnxruntime.InferenceSession`` on QNN HTP for ``path`` (QDQ or ``_ctx.onnx``; ``bytes``
+    are passed through), built with :func:`tasks.qnn.session_options`.
 
     ``config``: extra session config entries; ``cpu_fallback=False`` sets
     ``session.disable_cpu_ep_fallback=1`` (session creation fails if any node is not on HTP)."""
     import onnxruntime as ort
 
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    if not cpu_fallback:
-        so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
-    for k, v in (config or {}).items():
-        so.add_session_config_entry(k, str(v))
-    so.add_provider_for_devices(qnn_devices(), provider_options(soc_model, htp_arch,
-                                                                **extra_provider_options))
-    return ort.InferenceSession(str(path), sess_options=so)
+    so = _qnn.session_options(_target_for(soc_model, htp_arch), config, not cpu_fallback, extra_provider_options)
+    return ort.InferenceSession(path if isinstance(path, bytes) else str(path), sess_options=so)
 
 
 def qnn_session_factory(**kw):
@@ -80,7 +52,10 @@ def _compile(qdq, ctx_path: Path, soc_model, htp_arch, config=None, **extra):
            "ep.context_file_path": str(ctx_path)}
     cfg.update(config or {})
     t = time.perf_counter()
-    sess = make_qnn_session(qdq, soc_model=soc_model, htp_arch=htp_arch, config=cfg, **extra)
+    # the path as given names the compiled graph (see tasks/qnn.py compile_graph): callers run
+    # in the graphs' folder (tasks/llm/compile.py) so it is "prefill.onnx" / "decode.onnx"
+    src = os.path.relpath(qdq)
+    sess = make_qnn_session(src, soc_model=soc_model, htp_arch=htp_arch, config=cfg, **extra)
     del sess
     return time.perf_counter() - t
 

@@ -84,3 +84,35 @@ def quantize_qdq(fp32_path, out_path, feeds: list[dict], *, weight_type: str = "
     out_path.parent.mkdir(parents=True, exist_ok=True)
     quantize(model, str(out_path), cfg)
     return out_path
+
+
+def quantize_llm(src, model_dir, calib_text, params: dict, out) -> dict:
+    """The quantize stage for ``family: llm``: calibrate every part's prefill and decode graph
+    on real feeds (:func:`tasks.llm.calib.collect_calibration_feeds`: the fp32 model run over
+    ``calib_text``, real KV caches and hidden states) and write QDQ graphs under ``out`` with
+    the export's relative paths. ``params``: the quantize stage params (precision w8a16 |
+    w4a16 | w8a8, per_channel, calibration.samples = prompts, overrides with weight_bits 8 =
+    MatMul name fragments kept at uint8). Returns {graph path: {"qdq_nodes": n}}."""
+    import json
+
+    import onnx
+
+    from .calib import collect_calibration_feeds
+
+    src, out = Path(src), Path(out)
+    desc = json.loads((src / "export.json").read_text())
+    feeds = collect_calibration_feeds(model_dir, src, calib_text, n_prompts=params["calibration"]["samples"])
+    weight = {"w8a16": "uint8", "w4a16": "int4", "w8a8": "uint8"}[params["precision"]]
+    act = "uint8" if params["precision"] == "w8a8" else "uint16"
+    keep = tuple(o["pattern"] for o in params.get("overrides", []) if o["weight_bits"] == 8) or None
+    report = {}
+    for p in desc["parts"]:
+        for g in ("prefill", "decode"):
+            rel = p[g]["path"]
+            q = quantize_qdq(src / rel, out / rel, feeds[g][p["index"]], weight_type=weight, activation_type=act,
+                             per_channel=params["per_channel"], keep_8bit=keep)
+            ops = [n.op_type for n in onnx.load(str(q), load_external_data=False).graph.node]
+            report[rel] = {"quantize_linear": ops.count("QuantizeLinear"),
+                           "dequantize_linear": ops.count("DequantizeLinear"),
+                           "calibration_feeds": len(feeds[g][p["index"]])}
+    return report

@@ -16,7 +16,7 @@ from pathlib import Path
 from .. import qnn
 from ..graphs import list_graphs, load_model
 
-VERSION = 2
+VERSION = 3
 TOOLS = ("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "onnx")
 
 

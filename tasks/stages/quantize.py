@@ -145,21 +145,25 @@ def run(inputs, files, params, out: Path) -> dict:
     Raises ValueError when the calibration file has too few lines."""
     src = inputs["model"]
     cal = params["calibration"]
-    texts = read_lines(files["calibration"], cal["samples"])
     report = {}
     if params["family"] == "llm":
-        from ..llm.calib import llm_calibration_feeds
+        from ..llm.quant import quantize_llm
 
-        feeds_by_graph = llm_calibration_feeds(src, inputs["source"], texts, cal["max_length"])
-    else:
-        feeds_by_graph = None
+        report = quantize_llm(src, inputs["source"], files["calibration"], params, out)
+        _copy_rest(src, out)
+        return {"graphs": report, "calibration_prompts": cal["samples"]}
+    texts = read_lines(files["calibration"], cal["samples"])
     for g in list_graphs(src):
         rel = g.relative_to(src).as_posix()
         (out / rel).parent.mkdir(parents=True, exist_ok=True)
-        feeds = feeds_by_graph[rel] if feeds_by_graph is not None else \
-            encoder_feeds(g, inputs["source"], texts, cal["max_length"])
-        report[rel] = quantize_graph(g, out / rel, feeds, params)
+        report[rel] = quantize_graph(g, out / rel, encoder_feeds(g, inputs["source"], texts, cal["max_length"]), params)
+    _copy_rest(src, out)
+    return {"graphs": report, "calibration_samples": len(texts)}
+
+
+def _copy_rest(src: Path, out: Path) -> None:
+    """Copy the non-graph files (tokenizer, export.json...) that the next stages read."""
     for f in digest.list_files(src):
         if f.suffix not in (".onnx", ".data") and not (out / f.relative_to(src)).exists():
+            (out / f.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(f, out / f.relative_to(src))
-    return {"graphs": report, "calibration_samples": len(texts)}

@@ -1,0 +1,72 @@
+"""compile for decoder LLMs: each part's prefill (AR-N) and decode (AR-1) QDQ graphs.
+
+Per part ``i`` the stage writes:
+
+- ``shared/part{i}/{prefill,decode}_ctx.onnx`` + one context binary holding both graphs with
+  HTP weight sharing (``enable_htp_weight_sharing=1``, ``ep.share_ep_contexts=1``, the last
+  with ``ep.stop_share_ep_contexts=1``): the artifact to ship (``weight_sharing: true``);
+- ``part{i}/{prefill,decode}_ctx.onnx`` + one binary per graph: what verify runs on the
+  x86_64 HTP simulator, which crashes loading a two-graph binary (NOTES-qnn.md, reproduced).
+
+Every compile runs in a fresh process (a second compile in one process writes other tensor ids
+into the binary; see tasks/qnn.py ``compile_in_subprocess``). Also ``export.json`` (the graphs'
+I/O, used by the runner) and an *unverified* ``genai_config.json`` (see
+tasks/llm/runner.py ``write_genai_config``).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from ..targets import get as get_target
+from .qnn import run_in_subprocess
+
+
+def _run(code: str) -> None:
+    rc, out = run_in_subprocess(code)
+    if rc != 0:
+        raise RuntimeError(f"LLM compile failed (exit {rc}):\n{out[-2000:]}")
+
+
+def compile_llm(src: Path, out: Path, params: dict) -> dict:
+    """Compile every part of the QDQ export in ``src`` into ``out`` for ``params["target"]``.
+    Returns per-part binary sizes (bytes) and the shared/single size ratio. Raises
+    RuntimeError with the child's output when a compile fails (e.g. a node not on HTP)."""
+    from .runner import write_genai_config
+
+    t = get_target(params["target"])
+    desc = json.loads((src / "export.json").read_text())
+    shutil.copyfile(src / "export.json", out / "export.json")
+    if desc.get("embed_file"):
+        shutil.copyfile(src / desc["embed_file"], out / desc["embed_file"])
+    sizes = []
+    for p in desc["parts"]:
+        i = p["index"]
+        pre, dec = (str(src / p[g]["path"]) for g in ("prefill", "decode"))
+        here = f"import os\nos.chdir({str(Path(pre).parent)!r})\n"  # graph names from relative paths
+        single = out / f"part{i}"
+        for g, path in (("prefill", pre), ("decode", dec)):
+            _run(here + f"from tasks.llm.qnn import compile_single\n"
+                 f"compile_single({path!r}, {str(single)!r}, name={g!r}, soc_model={t.soc_model}, htp_arch={t.htp_arch})\n")
+        row = {"part": i, "single_bytes": {g: sum(b.stat().st_size for b in single.glob(f"{g}_ctx*.bin"))
+                                           for g in ("prefill", "decode")}}
+        if params.get("weight_sharing", True):
+            shared = out / "shared" / f"part{i}"
+            _run(here + f"from tasks.llm.qnn import compile_shared\n"
+                 f"compile_shared({pre!r}, {dec!r}, {str(shared)!r}, soc_model={t.soc_model}, htp_arch={t.htp_arch})\n")
+            row["shared_bytes"] = sum(b.stat().st_size for b in shared.glob("*.bin"))
+            row["shared_ratio"] = row["shared_bytes"] / sum(row["single_bytes"].values())
+        sizes.append(row)
+    files = {f"part{p['index']}_{'context' if g == 'prefill' else 'iterator'}":
+             f"shared/part{p['index']}/{g}_ctx.onnx" for p in desc["parts"] for g in ("prefill", "decode")} \
+        if params.get("weight_sharing", True) else None
+    write_genai_config(desc, out / "genai_config.json", model_files=files)
+    return {"parts": sizes, "qnn_sdk": sorted({_sdk(c) for c in out.rglob("*_ctx.onnx")})}
+
+
+def _sdk(ctx: Path) -> str:
+    from ..qnn import ep_context_info
+
+    return next((n.get("ep_sdk_version", "?") for n in ep_context_info(ctx)), "?")
