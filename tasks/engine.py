@@ -227,8 +227,9 @@ def _diff(old, new, prefix="") -> list[str]:
 
 
 def explain(recipe_name: str) -> list[dict]:
-    """For each stage: name, kind, key (or None), status (up to date / stale / blocked) and,
-    for a stale stage, what changed in its key material since the last recorded build."""
+    """For each stage: name, kind, key (or None), status (up to date / failed / stale / not
+    built / blocked) and, for a stale stage, what changed in its key material since the last
+    build of this recipe recorded in ``build/<recipe>/stages.json``."""
     res = Resolver(recipe_name)
     last = read_state(recipe_name)
     rows = []
@@ -239,12 +240,12 @@ def explain(recipe_name: str) -> list[dict]:
             mat = res.material(name)
             row["key"] = stage_key(mat)
             e = res.cache.lookup(spec.kind, row["key"])
-            row["status"] = "up to date" if e else "stale"
+            prev = last.get(name)
+            row["status"] = "up to date" if e else "stale" if prev else "not built"
             if e and res.failures(name, e):
                 row["status"] = "failed"
-            if not e:
-                prev = last.get(name)
-                row["changes"] = _diff(prev["material"], mat) if prev else ["never built"]
+            if not e and prev:
+                row["changes"] = _diff(prev["material"], mat)
         except NotReady as err:
             row["key"], row["status"], row["changes"] = None, "blocked", [str(err)]
         except Exception as err:  # e.g. an offline Hub source: show the plan anyway

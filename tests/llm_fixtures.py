@@ -19,14 +19,7 @@ from tasks.llm import fixtures  # noqa: E402
 CACHE = ROOT / ".fixtures" / "llm"
 SEQ_LEN, CONTEXT_LEN = 16, 64  # small graphs: the HTP simulator is slow
 
-PROMPTS = [
-    "The old lighthouse",
-    "Every morning the farmer",
-    "The teacher wrote a question on the board.",
-    "In the autumn the",
-    "A purple dog walked into the bakery and",
-    "To plant a tree,",
-]
+from tasks.llm.e2e import PROMPTS  # noqa: E402,F401  (the same prompts as recipes/data/prompts-tiny.txt)
 
 
 def _locked_build(target: Path, build) -> Path:

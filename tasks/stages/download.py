@@ -75,7 +75,8 @@ def local_folder(params: dict) -> Path:
     if params.get("path") is not None:
         p = (paths.root() / params["path"]).absolute()
         if not p.is_dir():
-            raise SourceError(f"source path {params['path']!r} is not a folder (looked at {p})")
+            raise SourceError(f"source path {params['path']!r} is not a folder (looked at {p}); "
+                              f"the recipe's comments say how to make it")
         return p
     spec = importlib.util.find_spec(params["package"])
     if spec is None or not spec.submodule_search_locations:

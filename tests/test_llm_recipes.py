@@ -1,0 +1,72 @@
+"""The repo's tiny LLM recipes end to end through the real doit CLI: trained tiny Qwen2 and
+Llama (GQA), prefill AR-16 + decode AR-1 over a context of 64, w8a16, compiled for x-elite with
+every node on HTP, weight-shared binaries, verified by greedy generation on the HTP simulator
+against fp32 transformers; and the w4a16 variant reusing download and export."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, Project
+from llm_fixtures import tiny_model
+
+DATA = ["tasks/llm/data/tiny-corpus.txt", "recipes/data/prompts-tiny.txt", "recipes/data/ppl-tiny.txt"]
+
+
+@pytest.fixture(scope="module")
+def llm_project(tmp_path_factory, tiny_bert) -> Project:
+    proj = Project(tmp_path_factory.mktemp("llm") / "proj", tiny_bert)
+    for rel in DATA:
+        (proj.root / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(REPO / rel, proj.root / rel)
+    for name in ("tiny-qwen2-w8a16", "tiny-llama-w8a16", "tiny-qwen2-w4a16"):
+        shutil.copyfile(REPO / "recipes" / f"{name}.yaml", proj.root / "recipes" / f"{name}.yaml")
+    for arch in ("qwen2", "llama"):
+        shutil.copytree(tiny_model(arch), proj.root / ".fixtures" / f"tiny-{arch}")
+    return proj
+
+
+def _report(proj: Project, recipe: str) -> dict:
+    return json.loads((proj.root / "build" / recipe / "verify.json").read_text())
+
+
+def _compile_info(proj: Project, recipe: str) -> dict:
+    state = json.loads((proj.root / "build" / recipe / "stages.json").read_text())
+    return json.loads((Path(state["compile"]["entry"]) / "manifest.json").read_text())["info"]
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_tiny_llm_w8a16_builds_and_matches_fp32_on_htp(llm_project, arch):
+    recipe = f"tiny-{arch}-w8a16"
+    llm_project.doit("run", f"build:{recipe}")
+    r = _report(llm_project, recipe)
+    assert r["backend"] == "htp" and r["all_on_htp"] is True and r["ran"].startswith("per-graph context binaries")
+    assert len(r["samples"]) == 6 and all(len(s["tokens"]) == 16 for s in r["samples"])
+    # the fp32 reference is not one repeated token, so agreement can fail
+    assert all(s["reference_distinct_tokens"] >= 4 for s in r["samples"])
+    m = r["metrics"]
+    assert m["token_agreement"] >= 0.85, m  # measured: qwen2 1.00, llama 0.896 (see README)
+    assert m["logits_cosine_mean"] >= 0.999 and 0.9 <= m["perplexity_ratio"] <= 1.05, m
+    # weight sharing: one binary for both graphs of the part, < 0.7 x the two single binaries
+    (part,) = _compile_info(llm_project, recipe)["parts"]
+    assert part["shared_ratio"] < 0.7, part
+    (shared,) = r["shared_binaries"]
+    assert [g["model"] for g in shared["graphs"]] == ["decode_ctx.onnx", "prefill_ctx.onnx"]
+    assert len(shared["binaries"]) == 1 and shared["bytes"] == part["shared_bytes"]
+    assert {i["shape"][1] for g in shared["graphs"] for i in g["inputs"] if i["name"] == "input_ids"} == {1, 16}
+    b = llm_project.root / "build" / recipe
+    assert (b / "genai_config.json").is_file() and (b / "export.json").is_file()
+
+
+def test_w4a16_after_w8a16_reuses_download_and_export(llm_project):
+    llm_project.doit("run", "build:tiny-qwen2-w8a16")
+    run = llm_project.doit("run", "build:tiny-qwen2-w4a16")
+    assert run.ran() == ["compile:tiny-qwen2-w4a16", "quantize:tiny-qwen2-w4a16", "verify:tiny-qwen2-w4a16"]
+    m = _report(llm_project, "tiny-qwen2-w4a16")["metrics"]
+    assert m["token_agreement"] >= 0.8 and m["logits_cosine_mean"] >= 0.99, m
+    (part,) = _compile_info(llm_project, "tiny-qwen2-w4a16")["parts"]
+    assert part["shared_bytes"] < _compile_info(llm_project, "tiny-qwen2-w8a16")["parts"][0]["shared_bytes"]
