@@ -75,7 +75,10 @@ def main() -> None:
     ap.add_argument("--parts", type=int, default=2)
     ap.add_argument("--layers", type=int, default=24)
     ap.add_argument("--calib", type=int, default=4, help="calibration prompts")
+    ap.add_argument("--make-model", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.make_model:
+        return make_model(Path(a.make_model), a.layers)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         (root / "recipes").mkdir()
@@ -84,7 +87,10 @@ def main() -> None:
         (root / "data" / "prompts.txt").write_text("The old lighthouse\nEvery morning the farmer\n")
         (root / "recipes" / "bench.yaml").write_text(RECIPE.format(context=a.context, parts=a.parts, calib=a.calib))
         t0 = time.perf_counter()
-        make_model(root / "model", a.layers)
+        # in a child process: a process started by fork+exec inherits its parent's peak RSS in
+        # ru_maxrss, so this one must stay small for the per-stage figures to mean anything
+        subprocess.run([sys.executable, __file__, "--make-model", str(root / "model"), "--layers", str(a.layers)],
+                       check=True)
         print(f"random-init model with Qwen2.5-0.5B dims ({a.layers} layers) made in {time.perf_counter() - t0:.0f} s")
         env = dict(os.environ, NPUBUILD_ROOT=str(root), NPUBUILD_CACHE=str(root / "cache"),
                    NPUBUILD_BUILD=str(root / "build"), NPUBUILD_HOME=str(root / ".npubuild"), HF_HUB_OFFLINE="1")

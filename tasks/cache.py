@@ -187,14 +187,18 @@ class Cache:
 
     # ------------------------------------------------------------ maintenance
 
-    def verify(self) -> dict[str, list[str]]:
-        """Rehash every entry fully. Returns {"kind/key": problems} for damaged entries
-        (not moved; the next build that needs one quarantines and rebuilds it)."""
+    def verify(self, quarantine: bool = True) -> dict[str, list[str]]:
+        """Rehash every entry fully. Returns {"kind/key": problems} for damaged entries and,
+        unless ``quarantine=False``, moves them to ``.damaged/`` so the next build rebuilds
+        them (a damage that kept size and mtime is invisible to the per-build check)."""
         bad = {}
-        for kind, key, _ in self.entries():
-            probs = self.problems(kind, key, full=True)
-            if probs:
-                bad[f"{kind}/{key}"] = probs
+        for kind, key, _ in list(self.entries()):
+            with self._lock(kind, key):
+                probs = self.problems(kind, key, full=True)
+                if probs:
+                    bad[f"{kind}/{key}"] = probs
+                    if quarantine:
+                        self.quarantine(kind, key, probs)
         return bad
 
     def gc(self, referenced: set[tuple[str, str]], apply: bool = False) -> list[tuple[str, int]]:

@@ -28,6 +28,7 @@ DOIT_CONFIG = {
     "dep_file": str(paths.state_dir() / "doit.sqlite3"),
     "verbosity": 2,
     "default_tasks": ["build"],
+    "continue": True,  # like make -k: build every recipe that can be built, report the others
 }
 
 
@@ -39,8 +40,22 @@ def _recipes() -> dict:
         raise SystemExit(2)
 
 
+def _expected_errors() -> tuple:
+    """Errors that explain themselves: shown as one message, without a traceback."""
+    from .graphs import GraphError
+    from .qnn import NotOnNPU
+    from .stages.download import SourceError
+
+    return (engine.StageFailed, SourceError, NotOnNPU, GraphError, RecipeError, FileNotFoundError, ValueError)
+
+
 def _stage_action(recipe: str, stage: str):
-    return engine.run_stage(recipe, stage)
+    from doit.exceptions import TaskFailed
+
+    try:
+        return engine.run_stage(recipe, stage)
+    except _expected_errors() as e:
+        return TaskFailed(f"{type(e).__name__}: {e}")
 
 
 def _uptodate(recipe: str, stage: str):
@@ -70,13 +85,24 @@ def task_stages():
 
 
 def _link(src: Path, dest: Path) -> None:
-    """Hard-link ``src`` to ``dest`` (no copy, no symlink: works on NTFS too), else copy."""
+    """Hard-link ``src`` to ``dest`` (no copy, no symlink: works on NTFS too), else copy it
+    with its mtime. The cache files are read-only, so the link cannot be edited by mistake."""
     if dest.exists() or dest.is_symlink():
         dest.unlink()
     try:
         os.link(src, dest)
     except OSError:
-        shutil.copyfile(src, dest)
+        shutil.copy2(src, dest)
+
+
+def _same(a: Path, b: Path) -> bool:
+    """``a`` is ``b`` (a hard link) or a copy with the same size and mtime."""
+    try:
+        sa, sb = a.stat(), b.stat()
+    except OSError:
+        return False
+    return (sa.st_ino, sa.st_dev) == (sb.st_ino, sb.st_dev) or \
+        (sa.st_size, sa.st_mtime_ns) == (sb.st_size, sb.st_mtime_ns)
 
 
 ARTIFACT_PATTERNS = {"compile": ("*_ctx.onnx", "*.bin", "genai_config.json", "export.json", "*.npy"), "verify": ("verify.json",),
@@ -87,7 +113,8 @@ ARTIFACT_PATTERNS = {"compile": ("*_ctx.onnx", "*.bin", "genai_config.json", "ex
 def materialize(recipe: str) -> dict:
     """Fill ``build/<recipe>/`` with links to the recipe's artifacts in the cache: context
     binaries and EPContext models, tokenizer/config files and ``verify.json`` (one
-    sub-folder per target when there are several). Writes ``artifacts.json``: {file: entry}."""
+    sub-folder per target when there are several). Writes ``artifacts.json``:
+    {file: "<kind>/<key>/out/<path>"}, the cache file each one is."""
     res = engine.Resolver(recipe)
     root = paths.build_dir() / recipe
     root.mkdir(parents=True, exist_ok=True)
@@ -103,7 +130,7 @@ def materialize(recipe: str) -> dict:
                 rel = Path(sub) / f.relative_to(e.out)
                 (root / rel).parent.mkdir(parents=True, exist_ok=True)
                 _link(f, root / rel)
-                listing[rel.as_posix()] = f"{spec.kind}/{e.key}"
+                listing[rel.as_posix()] = f"{spec.kind}/{e.key}/out/{f.relative_to(e.out).as_posix()}"
     (root / "artifacts.json").write_text(json.dumps(listing, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     print(f"[build:{recipe}] {len(listing)} artifacts in {root}")
     return {"artifacts": len(listing)}
@@ -119,9 +146,11 @@ def _build_uptodate(recipe: str):
         res = engine.Resolver(recipe)
         try:
             keys = {f"{s.kind}/{res.key(n)}" for n, s in res.specs.items()}
-        except engine.NotReady:
+        except Exception:
             return False
-        return set(want.values()) <= keys and all((p.parent / f).exists() for f in want)
+        cache = paths.cache_dir()
+        return {"/".join(v.split("/")[:2]) for v in want.values()} <= keys and \
+            all(_same(p.parent / f, cache / src) for f, src in want.items())
 
     return check
 
@@ -182,7 +211,7 @@ def task_gc():
 def cache_verify() -> bool:
     bad = engine.cache().verify()
     for entry, probs in bad.items():
-        print(f"DAMAGED {entry}: {'; '.join(probs)}")
+        print(f"DAMAGED {entry}: {'; '.join(probs)} (moved to cache/.damaged/; the next build rebuilds it)")
     n = sum(1 for _ in engine.cache().entries())
     print(f"{n} entries checked, {len(bad)} damaged")
     return not bad

@@ -173,8 +173,8 @@ def is_up_to_date(recipe_name: str, stage: str) -> bool:
     res = Resolver(recipe_name)
     try:
         e = res.entry(stage)
-    except (NotReady, FileNotFoundError):
-        return False
+    except Exception:  # not built, or the key cannot be computed (e.g. a missing source):
+        return False  # the action then runs and reports the error cleanly
     if res.failures(stage, e):
         return False
     record(recipe_name, stage, e.key, res.material(stage), e)

@@ -18,6 +18,17 @@ from .recipe import Recipe
 
 KINDS = ("download", "export", "patch", "quantize", "compile", "verify")
 
+# params that mean something for one model family only: left out of the other's stage params
+# (and so of its keys), so that e.g. an encoder's key does not move with context_length
+ONLY = {"llm": {"decode_length", "context_length", "parts", "embedding", "lm_head", "max_new_tokens",
+                "weight_sharing"},
+        "encoder": {"task", "batch_size"}}
+
+
+def _for_family(params: dict, family: str) -> dict:
+    drop = set().union(*(keys for fam, keys in ONLY.items() if fam != family))
+    return {k: v for k, v in params.items() if k not in drop}
+
 
 @dataclass(frozen=True)
 class StageSpec:
@@ -43,7 +54,8 @@ def _patch_params(steps) -> dict:
 def expand(recipe: Recipe) -> list[StageSpec]:
     """The stage specs of ``recipe`` in build order (upstream before downstream)."""
     r = recipe
-    ex = r.export.model_dump()
+    fam = r.export.family
+    ex = _for_family(r.export.model_dump(), fam)
     specs = [
         StageSpec(r.name, "download", "download", r.source.model_dump(exclude_none=True)),
         StageSpec(r.name, "export", "export", ex, {"source": "download"}),
@@ -66,11 +78,10 @@ def expand(recipe: Recipe) -> list[StageSpec]:
     many = len(r.compile.targets) > 1
     for t in r.compile.targets:
         suffix = f"@{t}" if many else ""
-        cparams = {"target": t, "family": r.export.family,
-                   "disable_cpu_ep_fallback": r.compile.disable_cpu_ep_fallback,
-                   "weight_sharing": r.compile.weight_sharing}
+        cparams = _for_family({"target": t, "family": fam, "disable_cpu_ep_fallback": r.compile.disable_cpu_ep_fallback,
+                               "weight_sharing": r.compile.weight_sharing}, fam)
         specs.append(StageSpec(r.name, f"compile{suffix}", "compile", cparams, {"model": model}))
-        v = r.verify.model_dump()
+        v = _for_family(r.verify.model_dump(), fam)
         data = v.pop("data")
         ppl = v.pop("perplexity_text")
         v.update(target=t, family=r.export.family, task=r.task,

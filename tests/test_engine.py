@@ -126,16 +126,39 @@ def test_parallel_targets_and_damaged_entry(project):
     assert "compile@x-elite:t2" in run.ran() and "compile@8gen3:t2" in run.ran()
     assert len(project.entries("compile")) == 2
     assert (project.root / "build" / "t2" / "8gen3" / "model_ctx_qnn.bin").exists()
-    # damage one entry's output: it is detected, quarantined and rebuilt, never used
+    # damage one entry's output keeping its size and mtime: invisible to the per-build check,
+    # caught by cache_verify, which quarantines it; the next build rebuilds it and refreshes
+    # build/ (whose file was a hard link to the damaged one)
     entry = project.cache / "compile" / project.entries("compile")[0]
     binf = next((entry / "out").glob("*.bin"))
+    st = binf.stat()
     os.chmod(binf, 0o644)
     with open(binf, "r+b") as f:
         f.seek(100)
-        f.write(b"\xff\x00\xff")
+        f.write(bytes(b ^ 0xFF for b in f.read(3)))
+    os.utime(binf, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert project.doit("run", "build:t2").ran() == []
     check = project.doit("run", "cache_verify", check=False)
     assert check.code != 0 and "DAMAGED compile/" in check.tasks["cache_verify"]["out"]
+    assert not entry.exists() and any((project.cache / ".damaged").iterdir())
     again = project.doit("run", "build:t2")
     assert len([n for n in again.ran() if n.startswith("compile")]) == 1
-    assert any((project.cache / ".damaged").iterdir())
+    assert again.tasks["build:t2"]["result"] == "success"
+    for sub in ("x-elite", "8gen3"):
+        built = project.root / "build" / "t2" / sub / "model_ctx_qnn.bin"
+        art = json.loads((project.root / "build" / "t2" / "artifacts.json").read_text())
+        assert os.path.samefile(built, project.cache / art[f"{sub}/model_ctx_qnn.bin"])
     assert project.doit("run", "cache_verify").code == 0
+
+
+def test_build_all_builds_what_it_can_and_reports_the_rest(project):
+    project.recipe("t8")
+    project.recipe("hub", TINY_RECIPE.format(precision="w8a16", targets="[x-elite]", backend="cpu-qdq")
+                   .replace("source: {path: models/tiny-bert}", "source: {hf: acme/absent, revision: main}"))
+    run = project.doit("run", "build", check=False)
+    assert run.code != 0
+    assert run.tasks["verify:t8"]["result"] == "success" and run.tasks["build:t8"]["result"] == "success"
+    err = run.tasks["download:hub"]["error"]
+    assert "SourceError: cannot get Hub model 'acme/absent' at revision 'main'" in err
+    assert "Traceback" not in err
+    assert project.entries("download") and len(project.entries("download")) == 1

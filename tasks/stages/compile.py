@@ -16,26 +16,34 @@ from pathlib import Path
 from .. import qnn
 from ..graphs import list_graphs, load_model
 
-VERSION = 3
+VERSION = 4
 TOOLS = ("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "onnx")
 
 
 def run(inputs, files, params, out: Path) -> dict:
-    """Compile every graph of ``inputs["model"]`` for ``params["target"]``. Returns
-    {graph: EPContext info}. Raises qnn.NotOnNPU or onnxruntime's error."""
+    """Compile every graph of ``inputs["model"]`` for ``params["target"]``, twice (or three
+    times) until two compiles agree byte for byte (:func:`tasks.qnn.compile_reproducibly`).
+    Returns {graph: EPContext info, "qnn_sdk", "compile_attempts"}. Raises qnn.NotOnNPU or
+    onnxruntime's error."""
     src = inputs["model"]
-    graphs = list_graphs(src)
     if params["family"] == "llm":
         from ..llm.compile import compile_llm
 
-        return compile_llm(src, out, params)
+        r = qnn.compile_reproducibly(lambda d: compile_llm(src, d, params), out)
+        return {**r.pop("first_info"), **r}
+    r = qnn.compile_reproducibly(lambda d: _compile_graphs(src, d, params), out)
+    info = r.pop("first_info")
+    sdk = sorted({n.get("ep_sdk_version", "?") for nodes in info.values() for n in nodes})
+    return {"graphs": info, "qnn_sdk": sdk, **r}
+
+
+def _compile_graphs(src: Path, out: Path, params: dict) -> dict:
     info = {}
-    for g in graphs:
+    for g in list_graphs(src):
         load_model(g, load_external_data=False)  # a clear error for a corrupt input
         rel = g.relative_to(src)
         ctx = out / rel.parent / f"{rel.stem}_ctx.onnx"
         ctx.parent.mkdir(parents=True, exist_ok=True)
         qnn.compile_in_subprocess(g, ctx, params["target"], params["disable_cpu_ep_fallback"])
         info[rel.as_posix()] = qnn.ep_context_info(ctx)
-    sdk = sorted({n.get("ep_sdk_version", "?") for nodes in info.values() for n in nodes})
-    return {"graphs": info, "qnn_sdk": sdk}
+    return info

@@ -142,7 +142,21 @@ def quantize_graph(src: Path, dst: Path, feeds: list[dict], params: dict) -> dic
 
 def run(inputs, files, params, out: Path) -> dict:
     """Quantize every graph of ``inputs["model"]`` into ``out`` (same relative paths).
-    Raises ValueError when the calibration file has too few lines."""
+    Raises ValueError when the calibration file has too few lines. onnxruntime's quantizer
+    logs advice through the root logger at WARNING (opset upgrade, "Axis 1 is out-of-range"
+    for 1-D weights, pre-processing); those are silenced here, errors still show."""
+    import logging
+
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        return _run(inputs, files, params, out)
+    finally:
+        root.setLevel(level)
+
+
+def _run(inputs, files, params, out: Path) -> dict:
     src = inputs["model"]
     cal = params["calibration"]
     report = {}
