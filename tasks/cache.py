@@ -6,9 +6,10 @@
 - A per-key lock (``filelock``) means two processes sharing a cache never build one key twice
   and never read an entry being written.
 - Output files are made read-only, as DVC does for linked cache files; the manifest records
-  each file's size, mtime_ns and xxh3-128. :meth:`Cache.lookup` checks size and mtime on
-  every use (cheap); :meth:`Cache.verify` rereads every byte. A damaged entry is moved to
-  ``cache/.damaged/`` and rebuilt, never used.
+  each file's size, mtime_ns and xxh3-128. :meth:`Cache.lookup` checks sizes and mtimes on
+  every use (cheap) and rehashes a file whose mtime moved (a cache copied without
+  timestamps stays valid); :meth:`Cache.verify` rereads every byte. A damaged entry is moved
+  to ``cache/.damaged/`` and rebuilt, never used.
 
 This module knows nothing of what a stage does.
 """
@@ -88,12 +89,14 @@ class Cache:
             return None
         try:
             m = json.loads(mpath.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
-            return [f"manifest.json unreadable: {e}"]
+            listed = m.get("outputs", {})
+            for meta in listed.values():
+                int(meta["size"]), str(meta["xxh3"])
+        except (OSError, ValueError, AttributeError, KeyError, TypeError) as e:
+            return [f"manifest.json unreadable or malformed: {type(e).__name__}: {e}"]
         out = []
         if m.get("key") != key:
             out.append(f"manifest key {m.get('key')} != folder name {key}")
-        listed = m.get("outputs", {})
         present = {p.relative_to(path / "out").as_posix() for p in digest.list_files(path / "out")} \
             if (path / "out").is_dir() else set()
         for rel in sorted(present - set(listed)):
@@ -110,8 +113,11 @@ class Cache:
             elif full:
                 if digest.hash_file_uncached(f) != meta["xxh3"]:
                     out.append(f"{rel}: content differs (xxh3)")
-            elif st.st_mtime_ns != meta["mtime_ns"]:
-                out.append(f"{rel}: modified (mtime)")
+            elif st.st_mtime_ns != meta.get("mtime_ns"):
+                # touched or copied without timestamps: only a content change is damage
+                # (rehashed once; the stat cache remembers the new stat)
+                if digest.file_digest(f) != meta["xxh3"]:
+                    out.append(f"{rel}: modified (mtime and content)")
         return out
 
     def lookup(self, kind: str, key: str) -> Entry | None:

@@ -33,11 +33,27 @@ DOIT_CONFIG = {
 
 
 def _recipes() -> dict:
-    try:
-        return {n: r for n, r in engine.recipes().items() if not r.abstract}
-    except RecipeError as e:
-        print(f"npubuild: invalid recipe\n{e}", file=sys.stderr)
-        raise SystemExit(2)
+    """Valid, non-abstract recipes. Invalid ones are reported on stderr and get a failing
+    ``build:<stem>`` task (see :func:`task_build`), so they never block the others."""
+    return {n: r for n, r in engine.recipes().items() if not r.abstract}
+
+
+_warned = set()
+
+
+def _invalid() -> dict:
+    errs = engine.recipe_errors()
+    for stem, e in errs.items():
+        if stem not in _warned:
+            _warned.add(stem)
+            print(f"npubuild: invalid recipe, skipped\n{e}", file=sys.stderr)
+    return errs
+
+
+def _fail(message: str):
+    from doit.exceptions import TaskFailed
+
+    return TaskFailed(message)
 
 
 def _expected_errors() -> tuple:
@@ -87,12 +103,14 @@ def task_stages():
 def _link(src: Path, dest: Path) -> None:
     """Hard-link ``src`` to ``dest`` (no copy, no symlink: works on NTFS too), else copy it
     with its mtime. The cache files are read-only, so the link cannot be edited by mistake."""
-    if dest.exists() or dest.is_symlink():
-        dest.unlink()
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")  # then one atomic rename: safe
+    tmp.unlink(missing_ok=True)                             # against a concurrent materialize
     try:
-        os.link(src, dest)
+        os.link(src, tmp)
     except OSError:
-        shutil.copy2(src, dest)
+        shutil.copy2(src, tmp)
+    os.replace(tmp, dest)
+    tmp.unlink(missing_ok=True)  # rename() between two links of one file leaves the source
 
 
 def _same(a: Path, b: Path) -> bool:
@@ -157,6 +175,9 @@ def _build_uptodate(recipe: str):
 
 def task_build():
     """build:<recipe> runs the recipe's whole chain and links its artifacts into build/."""
+    for stem, err in sorted(_invalid().items()):
+        yield {"name": stem, "doc": f"INVALID recipe {stem}.yaml (run it to see why)",
+               "actions": [(_fail, [str(err)])], "uptodate": [False], "verbosity": 2}
     for name in _recipes():
         specs = engine.plan(name)
         yield {
@@ -180,15 +201,22 @@ def task_explain():
 
 
 def referenced_entries() -> set[tuple[str, str]]:
-    """(kind, key) of every stage of every recipe whose key can be computed now."""
+    """(kind, key) of every stage of every recipe whose key can be computed now, plus the key
+    each stage had at its recipe's last recorded build (``build/<recipe>/stages.json``), so a
+    source that is unavailable for a moment does not make its chain garbage.
+
+    Only this checkout's recipes count: with a cache shared between checkouts, run gc where
+    all recipes are, or not at all (README)."""
     refs = set()
     for name in _recipes():
         res = engine.Resolver(name)
         for stage, spec in res.specs.items():
             try:
                 refs.add((spec.kind, res.key(stage)))
-            except Exception:  # upstream not built or source unavailable: references nothing
+            except Exception:  # upstream not built or source unavailable
                 pass
+        for rec in engine.read_state(name).values():
+            refs.add((rec.get("kind"), rec.get("key")))
     return refs
 
 

@@ -44,15 +44,24 @@ def cache() -> Cache:
 
 
 @lru_cache(maxsize=None)
-def _recipes_cached(recipes_dir: str, stamp: tuple) -> dict:
-    return load_all(Path(recipes_dir))
+def _recipes_cached(recipes_dir: str, stamp: tuple) -> tuple[dict, dict]:
+    return load_all(Path(recipes_dir), collect_errors=True)
 
 
-def recipes() -> dict:
-    """All recipes, reloaded when a recipe file changed (keyed by the files' stats)."""
+def _load() -> tuple[dict, dict]:
     d = paths.recipes_dir()
     stamp = tuple((f.name, f.stat().st_mtime_ns, f.stat().st_size) for f in sorted(d.glob("*.yaml")))
     return _recipes_cached(str(d), stamp)
+
+
+def recipes() -> dict:
+    """The valid recipes by name, reloaded when a recipe file changed (keyed by the stats)."""
+    return _load()[0]
+
+
+def recipe_errors() -> dict:
+    """{file stem: RecipeError} for every invalid recipe file."""
+    return _load()[1]
 
 
 def plan(recipe_name: str) -> dict[str, StageSpec]:

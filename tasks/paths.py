@@ -17,29 +17,40 @@ from pathlib import Path
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
+def _env(name: str, default: Path) -> Path:
+    """``$name`` if set, else ``default``. Raises ValueError for a relative ``$name``: doit
+    runs in the dodo.py folder, so a relative path would silently land there."""
+    v = os.environ.get(name)
+    if not v:
+        return Path(default).absolute()
+    if not Path(v).is_absolute():
+        raise ValueError(f"{name}={v!r}: expected an absolute path (doit changes into the dodo.py folder)")
+    return Path(v)
+
+
 def root() -> Path:
-    return Path(os.environ.get("NPUBUILD_ROOT", PROJECT_ROOT)).absolute()
+    return _env("NPUBUILD_ROOT", PROJECT_ROOT)
 
 
 def recipes_dir() -> Path:
-    return Path(os.environ.get("NPUBUILD_RECIPES", root() / "recipes")).absolute()
+    return _env("NPUBUILD_RECIPES", root() / "recipes")
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("NPUBUILD_CACHE", root() / "cache")).absolute()
+    return _env("NPUBUILD_CACHE", root() / "cache")
 
 
 def build_dir() -> Path:
-    return Path(os.environ.get("NPUBUILD_BUILD", root() / "build")).absolute()
+    return _env("NPUBUILD_BUILD", root() / "build")
 
 
 def state_dir() -> Path:
-    return Path(os.environ.get("NPUBUILD_HOME", root() / ".npubuild")).absolute()
+    return _env("NPUBUILD_HOME", root() / ".npubuild")
 
 
 def dist_dir() -> Path:
-    return Path(os.environ.get("NPUBUILD_DIST", root() / "dist")).absolute()
+    return _env("NPUBUILD_DIST", root() / "dist")
 
 
 def catalog_dir() -> Path:
-    return Path(os.environ.get("NPUBUILD_CATALOG", root() / "catalog")).absolute()
+    return _env("NPUBUILD_CATALOG", root() / "catalog")

@@ -10,6 +10,7 @@ Errors: :class:`RecipeError` names the file and lists every problem as
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any, Literal, Optional
@@ -37,7 +38,20 @@ class RecipeError(Exception):
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """yaml.SafeLoader that rejects duplicate mapping keys (PyYAML silently keeps the last)."""
+    """yaml.SafeLoader that rejects duplicate mapping keys (PyYAML silently keeps the last) and
+    anchors/aliases (a recipe reuses another with ``extends``; aliases also allow
+    self-references and exponential "billion laughs" expansions)."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.events.AliasEvent):
+            ev = self.peek_event()
+            raise yaml.composer.ComposerError(None, None, "anchors and aliases (*name, <<: *name) are not "
+                                              "supported in recipes; use extends", ev.start_mark)
+        ev = self.peek_event()
+        if getattr(ev, "anchor", None):
+            raise yaml.composer.ComposerError(None, None, "anchors and aliases (&name, *name) are not "
+                                              "supported in recipes; use extends", ev.start_mark)
+        return super().compose_node(parent, index)
 
 
 def _construct_mapping(loader, node, deep=False):
@@ -66,6 +80,8 @@ def read_yaml(path: Path) -> dict:
         raise RecipeError(path, [("", f"invalid YAML: {where}{getattr(e, 'problem', None) or e}")]) from None
     except OSError as e:
         raise RecipeError(path, [("", f"cannot read file: {e.strerror}")]) from None
+    except UnicodeDecodeError as e:
+        raise RecipeError(path, [("", f"expected UTF-8 text, found byte {e.object[e.start]:#04x} at offset {e.start}")]) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -74,11 +90,14 @@ def read_yaml(path: Path) -> dict:
 
 
 def deep_merge(base: dict, over: dict) -> dict:
-    """Merge ``over`` onto ``base``: mappings merge key by key, everything else (lists
-    included) is replaced. Neither argument is modified."""
+    """Merge ``over`` onto ``base``: mappings merge key by key, ``null`` removes the key (so
+    the default applies), everything else (lists included) is replaced. Neither argument is
+    modified."""
     out = dict(base)
     for k, v in over.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
+        if v is None:
+            out.pop(k, None)
+        elif isinstance(v, dict) and isinstance(out.get(k), dict):
             out[k] = deep_merge(out[k], v)
         else:
             out[k] = v
@@ -88,7 +107,7 @@ def deep_merge(base: dict, over: dict) -> dict:
 # ---------------------------------------------------------------- schema
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class Source(_Strict):
@@ -126,10 +145,10 @@ class ExportCfg(_Strict):
     family: Literal["encoder", "llm"] = Field("encoder", description="encoder: one static graph; llm: prefill+decode")
     task: Optional[str] = Field(None, description="optimum task; inferred when absent")
     opset: int = Field(17, ge=13, le=23)
-    batch_size: int = Field(1, ge=1)
-    sequence_length: int = Field(128, ge=1, description="tokens per call (encoder), or prefill AR-N (llm)")
-    decode_length: int = Field(1, ge=1, description="llm: tokens per decode call (AR-1)")
-    context_length: int = Field(4096, ge=2, description="llm: KV cache length + current tokens")
+    batch_size: int = Field(1, ge=1, le=64)
+    sequence_length: int = Field(128, ge=1, le=131_072, description="tokens per call (encoder), or prefill AR-N (llm)")
+    decode_length: int = Field(1, ge=1, le=1, description="llm: tokens per decode call (AR-1)")
+    context_length: int = Field(4096, ge=2, le=1_048_576, description="llm: KV cache length + current tokens")
     parts: int = Field(1, ge=1, le=64, description="llm: number of parts the layers are split into")
     embedding: Literal["first-part"] = "first-part"
     lm_head: Literal["last-part"] = "last-part"
@@ -157,16 +176,33 @@ class PatchStep(_Strict):
             raise ValueError(f"expected a known patch ({', '.join(patches.known())}), found {v!r}")
         return v
 
+    @model_validator(mode="after")
+    def _params(self):
+        from . import patches
+
+        if self.name in patches.known():
+            patches.check_params(self.name, self.params)  # ValueError naming the param
+        return self
+
 
 class TextData(_Strict):
     file: str = Field(description="text file, one sample per line, relative to the project root")
-    samples: int = Field(16, ge=1)
-    max_length: int = Field(128, ge=1)
+    samples: int = Field(16, ge=1, le=100_000)
+    max_length: int = Field(128, ge=1, le=131_072)
 
 
 class Override(_Strict):
     pattern: str = Field(description="regex matched (re.search) against weight initializer names")
     weight_bits: Literal[4, 8, 16] = 8
+
+    @field_validator("pattern")
+    @classmethod
+    def _regex(cls, v):
+        try:
+            re.compile(v)
+        except re.error as e:
+            raise ValueError(f"expected a regular expression, found {v!r} ({e})") from None
+        return v
 
 
 class QuantizeCfg(_Strict):
@@ -206,7 +242,7 @@ class CompileCfg(_Strict):
 class VerifyCfg(_Strict):
     backend: Literal["htp", "cpu-qdq"] = "htp"
     data: TextData
-    max_new_tokens: int = Field(16, ge=1, description="llm: greedy tokens per prompt")
+    max_new_tokens: int = Field(16, ge=1, le=4096, description="llm: greedy tokens per prompt")
     perplexity_text: Optional[str] = Field(None, description="llm: text file for perplexity vs fp32")
     thresholds: dict[str, float] = Field(default_factory=dict)
 
@@ -218,6 +254,9 @@ class VerifyCfg(_Strict):
         bad = [k for k in v if k not in THRESHOLDS]
         if bad:
             raise ValueError(f"expected threshold names from {sorted(THRESHOLDS)}, found {bad}")
+        nan = [k for k, x in v.items() if not math.isfinite(x)]
+        if nan:
+            raise ValueError(f"expected finite thresholds, found {nan}")
         return v
 
 
@@ -238,7 +277,7 @@ class Recipe(_Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v):
-        if not NAME_RE.match(v):
+        if not NAME_RE.fullmatch(v):
             raise ValueError(f"expected lowercase letters, digits, '.' and '-', found {v!r}")
         return v
 
@@ -282,7 +321,7 @@ def _resolve_raw(path: Path, directory: Path, stack: tuple[Path, ...]) -> dict:
     parent = data.get("extends")
     if parent is None:
         return data
-    if not isinstance(parent, str) or not NAME_RE.match(parent):
+    if not isinstance(parent, str) or not NAME_RE.fullmatch(parent):
         raise RecipeError(path, [("extends", f"expected a recipe name, found {_found(parent)}")])
     ppath = directory / f"{parent}.yaml"
     if ppath in stack or ppath == path:
@@ -290,6 +329,8 @@ def _resolve_raw(path: Path, directory: Path, stack: tuple[Path, ...]) -> dict:
         raise RecipeError(path, [("extends", f"expected no cycle, found {chain}")])
     if not ppath.exists():
         raise RecipeError(path, [("extends", f"expected an existing recipe {ppath.name}, found none")])
+    if len(stack) > 50:
+        raise RecipeError(path, [("extends", f"expected at most 50 levels of extends, found more: {ppath.stem}")])
     base = _resolve_raw(ppath, directory, (*stack, path))
     base = {k: v for k, v in base.items() if k not in ("name", "abstract")}
     return deep_merge(base, data)
@@ -306,17 +347,50 @@ def load_recipe(path: Path) -> Recipe:
         raise RecipeError(path, _pydantic_problems(e)) from None
 
 
-def load_all(directory: Path | None = None) -> dict[str, Recipe]:
-    """All recipes in ``directory`` (default ``recipes/``), by name, sorted. Raises RecipeError
-    for the first invalid file, or for two files that declare the same name."""
+def load_all(directory: Path | None = None, collect_errors: bool = False):
+    """All recipes in ``directory`` (default ``recipes/``), by name, sorted.
+
+    Raises RecipeError for the first invalid file, or for two files that declare the same
+    name; with ``collect_errors=True`` returns ``(recipes, {file stem: RecipeError})``
+    instead, every file checked."""
     from .paths import recipes_dir
 
     directory = Path(directory or recipes_dir())
     out: dict[str, Recipe] = {}
     files: dict[str, Path] = {}
+    errors: dict[str, RecipeError] = {}
     for f in sorted(directory.glob("*.yaml")):
-        r = load_recipe(f)
-        if r.name in out:
-            raise RecipeError(f, [("name", f"expected a unique name, found {r.name!r} also in {files[r.name].name}")])
+        try:
+            r = load_recipe(f)
+            if r.name in out:
+                raise RecipeError(f, [("name", f"expected a unique name, found {r.name!r} also in {files[r.name].name}")])
+            check_data_files(f, r)
+        except RecipeError as e:
+            if not collect_errors:
+                raise
+            errors[f.stem] = e
+            continue
         out[r.name], files[r.name] = r, f
-    return out
+    return (out, errors) if collect_errors else out
+
+
+def check_data_files(path: Path, r: Recipe) -> None:
+    """The data files a recipe names exist under the project root, and a line-per-sample file
+    has at least ``samples`` non-empty lines. Raises RecipeError with the key paths."""
+    from .paths import root
+
+    problems = []
+    wanted = [("quantize.calibration", r.quantize.calibration, r.export.family == "encoder"),
+              ("verify.data", r.verify.data, True)]
+    for key, data, per_line in wanted:
+        f = root() / data.file
+        if not f.is_file():
+            problems.append((f"{key}.file", f"expected an existing file under {root()}, found nothing at {data.file!r}"))
+        elif per_line:
+            n = sum(1 for ln in f.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip())
+            if n < data.samples:
+                problems.append((f"{key}.samples", f"expected at most the {n} non-empty lines of {data.file}, found {data.samples}"))
+    if r.verify.perplexity_text and not (root() / r.verify.perplexity_text).is_file():
+        problems.append(("verify.perplexity_text", f"expected an existing file, found nothing at {r.verify.perplexity_text!r}"))
+    if problems:
+        raise RecipeError(path, problems)

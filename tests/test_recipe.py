@@ -65,11 +65,25 @@ BAD = {
                          "quantize.calibration.samples", "greater than or equal to 1"),
     "llm-lengths": (GOOD + "export: {family: llm, sequence_length: 128, context_length: 64}\n", "export",
                     "sequence_length < context_length"),
+    "name-with-newline": (GOOD + 'name: "abc\\n"\n', "name", "lowercase"),
+    "alias": (GOOD + "patches: &p [{name: mask-range}]\ndescription: *p\n", "", "anchors and aliases"),
+    "merge-key": ("base: &b {x: 1}\n" + GOOD, "", "anchors and aliases"),
+    "patch-param-type": (GOOD + "patches: [{name: mask-range, params: {fill: abc}}]\n", "patches[0]",
+                         "expected mask-range.fill to be float, found 'abc'"),
+    "patch-param-unknown": (GOOD + "patches: [{name: mask-range, params: {fil: -5.0}}]\n", "patches[0]",
+                            "found unknown 'fil'"),
+    "bad-regex": (GOOD.replace("calibration:", "overrides: [{pattern: '([', weight_bits: 8}]\n  calibration:"),
+                  "quantize.overrides[0].pattern", "expected a regular expression"),
+    "nan-threshold": (GOOD.replace("data: {file: data/v.txt}", "data: {file: data/v.txt}\n  thresholds: {cosine_mean: .nan}"),
+                      "verify.thresholds", "expected finite thresholds"),
+    "bool-for-int": (GOOD.replace("{file: data/c.txt}", "{file: data/c.txt, samples: true}"),
+                     "quantize.calibration.samples", "valid integer"),
 }
 
 
 @pytest.mark.parametrize("kind", sorted(BAD))
 def test_bad_recipe_names_file_and_key_path(tmp_path, kind):
+    """Each kind of mistake is caught when the recipe is loaded (doit list), not mid-build."""
     text, path, words = BAD[kind]
     f = write(tmp_path, "bad", text)
     with pytest.raises(RecipeError) as err:
@@ -98,17 +112,49 @@ def test_extends_missing_parent_and_cycle(tmp_path):
         load_recipe(f)
 
 
-def test_duplicate_names_across_files(tmp_path):
+def _data(root, calib_lines=20, verify_lines=20):
+    (root / "data").mkdir(exist_ok=True)
+    (root / "data" / "c.txt").write_text("calibration sentence\n" * calib_lines)
+    (root / "data" / "v.txt").write_text("verify sentence\n" * verify_lines)
+
+
+def test_duplicate_names_across_files(tmp_path, monkeypatch):
+    monkeypatch.setenv("NPUBUILD_ROOT", str(tmp_path))
+    _data(tmp_path)
     write(tmp_path, "one", GOOD + "name: same\n")
     write(tmp_path, "two", GOOD + "name: same\n")
     with pytest.raises(RecipeError, match=r"two.yaml.*\n.*name: expected a unique name, found 'same' also in one.yaml"):
         load_all(tmp_path)
 
 
-def test_bad_recipe_stops_doit_and_builds_nothing(project):
+def test_non_utf8_and_null_and_data_files(tmp_path, monkeypatch):
+    f = tmp_path / "bin.yaml"
+    f.write_bytes(b"\xff\xfe\x00bad")
+    with pytest.raises(RecipeError, match=r"bin.yaml.*\n.*expected UTF-8 text, found byte 0xff"):
+        load_recipe(f)
+    # null removes an inherited key, so the default applies
+    write(tmp_path, "base", GOOD + "patches: [{name: mask-range}]\nexport: {sequence_length: 64}\n")
+    r = load_recipe(write(tmp_path, "child", "extends: base\npatches: null\nexport: null\n"))
+    assert r.patches == [] and r.export.sequence_length == 128
+    # data files: missing, or fewer lines than samples, caught at load time with the key path
+    monkeypatch.setenv("NPUBUILD_ROOT", str(tmp_path))
+    _data(tmp_path, calib_lines=3)
+    recipes, errors = load_all(tmp_path, collect_errors=True)
+    assert set(errors) == {"base", "bin", "child"} and not recipes
+    probs = dict(errors["child"].problems)
+    assert probs["quantize.calibration.samples"] == "expected at most the 3 non-empty lines of data/c.txt, found 16"
+    (tmp_path / "data" / "v.txt").unlink()
+    assert "verify.data.file" in dict(load_all(tmp_path, collect_errors=True)[1]["child"].problems)
+
+
+def test_bad_recipe_fails_its_own_build_only(project):
     project.recipe("t8")
     project.recipe("broken", "source: {path: models/tiny-bert}\nquantize: {precision: w8a16}\n")
-    run = project.doit("run", "build:t8", check=False)
+    listed = project.popen("list", "--all").communicate(timeout=120)[0]
+    assert "build:broken" in listed and "INVALID" in listed and "build:t8" in listed
+    assert project.doit("run", "build:t8").tasks["build:t8"]["result"] == "success"
+    run = project.doit("run", "build:broken", check=False)
     assert run.code != 0
-    assert "broken.yaml" in run.output and "quantize.calibration" in run.output
-    assert not project.cache.exists() or not any(project.cache.iterdir())
+    err = run.tasks["build:broken"]["error"]
+    assert "broken.yaml" in err and "quantize.calibration: expected a value" in err and "verify: expected" in err
+    assert project.entries("download") and len(project.entries("verify")) == 1

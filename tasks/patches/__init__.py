@@ -67,6 +67,31 @@ def get(name: str) -> Patch:
     return REGISTRY[name]
 
 
+def check_params(name: str, params: dict) -> None:
+    """Check ``params`` against patch ``name``'s signature and type hints, without running it.
+    Raises ValueError naming the unknown parameter, or the parameter, the expected type and
+    the value found."""
+    import inspect
+    import typing
+
+    from pydantic import TypeAdapter, ValidationError
+
+    fn = get(name).fn
+    sig = inspect.signature(fn)
+    accepted = [p for p in list(sig.parameters)[1:]]
+    hints = typing.get_type_hints(fn)
+    for key, value in params.items():
+        if key not in accepted:
+            raise ValueError(f"expected parameters of {name} from {accepted}, found unknown {key!r}")
+        if key in hints:
+            try:
+                TypeAdapter(hints[key]).validate_python(value, strict=True)
+            except ValidationError:
+                want = getattr(hints[key], "__name__", str(hints[key]))
+                hint = " (YAML reads 1e9 as text: write 1.0e9)" if isinstance(value, str) and "e" in value else ""
+                raise ValueError(f"expected {name}.{key} to be {want}, found {value!r}{hint}") from None
+
+
 def known() -> list[str]:
     _load_all()
     return sorted(REGISTRY)

@@ -25,6 +25,9 @@ from .. import digest, paths
 
 VERSION = 1
 TOOLS = ("huggingface-hub",)
+# the content (a local folder's digest, the resolved Hub commit) is in key_extra; where it
+# came from, and a branch name, do not change the output
+KEY_EXCLUDE = ("path", "package", "subdir", "revision")
 
 _TOKEN_RE = re.compile(r"hf_[A-Za-z0-9]{8,}")
 

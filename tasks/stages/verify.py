@@ -23,6 +23,7 @@ it. :func:`check` fails the build with the metric, the threshold and the worst s
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -51,8 +52,12 @@ THRESHOLDS = {
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """Cosine of two flattened arrays; NaN if either holds NaN/inf (a NaN never passes
+    :func:`check`), 0.0 if either is all zeros."""
     a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
     den = np.linalg.norm(a) * np.linalg.norm(b)
+    if not np.isfinite(den):
+        return float("nan")
     return float(a @ b / den) if den else 0.0
 
 
@@ -141,7 +146,7 @@ def check(out: Path, manifest: dict, params: dict) -> list[str]:
         if value is None:
             fails.append(f"{name}: not measured by this verify")
             continue
-        bad = value < bar if direction == "min" else value > bar
+        bad = not math.isfinite(value) or (value < bar if direction == "min" else value > bar)
         if bad:
             worst = ""
             samples = report.get("samples") or []
@@ -149,5 +154,5 @@ def check(out: Path, manifest: dict, params: dict) -> list[str]:
                 pick = min if direction == "min" else max
                 w = pick(range(len(samples)), key=lambda i: samples[i][per_sample])
                 worst = f"; worst sample #{w} ({per_sample}={samples[w][per_sample]:.4f}): {samples[w].get('text', '')!r}"
-            fails.append(f"{name} = {value:.4f}, threshold {'>=' if direction == 'min' else '<='} {bar}{worst}")
+            fails.append(f"{name} = {value:.4f}{' (not a number: the compiled model gave NaN/inf)' if not math.isfinite(value) else ''}, threshold {'>=' if direction == 'min' else '<='} {bar}{worst}")
     return fails
