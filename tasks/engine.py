@@ -89,11 +89,30 @@ def key_material(spec: StageSpec, upstream: dict[str, Entry]) -> dict:
         "inputs": {role: upstream[role].output_digest for role in spec.inputs},
         "files": {role: digest.file_digest(project_file(rel)) for role, rel in spec.files.items()},
         "tools": tools.versions(mod.TOOLS),
+        "code": code_digest(spec),
     }
     extra = getattr(mod, "key_extra", None)
     if extra:
         material["extra"] = extra(spec.params)
     return material
+
+
+def code_digest(spec: StageSpec) -> str:
+    """xxh3 of the source files that implement ``spec``: its stage module, the modules in the
+    module's ``CODE_DEPS`` and, for a patch stage, each step's patch module. A hand-bumped
+    ``VERSION`` is easy to forget (a patch changed under the same version once gave two
+    different outputs under one key here); the source digest cannot be forgotten."""
+    import importlib.util
+    import inspect
+
+    mod = module_for(spec.kind)
+    names = [mod.__name__, *getattr(mod, "CODE_DEPS", ())]
+    files = [importlib.util.find_spec(n).origin for n in names]  # located, not imported (no torch)
+    if spec.kind == "patch":
+        from . import patches
+
+        files += [inspect.getsourcefile(patches.get(s["name"]).fn) for s in spec.params["steps"]]
+    return digest.digest_json({Path(f).name: digest.file_digest(Path(f)) for f in sorted(set(files))})
 
 
 def stage_key(material: dict) -> str:

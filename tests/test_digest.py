@@ -38,3 +38,18 @@ def test_canonical_json_and_tree_digest(tmp_path):
     assert tree_digest(tmp_path / "x") == tree_digest(tmp_path / "y")  # content, not location
     (tmp_path / "y" / "one.txt").rename(tmp_path / "y" / "two.txt")
     assert tree_digest(tmp_path / "x") != tree_digest(tmp_path / "y")  # names count
+
+
+def test_stage_code_enters_the_key():
+    """The source of the stage module, its CODE_DEPS and each step's patch module are in the
+    key material, so editing a patch without bumping its version still makes builds stale."""
+    from tasks.engine import code_digest
+    from tasks.plan import StageSpec
+
+    def spec(*names):
+        return StageSpec("r", "patch", "patch", {"steps": [{"name": n, "version": 1, "params": {}} for n in names]})
+
+    a, b = code_digest(spec("mask-range")), code_digest(spec("fold-constants"))
+    assert a != b and len(a) == 32
+    assert code_digest(spec("mask-range")) == a  # stable
+    assert code_digest(StageSpec("r", "export", "export", {})) != code_digest(StageSpec("r", "compile", "compile", {}))

@@ -18,6 +18,7 @@ from ..graphs import list_graphs, load_model
 
 VERSION = 4
 TOOLS = ("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "onnx")
+CODE_DEPS = ("tasks.qnn", "tasks.graphs", "tasks.llm.compile", "tasks.llm.qnn", "tasks.llm.runner")  # their source digests enter the key
 
 
 def run(inputs, files, params, out: Path) -> dict:

@@ -23,6 +23,7 @@ from ..graphs import load_model, save_model
 
 VERSION = 1
 TOOLS = ("torch", "transformers", "optimum", "optimum-onnx", "onnx")
+CODE_DEPS = ("tasks.graphs", "tasks.llm.export", "tasks.patches.int64_to_int32")  # their source digests enter the key
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
                    "merges.txt", "vocab.json", "config.json", "generation_config.json", "tokenizer.model",

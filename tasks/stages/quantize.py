@@ -33,6 +33,7 @@ from ..graphs import list_graphs, load_model
 
 VERSION = 3
 TOOLS = ("onnxruntime", "onnx", "transformers", "tokenizers", "numpy")
+CODE_DEPS = ("tasks.graphs", "tasks.llm.quant", "tasks.llm.calib", "tasks.llm.export", "tasks.llm.runner")  # their source digests enter the key
 
 PRECISIONS = {  # name -> (weight QuantType name, activation QuantType name)
     "w8a16": ("QUInt8", "QUInt16"),

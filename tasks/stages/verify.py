@@ -34,6 +34,7 @@ from .quantize import encoder_feeds, read_lines
 
 VERSION = 1
 TOOLS = ("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "transformers", "tokenizers", "numpy", "torch")
+CODE_DEPS = ("tasks.qnn", "tasks.stages.quantize", "tasks.llm.verify", "tasks.llm.runner", "tasks.llm.e2e", "tasks.llm.qnn")  # their source digests enter the key
 KEY_EXCLUDE = ("thresholds",)
 
 # name -> (direction, per-sample metric used to name the worst sample, description)
