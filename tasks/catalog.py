@@ -43,8 +43,9 @@ Output (:func:`write_catalog`, in :func:`tasks.paths.catalog_dir`):
                       config.json (else null)
   ``parameters``      built only: number of floating-point weights (int) = elements of the
                       export's fp32 ONNX initializers, unique by name across its graphs
-  ``artifacts``       built only: {target: {file: bytes}} of the compile entries' ``*_ctx.onnx``,
-                      ``*.bin`` and ``genai_config.json``
+  ``artifacts``       built only: {target: {file: bytes}} of the compile entries' artifact
+                      files (``tasks.stages.ARTIFACTS["compile"]``: ``*_ctx.onnx``, ``*.bin``,
+                      ``genai_config.json``, ``export.json``)
   ``artifact_bytes``  built only: their total size in bytes (int)
   ``verify``          built only: {target: {``backend``, ``metrics`` {name: float},
                       ``thresholds`` {name: float}, ``failures`` [str]}}
@@ -73,7 +74,6 @@ SCHEMA_VERSION = 1
 STATES = ("verified", "verify-failed", "stale", "not-built")
 CATALOG_TOOLS = {"qnn-sdk": "compile", "onnxruntime": "compile", "onnxruntime-qnn": "compile",
                  "optimum": "export", "transformers": "export"}  # tool -> stage kind that records it
-ARTIFACT_PATTERNS = ("*_ctx.onnx", "*.bin", "genai_config.json")
 _FLOAT_TYPES = {1, 10, 11, 16}  # onnx.TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16
 
 
@@ -186,13 +186,15 @@ def artifacts(status: dict) -> dict:
     """{target: {file: bytes}} of the compile entries' artifact files (from their manifests)."""
     from fnmatch import fnmatch
 
+    from .stages import ARTIFACTS
+
     out = {}
     res = status["resolver"]
     for stage, spec in res.specs.items():
         if spec.kind == "compile":
             listing = status["entries"][stage].manifest["outputs"]
             out[_target_of(stage, spec)] = {rel: meta["size"] for rel, meta in sorted(listing.items())
-                                            if any(fnmatch(Path(rel).name, p) for p in ARTIFACT_PATTERNS)}
+                                            if any(fnmatch(Path(rel).name, p) for p in ARTIFACTS["compile"])}
     return out
 
 

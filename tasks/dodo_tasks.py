@@ -21,6 +21,7 @@ from pathlib import Path
 
 from . import engine, paths
 from .recipe import RecipeError
+from .stages import ARTIFACTS
 
 paths.state_dir().mkdir(parents=True, exist_ok=True)
 DOIT_CONFIG = {
@@ -123,9 +124,6 @@ def _same(a: Path, b: Path) -> bool:
         (sa.st_size, sa.st_mtime_ns) == (sb.st_size, sb.st_mtime_ns)
 
 
-ARTIFACT_PATTERNS = {"compile": ("*_ctx.onnx", "*.bin", "genai_config.json", "export.json", "*.npy"), "verify": ("verify.json",),
-                     "export": ("tokenizer*", "vocab*", "merges.txt", "special_tokens_map.json", "config.json",
-                                "generation_config.json")}
 
 
 def materialize(recipe: str) -> dict:
@@ -138,7 +136,7 @@ def materialize(recipe: str) -> dict:
     root.mkdir(parents=True, exist_ok=True)
     listing = {}
     for name, spec in res.specs.items():
-        pats = ARTIFACT_PATTERNS.get(spec.kind)
+        pats = ARTIFACTS.get(spec.kind)
         if not pats:
             continue
         e = res.entry(name)

@@ -128,6 +128,7 @@ class Resolver:
         self.specs = plan(recipe_name)
         self.cache = cache()
         self._materials: dict[str, dict] = {}
+        self._entries: dict[str, Entry] = {}
 
     def material(self, stage: str) -> dict:
         """Key material of ``stage``. Raises NotReady if an upstream has no entry."""
@@ -140,18 +141,14 @@ class Resolver:
         return stage_key(self.material(stage))
 
     def entry(self, stage: str) -> Entry:
-        """The committed entry of ``stage``. Raises NotReady."""
-        spec = self.specs[stage]
-        e = self.cache.lookup(spec.kind, self.key(stage))
-        if e is None:
-            raise NotReady(f"waits for {spec.task}, which has no cache entry yet")
-        return e
-
-    def try_entry(self, stage: str) -> Entry | None:
-        try:
-            return self.entry(stage)
-        except NotReady:
-            return None
+        """The committed entry of ``stage`` (checked once per Resolver). Raises NotReady."""
+        if stage not in self._entries:
+            spec = self.specs[stage]
+            e = self.cache.lookup(spec.kind, self.key(stage))
+            if e is None:
+                raise NotReady(f"waits for {spec.task}, which has no cache entry yet")
+            self._entries[stage] = e
+        return self._entries[stage]
 
     def failures(self, stage: str, entry: Entry) -> list[str]:
         spec = self.specs[stage]
@@ -179,7 +176,7 @@ def run_stage(recipe_name: str, stage: str) -> dict:
         return mod.run({r: e.out for r, e in upstream.items()}, files, spec.params, out) or {}
 
     base = {
-        "stage_version": mod.VERSION, "params": spec.params, "tools": material["tools"],
+        "stage_version": mod.VERSION, "code": material["code"], "params": spec.params, "tools": material["tools"],
         "inputs": {r: {"kind": e.kind, "key": e.key, "output_digest": e.output_digest} for r, e in upstream.items()},
         "files": {r: {"path": spec.files[r], "xxh3": material["files"][r]} for r in files},
         "extra": material.get("extra", {}), "host": tools.host(), "built_for": recipe_name,

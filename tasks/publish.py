@@ -48,11 +48,9 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 from . import catalog, digest, paths
+from .stages import ARTIFACTS
 
 MANIFEST_SCHEMA = 1
-COMPILE_FILES = ("*_ctx.onnx", "*.bin", "genai_config.json")
-EXPORT_FILES = ("tokenizer*", "vocab*", "merges.txt", "special_tokens_map.json", "config.json",
-                "generation_config.json", "added_tokens.json")
 NOT_RECORDED = {
     "host.platform": "kernel release and libc of the build host (varies with host updates; artifacts do not)",
     "hostname, user, absolute paths": "never recorded: they name the machine, not the build",
@@ -122,16 +120,17 @@ def short_key(status: dict) -> str:
 
 
 def bundle_sources(status: dict) -> dict[str, Path]:
-    """{bundle-relative POSIX path: cache file} of the artifacts, tokenizer and config files."""
+    """{bundle-relative POSIX path: cache file} of the artifacts (``tasks.stages.ARTIFACTS``):
+    EPContext models and context binaries, tokenizer and config files, ``verify.json``."""
     res = status["resolver"]
     many = sum(1 for s in res.specs.values() if s.kind == "compile") > 1
     out: dict[str, Path] = {}
     for stage, spec in res.specs.items():
-        pats = COMPILE_FILES if spec.kind == "compile" else EXPORT_FILES if spec.kind == "export" else None
+        pats = ARTIFACTS.get(spec.kind)
         if not pats:
             continue
         e = status["entries"][stage]
-        sub = spec.params["target"] + "/" if spec.kind == "compile" and many else ""
+        sub = spec.params["target"] + "/" if spec.kind in ("compile", "verify") and many else ""
         for rel in sorted(e.manifest["outputs"]):
             if spec.kind == "export" and "/" in rel:
                 continue  # graphs live in sub-folders for LLMs; only top-level tokenizer/config files

@@ -90,7 +90,7 @@ def test_publish_makes_bundle_manifest_card_and_archive(proj):
     b = _bundle(proj)
     files = set(tree_sums(b))
     assert {"model_ctx.onnx", "model_ctx_qnn.bin", "tokenizer.json", "tokenizer_config.json", "vocab.txt",
-            "config.json", "special_tokens_map.json", "README.md", "manifest.json"} == files
+            "config.json", "special_tokens_map.json", "verify.json", "README.md", "manifest.json"} == files
     m = json.loads((b / "manifest.json").read_text())
     assert set(m["files"]) == files - {"manifest.json"}
     for rel, meta in m["files"].items():

@@ -13,6 +13,15 @@ A stage never imports doit and never writes into the cache itself.
 
 from importlib import import_module
 
+# The outputs a user gets, per stage kind (fnmatch patterns on file names): linked into
+# build/<recipe>/ and copied into published bundles.
+ARTIFACTS = {
+    "compile": ("*_ctx.onnx", "*.bin", "genai_config.json", "export.json", "*.npy"),
+    "export": ("tokenizer*", "vocab*", "merges.txt", "special_tokens_map.json", "config.json",
+               "generation_config.json", "added_tokens.json"),
+    "verify": ("verify.json",),
+}
+
 KIND_MODULES = {k: k for k in ("download", "export", "patch", "quantize", "compile", "verify")}
 
 
