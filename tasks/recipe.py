@@ -150,8 +150,9 @@ class ExportCfg(_Strict):
     decode_length: int = Field(1, ge=1, le=1, description="llm: tokens per decode call (AR-1)")
     context_length: int = Field(4096, ge=2, le=1_048_576, description="llm: KV cache length + current tokens")
     parts: int = Field(1, ge=1, le=64, description="llm: number of parts the layers are split into")
-    embedding: Literal["first-part"] = "first-part"
-    lm_head: Literal["last-part"] = "last-part"
+    embedding: Literal["first-part", "host"] = Field(
+        "first-part", description="llm: token embedding Gather inside part 0, or on the host (embed_tokens.npy)")
+    lm_head: Literal["last-part"] = Field("last-part", description="llm: final norm + LM head in the last part")
 
     @model_validator(mode="after")
     def _lengths(self):

@@ -73,15 +73,17 @@ def test_w4a16_after_w8a16_reuses_download_and_export(llm_project):
 
 
 def test_two_parts_split_the_layers_and_still_match(llm_project):
-    """parts: 2: part 0 holds the embedding and layers 0-1, part 1 layers 2-3, the final norm
-    and lm_head; each part has its own weight-shared binary, and generation still matches."""
-    llm_project.recipe("tiny-qwen2-2parts", "extends: tiny-qwen2-w8a16\nexport: {parts: 2}\n")
+    """parts: 2: part 0 holds layers 0-1, part 1 layers 2-3, the final norm and lm_head; each
+    part has its own weight-shared binary, and generation still matches. With
+    ``embedding: host`` the token embedding is looked up on the host (embed_tokens.npy)."""
+    llm_project.recipe("tiny-qwen2-2parts", "extends: tiny-qwen2-w8a16\nexport: {parts: 2, embedding: host}\n")
     llm_project.doit("run", "download:tiny-qwen2-w8a16")
     run = llm_project.doit("run", "build:tiny-qwen2-2parts")
     assert "download:tiny-qwen2-2parts" not in run.ran()  # same source as tiny-qwen2-w8a16
     export = json.loads((llm_project.root / "build" / "tiny-qwen2-2parts" / "export.json").read_text())
     assert [p["layers"] for p in export["parts"]] == [[0, 2], [2, 4]]
-    assert export["parts"][0]["prefill"]["inputs"][0]["name"] == "input_ids"
+    assert export["parts"][0]["prefill"]["inputs"][0]["name"] == "inputs_embeds"
+    assert (llm_project.root / "build" / "tiny-qwen2-2parts" / export["embed_file"]).is_file()
     assert export["parts"][1]["prefill"]["inputs"][0]["name"] == "hidden_states_in"
     assert export["parts"][1]["prefill"]["outputs"][0]["name"] == "logits"
     parts = _compile_info(llm_project, "tiny-qwen2-2parts")["parts"]

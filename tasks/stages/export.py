@@ -86,7 +86,7 @@ def run(inputs, files, params, out: Path) -> dict:
         from ..llm.export import export_llm
 
         info = export_llm(src, out, seq_len=params["sequence_length"], context_len=params["context_length"],
-                          parts=params["parts"])
+                          parts=params["parts"], embed={"first-part": "part0", "host": "separate"}[params["embedding"]])
         copy_tokenizer(src, out)
         return {"llm": info}
     info = _export_encoder(src, params, out)
