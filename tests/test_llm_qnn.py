@@ -23,9 +23,10 @@ def qwen2_qdq(tmp_path_factory):
 
 
 def test_compile_and_run_on_htp_simulator(qwen2_qdq, tmp_path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from tasks.llm import qnn
+    from tasks.llm.e2e import cosine, hf_reference
     from tasks.llm.runner import LLMRunner
 
     ctx = {g: qnn.compile_single(qwen2_qdq[g], tmp_path, name=g) for g in ("prefill", "decode")}
@@ -33,19 +34,13 @@ def test_compile_and_run_on_htp_simulator(qwen2_qdq, tmp_path):
         assert c["bin_bytes"] > 100_000
     runner = LLMRunner([(ctx["prefill"]["ctx"], ctx["decode"]["ctx"])], qnn.qnn_session_factory())
     mdir = tiny_model("qwen2")
-    m, tok = AutoModelForCausalLM.from_pretrained(mdir).eval(), AutoTokenizer.from_pretrained(mdir)
+    tok = AutoTokenizer.from_pretrained(mdir)
+    prompts = [tok(p)["input_ids"] for p in PROMPTS[:2]]
     matches = []
-    for p in PROMPTS[:2]:
-        ids = tok(p)["input_ids"]
-        x = torch.tensor([ids])
-        with torch.no_grad():
-            ref = m.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=8,
-                             do_sample=False, min_new_tokens=8)[0, len(ids):].tolist()
-            ref_logits = m(x).logits[0, -1].numpy()
+    for ids, (ref, ref_logits) in zip(prompts, hf_reference(mdir, prompts, 8)):
         got = runner.generate(ids, 8)
         matches += [a == b for a, b in zip(ref, got)]
-        lg = runner.prefill_logits(ids)
-        cos = float(lg @ ref_logits / np.linalg.norm(lg) / np.linalg.norm(ref_logits))
+        cos = cosine(runner.prefill_logits(ids), ref_logits)
         assert cos > 0.99, cos
     assert np.mean(matches) >= 0.75, matches
 

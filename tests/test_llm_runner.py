@@ -31,15 +31,13 @@ LONG = ("Every morning the farmer milked the cows, fed the chickens, and opened 
 def test_runner_matches_transformers_generate(arch, parts, embed, lm_head):
     from tasks.llm.runner import LLMRunner
 
-    m, tok = _hf(arch)
+    from tasks.llm.e2e import hf_reference
+
+    _, tok = _hf(arch)
     runner = LLMRunner.from_export(tiny_export(arch, parts=parts, embed=embed, lm_head=lm_head), cpu)
-    for p in PROMPTS[:4] + [LONG]:
-        ids = tok(p)["input_ids"]
-        x = torch.tensor([ids])
-        with torch.no_grad():
-            ref = m.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=16,
-                             do_sample=False, min_new_tokens=16)[0, len(ids):].tolist()
-            ref_logits = m(x).logits[0, -1].numpy()
+    prompts = PROMPTS[:4] + [LONG]
+    ids_list = [tok(p)["input_ids"] for p in prompts]
+    for p, ids, (ref, ref_logits) in zip(prompts, ids_list, hf_reference(tiny_model(arch), ids_list, 16)):
         assert runner.generate(ids, 16) == ref, p
         np.testing.assert_allclose(runner.prefill_logits(ids), ref_logits, atol=2e-4, rtol=0)
     assert len(tok(LONG)["input_ids"]) > SEQ_LEN

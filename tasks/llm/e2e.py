@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..stages.verify import cosine  # noqa: F401  (one cosine for encoders and LLMs)
+
 PROMPTS = [
     "The old lighthouse",
     "Every morning the farmer",
@@ -27,11 +29,6 @@ PROMPTS = [
     "A purple dog walked into the bakery and",
     "To plant a tree,",
 ]
-
-
-def cosine(a, b) -> float:
-    a, b = np.ravel(a).astype(np.float64), np.ravel(b).astype(np.float64)
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-30))
 
 
 def agreement(ref: list[int], got: list[int]) -> tuple[float, int]:
