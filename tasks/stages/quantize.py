@@ -96,12 +96,13 @@ def weight_overrides(model: onnx.ModelProto, precision: str, per_channel: bool) 
     """
     from onnxruntime.quantization import QuantType
 
+    from ..llm.quant import matmul_weight_overrides
+
     w = getattr(QuantType, PRECISIONS[precision][0])
     inits = {i.name for i in model.graph.initializer}
-    out = {}
+    out = matmul_weight_overrides(model, {"QUInt8": "uint8", "QInt4": "int4"}[PRECISIONS[precision][0]]) \
+        if per_channel else {}
     for n in model.graph.node:
-        if n.op_type == "MatMul" and per_channel and n.input[1] in inits:
-            out[n.input[1]] = [{"quant_type": w, "symmetric": True, "axis": 1}]
         if w == QuantType.QInt4 and n.op_type in ("LayerNormalization", "Gemm"):
             for name in n.input[1:3]:
                 if name in inits:
