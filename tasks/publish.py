@@ -21,8 +21,9 @@ Determinism: publishing the same cache entries again gives byte-identical bundle
 archives; nothing in publish depends on time, folder or order. What a cache manifest records
 but the bundle leaves out on purpose, because it differs from one build to the next although
 the artifacts do not, is listed in :data:`NOT_RECORDED` (and written into manifest.json under
-that name). Two builds from *empty* caches agree on every file, compile outputs included (see
-:data:`KNOWN_VARIABLE` for the one untested case, graphs with external data).
+that name). Two builds from *empty* caches agree on every file except, in some runs, the context binary
+(126 padding bytes) and the files that name its digest: :data:`KNOWN_VARIABLE` says why.
+Graphs with external data (> 2 GB) are not checked yet.
 
 Targets: ``dest`` (a folder: the bundle is copied to ``<dest>/<recipe>/`` and the archive
 to ``<dest>/``) and ``hub_repo`` (a Hugging Face Hub model repo: ``create_repo(exist_ok=True)``,
@@ -61,12 +62,18 @@ NOT_RECORDED = {
 
 
 # Files a rebuild from an empty cache is known not to reproduce byte for byte; reproduce()
-# still reports them as DIFFERS (and fails) but names the cause. Empty since compile runs
-# from bytes in a fresh process (tasks/qnn.py: compile_in_subprocess): checked on
-# minilm-l6-w8a16 and the tiny test BERT with onnxruntime 1.32 + onnxruntime-qnn 2.7.0.
-# Not yet checked: graphs with external data (> 2 GB), which compile from their folder, so
-# onnxruntime's path-hashed node name can differ between cache locations.
-KNOWN_VARIABLE: dict[str, str] = {}
+# still reports them as DIFFERS (and fails) but names the cause. Measured with onnxruntime
+# 1.32 + onnxruntime-qnn 2.7.0 (QNN SDK 2.51) on minilm-l6-w8a16 and the tiny test BERT.
+KNOWN_VARIABLE: dict[str, str] = {
+    "*_ctx_qnn.bin": "the QNN SDK writes one 126-byte padding run as 0x00 in some processes and 0xff in "
+                     "others, for the same QDQ model, compile options and relative paths; which one depends "
+                     "on the process (its folder, its environment), not on the inputs, and MALLOC_PERTURB_ "
+                     "does not pin it. Everything else in the binary, and the EPContext model, reproduce",
+    "manifest.json": "derived: lists the binary's sha256 and the verify key, whose inputs include the "
+                     "compile output digest",
+    "README.md": "derived: the model card names the build key and the stage keys",
+    "*.tar.gz": "derived: contains the files above",
+}
 
 
 def known_variable(name: str) -> str | None:

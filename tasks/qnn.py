@@ -136,8 +136,10 @@ def compile_reproducibly(compile_into, out: Path, tries: int = 3) -> dict:
     keep the output that two attempts agree on. Raises RuntimeError when no two agree.
 
     Why: with identical inputs, a fresh process and the same relative path, QNN SDK 2.51 still
-    wrote a different context binary about once in ten compiles on this loaded 2-core machine
-    (126 padding bytes, 0x00 vs 0xff); a stage key must name one output. Returns
+    wrote a different context binary now and then (126 padding bytes, 0x00 vs 0xff). Two
+    compiles in the same conditions agree, so this keeps one build from mixing variants, but
+    another machine or folder may settle on the other variant (tasks/publish.py
+    ``KNOWN_VARIABLE``). Returns
     {"compile_attempts": n, "first_info": whatever compile_into returned}.
     """
     from . import digest
