@@ -12,9 +12,8 @@ def qwen2_qdq(tmp_path_factory):
     from tasks.llm import calib, fixtures, quant
 
     mdir, ex = tiny_model("qwen2"), tiny_export("qwen2")
-    cpu = lambda p: ort.InferenceSession(str(p), providers=["CPUExecutionProvider"])
-    feeds = calib.collect_calibration_feeds(mdir, ex, fixtures.CORPUS_PATH, n_prompts=6,
-                                            decode_steps=12, decode_keep=4, make_session=cpu)
+    feeds = calib.collect_calibration_feeds(mdir, ex, fixtures.CORPUS_PATH, tmp_path_factory.mktemp("calib"),
+                                            n_prompts=6, decode_steps=12, decode_keep=4)
     out = tmp_path_factory.mktemp("qdq")
     res = {g: quant.quantize_qdq(ex / "part0" / f"{g}.onnx", out / f"{g}.qdq.onnx", feeds[g][0])
            for g in ("prefill", "decode")}

@@ -68,31 +68,61 @@ def test_runner_rejects_overflow():
         runner.generate([5] * (CONTEXT_LEN - 4), 16)
 
 
-def test_calibration_feeds_are_real():
-    """Decode feeds carry the real fp32 KV cache of the text (HF torch model); parts>0 get real
-    hidden states; same feeds as running the fp32 ONNX."""
+def test_calibration_feeds_are_real(tmp_path):
+    """Streamed part by part, the feeds still carry the real fp32 state of the text: decode
+    feeds' past K/V equal transformers' KV cache of the same tokens, part 1's hidden_states_in
+    equals transformers' hidden state after part 0's layers, and spilled files are cleaned up."""
     from tasks.llm import calib, fixtures
 
+    m, tok = _hf("llama")
     mdir, ex = tiny_model("llama"), tiny_export("llama", parts=2)
     kw = dict(n_prompts=4, decode_steps=8, decode_keep=2)
-    feeds = calib.collect_calibration_feeds(mdir, ex, fixtures.CORPUS_PATH, **kw)
+    feeds = calib.collect_calibration_feeds(mdir, ex, fixtures.CORPUS_PATH, tmp_path, **kw)
     assert [len(x) for x in feeds["prefill"]] == [5, 5]  # 4 prompts, one of them 2 chunks
     assert [len(x) for x in feeds["decode"]] == [8, 8]
-    for f in feeds["decode"][0]:
-        mask = f["attention_mask"][0, 0, 0]
-        n = int((mask[:-1] == 0).sum())
-        assert n >= 4 and f["position_ids"][0, 0] == n
-        assert np.abs(f["past_key_0"][0, :, :n]).min(axis=-1).max() > 0  # real, non-zero
-        assert not f["past_key_0"][0, :, n:].any()
-    h = feeds["decode"][1][0]["hidden_states_in"]
-    assert h.shape == (1, 1, 192) and np.abs(h).max() > 0.1
-    onnx_feeds = calib.collect_calibration_feeds(mdir, ex, fixtures.CORPUS_PATH, make_session=cpu,
-                                                 **kw)
-    for a, b in zip(feeds["decode"][1], onnx_feeds["decode"][1]):
-        for k in a:
-            np.testing.assert_allclose(a[k], b[k], atol=1e-4)
-    reader = calib.FeedsDataReader(feeds["decode"][0])
+    ids, _ = calib.text_ids(mdir, fixtures.CORPUS_PATH)
+    sched = calib.schedule(ids, SEQ_LEN, CONTEXT_LEN, **kw)
+    desc = json.loads((ex / "export.json").read_text())
+    lo1 = desc["parts"][1]["layers"][0]
+    for q in range(2):  # first kept decode step (0) of prompts 0 and 1: past = the prompt
+        f0, f1 = feeds["decode"][0][2 * q], feeds["decode"][1][2 * q]
+        toks = sched[q]["prompt"]
+        n = len(toks)
+        mask = f0["attention_mask"][0, 0, 0]
+        assert int((mask[:-1] == 0).sum()) == n and f0["position_ids"][0, 0] == n
+        with torch.no_grad():
+            out = m(torch.tensor([toks + [sched[q]["decode"][0]]]), use_cache=True, output_hidden_states=True)
+        past = out.past_key_values
+        for l in range(2):
+            np.testing.assert_allclose(f0[f"past_key_{l}"][0, :, :n], past.layers[l].keys[0, :, :n].numpy(), atol=1e-4)
+            assert not f0[f"past_key_{l}"][0, :, n:].any()
+        np.testing.assert_allclose(f1[f"past_value_{lo1}"][0, :, :n], past.layers[lo1].values[0, :, :n].numpy(), atol=1e-4)
+        np.testing.assert_allclose(f1["hidden_states_in"][0, 0], out.hidden_states[lo1][0, n].numpy(), atol=1e-4)
+    assert sorted(p.name for p in (tmp_path / "hidden").iterdir()) == ["part1"]  # part 0's were consumed
+    assert not list((tmp_path / "kv").glob("part*/*.npz"))
+    reader = feeds["decode"][0]
+    reader.rewind()
     assert sum(1 for _ in iter(reader.get_next, None)) == 8
+
+
+def test_calibration_ranges_equal_onnxruntime_minmax(tmp_path):
+    """The streamed ranges are onnxruntime's MinMax calibrator's, tensor for tensor."""
+    from onnxruntime.quantization.calibrate import CalibrationMethod, create_calibrator
+
+    from tasks.llm import calib, fixtures
+
+    mdir, ex = tiny_model("qwen2"), tiny_export("qwen2")
+    feeds = calib.collect_calibration_feeds(mdir, ex, fixtures.CORPUS_PATH, tmp_path / "w", n_prompts=3,
+                                            decode_steps=6, decode_keep=3)
+    mine = calib.collect_ranges(ex / "part0" / "decode.onnx", feeds["decode"][0]).data
+    c = create_calibrator(ex / "part0" / "decode.onnx", augmented_model_path=str(tmp_path / "aug.onnx"),
+                          calibrate_method=CalibrationMethod.MinMax)
+    feeds["decode"][0].rewind()
+    c.collect_data(feeds["decode"][0])
+    ref = c.compute_data().data
+    assert set(mine) == set(ref) and len(ref) > 100
+    for k in ref:
+        np.testing.assert_allclose(np.ravel(mine[k].range_value), np.ravel(ref[k].range_value), rtol=1e-5, atol=1e-5)
 
 
 def test_genai_config_writer(tmp_path):

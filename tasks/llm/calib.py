@@ -1,171 +1,254 @@
-"""Calibration feeds for the exported LLM graphs, computed with the fp32 HF model.
+"""Calibration for the exported LLM graphs, streamed one part at a time (issue 8).
 
-The feeds are recorded from :class:`tasks.llm.runner.LLMRunner` running over real text, so they
-have exactly the deployment layout (left-padded prefill chunks, additive masks, KV slots):
+What is recorded (the deployment layout of :mod:`tasks.llm.runner`: left-padded prefill chunks,
+additive masks, KV slots), over real text, teacher forced:
 
 * prefill feeds: prompts of varied length (shorter than S -> padded; longer than S -> a second
   chunk with a real, non-empty past), and
-* decode feeds: teacher-forced steps over the text that follows each prompt, so ``past_key_*`` /
-  ``past_value_*`` are REAL caches of the fp32 model (not random), at many fill levels n;
-* parts i > 0 get the real ``hidden_states_in`` produced by part i-1.
+* decode feeds: steps over the text that follows each prompt, so ``past_key_*`` / ``past_value_*``
+  are REAL caches of the fp32 model at many fill levels n;
+* parts i > 0 get the real ``hidden_states_in`` produced by the fp32 part i-1.
 
-By default the graphs are run by :func:`hf_session_factory`, i.e. by the HF ``transformers`` model
-in torch (fp32) through the same wrapper code that :mod:`tasks.llm.export` exports; passing
-``make_session`` (e.g. onnxruntime CPU over the fp32 ONNX) gives the same numbers to ~1e-5.
+How, in bounded memory: the whole schedule of graph calls is fixed by the text alone (teacher
+forcing), so the fp32 graphs can run part by part instead of token by token. Part i runs every
+prompt's prefill chunks with its prefill graph (keeping each prompt's KV cache on disk), then
+every decode step with its decode graph, reading part i-1's hidden states from disk and
+writing its own for part i+1; the feeds to keep go to ``.npz`` files (:class:`FeedStore`). At
+any time one part's fp32 session (weights memory-mapped, :func:`tasks.llm.sessions.cpu_session`),
+one prompt's KV cache and one call's activations are in memory.
+
+Ranges (:func:`collect_ranges`): streaming min/max over the outputs of an augmented graph
+(ReduceMin/ReduceMax added after every float tensor onnxruntime's MinMax calibrator would
+calibrate), one feed at a time, so the peak does not grow with the number of samples. Not
+onnxruntime's calibrator itself: it loads the whole model into a ``ModelProto`` before making a
+session (two copies of the weights), and its ``CalibMaxIntermediateOutputs`` chunking clears the
+buffered outputs without merging them (``MinMaxCalibrater.collect_data``, onnxruntime 1.32), so
+it drops data and raises "No data is collected" when the feed count is a multiple of the chunk.
+The result is onnxruntime's own ``TensorsData`` (MinMax), written with ``save_tensors_data`` and
+given to ``quantize_static(calibration_cache_path=...)``; a test checks it equals
+``MinMaxCalibrater`` on the same feeds.
 """
 
 from __future__ import annotations
 
 import json
 import random
-from collections import namedtuple
+import shutil
 from pathlib import Path
 
 import numpy as np
 
-from .runner import LLMRunner
-
-_Arg = namedtuple("_Arg", "name shape type")
+from .runner import KVCache, block_inputs
 
 
-class _TorchPartSession:
-    """Minimal InferenceSession look-alike running one exported part in torch (fp32)."""
-
-    def __init__(self, wrapper, gdesc):
-        self.wrapper = wrapper
-        self.ins = [_Arg(i["name"], i["shape"], i["dtype"]) for i in gdesc["inputs"]]
-        self.outs = [_Arg(o["name"], o["shape"], o["dtype"]) for o in gdesc["outputs"]]
-
-    def get_inputs(self):
-        return self.ins
-
-    def get_outputs(self):
-        return self.outs
-
-    def run(self, names, feeds):
-        import torch
-
-        args = [torch.from_numpy(np.ascontiguousarray(feeds[a.name])) for a in self.ins]
-        with torch.no_grad():
-            res = self.wrapper(*args)
-        by_name = {o.name: r.numpy() for o, r in zip(self.outs, res)}
-        return [by_name[n] for n in names]
-
-
-def hf_session_factory(model_dir, export_dir):
-    """Return ``make_session(path)`` that runs the graph at ``path`` (a file listed in
-    ``export_dir/export.json``) with the fp32 HF model from ``model_dir`` in torch."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from .export import _torch_modules
-
-    export_dir = Path(export_dir)
-    desc = json.loads((export_dir / "export.json").read_text())
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
-                                                 attn_implementation="eager").eval()
-    Wrapper = _torch_modules()
-    n = len(desc["parts"])
-    table = {}
-    for p in desc["parts"]:
-        for g, S in (("prefill", desc["seq_len"]), ("decode", 1)):
-            table[str((export_dir / p[g]["path"]).resolve())] = (p, g, S)
-
-    def make_session(path):
-        p, g, S = table[str(Path(path).resolve())]
-        lo, hi = p["layers"]
-        w = Wrapper(model, lo, hi, p["index"] == 0, p["index"] == n - 1, S, desc["context_len"],
-                    desc["lm_head"], desc["embed"]).eval()
-        return _TorchPartSession(w, p[g])
-
-    return make_session
-
-
-def collect_calibration_feeds(model_dir, export_dir, text_path, *, n_prompts: int = 8,
-                              decode_steps: int = 24, decode_keep: int = 4, seed: int = 0,
-                              make_session=None) -> dict:
-    """Record calibration feeds for every part's prefill and decode graph.
-
-    Args:
-        model_dir: HF folder (fp32 model + tokenizer).
-        export_dir: folder written by :func:`tasks.llm.export.export_llm`.
-        text_path: UTF-8 text; paragraphs (blank-line separated) are tokenized and joined with eos.
-        n_prompts: number of prompts; prompt lengths cycle over ~S/4, S/2, S, 1.5*S (capped so
-            prompt + decode_steps fits the context).
-        decode_steps: teacher-forced decode steps after each prompt (real next tokens of the text).
-        decode_keep: decode feeds kept per prompt (evenly spaced over the steps).
-        seed: picks the prompt start offsets.
-        make_session: graph runner factory; default :func:`hf_session_factory` (torch fp32).
-
-    Returns ``{"prefill": [list_of_feed_dicts for part 0, part 1, ...], "decode": [...]}``; each
-    feed dict maps input name -> numpy array (int32 / float32, the graph's static shapes).
-    Sizes: per decode feed ~ 2 * layers_of_part * Hkv * (C-1) * d * 4 bytes.
-    Raises ValueError if the text is too short for a prompt plus ``decode_steps``.
-    """
+def text_ids(model_dir, text_path) -> tuple[list[int], int]:
+    """(token ids, eos id) of a UTF-8 text: paragraphs (blank-line separated) tokenized and joined with eos."""
     from transformers import AutoTokenizer
 
-    export_dir = Path(export_dir)
-    desc = json.loads((export_dir / "export.json").read_text())
-    S, C = desc["seq_len"], desc["context_len"]
-    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
     eos = tok.eos_token_id if tok.eos_token_id is not None else 0
-    paragraphs = [p.strip() for p in Path(text_path).read_text().split("\n\n") if p.strip()]
     ids: list[int] = []
-    for p in paragraphs:
-        ids += tok(p)["input_ids"] + [eos]
-    if make_session is None:
-        make_session = hf_session_factory(model_dir, export_dir)
-    n_parts = len(desc["parts"])
-    rec = {"prefill": [[] for _ in range(n_parts)], "decode": [[] for _ in range(n_parts)]}
-    keep = {"on": True}
+    for p in Path(text_path).read_text(encoding="utf-8").split("\n\n"):
+        if p.strip():
+            ids += tok(p.strip())["input_ids"] + [eos]
+    return ids, eos
 
-    def recorder(part, kind, feeds):
-        if keep["on"]:
-            rec[kind][part].append({k: np.array(v, copy=True) for k, v in feeds.items()})
 
-    runner = LLMRunner.from_export(export_dir, make_session, recorder=recorder, pad_id=eos)
+def schedule(ids: list[int], S: int, C: int, *, n_prompts: int = 8, decode_steps: int = 24,
+             decode_keep: int = 4, seed: int = 0) -> list[dict]:
+    """The teacher-forced calls: per prompt ``{"prompt": ids, "decode": ids, "keep": [steps]}``.
+    Prompt lengths cycle over ~S/4, S/2, S, 1.5*S (capped so prompt + decode fits C); ``keep``
+    are ``decode_keep`` evenly spaced decode steps whose feeds are recorded. Raises ValueError
+    when the text is too short."""
     rng = random.Random(seed)
     lengths = [max(1, S // 4), max(1, S // 2), S, S + max(1, S // 2)]
     max_prompt = min(C - S, C - 1 - decode_steps)  # prefill needs n <= C-S before each chunk
+    keep = sorted(set(np.linspace(0, decode_steps - 1, decode_keep).round().astype(int).tolist()))
+    out = []
     for k in range(n_prompts):
         L = min(lengths[k % len(lengths)], max_prompt)
         if L < 1 or len(ids) < L + decode_steps + 1:
             raise ValueError("text too short or context too small for calibration")
         start = rng.randrange(0, len(ids) - L - decode_steps)
-        runner.reset()
-        keep["on"] = True
-        runner.feed(ids[start:start + L])
-        want = set(np.linspace(0, decode_steps - 1, decode_keep).round().astype(int).tolist())
-        for j in range(decode_steps):
-            keep["on"] = j in want
-            runner.step(ids[start + L + j])
-        keep["on"] = True
-    return rec
+        out.append({"prompt": ids[start:start + L], "decode": ids[start + L:start + L + decode_steps],
+                    "keep": keep})
+    return out
 
 
-try:
-    from onnxruntime.quantization import CalibrationDataReader as _Base
-except Exception:  # pragma: no cover
-    _Base = object
+class FeedStore:
+    """Feed dicts kept on disk, one ``.npz`` each; a sequence (len, index, iteration) that loads
+    one feed at a time. Also an onnxruntime ``CalibrationDataReader`` (``get_next``/``rewind``)."""
 
-
-class FeedsDataReader(_Base):
-    """``onnxruntime.quantization.CalibrationDataReader`` over a list of feed dicts.
-
-    ``rewind()`` restarts it (ORT's quantizer reads the data once; QNN helpers may read twice)."""
-
-    def __init__(self, feeds: list[dict]):
-        self.feeds = list(feeds)
+    def __init__(self, folder):
+        self.dir = Path(folder)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.n = len(list(self.dir.glob("*.npz")))
         self._i = 0
 
+    def add(self, feeds: dict) -> None:
+        np.savez(self.dir / f"{self.n:06d}.npz", **feeds)
+        self.n += 1
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self.n))]
+        if not -self.n <= i < self.n:
+            raise IndexError(i)
+        with np.load(self.dir / f"{i % self.n:06d}.npz") as z:
+            return {k: z[k] for k in z.files}
+
+    def __iter__(self):
+        return (self[i] for i in range(self.n))
+
     def get_next(self):
-        if self._i >= len(self.feeds):
+        if self._i >= self.n:
             return None
         self._i += 1
-        return self.feeds[self._i - 1]
+        return self[self._i - 1]
 
     def rewind(self):
         self._i = 0
 
-    def __len__(self):
-        return len(self.feeds)
+
+def _run_part(desc: dict, export_dir: Path, p: dict, sched: list[dict], work: Path, make_session,
+              record: bool, pad_id: int, embed_table) -> dict:
+    """Run part ``p`` (fp32) over the whole schedule; see the module docstring. Returns
+    {"prefill": FeedStore, "decode": FeedStore} (empty when not ``record``)."""
+    i, (lo, hi) = p["index"], p["layers"]
+    last = i == len(desc["parts"]) - 1
+    S, C, mv = desc["seq_len"], desc["context_len"], desc["mask_value"]
+    layers = list(range(lo, hi))
+    prev, here, kv = work / "hidden" / f"part{i - 1}", work / "hidden" / f"part{i}", work / "kv" / f"part{i}"
+    for d in (here, kv):
+        d.mkdir(parents=True, exist_ok=True)
+    stores = {k: FeedStore(work / "feeds" / f"part{i}" / k) for k in ("prefill", "decode")}
+    for kind in ("prefill", "decode"):
+        sess = make_session(export_dir / p[kind]["path"])
+        out_names = [o.name for o in sess.get_outputs()]
+        first = sess.get_inputs()[0].name
+        Sg = S if kind == "prefill" else 1
+        for q, pr in enumerate(sched):
+            cache = KVCache(layers, desc["num_kv_heads"], C, desc["head_dim"])
+            if kind == "prefill":
+                blocks = [pr["prompt"][s:s + S] for s in range(0, len(pr["prompt"]), S)]
+            else:
+                cache.load(kv / f"{q}.npz")
+                blocks = [[t] for t in pr["decode"]]
+            for c, blk in enumerate(blocks):
+                ids, pos, mask, pad = block_inputs(blk, cache.n, Sg, C, pad_id, mv)
+                if first == "input_ids":
+                    x = ids
+                elif first == "inputs_embeds":
+                    x = np.asarray(embed_table[ids], np.float32)
+                else:
+                    x = np.load(prev / f"{kind}_{q}_{c}.npy")
+                feeds = {first: x, "position_ids": pos, "attention_mask": mask, **cache.past(layers, Sg)}
+                if record and (kind == "prefill" or c in pr["keep"]):
+                    stores[kind].add(feeds)
+                res = dict(zip(out_names, sess.run(out_names, feeds)))
+                cache.write(layers, res, pad, len(blk))
+                cache.n += len(blk)
+                if not last:
+                    np.save(here / f"{kind}_{q}_{c}.npy", res["hidden_states"])
+            if kind == "prefill":
+                cache.save(kv / f"{q}.npz")
+        del sess
+    shutil.rmtree(kv, ignore_errors=True)
+    shutil.rmtree(prev, ignore_errors=True)  # part i-1's outputs are consumed
+    return stores
+
+
+def collect_calibration_feeds(model_dir, export_dir, text_path, work, *, n_prompts: int = 8,
+                              decode_steps: int = 24, decode_keep: int = 4, seed: int = 0,
+                              make_session=None, parts=None, on_part=None) -> dict:
+    """Record calibration feeds for every part's prefill and decode graph, one part at a time.
+
+    Args:
+        model_dir: HF folder (tokenizer).
+        export_dir: folder written by :func:`tasks.llm.export.export_llm` (fp32 graphs).
+        text_path: UTF-8 text; paragraphs (blank-line separated) are tokenized and joined with eos.
+        work: scratch folder (feeds, hidden states and KV caches are spilled here).
+        n_prompts, decode_steps, decode_keep, seed: see :func:`schedule`.
+        make_session: graph runner factory ``path -> session``; default
+            :func:`tasks.llm.sessions.cpu_session` (onnxruntime CPU, fp32, weights mapped).
+        parts: part indices whose feeds to keep (default all); earlier parts still run, since
+            their outputs are the later parts' inputs.
+        on_part: optional ``callable(index, stores)`` called after each part, before the next
+            part runs (e.g. quantize that part, then delete its feeds).
+
+    Returns ``{"prefill": [FeedStore or None per part], "decode": [...]}``; each feed maps input
+    name -> numpy array (int32 / float32, the graph's static shapes). Disk: per decode feed
+    ~ 2 * layers_of_part * Hkv * (C-1) * d * 4 bytes. Raises ValueError if the text is too short.
+    """
+    from .sessions import cpu_session
+
+    export_dir, work = Path(export_dir), Path(work)
+    desc = json.loads((export_dir / "export.json").read_text())
+    ids, eos = text_ids(model_dir, text_path)
+    sched = schedule(ids, desc["seq_len"], desc["context_len"], n_prompts=n_prompts,
+                     decode_steps=decode_steps, decode_keep=decode_keep, seed=seed)
+    make_session = make_session or cpu_session
+    embed = np.load(export_dir / desc["embed_file"], mmap_mode="r") if desc.get("embed_file") else None
+    out = {"prefill": [], "decode": []}
+    for p in desc["parts"]:
+        keep = parts is None or p["index"] in parts
+        stores = _run_part(desc, export_dir, p, sched, work, make_session, keep, eos, embed)
+        if on_part is not None and keep:
+            on_part(p["index"], stores)
+        for k in out:
+            out[k].append(stores[k] if keep else None)
+    return out
+
+
+def augment_for_ranges(model):
+    """``(augmented ModelProto, tensor names)``: a ReduceMin and a ReduceMax output
+    (``<t>__min`` / ``<t>__max``, scalars) after every float tensor that onnxruntime's MinMax
+    calibrator calibrates: float inputs/outputs of nodes that are not initializers
+    (``CalibraterBase.select_tensors_to_calibrate``). ``model`` is read without weights."""
+    import onnx
+
+    inferred = onnx.shape_inference.infer_shapes(model)
+    vi = {v.name: v for v in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]}
+    inits = {i.name for i in model.graph.initializer}
+    floats = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
+    names = sorted({t for n in model.graph.node for t in [*n.input, *n.output]
+                    if t in vi and t not in inits and vi[t].type.tensor_type.elem_type in floats})
+    aug = type(model).FromString(model.SerializeToString())
+    for t in names:
+        for op, suffix in (("ReduceMin", "__min"), ("ReduceMax", "__max")):
+            aug.graph.node.append(onnx.helper.make_node(op, [t], [t + suffix], keepdims=0, name=t + suffix))
+            aug.graph.output.append(onnx.helper.make_tensor_value_info(t + suffix, onnx.TensorProto.FLOAT, []))
+    return aug, names
+
+
+def collect_ranges(model_path, feeds, *, make_session=None):
+    """MinMax ranges of ``model_path``'s tensors over ``feeds`` (an iterable of feed dicts), in
+    memory independent of the number of feeds. Returns onnxruntime's ``TensorsData``
+    (``CalibrationMethod.MinMax``, {tensor: TensorData(lowest, highest)}), as
+    ``MinMaxCalibrater.compute_data`` would. Raises ValueError on an empty ``feeds``."""
+    import onnx
+    from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
+
+    from .sessions import cpu_session
+
+    model_path = Path(model_path)
+    aug, names = augment_for_ranges(onnx.load(str(model_path), load_external_data=False))
+    sess = (make_session or cpu_session)(aug, model_path.parent)
+    outs = [t + s for t in names for s in ("__min", "__max")]
+    lo = {t: np.inf for t in names}
+    hi = {t: -np.inf for t in names}
+    count = 0
+    for f in feeds:
+        res = sess.run(outs, f)
+        for j, t in enumerate(names):
+            lo[t] = min(lo[t], float(res[2 * j]))
+            hi[t] = max(hi[t], float(res[2 * j + 1]))
+        count += 1
+    if not count:
+        raise ValueError(f"{model_path}: no calibration feeds")
+    return TensorsData(CalibrationMethod.MinMax,
+                       {t: TensorData(lowest=np.array([lo[t]], np.float32), highest=np.array([hi[t]], np.float32))
+                        for t in names})

@@ -25,7 +25,7 @@ from .qnn import run_in_subprocess
 
 
 def _run(code: str) -> None:
-    rc, out = run_in_subprocess(code)
+    rc, out, _ = run_in_subprocess(code)
     if rc != 0:
         raise RuntimeError(f"LLM compile failed (exit {rc}):\n{out[-2000:]}")
 

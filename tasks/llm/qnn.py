@@ -112,17 +112,57 @@ def compile_shared(prefill_qdq, decode_qdq, out_dir, soc_model: int = 60, htp_ar
             "bin_bytes": sum(b.stat().st_size for b in bins), "seconds": t}
 
 
-def run_in_subprocess(code: str, timeout: float = 600) -> tuple[int, str]:
-    """Run python ``code`` in a child process (same interpreter); return (returncode, output).
-    A negative return code is the signal that killed it (e.g. -11 = SIGSEGV)."""
+_PEAK = "NPUBUILD_PEAK_RSS="
+_REPORT_PEAK = (
+    "import atexit, sys\n"
+    "def _npubuild_peak():\n"
+    "    for ln in open('/proc/self/status'):\n"
+    "        if ln.startswith('VmHWM:'):\n"
+    f"            print('{_PEAK}' + str(int(ln.split()[1]) * 1024), file=sys.stderr, flush=True)\n"
+    "atexit.register(_npubuild_peak)\n")
+
+
+def peak_rss_reset() -> None:
+    """Reset this process's peak RSS (VmHWM) so :func:`peak_rss` measures from now on
+    (Linux ``/proc/self/clear_refs`` value 5, since Linux 4.0). A no-op elsewhere."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def peak_rss() -> int | None:
+    """This process's peak resident set size in bytes (VmHWM) since start or the last
+    :func:`peak_rss_reset`; None where ``/proc`` is absent."""
+    try:
+        for ln in Path("/proc/self/status").read_text().splitlines():
+            if ln.startswith("VmHWM:"):
+                return int(ln.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def run_in_subprocess(code: str, timeout: float = 600, cwd=None) -> tuple[int, str, int | None]:
+    """Run python ``code`` in a child process (same interpreter); return (returncode, output,
+    peak RSS of the child in bytes or None). A negative return code is the signal that killed it
+    (e.g. -11 = SIGSEGV). The peak is the child's own VmHWM read at exit: ``ru_maxrss`` of a
+    child started by (v)fork + exec can report the parent's peak instead."""
     import subprocess
     import sys
 
     env = dict(os.environ)
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2]) + os.pathsep + env.get("PYTHONPATH", "")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=timeout, env=env)
-    return p.returncode, (p.stdout + p.stderr)[-4000:]
+    p = subprocess.run([sys.executable, "-c", _REPORT_PEAK + code], capture_output=True, text=True,
+                       timeout=timeout, env=env, cwd=cwd)
+    peak = None
+    err = []
+    for ln in p.stderr.splitlines():
+        if ln.startswith(_PEAK):
+            peak = int(ln[len(_PEAK):])
+        else:
+            err.append(ln)
+    return p.returncode, (p.stdout + "\n".join(err))[-4000:], peak
 
 
 def load_shared_probe(ctx_paths, *, soc_model: int = 60, htp_arch: int = 73,
@@ -141,5 +181,5 @@ def load_shared_probe(ctx_paths, *, soc_model: int = 60, htp_arch: int = 73,
         "    if i == len(paths) - 1: cfg['ep.stop_share_ep_contexts'] = '1'\n"
         f"    ss.append(qnn.make_qnn_session(p, soc_model={soc_model}, htp_arch={htp_arch}, config=cfg))\n"
         "print('LOADED', flush=True)\n")
-    rc, out = run_in_subprocess(code, timeout)
+    rc, out, _ = run_in_subprocess(code, timeout)
     return {"returncode": rc, "loaded": rc == 0 and "LOADED" in out, "tail": out[-600:]}

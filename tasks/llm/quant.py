@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .calib import FeedsDataReader
 from .export import ROPE_TABLES
 
 WEIGHT_TYPES = ("uint8", "int8", "int4", "uint4", "uint16")
@@ -42,13 +41,29 @@ def matmul_weight_overrides(model, weight_type: str, axis: int = 1, symmetric: b
     return out
 
 
-def quantize_qdq(fp32_path, out_path, feeds: list[dict], *, weight_type: str = "uint8",
+def stage_part(export_dir, part: dict, work) -> Path:
+    """Copy one part's graphs and weight file from ``export_dir`` into the writable folder
+    ``work`` and return it: onnxruntime's quantizer writes ``<graph>-inferred.onnx`` beside the
+    graph, cache entries are read-only, and onnx refuses external data reached through a hard
+    or symbolic link ("potential hardlink attack"), so it is a copy, made once per part."""
+    import shutil
+
+    export_dir, work = Path(export_dir), Path(work)
+    work.mkdir(parents=True, exist_ok=True)
+    for rel in (part["prefill"]["path"], part["decode"]["path"], part["weights"]):
+        shutil.copyfile(export_dir / rel, work / Path(rel).name)
+    return work
+
+
+def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
                  activation_type: str = "uint16", per_channel: bool = True,
-                 matmul_per_channel: bool = True, keep_8bit: tuple | None = None) -> Path:
+                 matmul_per_channel: bool = True, keep_8bit: tuple | None = None, work=None) -> Path:
     """Quantize ``fp32_path`` (one exported graph) to a QDQ model at ``out_path``.
 
     Args:
-        feeds: calibration feed dicts for this graph (from :func:`tasks.llm.calib.collect_calibration_feeds`).
+        fp32_path: the graph, in a writable folder (see :func:`stage_part`).
+        feeds: calibration feed dicts for this graph, any iterable (a list, or a
+            :class:`tasks.llm.calib.FeedStore` reading them from disk one at a time).
         weight_type: one of :data:`WEIGHT_TYPES` (``"uint8"`` for w8a16, ``"int4"`` for w4a16).
         activation_type: ``"uint16"`` (default) or ``"uint8"``.
         per_channel: ORT's QNN per-channel switch (Conv/ConvTranspose/Gemm weights).
@@ -60,59 +75,126 @@ def quantize_qdq(fp32_path, out_path, feeds: list[dict], *, weight_type: str = "
             lm_head 0.99997, all int4 *including* lm_head 0.62 (and -0.03 with per-tensor int4):
             an HTP-side problem, not quantization loss (the QDQ model on CPU is fine).
             Non-MatMul weights (norm scales, biases) then use uint8 as the default type.
-    Calibration: MinMax. Returns ``Path(out_path)``. Raises KeyError on an unknown type name.
+        work: scratch folder (default: a temporary one beside ``out_path``).
+
+    Calibration: MinMax ranges streamed over ``feeds`` (:func:`tasks.llm.calib.collect_ranges`,
+    memory independent of the number of feeds), handed to onnxruntime's ``quantize_static`` as
+    its calibration cache. Memory: onnxruntime's quantizer holds the fp32 graph's weights once.
+    Graphs whose weights exceed 2 GB are written with external data (``<out>.data``).
+    Returns ``Path(out_path)``. Raises KeyError on an unknown type name.
     """
+    import shutil
+    import tempfile
+
     import onnx
-    from onnxruntime.quantization import quantize
+    from onnxruntime.quantization import QuantType, quantize_static
+    from onnxruntime.quantization.calibrate import save_tensors_data
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
-    from onnxruntime.quantization import QuantType
+    from .calib import collect_ranges
 
-    model = onnx.load(str(fp32_path))
-    names = {i.name for i in model.graph.initializer}
-    overrides = {n: [{"quant_type": QuantType.QUInt16}] for n in ROPE_TABLES if n in names}
-    four_bit = weight_type in ("int4", "uint4")
-    if keep_8bit is None:
-        keep_8bit = ("lm_head",) if four_bit else ()
-    if matmul_per_channel or four_bit:
-        overrides.update(matmul_weight_overrides(model, weight_type, keep_8bit=keep_8bit))
-    default_wt = "uint8" if four_bit else weight_type
-    cfg = get_qnn_qdq_config(
-        model, FeedsDataReader(feeds), activation_type=_qtype(activation_type),
-        weight_type=_qtype(default_wt), per_channel=per_channel, init_overrides=overrides or None)
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    quantize(model, str(out_path), cfg)
+    tmp = Path(work) if work else Path(tempfile.mkdtemp(prefix=".quant-", dir=out_path.parent))
+    try:
+        src = Path(fp32_path)
+        ranges_path = tmp / "ranges.json"
+        save_tensors_data(collect_ranges(src, feeds), ranges_path)
+        model = onnx.load(str(src), load_external_data=False)
+        names = {i.name for i in model.graph.initializer}
+        overrides = {n: [{"quant_type": QuantType.QUInt16}] for n in ROPE_TABLES if n in names}
+        four_bit = weight_type in ("int4", "uint4")
+        if keep_8bit is None:
+            keep_8bit = ("lm_head",) if four_bit else ()
+        if matmul_per_channel or four_bit:
+            overrides.update(matmul_weight_overrides(model, weight_type, keep_8bit=keep_8bit))
+        weight_bytes = sum(i.ByteSize() if not i.external_data else
+                           int(next(e.value for e in i.external_data if e.key == "length"))
+                           for i in model.graph.initializer)
+        default_wt = "uint8" if four_bit else weight_type
+        cfg = get_qnn_qdq_config(
+            model, None, activation_type=_qtype(activation_type),
+            weight_type=_qtype(default_wt), per_channel=per_channel, init_overrides=overrides or None)
+        del model
+        quantize_static(
+            str(src), str(out_path), None, quant_format=cfg.quant_format,
+            op_types_to_quantize=cfg.op_types_to_quantize, per_channel=cfg.per_channel,
+            reduce_range=cfg.reduce_range, activation_type=cfg.activation_type,
+            weight_type=cfg.weight_type, nodes_to_quantize=cfg.nodes_to_quantize,
+            nodes_to_exclude=cfg.nodes_to_exclude, calibrate_method=cfg.calibrate_method,
+            use_external_data_format=weight_bytes > 2 * 1024**3, extra_options=cfg.extra_options,
+            calibration_cache_path=str(ranges_path))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out_path
 
 
-def quantize_llm(src, model_dir, calib_text, params: dict, out) -> dict:
-    """The quantize stage for ``family: llm``: calibrate every part's prefill and decode graph
-    on real feeds (:func:`tasks.llm.calib.collect_calibration_feeds`: the fp32 model run over
-    ``calib_text``, real KV caches and hidden states) and write QDQ graphs under ``out`` with
-    the export's relative paths. ``params``: the quantize stage params (precision w8a16 |
-    w4a16 | w8a8, per_channel, calibration.samples = prompts, overrides with weight_bits 8 =
-    MatMul name fragments kept at uint8). Returns {graph path: {"qdq_nodes": n}}."""
+def quantize_llm(src, model_dir, calib_text, params: dict, out, work=None) -> dict:
+    """The quantize stage for ``family: llm``, one part at a time.
+
+    For each part in order: run the fp32 part over the calibration schedule
+    (:func:`tasks.llm.calib.collect_calibration_feeds`: real KV caches and hidden states, spilled
+    to ``work``), then quantize its prefill and decode graphs, each in a child process (so each
+    graph's memory is returned and measured), then delete the part's feeds. QDQ graphs go under
+    ``out`` with the export's relative paths. ``params``: the quantize stage params (precision
+    w8a16 | w4a16 | w8a8, per_channel, calibration.samples = prompts, overrides with weight_bits
+    8 = MatMul name fragments kept at uint8).
+
+    Returns {"graphs": {graph path: {"quantize_linear", "dequantize_linear",
+    "calibration_feeds"}}, "parts": [{"part", "calibrate_s", "calibrate_peak_rss",
+    "quantize_s", "quantize_peak_rss"}]} (peaks in bytes: this process's VmHWM during the part's
+    fp32 run, the largest child's VmHWM). Raises RuntimeError with the child's output when a
+    graph fails to quantize.
+    """
     import json
+    import shutil
+    import tempfile
+    import time
 
     import onnx
 
     from .calib import collect_calibration_feeds
+    from .qnn import peak_rss, peak_rss_reset, run_in_subprocess
 
     src, out = Path(src), Path(out)
+    work = Path(work) if work else Path(tempfile.mkdtemp(prefix=".calib-", dir=out.parent))
     desc = json.loads((src / "export.json").read_text())
-    feeds = collect_calibration_feeds(model_dir, src, calib_text, n_prompts=params["calibration"]["samples"])
     weight = {"w8a16": "uint8", "w4a16": "int4", "w8a8": "uint8"}[params["precision"]]
     act = "uint8" if params["precision"] == "w8a8" else "uint16"
     keep = tuple(o["pattern"] for o in params.get("overrides", []) if o["weight_bits"] == 8) or None
-    report = {}
-    for p in desc["parts"]:
+    report, rows = {}, []
+    clock = {"t": time.perf_counter()}
+    peak_rss_reset()
+
+    def quantize_part(i: int, stores: dict) -> None:
+        row = {"part": i, "calibrate_s": time.perf_counter() - clock["t"], "calibrate_peak_rss": peak_rss()}
+        t = time.perf_counter()
+        peaks = []
+        p = desc["parts"][i]
+        staged = stage_part(src, p, work / "fp32")
         for g in ("prefill", "decode"):
             rel = p[g]["path"]
-            q = quantize_qdq(src / rel, out / rel, feeds[g][p["index"]], weight_type=weight, activation_type=act,
-                             per_channel=params["per_channel"], keep_8bit=keep)
-            ops = [n.op_type for n in onnx.load(str(q), load_external_data=False).graph.node]
+            code = (f"from tasks.llm.quant import quantize_qdq\nfrom tasks.llm.calib import FeedStore\n"
+                    f"quantize_qdq({str(staged / Path(rel).name)!r}, {str(out / rel)!r}, FeedStore({str(stores[g].dir)!r}), "
+                    f"weight_type={weight!r}, activation_type={act!r}, per_channel={params['per_channel']!r}, "
+                    f"keep_8bit={keep!r}, work={str(work / 'q' / g)!r})\n")
+            rc, log, peak = run_in_subprocess(code, timeout=24 * 3600)
+            if rc != 0:
+                raise RuntimeError(f"quantizing {rel} failed (exit {rc}):\n{log[-2000:]}")
+            peaks.append(peak or 0)
+            ops = [n.op_type for n in onnx.load(str(out / rel), load_external_data=False).graph.node]
             report[rel] = {"quantize_linear": ops.count("QuantizeLinear"),
-                           "dequantize_linear": ops.count("DequantizeLinear"),
-                           "calibration_feeds": len(feeds[g][p["index"]])}
-    return report
+                           "dequantize_linear": ops.count("DequantizeLinear"), "calibration_feeds": len(stores[g])}
+            shutil.rmtree(stores[g].dir, ignore_errors=True)
+        shutil.rmtree(staged, ignore_errors=True)
+        row.update(quantize_s=time.perf_counter() - t, quantize_peak_rss=max(peaks))
+        rows.append(row)
+        peak_rss_reset()
+        clock["t"] = time.perf_counter()
+
+    try:
+        collect_calibration_feeds(model_dir, src, calib_text, work, n_prompts=params["calibration"]["samples"],
+                                  on_part=quantize_part)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return {"graphs": report, "parts": rows}

@@ -38,6 +38,73 @@ class _Graph:
         self.last = "logits" in self.output_names
 
 
+def block_inputs(tokens, n: int, S: int, C: int, pad_id: int = 0, mask_value: float = MASK_VALUE):
+    """Host-side inputs of one graph call over ``m = len(tokens) <= S`` new tokens after ``n``
+    cached ones (the layout in the module docstring): ``ids`` int32 [1, S] (left-padded with
+    ``pad_id``), ``position_ids`` int32 [1, S], the additive ``attention_mask`` float32
+    [1, 1, S, C] and the pad count ``S - m``. Raises ValueError when the block does not fit
+    (m outside 1..S, or n > C - S)."""
+    m, P = len(tokens), C - S
+    if not 1 <= m <= S:
+        raise ValueError(f"block of {m} tokens for a graph with S={S}")
+    if n > P:
+        raise ValueError(f"KV cache full: {n} tokens cached, graph allows {P} past entries")
+    pad = S - m
+    ids = np.full((1, S), pad_id, np.int32)
+    ids[0, pad:] = tokens
+    pos = np.zeros((1, S), np.int32)
+    pos[0, pad:] = np.arange(n, n + m, dtype=np.int32)
+    mask = np.full((1, 1, S, C), mask_value, np.float32)
+    for i in range(S):
+        if i < pad:
+            mask[0, 0, i, P + i] = 0.0  # pad row: itself only
+        else:
+            mask[0, 0, i, :n] = 0.0
+            mask[0, 0, i, P + pad:P + i + 1] = 0.0
+    return ids, pos, mask, pad
+
+
+class KVCache:
+    """Host KV cache of some layers: per layer ``k[l]``, ``v[l]`` float32 [1, Hkv, C, d]; slots
+    ``0..n-1`` hold the tokens processed so far, the rest are zeros."""
+
+    def __init__(self, layers, n_kv: int, C: int, head_dim: int):
+        self.k = {l: np.zeros((1, n_kv, C, head_dim), np.float32) for l in layers}
+        self.v = {l: np.zeros_like(self.k[l]) for l in layers}
+        self.n = 0
+
+    def past(self, layers, S: int) -> dict:
+        """``past_key_{l}`` / ``past_value_{l}`` feeds ([1, Hkv, C-S, d] views) for a graph with S new tokens."""
+        C = next(iter(self.k.values())).shape[2]
+        out = {}
+        for l in layers:
+            out[f"past_key_{l}"] = self.k[l][:, :, :C - S]
+            out[f"past_value_{l}"] = self.v[l][:, :, :C - S]
+        return out
+
+    def write(self, layers, res: dict, pad: int, m: int) -> None:
+        """Copy the m real new K/V (``present_*`` outputs, pad rows dropped) into slots n..n+m-1
+        (``n`` is advanced by the caller once every part has written)."""
+        for l in layers:
+            self.k[l][:, :, self.n:self.n + m] = res[f"present_key_{l}"][:, :, pad:]
+            self.v[l][:, :, self.n:self.n + m] = res[f"present_value_{l}"][:, :, pad:]
+
+    def save(self, path) -> None:
+        """Write the filled slots (n) to ``path`` (.npz)."""
+        np.savez(path, n=np.int64(self.n), **{f"k{l}": a[:, :, :self.n] for l, a in self.k.items()},
+                 **{f"v{l}": a[:, :, :self.n] for l, a in self.v.items()})
+
+    def load(self, path) -> None:
+        """Restore a cache written by :meth:`save` (same layers and shapes)."""
+        with np.load(path) as z:
+            self.n = int(z["n"])
+            for l in self.k:
+                self.k[l][:] = 0
+                self.v[l][:] = 0
+                self.k[l][:, :, :self.n] = z[f"k{l}"]
+                self.v[l][:, :, :self.n] = z[f"v{l}"]
+
+
 class LLMRunner:
     """Run exported (fp32, QDQ or EPContext) LLM parts greedily with a host-side KV cache.
 
@@ -96,49 +163,38 @@ class LLMRunner:
 
     def reset(self) -> None:
         """Empty the KV cache (n = 0)."""
-        self.k = {l: np.zeros((1, self.n_kv, self.C, self.head_dim), np.float32) for l in self.layers}
-        self.v = {l: np.zeros_like(self.k[l]) for l in self.layers}
-        self.n = 0
+        self.cache = KVCache(self.layers, self.n_kv, self.C, self.head_dim)
+
+    @property
+    def n(self) -> int:
+        return self.cache.n
+
+    @property
+    def k(self):
+        return self.cache.k
+
+    @property
+    def v(self):
+        return self.cache.v
 
     # -- one call of all parts over a block of m <= S new tokens ----------------------------------
     def _run(self, tokens: list[int], kind: str) -> np.ndarray:
         graphs = self.prefill if kind == "prefill" else self.decode
-        S, C, n, m = graphs[0].S, self.C, self.n, len(tokens)
-        P = C - S
-        if not 1 <= m <= S:
-            raise ValueError(f"block of {m} tokens for a graph with S={S}")
-        if n > P:
-            raise ValueError(f"KV cache full: {n} tokens cached, graph allows {P} past entries")
-        pad = S - m
-        ids = np.full((1, S), self.pad_id, np.int32)
-        ids[0, pad:] = tokens
-        pos = np.zeros((1, S), np.int32)
-        pos[0, pad:] = np.arange(n, n + m, dtype=np.int32)
-        mask = np.full((1, 1, S, C), self.mask_value, np.float32)
-        for i in range(S):
-            if i < pad:
-                mask[0, 0, i, P + i] = 0.0  # pad row: itself only
-            else:
-                mask[0, 0, i, :n] = 0.0
-                mask[0, 0, i, P + pad:P + i + 1] = 0.0
+        S, m = graphs[0].S, len(tokens)
+        ids, pos, mask, pad = block_inputs(tokens, self.cache.n, S, self.C, self.pad_id, self.mask_value)
         x = ids
         if graphs[0].first_input == "inputs_embeds":
             x = self.embed_table[ids]
         out = None
         for pi, g in enumerate(graphs):
-            feeds = {g.first_input: x, "position_ids": pos, "attention_mask": mask}
-            for l in g.layers:
-                feeds[f"past_key_{l}"] = self.k[l][:, :, :P]
-                feeds[f"past_value_{l}"] = self.v[l][:, :, :P]
+            feeds = {g.first_input: x, "position_ids": pos, "attention_mask": mask, **self.cache.past(g.layers, S)}
             if self.recorder is not None:
                 self.recorder(pi, kind, feeds)
             res = dict(zip(g.output_names, g.sess.run(g.output_names, feeds)))
-            for l in g.layers:
-                self.k[l][:, :, n:n + m] = res[f"present_key_{l}"][:, :, pad:]
-                self.v[l][:, :, n:n + m] = res[f"present_value_{l}"][:, :, pad:]
+            self.cache.write(g.layers, res, pad, m)
             out = res["logits"] if g.last else res["hidden_states"]
             x = out
-        self.n = n + m
+        self.cache.n += m
         return out[0, -1].astype(np.float32)  # logits of the last (real) token, [V]
 
     def feed(self, prompt_ids: Sequence[int]) -> np.ndarray:

@@ -167,7 +167,7 @@ def _run(inputs, files, params, out: Path) -> dict:
 
         report = quantize_llm(src, inputs["source"], files["calibration"], params, out)
         _copy_rest(src, out)
-        return {"graphs": report, "calibration_prompts": cal["samples"]}
+        return {**report, "calibration_prompts": cal["samples"]}
     texts = read_lines(files["calibration"], cal["samples"])
     for g in list_graphs(src):
         rel = g.relative_to(src).as_posix()

@@ -1,0 +1,113 @@
+"""Read one part of a Hugging Face decoder checkpoint at a time (safetensors, single or sharded).
+
+A 7 B model in fp32 is ~30 GB; a stage must never hold it whole (issue 8). :class:`Checkpoint`
+opens the checkpoint's ``*.safetensors`` shards lazily (``safetensors.safe_open``, which reads a
+tensor's bytes only when asked) and hands out one tensor at a time, converted to float32
+numpy. :func:`part_tensor_names` lists exactly the tensors one part needs, so a caller can load a
+part and nothing else; ``tensors_read`` / ``bytes_read`` count what was read (tests use them).
+
+HF tensor names (Qwen2 / Llama, ``transformers`` 4.57 ``modeling_qwen2`` / ``modeling_llama``):
+``model.embed_tokens.weight`` [V, D]; per layer ``model.layers.{l}.`` + ``input_layernorm.weight``,
+``self_attn.{q,k,v,o}_proj.weight`` (Linear, [out, in]) and ``self_attn.{q,k,v}_proj.bias``
+(Qwen2 only), ``post_attention_layernorm.weight``, ``mlp.{gate,up,down}_proj.weight``;
+``model.norm.weight``; ``lm_head.weight`` [V, D], absent when ``tie_word_embeddings`` (then the
+embedding table is the LM head).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+LAYER_TENSORS = ("input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.q_proj.bias",
+                 "self_attn.k_proj.weight", "self_attn.k_proj.bias", "self_attn.v_proj.weight",
+                 "self_attn.v_proj.bias", "self_attn.o_proj.weight", "post_attention_layernorm.weight",
+                 "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")
+
+
+class Checkpoint:
+    """Lazy, counted access to the tensors of a safetensors checkpoint folder.
+
+    Args:
+        model_dir: folder with ``config.json`` and either ``model.safetensors`` or
+            ``model.safetensors.index.json`` + shards.
+
+    Raises FileNotFoundError when the folder has no safetensors weights (``.bin`` pickles are
+    not read: they cannot be loaded one tensor at a time).
+    """
+
+    def __init__(self, model_dir):
+        self.dir = Path(model_dir)
+        self.config = json.loads((self.dir / "config.json").read_text(encoding="utf-8"))
+        index = self.dir / "model.safetensors.index.json"
+        if index.is_file():
+            self.weight_map = dict(json.loads(index.read_text(encoding="utf-8"))["weight_map"])
+        elif (self.dir / "model.safetensors").is_file():
+            from safetensors import safe_open
+
+            with safe_open(str(self.dir / "model.safetensors"), framework="pt") as f:
+                self.weight_map = {k: "model.safetensors" for k in f.keys()}
+        else:
+            raise FileNotFoundError(f"{self.dir}: no model.safetensors or model.safetensors.index.json "
+                                    "(only safetensors checkpoints can be read part by part)")
+        self._open: dict[str, object] = {}
+        self.tensors_read = 0
+        self.bytes_read = 0
+        self.shards_opened: set[str] = set()
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.weight_map
+
+    def _shard(self, fname: str):
+        from safetensors import safe_open
+
+        if fname not in self._open:
+            self._open[fname] = safe_open(str(self.dir / fname), framework="pt")
+            self.shards_opened.add(fname)
+        return self._open[fname]
+
+    def dtype(self, name: str) -> str:
+        """The stored dtype of ``name`` (e.g. ``"bfloat16"``), read from the shard header only."""
+        return str(self._shard(self.weight_map[name]).get_slice(name).get_dtype())
+
+    def get(self, name: str) -> np.ndarray:
+        """Tensor ``name`` as a float32 numpy array (its stored shape). Only this tensor's bytes
+        are read. Raises KeyError naming the checkpoint when the tensor is absent."""
+        if name not in self.weight_map:
+            raise KeyError(f"{self.dir}: checkpoint has no tensor {name!r}")
+        t = self._shard(self.weight_map[name]).get_tensor(name)
+        self.tensors_read += 1
+        self.bytes_read += t.numel() * t.element_size()
+        return t.float().numpy()
+
+    def close(self) -> None:
+        self._open.clear()
+
+
+def tied_lm_head(config: dict) -> bool:
+    """Whether the LM head reuses ``model.embed_tokens.weight`` (HF ``tie_word_embeddings``,
+    default True in ``PretrainedConfig``)."""
+    return bool(config.get("tie_word_embeddings", True))
+
+
+def part_tensor_names(ckpt: Checkpoint, lo: int, hi: int, *, embed: bool, head: bool) -> list[str]:
+    """The checkpoint tensors one part reads: layers ``lo..hi-1``, plus the embedding table when
+    ``embed`` and the final norm + LM head when ``head``. Optional tensors (biases) that the
+    checkpoint lacks are left out; a missing required one raises KeyError."""
+    names = []
+    for l in range(lo, hi):
+        for t in LAYER_TENSORS:
+            n = f"model.layers.{l}.{t}"
+            if n in ckpt:
+                names.append(n)
+            elif not t.endswith(".bias"):
+                raise KeyError(f"{ckpt.dir}: checkpoint has no tensor {n!r}")
+    if embed:
+        names.append("model.embed_tokens.weight")
+    if head:
+        names.append("model.norm.weight")
+        names.append("lm_head.weight" if "lm_head.weight" in ckpt and not tied_lm_head(ckpt.config)
+                     else "model.embed_tokens.weight")
+    return names
