@@ -1,21 +1,37 @@
-"""Benchmark: an LLM with Qwen2.5-0.5B's real dimensions through every stage (run by hand).
+"""Benchmark: LLMs with real model shapes through every stage (run by hand; prints, asserts nothing).
 
-    .venv/bin/python benchmarks/bench_llm.py [--context 4096] [--parts 2] [--layers 24]
+    .venv/bin/python benchmarks/bench_llm.py [--shape qwen2.5-0.5b] [--context 4096] [--parts 2] [--calib 4]
+    .venv/bin/python benchmarks/bench_llm.py --shape qwen2.5-7b [--parts-to-build 0,3] [--keep DIR]
 
-A random-init ``Qwen2ForCausalLM`` with Qwen2.5-0.5B's config (24 layers, hidden 896, 14 query
-/ 2 KV heads, intermediate 4864, vocab 151,936, tied embeddings: 494 M parameters; dims from
-the model's public config.json) and the tiny fixtures' tokenizer (its ids are < 1024, valid
-in the big vocabulary) is built at w4a16 with ``parts: 2``, AR-128 prefill + AR-1 decode, and
-the ``cpu-qdq`` verify (a random model's tokens are meaningless: the point is time and
-memory). Each stage runs as its own ``doit <stage>:bench`` process; the script prints its wall
-time and peak RSS (``ru_maxrss`` of the process and the children it waited for, from
-``os.wait4``).
+Both shapes use a random-weight checkpoint with the model's exact config.json (dims from the
+public config of Qwen/Qwen2.5-0.5B-Instruct and Qwen/Qwen2.5-7B-Instruct), bf16, sharded
+safetensors (``model-0000k-of-0000n.safetensors`` + index, as on the Hub), written one shard at
+a time (bounded memory), and the tiny fixtures' tokenizer (its ids are < 1024, valid in the big
+vocabulary). A random model's tokens are meaningless: the point is time and memory.
+
+* ``qwen2.5-0.5b``: a recipe (w4a16, ``parts`` 2, AR-128 + AR-1, ``cpu-qdq`` verify) built
+  stage by stage through the real ``doit`` CLI, each stage its own process.
+* ``qwen2.5-7b``: the recipe ``extends: qwen7b-int4`` and only swaps ``source`` for the local
+  folder (context 4096, AR-128 + AR-1, 4 parts, w4a16, 16 calibration prompts, ``cpu-qdq``
+  verify). A whole 7 B build does not fit in one sitting on 2 cores, so ``--parts-to-build``
+  picks parts (default 0 and 3: the first holds the embedding, the last the LM head). The
+  stage code is called directly, for those parts only (export writes every part, since
+  calibration of part i runs the fp32 parts before it): export, calibration + quantize,
+  compile, and no verify (it needs every part). It says so in its output.
+
+Printed: wall time and peak RSS per stage and part. Peak RSS is the process tree's: every stage
+runs in its own child process, whose children (per-graph quantize, per-graph compile) report
+their own VmHWM; a row's peak is the largest of the stage process and its children while that
+part ran (``tasks.llm.qnn.peak_rss``; ``ru_maxrss`` of a (v)forked child can carry its parent's
+peak, so it is not used).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,85 +41,270 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-QWEN25_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                  num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
-                  rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True)
+# config.json of Qwen/Qwen2.5-0.5B-Instruct and Qwen/Qwen2.5-7B-Instruct (public, Hub)
+SHAPES = {
+    "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                         num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
+                         rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, shard_gb=0.5),
+    "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                       num_key_value_heads=4, vocab_size=152064, max_position_embeddings=32768,
+                       rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False, shard_gb=4.0),
+}
 
-RECIPE = """\
+RECIPE_05B = """\
 task: text-generation
 source: {{path: model}}
 export: {{family: llm, sequence_length: 128, context_length: {context}, parts: {parts}}}
 quantize:
   precision: w4a16
-  calibration: {{file: data/corpus.txt, samples: {calib}}}
+  calibration: {{file: tasks/llm/data/tiny-corpus.txt, samples: {calib}}}
   overrides: [{{pattern: lm_head, weight_bits: 8}}]
 verify:
   backend: cpu-qdq
-  data: {{file: data/prompts.txt, samples: 2}}
+  data: {{file: recipes/data/prompts-tiny.txt, samples: 2}}
   max_new_tokens: 8
 """
 
+RECIPE_7B = """\
+extends: qwen7b-int4
+source: {hf: null, revision: null, allow_patterns: null, path: model}
+"""
 
-def make_model(out: Path, layers: int) -> None:
+
+def make_checkpoint(out: Path, shape: str, seed: int = 0) -> dict:
+    """Write a random bf16 checkpoint with ``shape``'s config to ``out`` (sharded safetensors +
+    index + the tiny tokenizer), holding at most one shard in memory. Returns the config."""
     import torch
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+    from safetensors.torch import save_file
+    from transformers import AutoTokenizer
 
     from llm_fixtures import tiny_model
 
-    torch.manual_seed(0)
-    cfg = Qwen2Config(**dict(QWEN25_05B, num_hidden_layers=layers))
-    Qwen2ForCausalLM(cfg).eval().save_pretrained(out)
+    dims = dict(SHAPES[shape])
+    shard_bytes = int(dims.pop("shard_gb") * 1e9)
+    cfg = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_act": "silu",
+           "torch_dtype": "bfloat16", "bos_token_id": 0, "eos_token_id": 0, "use_cache": True,
+           "attention_dropout": 0.0, "initializer_range": 0.02, "use_sliding_window": False,
+           "sliding_window": 131072, "max_window_layers": dims["num_hidden_layers"], **dims}
+    D, I, V = dims["hidden_size"], dims["intermediate_size"], dims["vocab_size"]
+    kv = dims["num_key_value_heads"] * D // dims["num_attention_heads"]
+    names = [("model.embed_tokens.weight", (V, D))]
+    for l in range(dims["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        names += [(p + "input_layernorm.weight", (D,)), (p + "self_attn.q_proj.weight", (D, D)),
+                  (p + "self_attn.q_proj.bias", (D,)), (p + "self_attn.k_proj.weight", (kv, D)),
+                  (p + "self_attn.k_proj.bias", (kv,)), (p + "self_attn.v_proj.weight", (kv, D)),
+                  (p + "self_attn.v_proj.bias", (kv,)), (p + "self_attn.o_proj.weight", (D, D)),
+                  (p + "post_attention_layernorm.weight", (D,)), (p + "mlp.gate_proj.weight", (I, D)),
+                  (p + "mlp.up_proj.weight", (I, D)), (p + "mlp.down_proj.weight", (D, I))]
+    names.append(("model.norm.weight", (D,)))
+    if not dims["tie_word_embeddings"]:
+        names.append(("lm_head.weight", (V, D)))
+    g = torch.Generator().manual_seed(seed)
+    shards, cur, size = [], {}, 0
+    for name, shp in names:
+        if name.endswith("norm.weight"):
+            t = torch.ones(shp, dtype=torch.bfloat16)
+        else:
+            t = (torch.randn(shp, generator=g) * 0.02).to(torch.bfloat16)
+        cur[name] = t
+        size += t.numel() * 2
+        if size >= shard_bytes:
+            shards.append(cur)
+            _write_shard(out, len(shards), cur, save_file)
+            cur, size = {}, 0
+    if cur:
+        shards.append(cur)
+        _write_shard(out, len(shards), cur, save_file)
+    n = len(shards)
+    weight_map = {}
+    for k in range(1, n + 1):
+        final = f"model-{k:05d}-of-{n:05d}.safetensors"
+        (out / f"shard-{k}.safetensors").rename(out / final)
+    for k, sh in enumerate(shards, 1):
+        for name in sh:
+            weight_map[name] = f"model-{k:05d}-of-{n:05d}.safetensors"
+    total = sum(p.stat().st_size for p in out.glob("model-*.safetensors"))
+    (out / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
     AutoTokenizer.from_pretrained(tiny_model("qwen2")).save_pretrained(out)
+    return cfg
 
 
-def run_stage(root: Path, env: dict, task: str) -> tuple[float, float, int]:
+def _write_shard(out: Path, k: int, tensors: dict, save_file) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / f"shard-{k}.safetensors"), metadata={"format": "pt"})
+    for name in list(tensors):
+        tensors[name] = None  # keep the name (for the index), drop the memory
+
+
+def run_child(code: str, env: dict, timeout: float = 48 * 3600) -> tuple[float, int, str, list]:
+    """Run ``code`` in a child python; return (seconds, returncode, output, [peak RSS bytes of the
+    child, and any grandchild peaks the code printed as ``NPUBUILD_PEAK_RSS=``])."""
+    from tasks.llm.qnn import run_in_subprocess
+
     t0 = time.perf_counter()
-    p = subprocess.Popen([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(root), task],
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    out = p.stdout.read()
-    _, status, ru = os.wait4(p.pid, 0)
-    secs = time.perf_counter() - t0
-    code = os.waitstatus_to_exitcode(status)
-    if code:
-        print(out.decode()[-3000:])
-    return secs, ru.ru_maxrss / (1 << 20), code  # KiB -> GiB
+    old = dict(os.environ)
+    os.environ.update(env)
+    try:
+        rc, out, peak = run_in_subprocess(code, timeout=timeout)
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    return time.perf_counter() - t0, rc, out, peak
+
+
+def bench_05b(a) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        _project(root)
+        (root / "recipes" / "bench.yaml").write_text(RECIPE_05B.format(context=a.context, parts=a.parts, calib=a.calib))
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, __file__, "--make", str(root / "model"), "--shape", a.shape], check=True)
+        print(f"random {a.shape} checkpoint made in {time.perf_counter() - t0:.0f} s")
+        env = _env(root)
+        print(f"{'stage':<10} {'wall s':>8} {'peak RSS GiB':>13}  (context {a.context}, parts {a.parts}, w4a16, "
+              f"{a.calib} calibration prompts)")
+        for stage in ("download", "export", "quantize", "compile", "verify"):
+            code = (f"import sys\nsys.argv = ['doit', '-f', {str(REPO / 'dodo.py')!r}, '-d', {str(root)!r}, "
+                    f"'{stage}:bench']\nfrom doit.__main__ import main\nrc = main()\n"
+                    "import tasks.llm.qnn as q, sys\nsys.exit(rc)\n")
+            secs, rc, out, peak = run_child(code, env)
+            kids = _child_peaks(root, stage)
+            tree = max([peak or 0, *kids])
+            print(f"{stage:<10} {secs:8.1f} {tree / 2**30:13.2f}{'  FAILED' if rc else ''}", flush=True)
+            if rc:
+                print(out[-3000:])
+                break
+            _print_parts(root, stage)
+        _print_bins(root / "cache" / "compile")
+
+
+def _child_peaks(root: Path, stage: str) -> list[int]:
+    """Peaks (bytes) of the per-graph child processes that a stage recorded in its manifest."""
+    out = []
+    for m in (root / "cache" / stage).glob("*/manifest.json"):
+        info = json.loads(m.read_text()).get("info", {})
+        for row in info.get("parts", []):
+            out += [v for k, v in row.items() if k.endswith("peak_rss") and isinstance(v, int)]
+    return out
+
+
+def _print_parts(root: Path, stage: str) -> None:
+    for m in sorted((root / "cache" / stage).glob("*/manifest.json")):
+        for row in json.loads(m.read_text()).get("info", {}).get("parts", []):
+            cells = [f"{k}={v / 2**30:.2f}GiB" if k.endswith("peak_rss") and isinstance(v, int) else
+                     f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
+                     for k, v in row.items() if not isinstance(v, dict)]
+            print("    " + " ".join(cells))
+
+
+def _print_bins(folder: Path) -> None:
+    for p in sorted(folder.rglob("*.bin")):
+        print(f"  {p.as_posix().split('/out/')[-1]:<40} {p.stat().st_size / 1e6:8.1f} MB")
+
+
+def _project(root: Path) -> None:
+    (root / "recipes").mkdir(parents=True, exist_ok=True)
+    for rel in ("tasks/llm/data/tiny-corpus.txt", "recipes/data/prompts-tiny.txt", "recipes/data/ppl-tiny.txt",
+                "recipes/qwen7b-int4.yaml"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(REPO / rel, root / rel)
+
+
+def _env(root: Path) -> dict:
+    return dict(NPUBUILD_ROOT=str(root), NPUBUILD_CACHE=str(root / "cache"), NPUBUILD_BUILD=str(root / "build"),
+                NPUBUILD_HOME=str(root / ".npubuild"), NPUBUILD_RECIPES=str(root / "recipes"), HF_HUB_OFFLINE="1")
+
+
+def bench_7b(a) -> None:
+    root = Path(a.keep or tempfile.mkdtemp(prefix="bench7b-"))
+    _project(root)
+    (root / "recipes" / "bench.yaml").write_text(RECIPE_7B)
+    if not (root / "model" / "model.safetensors.index.json").exists():
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, __file__, "--make", str(root / "model"), "--shape", a.shape], check=True)
+        print(f"random {a.shape} checkpoint made in {time.perf_counter() - t0:.0f} s "
+              f"({sum(p.stat().st_size for p in (root / 'model').glob('*.safetensors')) / 1e9:.1f} GB)")
+    parts = sorted(int(x) for x in a.parts_to_build.split(","))
+    env = _env(root)
+    spec = {"root": str(root), "parts": parts}
+    print(f"building parts {parts} of 4 (not verify: it needs every part); stage code called directly")
+    rows = []
+    for stage in ("export", "quantize", "compile"):
+        code = f"import json, sys\nsys.path.insert(0, {str(REPO / 'benchmarks')!r})\n" \
+               f"from bench_llm import stage_7b\nprint('ROWS=' + json.dumps(stage_7b({stage!r}, {json.dumps(spec)!r})))\n"
+        secs, rc, out, peak = run_child(code, env)
+        if rc:
+            print(f"{stage} FAILED after {secs:.0f} s\n{out[-3000:]}")
+            break
+        got = json.loads(next(ln for ln in out.splitlines() if ln.startswith("ROWS="))[5:])
+        for r in got:
+            r["stage"] = stage
+        rows += got
+        print(f"{stage:<9} {secs:8.1f} s  stage process peak {(peak or 0) / 2**30:6.2f} GiB", flush=True)
+        for r in got:
+            print("    " + json.dumps(r), flush=True)
+    print("\n| stage | part | wall s | peak GiB (process tree) |\n|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['stage']} | {r['part']} | {r['seconds']:.0f} | {r['peak'] / 2**30:.2f} |")
+    _print_bins(root / "work" / "compile")
+    print(f"work folder: {root}")
+
+
+def stage_7b(stage: str, spec: str) -> list[dict]:
+    """One stage of the 7B benchmark, in its own process; returns rows {part, seconds, peak}."""
+    from tasks.plan import expand
+    from tasks.recipe import load_recipe
+
+    spec = json.loads(spec)
+    root, parts = Path(spec["root"]), spec["parts"]
+    work = root / "work"
+    stages = {s.kind: s for s in expand(load_recipe(root / "recipes" / "bench.yaml"))}
+    ex, q = stages["export"].params, stages["quantize"].params
+    rows = []
+    if stage == "export":
+        from tasks.llm.export import export_llm
+
+        # every part: calibration of part i runs the fp32 parts before it
+        meter: list = []
+        export_llm(root / "model", work / "export", seq_len=ex["sequence_length"], context_len=ex["context_length"],
+                   parts=ex["parts"], meter=meter)
+        rows += [{"part": m["part"], "seconds": m["seconds"], "peak": m["peak_rss"]} for m in meter]
+    elif stage == "quantize":
+        from tasks.llm.quant import quantize_llm
+
+        info = quantize_llm(work / "export", root / "model", root / stages["quantize"].files["calibration"], q,
+                            work / "quantize", work=work / "calib", parts=set(parts))
+        for row in info["parts"]:
+            rows.append({"part": row["part"], "seconds": row["calibrate_s"] + row.get("quantize_s", 0),
+                         "calibrate_s": row["calibrate_s"], "quantize_s": row.get("quantize_s"),
+                         "peak": max(row["calibrate_peak_rss"] or 0, row.get("quantize_peak_rss") or 0)})
+    elif stage == "compile":
+        from tasks.llm.compile import compile_llm
+
+        (work / "compile").mkdir(parents=True, exist_ok=True)
+        info = compile_llm(work / "quantize", work / "compile", stages["compile"].params, parts=set(parts))
+        for row in info["parts"]:
+            rows.append({"part": row["part"], "seconds": row["seconds"], "peak": row["peak_rss"]})
+    return rows
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-0.5b")
     ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--parts", type=int, default=2)
-    ap.add_argument("--layers", type=int, default=24)
-    ap.add_argument("--calib", type=int, default=4, help="calibration prompts")
-    ap.add_argument("--make-model", help=argparse.SUPPRESS)
+    ap.add_argument("--calib", type=int, default=4, help="calibration prompts (0.5b shape)")
+    ap.add_argument("--parts-to-build", default="0,3", help="7b shape: parts to quantize and compile")
+    ap.add_argument("--keep", help="7b shape: work folder to use and keep (reuses a made checkpoint)")
+    ap.add_argument("--make", help=argparse.SUPPRESS)
     a = ap.parse_args()
-    if a.make_model:
-        return make_model(Path(a.make_model), a.layers)
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        (root / "recipes").mkdir()
-        (root / "data").mkdir()
-        (root / "data" / "corpus.txt").write_text((REPO / "tasks/llm/data/tiny-corpus.txt").read_text())
-        (root / "data" / "prompts.txt").write_text("The old lighthouse\nEvery morning the farmer\n")
-        (root / "recipes" / "bench.yaml").write_text(RECIPE.format(context=a.context, parts=a.parts, calib=a.calib))
-        t0 = time.perf_counter()
-        # in a child process: a process started by fork+exec inherits its parent's peak RSS in
-        # ru_maxrss, so this one must stay small for the per-stage figures to mean anything
-        subprocess.run([sys.executable, __file__, "--make-model", str(root / "model"), "--layers", str(a.layers)],
-                       check=True)
-        print(f"random-init model with Qwen2.5-0.5B dims ({a.layers} layers) made in {time.perf_counter() - t0:.0f} s")
-        env = dict(os.environ, NPUBUILD_ROOT=str(root), NPUBUILD_CACHE=str(root / "cache"),
-                   NPUBUILD_BUILD=str(root / "build"), NPUBUILD_HOME=str(root / ".npubuild"), HF_HUB_OFFLINE="1")
-        print(f"{'stage':<10} {'wall s':>8} {'peak RSS GiB':>13}  (context {a.context}, parts {a.parts}, w4a16)")
-        for stage in ("download", "export", "quantize", "compile", "verify"):
-            secs, rss, code = run_stage(root, env, f"{stage}:bench")
-            print(f"{stage:<10} {secs:8.1f} {rss:13.2f}{'  FAILED' if code else ''}", flush=True)
-            if code:
-                break
-        sizes = sorted((p.relative_to(root / "cache").as_posix(), p.stat().st_size)
-                       for p in (root / "cache" / "compile").rglob("*.bin"))
-        for rel, n in sizes:
-            print(f"  {rel.split('/out/')[-1]:<40} {n / 1e6:8.1f} MB")
+    if a.make:
+        make_checkpoint(Path(a.make), a.shape)
+        return
+    (bench_7b if a.shape == "qwen2.5-7b" else bench_05b)(a)
 
 
 if __name__ == "__main__":

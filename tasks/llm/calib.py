@@ -177,7 +177,8 @@ def collect_calibration_feeds(model_dir, export_dir, text_path, work, *, n_promp
         parts: part indices whose feeds to keep (default all); earlier parts still run, since
             their outputs are the later parts' inputs.
         on_part: optional ``callable(index, stores)`` called after each part, before the next
-            part runs (e.g. quantize that part, then delete its feeds).
+            part runs (e.g. quantize that part, then delete its feeds); ``stores`` is None for
+            a part not in ``parts``.
 
     Returns ``{"prefill": [FeedStore or None per part], "decode": [...]}``; each feed maps input
     name -> numpy array (int32 / float32, the graph's static shapes). Disk: per decode feed
@@ -196,8 +197,8 @@ def collect_calibration_feeds(model_dir, export_dir, text_path, work, *, n_promp
     for p in desc["parts"]:
         keep = parts is None or p["index"] in parts
         stores = _run_part(desc, export_dir, p, sched, work, make_session, keep, eos, embed)
-        if on_part is not None and keep:
-            on_part(p["index"], stores)
+        if on_part is not None:
+            on_part(p["index"], stores if keep else None)
         for k in out:
             out[k].append(stores[k] if keep else None)
     return out

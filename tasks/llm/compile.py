@@ -24,16 +24,23 @@ from ..targets import get as get_target
 from .qnn import run_in_subprocess
 
 
-def _run(code: str) -> None:
-    rc, out, _ = run_in_subprocess(code)
+def _run(code: str) -> int:
+    """Run ``code`` in a fresh process; returns its peak RSS in bytes (0 if unknown)."""
+    rc, out, peak = run_in_subprocess(code, timeout=24 * 3600)
     if rc != 0:
         raise RuntimeError(f"LLM compile failed (exit {rc}):\n{out[-2000:]}")
+    return peak or 0
 
 
-def compile_llm(src: Path, out: Path, params: dict) -> dict:
-    """Compile every part of the QDQ export in ``src`` into ``out`` for ``params["target"]``.
-    Returns per-part binary sizes (bytes) and the shared/single size ratio. Raises
-    RuntimeError with the child's output when a compile fails (e.g. a node not on HTP)."""
+def compile_llm(src: Path, out: Path, params: dict, parts=None) -> dict:
+    """Compile every part of the QDQ export in ``src`` into ``out`` for ``params["target"]``,
+    one graph per child process (one part's QDQ graph in memory at a time).
+    ``parts``: indices to compile (default all; benchmarks build chosen parts).
+    Returns per part: binary sizes (bytes), the shared/single size ratio, ``seconds`` and
+    ``peak_rss`` (bytes, the largest compile process of the part). Raises RuntimeError with
+    the child's output when a compile fails (e.g. a node not on HTP)."""
+    import time
+
     from .runner import write_genai_config
 
     t = get_target(params["target"])
@@ -44,20 +51,24 @@ def compile_llm(src: Path, out: Path, params: dict) -> dict:
     sizes = []
     for p in desc["parts"]:
         i = p["index"]
+        if parts is not None and i not in parts:
+            continue
+        t0, peaks = time.perf_counter(), []
         pre, dec = (str(src / p[g]["path"]) for g in ("prefill", "decode"))
         here = f"import os\nos.chdir({str(Path(pre).parent)!r})\n"  # graph names from relative paths
         single = out / f"part{i}"
         for g, path in (("prefill", pre), ("decode", dec)):
-            _run(here + f"from tasks.llm.qnn import compile_single\n"
-                 f"compile_single({path!r}, {str(single)!r}, name={g!r}, soc_model={t.soc_model}, htp_arch={t.htp_arch})\n")
+            peaks.append(_run(here + f"from tasks.llm.qnn import compile_single\n"
+                 f"compile_single({path!r}, {str(single)!r}, name={g!r}, soc_model={t.soc_model}, htp_arch={t.htp_arch})\n"))
         row = {"part": i, "single_bytes": {g: sum(b.stat().st_size for b in single.glob(f"{g}_ctx*.bin"))
                                            for g in ("prefill", "decode")}}
         if params.get("weight_sharing", True):
             shared = out / "shared" / f"part{i}"
-            _run(here + f"from tasks.llm.qnn import compile_shared\n"
-                 f"compile_shared({pre!r}, {dec!r}, {str(shared)!r}, soc_model={t.soc_model}, htp_arch={t.htp_arch})\n")
+            peaks.append(_run(here + f"from tasks.llm.qnn import compile_shared\n"
+                 f"compile_shared({pre!r}, {dec!r}, {str(shared)!r}, soc_model={t.soc_model}, htp_arch={t.htp_arch})\n"))
             row["shared_bytes"] = sum(b.stat().st_size for b in shared.glob("*.bin"))
             row["shared_ratio"] = row["shared_bytes"] / sum(row["single_bytes"].values())
+        row.update(seconds=time.perf_counter() - t0, peak_rss=max(peaks))
         sizes.append(row)
     files = {f"part{p['index']}_{'context' if g == 'prefill' else 'iterator'}":
              f"shared/part{p['index']}/{g}_ctx.onnx" for p in desc["parts"] for g in ("prefill", "decode")} \

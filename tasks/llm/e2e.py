@@ -94,7 +94,7 @@ def run(out_dir, arch="qwen2", wtype="uint8", *, model_dir=None, seq_len=16, con
     ex = out / "export"
     desc = export.export_llm(model_dir, ex, seq_len=seq_len, context_len=context_len)
     t = time.perf_counter()
-    feeds = calib.collect_calibration_feeds(model_dir, ex, fixtures.CORPUS_PATH)
+    feeds = calib.collect_calibration_feeds(model_dir, ex, fixtures.CORPUS_PATH, out / "calib")
     res["calib_s"] = time.perf_counter() - t
     res["calib_counts"] = {k: [len(v) for v in vs] for k, vs in feeds.items()}
     part = desc["parts"][0]

@@ -321,7 +321,7 @@ def io_spec(dims: dict, lo, hi, first, last, S, C, lm_head, embed):
 
 
 def export_llm(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 4096, parts: int = 1,
-               embed: str = "part0", lm_head: str = "last", only_parts=None) -> dict:
+               embed: str = "part0", lm_head: str = "last", only_parts=None, meter: list | None = None) -> dict:
     """Export ``model_dir`` (HF Qwen2/Llama folder, safetensors) to ``out_dir/part{i}/{prefill,decode}.onnx``.
 
     Args:
@@ -337,6 +337,9 @@ def export_llm(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 409
         lm_head: ``"last"`` (logits of position S-1 only: [1,1,V]) or ``"all"`` ([1,S,V]).
         only_parts: optional set of part indices to write (benchmarks); ``export.json`` still
             describes every part.
+        meter: optional list; gets one ``{"part", "seconds", "peak_rss"}`` per written part
+            (wall time; this process's peak RSS in bytes while writing it). Kept out of
+            ``export.json``, which must not vary between runs.
 
     Memory: one part's tensors are read (in the checkpoint's dtype, converted one tensor at a
     time to float32); the largest single array alive is one weight matrix and its transpose.
@@ -349,7 +352,11 @@ def export_llm(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 409
 
     Raises ValueError on bad arguments or an unsupported ``model_type`` (only qwen2, llama).
     """
+    import time
+
     import onnx
+
+    from .qnn import peak_rss, peak_rss_reset
 
     if embed not in ("part0", "separate"):
         raise ValueError(f"embed must be 'part0' or 'separate', got {embed!r}")
@@ -376,6 +383,8 @@ def export_llm(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 409
         first, last = i == 0, i == len(ranges) - 1
         pdir = out_dir / f"part{i}"
         pdesc = {"index": i, "layers": [lo, hi], "weights": f"part{i}/{WEIGHTS_FILE}"}
+        t0 = time.perf_counter()
+        peak_rss_reset()
         if only_parts is None or i in only_parts:
             pdir.mkdir(exist_ok=True)
             weights = write_part_weights(ckpt, lo, hi, embed=first and embed == "part0", head=last,
@@ -393,6 +402,8 @@ def export_llm(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 409
                 "outputs": [{"name": n, "shape": s, "dtype": d} for n, s, d in outs],
             }
         desc["parts"].append(pdesc)
+        if meter is not None and (only_parts is None or i in only_parts):
+            meter.append({"part": i, "seconds": time.perf_counter() - t0, "peak_rss": peak_rss()})
     desc["checkpoint_bytes_read"] = ckpt.bytes_read
     (out_dir / "export.json").write_text(json.dumps(desc, indent=1))
     return desc

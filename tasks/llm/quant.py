@@ -129,7 +129,7 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
     return out_path
 
 
-def quantize_llm(src, model_dir, calib_text, params: dict, out, work=None) -> dict:
+def quantize_llm(src, model_dir, calib_text, params: dict, out, work=None, parts=None) -> dict:
     """The quantize stage for ``family: llm``, one part at a time.
 
     For each part in order: run the fp32 part over the calibration schedule
@@ -138,7 +138,8 @@ def quantize_llm(src, model_dir, calib_text, params: dict, out, work=None) -> di
     graph's memory is returned and measured), then delete the part's feeds. QDQ graphs go under
     ``out`` with the export's relative paths. ``params``: the quantize stage params (precision
     w8a16 | w4a16 | w8a8, per_channel, calibration.samples = prompts, overrides with weight_bits
-    8 = MatMul name fragments kept at uint8).
+    8 = MatMul name fragments kept at uint8). ``parts``: indices to quantize (default all;
+    benchmarks build chosen parts); the fp32 parts before them still run.
 
     Returns {"graphs": {graph path: {"quantize_linear", "dequantize_linear",
     "calibration_feeds"}}, "parts": [{"part", "calibrate_s", "calibrate_peak_rss",
@@ -166,8 +167,13 @@ def quantize_llm(src, model_dir, calib_text, params: dict, out, work=None) -> di
     clock = {"t": time.perf_counter()}
     peak_rss_reset()
 
-    def quantize_part(i: int, stores: dict) -> None:
+    def quantize_part(i: int, stores: dict | None) -> None:
         row = {"part": i, "calibrate_s": time.perf_counter() - clock["t"], "calibrate_peak_rss": peak_rss()}
+        rows.append(row)
+        if stores is None:  # fp32 run only (its outputs feed the next part)
+            peak_rss_reset()
+            clock["t"] = time.perf_counter()
+            return
         t = time.perf_counter()
         peaks = []
         p = desc["parts"][i]
@@ -188,13 +194,12 @@ def quantize_llm(src, model_dir, calib_text, params: dict, out, work=None) -> di
             shutil.rmtree(stores[g].dir, ignore_errors=True)
         shutil.rmtree(staged, ignore_errors=True)
         row.update(quantize_s=time.perf_counter() - t, quantize_peak_rss=max(peaks))
-        rows.append(row)
         peak_rss_reset()
         clock["t"] = time.perf_counter()
 
     try:
         collect_calibration_feeds(model_dir, src, calib_text, work, n_prompts=params["calibration"]["samples"],
-                                  on_part=quantize_part)
+                                  on_part=quantize_part, parts=parts)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return {"graphs": report, "parts": rows}

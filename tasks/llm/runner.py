@@ -309,3 +309,92 @@ def write_genai_config(export_desc: dict, out_path, *, model_files: dict | None 
     }
     Path(out_path).write_text(json.dumps(cfg, indent=1))
     return cfg
+
+
+class PartStream:
+    """Greedy generation (or teacher forcing) of many prompts at once, holding at most
+    ``resident`` parts' sessions (issue 8: a 7 B model's parts do not fit in memory together).
+
+    Per step, every prompt goes through part 0, then part 1, ...; a part's prefill or decode
+    session is created when first needed and dropped (least recently used) once more than
+    ``resident`` parts are open, so with ``resident=1`` one part is in memory at a time and
+    each part is loaded once per generated token. The hidden states between parts ([1, S, D]
+    per prompt and call) and each prompt's KV cache stay in memory: layers x 2 x Hkv x C x d x 4
+    bytes per prompt (Qwen2.5-7B at C=4096: 28 x 2 x 8 MiB = 448 MiB).
+
+    Args:
+        desc: the export description (``export.json``).
+        graph_path: ``(part_index, "prefill"|"decode") -> path`` of the graph to run.
+        make_session: ``path -> session`` (CPU for fp32/QDQ graphs, QNN HTP for ``*_ctx.onnx``).
+        resident: parts kept open at once (>= 1).
+        embed_table: float32 [V, D] host-side table when part 0 takes ``inputs_embeds``.
+        pad_id: token fed at padded rows.
+    """
+
+    def __init__(self, desc: dict, graph_path, make_session, *, resident: int = 1, embed_table=None,
+                 pad_id: int = 0):
+        self.desc, self.graph_path, self.make_session = desc, graph_path, make_session
+        self.resident = max(1, int(resident))
+        self.embed_table = embed_table
+        self.pad_id = pad_id
+        self.S, self.C = desc["seq_len"], desc["context_len"]
+        self.mask_value = desc.get("mask_value", MASK_VALUE)
+        self.parts = desc["parts"]
+        self._open: dict[tuple, _Graph] = {}
+        self.loads = 0
+
+    def _graph(self, i: int, kind: str) -> "_Graph":
+        key = (i, kind)
+        if key in self._open:
+            self._open[key] = self._open.pop(key)  # most recently used last
+            return self._open[key]
+        while len({k[0] for k in self._open} | {i}) > self.resident:
+            self._open.pop(next(iter(self._open)))
+        self.loads += 1
+        self._open[key] = _Graph(self.make_session(str(self.graph_path(i, kind))))
+        return self._open[key]
+
+    def run(self, prompts: list[list[int]], steps: int, forced: list[list[int]] | None = None):
+        """Feed each prompt, then ``steps - 1`` more tokens: the greedy argmax, or
+        ``forced[b][j]`` (teacher forcing). Returns ``(tokens, logits)``: per prompt the ``steps``
+        chosen tokens and the ``steps`` float32 [V] logits rows that predicted them (row 0 from
+        the prompt's last token). Raises ValueError when a prompt plus steps overflow C."""
+        B = len(prompts)
+        caches = [[KVCache(range(*p["layers"]), self.desc["num_kv_heads"], self.C, self.desc["head_dim"])
+                   for p in self.parts] for _ in range(B)]
+        tokens = [[] for _ in range(B)]
+        logits = [[] for _ in range(B)]
+        for j in range(steps):
+            kind = "prefill" if j == 0 else "decode"
+            Sg = self.S if kind == "prefill" else 1
+            if j == 0:
+                blocks = [[list(p[s:s + self.S]) for s in range(0, len(p), self.S)] for p in prompts]
+            else:
+                blocks = [[[tokens[b][-1] if forced is None else forced[b][j - 1]]] for b in range(B)]
+            xs, meta = [], []
+            for b in range(B):
+                xs.append([])
+                n = caches[b][0].n
+                meta.append([])
+                for blk in blocks[b]:
+                    ids, pos, mask, pad = block_inputs(blk, n, Sg, self.C, self.pad_id, self.mask_value)
+                    meta[b].append((pos, mask, pad, len(blk)))
+                    xs[b].append(ids if self.embed_table is None else np.asarray(self.embed_table[ids], np.float32))
+                    n += len(blk)
+            for i, p in enumerate(self.parts):
+                g = self._graph(i, kind)
+                layers = g.layers
+                for b in range(B):
+                    c = caches[b][i]
+                    for k, (pos, mask, pad, m) in enumerate(meta[b]):
+                        feeds = {g.first_input: xs[b][k], "position_ids": pos, "attention_mask": mask,
+                                 **c.past(layers, Sg)}
+                        res = dict(zip(g.output_names, g.sess.run(g.output_names, feeds)))
+                        c.write(layers, res, pad, m)
+                        c.n += m
+                        xs[b][k] = res["logits"] if g.last else res["hidden_states"]
+            for b in range(B):
+                row = xs[b][-1][0, -1].astype(np.float32)
+                logits[b].append(row)
+                tokens[b].append(int(np.argmax(row)))
+        return tokens, logits

@@ -1,10 +1,11 @@
-"""verify for decoder LLMs: greedy generation on the compiled graphs against fp32 transformers.
+"""verify for decoder LLMs: greedy generation on the compiled graphs against the fp32 export.
 
 For each verify prompt (the first ``samples`` lines of the recipe's data file) both sides
 generate ``max_new_tokens`` tokens greedily: the compiled model through
 :class:`tasks.llm.runner.LLMRunner` (backend ``htp``: the per-graph context binaries on QNN
-HTP, the simulator on x86_64; ``cpu-qdq``: the QDQ graphs on the CPU EP) and the fp32 HF model
-through ``generate()``. Metrics (``verify.json``):
+HTP, the simulator on x86_64; ``cpu-qdq``: the QDQ graphs on the CPU EP) and the fp32 export
+graphs on the CPU EP (equal to ``transformers`` ``generate()`` to 2e-4 in logits: tests), both
+part by part (:class:`tasks.llm.runner.PartStream`). Metrics (``verify.json``):
 
 - ``token_agreement``: share of generated positions equal to fp32's (mean over prompts);
 - ``prefix_match_mean``: mean length of the common greedy prefix;
@@ -66,50 +67,79 @@ def perplexity(logits_rows: list[np.ndarray], targets: list[int]) -> float:
     return float(np.exp(np.mean(nll)))
 
 
-def verify_llm(inputs: dict, files: dict, params: dict) -> dict:
-    """Measure the compiled LLM against fp32 (see module docstring). Returns the report dict."""
-    import onnxruntime as ort
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def resident_parts(export_dir: Path, budget_bytes: int | None) -> int:
+    """How many parts' graphs :class:`tasks.llm.runner.PartStream` may keep open: all of them
+    when the export's fp32 weights fit in ``budget_bytes`` (the QDQ / compiled graphs are
+    smaller), else 1 (one part at a time). ``None`` budget: 1."""
+    import json
+
+    desc = json.loads((Path(export_dir) / "export.json").read_text())
+    total = sum((Path(export_dir) / p["weights"]).stat().st_size for p in desc["parts"])
+    return len(desc["parts"]) if budget_bytes is not None and total <= budget_bytes else 1
+
+
+def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None = None) -> dict:
+    """Measure the compiled LLM against the fp32 export (see module docstring). Both sides run
+    as :class:`tasks.llm.runner.PartStream` over every verify prompt at once, holding one part
+    at a time unless the whole fp32 model fits ``budget_bytes`` (:func:`resident_parts`). The
+    fp32 side is the exported fp32 graphs on the CPU EP (tests tie them to ``transformers``:
+    tests/test_llm_runner.py). Returns the report dict."""
+    import json
+
+    from transformers import AutoTokenizer
 
     from .. import targets
     from . import e2e, qnn as llm_qnn
-    from .runner import LLMRunner
+    from .runner import PartStream
+    from .sessions import cpu_session
 
-    model_dir = inputs["source"]
+    model_dir, ref_dir = inputs["source"], Path(inputs["reference"])
+    desc = json.loads((ref_dir / "export.json").read_text())
     tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
     texts, prompts = _prompts(files, params, tok)
     K = params["max_new_tokens"]
-    refs = e2e.hf_reference(model_dir, prompts, K)
+    resident = resident_parts(ref_dir, budget_bytes)
+    embed = np.load(ref_dir / desc["embed_file"], mmap_mode="r") if desc.get("embed_file") else None
+    pad = tok.eos_token_id if tok.eos_token_id is not None else 0
+
+    def stream(folder: Path, suffix: str, make_session) -> PartStream:
+        def path(i, kind):
+            rel = desc["parts"][i][kind]["path"]
+            return folder / (rel[:-len(".onnx")] + suffix)
+        return PartStream(desc, path, make_session, resident=resident, embed_table=embed, pad_id=pad)
+
+    fp32 = stream(ref_dir, ".onnx", cpu_session)
     if params["backend"] == "htp":
         t = targets.get(params["target"])
-        runner = LLMRunner.from_export(inputs["compiled"], llm_qnn.qnn_session_factory(
-            soc_model=t.soc_model, htp_arch=t.htp_arch), suffix="_ctx.onnx")
+        got = stream(Path(inputs["compiled"]), "_ctx.onnx",
+                     llm_qnn.qnn_session_factory(soc_model=t.soc_model, htp_arch=t.htp_arch))
         ran = "per-graph context binaries compiled from the same QDQ graphs (the shared binary crashes the simulator)"
     else:
-        cpu = lambda p: ort.InferenceSession(str(p), providers=["CPUExecutionProvider"])
-        runner = LLMRunner.from_export(inputs["qdq"], cpu, suffix=".onnx")
+        got = stream(Path(inputs["qdq"]), ".onnx", cpu_session)
         ran = "QDQ graphs on the CPU EP (quantization only)"
-    ev = e2e.evaluate(runner, refs, prompts, K)
-    samples = [{"text": txt, "token_agreement": r["match"], "prefix_match": r["prefix"],
-                "logits_cosine": r["cos"], "tokens": r["got"], "reference": r["ref"],
-                "reference_distinct_tokens": len(set(r["ref"]))} for txt, r in zip(texts, ev["rows"])]
-    metrics = {"token_agreement": ev["match_pct"] / 100, "prefix_match_mean": ev["prefix_mean"],
-               "logits_cosine_mean": ev["cos_mean"], "logits_cosine_min": ev["cos_min"]}
+    ref_tokens, ref_logits = fp32.run(prompts, K)
+    got_tokens, got_logits = got.run(prompts, K)
+    rows = []
+    for txt, rt, rl, gt, gl in zip(texts, ref_tokens, ref_logits, got_tokens, got_logits):
+        frac, pre = e2e.agreement(rt, gt)
+        rows.append({"text": txt, "token_agreement": frac, "prefix_match": pre,
+                     "logits_cosine": e2e.cosine(gl[0], rl[0]), "tokens": gt, "reference": rt,
+                     "reference_distinct_tokens": len(set(rt))})
+    cos = [r["logits_cosine"] for r in rows]
+    metrics = {"token_agreement": float(np.mean([r["token_agreement"] for r in rows])),
+               "prefix_match_mean": float(np.mean([r["prefix_match"] for r in rows])),
+               "logits_cosine_mean": float(np.mean(cos)), "logits_cosine_min": float(np.min(cos))}
     if "perplexity_text" in files:
         ids = tok(Path(files["perplexity_text"]).read_text(encoding="utf-8"))["input_ids"]
-        ids = ids[: min(len(ids), runner.C - 1, 64)]
-        runner.reset()
-        rows = [runner.feed(ids[:1])]
-        rows += [runner.step(t) for t in ids[1:-1]]
-        m = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
-        with torch.no_grad():
-            ref_logits = m(torch.tensor([ids])).logits[0].numpy()
-        p_c, p_r = perplexity(rows, ids[1:]), perplexity(list(ref_logits[:-1]), ids[1:])
+        ids = ids[: min(len(ids), desc["context_len"] - 1, 64)]
+        _, lc = got.run([ids[:1]], len(ids) - 1, forced=[ids[1:]])
+        _, lr = fp32.run([ids[:1]], len(ids) - 1, forced=[ids[1:]])
+        p_c, p_r = perplexity(lc[0], ids[1:]), perplexity(lr[0], ids[1:])
         metrics.update(perplexity=p_c, perplexity_fp32=p_r, perplexity_ratio=p_c / p_r,
                        perplexity_tokens=len(ids) - 1)
     return {"backend": params["backend"], "target": params["target"], "ran": ran, "metrics": metrics,
-            "samples": samples, "max_new_tokens": K,
+            "samples": rows, "max_new_tokens": K, "reference": "fp32 export graphs (CPU EP)",
+            # how it ran on this machine (manifest info, not verify.json: it varies with memory)
+            "_run": {"parts_resident": resident, "part_loads": {"reference": fp32.loads, "compiled": got.loads}},
             "shared_binaries": shared_binary_report(inputs["compiled"]),
             "all_on_htp": True if params["backend"] == "htp" else None}
-

@@ -18,7 +18,8 @@ from ..graphs import list_graphs, load_model
 
 VERSION = 4
 TOOLS = ("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "onnx")
-CODE_DEPS = ("tasks.qnn", "tasks.graphs", "tasks.llm.compile", "tasks.llm.qnn", "tasks.llm.runner")  # their source digests enter the key
+CODE_DEPS = ("tasks.qnn", "tasks.graphs", "tasks.llm.compile", "tasks.llm.qnn", "tasks.llm.runner", "tasks.llm.memory",
+             "tasks.llm.export", "tasks.llm.checkpoint")  # their source digests enter the key
 
 
 def run(inputs, files, params, out: Path) -> dict:
@@ -29,7 +30,9 @@ def run(inputs, files, params, out: Path) -> dict:
     src = inputs["model"]
     if params["family"] == "llm":
         from ..llm.compile import compile_llm
+        from ..llm.memory import check_export_stage
 
+        check_export_stage("compile", src)
         r = qnn.compile_reproducibly(lambda d: compile_llm(src, d, params), out)
         return {**r.pop("first_info"), **r}
     r = qnn.compile_reproducibly(lambda d: _compile_graphs(src, d, params), out)

@@ -23,7 +23,8 @@ from ..graphs import load_model, save_model
 
 VERSION = 1
 TOOLS = ("torch", "transformers", "optimum", "optimum-onnx", "onnx")
-CODE_DEPS = ("tasks.graphs", "tasks.llm.export", "tasks.patches.int64_to_int32")  # their source digests enter the key
+CODE_DEPS = ("tasks.graphs", "tasks.llm.export", "tasks.llm.checkpoint", "tasks.llm.memory", "tasks.llm.qnn",
+             "tasks.patches.int64_to_int32")  # their source digests enter the key
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
                    "merges.txt", "vocab.json", "config.json", "generation_config.json", "tokenizer.model",
@@ -83,12 +84,20 @@ def run(inputs, files, params, out: Path) -> dict:
     outputs (names, dtypes, shapes). Raises whatever optimum raises for an unsupported model."""
     src = inputs["source"]
     if params["family"] == "llm":
-        from ..llm.export import export_llm
+        import json
 
+        from ..llm.export import export_llm
+        from ..llm.memory import check_stage
+
+        check_stage("export", json.loads((src / "config.json").read_text(encoding="utf-8")), parts=params["parts"],
+                    seq_len=params["sequence_length"], context_len=params["context_length"],
+                    embed_in_part=params["embedding"] == "first-part")
+        meter: list = []
         info = export_llm(src, out, seq_len=params["sequence_length"], context_len=params["context_length"],
-                          parts=params["parts"], embed={"first-part": "part0", "host": "separate"}[params["embedding"]])
+                          parts=params["parts"], embed={"first-part": "part0", "host": "separate"}[params["embedding"]],
+                          meter=meter)
         copy_tokenizer(src, out)
-        return {"llm": info}
+        return {"llm": info, "parts": meter}
     info = _export_encoder(src, params, out)
     copy_tokenizer(src, out)
     return info

@@ -33,7 +33,8 @@ from ..graphs import list_graphs, load_model
 
 VERSION = 3
 TOOLS = ("onnxruntime", "onnx", "transformers", "tokenizers", "numpy")
-CODE_DEPS = ("tasks.graphs", "tasks.llm.quant", "tasks.llm.calib", "tasks.llm.export", "tasks.llm.runner")  # their source digests enter the key
+CODE_DEPS = ("tasks.graphs", "tasks.llm.quant", "tasks.llm.calib", "tasks.llm.export", "tasks.llm.runner",
+             "tasks.llm.sessions", "tasks.llm.memory", "tasks.llm.qnn", "tasks.llm.checkpoint")  # their source digests enter the key
 
 PRECISIONS = {  # name -> (weight QuantType name, activation QuantType name)
     "w8a16": ("QUInt8", "QUInt16"),
@@ -163,8 +164,10 @@ def _run(inputs, files, params, out: Path) -> dict:
     cal = params["calibration"]
     report = {}
     if params["family"] == "llm":
+        from ..llm.memory import check_export_stage
         from ..llm.quant import quantize_llm
 
+        check_export_stage("quantize", src, params["precision"])
         report = quantize_llm(src, inputs["source"], files["calibration"], params, out)
         _copy_rest(src, out)
         return {**report, "calibration_prompts": cal["samples"]}

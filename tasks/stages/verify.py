@@ -34,7 +34,8 @@ from .quantize import encoder_feeds, read_lines
 
 VERSION = 1
 TOOLS = ("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "transformers", "tokenizers", "numpy", "torch")
-CODE_DEPS = ("tasks.qnn", "tasks.stages.quantize", "tasks.llm.verify", "tasks.llm.runner", "tasks.llm.e2e", "tasks.llm.qnn")  # their source digests enter the key
+CODE_DEPS = ("tasks.qnn", "tasks.stages.quantize", "tasks.llm.verify", "tasks.llm.runner", "tasks.llm.e2e", "tasks.llm.qnn",
+             "tasks.llm.sessions", "tasks.llm.memory", "tasks.llm.export", "tasks.llm.checkpoint")  # their source digests enter the key
 KEY_EXCLUDE = ("thresholds",)
 
 # name -> (direction, per-sample metric used to name the worst sample, description)
@@ -96,13 +97,20 @@ def _aggregate(samples: list[dict]) -> dict:
 def run(inputs, files, params, out: Path) -> dict:
     """Measure; write ``out/verify.json``. Returns {"backend", "samples"}."""
     if params["family"] == "llm":
+        from ..llm.memory import available_bytes, check_export_stage
         from ..llm.verify import verify_llm
 
-        report = verify_llm(inputs, files, params)
+        check_export_stage("verify", inputs["reference"])
+        avail = available_bytes()
+        report = verify_llm(inputs, files, params, budget_bytes=None if avail is None else avail // 2)
+        run_info = report.pop("_run")
     else:
         report = _verify_encoder(inputs, files, params)
     (out / "verify.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    return {"backend": report["backend"], "samples": len(report.get("samples", []))}
+    info = {"backend": report["backend"], "samples": len(report.get("samples", []))}
+    if params["family"] == "llm":
+        info.update(run_info)
+    return info
 
 
 def _verify_encoder(inputs, files, params) -> dict:

@@ -1,0 +1,132 @@
+"""Peak-memory estimates for the LLM stages, checked before a stage starts (issue 8).
+
+Every LLM stage holds one part at a time, so its peak follows the largest part, not the model.
+The estimates below are from the part's shape (``config.json``) and the recipe, with factors
+measured on this project's benchmarks (benchmarks/README.md: Qwen2.5-0.5B and Qwen2.5-7B
+shapes; the factor each term uses is named next to it). They are meant to catch a build that
+cannot fit before it spends an hour, not to predict to the MiB.
+
+When an estimate exceeds the memory available (``MemAvailable`` from ``/proc/meminfo``, or
+``NPUBUILD_MEMORY_GB`` when set), :func:`check` raises :class:`NotEnoughMemory` naming the recipe
+keys that lower it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+GiB = 1 << 30
+BASE = int(0.8 * GiB)  # Python + torch/onnxruntime/transformers imports, measured: 0.6-0.8 GiB
+
+
+class NotEnoughMemory(RuntimeError):
+    """A stage's estimated peak exceeds the memory available; the message says what to change."""
+
+
+def available_bytes() -> int | None:
+    """Memory a stage may use: ``NPUBUILD_MEMORY_GB`` (GiB, float) if set, else Linux's
+    ``MemAvailable``; None when neither is known (then nothing is checked)."""
+    env = os.environ.get("NPUBUILD_MEMORY_GB")
+    if env:
+        return int(float(env) * GiB)
+    try:
+        for ln in Path("/proc/meminfo").read_text().splitlines():
+            if ln.startswith("MemAvailable:"):
+                return int(ln.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def part_params(config: dict, lo: int, hi: int, first: bool, last: bool, embed_in_part: bool) -> int:
+    """Parameters of one part: layers lo..hi-1, plus the embedding table (first part, when it
+    holds it) and the final norm + LM head (last part)."""
+    D, I, V = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    H = config["num_attention_heads"]
+    d = config.get("head_dim") or D // H
+    kv = (config.get("num_key_value_heads") or H) * d
+    layer = D * H * d * 2 + D * kv * 2 + 3 * D * I + 2 * D + H * d + 2 * kv
+    n = (hi - lo) * layer
+    if first and embed_in_part:
+        n += V * D
+    if last:
+        n += V * D + D
+    return n
+
+
+def estimates(config: dict, ranges: list[tuple[int, int]], seq_len: int, context_len: int,
+              embed_in_part: bool = True, weight_bits: int = 4) -> dict:
+    """Estimated peak bytes per LLM stage: ``{stage: (bytes, part index)}``, the largest part's.
+
+    - export: the largest tensor in float32 and its transpose (one tensor at a time).
+    - quantize: onnxruntime's quantizer holds the part's float32 weights once, plus the
+      quantized copies (<= 2 bytes per weight: 16-bit Gather tables), plus one call's
+      activations: the attention scores [1, H, S, C] float32 a few times over and the part's
+      KV cache; the fp32 calibration run maps the same weights (file-backed pages).
+    - compile: the QDQ part (weight_bits per weight, 16 bits for the embedding table) x 3
+      (the QNN HTP prepare holds the graph, its own copy and the binary; measured 2.4-2.9x on
+      the 0.5B benchmark's parts).
+    - verify: one fp32 part (mapped) + one QDQ part + the KV caches of the verify prompts.
+    """
+    H = config["num_attention_heads"]
+    D = config["hidden_size"]
+    d = config.get("head_dim") or D // H
+    kvh = config.get("num_key_value_heads") or H
+    V = config["vocab_size"]
+    out = {"export": (BASE + 2 * 4 * max(V * D, D * config["intermediate_size"]), 0)}
+    best = {"quantize": (0, 0), "compile": (0, 0), "verify": (0, 0)}
+    for i, (lo, hi) in enumerate(ranges):
+        n = part_params(config, lo, hi, i == 0, i == len(ranges) - 1, embed_in_part)
+        table = V * D if (i == 0 and embed_in_part) else 0
+        layers = hi - lo
+        kv = layers * 2 * kvh * context_len * d * 4
+        act = 4 * H * seq_len * context_len * 4 + 2 * kv
+        qdq = (n - table) * weight_bits // 8 + table * 2
+        cand = {"quantize": BASE + 4 * n + 2 * n + act, "compile": BASE + 3 * qdq,
+                "verify": BASE + 4 * n + qdq + 6 * kv + act}
+        for k, v in cand.items():
+            if v > best[k][0]:
+                best[k] = (v, i)
+    out.update(best)
+    return out
+
+
+def check(stage: str, estimate: int, part: int, *, recipe_keys: str) -> None:
+    """Raise :class:`NotEnoughMemory` when ``estimate`` exceeds :func:`available_bytes`, naming
+    the stage, the part, both figures and ``recipe_keys`` (what to change)."""
+    avail = available_bytes()
+    if avail is not None and estimate > avail:
+        raise NotEnoughMemory(
+            f"{stage}: part {part} needs about {estimate / GiB:.1f} GiB, {avail / GiB:.1f} GiB is available "
+            f"(NPUBUILD_MEMORY_GB or MemAvailable); to lower it change {recipe_keys}")
+
+
+def check_stage(stage: str, config: dict, *, parts: int, seq_len: int, context_len: int,
+                embed_in_part: bool = True, precision: str = "w4a16") -> int:
+    """Estimate ``stage``'s peak for this model and export shape and :func:`check` it; returns
+    the estimate in bytes. Raises :class:`NotEnoughMemory` (naming ``export.parts``,
+    ``export.context_length``, ``export.sequence_length`` with their values) or ValueError
+    for a bad ``parts``."""
+    from .export import split_layers
+
+    ranges = split_layers(config["num_hidden_layers"], parts)
+    est, part = estimates(config, ranges, seq_len, context_len, embed_in_part,
+                          4 if precision == "w4a16" else 8)[stage]
+    check(stage, est, part, recipe_keys=f"export.parts (now {parts}: more parts, smaller parts), "
+                                        f"export.context_length (now {context_len}) or "
+                                        f"export.sequence_length (now {seq_len})")
+    return est
+
+
+def check_export_stage(stage: str, export_dir, precision: str = "w4a16") -> int:
+    """:func:`check_stage` for a stage whose input is an export (or a copy of one): the model
+    config and the export shape are read from ``export_dir`` (``config.json``, ``export.json``)."""
+    import json
+
+    export_dir = Path(export_dir)
+    desc = json.loads((export_dir / "export.json").read_text())
+    cfg = json.loads((export_dir / "config.json").read_text(encoding="utf-8"))
+    return check_stage(stage, cfg, parts=len(desc["parts"]), seq_len=desc["seq_len"],
+                       context_len=desc["context_len"], embed_in_part=desc["embed"] == "part0",
+                       precision=precision)
