@@ -55,6 +55,7 @@ class Checkpoint:
         self._open: dict[str, object] = {}
         self.tensors_read = 0
         self.bytes_read = 0
+        self.names_read: list[str] = []
         self.shards_opened: set[str] = set()
 
     def __contains__(self, name: str) -> bool:
@@ -79,6 +80,7 @@ class Checkpoint:
             raise KeyError(f"{self.dir}: checkpoint has no tensor {name!r}")
         t = self._shard(self.weight_map[name]).get_tensor(name)
         self.tensors_read += 1
+        self.names_read.append(name)
         self.bytes_read += t.numel() * t.element_size()
         return t.float().numpy()
 
