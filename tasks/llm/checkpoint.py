@@ -52,7 +52,6 @@ class Checkpoint:
         else:
             raise FileNotFoundError(f"{self.dir}: no model.safetensors or model.safetensors.index.json "
                                     "(only safetensors checkpoints can be read part by part)")
-        self._open: dict[str, object] = {}
         self.tensors_read = 0
         self.bytes_read = 0
         self.names_read: list[str] = []
@@ -62,30 +61,27 @@ class Checkpoint:
         return name in self.weight_map
 
     def _shard(self, fname: str):
+        """A fresh ``safe_open`` handle. Not kept open: safetensors maps the whole shard, and the
+        pages a read touches stay in this process's resident set while the map lives (file
+        backed, but counted in RSS), so a cached handle would grow RSS to every byte read."""
         from safetensors import safe_open
 
-        if fname not in self._open:
-            self._open[fname] = safe_open(str(self.dir / fname), framework="pt")
-            self.shards_opened.add(fname)
-        return self._open[fname]
-
-    def dtype(self, name: str) -> str:
-        """The stored dtype of ``name`` (e.g. ``"bfloat16"``), read from the shard header only."""
-        return str(self._shard(self.weight_map[name]).get_slice(name).get_dtype())
+        self.shards_opened.add(fname)
+        return safe_open(str(self.dir / fname), framework="pt")
 
     def get(self, name: str) -> np.ndarray:
         """Tensor ``name`` as a float32 numpy array (its stored shape). Only this tensor's bytes
         are read. Raises KeyError naming the checkpoint when the tensor is absent."""
         if name not in self.weight_map:
             raise KeyError(f"{self.dir}: checkpoint has no tensor {name!r}")
-        t = self._shard(self.weight_map[name]).get_tensor(name)
-        self.tensors_read += 1
-        self.names_read.append(name)
-        self.bytes_read += t.numel() * t.element_size()
-        return t.float().numpy()
+        import torch
 
-    def close(self) -> None:
-        self._open.clear()
+        with self._shard(self.weight_map[name]) as f:
+            t = f.get_tensor(name)
+            self.tensors_read += 1
+            self.names_read.append(name)
+            self.bytes_read += t.numel() * t.element_size()
+            return t.to(torch.float32, copy=True).numpy()  # owns its memory once the map is gone
 
 
 def tied_lm_head(config: dict) -> bool:
