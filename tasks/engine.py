@@ -97,22 +97,73 @@ def key_material(spec: StageSpec, upstream: dict[str, Entry]) -> dict:
     return material
 
 
-def code_digest(spec: StageSpec) -> str:
-    """xxh3 of the source files that implement ``spec``: its stage module, the modules in the
-    module's ``CODE_DEPS`` and, for a patch stage, each step's patch module. A hand-bumped
-    ``VERSION`` is easy to forget (a patch changed under the same version once gave two
-    different outputs under one key here); the source digest cannot be forgotten."""
-    import importlib.util
-    import inspect
+def _module_file(name: str) -> Path | None:
+    """The source file of module ``name`` of this package (``tasks.a.b`` -> ``tasks/a/b.py`` or
+    ``tasks/a/b/__init__.py``), found on disk without importing anything; None if there is none
+    (e.g. ``tasks.paths.root``, a function)."""
+    parts = name.split(".")
+    if parts[0] != __name__.split(".")[0]:
+        return None
+    base = Path(__file__).resolve().parent.joinpath(*parts[1:])
+    for f in (base.with_suffix(".py"), base / "__init__.py"):
+        if f.is_file():
+            return f
+    return None
 
+
+@lru_cache(maxsize=None)
+def code_modules(name: str) -> tuple[str, ...]:
+    """``name`` and every module of this package it imports, directly or through others, at
+    any depth and inside functions too (read with ``ast`` from the source, nothing imported):
+    the code a stage runs. Sorted dotted names. Raises SyntaxError for a module that does not
+    parse."""
+    import ast
+
+    seen, todo = set(), [name]
+    while todo:
+        mod = todo.pop()
+        if mod in seen:
+            continue
+        f = _module_file(mod)
+        if f is None:
+            continue
+        seen.add(mod)
+        is_pkg = f.name == "__init__.py"
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"), str(f))):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = mod.split(".")
+                    base = base[:len(base) - node.level + (1 if is_pkg else 0)]
+                    stem = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    stem = node.module or ""
+                targets = [stem] + [f"{stem}.{a.name}" for a in node.names]
+            for t in targets:
+                if _module_file(t) is not None:
+                    todo.append(t)
+    return tuple(sorted(seen))
+
+
+def code_digest(spec: StageSpec) -> str:
+    """xxh3 of the source files that implement ``spec``: every module of this package that its
+    stage module imports, at any depth (:func:`code_modules`; the target table, the LLM
+    helpers, ...) and, for a patch stage, each step's patch module (patches are found by name,
+    not imported). A hand-bumped ``VERSION`` or a hand-kept list of dependencies is easy to
+    forget (both went stale here: issue 11); the import graph cannot be forgotten. Keyed by
+    dotted module name (``tasks.llm.export`` and ``tasks.stages.export`` are two files)."""
     mod = module_for(spec.kind)
-    names = [mod.__name__, *getattr(mod, "CODE_DEPS", ())]
-    files = [importlib.util.find_spec(n).origin for n in names]  # located, not imported (no torch)
+    names = set(code_modules(mod.__name__))
+    for dep in getattr(mod, "CODE_DEPS", ()):  # modules found by name at run time, not imported
+        names.update(code_modules(dep))
     if spec.kind == "patch":
         from . import patches
 
-        files += [inspect.getsourcefile(patches.get(s["name"]).fn) for s in spec.params["steps"]]
-    return digest.digest_json({Path(f).name: digest.file_digest(Path(f)) for f in sorted(set(files))})
+        for s in spec.params["steps"]:
+            names.update(code_modules(patches.get(s["name"]).fn.__module__))
+    return digest.digest_json({n: digest.file_digest(_module_file(n)) for n in sorted(names)})
 
 
 def stage_key(material: dict) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..stages.verify import cosine  # noqa: F401  (one cosine for encoders and LLMs)
+from ..metrics import agreement, cosine  # noqa: F401  (shared with verify)
 
 PROMPTS = [
     "The old lighthouse",
@@ -29,17 +29,6 @@ PROMPTS = [
     "A purple dog walked into the bakery and",
     "To plant a tree,",
 ]
-
-
-def agreement(ref: list[int], got: list[int]) -> tuple[float, int]:
-    """(fraction of positions equal over len(ref), length of the common prefix)."""
-    same = sum(1 for x, y in zip(ref, got) if x == y)
-    pre = 0
-    for x, y in zip(ref, got):
-        if x != y:
-            break
-        pre += 1
-    return same / max(1, len(ref)), pre
 
 
 def hf_reference(model_dir, prompts_ids, max_new_tokens):

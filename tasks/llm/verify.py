@@ -57,16 +57,6 @@ def shared_binary_report(compiled: Path) -> list[dict]:
     return out
 
 
-def perplexity(logits_rows: list[np.ndarray], targets: list[int]) -> float:
-    """exp(mean negative log-likelihood) of ``targets`` under rows of logits [V]."""
-    nll = []
-    for lg, t in zip(logits_rows, targets):
-        lg = lg.astype(np.float64).ravel()
-        m = lg.max()
-        nll.append(m + np.log(np.exp(lg - m).sum()) - lg[t])
-    return float(np.exp(np.mean(nll)))
-
-
 def resident_parts(export_dir: Path, budget_bytes: int | None) -> int:
     """How many parts' graphs :class:`tasks.llm.runner.PartStream` may keep open: all of them
     when the export's fp32 weights fit in ``budget_bytes`` (the QDQ / compiled graphs are
@@ -89,7 +79,8 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
     from transformers import AutoTokenizer
 
     from .. import targets
-    from . import e2e, qnn as llm_qnn
+    from ..metrics import agreement, cosine, perplexity
+    from . import qnn as llm_qnn
     from .runner import PartStream
     from .sessions import cpu_session
 
@@ -121,9 +112,9 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
     got_tokens, got_logits = got.run(prompts, K)
     rows = []
     for txt, rt, rl, gt, gl in zip(texts, ref_tokens, ref_logits, got_tokens, got_logits):
-        frac, pre = e2e.agreement(rt, gt)
+        frac, pre = agreement(rt, gt)
         rows.append({"text": txt, "token_agreement": frac, "prefix_match": pre,
-                     "logits_cosine": e2e.cosine(gl[0], rl[0]), "tokens": gt, "reference": rt,
+                     "logits_cosine": cosine(gl[0], rl[0]), "tokens": gt, "reference": rt,
                      "reference_distinct_tokens": len(set(rt))})
     cos = [r["logits_cosine"] for r in rows]
     metrics = {"token_agreement": float(np.mean([r["token_agreement"] for r in rows])),

@@ -5,8 +5,9 @@
 - ``run(inputs: dict[str, Path], files: dict[str, Path], params: dict, out: Path) -> dict``
   reads upstream outputs (``inputs``, by role) and project files, writes its outputs into
   ``out`` and returns extra manifest info (JSON-able);
-- optional ``key_extra(params) -> dict``, ``check(out, manifest, params) -> list[str]`` and
-  ``KEY_EXCLUDE``.
+- optional ``key_extra(params) -> dict``, ``check(out, manifest, params) -> list[str]``,
+  ``KEY_EXCLUDE`` and ``CODE_DEPS`` (modules the stage reaches by name, e.g. through the patch
+  registry; what it imports is found from its source: ``tasks.engine.code_modules``).
 
 A stage never imports doit and never writes into the cache itself.
 """

@@ -18,8 +18,14 @@ from ..graphs import list_graphs, load_model
 
 VERSION = 4
 TOOLS = ("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "onnx")
-CODE_DEPS = ("tasks.qnn", "tasks.graphs", "tasks.llm.compile", "tasks.llm.qnn", "tasks.llm.runner", "tasks.llm.memory",
-             "tasks.llm.export", "tasks.llm.checkpoint")  # their source digests enter the key
+KEY_EXCLUDE = ("target",)  # the name; the key holds what it resolves to (key_extra)
+
+
+def key_extra(params: dict) -> dict:
+    """The target as the session sees it: the QNN provider options it resolves to in
+    ``tasks/targets.py`` (soc_model, htp_arch, ...), so editing the table makes binaries stale
+    and two names for one SoC share entries (issue 11)."""
+    return {"provider_options": qnn.provider_options(params["target"])}
 
 
 def run(inputs, files, params, out: Path) -> dict:

@@ -23,8 +23,7 @@ from ..graphs import load_model, save_model
 
 VERSION = 1
 TOOLS = ("torch", "transformers", "optimum", "optimum-onnx", "onnx")
-CODE_DEPS = ("tasks.graphs", "tasks.llm.export", "tasks.llm.checkpoint", "tasks.llm.memory", "tasks.llm.qnn",
-             "tasks.patches.int64_to_int32")  # their source digests enter the key
+CODE_DEPS = ("tasks.patches.int64_to_int32",)  # found by name through the patch registry
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
                    "merges.txt", "vocab.json", "config.json", "generation_config.json", "tokenizer.model",

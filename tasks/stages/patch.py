@@ -16,7 +16,6 @@ from ..graphs import list_graphs, load_model, save_model
 
 VERSION = 1
 TOOLS = ("onnx", "onnxruntime")
-CODE_DEPS = ("tasks.graphs", "tasks.patches")  # their source digests enter the key
 
 
 def run(inputs, files, params, out: Path) -> dict:

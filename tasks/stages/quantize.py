@@ -33,8 +33,6 @@ from ..graphs import list_graphs, load_model
 
 VERSION = 3
 TOOLS = ("onnxruntime", "onnx", "transformers", "tokenizers", "numpy")
-CODE_DEPS = ("tasks.graphs", "tasks.llm.quant", "tasks.llm.calib", "tasks.llm.export", "tasks.llm.runner",
-             "tasks.llm.sessions", "tasks.llm.memory", "tasks.llm.qnn", "tasks.llm.checkpoint")  # their source digests enter the key
 
 PRECISIONS = {  # name -> (weight QuantType name, activation QuantType name)
     "w8a16": ("QUInt8", "QUInt16"),

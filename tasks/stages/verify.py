@@ -30,13 +30,18 @@ import numpy as np
 import onnx
 
 from .. import qnn
+from ..metrics import cosine
 from .quantize import encoder_feeds, read_lines
 
 VERSION = 1
 TOOLS = ("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "transformers", "tokenizers", "numpy", "torch")
-CODE_DEPS = ("tasks.qnn", "tasks.stages.quantize", "tasks.llm.verify", "tasks.llm.runner", "tasks.llm.e2e", "tasks.llm.qnn",
-             "tasks.llm.sessions", "tasks.llm.memory", "tasks.llm.export", "tasks.llm.checkpoint")  # their source digests enter the key
 KEY_EXCLUDE = ("thresholds",)
+
+
+def key_extra(params: dict) -> dict:
+    """The target's resolved QNN provider options (see ``tasks.stages.compile.key_extra``); the
+    name stays in the params, since ``verify.json`` reports it."""
+    return {"provider_options": qnn.provider_options(params["target"])}
 
 # name -> (direction, per-sample metric used to name the worst sample, description)
 THRESHOLDS = {
@@ -51,16 +56,6 @@ THRESHOLDS = {
     "logits_cosine_mean": ("min", "logits_cosine", "LLM: mean prefill logits cosine"),
     "perplexity_ratio": ("max", None, "LLM: perplexity(compiled) / perplexity(fp32)"),
 }
-
-
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    """Cosine of two flattened arrays; NaN if either holds NaN/inf (a NaN never passes
-    :func:`check`), 0.0 if either is all zeros."""
-    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
-    den = np.linalg.norm(a) * np.linalg.norm(b)
-    if not np.isfinite(den):
-        return float("nan")
-    return float(a @ b / den) if den else 0.0
 
 
 def mean_pool(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
