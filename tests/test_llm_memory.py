@@ -114,3 +114,32 @@ def test_stage_refuses_a_build_that_does_not_fit(tmp_path):
     assert proj.entries("export") == []
     proj.env["NPUBUILD_MEMORY_GB"] = "4"
     assert proj.doit("run", "export:tiny-qwen2-w8a16").ran() == ["export:tiny-qwen2-w8a16"]
+
+
+def test_big_tables_are_split_exactly(tmp_path):
+    """Above the element limit the embedding table and LM head become column chunks (Gather /
+    MatMul per chunk, then Concat): same fp32 logits, and no weight tensor over the limit."""
+    import onnx
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tasks.llm.export import export_llm
+    from tasks.llm.runner import LLMRunner
+    from tasks.llm.sessions import cpu_session
+
+    mdir = tiny_model("qwen2")
+    limit = 1024 * 50  # the tiny table is 1024 x 192
+    export_llm(mdir, tmp_path / "ex", seq_len=8, context_len=32, max_tensor_elements=limit)
+    m = onnx.load(str(tmp_path / "ex" / "part0" / "decode.onnx"), load_external_data=False)
+    sizes = {i.name: int(np.prod(i.dims)) for i in m.graph.initializer}
+    emb = sorted(n for n in sizes if n.startswith("model.embed_tokens.weight."))
+    head = sorted(n for n in sizes if n.startswith("lm_head.weight.T."))
+    assert len(emb) == 4 and len(head) == 4 and max(sizes[n] for n in emb + head) <= limit
+    ops = [(n.op_type, n.name) for n in m.graph.node]
+    assert ("Concat", "/lm_head/Concat") in ops and sum(o == "Gather" and "embed" in n for o, n in ops) == 4
+    runner = LLMRunner.from_export(tmp_path / "ex", cpu_session)
+    hf = AutoModelForCausalLM.from_pretrained(mdir, dtype=torch.float32).eval()
+    ids = list(range(3, 14))
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0, -1].numpy()
+    np.testing.assert_allclose(runner.prefill_logits(ids), ref, atol=2e-4, rtol=0)

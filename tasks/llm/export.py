@@ -69,6 +69,26 @@ IR_VERSION = 10
 WEIGHTS_FILE = "weights.data"
 ALIGN = 65536  # Windows' allocation granularity; a multiple of Linux's page size
 SUPPORTED = ("qwen2", "llama")
+# Largest weight initializer, in elements. onnxruntime's quantizer holds about four float copies
+# of the tensor it is quantizing (quant_utils.quantize_nparray: astype, divide, round, add), so a
+# 545 M-element table (Qwen2.5-7B's embedding or LM head, 2.2 GB in float32) alone cost ~9 GB
+# (measured: 2.4 GB peak for a 0.55 GB Gather table). Wider tables are split along their output
+# axis into equal chunks (then a Concat): exact in float32, and per-channel weight scales are
+# unchanged; a 16-bit Gather table gets one scale per column group instead of one.
+MAX_TENSOR_ELEMENTS = 1 << 27
+
+
+def split_sizes(rows: int, cols: int, limit: int = MAX_TENSOR_ELEMENTS) -> list[int]:
+    """Column counts of the chunks a [rows, cols] weight is split into so that each chunk has at
+    most ``limit`` elements: the fewest equal chunks (a divisor of ``cols``), else near-equal."""
+    if rows * cols <= limit:
+        return [cols]
+    k = -(-rows * cols // limit)
+    for n in range(k, cols + 1):
+        if cols % n == 0 and rows * (cols // n) <= limit:
+            return [cols // n] * n
+    base, rem = divmod(cols, k)
+    return [base + (1 if i < rem else 0) for i in range(k)]
 
 
 def split_layers(n_layers: int, parts: int) -> list[tuple[int, int]]:
@@ -151,10 +171,12 @@ class _WeightFile:
 
 
 def write_part_weights(ckpt: Checkpoint, lo: int, hi: int, *, embed: bool, head: bool,
-                       rope: tuple[np.ndarray, np.ndarray], path: Path) -> dict:
+                       rope: tuple[np.ndarray, np.ndarray], path: Path,
+                       max_tensor_elements: int = MAX_TENSOR_ELEMENTS) -> dict:
     """Write one part's weights to ``path``, one tensor in memory at a time. Linear weights
     ([out, in] in HF) are stored transposed ([in, out], the MatMul's B) under the HF name with
-    ``.T`` appended; norms, biases and the embedding table keep their HF names. Returns
+    ``.T`` appended; norms, biases and the embedding table keep their HF names; the embedding
+    table and LM head are split above ``max_tensor_elements`` (:func:`split_sizes`). Returns
     {name: TensorProto with external data}."""
     wf = _WeightFile(path)
     try:
@@ -164,16 +186,42 @@ def write_part_weights(ckpt: Checkpoint, lo: int, hi: int, *, embed: bool, head:
             a = ckpt.get(n)
             if n.endswith("_proj.weight"):
                 wf.add(n + ".T", a.T)
+            elif n == "model.embed_tokens.weight":  # [V, D], split along D
+                _add_split(wf, n, a, max_tensor_elements)
             else:
                 wf.add(n, a)
             del a
         if head:
             wf.add("model.norm.weight", ckpt.get("model.norm.weight"))
             head_name = part_tensor_names(ckpt, 0, 0, embed=False, head=True)[-1]
-            wf.add("lm_head.weight.T", ckpt.get(head_name).T)
+            _add_split(wf, "lm_head.weight.T", ckpt.get(head_name).T, max_tensor_elements)  # [D, V], split along V
     finally:
         wf.close()
     return wf.protos
+
+
+def _add_split(wf: "_WeightFile", name: str, a: np.ndarray, limit: int) -> None:
+    """Add a 2-D weight whole (``name``) or, above :data:`MAX_TENSOR_ELEMENTS`, as column
+    chunks ``name.0``, ``name.1``, ... (:func:`split_sizes`)."""
+    sizes = split_sizes(*a.shape, limit)
+    if len(sizes) == 1:
+        wf.add(name, a)
+        return
+    at = 0
+    for j, n in enumerate(sizes):
+        wf.add(f"{name}.{j}", a[:, at:at + n])
+        at += n
+
+
+def _split_names(g: "_Graph", name: str) -> list[str]:
+    """The initializer name(s) :func:`_add_split` gave ``name``."""
+    if name in g.weights:
+        return [name]
+    out, j = [], 0
+    while f"{name}.{j}" in g.weights:
+        out.append(f"{name}.{j}")
+        j += 1
+    return out
 
 
 class _Graph:
@@ -249,7 +297,9 @@ def build_graph(dims: dict, lo: int, hi: int, first: bool, last: bool, S: int, C
     ins, outs = io_spec(dims, lo, hi, first, last, S, C, lm_head, embed)
     x = ins[0][0]
     if first and embed == "part0":
-        x = g.op("model/embed_tokens", "Gather", [g.w("model.embed_tokens.weight"), "input_ids"])
+        tables = _split_names(g, "model.embed_tokens.weight")
+        cols = [g.op("model/embed_tokens", "Gather", [g.w(t), "input_ids"]) for t in tables]
+        x = cols[0] if len(cols) == 1 else g.op("model/embed_tokens", "Concat", cols, axis=-1)
     cos = g.op("rope", "Unsqueeze", [g.op("rope", "Gather", [g.w("rope_cos"), "position_ids"]), g.const("ax1", [1])])
     sin = g.op("rope", "Unsqueeze", [g.op("rope", "Gather", [g.w("rope_sin"), "position_ids"]), g.const("ax1", [1])])
     mask = "attention_mask"
@@ -291,7 +341,11 @@ def build_graph(dims: dict, lo: int, hi: int, first: bool, last: bool, S: int, C
         x = _rmsnorm(g, "model/norm", x, "model.norm.weight", eps)
         if lm_head == "last":
             x = g.op("lm_head", "Slice", [x, g.const(f"s_{S - 1}", [S - 1]), g.const(f"s_{S}", [S]), g.const("ax1", [1])])
-        g.op("lm_head", "MatMul", [x, g.w("lm_head.weight.T")], out="logits")
+        heads = _split_names(g, "lm_head.weight.T")
+        if len(heads) == 1:
+            g.op("lm_head", "MatMul", [x, g.w(heads[0])], out="logits")
+        else:
+            g.op("lm_head", "Concat", [g.op("lm_head", "MatMul", [x, g.w(h)]) for h in heads], out="logits", axis=-1)
     return g.model(ins, outs)
 
 
@@ -321,7 +375,8 @@ def io_spec(dims: dict, lo, hi, first, last, S, C, lm_head, embed):
 
 
 def export_llm(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 4096, parts: int = 1,
-               embed: str = "part0", lm_head: str = "last", only_parts=None, meter: list | None = None) -> dict:
+               embed: str = "part0", lm_head: str = "last", only_parts=None, meter: list | None = None,
+               max_tensor_elements: int = MAX_TENSOR_ELEMENTS) -> dict:
     """Export ``model_dir`` (HF Qwen2/Llama folder, safetensors) to ``out_dir/part{i}/{prefill,decode}.onnx``.
 
     Args:
@@ -337,6 +392,8 @@ def export_llm(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 409
         lm_head: ``"last"`` (logits of position S-1 only: [1,1,V]) or ``"all"`` ([1,S,V]).
         only_parts: optional set of part indices to write (benchmarks); ``export.json`` still
             describes every part.
+        max_tensor_elements: the embedding table and LM head are split into column chunks of
+            at most this many elements (:data:`MAX_TENSOR_ELEMENTS`).
         meter: optional list; gets one ``{"part", "seconds", "peak_rss"}`` per written part
             (wall time; this process's peak RSS in bytes while writing it). Kept out of
             ``export.json``, which must not vary between runs.
@@ -388,7 +445,7 @@ def export_llm(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 409
         if only_parts is None or i in only_parts:
             pdir.mkdir(exist_ok=True)
             weights = write_part_weights(ckpt, lo, hi, embed=first and embed == "part0", head=last,
-                                         rope=rope, path=pdir / WEIGHTS_FILE)
+                                         rope=rope, path=pdir / WEIGHTS_FILE, max_tensor_elements=max_tensor_elements)
             pdesc["weight_bytes"] = (pdir / WEIGHTS_FILE).stat().st_size
         for gname, S in (("prefill", seq_len), ("decode", 1)):
             ins, outs = io_spec(dims, lo, hi, first, last, S, context_len, lm_head, embed)
