@@ -132,3 +132,31 @@ def test_genai_config_writer(tmp_path):
     cfg = write_genai_config(desc, tmp_path / "genai_config.json")
     assert cfg["_unverified"] is True
     assert json.loads((tmp_path / "genai_config.json").read_text())["model"]["context_length"] == CONTEXT_LEN
+
+
+@pytest.mark.parametrize("embed", ["part0", "separate"])
+def test_part_stream_one_part_at_a_time_equals_the_runner(embed):
+    """PartStream with one part resident gives the LLMRunner's greedy tokens and logits for
+    every prompt at once, loading each part once per step; teacher forcing feeds given tokens."""
+    from tasks.llm.runner import LLMRunner, PartStream
+
+    ex = tiny_export("llama", parts=2, embed=embed)
+    desc = json.loads((ex / "export.json").read_text())
+    _, tok = _hf("llama")
+    prompts = [tok(p)["input_ids"] for p in PROMPTS[:3]] + [tok(LONG)["input_ids"]]
+    embed_table = np.load(ex / desc["embed_file"]) if desc["embed_file"] else None
+    path = lambda i, kind: ex / desc["parts"][i][kind]["path"]
+    one = PartStream(desc, path, cpu, resident=1, embed_table=embed_table)
+    both = PartStream(desc, path, cpu, resident=2, embed_table=embed_table)
+    t1, l1 = one.run(prompts, 6)
+    t2, l2 = both.run(prompts, 6)
+    assert t1 == t2 and one.loads == 2 + 5 * 2 and both.loads == 4
+    runner = LLMRunner.from_export(ex, cpu)
+    for ids, toks, rows in zip(prompts, t1, l1):
+        assert runner.generate(ids, 6) == toks
+        np.testing.assert_allclose(rows[0], runner.prefill_logits(ids), atol=1e-5)
+    forced = [[5, 6, 7, 8, 9]] * len(prompts)
+    tf, lf = one.run(prompts, 6, forced=forced)
+    runner.prefill_logits(prompts[0])
+    np.testing.assert_allclose(lf[0][1], runner.step(5), atol=1e-5)
+    np.testing.assert_allclose(lf[0][2], runner.step(6), atol=1e-5)
