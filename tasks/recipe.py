@@ -11,7 +11,9 @@ Errors: :class:`RecipeError` names the file and lists every problem as
 from __future__ import annotations
 
 import math
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -36,22 +38,63 @@ class RecipeError(Exception):
 
 # ---------------------------------------------------------------- YAML loading
 
+MAX_RECIPE_BYTES = 1_000_000  # a recipe is a page of YAML; bigger files are refused unread
+MAX_DEPTH = 32                # nesting levels of mappings and lists (recipes use about 5)
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """yaml.SafeLoader that rejects duplicate mapping keys (PyYAML silently keeps the last) and
-    anchors/aliases (a recipe reuses another with ``extends``; aliases also allow
-    self-references and exponential "billion laughs" expansions)."""
+
+class _Core12Resolver(yaml.resolver.BaseResolver):
+    """Plain scalars resolved by the YAML 1.2 core schema, not PyYAML's YAML 1.1 rules:
+    ``0100`` is 100 (octal is ``0o100``), ``0x80`` is 128, ``1e9`` is a float, and ``yes``,
+    ``no``, ``on``, ``off``, ``2:08``, ``1_000``, ``0b101`` and dates are text."""
+
+
+for _tag, _re, _first in [
+    ("null", r"^(?:~|null|Null|NULL|)$", ["~", "n", "N", ""]),
+    ("bool", r"^(?:true|True|TRUE|false|False|FALSE)$", list("tTfF")),
+    ("int", r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$", list("-+0123456789")),
+    ("float", r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+              r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$", list("-+.0123456789")),
+]:
+    _Core12Resolver.add_implicit_resolver(f"tag:yaml.org,2002:{_tag}", re.compile(_re), _first)
+
+
+class _RecipeLoader(yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser, yaml.composer.Composer,
+                    yaml.constructor.SafeConstructor, _Core12Resolver):
+    """Safe loading with YAML 1.2 core-schema scalars (:class:`_Core12Resolver`) that rejects
+    duplicate mapping keys (PyYAML silently keeps the last), nesting deeper than
+    ``MAX_DEPTH`` and anchors/aliases (a recipe reuses another with ``extends``; aliases also
+    allow self-references and exponential "billion laughs" expansions)."""
+
+    def __init__(self, stream):
+        yaml.reader.Reader.__init__(self, stream)
+        yaml.scanner.Scanner.__init__(self)
+        yaml.parser.Parser.__init__(self)
+        yaml.composer.Composer.__init__(self)
+        yaml.constructor.SafeConstructor.__init__(self)
+        _Core12Resolver.__init__(self)
+        self._depth = 0
 
     def compose_node(self, parent, index):
-        if self.check_event(yaml.events.AliasEvent):
-            ev = self.peek_event()
-            raise yaml.composer.ComposerError(None, None, "anchors and aliases (*name, <<: *name) are not "
-                                              "supported in recipes; use extends", ev.start_mark)
         ev = self.peek_event()
+        if isinstance(ev, yaml.events.AliasEvent):
+            raise yaml.composer.ComposerError(
+                None, None, f"anchors and aliases (*name, <<: *name) are not supported in recipes; use extends "
+                f"(a value starting with '*' is an alias: quote a glob pattern, \"*{ev.anchor}\")", ev.start_mark)
         if getattr(ev, "anchor", None):
             raise yaml.composer.ComposerError(None, None, "anchors and aliases (&name, *name) are not "
                                               "supported in recipes; use extends", ev.start_mark)
-        return super().compose_node(parent, index)
+        if self._depth >= MAX_DEPTH:
+            raise yaml.composer.ComposerError(None, None, f"expected at most {MAX_DEPTH} levels of nested "
+                                              "mappings and lists, found more", ev.start_mark)
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_yaml_int(self, node):
+        v = self.construct_scalar(node)
+        return int(v[2:], 8) if v.startswith("0o") else int(v[2:], 16) if v.startswith("0x") else int(v, 10)
 
 
 def _construct_mapping(loader, node, deep=False):
@@ -66,22 +109,68 @@ def _construct_mapping(loader, node, deep=False):
     return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
 
 
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_RecipeLoader.add_constructor("tag:yaml.org,2002:map", _construct_mapping)
+_RecipeLoader.add_constructor("tag:yaml.org,2002:int", _RecipeLoader.construct_yaml_int)
+
+
+def yaml11_hint(value) -> str:
+    """For text that YAML 1.1 (PyYAML, older tools) would have read as a bool or a number, the
+    note to add to a "found" message: what YAML 1.2 makes of it and what to write instead."""
+    if not isinstance(value, str):
+        return ""
+    v = value.strip()
+    if v.lower() in ("yes", "no", "on", "off", "y", "n"):
+        return f" (YAML 1.2 reads {v} as text: write true or false)"
+    if re.fullmatch(r"[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?", v):
+        return f" (YAML 1.2 reads {v} as text, not a base-60 number: write the number in decimal)"
+    if re.fullmatch(r"[-+]?0b[01_]+|[-+]?[0-9][0-9_]*_[0-9_]*(\.[0-9_]*)?|[-+]0[ox][0-9a-fA-F_]+", v):
+        return f" (YAML 1.2 reads {v} as text: write it in decimal without '_', or as 0o17 / 0x1f)"
+    return ""
+
+
+def _glob_hint(text: str, mark) -> str:
+    """The quoting advice for a scanner error on a plain value that starts with '*'."""
+    try:
+        line = text.splitlines()[mark.line]
+    except (IndexError, AttributeError):
+        return ""
+    word = re.match(r"[^\s,\]}]*", line[mark.column:]).group(0)
+    if not word.startswith("*"):
+        return ""
+    return f"; a value starting with '*' is a YAML alias: quote a glob pattern, \"{word}\""
 
 
 def read_yaml(path: Path) -> dict:
-    """Parse one recipe file with the safe loader. Raises RecipeError for a syntax error, a
-    duplicate key, or a top level that is not a mapping."""
+    """Parse one recipe file (YAML 1.2 core schema, safe). Raises RecipeError for a file that
+    is not a readable regular file (missing, a dangling symlink, a directory, a FIFO), is
+    larger than ``MAX_RECIPE_BYTES`` or not UTF-8, for a syntax error, a duplicate key, an
+    anchor or alias, nesting deeper than ``MAX_DEPTH``, or a top level that is not a mapping."""
+    path = Path(path)
     try:
-        data = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a special file"
+            raise RecipeError(path, [("", f"expected a regular file, found {kind}")])
+        if st.st_size > MAX_RECIPE_BYTES:
+            raise RecipeError(path, [("", f"expected at most {MAX_RECIPE_BYTES:,} bytes (recipes are small; "
+                                          f"the limit is tasks/recipe.py MAX_RECIPE_BYTES), found {st.st_size:,}")])
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_RECIPE_BYTES + 1)
+        if len(raw) > MAX_RECIPE_BYTES:
+            raise RecipeError(path, [("", f"expected at most {MAX_RECIPE_BYTES:,} bytes, found more")])
+        text = raw.decode("utf-8")
+    except OSError as e:
+        what = "a dangling symlink" if path.is_symlink() and not path.exists() else e.strerror
+        raise RecipeError(path, [("", f"expected a readable file, found {what}")]) from None
+    except UnicodeDecodeError as e:
+        raise RecipeError(path, [("", f"expected UTF-8 text, found byte {e.object[e.start]:#04x} at offset {e.start}")]) from None
+    try:
+        data = yaml.load(text, Loader=_RecipeLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        raise RecipeError(path, [("", f"invalid YAML: {where}{getattr(e, 'problem', None) or e}")]) from None
-    except OSError as e:
-        raise RecipeError(path, [("", f"cannot read file: {e.strerror}")]) from None
-    except UnicodeDecodeError as e:
-        raise RecipeError(path, [("", f"expected UTF-8 text, found byte {e.object[e.start]:#04x} at offset {e.start}")]) from None
+        hint = _glob_hint(text, getattr(e, "context_mark", None)) if "alias" in str(getattr(e, "context", "")) else ""
+        raise RecipeError(path, [("", f"invalid YAML: {where}{getattr(e, 'problem', None) or e}{hint}")]) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -177,13 +266,25 @@ class PatchStep(_Strict):
             raise ValueError(f"expected a known patch ({', '.join(patches.known())}), found {v!r}")
         return v
 
-    @model_validator(mode="after")
-    def _params(self):
+    @field_validator("params")
+    @classmethod
+    def _params(cls, v, info):
+        """Checked against the patch's signature; an int given for a float param becomes a
+        float, so ``fill: -100`` and ``fill: -100.0`` are one patch (and one stage key)."""
+        import typing
+
         from . import patches
 
-        if self.name in patches.known():
-            patches.check_params(self.name, self.params)  # ValueError naming the param
-        return self
+        name = info.data.get("name")
+        if name not in patches.known():
+            return v  # reported on name
+        try:
+            patches.check_params(name, v)  # ValueError naming the param
+        except ValueError as e:
+            hints = "".join(yaml11_hint(x) for x in v.values())
+            raise ValueError(f"{e}{hints}") from None
+        floats = {k for k, t in typing.get_type_hints(patches.get(name).fn).items() if t is float}
+        return {k: float(x) if k in floats and type(x) is int else x for k, x in v.items()}
 
 
 class TextData(_Strict):
@@ -312,7 +413,10 @@ def _pydantic_problems(err: ValidationError) -> list[tuple[str, str]]:
         else:
             msg = e["msg"].removeprefix("Value error, ")
             if "found" not in msg:
+                msg = msg.removeprefix("Input should be ")
                 msg = f"expected {msg[0].lower() + msg[1:]}; found {_found(e['input'])}"
+            if e["type"] in ("bool_type", "int_type", "float_type"):
+                msg += yaml11_hint(e["input"])
             problems.append((loc, msg))
     return problems
 

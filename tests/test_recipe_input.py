@@ -1,0 +1,86 @@
+"""Issue 14, bad input and integrity: each *kind* of bad recipe input (YAML 1.1 scalar traps,
+out-of-range values, files that are not recipes, data files that the stages cannot read or
+that lie outside the project) is a load error of that file alone, naming the file, the key
+path, what was expected and what was found."""
+
+from __future__ import annotations
+
+import pytest
+
+from tasks.plan import expand
+from tasks.recipe import RecipeError, load_recipe
+from test_recipe import GOOD, write
+
+
+def problems(f) -> dict:
+    with pytest.raises(RecipeError) as err:
+        load_recipe(f)
+    assert str(f) in str(err.value)
+    return dict(err.value.problems)
+
+
+# ------------------------------------------------------------ 1. YAML 1.2 core schema
+
+
+@pytest.mark.parametrize("text, value", [
+    ("0100", 100), ("010", 10), ("0o100", 64), ("0x80", 128), ("+96", 96),
+])
+def test_integers_read_as_yaml_1_2(tmp_path, text, value):
+    """A leading zero is decimal (YAML 1.1 read 0100 as octal 64); 0o / 0x are explicit."""
+    r = load_recipe(write(tmp_path, "r", GOOD + f"export: {{sequence_length: {text}}}\n"))
+    assert r.export.sequence_length == value
+
+
+@pytest.mark.parametrize("word", ["yes", "no", "on", "off", "Yes", "OFF"])
+def test_yaml_1_1_booleans_are_text_with_a_hint(tmp_path, word):
+    f = write(tmp_path, "r", GOOD.replace("calibration:", f"per_channel: {word}\n  calibration:"))
+    assert problems(f) == {"quantize.per_channel": f"expected a valid boolean; found '{word}' "
+                                                    f"(YAML 1.2 reads {word} as text: write true or false)"}
+
+
+@pytest.mark.parametrize("text", ["2:08", "1:00:00"])
+def test_sexagesimal_is_text_with_a_hint(tmp_path, text):
+    f = write(tmp_path, "r", GOOD.replace("{file: data/c.txt}", f"{{file: data/c.txt, samples: {text}}}"))
+    assert problems(f)["quantize.calibration.samples"] == (
+        f"expected a valid integer; found '{text}' (YAML 1.2 reads {text} as text, not a base-60 number: "
+        "write the number in decimal)")
+
+
+def test_underscores_and_binary_are_text_with_a_hint(tmp_path):
+    f = write(tmp_path, "r", GOOD + "export: {sequence_length: 1_024, opset: 0b10001}\n")
+    p = problems(f)
+    assert p["export.sequence_length"].startswith("expected a valid integer; found '1_024' (YAML 1.2 reads 1_024 as text")
+    assert "write it in decimal" in p["export.opset"]
+
+
+def test_yaml_1_2_floats_dates_and_keys(tmp_path):
+    """1e9 is a float (YAML 1.1 read it as text); a date stays text; `on:` is the key "on"."""
+    r = load_recipe(write(tmp_path, "r", GOOD + "patches: [{name: mask-range, params: {threshold: 1e4}}]\n"
+                                                "description: 2024-01-31\n"))
+    assert r.patches[0].params == {"threshold": 1e4} and r.description == "2024-01-31"
+    p = problems(write(tmp_path, "k", GOOD + "on: 1\n"))
+    assert p == {"on": "expected no such key (unknown), found 1"}
+
+
+def test_patch_float_param_takes_an_int_but_not_text(tmp_path):
+    a = load_recipe(write(tmp_path, "a", GOOD + "patches: [{name: mask-range, params: {fill: -100}}]\n"))
+    b = load_recipe(write(tmp_path, "b", GOOD + "patches: [{name: mask-range, params: {fill: -100.0}}]\n"))
+    assert a.patches[0].params == {"fill": -100.0} and type(a.patches[0].params["fill"]) is float
+    assert [s.params for s in expand(a)] == [s.params for s in expand(b)]  # one patch, one stage key
+    for bad, found in [("'-100'", "'-100'"), ("on", "'on' (YAML 1.2 reads on as text: write true or false)")]:
+        f = write(tmp_path, "c", GOOD + f"patches: [{{name: mask-range, params: {{fill: {bad}}}}}]\n")
+        assert problems(f) == {"patches[0].params": f"expected mask-range.fill to be float, found {found}"}
+
+
+@pytest.mark.parametrize("flow, word", [
+    ("allow_patterns: [*safetensors]", "*safetensors"),
+    ("allow_patterns: [*.json, model.bin]", "*.json"),
+    ("allow_patterns:\n    - *.safetensors", "*.safetensors"),
+])
+def test_unquoted_glob_explains_quoting(tmp_path, flow, word):
+    f = write(tmp_path, "g", GOOD.replace("source: {path: models/m}", f"source:\n  hf: org/name\n  revision: main\n  {flow}"))
+    msg = problems(f)[""]
+    assert msg.startswith("invalid YAML: line ") and f"quote a glob pattern, \"{word}\"" in msg, msg
+    ok = write(tmp_path, "q", GOOD.replace("source: {path: models/m}", f"source: {{hf: o/n, revision: main, "
+                                                                        f"allow_patterns: [\"{word}\"]}}"))
+    assert load_recipe(ok).source.allow_patterns == [word]
