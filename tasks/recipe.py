@@ -113,14 +113,15 @@ _RecipeLoader.add_constructor("tag:yaml.org,2002:map", _construct_mapping)
 _RecipeLoader.add_constructor("tag:yaml.org,2002:int", _RecipeLoader.construct_yaml_int)
 
 
-def yaml11_hint(value) -> str:
-    """For text that YAML 1.1 (PyYAML, older tools) would have read as a bool or a number, the
-    note to add to a "found" message: what YAML 1.2 makes of it and what to write instead."""
+def yaml11_hint(value, wanted: str = "number") -> str:
+    """For text that YAML 1.1 (PyYAML, older tools) would have read as a ``wanted`` ("bool"
+    or "number"), the note to add to a "found" message: what YAML 1.2 makes of it and what to
+    write instead; "" for anything else."""
     if not isinstance(value, str):
         return ""
     v = value.strip()
-    if v.lower() in ("yes", "no", "on", "off", "y", "n"):
-        return f" (YAML 1.2 reads {v} as text: write true or false)"
+    if wanted == "bool":
+        return f" (YAML 1.2 reads {v} as text: write true or false)" if v.lower() in ("yes", "no", "on", "off") else ""
     if re.fullmatch(r"[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?", v):
         return f" (YAML 1.2 reads {v} as text, not a base-60 number: write the number in decimal)"
     if re.fullmatch(r"[-+]?0b[01_]+|[-+]?[0-9][0-9_]*_[0-9_]*(\.[0-9_]*)?|[-+]0[ox][0-9a-fA-F_]+", v):
@@ -278,12 +279,14 @@ class PatchStep(_Strict):
         name = info.data.get("name")
         if name not in patches.known():
             return v  # reported on name
+        types = typing.get_type_hints(patches.get(name).fn)
         try:
             patches.check_params(name, v)  # ValueError naming the param
         except ValueError as e:
-            hints = "".join(yaml11_hint(x) for x in v.values())
+            hints = "".join(yaml11_hint(x, "bool" if types.get(k) is bool else "number")
+                            for k, x in v.items() if f"{name}.{k} " in str(e))
             raise ValueError(f"{e}{hints}") from None
-        floats = {k for k, t in typing.get_type_hints(patches.get(name).fn).items() if t is float}
+        floats = {k for k, t in types.items() if t is float}
         return {k: float(x) if k in floats and type(x) is int else x for k, x in v.items()}
 
 
@@ -341,6 +344,40 @@ class CompileCfg(_Strict):
         return v
 
 
+INF = math.inf
+# threshold name (tasks/stages/verify.py THRESHOLDS) -> (what it is, low, low included, high):
+# checked at load, so a bar that always passes (a cosine of -5) or never can (1.5) is an error
+# now, not after a full build. None as high: verify.max_new_tokens.
+THRESHOLD_RANGES = {
+    "pooled_cosine_mean": ("a cosine", 0.0, False, 1.0),
+    "pooled_cosine_min": ("a cosine", 0.0, False, 1.0),
+    "cosine_mean": ("a cosine", 0.0, False, 1.0),
+    "cosine_min": ("a cosine", 0.0, False, 1.0),
+    "logits_cosine_mean": ("a cosine", 0.0, False, 1.0),
+    "max_abs_error": ("an absolute error", 0.0, True, INF),
+    "top1_agreement": ("a share of tokens", 0.0, True, 1.0),
+    "token_agreement": ("a share of tokens", 0.0, True, 1.0),
+    "prefix_match_mean": ("a number of tokens up to verify.max_new_tokens", 0.0, True, None),
+    "perplexity_ratio": ("a ratio of perplexities", 0.0, False, INF),
+}
+
+
+def _range_text(low: float, low_in: bool, high: float) -> str:
+    if high == INF:
+        return f"{'>=' if low_in else '>'} {low:g}"
+    return f"in {'[' if low_in else '('}{low:g}, {high:g}]"
+
+
+def _raise_at(problems: list[tuple[tuple, str, Any]]):
+    """Raise a ValidationError with one error per ``(loc below the field, message, input)``,
+    so each problem gets its own key path (e.g. ``verify.thresholds.cosine_min``)."""
+    from pydantic_core import InitErrorDetails, PydanticCustomError
+
+    raise ValidationError.from_exception_data("recipe", [
+        InitErrorDetails(type=PydanticCustomError("out_of_range", msg), loc=loc, input=value)
+        for loc, msg, value in problems])
+
+
 class VerifyCfg(_Strict):
     backend: Literal["htp", "cpu-qdq"] = "htp"
     data: TextData
@@ -350,7 +387,8 @@ class VerifyCfg(_Strict):
 
     @field_validator("thresholds")
     @classmethod
-    def _known(cls, v):
+    def _known(cls, v, info):
+        """Known names, finite values, each in its range (THRESHOLD_RANGES)."""
         from .stages.verify import THRESHOLDS
 
         bad = [k for k in v if k not in THRESHOLDS]
@@ -359,6 +397,14 @@ class VerifyCfg(_Strict):
         nan = [k for k, x in v.items() if not math.isfinite(x)]
         if nan:
             raise ValueError(f"expected finite thresholds, found {nan}")
+        out = []
+        for k, x in v.items():
+            what, low, low_in, high = THRESHOLD_RANGES[k]
+            high = info.data.get("max_new_tokens", INF) if high is None else high
+            if not (low <= x <= high) or (x == low and not low_in):
+                out.append(((k,), f"expected {what} {_range_text(low, low_in, high)}, found {x!r}", x))
+        if out:
+            _raise_at(out)
         return v
 
 
@@ -416,7 +462,7 @@ def _pydantic_problems(err: ValidationError) -> list[tuple[str, str]]:
                 msg = msg.removeprefix("Input should be ")
                 msg = f"expected {msg[0].lower() + msg[1:]}; found {_found(e['input'])}"
             if e["type"] in ("bool_type", "int_type", "float_type"):
-                msg += yaml11_hint(e["input"])
+                msg += yaml11_hint(e["input"], "bool" if e["type"] == "bool_type" else "number")
             problems.append((loc, msg))
     return problems
 

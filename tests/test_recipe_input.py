@@ -67,7 +67,8 @@ def test_patch_float_param_takes_an_int_but_not_text(tmp_path):
     b = load_recipe(write(tmp_path, "b", GOOD + "patches: [{name: mask-range, params: {fill: -100.0}}]\n"))
     assert a.patches[0].params == {"fill": -100.0} and type(a.patches[0].params["fill"]) is float
     assert [s.params for s in expand(a)] == [s.params for s in expand(b)]  # one patch, one stage key
-    for bad, found in [("'-100'", "'-100'"), ("on", "'on' (YAML 1.2 reads on as text: write true or false)")]:
+    for bad, found in [("'-100'", "'-100'"), ("on", "'on'"),
+                       ("1:40", "'1:40' (YAML 1.2 reads 1:40 as text, not a base-60 number: write the number in decimal)")]:
         f = write(tmp_path, "c", GOOD + f"patches: [{{name: mask-range, params: {{fill: {bad}}}}}]\n")
         assert problems(f) == {"patches[0].params": f"expected mask-range.fill to be float, found {found}"}
 
@@ -84,3 +85,46 @@ def test_unquoted_glob_explains_quoting(tmp_path, flow, word):
     ok = write(tmp_path, "q", GOOD.replace("source: {path: models/m}", f"source: {{hf: o/n, revision: main, "
                                                                         f"allow_patterns: [\"{word}\"]}}"))
     assert load_recipe(ok).source.allow_patterns == [word]
+
+
+# ------------------------------------------------------------ 2. ranges at load
+
+
+def thresholds(tmp_path, text: str, extra: str = ""):
+    return write(tmp_path, "t", GOOD.replace("data: {file: data/v.txt}",
+                                             f"data: {{file: data/v.txt}}\n  thresholds: {{{text}}}{extra}"))
+
+
+@pytest.mark.parametrize("text, key, message", [
+    ("cosine_mean: -5.0", "cosine_mean", "expected a cosine in (0, 1], found -5.0"),
+    ("pooled_cosine_min: 1.5", "pooled_cosine_min", "expected a cosine in (0, 1], found 1.5"),
+    ("logits_cosine_mean: 0", "logits_cosine_mean", "expected a cosine in (0, 1], found 0.0"),
+    ("token_agreement: 1.01", "token_agreement", "expected a share of tokens in [0, 1], found 1.01"),
+    ("top1_agreement: -0.1", "top1_agreement", "expected a share of tokens in [0, 1], found -0.1"),
+    ("perplexity_ratio: 0.0", "perplexity_ratio", "expected a ratio of perplexities > 0, found 0.0"),
+    ("max_abs_error: -1", "max_abs_error", "expected an absolute error >= 0, found -1.0"),
+    ("prefix_match_mean: 17", "prefix_match_mean",
+     "expected a number of tokens up to verify.max_new_tokens in [0, 16], found 17.0"),
+])
+def test_threshold_out_of_range(tmp_path, text, key, message):
+    assert problems(thresholds(tmp_path, text)) == {f"verify.thresholds.{key}": message}
+
+
+def test_thresholds_in_range_ints_and_all_bad_reported_together(tmp_path):
+    r = load_recipe(thresholds(tmp_path, "token_agreement: 1, perplexity_ratio: 1.3, prefix_match_mean: 20",
+                               "\n  max_new_tokens: 32"))
+    assert r.verify.thresholds == {"token_agreement": 1.0, "perplexity_ratio": 1.3, "prefix_match_mean": 20.0}
+    p = problems(thresholds(tmp_path, "cosine_min: 2.0, top1_agreement: 3", "\n  max_new_tokens: 0"))
+    assert p == {"verify.thresholds.cosine_min": "expected a cosine in (0, 1], found 2.0",
+                 "verify.thresholds.top1_agreement": "expected a share of tokens in [0, 1], found 3.0",
+                 "verify.max_new_tokens": "expected greater than or equal to 1; found 0"}
+    p = problems(thresholds(tmp_path, "max_abs_error: '0.1', top1_agreement: yes"))
+    assert p == {"verify.thresholds.max_abs_error": "expected a valid number; found '0.1'",
+                 "verify.thresholds.top1_agreement": "expected a valid number; found 'yes'"}
+
+
+def test_every_threshold_has_a_range():
+    from tasks.recipe import THRESHOLD_RANGES
+    from tasks.stages.verify import THRESHOLDS
+
+    assert set(THRESHOLD_RANGES) == set(THRESHOLDS)
