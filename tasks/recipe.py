@@ -501,28 +501,49 @@ def load_recipe(path: Path) -> Recipe:
 def load_all(directory: Path | None = None, collect_errors: bool = False):
     """All recipes in ``directory`` (default ``recipes/``), by name, sorted.
 
-    Raises RecipeError for the first invalid file, or for two files that declare the same
-    name; with ``collect_errors=True`` returns ``(recipes, {file stem: RecipeError})``
-    instead, every file checked."""
+    Every ``*.yaml`` entry is loaded on its own: whatever is wrong with one (see
+    :func:`read_yaml`, the schema, :func:`check_data_files`, even an unforeseen exception)
+    is that file's RecipeError and never stops the others. A ``name:`` may not be another
+    file's stem (that file owns it), and two files declaring the same name are both invalid
+    (neither silently owns it), so build task names never collide.
+
+    Raises RecipeError for the first invalid file (by file name); with
+    ``collect_errors=True`` returns ``(recipes, {file stem: RecipeError})`` instead."""
     from .paths import recipes_dir
 
     directory = Path(directory or recipes_dir())
-    out: dict[str, Recipe] = {}
-    files: dict[str, Path] = {}
+    files = sorted(directory.glob("*.yaml"))
+    stems = {f.stem: f for f in files}
     errors: dict[str, RecipeError] = {}
-    for f in sorted(directory.glob("*.yaml")):
+    loaded: dict[Path, Recipe] = {}
+    for f in files:
         try:
             r = load_recipe(f)
-            if r.name in out:
-                raise RecipeError(f, [("name", f"expected a unique name, found {r.name!r} also in {files[r.name].name}")])
+            if r.name != f.stem and r.name in stems:
+                raise RecipeError(f, [("name", f"expected a name that is not another file's stem, found {r.name!r}, "
+                                               f"the recipe of {stems[r.name].name}")])
+            loaded[f] = r
+        except RecipeError as e:
+            errors[f.stem] = e
+        except Exception as e:  # a bug, or an input no check foresaw: still this file's problem alone
+            errors[f.stem] = RecipeError(f, [("", f"cannot load: {type(e).__name__}: {e}")])
+    out: dict[str, Recipe] = {}
+    for f, r in loaded.items():
+        others = [g.name for g, o in loaded.items() if o.name == r.name and g != f]
+        try:
+            if others:
+                raise RecipeError(f, [("name", f"expected a unique name, found {r.name!r} also in {', '.join(others)}")])
             check_data_files(f, r)
         except RecipeError as e:
-            if not collect_errors:
-                raise
             errors[f.stem] = e
             continue
-        out[r.name], files[r.name] = r, f
-    return (out, errors) if collect_errors else out
+        out[r.name] = r
+    out = dict(sorted(out.items()))
+    if collect_errors:
+        return out, dict(sorted(errors.items()))
+    if errors:
+        raise errors[min(errors)]
+    return out
 
 
 def check_data_files(path: Path, r: Recipe) -> None:

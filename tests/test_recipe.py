@@ -123,8 +123,10 @@ def test_duplicate_names_across_files(tmp_path, monkeypatch):
     _data(tmp_path)
     write(tmp_path, "one", GOOD + "name: same\n")
     write(tmp_path, "two", GOOD + "name: same\n")
-    with pytest.raises(RecipeError, match=r"two.yaml.*\n.*name: expected a unique name, found 'same' also in one.yaml"):
+    with pytest.raises(RecipeError, match=r"one.yaml.*\n.*name: expected a unique name, found 'same' also in two.yaml"):
         load_all(tmp_path)
+    recipes, errors = load_all(tmp_path, collect_errors=True)  # neither file silently owns the name
+    assert not recipes and dict(errors["two"].problems) == {"name": "expected a unique name, found 'same' also in one.yaml"}
 
 
 def test_non_utf8_and_null_and_data_files(tmp_path, monkeypatch):

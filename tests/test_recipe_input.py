@@ -128,3 +128,75 @@ def test_every_threshold_has_a_range():
     from tasks.stages.verify import THRESHOLDS
 
     assert set(THRESHOLD_RANGES) == set(THRESHOLDS)
+
+
+# ------------------------------------------------------------ 3. one bad file is its own error
+
+
+def _bad_files(d, good: str):
+    """One file of each kind that is not a loadable recipe, next to a good one; returns
+    {stem: the message of its one problem}."""
+    import os
+
+    (d / "deep.yaml").write_text("source: " + "[" * 20_000 + "]" * 20_000 + "\n")
+    (d / "dangling.yaml").symlink_to(d / "nowhere.yaml")
+    os.mkfifo(d / "fifo.yaml")
+    (d / "folder.yaml").mkdir()
+    with open(d / "huge.yaml", "wb") as fh:
+        fh.truncate(50_000_000)  # 50 MB (sparse): refused by its size, never read
+    (d / "thief.yaml").write_text(good + "name: good\n")  # another file's stem
+    (d / "same-1.yaml").write_text(good + "name: same\n")
+    (d / "same-2.yaml").write_text(good + "name: same\n")
+    (d / "good.yaml").write_text(good)
+    return {
+        "deep": "<top>: invalid YAML: line 1, column 40: expected at most 32 levels of nested mappings and lists, found more",
+        "dangling": "<top>: expected a readable file, found a dangling symlink",
+        "fifo": "<top>: expected a regular file, found a FIFO",
+        "folder": "<top>: expected a regular file, found a directory",
+        "huge": "<top>: expected at most 1,000,000 bytes (recipes are small; the limit is tasks/recipe.py "
+                "MAX_RECIPE_BYTES), found 50,000,000",
+        "thief": "name: expected a name that is not another file's stem, found 'good', the recipe of good.yaml",
+        "same-1": "name: expected a unique name, found 'same' also in same-2.yaml",
+        "same-2": "name: expected a unique name, found 'same' also in same-1.yaml",
+    }
+
+
+def test_each_bad_file_is_its_own_load_error(tmp_path, monkeypatch):
+    from tasks.recipe import load_all
+
+    monkeypatch.setenv("NPUBUILD_ROOT", str(tmp_path))
+    (tmp_path / "data").mkdir()
+    for n in ("c", "v"):
+        (tmp_path / "data" / f"{n}.txt").write_text("a sentence\n" * 20)
+    d = tmp_path / "recipes"
+    d.mkdir()
+    want = _bad_files(d, GOOD)
+    recipes, errors = load_all(d, collect_errors=True)
+    assert list(recipes) == ["good"]
+    got = {stem: str(e).split("\n", 1)[1].strip() for stem, e in errors.items()}
+    assert got == want
+    assert all(str(e).startswith(f"{d / stem}.yaml: 1 problem(s)") for stem, e in errors.items())
+
+
+def test_doit_list_lists_valid_recipes_and_exits_nonzero(project):
+    tiny = project.recipe("t8").read_text()
+    want = _bad_files(project.root / "recipes", tiny)
+    (project.root / "recipes" / "good.yaml").unlink()
+    (project.root / "recipes" / "thief.yaml").write_text(tiny + "name: t8\n")
+    want["thief"] = "name: expected a name that is not another file's stem, found 't8', the recipe of t8.yaml"
+    p = project.popen("list", "--all")
+    out = p.communicate(timeout=300)[0]
+    assert p.returncode == 1, out
+    listed = {ln.split()[0] for ln in out.splitlines() if ln.startswith(("build:", "download:", "verify:"))}
+    assert {"build:t8", "download:t8", "verify:t8"} <= listed
+    assert {f"build:{s}" for s in want} <= listed  # the INVALID ones, whose build fails with the message
+    for msg in want.values():
+        assert msg in out
+    assert f"npubuild: {len(want)} invalid recipe file(s), each with a failing build:<stem> task: " in out
+    assert project.doit("run", "download:t8").tasks["download:t8"]["result"] == "success"
+    (project.root / "recipes" / "fifo.yaml").unlink()
+    for f in (project.root / "recipes").glob("*.yaml"):
+        if f.stem != "t8":
+            f.rmdir() if f.is_dir() else f.unlink()
+    p = project.popen("list")
+    assert "build" in p.communicate(timeout=300)[0] and p.returncode == 0
