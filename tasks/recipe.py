@@ -546,23 +546,66 @@ def load_all(directory: Path | None = None, collect_errors: bool = False):
     return out
 
 
+def _outside(rel: str) -> str:
+    """"" if ``rel`` (relative to the project root, or absolute) lies inside the project root
+    or a folder of ``NPUBUILD_ALLOW_PATHS`` once resolved (``..`` and symlinks followed), else
+    the problem's message."""
+    from .paths import allowed_dirs, root
+
+    real = (root() / rel).resolve()
+    if real.is_relative_to(root().resolve()):
+        return ""
+    want = f"expected a path inside the project {root()} (or in a folder of NPUBUILD_ALLOW_PATHS)"
+    try:
+        if any(real.is_relative_to(d) for d in allowed_dirs()):
+            return ""
+    except ValueError as e:
+        return f"{want}, found {rel!r}, which is {real} ({e})"
+    return f"{want}, found {rel!r}, which is {real}"
+
+
+def read_data_text(f: Path, rel: str) -> str:
+    """A data file's text, decoded as the stages decode it (UTF-8, strict). Raises ValueError
+    naming the file, the line and the byte offset of the first byte that is not UTF-8."""
+    raw = Path(f).read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise ValueError(f"expected UTF-8 text, found byte {raw[e.start]:#04x} at line {line} "
+                         f"(byte offset {e.start}) of {rel}") from None
+
+
 def check_data_files(path: Path, r: Recipe) -> None:
-    """The data files a recipe names exist under the project root, and a line-per-sample file
-    has at least ``samples`` non-empty lines. Raises RecipeError with the key paths."""
+    """The data files a recipe names lie inside the project (see :func:`_outside`), exist, are
+    UTF-8 text as the stages read them, and a line-per-sample file has at least ``samples``
+    non-empty lines; ``source.path`` lies inside the project too. Raises RecipeError with the
+    key paths."""
     from .paths import root
 
     problems = []
-    wanted = [("quantize.calibration", r.quantize.calibration, r.export.family == "encoder"),
-              ("verify.data", r.verify.data, True)]
+    if r.source.path is not None and (bad := _outside(r.source.path)):
+        problems.append(("source.path", bad))
+    wanted = [("quantize.calibration.file", r.quantize.calibration, r.export.family == "encoder"),
+              ("verify.data.file", r.verify.data, True)]
+    if r.verify.perplexity_text:
+        wanted.append(("verify.perplexity_text", None, False))
     for key, data, per_line in wanted:
-        f = root() / data.file
-        if not f.is_file():
-            problems.append((f"{key}.file", f"expected an existing file under {root()}, found nothing at {data.file!r}"))
-        elif per_line:
-            n = sum(1 for ln in f.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip())
-            if n < data.samples:
-                problems.append((f"{key}.samples", f"expected at most the {n} non-empty lines of {data.file}, found {data.samples}"))
-    if r.verify.perplexity_text and not (root() / r.verify.perplexity_text).is_file():
-        problems.append(("verify.perplexity_text", f"expected an existing file, found nothing at {r.verify.perplexity_text!r}"))
+        rel = data.file if data else r.verify.perplexity_text
+        f = root() / rel
+        if bad := _outside(rel):
+            problems.append((key, bad))
+        elif not f.is_file():
+            problems.append((key, f"expected an existing file under {root()}, found nothing at {rel!r}"))
+        else:
+            try:
+                text = read_data_text(f, rel)
+            except (OSError, ValueError) as e:
+                problems.append((key, str(e) if isinstance(e, ValueError) else f"expected a readable file, found {e.strerror}"))
+                continue
+            n = sum(1 for ln in text.splitlines() if ln.strip())  # as stages/quantize.py read_lines
+            if per_line and n < data.samples:
+                problems.append((key.removesuffix(".file") + ".samples",
+                                 f"expected at most the {n} non-empty lines of {rel}, found {data.samples}"))
     if problems:
         raise RecipeError(path, problems)

@@ -200,3 +200,81 @@ def test_doit_list_lists_valid_recipes_and_exits_nonzero(project):
             f.rmdir() if f.is_dir() else f.unlink()
     p = project.popen("list")
     assert "build" in p.communicate(timeout=300)[0] and p.returncode == 0
+
+
+# ------------------------------------------------------------ 4. data files as the stages read them
+
+
+@pytest.fixture
+def proj(tmp_path, monkeypatch):
+    """A project root with data/c.txt, data/v.txt (UTF-8, 20 lines) and recipes/."""
+    root = tmp_path / "root"
+    (root / "data").mkdir(parents=True)
+    (root / "recipes").mkdir()
+    for n in ("c", "v", "ok"):
+        (root / "data" / f"{n}.txt").write_text("a sentence\n" * 20, encoding="utf-8")
+    monkeypatch.setenv("NPUBUILD_ROOT", str(root))
+    monkeypatch.delenv("NPUBUILD_ALLOW_PATHS", raising=False)
+    return root
+
+
+def load_errors(root, text: str) -> dict:
+    from tasks.recipe import load_all
+
+    (root / "recipes" / "r.yaml").write_text(text)
+    (root / "recipes" / "ok.yaml").write_text(GOOD.replace("data/c.txt", "data/ok.txt").replace("data/v.txt", "data/ok.txt"))
+    recipes, errors = load_all(root / "recipes", collect_errors=True)
+    assert list(recipes) == ["ok"]  # the other recipe is unaffected
+    assert set(errors) == {"r"} and str(errors["r"]).startswith(f"{root / 'recipes' / 'r.yaml'}: ")
+    return dict(errors["r"].problems)
+
+
+@pytest.mark.parametrize("encoding, line, offset, byte", [
+    ("cp1252", 3, 23, "0x93"),   # \u201c in cp1252
+    ("latin-1", 3, 33, "0xe9"),  # \u00e9 in latin-1 (no curly quotes there)
+    ("utf-16", 1, 0, "0xff"),    # a BOM-led UTF-16 file
+])
+def test_non_utf8_data_file_names_file_line_offset_and_key(proj, encoding, line, offset, byte):
+    quote = "\u201c" if encoding != "latin-1" else ""
+    text = f"first line\nsecond line\n{quote}quoted caf\u00e9\n" + "more\n" * 20
+    (proj / "data" / "c.txt").write_bytes(text.encode(encoding))
+    assert load_errors(proj, GOOD) == {"quantize.calibration.file": (
+        f"expected UTF-8 text, found byte {byte} at line {line} (byte offset {offset}) of data/c.txt")}
+    from tasks.stages.quantize import read_lines
+
+    with pytest.raises(UnicodeDecodeError):  # what the quantize stage would have met mid-build
+        read_lines(proj / "data" / "c.txt", 16)
+    assert len(read_lines(proj / "data" / "ok.txt", 16)) == 16  # and a file that loads, it reads
+
+
+def test_non_utf8_verify_and_perplexity_files(proj):
+    (proj / "data" / "v.txt").write_bytes(b"ok\n" * 20 + b"\x80\n")
+    (proj / "data" / "p.txt").write_bytes(b"caf\xe9")
+    p = load_errors(proj, GOOD.replace("data: {file: data/v.txt}", "data: {file: data/v.txt}\n  perplexity_text: data/p.txt"))
+    assert p == {"verify.data.file": "expected UTF-8 text, found byte 0x80 at line 21 (byte offset 60) of data/v.txt",
+                 "verify.perplexity_text": "expected UTF-8 text, found byte 0xe9 at line 1 (byte offset 3) of data/p.txt"}
+
+
+def test_paths_outside_the_project_are_refused_unless_allowed(proj, tmp_path, monkeypatch):
+    outside = tmp_path / "elsewhere"
+    (outside / "model").mkdir(parents=True)
+    (outside / "c.txt").write_text("a sentence\n" * 20)
+    (proj / "data" / "link.txt").symlink_to(outside / "c.txt")
+    text = (GOOD.replace("{path: models/m}", "{path: ../elsewhere/model}")
+            .replace("data/c.txt", str(outside / "c.txt")).replace("data/v.txt", "data/link.txt"))
+    p = load_errors(proj, text)
+    want = f"expected a path inside the project {proj} (or in a folder of NPUBUILD_ALLOW_PATHS), found "
+    assert p == {"source.path": f"{want}'../elsewhere/model', which is {outside / 'model'}",
+                 "quantize.calibration.file": f"{want}'{outside / 'c.txt'}', which is {outside / 'c.txt'}",
+                 "verify.data.file": f"{want}'data/link.txt', which is {outside / 'c.txt'}"}
+    p = load_errors(proj, GOOD.replace("data/c.txt", "../../../../../../etc/passwd"))
+    assert p == {"quantize.calibration.file": f"{want}'../../../../../../etc/passwd', which is /etc/passwd"}
+    monkeypatch.setenv("NPUBUILD_ALLOW_PATHS", "relative/dir")
+    assert load_errors(proj, text)["source.path"].endswith(
+        "(NPUBUILD_ALLOW_PATHS entry 'relative/dir' is not an absolute path)")
+    from tasks.recipe import load_all
+
+    monkeypatch.setenv("NPUBUILD_ALLOW_PATHS", f"/nonexistent/x{__import__('os').pathsep}{outside}")
+    (proj / "recipes" / "r.yaml").write_text(text)
+    recipes, errors = load_all(proj / "recipes", collect_errors=True)
+    assert not errors and recipes["r"].source.path == "../elsewhere/model"
