@@ -6,6 +6,8 @@ nothing of doit or of what the stages do.
 
 Errors: :class:`RecipeError` names the file and lists every problem as
 ``<key.path>: expected <what>, found <what>``; all problems of one recipe are reported at once.
+Files are parsed with YAML 1.2 core-schema scalars (:class:`_Core12Resolver`); one bad file
+(any kind: :func:`load_all`) is that file's error and never stops the others.
 """
 
 from __future__ import annotations
@@ -566,7 +568,8 @@ def _outside(rel: str) -> str:
 
 def read_data_text(f: Path, rel: str) -> str:
     """A data file's text, decoded as the stages decode it (UTF-8, strict). Raises ValueError
-    naming the file, the line and the byte offset of the first byte that is not UTF-8."""
+    naming the file, the line and the byte offset of the first byte that is not UTF-8, and
+    OSError for a file it cannot read."""
     raw = Path(f).read_bytes()
     try:
         return raw.decode("utf-8")
