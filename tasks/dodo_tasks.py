@@ -51,6 +51,34 @@ def _invalid() -> dict:
     return errs
 
 
+def _list_fails_on_invalid_recipes() -> None:
+    """Make ``doit list`` exit 1 when a recipe file is invalid, after listing every task of
+    the valid ones (and the failing ``build:<stem>`` of each invalid one). doit's List
+    command always returns 0 and has no hook; dodo.py is imported before it runs."""
+    import functools
+
+    from doit.cmd_list import List
+
+    plain = List._execute
+    if getattr(plain, "npubuild", False):
+        return
+
+    @functools.wraps(plain)
+    def _execute(self, *args, **kw):
+        code = plain(self, *args, **kw)
+        errs = engine.recipe_errors()
+        if errs:
+            print(f"npubuild: {len(errs)} invalid recipe file(s), each with a failing build:<stem> task: "
+                  f"{', '.join(f'{s}.yaml' for s in sorted(errs))}", file=sys.stderr)
+        return code or (1 if errs else 0)
+
+    _execute.npubuild = True
+    List._execute = _execute
+
+
+_list_fails_on_invalid_recipes()
+
+
 def _fail(message: str):
     from doit.exceptions import TaskFailed
 

@@ -48,10 +48,17 @@ def _recipes_cached(recipes_dir: str, stamp: tuple) -> tuple[dict, dict]:
     return load_all(Path(recipes_dir), collect_errors=True)
 
 
+def _stat(f: Path) -> tuple:
+    try:
+        st = f.stat()
+    except OSError:  # a dangling symlink: load_all reports it
+        return (f.name, None, None)
+    return (f.name, st.st_mtime_ns, st.st_size)
+
+
 def _load() -> tuple[dict, dict]:
     d = paths.recipes_dir()
-    stamp = tuple((f.name, f.stat().st_mtime_ns, f.stat().st_size) for f in sorted(d.glob("*.yaml")))
-    return _recipes_cached(str(d), stamp)
+    return _recipes_cached(str(d), tuple(_stat(f) for f in sorted(d.glob("*.yaml"))))
 
 
 def recipes() -> dict:

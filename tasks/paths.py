@@ -7,6 +7,7 @@ and ``reproduce`` can use an empty cache without touching the user's.
 | ``NPUBUILD_CACHE`` | ``<root>/cache`` | ``<kind>/<key>/`` cache entries |
 | ``NPUBUILD_BUILD`` | ``<root>/build`` | ``<recipe>/`` outputs that point into the cache |
 | ``NPUBUILD_HOME`` | ``<root>/.npubuild`` | the stat cache and the doit database |
+| ``NPUBUILD_ALLOW_PATHS`` | (none) | folders outside the root that recipes may name (``os.pathsep``-separated) |
 """
 
 from __future__ import annotations
@@ -54,3 +55,16 @@ def dist_dir() -> Path:
 
 def catalog_dir() -> Path:
     return _env("NPUBUILD_CATALOG", root() / "catalog")
+
+
+def allowed_dirs() -> list[Path]:
+    """The resolved project root and the folders of ``NPUBUILD_ALLOW_PATHS`` (separated by
+    ``os.pathsep``): where a recipe's data files and ``source.path`` may lie. Raises
+    ValueError for a relative entry."""
+    out = [root().resolve()]
+    for v in os.environ.get("NPUBUILD_ALLOW_PATHS", "").split(os.pathsep):
+        if v:
+            if not Path(v).is_absolute():
+                raise ValueError(f"NPUBUILD_ALLOW_PATHS entry {v!r} is not an absolute path")
+            out.append(Path(v).resolve())
+    return out

@@ -6,12 +6,16 @@ nothing of doit or of what the stages do.
 
 Errors: :class:`RecipeError` names the file and lists every problem as
 ``<key.path>: expected <what>, found <what>``; all problems of one recipe are reported at once.
+Files are parsed with YAML 1.2 core-schema scalars (:class:`_Core12Resolver`); one bad file
+(any kind: :func:`load_all`) is that file's error and never stops the others.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -36,22 +40,63 @@ class RecipeError(Exception):
 
 # ---------------------------------------------------------------- YAML loading
 
+MAX_RECIPE_BYTES = 1_000_000  # a recipe is a page of YAML; bigger files are refused unread
+MAX_DEPTH = 32                # nesting levels of mappings and lists (recipes use about 5)
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """yaml.SafeLoader that rejects duplicate mapping keys (PyYAML silently keeps the last) and
-    anchors/aliases (a recipe reuses another with ``extends``; aliases also allow
-    self-references and exponential "billion laughs" expansions)."""
+
+class _Core12Resolver(yaml.resolver.BaseResolver):
+    """Plain scalars resolved by the YAML 1.2 core schema, not PyYAML's YAML 1.1 rules:
+    ``0100`` is 100 (octal is ``0o100``), ``0x80`` is 128, ``1e9`` is a float, and ``yes``,
+    ``no``, ``on``, ``off``, ``2:08``, ``1_000``, ``0b101`` and dates are text."""
+
+
+for _tag, _re, _first in [
+    ("null", r"^(?:~|null|Null|NULL|)$", ["~", "n", "N", ""]),
+    ("bool", r"^(?:true|True|TRUE|false|False|FALSE)$", list("tTfF")),
+    ("int", r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$", list("-+0123456789")),
+    ("float", r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+              r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$", list("-+.0123456789")),
+]:
+    _Core12Resolver.add_implicit_resolver(f"tag:yaml.org,2002:{_tag}", re.compile(_re), _first)
+
+
+class _RecipeLoader(yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser, yaml.composer.Composer,
+                    yaml.constructor.SafeConstructor, _Core12Resolver):
+    """Safe loading with YAML 1.2 core-schema scalars (:class:`_Core12Resolver`) that rejects
+    duplicate mapping keys (PyYAML silently keeps the last), nesting deeper than
+    ``MAX_DEPTH`` and anchors/aliases (a recipe reuses another with ``extends``; aliases also
+    allow self-references and exponential "billion laughs" expansions)."""
+
+    def __init__(self, stream):
+        yaml.reader.Reader.__init__(self, stream)
+        yaml.scanner.Scanner.__init__(self)
+        yaml.parser.Parser.__init__(self)
+        yaml.composer.Composer.__init__(self)
+        yaml.constructor.SafeConstructor.__init__(self)
+        _Core12Resolver.__init__(self)
+        self._depth = 0
 
     def compose_node(self, parent, index):
-        if self.check_event(yaml.events.AliasEvent):
-            ev = self.peek_event()
-            raise yaml.composer.ComposerError(None, None, "anchors and aliases (*name, <<: *name) are not "
-                                              "supported in recipes; use extends", ev.start_mark)
         ev = self.peek_event()
+        if isinstance(ev, yaml.events.AliasEvent):
+            raise yaml.composer.ComposerError(
+                None, None, f"anchors and aliases (*name, <<: *name) are not supported in recipes; use extends "
+                f"(a value starting with '*' is an alias: quote a glob pattern, \"*{ev.anchor}\")", ev.start_mark)
         if getattr(ev, "anchor", None):
             raise yaml.composer.ComposerError(None, None, "anchors and aliases (&name, *name) are not "
                                               "supported in recipes; use extends", ev.start_mark)
-        return super().compose_node(parent, index)
+        if self._depth >= MAX_DEPTH:
+            raise yaml.composer.ComposerError(None, None, f"expected at most {MAX_DEPTH} levels of nested "
+                                              "mappings and lists, found more", ev.start_mark)
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_yaml_int(self, node):
+        v = self.construct_scalar(node)
+        return int(v[2:], 8) if v.startswith("0o") else int(v[2:], 16) if v.startswith("0x") else int(v, 10)
 
 
 def _construct_mapping(loader, node, deep=False):
@@ -66,22 +111,69 @@ def _construct_mapping(loader, node, deep=False):
     return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
 
 
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_RecipeLoader.add_constructor("tag:yaml.org,2002:map", _construct_mapping)
+_RecipeLoader.add_constructor("tag:yaml.org,2002:int", _RecipeLoader.construct_yaml_int)
+
+
+def yaml11_hint(value, wanted: str = "number") -> str:
+    """For text that YAML 1.1 (PyYAML, older tools) would have read as a ``wanted`` ("bool"
+    or "number"), the note to add to a "found" message: what YAML 1.2 makes of it and what to
+    write instead; "" for anything else."""
+    if not isinstance(value, str):
+        return ""
+    v = value.strip()
+    if wanted == "bool":
+        return f" (YAML 1.2 reads {v} as text: write true or false)" if v.lower() in ("yes", "no", "on", "off") else ""
+    if re.fullmatch(r"[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?", v):
+        return f" (YAML 1.2 reads {v} as text, not a base-60 number: write the number in decimal)"
+    if re.fullmatch(r"[-+]?0b[01_]+|[-+]?[0-9][0-9_]*_[0-9_]*(\.[0-9_]*)?|[-+]0[ox][0-9a-fA-F_]+", v):
+        return f" (YAML 1.2 reads {v} as text: write it in decimal without '_', or as 0o17 / 0x1f)"
+    return ""
+
+
+def _glob_hint(text: str, mark) -> str:
+    """The quoting advice for a scanner error on a plain value that starts with '*'."""
+    try:
+        line = text.splitlines()[mark.line]
+    except (IndexError, AttributeError):
+        return ""
+    word = re.match(r"[^\s,\]}]*", line[mark.column:]).group(0)
+    if not word.startswith("*"):
+        return ""
+    return f"; a value starting with '*' is a YAML alias: quote a glob pattern, \"{word}\""
 
 
 def read_yaml(path: Path) -> dict:
-    """Parse one recipe file with the safe loader. Raises RecipeError for a syntax error, a
-    duplicate key, or a top level that is not a mapping."""
+    """Parse one recipe file (YAML 1.2 core schema, safe). Raises RecipeError for a file that
+    is not a readable regular file (missing, a dangling symlink, a directory, a FIFO), is
+    larger than ``MAX_RECIPE_BYTES`` or not UTF-8, for a syntax error, a duplicate key, an
+    anchor or alias, nesting deeper than ``MAX_DEPTH``, or a top level that is not a mapping."""
+    path = Path(path)
     try:
-        data = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a special file"
+            raise RecipeError(path, [("", f"expected a regular file, found {kind}")])
+        if st.st_size > MAX_RECIPE_BYTES:
+            raise RecipeError(path, [("", f"expected at most {MAX_RECIPE_BYTES:,} bytes (recipes are small; "
+                                          f"the limit is tasks/recipe.py MAX_RECIPE_BYTES), found {st.st_size:,}")])
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_RECIPE_BYTES + 1)
+        if len(raw) > MAX_RECIPE_BYTES:
+            raise RecipeError(path, [("", f"expected at most {MAX_RECIPE_BYTES:,} bytes, found more")])
+        text = raw.decode("utf-8")
+    except OSError as e:
+        what = "a dangling symlink" if path.is_symlink() and not path.exists() else e.strerror
+        raise RecipeError(path, [("", f"expected a readable file, found {what}")]) from None
+    except UnicodeDecodeError as e:
+        raise RecipeError(path, [("", f"expected UTF-8 text, found byte {e.object[e.start]:#04x} at offset {e.start}")]) from None
+    try:
+        data = yaml.load(text, Loader=_RecipeLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        raise RecipeError(path, [("", f"invalid YAML: {where}{getattr(e, 'problem', None) or e}")]) from None
-    except OSError as e:
-        raise RecipeError(path, [("", f"cannot read file: {e.strerror}")]) from None
-    except UnicodeDecodeError as e:
-        raise RecipeError(path, [("", f"expected UTF-8 text, found byte {e.object[e.start]:#04x} at offset {e.start}")]) from None
+        hint = _glob_hint(text, getattr(e, "context_mark", None)) if "alias" in str(getattr(e, "context", "")) else ""
+        raise RecipeError(path, [("", f"invalid YAML: {where}{getattr(e, 'problem', None) or e}{hint}")]) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -177,13 +269,27 @@ class PatchStep(_Strict):
             raise ValueError(f"expected a known patch ({', '.join(patches.known())}), found {v!r}")
         return v
 
-    @model_validator(mode="after")
-    def _params(self):
+    @field_validator("params")
+    @classmethod
+    def _params(cls, v, info):
+        """Checked against the patch's signature; an int given for a float param becomes a
+        float, so ``fill: -100`` and ``fill: -100.0`` are one patch (and one stage key)."""
+        import typing
+
         from . import patches
 
-        if self.name in patches.known():
-            patches.check_params(self.name, self.params)  # ValueError naming the param
-        return self
+        name = info.data.get("name")
+        if name not in patches.known():
+            return v  # reported on name
+        types = typing.get_type_hints(patches.get(name).fn)
+        try:
+            patches.check_params(name, v)  # ValueError naming the param
+        except ValueError as e:
+            hints = "".join(yaml11_hint(x, "bool" if types.get(k) is bool else "number")
+                            for k, x in v.items() if f"{name}.{k} " in str(e))
+            raise ValueError(f"{e}{hints}") from None
+        floats = {k for k, t in types.items() if t is float}
+        return {k: float(x) if k in floats and type(x) is int else x for k, x in v.items()}
 
 
 class TextData(_Strict):
@@ -240,6 +346,40 @@ class CompileCfg(_Strict):
         return v
 
 
+INF = math.inf
+# threshold name (tasks/stages/verify.py THRESHOLDS) -> (what it is, low, low included, high):
+# checked at load, so a bar that always passes (a cosine of -5) or never can (1.5) is an error
+# now, not after a full build. None as high: verify.max_new_tokens.
+THRESHOLD_RANGES = {
+    "pooled_cosine_mean": ("a cosine", 0.0, False, 1.0),
+    "pooled_cosine_min": ("a cosine", 0.0, False, 1.0),
+    "cosine_mean": ("a cosine", 0.0, False, 1.0),
+    "cosine_min": ("a cosine", 0.0, False, 1.0),
+    "logits_cosine_mean": ("a cosine", 0.0, False, 1.0),
+    "max_abs_error": ("an absolute error", 0.0, True, INF),
+    "top1_agreement": ("a share of tokens", 0.0, True, 1.0),
+    "token_agreement": ("a share of tokens", 0.0, True, 1.0),
+    "prefix_match_mean": ("a number of tokens up to verify.max_new_tokens", 0.0, True, None),
+    "perplexity_ratio": ("a ratio of perplexities", 0.0, False, INF),
+}
+
+
+def _range_text(low: float, low_in: bool, high: float) -> str:
+    if high == INF:
+        return f"{'>=' if low_in else '>'} {low:g}"
+    return f"in {'[' if low_in else '('}{low:g}, {high:g}]"
+
+
+def _raise_at(problems: list[tuple[tuple, str, Any]]):
+    """Raise a ValidationError with one error per ``(loc below the field, message, input)``,
+    so each problem gets its own key path (e.g. ``verify.thresholds.cosine_min``)."""
+    from pydantic_core import InitErrorDetails, PydanticCustomError
+
+    raise ValidationError.from_exception_data("recipe", [
+        InitErrorDetails(type=PydanticCustomError("out_of_range", msg), loc=loc, input=value)
+        for loc, msg, value in problems])
+
+
 class VerifyCfg(_Strict):
     backend: Literal["htp", "cpu-qdq"] = "htp"
     data: TextData
@@ -249,7 +389,8 @@ class VerifyCfg(_Strict):
 
     @field_validator("thresholds")
     @classmethod
-    def _known(cls, v):
+    def _known(cls, v, info):
+        """Known names, finite values, each in its range (THRESHOLD_RANGES)."""
         from .stages.verify import THRESHOLDS
 
         bad = [k for k in v if k not in THRESHOLDS]
@@ -258,6 +399,14 @@ class VerifyCfg(_Strict):
         nan = [k for k, x in v.items() if not math.isfinite(x)]
         if nan:
             raise ValueError(f"expected finite thresholds, found {nan}")
+        out = []
+        for k, x in v.items():
+            what, low, low_in, high = THRESHOLD_RANGES[k]
+            high = info.data.get("max_new_tokens", INF) if high is None else high
+            if not (low <= x <= high) or (x == low and not low_in):
+                out.append(((k,), f"expected {what} {_range_text(low, low_in, high)}, found {x!r}", x))
+        if out:
+            _raise_at(out)
         return v
 
 
@@ -312,7 +461,10 @@ def _pydantic_problems(err: ValidationError) -> list[tuple[str, str]]:
         else:
             msg = e["msg"].removeprefix("Value error, ")
             if "found" not in msg:
+                msg = msg.removeprefix("Input should be ")
                 msg = f"expected {msg[0].lower() + msg[1:]}; found {_found(e['input'])}"
+            if e["type"] in ("bool_type", "int_type", "float_type"):
+                msg += yaml11_hint(e["input"], "bool" if e["type"] == "bool_type" else "number")
             problems.append((loc, msg))
     return problems
 
@@ -351,47 +503,112 @@ def load_recipe(path: Path) -> Recipe:
 def load_all(directory: Path | None = None, collect_errors: bool = False):
     """All recipes in ``directory`` (default ``recipes/``), by name, sorted.
 
-    Raises RecipeError for the first invalid file, or for two files that declare the same
-    name; with ``collect_errors=True`` returns ``(recipes, {file stem: RecipeError})``
-    instead, every file checked."""
+    Every ``*.yaml`` entry is loaded on its own: whatever is wrong with one (see
+    :func:`read_yaml`, the schema, :func:`check_data_files`, even an unforeseen exception)
+    is that file's RecipeError and never stops the others. A ``name:`` may not be another
+    file's stem (that file owns it), and two files declaring the same name are both invalid
+    (neither silently owns it), so build task names never collide.
+
+    Raises RecipeError for the first invalid file (by file name); with
+    ``collect_errors=True`` returns ``(recipes, {file stem: RecipeError})`` instead."""
     from .paths import recipes_dir
 
     directory = Path(directory or recipes_dir())
-    out: dict[str, Recipe] = {}
-    files: dict[str, Path] = {}
+    files = sorted(directory.glob("*.yaml"))
+    stems = {f.stem: f for f in files}
     errors: dict[str, RecipeError] = {}
-    for f in sorted(directory.glob("*.yaml")):
+    loaded: dict[Path, Recipe] = {}
+    for f in files:
         try:
             r = load_recipe(f)
-            if r.name in out:
-                raise RecipeError(f, [("name", f"expected a unique name, found {r.name!r} also in {files[r.name].name}")])
+            if r.name != f.stem and r.name in stems:
+                raise RecipeError(f, [("name", f"expected a name that is not another file's stem, found {r.name!r}, "
+                                               f"the recipe of {stems[r.name].name}")])
+            loaded[f] = r
+        except RecipeError as e:
+            errors[f.stem] = e
+        except Exception as e:  # a bug, or an input no check foresaw: still this file's problem alone
+            errors[f.stem] = RecipeError(f, [("", f"cannot load: {type(e).__name__}: {e}")])
+    out: dict[str, Recipe] = {}
+    for f, r in loaded.items():
+        others = [g.name for g, o in loaded.items() if o.name == r.name and g != f]
+        try:
+            if others:
+                raise RecipeError(f, [("name", f"expected a unique name, found {r.name!r} also in {', '.join(others)}")])
             check_data_files(f, r)
         except RecipeError as e:
-            if not collect_errors:
-                raise
             errors[f.stem] = e
             continue
-        out[r.name], files[r.name] = r, f
-    return (out, errors) if collect_errors else out
+        out[r.name] = r
+    out = dict(sorted(out.items()))
+    if collect_errors:
+        return out, dict(sorted(errors.items()))
+    if errors:
+        raise errors[min(errors)]
+    return out
+
+
+def _outside(rel: str) -> str:
+    """"" if ``rel`` (relative to the project root, or absolute) lies inside the project root
+    or a folder of ``NPUBUILD_ALLOW_PATHS`` once resolved (``..`` and symlinks followed), else
+    the problem's message."""
+    from .paths import allowed_dirs, root
+
+    real = (root() / rel).resolve()
+    if real.is_relative_to(root().resolve()):
+        return ""
+    want = f"expected a path inside the project {root()} (or in a folder of NPUBUILD_ALLOW_PATHS)"
+    try:
+        if any(real.is_relative_to(d) for d in allowed_dirs()):
+            return ""
+    except ValueError as e:
+        return f"{want}, found {rel!r}, which is {real} ({e})"
+    return f"{want}, found {rel!r}, which is {real}"
+
+
+def read_data_text(f: Path, rel: str) -> str:
+    """A data file's text, decoded as the stages decode it (UTF-8, strict). Raises ValueError
+    naming the file, the line and the byte offset of the first byte that is not UTF-8, and
+    OSError for a file it cannot read."""
+    raw = Path(f).read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise ValueError(f"expected UTF-8 text, found byte {raw[e.start]:#04x} at line {line} "
+                         f"(byte offset {e.start}) of {rel}") from None
 
 
 def check_data_files(path: Path, r: Recipe) -> None:
-    """The data files a recipe names exist under the project root, and a line-per-sample file
-    has at least ``samples`` non-empty lines. Raises RecipeError with the key paths."""
+    """The data files a recipe names lie inside the project (see :func:`_outside`), exist, are
+    UTF-8 text as the stages read them, and a line-per-sample file has at least ``samples``
+    non-empty lines; ``source.path`` lies inside the project too. Raises RecipeError with the
+    key paths."""
     from .paths import root
 
     problems = []
-    wanted = [("quantize.calibration", r.quantize.calibration, r.export.family == "encoder"),
-              ("verify.data", r.verify.data, True)]
+    if r.source.path is not None and (bad := _outside(r.source.path)):
+        problems.append(("source.path", bad))
+    wanted = [("quantize.calibration.file", r.quantize.calibration, r.export.family == "encoder"),
+              ("verify.data.file", r.verify.data, True)]
+    if r.verify.perplexity_text:
+        wanted.append(("verify.perplexity_text", None, False))
     for key, data, per_line in wanted:
-        f = root() / data.file
-        if not f.is_file():
-            problems.append((f"{key}.file", f"expected an existing file under {root()}, found nothing at {data.file!r}"))
-        elif per_line:
-            n = sum(1 for ln in f.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip())
-            if n < data.samples:
-                problems.append((f"{key}.samples", f"expected at most the {n} non-empty lines of {data.file}, found {data.samples}"))
-    if r.verify.perplexity_text and not (root() / r.verify.perplexity_text).is_file():
-        problems.append(("verify.perplexity_text", f"expected an existing file, found nothing at {r.verify.perplexity_text!r}"))
+        rel = data.file if data else r.verify.perplexity_text
+        f = root() / rel
+        if bad := _outside(rel):
+            problems.append((key, bad))
+        elif not f.is_file():
+            problems.append((key, f"expected an existing file under {root()}, found nothing at {rel!r}"))
+        else:
+            try:
+                text = read_data_text(f, rel)
+            except (OSError, ValueError) as e:
+                problems.append((key, str(e) if isinstance(e, ValueError) else f"expected a readable file, found {e.strerror}"))
+                continue
+            n = sum(1 for ln in text.splitlines() if ln.strip())  # as stages/quantize.py read_lines
+            if per_line and n < data.samples:
+                problems.append((key.removesuffix(".file") + ".samples",
+                                 f"expected at most the {n} non-empty lines of {rel}, found {data.samples}"))
     if problems:
         raise RecipeError(path, problems)

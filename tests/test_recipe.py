@@ -68,9 +68,9 @@ BAD = {
     "name-with-newline": (GOOD + 'name: "abc\\n"\n', "name", "lowercase"),
     "alias": (GOOD + "patches: &p [{name: mask-range}]\ndescription: *p\n", "", "anchors and aliases"),
     "merge-key": ("base: &b {x: 1}\n" + GOOD, "", "anchors and aliases"),
-    "patch-param-type": (GOOD + "patches: [{name: mask-range, params: {fill: abc}}]\n", "patches[0]",
+    "patch-param-type": (GOOD + "patches: [{name: mask-range, params: {fill: abc}}]\n", "patches[0].params",
                          "expected mask-range.fill to be float, found 'abc'"),
-    "patch-param-unknown": (GOOD + "patches: [{name: mask-range, params: {fil: -5.0}}]\n", "patches[0]",
+    "patch-param-unknown": (GOOD + "patches: [{name: mask-range, params: {fil: -5.0}}]\n", "patches[0].params",
                             "found unknown 'fil'"),
     "bad-regex": (GOOD.replace("calibration:", "overrides: [{pattern: '([', weight_bits: 8}]\n  calibration:"),
                   "quantize.overrides[0].pattern", "expected a regular expression"),
@@ -123,8 +123,10 @@ def test_duplicate_names_across_files(tmp_path, monkeypatch):
     _data(tmp_path)
     write(tmp_path, "one", GOOD + "name: same\n")
     write(tmp_path, "two", GOOD + "name: same\n")
-    with pytest.raises(RecipeError, match=r"two.yaml.*\n.*name: expected a unique name, found 'same' also in one.yaml"):
+    with pytest.raises(RecipeError, match=r"one.yaml.*\n.*name: expected a unique name, found 'same' also in two.yaml"):
         load_all(tmp_path)
+    recipes, errors = load_all(tmp_path, collect_errors=True)  # neither file silently owns the name
+    assert not recipes and dict(errors["two"].problems) == {"name": "expected a unique name, found 'same' also in one.yaml"}
 
 
 def test_non_utf8_and_null_and_data_files(tmp_path, monkeypatch):
