@@ -19,7 +19,7 @@ one prompt's KV cache and one call's activations are in memory.
 
 Ranges (:func:`collect_ranges`): streaming min/max over the outputs of an augmented graph
 (ReduceMin/ReduceMax added after every float tensor onnxruntime's MinMax calibrator would
-calibrate), one feed at a time, so the peak does not grow with the number of samples. Not
+calibrate; the weights stay memory-mapped from the graph's data file), one feed at a time, so the peak does not grow with the number of samples. Not
 onnxruntime's calibrator itself: it loads the whole model into a ``ModelProto`` before making a
 session (two copies of the weights), and its ``CalibMaxIntermediateOutputs`` chunking clears the
 buffered outputs without merging them (``MinMaxCalibrater.collect_data``, onnxruntime 1.32), so
@@ -225,19 +225,20 @@ def augment_for_ranges(model):
     return aug, names
 
 
-def collect_ranges(model_path, feeds, *, make_session=None):
+def collect_ranges(model_path, feeds):
     """MinMax ranges of ``model_path``'s tensors over ``feeds`` (an iterable of feed dicts), in
-    memory independent of the number of feeds. Returns onnxruntime's ``TensorsData``
+    memory independent of the number of feeds. The augmented graph is written beside the model
+    for the session (so its folder must be writable) and removed. Returns onnxruntime's ``TensorsData``
     (``CalibrationMethod.MinMax``, {tensor: TensorData(lowest, highest)}), as
     ``MinMaxCalibrater.compute_data`` would. Raises ValueError on an empty ``feeds``."""
     import onnx
     from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
 
-    from .sessions import cpu_session
+    from .sessions import cpu_session_for
 
     model_path = Path(model_path)
     aug, names = augment_for_ranges(onnx.load(str(model_path), load_external_data=False))
-    sess = (make_session or cpu_session)(aug, model_path.parent)
+    sess = cpu_session_for(aug, model_path.parent, f".{model_path.stem}.ranges.onnx")
     outs = [t + s for t in names for s in ("__min", "__max")]
     lo = {t: np.inf for t in names}
     hi = {t: -np.inf for t in names}
