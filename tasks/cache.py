@@ -10,8 +10,13 @@
   every use (cheap) and rehashes a file whose mtime moved (a cache copied without
   timestamps stays valid); :meth:`Cache.verify` rereads every byte. A damaged entry is moved
   to ``cache/.damaged/`` and rebuilt, never used.
+- With a remote (``tasks/remote.py``, ``NPUBUILD_REMOTE``) the cache has two levels: a local
+  miss is looked up remotely, downloaded into ``cache/.tmp/``, checked file by file and
+  committed by the same rename as a build (:meth:`Cache.fetch`); a stage built here is then
+  pushed (:meth:`Cache.push`). A remote entry that fails a check is never copied in.
 
-This module knows nothing of what a stage does.
+This module knows nothing of what a stage does: the key check of a remote entry is the
+``key_of(manifest)`` function its owner passes.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from typing import Callable
 from filelock import FileLock
 
 from . import digest
+from .remote import Rejected, Remote, RemoteError, warn
 
 
 def _rmtree(path: Path) -> None:
@@ -50,12 +56,16 @@ def _write_json(path: Path, obj) -> None:
 
 @dataclass
 class Entry:
-    """A committed cache entry: where it is and its manifest."""
+    """A committed cache entry: where it is and its manifest. ``origin`` is "local" (found
+    in the local cache), "built" (just built here), "pulled" (just downloaded from the
+    remote) or "remote" (seen on the remote only, not downloaded: ``path`` is where it would
+    go, and ``out`` does not exist)."""
 
     kind: str
     key: str
     path: Path
     manifest: dict
+    origin: str = "local"
 
     @property
     def out(self) -> Path:
@@ -67,8 +77,15 @@ class Entry:
 
 
 class Cache:
-    def __init__(self, root: Path):
+    """The local cache at ``root``; with ``remote`` (and ``key_of(manifest) -> key``, the
+    stage key recomputed from a manifest's key material) also the remote level."""
+
+    def __init__(self, root: Path, remote: Remote | None = None, key_of: Callable[[dict], str] | None = None):
+        if remote is not None and key_of is None:
+            raise ValueError("a Cache with a remote needs key_of, to check remote manifests")
         self.root = Path(root)
+        self.remote = remote
+        self.key_of = key_of
 
     def entry_path(self, kind: str, key: str) -> Path:
         return self.root / kind / key
@@ -150,25 +167,105 @@ class Cache:
                     if e.is_dir():
                         yield kd.name, e.name, e
 
+    # ------------------------------------------------------------ the remote level
+
+    def fetch(self, kind: str, key: str) -> Entry | None:
+        """The intact local entry for (kind, key); else, with a remote, the remote entry
+        downloaded, checked and committed locally (``origin="pulled"``); else None. A remote
+        entry that fails a check, or a remote that cannot be reached, is reported on stderr
+        and counts as a miss (the caller builds the stage). Holds the key's lock while
+        pulling; raises only what the local file system raises."""
+        hit = self.lookup(kind, key)
+        if hit or self.remote is None:
+            return hit
+        with self._lock(kind, key):
+            return self.lookup(kind, key) or self._pull(kind, key)
+
+    def peek_remote(self, kind: str, key: str) -> Entry | None:
+        """The remote entry (kind, key) from its checked manifest alone, nothing downloaded
+        (``origin="remote"``); None without a remote, when absent, or when its manifest is
+        rejected or unreadable (reported on stderr)."""
+        if self.remote is None:
+            return None
+        try:
+            m = self.remote.peek(kind, key, self.key_of)
+        except (Rejected, RemoteError) as e:
+            warn(str(e))
+            return None
+        return Entry(kind, key, self.entry_path(kind, key), m, "remote") if m else None
+
+    def _tmp(self, kind: str, key: str) -> Path:
+        tmp_root = self.root / ".tmp"
+        tmp_root.mkdir(parents=True, exist_ok=True)
+        tmp = tmp_root / f"{kind}-{key}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        (tmp / "out").mkdir(parents=True)
+        return tmp
+
+    def _commit(self, tmp: Path, kind: str, key: str) -> Path:
+        """Rename the finished temp folder (``out/`` + ``manifest.json``) into place."""
+        dest = self.entry_path(kind, key)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp, dest)
+        return dest
+
+    def _pull(self, kind: str, key: str) -> Entry | None:  # caller holds the key's lock
+        tmp = self._tmp(kind, key)
+        try:
+            m = self.remote.pull(kind, key, tmp / "out", self.key_of)
+            if m is None:
+                _rmtree(tmp)
+                return None
+            _write_json(tmp / "manifest.json", m)
+            dest = self._commit(tmp, kind, key)
+        except Rejected as e:
+            _rmtree(tmp)
+            warn(f"{e}; rejected, building {kind}/{key} locally (remote {self.remote.display})")
+            return None
+        except RemoteError as e:
+            _rmtree(tmp)
+            warn(f"remote cache unavailable ({e}); building {kind}/{key} locally")
+            return None
+        except BaseException:
+            _rmtree(tmp)
+            raise
+        return Entry(kind, key, dest, m, "pulled")
+
+    def push(self, kind: str, key: str, material: dict | None = None) -> bool:
+        """Publish the local entry (kind, key) to the remote (files first, manifest last,
+        never replacing an existing remote entry). ``material``, the entry's key material,
+        is added to the pushed manifest when the local one lacks it (entries built before
+        remotes existed). Returns True when published, False when the remote already had
+        it. Raises ValueError without a remote, KeyError when there is no intact local
+        entry, Rejected when the manifest's key material does not hash to ``key``, and
+        RemoteError on a transfer error."""
+        if self.remote is None:
+            raise ValueError("no remote cache configured (set NPUBUILD_REMOTE)")
+        e = self.lookup(kind, key)
+        if e is None:
+            raise KeyError(f"no intact local entry {kind}/{key}")
+        m = dict(e.manifest)
+        if "material" not in m and material is not None:
+            m["material"] = material
+        return self.remote.push(kind, key, e.out, m, self.key_of)
+
     # ------------------------------------------------------------ writing
 
     def get_or_build(self, kind: str, key: str, manifest_base: dict,
                      build: Callable[[Path], dict]) -> tuple[Entry, bool]:
         """Return (entry, built). If an intact entry exists it is returned (a cache hit);
-        otherwise ``build(out_dir)`` runs in a temp folder, must fill ``out_dir`` and return a
-        JSON-able dict of extra manifest info, and the folder is committed atomically.
+        else, with a remote, a checked remote entry is pulled (:meth:`fetch`); otherwise
+        ``build(out_dir)`` runs in a temp folder, must fill ``out_dir`` and return a JSON-able
+        dict of extra manifest info, and the folder is committed atomically, then pushed to
+        the remote (a push error is reported on stderr, not raised: the build stands).
 
         Holds the per-key lock for the whole build. Any exception from ``build`` removes the
         temp folder and propagates; nothing is committed.
         """
         with self._lock(kind, key):
-            hit = self.lookup(kind, key)
+            hit = self.lookup(kind, key) or (self._pull(kind, key) if self.remote else None)
             if hit:
                 return hit, False
-            tmp_root = self.root / ".tmp"
-            tmp_root.mkdir(parents=True, exist_ok=True)
-            tmp = tmp_root / f"{kind}-{key}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-            (tmp / "out").mkdir(parents=True)
+            tmp = self._tmp(kind, key)
             try:
                 t0 = time.time()
                 info = build(tmp / "out") or {}
@@ -183,13 +280,19 @@ class Cache:
                                 output_digest=digest.listing_digest(listing), info=info,
                                 timings={"build_seconds": round(seconds, 3), "finished": time.time()})
                 _write_json(tmp / "manifest.json", manifest)
-                dest = self.entry_path(kind, key)
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(tmp, dest)
+                dest = self._commit(tmp, kind, key)
             except BaseException:
                 _rmtree(tmp)
                 raise
-            return Entry(kind, key, dest, manifest), True
+        entry = Entry(kind, key, dest, manifest, "built")
+        if self.remote is not None:
+            try:
+                pushed = self.remote.push(kind, key, entry.out, manifest, self.key_of)
+                print(f"npubuild: {'pushed' if pushed else 'already on the remote:'} {kind}/{key} "
+                      f"({self.remote.display})", flush=True)
+            except (Rejected, RemoteError) as e:
+                warn(f"could not push {kind}/{key}: {e}")
+        return entry, True
 
     # ------------------------------------------------------------ maintenance
 

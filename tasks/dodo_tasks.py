@@ -9,6 +9,8 @@ Tasks (``doit list``):
   every recipe.
 - ``explain:<recipe>`` prints each stage's key, status and what changed since its last build.
 - ``gc`` (``--apply`` to delete) and ``cache_verify`` (full rehash) maintain ``cache/``.
+- ``push:<recipe>`` (``push`` for all) publishes a recipe's local entries to the remote cache
+  (``NPUBUILD_REMOTE``); a build pushes what it builds by itself.
 """
 
 from __future__ import annotations
@@ -235,7 +237,7 @@ def referenced_entries() -> set[tuple[str, str]]:
     all recipes are, or not at all (README)."""
     refs = set()
     for name in _recipes():
-        res = engine.Resolver(name)
+        res = engine.Resolver(name, pull=False)
         for stage, spec in res.specs.items():
             try:
                 refs.add((spec.kind, res.key(stage)))
@@ -274,6 +276,45 @@ def cache_verify() -> bool:
 def task_cache_verify():
     """Rehash every cache entry and report those that no longer match their manifest."""
     return {"actions": [cache_verify], "uptodate": [False], "verbosity": 2}
+
+
+def push(recipe: str):
+    """Push every stage entry of ``recipe`` that is in the local cache to the remote cache;
+    print one line per stage (pushed / already on the remote / not in the local cache).
+    Returns a TaskFailed without a remote or when a push failed."""
+    from doit.exceptions import TaskFailed
+
+    from .remote import Rejected, RemoteError
+
+    res = engine.Resolver(recipe, pull=False)
+    if res.cache.remote is None:
+        return TaskFailed("no remote cache: set NPUBUILD_REMOTE to an fsspec URL (README, Remote cache)")
+    errors = 0
+    for stage, spec in res.specs.items():
+        try:
+            key = res.key(stage)
+        except Exception as e:  # an upstream not built anywhere, or an offline source
+            print(f"{spec.task:<40} -  not pushed: {e}")
+            continue
+        try:
+            done = res.cache.push(spec.kind, key, material=res.material(stage))
+            what = "pushed" if done else "already on the remote"
+        except KeyError:
+            what = "not in the local cache"
+        except (Rejected, RemoteError) as e:
+            errors += 1
+            what = f"FAILED: {e}"
+        print(f"{spec.task:<40} {spec.kind}/{key}  {what}")
+    print(f"remote cache: {res.cache.remote.display}")
+    return TaskFailed(f"{errors} push(es) of {recipe} failed") if errors else None
+
+
+def task_push():
+    """push:<recipe> uploads the recipe's local cache entries to NPUBUILD_REMOTE (never
+    replacing an entry already there)."""
+    for name in _recipes():
+        yield {"name": name, "actions": [(push, [name])], "uptodate": [False], "verbosity": 2,
+               "doc": f"push {name}'s cache entries to the remote cache (NPUBUILD_REMOTE)"}
 
 
 # ------------------------------------------------------------ catalog, publish, reproduce (issue 5)

@@ -24,7 +24,7 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
-from . import digest, paths, tools
+from . import digest, paths, remote, tools
 from .cache import Cache, Entry
 from .plan import StageSpec, expand
 from .recipe import load_all
@@ -39,8 +39,16 @@ class NotReady(Exception):
     """An upstream stage has no cache entry yet, so this stage's key cannot be computed."""
 
 
+def remote_key(manifest: dict) -> str:
+    """The stage key recomputed from a manifest's ``material`` (what a remote entry is checked
+    against before it is used). Raises KeyError when the manifest has no key material."""
+    return stage_key(manifest["material"])
+
+
 def cache() -> Cache:
-    return Cache(paths.cache_dir())
+    """The local cache, with the remote level when ``NPUBUILD_REMOTE`` is set. Raises
+    ValueError for a relative NPUBUILD_CACHE or a remote URL fsspec cannot open."""
+    return Cache(paths.cache_dir(), remote=remote.from_env(), key_of=remote_key)
 
 
 @lru_cache(maxsize=None)
@@ -179,12 +187,17 @@ def stage_key(material: dict) -> str:
 
 
 class Resolver:
-    """Computes keys and finds entries for the stages of one recipe, memoising within a run."""
+    """Computes keys and finds entries for the stages of one recipe, memoising within a run.
 
-    def __init__(self, recipe_name: str):
+    With a remote cache, ``pull=True`` downloads a stage's remote entry when the local cache
+    misses it (what a build does); ``pull=False`` only reads remote manifests (``explain``,
+    ``gc``, ``push``): an entry seen there has ``origin="remote"`` and no local files."""
+
+    def __init__(self, recipe_name: str, pull: bool = True):
         self.recipe = recipe_name
         self.specs = plan(recipe_name)
         self.cache = cache()
+        self.pull = pull
         self._materials: dict[str, dict] = {}
         self._entries: dict[str, Entry] = {}
 
@@ -202,7 +215,11 @@ class Resolver:
         """The committed entry of ``stage`` (checked once per Resolver). Raises NotReady."""
         if stage not in self._entries:
             spec = self.specs[stage]
-            e = self.cache.lookup(spec.kind, self.key(stage))
+            key = self.key(stage)
+            if self.pull:
+                e = self.cache.fetch(spec.kind, key)
+            else:
+                e = self.cache.lookup(spec.kind, key) or self.cache.peek_remote(spec.kind, key)
             if e is None:
                 raise NotReady(f"waits for {spec.task}, which has no cache entry yet")
             self._entries[stage] = e
@@ -234,6 +251,7 @@ def run_stage(recipe_name: str, stage: str) -> dict:
         return mod.run({r: e.out for r, e in upstream.items()}, files, spec.params, out) or {}
 
     base = {
+        "material": material,  # lets a remote reader check that the entry is this key's
         "stage_version": mod.VERSION, "code": material["code"], "params": spec.params, "tools": material["tools"],
         "inputs": {r: {"kind": e.kind, "key": e.key, "output_digest": e.output_digest} for r, e in upstream.items()},
         "files": {r: {"path": spec.files[r], "xxh3": material["files"][r]} for r in files},
@@ -241,7 +259,8 @@ def run_stage(recipe_name: str, stage: str) -> dict:
     }
     t0 = time.time()
     entry, built = res.cache.get_or_build(spec.kind, key, base, build)
-    how = f"built in {time.time() - t0:.1f}s" if built else "cache hit"
+    how = f"built in {time.time() - t0:.1f}s" if built else \
+        "remote hit (pulled)" if entry.origin == "pulled" else "cache hit"
     print(f"[{spec.task}] {key[:12]} {how}", flush=True)
     record(recipe_name, stage, key, material, entry)
     bad = res.failures(stage, entry)
@@ -310,10 +329,14 @@ def _diff(old, new, prefix="") -> list[str]:
 
 
 def explain(recipe_name: str) -> list[dict]:
-    """For each stage: name, kind, key (or None), status (up to date / failed / stale / not
-    built / blocked) and, for a stale stage, what changed in its key material since the last
-    build of this recipe recorded in ``build/<recipe>/stages.json``."""
-    res = Resolver(recipe_name)
+    """For each stage: name, kind, key (or None), status and, for a stale stage, what changed
+    in its key material since the last build of this recipe recorded in
+    ``build/<recipe>/stages.json``. Status: "local hit" (an intact entry in the local cache),
+    "remote hit" (only on the remote cache; a build downloads it), "failed" (a local entry
+    whose check fails), "stale" (no entry for the current key; built before with another),
+    "not built", "blocked" (an upstream has no entry) or "unknown" (the key cannot be
+    computed, e.g. an offline Hub source). Downloads nothing."""
+    res = Resolver(recipe_name, pull=False)
     last = read_state(recipe_name)
     rows = []
     for name, spec in res.specs.items():
@@ -322,10 +345,14 @@ def explain(recipe_name: str) -> list[dict]:
         try:
             mat = res.material(name)
             row["key"] = stage_key(mat)
-            e = res.cache.lookup(spec.kind, row["key"])
+            try:
+                e = res.entry(name)
+            except NotReady:
+                e = None
             prev = last.get(name)
-            row["status"] = "up to date" if e else "stale" if prev else "not built"
-            if e and res.failures(name, e):
+            row["status"] = ("remote hit" if e.origin == "remote" else "local hit") if e else \
+                "stale" if prev else "not built"
+            if e and e.origin != "remote" and res.failures(name, e):
                 row["status"] = "failed"
             if not e and prev:
                 row["changes"] = _diff(prev["material"], mat)
@@ -347,4 +374,6 @@ def print_explain(recipe_name: str, verbose: bool = True) -> None:
                 print(f"    inputs: {json.dumps(row['inputs'])} files: {json.dumps(row['files'])}")
         for c in row.get("changes", []):
             print(f"    changed: {c}")
+    r = remote.from_env()
+    print(f"    remote cache: {r.display if r else 'none (NPUBUILD_REMOTE unset)'}")
     sys.stdout.flush()

@@ -474,6 +474,7 @@ def reproduce(recipe: str, keep: bool = False) -> bool:
     env = dict(os.environ, NPUBUILD_ROOT=str(paths.root()), NPUBUILD_RECIPES=str(paths.recipes_dir()),
                NPUBUILD_CACHE=str(tmp / "cache"), NPUBUILD_BUILD=str(tmp / "build"),
                NPUBUILD_HOME=str(tmp / "home"), NPUBUILD_DIST=str(tmp / "dist"))
+    env.pop("NPUBUILD_REMOTE", None)  # a rebuild from scratch, not a download
     dodo = Path(__file__).resolve().parent.parent / "dodo.py"
     for task in (f"build:{recipe}", f"publish:{recipe}"):
         print(f"[reproduce:{recipe}] doit {task} in {tmp}", flush=True)

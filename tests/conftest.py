@@ -119,7 +119,7 @@ class Run:
     def ran(self) -> list[str]:
         """Stage tasks that executed (not up to date), e.g. ['export:r', 'quantize:r']."""
         return sorted(n for n, t in self.tasks.items() if t["result"] in ("success", "fail")
-                      and not n.startswith(("build:", "explain:")))
+                      and not n.startswith(("build:", "explain:", "push:")))
 
     def log(self) -> str:
         return self.output + "\n".join(f"{n}: {t.get('out', '')}{t.get('err', '')}{t.get('error', '')}"
@@ -129,3 +129,29 @@ class Run:
 @pytest.fixture
 def project(tmp_path, tiny_bert) -> Project:
     return Project(tmp_path / "proj", tiny_bert)
+
+
+# ------------------------------------------------------------ remote caches (tests/remote_servers.py)
+
+
+@pytest.fixture(scope="session")
+def moto_s3():
+    from remote_servers import MotoS3
+
+    server = MotoS3()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["file", "s3"])
+def remote_url(request, tmp_path, monkeypatch) -> str:
+    """An empty remote cache, as an fsspec URL: a ``file://`` folder or a prefix of a bucket on
+    a moto S3 server. The S3 endpoint and test credentials are put in this process's
+    environment (so Projects created afterwards inherit them)."""
+    if request.param == "file":
+        (tmp_path / "remote").mkdir()
+        return (tmp_path / "remote").as_uri()
+    server = request.getfixturevalue("moto_s3")
+    for k, v in server.env.items():
+        monkeypatch.setenv(k, v)
+    return server.url()

@@ -40,9 +40,9 @@ def test_quantize_param_change_reruns_only_downstream(project):
     assert "samples: 5" in p.read_text()
     before = project.doit("run", "explain:t8").tasks["explain:t8"]["out"]
     assert "changed: params.calibration.samples: 4 -> 5" in before
-    status = {ln.split()[0]: ln.split()[-1] for ln in before.splitlines() if not ln.startswith(" ")}
-    assert status == {"download:t8": "date", "export:t8": "date", "prepatch:t8": "date", "quantize:t8": "stale",
-                      "compile:t8": "blocked", "verify:t8": "blocked"}  # "up to date" ends in "date"
+    status = {ln.split(None, 3)[0]: ln.split(None, 3)[3] for ln in before.splitlines() if not ln.startswith(" ")}
+    assert status == {"download:t8": "local hit", "export:t8": "local hit", "prepatch:t8": "local hit",
+                      "quantize:t8": "stale", "compile:t8": "blocked", "verify:t8": "blocked"}
     run = project.doit("run", "build:t8")
     assert run.ran() == chain("t8", "quantize:{r}", "compile:{r}", "verify:{r}")
     assert len(project.entries("export")) == 1 and len(project.entries("quantize")) == 2
