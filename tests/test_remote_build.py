@@ -1,0 +1,146 @@
+"""Checkouts sharing one remote cache, through the real doit CLI on the tiny BERT, on a
+``file://`` remote and on a real S3 endpoint (moto_server on 127.0.0.1): a second checkout
+pulls everything (0 stages run, byte-identical build/), a tampered remote file is rejected and
+rebuilt, an entry without manifest is invisible, existing remote entries are never replaced."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import fsspec
+
+from conftest import Project
+from tasks import digest
+
+KINDS = ["compile", "download", "export", "patch", "quantize", "verify"]
+STAGES = {"download": "download", "export": "export", "prepatch": "patch", "quantize": "quantize",
+          "compile": "compile", "verify": "verify"}
+
+
+def _fs(url):
+    opts = {"endpoint_url": os.environ["AWS_ENDPOINT_URL"]} if url.startswith("s3://") else {}
+    fs, root = fsspec.core.url_to_fs(url, **opts)
+    fs.invalidate_cache()
+    return fs, root.rstrip("/")
+
+
+def _remote_manifests(url) -> dict[str, bytes]:
+    """{"kind/key": manifest.json bytes} of every visible remote entry."""
+    fs, root = _fs(url)
+    out = {}
+    for kind in KINDS:
+        if not fs.exists(f"{root}/{kind}"):
+            continue
+        for d in fs.ls(f"{root}/{kind}", detail=False):
+            key = d.rstrip("/").rsplit("/", 1)[1]
+            try:
+                out[f"{kind}/{key}"] = fs.cat_file(f"{root}/{kind}/{key}/manifest.json")
+            except FileNotFoundError:
+                pass
+    return out
+
+
+def _status(project: Project, recipe: str) -> dict[str, str]:
+    out = project.doit("run", f"explain:{recipe}").tasks[f"explain:{recipe}"]["out"]
+    return {ln.split(None, 3)[0].split(":")[0]: ln.split(None, 3)[3] for ln in out.splitlines()
+            if ln and not ln.startswith(" ")}
+
+
+def _build_files(project: Project, recipe: str) -> dict[str, bytes]:
+    root = project.root / "build" / recipe
+    listed = json.loads((root / "artifacts.json").read_text())
+    return {rel: (root / rel).read_bytes() for rel in [*listed, "artifacts.json"]}
+
+
+def test_checkouts_share_one_remote(tmp_path, tiny_bert, remote_url):
+    a, b, c = (Project(tmp_path / n, tiny_bert) for n in "abc")
+    for p in (a, b, c):
+        p.env["NPUBUILD_REMOTE"] = remote_url
+        p.recipe("t8")
+
+    # checkout A builds everything and pushes each entry as it is built
+    first = a.doit("run", "build:t8")
+    assert len(first.ran()) == 6
+    assert first.log().count("npubuild: pushed ") == 6, first.log()
+    remote = _remote_manifests(remote_url)
+    assert sorted(k.split("/")[0] for k in remote) == KINDS
+    assert all(json.loads(m)["key"] == k.split("/")[1] for k, m in remote.items())
+
+    # checkout B (own local cache, same remote): explain sees remote hits, the build runs 0 stages
+    assert _status(b, "t8") == {s: "remote hit" for s in STAGES}
+    second = b.doit("run", "build:t8")
+    assert second.ran() == [], second.log()
+    assert second.tasks["build:t8"]["result"] == "success"
+    assert all(second.tasks[f"{s}:t8"]["result"] == "up-to-date" for s in STAGES)
+    built = _build_files(b, "t8")
+    assert built == _build_files(a, "t8")  # byte-identical build/t8/
+    assert len(built) == 9 and {"model_ctx.onnx", "model_ctx_qnn.bin", "verify.json", "tokenizer.json"} <= set(built)
+    for stage, kind in STAGES.items():
+        (key,) = b.entries(kind)
+        m = json.loads((b.cache / kind / key / "manifest.json").read_text())
+        assert m["remote"]["pulled_from"] == remote_url and m["output_digest"] == json.loads(remote[f"{kind}/{key}"])["output_digest"]
+    assert _status(b, "t8") == {s: "local hit" for s in STAGES}
+
+    # pushing again replaces nothing
+    again = a.doit("run", "push:t8").tasks["push:t8"]["out"]
+    assert again.count("already on the remote") == 6, again
+    assert _remote_manifests(remote_url) == remote
+
+    # tamper with the export entry's largest file on the remote (same size), and remove the
+    # verify entry's manifest (a push that died before its last write)
+    fs, root = _fs(remote_url)
+    (ekey,) = a.entries("export")
+    em = json.loads(remote[f"export/{ekey}"])
+    rel, meta = max(em["outputs"].items(), key=lambda kv: kv[1]["size"])
+    target = f"{root}/export/{ekey}/{em['remote']['data']}/{rel}"
+    blob = bytearray(fs.cat_file(target))
+    blob[len(blob) // 2] ^= 0xFF
+    fs.pipe_file(target, bytes(blob))
+    assert fs.size(target) == meta["size"]
+    (vkey,) = a.entries("verify")
+    fs.rm(f"{root}/verify/{vkey}/manifest.json")
+
+    st = _status(c, "t8")
+    assert st["verify"] == "not built" and st["export"] == "remote hit"  # manifest-less: invisible
+    third = c.doit("run", "build:t8")
+    assert third.ran() == ["export:t8", "verify:t8"], third.log()  # the rest pulled
+    bad = digest.digest_bytes(bytes(blob))
+    assert (f"remote entry export/{ekey}: out/{rel}: content differs from manifest.json "
+            f"(xxh3 {bad} != {meta['xxh3']})") in third.log(), third.log()
+    assert f"rejected, building export/{ekey} locally" in third.log()
+    # nothing bad was copied: C's export entry is its own build, equal to the manifest
+    assert c.entries("export") == [ekey]
+    assert digest.hash_file_uncached(c.cache / "export" / ekey / "out" / rel) == meta["xxh3"] != bad
+    assert _build_files(c, "t8") == _build_files(a, "t8")
+    # the tampered entry was not overwritten by C's push; the invisible verify entry was pushed anew
+    assert f"already on the remote: export/{ekey}" in third.log()
+    assert f"pushed verify/{vkey}" in third.log()
+    now = _remote_manifests(remote_url)
+    assert now[f"export/{ekey}"] == remote[f"export/{ekey}"] and fs.cat_file(target) == bytes(blob)
+    assert json.loads(now[f"verify/{vkey}"])["remote"]["data"] != json.loads(remote[f"verify/{vkey}"])["remote"]["data"]
+
+
+def test_push_publishes_entries_built_without_a_remote(tmp_path, tiny_bert):
+    """Entries built before the remote existed (their manifests without key material, as
+    before issue 10) are published by ``doit push:<recipe>``; another checkout then pulls all."""
+    remote_url = (tmp_path / "remote").as_uri()
+    a, b = Project(tmp_path / "a", tiny_bert), Project(tmp_path / "b", tiny_bert)
+    a.recipe("t8")
+    b.recipe("t8")
+    assert len(a.doit("run", "build:t8").ran()) == 6
+    for kind in KINDS:
+        (key,) = a.entries(kind)
+        mp = a.cache / kind / key / "manifest.json"
+        m = json.loads(mp.read_text())
+        m.pop("material")
+        mp.chmod(0o644)
+        mp.write_text(json.dumps(m))
+    no_remote = a.doit("run", "push:t8", check=False)
+    assert no_remote.code != 0 and "no remote cache: set NPUBUILD_REMOTE" in no_remote.log()
+    a.env["NPUBUILD_REMOTE"] = b.env["NPUBUILD_REMOTE"] = remote_url
+    out = a.doit("run", "push:t8").tasks["push:t8"]["out"]
+    assert out.count("  pushed") == 6 and f"remote cache: {remote_url}" in out, out
+    assert len(_remote_manifests(remote_url)) == 6
+    assert b.doit("run", "build:t8").ran() == []
+    assert _build_files(b, "t8") == _build_files(a, "t8")
