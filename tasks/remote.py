@@ -112,6 +112,17 @@ class Remote:
                              "s3:// needs s3fs, gs:// gcsfs)") from None
         self.root = root.rstrip("/")
         self.local = isinstance(self.fs, LocalFileSystem)
+        # the first read / write error of this process, after which reads / writes fail fast
+        # (an unreachable server costs its retries once; read-only credentials still pull)
+        self.down: dict[str, str] = {}
+
+    def _unavailable(self, what: str, e: BaseException, op: str = "read") -> RemoteError:
+        self.down[op] = f"{self.display}: {what}: {type(e).__name__}: {e}"
+        return RemoteError(self.down[op])
+
+    def _check_up(self, op: str = "read") -> None:
+        if op in self.down:
+            raise RemoteError(f"{self.down[op]} (earlier in this run; not retried)")
 
     def __repr__(self) -> str:
         return f"Remote({self.display!r})"
@@ -129,13 +140,15 @@ class Remote:
     def read_manifest(self, kind: str, key: str) -> dict | None:
         """The remote manifest of (kind, key) as stored, or None when there is none (an
         entry without a manifest does not exist). Raises Rejected for a manifest that is not
-        a JSON object, RemoteError when the remote cannot be read."""
+        a JSON object, RemoteError when the remote cannot be read (then every later call of
+        this process fails fast: an unreachable server costs its retries once)."""
+        self._check_up()
         try:
             raw = self.fs.cat_file(self.manifest_url(kind, key))
         except FileNotFoundError:
             return None
         except Exception as e:
-            raise RemoteError(f"{self.display}: reading {kind}/{key}/manifest.json: {type(e).__name__}: {e}") from None
+            raise self._unavailable(f"reading {kind}/{key}/manifest.json", e) from None
         try:
             m = json.loads(raw)
         except ValueError as e:
@@ -201,7 +214,7 @@ class Remote:
             except FileNotFoundError:
                 raise Rejected(f"{where}: out/{rel}: listed in manifest.json but missing on the remote") from None
             except Exception as e:
-                raise RemoteError(f"{self.display}: downloading {kind}/{key} out/{rel}: {type(e).__name__}: {e}") from None
+                raise self._unavailable(f"downloading {kind}/{key} out/{rel}", e) from None
             os.chmod(dest, 0o444)
             st = dest.stat()
             if st.st_size != meta["size"]:
@@ -255,6 +268,7 @@ class Remote:
         m = {k: v for k, v in manifest.items() if k != "remote"}
         m["remote"] = {"data": data}
         self.check_manifest(kind, key, m, key_of)
+        self._check_up("write")
         try:
             if self.read_manifest(kind, key) is not None:
                 return False
@@ -267,7 +281,7 @@ class Remote:
             blob = (json.dumps(m, indent=2, sort_keys=True) + "\n").encode("utf-8")
             return self._create(self.manifest_url(kind, key), blob)
         except Exception as e:
-            raise RemoteError(f"{self.display}: uploading {kind}/{key}: {type(e).__name__}: {e}") from None
+            raise self._unavailable(f"uploading {kind}/{key}", e, "write") from None
 
 
 @lru_cache(maxsize=8)

@@ -166,3 +166,15 @@ def test_push_refuses_material_that_does_not_hash_to_the_key(tmp_path, remote_ur
         _cache(tmp_path / "c", remote_url).push("export", wrong)
     fs, root = _fs(remote_url)
     assert not fs.exists(f"{root}/export/{wrong}")  # nothing uploaded
+
+
+def test_unusable_remote_warns_once_and_builds_locally(tmp_path, capsys):
+    (tmp_path / "not-a-folder").write_text("x")  # every remote path under it fails with an OSError
+    c = _cache(tmp_path / "c", (tmp_path / "not-a-folder" / "remote").as_uri())
+    assert c.fetch("export", KEY) is None
+    first = capsys.readouterr().err
+    assert f"remote cache unavailable ({c.remote.display}: reading export/{KEY}/manifest.json: NotADirectoryError" in first
+    e, built = c.get_or_build("export", KEY, {"material": MATERIAL}, _build(b"\x01" * 10))
+    assert built and (e.out / "a.bin").read_bytes() == b"\x01" * 10
+    err = capsys.readouterr().err
+    assert "(earlier in this run; not retried)" in err and f"could not push export/{KEY}" in err
