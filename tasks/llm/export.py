@@ -61,6 +61,7 @@ from pathlib import Path
 import numpy as np
 
 from .checkpoint import Checkpoint, part_tensor_names
+from .parts import split_layers  # noqa: F401  (part of this module's API)
 
 MASK_VALUE = -100.0
 ROPE_TABLES = ("rope_cos", "rope_sin")
@@ -89,20 +90,6 @@ def split_sizes(rows: int, cols: int, limit: int = MAX_TENSOR_ELEMENTS) -> list[
             return [cols // n] * n
     base, rem = divmod(cols, k)
     return [base + (1 if i < rem else 0) for i in range(k)]
-
-
-def split_layers(n_layers: int, parts: int) -> list[tuple[int, int]]:
-    """Even split of ``n_layers`` into ``parts`` contiguous [lo, hi) ranges (earlier parts get the
-    remainder). Raises ValueError if parts < 1 or parts > n_layers."""
-    if not 1 <= parts <= n_layers:
-        raise ValueError(f"parts must be in [1, {n_layers}], got {parts}")
-    base, rem = divmod(n_layers, parts)
-    out, lo = [], 0
-    for i in range(parts):
-        hi = lo + base + (1 if i < rem else 0)
-        out.append((lo, hi))
-        lo = hi
-    return out
 
 
 def model_dims(config: dict) -> dict:
@@ -413,7 +400,7 @@ def export_llm(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 409
 
     import onnx
 
-    from .qnn import peak_rss, peak_rss_reset
+    from .memory import peak_rss, peak_rss_reset
 
     if embed not in ("part0", "separate"):
         raise ValueError(f"embed must be 'part0' or 'separate', got {embed!r}")

@@ -24,19 +24,39 @@ class NotEnoughMemory(RuntimeError):
     """A stage's estimated peak exceeds the memory available; the message says what to change."""
 
 
+def _proc_bytes(path: str, field: str) -> int | None:
+    """A ``<field>: <n> kB`` line of a Linux /proc file, in bytes; None where it is absent."""
+    try:
+        for ln in Path(path).read_text().splitlines():
+            if ln.startswith(field + ":"):
+                return int(ln.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
 def available_bytes() -> int | None:
     """Memory a stage may use: ``NPUBUILD_MEMORY_GB`` (GiB, float) if set, else Linux's
     ``MemAvailable``; None when neither is known (then nothing is checked)."""
     env = os.environ.get("NPUBUILD_MEMORY_GB")
     if env:
         return int(float(env) * GiB)
+    return _proc_bytes("/proc/meminfo", "MemAvailable")
+
+
+def peak_rss() -> int | None:
+    """This process's peak resident set size in bytes (VmHWM) since start or the last
+    :func:`peak_rss_reset`; None where ``/proc`` is absent."""
+    return _proc_bytes("/proc/self/status", "VmHWM")
+
+
+def peak_rss_reset() -> None:
+    """Reset this process's peak RSS (VmHWM) so :func:`peak_rss` measures from now on
+    (Linux ``/proc/self/clear_refs`` value 5, since Linux 4.0). A no-op elsewhere."""
     try:
-        for ln in Path("/proc/meminfo").read_text().splitlines():
-            if ln.startswith("MemAvailable:"):
-                return int(ln.split()[1]) * 1024
+        Path("/proc/self/clear_refs").write_text("5")
     except OSError:
-        return None
-    return None
+        pass
 
 
 def part_params(config: dict, lo: int, hi: int, first: bool, last: bool, embed_in_part: bool) -> int:
@@ -108,7 +128,7 @@ def check_stage(stage: str, config: dict, *, parts: int, seq_len: int, context_l
     the estimate in bytes. Raises :class:`NotEnoughMemory` (naming ``export.parts``,
     ``export.context_length``, ``export.sequence_length`` with their values) or ValueError
     for a bad ``parts``."""
-    from .export import split_layers
+    from .parts import split_layers
 
     ranges = split_layers(config["num_hidden_layers"], parts)
     est, part = estimates(config, ranges, seq_len, context_len, embed_in_part,

@@ -122,27 +122,6 @@ _REPORT_PEAK = (
     "atexit.register(_npubuild_peak)\n")
 
 
-def peak_rss_reset() -> None:
-    """Reset this process's peak RSS (VmHWM) so :func:`peak_rss` measures from now on
-    (Linux ``/proc/self/clear_refs`` value 5, since Linux 4.0). A no-op elsewhere."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        pass
-
-
-def peak_rss() -> int | None:
-    """This process's peak resident set size in bytes (VmHWM) since start or the last
-    :func:`peak_rss_reset`; None where ``/proc`` is absent."""
-    try:
-        for ln in Path("/proc/self/status").read_text().splitlines():
-            if ln.startswith("VmHWM:"):
-                return int(ln.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
 def run_in_subprocess(code: str, timeout: float = 600, cwd=None) -> tuple[int, str, int | None]:
     """Run python ``code`` in a child process (same interpreter); return (returncode, output,
     peak RSS of the child in bytes or None). A negative return code is the signal that killed it

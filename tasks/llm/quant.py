@@ -155,7 +155,8 @@ def quantize_llm(src, model_dir, calib_text, params: dict, out, work=None, parts
     import onnx
 
     from .calib import collect_calibration_feeds
-    from .qnn import peak_rss, peak_rss_reset, run_in_subprocess
+    from .memory import peak_rss, peak_rss_reset
+    from .qnn import run_in_subprocess
 
     src, out = Path(src), Path(out)
     work = Path(work) if work else Path(tempfile.mkdtemp(prefix=".calib-", dir=out.parent))
