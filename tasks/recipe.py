@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import json
 import re
 import stat
 from pathlib import Path
@@ -536,6 +537,7 @@ def load_all(directory: Path | None = None, collect_errors: bool = False):
             if others:
                 raise RecipeError(f, [("name", f"expected a unique name, found {r.name!r} also in {', '.join(others)}")])
             check_data_files(f, r)
+            check_source_config(f, r)
         except RecipeError as e:
             errors[f.stem] = e
             continue
@@ -610,5 +612,77 @@ def check_data_files(path: Path, r: Recipe) -> None:
             if per_line and n < data.samples:
                 problems.append((key.removesuffix(".file") + ".samples",
                                  f"expected at most the {n} non-empty lines of {rel}, found {data.samples}"))
+    if problems:
+        raise RecipeError(path, problems)
+
+
+def source_config_path(src: Source) -> Path | None:
+    """The ``config.json`` a source's model will have, when it can be read without building
+    anything: a ``path`` folder, an installed ``package`` folder (found, not imported), or an
+    ``hf`` snapshot already in the local Hugging Face cache at a 40-hex revision. None otherwise
+    (the download stage reports a missing source)."""
+    import importlib.util
+    import os
+
+    from .paths import root
+
+    if src.path is not None:
+        f = root() / src.path / "config.json"
+    elif src.package is not None:
+        try:
+            spec = importlib.util.find_spec(src.package)
+        except (ImportError, ValueError):
+            return None
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        f = Path(list(spec.submodule_search_locations)[0]) / src.subdir / "config.json"
+    elif src.revision and re.fullmatch(r"[0-9a-f]{40}", src.revision):
+        hub = os.environ.get("HF_HUB_CACHE") or os.path.join(
+            os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface"), "hub")
+        f = Path(hub) / f"models--{src.hf.replace('/', '--')}" / "snapshots" / src.revision / "config.json"
+    else:
+        return None
+    return f if f.is_file() else None
+
+
+def check_source_config(path: Path, r: Recipe) -> None:
+    """What the source's ``config.json`` (:func:`source_config_path`) can tell before any stage
+    runs: a custom-code model (``auto_map``) is refused; an LLM's ``model_type`` must be one the
+    LLM export writes (``tasks.llm.parts.SUPPORTED``), ``export.parts`` at most its
+    ``num_hidden_layers``; ``export.context_length`` (LLM) or ``export.sequence_length``
+    (encoder) at most ``max_position_embeddings``. Raises RecipeError with the key paths."""
+    from .llm.parts import SUPPORTED
+
+    f = source_config_path(r.source)
+    if f is None:
+        return
+    try:
+        cfg = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise RecipeError(path, [("source", f"expected a readable JSON config.json, found {f} ({e})")]) from None
+    problems = []
+    if not isinstance(cfg, dict):
+        raise RecipeError(path, [("source", f"expected a JSON object in {f}, found {type(cfg).__name__}")])
+    if cfg.get("auto_map"):
+        problems.append(("source", "expected a model transformers implements, found auto_map in its config.json "
+                                   "(custom modelling code that runs only with trust_remote_code=True); npubuild "
+                                   "refuses custom-code models: that code would run unreviewed and is not part "
+                                   "of any stage key"))
+    limit = cfg.get("max_position_embeddings")
+    if r.export.family == "llm":
+        mt = cfg.get("model_type")
+        if mt not in SUPPORTED:
+            problems.append(("export.family", f"expected a model_type the LLM export supports "
+                                              f"({', '.join(SUPPORTED)}), found {mt!r} in {f.name}"))
+        layers = cfg.get("num_hidden_layers")
+        if isinstance(layers, int) and r.export.parts > layers:
+            problems.append(("export.parts", f"expected at most the model's {layers} layers "
+                                             f"(num_hidden_layers), found {r.export.parts}"))
+        if isinstance(limit, int) and r.export.context_length > limit:
+            problems.append(("export.context_length", f"expected at most the model's max_position_embeddings "
+                                                      f"({limit}), found {r.export.context_length}"))
+    elif isinstance(limit, int) and r.export.sequence_length > limit:
+        problems.append(("export.sequence_length", f"expected at most the model's max_position_embeddings "
+                                                   f"({limit}), found {r.export.sequence_length}"))
     if problems:
         raise RecipeError(path, problems)

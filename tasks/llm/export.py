@@ -61,7 +61,7 @@ from pathlib import Path
 import numpy as np
 
 from .checkpoint import Checkpoint, part_tensor_names
-from .parts import split_layers  # noqa: F401  (part of this module's API)
+from .parts import SUPPORTED, split_layers  # noqa: F401  (part of this module's API)
 
 MASK_VALUE = -100.0
 ROPE_TABLES = ("rope_cos", "rope_sin")
@@ -69,7 +69,6 @@ OPSET = 21
 IR_VERSION = 10
 WEIGHTS_FILE = "weights.data"
 ALIGN = 65536  # Windows' allocation granularity; a multiple of Linux's page size
-SUPPORTED = ("qwen2", "llama")
 # Largest weight initializer, in elements. onnxruntime's quantizer holds about four float copies
 # of the tensor it is quantizing (quant_utils.quantize_nparray: astype, divide, round, add), so a
 # 545 M-element table (Qwen2.5-7B's embedding or LM head, 2.2 GB in float32) alone cost ~9 GB

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+# model_type values tasks/llm/export.py writes graphs for (checked when a recipe loads)
+SUPPORTED = ("qwen2", "llama")
+
 
 def split_layers(n_layers: int, parts: int) -> list[tuple[int, int]]:
     """Even split of ``n_layers`` into ``parts`` contiguous [lo, hi) ranges (earlier parts get the

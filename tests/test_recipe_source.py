@@ -1,0 +1,83 @@
+"""What a source's config.json says is checked when the recipe loads, before any stage runs
+(issues 9 and 14): an LLM family the export does not write, more parts than layers, lengths past
+max_position_embeddings, custom-code models; and `doit list` reports it in one line."""
+import json
+
+import pytest
+
+from tasks.recipe import load_all
+
+LLM = """\
+source: {path: models/m}
+export: {family: llm, sequence_length: 16, context_length: 64, parts: 2}
+quantize:
+  calibration: {file: data/c.txt, samples: 2}
+verify:
+  data: {file: data/v.txt, samples: 2}
+"""
+CFG = {"model_type": "qwen2", "num_hidden_layers": 4, "max_position_embeddings": 64}
+
+
+@pytest.fixture
+def proj(tmp_path, monkeypatch):
+    monkeypatch.setenv("NPUBUILD_ROOT", str(tmp_path))
+    monkeypatch.setenv("NPUBUILD_RECIPES", str(tmp_path / "recipes"))
+    for d in ("recipes", "data", "models/m"):
+        (tmp_path / d).mkdir(parents=True)
+    for f in ("c.txt", "v.txt"):
+        (tmp_path / "data" / f).write_text("one line\nanother line\n")
+    return tmp_path
+
+
+def _errors(proj, recipe: str, cfg: dict) -> dict:
+    (proj / "models" / "m" / "config.json").write_text(json.dumps(cfg))
+    (proj / "recipes" / "r.yaml").write_text(recipe)
+    ok, errs = load_all(proj / "recipes", collect_errors=True)
+    return {} if "r" in ok else dict(errs["r"].problems)
+
+
+def test_a_supported_llm_loads(proj):
+    assert _errors(proj, LLM, CFG) == {}
+
+
+@pytest.mark.parametrize("mt", ["phi3", "qwen3", None])
+def test_unsupported_llm_family_is_a_load_error(proj, mt):
+    errs = _errors(proj, LLM, {**CFG, "model_type": mt})
+    assert errs == {"export.family": f"expected a model_type the LLM export supports (qwen2, llama), "
+                                     f"found {mt!r} in config.json"}
+
+
+def test_more_parts_than_layers_and_a_context_past_the_positions(proj):
+    errs = _errors(proj, LLM.replace("parts: 2", "parts: 5").replace("context_length: 64", "context_length: 128"), CFG)
+    assert errs == {"export.parts": "expected at most the model's 4 layers (num_hidden_layers), found 5",
+                    "export.context_length": "expected at most the model's max_position_embeddings (64), found 128"}
+
+
+@pytest.mark.parametrize("length, bad", [(64, False), (65, True), (4096, True)])
+def test_encoder_sequence_length_past_the_positions(proj, length, bad):
+    enc = f"source: {{path: models/m}}\nexport: {{sequence_length: {length}}}\nquantize:\n  calibration: {{file: data/c.txt, samples: 2}}\nverify:\n  data: {{file: data/v.txt, samples: 2}}\n"
+    errs = _errors(proj, enc, {"model_type": "bert", "max_position_embeddings": 64})
+    assert errs == ({"export.sequence_length": f"expected at most the model's max_position_embeddings (64), found {length}"}
+                    if bad else {})
+
+
+def test_custom_code_models_are_refused(proj):
+    errs = _errors(proj, LLM, {**CFG, "auto_map": {"AutoModelForCausalLM": "modeling_x.XForCausalLM"}})
+    assert list(errs) == ["source"] and "trust_remote_code=True" in errs["source"] and "refuses" in errs["source"]
+
+
+def test_doit_list_names_the_unknown_family_in_one_line(project):
+    """Through the real CLI: the recipe is listed as invalid, the reason is one line, exit 1."""
+    project.recipe("t8")
+    model = project.root / "models" / "phi"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(json.dumps({"model_type": "phi3", "num_hidden_layers": 2}))
+    (project.root / "recipes" / "phi.yaml").write_text(
+        "extends: t8\nsource: {path: models/phi}\nexport: {family: llm, sequence_length: 8, context_length: 32}\n")
+    p = project.popen("list")
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode == 1, out
+    lines = [ln for ln in out.splitlines() if "model_type the LLM export supports" in ln]
+    assert len(lines) == 1 and "'phi3'" in lines[0] and "qwen2, llama" in lines[0], out
+    assert "invalid recipe file(s), each with a failing build:<stem> task: phi.yaml" in out
+    assert "build" in out  # the valid recipe's tasks are still listed
