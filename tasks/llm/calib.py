@@ -76,8 +76,10 @@ def schedule(ids: list[int], S: int, C: int, *, n_prompts: int = 8, decode_steps
 
 
 class FeedStore:
-    """Feed dicts kept on disk, one ``.npz`` each; a sequence (len, index, iteration) that loads
-    one feed at a time. Also an onnxruntime ``CalibrationDataReader`` (``get_next``/``rewind``)."""
+    """Feed dicts kept on disk, one compressed ``.npz`` each; a sequence (len, index, iteration)
+    that loads one feed at a time. Also an onnxruntime ``CalibrationDataReader``
+    (``get_next``/``rewind``). Compressed because a decode feed's past K/V is mostly the
+    cache's empty (zero) slots: for Qwen2.5-7B at C=4096 a part's decode feed is 117 MB raw."""
 
     def __init__(self, folder):
         self.dir = Path(folder)
@@ -86,7 +88,7 @@ class FeedStore:
         self._i = 0
 
     def add(self, feeds: dict) -> None:
-        np.savez(self.dir / f"{self.n:06d}.npz", **feeds)
+        np.savez_compressed(self.dir / f"{self.n:06d}.npz", **feeds)
         self.n += 1
 
     def __len__(self):
