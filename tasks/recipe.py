@@ -622,7 +622,6 @@ def source_config_path(src: Source) -> Path | None:
     ``hf`` snapshot already in the local Hugging Face cache at a 40-hex revision. None otherwise
     (the download stage reports a missing source)."""
     import importlib.util
-    import os
 
     from .paths import root
 

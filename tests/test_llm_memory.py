@@ -62,20 +62,10 @@ def test_part_loader_reads_only_that_parts_tensors(sharded, tmp_path):
 def test_sharded_bf16_export_matches_transformers(sharded, tmp_path):
     """The streamed export of a bf16, sharded checkpoint computes what transformers computes
     with the same (bf16-valued) weights in float32."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
     from tasks.llm.export import export_llm
-    from tasks.llm.runner import LLMRunner
-    from tasks.llm.sessions import cpu_session
 
     export_llm(sharded, tmp_path / "ex", seq_len=8, context_len=32, parts=2)
-    runner = LLMRunner.from_export(tmp_path / "ex", cpu_session)
-    m = AutoModelForCausalLM.from_pretrained(sharded, dtype=torch.float32).eval()
-    ids = list(range(3, 15))
-    with torch.no_grad():
-        ref = m(torch.tensor([ids])).logits[0, -1].numpy()
-    np.testing.assert_allclose(runner.prefill_logits(ids), ref, atol=2e-4, rtol=0)
+    _assert_export_matches_transformers(tmp_path / "ex", sharded)
 
 
 def test_estimates_follow_the_largest_part_not_the_model():
@@ -120,12 +110,8 @@ def test_big_tables_are_split_exactly(tmp_path):
     """Above the element limit the embedding table and LM head become column chunks (Gather /
     MatMul per chunk, then Concat): same fp32 logits, and no weight tensor over the limit."""
     import onnx
-    import torch
-    from transformers import AutoModelForCausalLM
 
     from tasks.llm.export import export_llm
-    from tasks.llm.runner import LLMRunner
-    from tasks.llm.sessions import cpu_session
 
     mdir = tiny_model("qwen2")
     limit = 1024 * 50  # the tiny table is 1024 x 192
@@ -137,9 +123,20 @@ def test_big_tables_are_split_exactly(tmp_path):
     assert len(emb) == 4 and len(head) == 4 and max(sizes[n] for n in emb + head) <= limit
     ops = [(n.op_type, n.name) for n in m.graph.node]
     assert ("Concat", "/lm_head/Concat") in ops and sum(o == "Gather" and "embed" in n for o, n in ops) == 4
-    runner = LLMRunner.from_export(tmp_path / "ex", cpu_session)
-    hf = AutoModelForCausalLM.from_pretrained(mdir, dtype=torch.float32).eval()
-    ids = list(range(3, 14))
+    _assert_export_matches_transformers(tmp_path / "ex", mdir)
+
+
+def _assert_export_matches_transformers(export_dir, model_dir):
+    """Last-position prefill logits of the exported fp32 graphs (CPU EP) equal transformers'."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tasks.llm.runner import LLMRunner
+    from tasks.llm.sessions import cpu_session
+
+    runner = LLMRunner.from_export(export_dir, cpu_session)
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ids = list(range(3, 15))
     with torch.no_grad():
         ref = hf(torch.tensor([ids])).logits[0, -1].numpy()
     np.testing.assert_allclose(runner.prefill_logits(ids), ref, atol=2e-4, rtol=0)

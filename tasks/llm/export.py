@@ -277,7 +277,7 @@ def build_graph(dims: dict, lo: int, hi: int, first: bool, last: bool, S: int, C
                 embed: str, weights: dict, has_bias: bool):
     """The ONNX ModelProto of one part for AR-``S`` (see the module docstring for the contract).
     ``weights`` are the part's external-data TensorProtos (:func:`write_part_weights`)."""
-    D, H, Hkv, d = dims["hidden_size"], dims["num_heads"], dims["num_kv_heads"], dims["head_dim"]
+    H, Hkv, d = dims["num_heads"], dims["num_kv_heads"], dims["head_dim"]
     grp, eps = H // Hkv, dims["rms_eps"]
     g = _Graph(weights)
     ins, outs = io_spec(dims, lo, hi, first, last, S, C, lm_head, embed)
@@ -412,7 +412,7 @@ def export_llm(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 409
     ckpt = Checkpoint(model_dir)
     dims = model_dims(ckpt.config)
     ranges = split_layers(dims["num_layers"], parts)
-    has_bias = f"model.layers.0.self_attn.q_proj.bias" in ckpt
+    has_bias = "model.layers.0.self_attn.q_proj.bias" in ckpt
     rope = rope_tables(model_dir, context_len)
     desc = {"model_type": ckpt.config["model_type"], "seq_len": seq_len, "context_len": context_len,
             "mask_value": MASK_VALUE, **{k: dims[k] for k in ("num_layers", "num_kv_heads", "num_heads",
