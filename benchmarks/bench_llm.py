@@ -232,7 +232,7 @@ def bench_7b(a) -> None:
     spec = {"root": str(root), "parts": parts}
     print(f"building parts {parts} of 4 (not verify: it needs every part); stage code called directly")
     rows = []
-    for stage in ("export", "quantize", "compile"):
+    for stage in a.stages.split(","):
         code = f"import json, sys\nsys.path.insert(0, {str(REPO / 'benchmarks')!r})\n" \
                f"from bench_llm import stage_7b\nprint('ROWS=' + json.dumps(stage_7b({stage!r}, {json.dumps(spec)!r})))\n"
         secs, rc, out, peak = run_child(code, env)
@@ -285,6 +285,9 @@ def stage_7b(stage: str, spec: str) -> list[dict]:
         from tasks.llm.compile import compile_llm
 
         (work / "compile").mkdir(parents=True, exist_ok=True)
+        for name in ("export.json", "config.json"):  # what the quantize stage copies beside its graphs
+            shutil.copyfile(work / "export" / name if name == "export.json" else root / "model" / name,
+                            work / "quantize" / name)
         info = compile_llm(work / "quantize", work / "compile", stages["compile"].params, parts=set(parts))
         for row in info["parts"]:
             rows.append({"part": row["part"], "seconds": row["seconds"], "peak": row["peak_rss"]})
@@ -299,6 +302,8 @@ def main() -> None:
     ap.add_argument("--calib", type=int, default=4, help="calibration prompts (0.5b shape)")
     ap.add_argument("--parts-to-build", default="0,3", help="7b shape: parts to quantize and compile")
     ap.add_argument("--keep", help="7b shape: work folder to use and keep (reuses a made checkpoint)")
+    ap.add_argument("--stages", default="export,quantize,compile",
+                    help="7b shape: stages to run (a later stage reuses the work folder of earlier runs)")
     ap.add_argument("--make", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.make:
