@@ -125,6 +125,15 @@ def _console_reporter():
             if not self._ours(task):
                 super().execute_task(task)
 
+        def _write_failure(self, result, write_exception=True):
+            from doit.exceptions import UnmetDependency
+
+            fail = result["exception"]
+            if isinstance(fail, UnmetDependency):  # one line, not doit's three
+                self.write(f"{result['task'].name}  not run: {fail.get_msg().strip()} failed\n")
+            else:
+                super()._write_failure(result, write_exception)
+
         def skip_uptodate(self, task):
             checked = engine.CHECKED.get(task.name)
             if task.name in _STAGE_TASKS and checked:
