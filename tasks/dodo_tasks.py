@@ -11,6 +11,9 @@ Tasks (``doit list``):
 - ``gc`` (``--apply`` to delete) and ``cache_verify`` (full rehash) maintain ``cache/``.
 - ``push:<recipe>`` (``push`` for all) publishes a recipe's local entries to the remote cache
   (``NPUBUILD_REMOTE``); a build pushes what it builds by itself.
+
+The console reporter (:func:`_console_reporter`) prints one line per stage; a stage's own
+output goes to its cache entry's ``log.txt`` (``tasks/stagelog.py``).
 """
 
 from __future__ import annotations
@@ -223,7 +226,11 @@ def materialize(recipe: str) -> dict:
                 _link(f, root / rel)
                 listing[rel.as_posix()] = f"{spec.kind}/{e.key}/out/{f.relative_to(e.out).as_posix()}"
     (root / "artifacts.json").write_text(json.dumps(listing, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    print(f"{'build:' + recipe:<{engine.task_width(recipe)}}  {len(listing)} artifacts in {root}")
+    try:
+        shown = root.relative_to(Path.cwd())  # doit runs in the project folder: build/<recipe>
+    except ValueError:
+        shown = root
+    print(f"{'build:' + recipe:<{engine.task_width(recipe)}}  {len(listing)} artifacts in {shown}")
     return {"artifacts": len(listing)}
 
 
