@@ -48,7 +48,7 @@ def noop_build(n: int, runs: int) -> None:
                                env=env, capture_output=True, text=True)
             times.append(time.perf_counter() - t0)
             assert p.returncode == 0, p.stdout + p.stderr
-            executed = [ln for ln in p.stdout.splitlines() if ln.startswith(".  ")]
+            executed = [ln for ln in p.stdout.splitlines() if ln.startswith(".  ") or re.search(r"\sbuilt\s", ln)]
             assert not executed, executed
             stats = re.findall(r"npubuild-stats .*", p.stderr)[-1]
         print(f"no-op `doit build` over {n} recipes ({n * 7} tasks): median {statistics.median(times):.2f} s "

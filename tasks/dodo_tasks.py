@@ -11,6 +11,9 @@ Tasks (``doit list``):
 - ``gc`` (``--apply`` to delete) and ``cache_verify`` (full rehash) maintain ``cache/``.
 - ``push:<recipe>`` (``push`` for all) publishes a recipe's local entries to the remote cache
   (``NPUBUILD_REMOTE``); a build pushes what it builds by itself.
+
+The console reporter (:func:`_console_reporter`) prints one line per stage; a stage's own
+output goes to its cache entry's ``log.txt`` (``tasks/stagelog.py``).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ DOIT_CONFIG = {
     "verbosity": 2,
     "default_tasks": ["build"],
     "continue": True,  # like make -k: build every recipe that can be built, report the others
+    "reporter": None,  # set below: Reporter, one console line per stage
 }
 
 
@@ -101,8 +105,51 @@ def _stage_action(recipe: str, stage: str):
 
     try:
         return engine.run_stage(recipe, stage)
-    except _expected_errors() as e:
-        return TaskFailed(f"{type(e).__name__}: {e}")
+    except _expected_errors() as e:  # the notes name the stage's log (engine.run_stage)
+        return TaskFailed("\n".join([f"{type(e).__name__}: {e}", *getattr(e, "__notes__", ())]))
+
+
+def _console_reporter():
+    """doit's console reporter, made to print one line per stage (issue 13): a stage task that
+    runs prints its own line when done (``engine.run_stage``: key, built / FAILED, seconds), so
+    doit's ".  <task>" line is dropped for it and for ``build:<recipe>`` (which prints its own);
+    an up-to-date stage gets the same line as a cache hit instead of "-- <task>"."""
+    from doit.reporter import ConsoleReporter
+
+    class Reporter(ConsoleReporter):
+        desc = "console, one line per stage (npubuild)"
+
+        @staticmethod
+        def _ours(task) -> bool:
+            base = task.name.split(":", 1)[0]
+            return ":" in task.name and (base == "build" or task.name in _STAGE_TASKS)
+
+        def execute_task(self, task):
+            if not self._ours(task):
+                super().execute_task(task)
+
+        def _write_failure(self, result, write_exception=True):
+            from doit.exceptions import UnmetDependency
+
+            fail = result["exception"]
+            if isinstance(fail, UnmetDependency):  # one line, not doit's three
+                self.write(f"{result['task'].name}  not run: {fail.get_msg().strip()} failed\n")
+            else:
+                super()._write_failure(result, write_exception)
+
+        def skip_uptodate(self, task):
+            checked = engine.CHECKED.get(task.name)
+            if task.name in _STAGE_TASKS and checked:
+                recipe = _STAGE_TASKS[task.name]
+                self.write(engine.line(task.name, checked[0], "cache hit", checked[1], engine.task_width(recipe)) + "\n")
+            else:
+                super().skip_uptodate(task)
+
+    return Reporter
+
+
+_STAGE_TASKS: dict[str, str] = {}  # stage task name -> recipe (filled by task_stages)
+DOIT_CONFIG["reporter"] = _console_reporter()
 
 
 def _uptodate(recipe: str, stage: str):
@@ -117,6 +164,7 @@ def task_stages():
     """One task per stage of every recipe; doit groups them by stage name."""
     for name in _recipes():
         for spec in engine.plan(name).values():
+            _STAGE_TASKS[spec.task] = name
             yield {
                 "basename": spec.name,
                 "name": name,
@@ -178,7 +226,11 @@ def materialize(recipe: str) -> dict:
                 _link(f, root / rel)
                 listing[rel.as_posix()] = f"{spec.kind}/{e.key}/out/{f.relative_to(e.out).as_posix()}"
     (root / "artifacts.json").write_text(json.dumps(listing, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    print(f"[build:{recipe}] {len(listing)} artifacts in {root}")
+    try:
+        shown = root.relative_to(Path.cwd())  # doit runs in the project folder: build/<recipe>
+    except ValueError:
+        shown = root
+    print(f"{'build:' + recipe:<{engine.task_width(recipe)}}  {len(listing)} artifacts in {shown}")
     return {"artifacts": len(listing)}
 
 

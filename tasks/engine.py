@@ -28,6 +28,7 @@ from . import digest, paths, remote, tools
 from .cache import Cache, Entry
 from .plan import StageSpec, expand
 from .recipe import load_all
+from .stagelog import LOG_NAME
 from .stages import module_for
 
 
@@ -231,13 +232,42 @@ class Resolver:
         return check(entry.out, entry.manifest, spec.params) if check else []
 
 
+def line(task: str, key: str, status: str, seconds: float, width: int = 0) -> str:
+    """The console's one line for a stage: task, key prefix, built / cache hit / pulled (from
+    the remote cache) / FAILED, seconds."""
+    return f"{task:<{width}}  {key[:12]}  {status:<9}  {seconds:6.1f}s"
+
+
+def task_width(recipe_name: str) -> int:
+    """Width of the longest stage task name of a recipe, to align its console lines."""
+    return max(len(s.task) for s in plan(recipe_name).values())
+
+
+def failed_log_path(recipe_name: str, stage: str) -> Path:
+    """Where the log of a stage's last failed build is kept (its temp folder is removed)."""
+    return paths.state_dir() / "logs" / recipe_name / f"{stage}.failed.txt"
+
+
+# {task name: (key, seconds)} of the stages is_up_to_date found cached in this process (for
+# the console line of a skipped task: tasks.dodo_tasks.Reporter)
+CHECKED: dict[str, tuple[str, float]] = {}
+
+
 def run_stage(recipe_name: str, stage: str) -> dict:
     """Build (or reuse) the cache entry of one stage; the action of its doit task.
+
+    The stage's output goes to ``log.txt`` in its entry (``tasks/stagelog.py``); the console
+    gets one line (:func:`line`). A failed build's log is kept at :func:`failed_log_path` and
+    the exception gets a note naming it.
 
     Returns {"key", "built"} (doit saves it as the task's values). Raises StageFailed when
     the stage's ``check`` rejects the result (e.g. verify below a threshold); the entry
     itself stays, since the measurement is valid and deterministic.
     """
+    import shutil
+
+    from . import stagelog
+
     res = Resolver(recipe_name)
     spec = res.specs[stage]
     mod = module_for(spec.kind)
@@ -245,10 +275,22 @@ def run_stage(recipe_name: str, stage: str) -> dict:
     key = stage_key(material)
     upstream = {role: res.entry(up) for role, up in spec.inputs.items()}
     files = {role: project_file(rel) for role, rel in spec.files.items()}
+    width = task_width(recipe_name)
+    kept = failed_log_path(recipe_name, stage)
 
     def build(out: Path) -> dict:
-        print(f"[{spec.task}] building {spec.kind} {key[:12]}", flush=True)
-        return mod.run({r: e.out for r, e in upstream.items()}, files, spec.params, out) or {}
+        log = out.parent / stagelog.LOG_NAME
+        try:
+            with stagelog.capture(log, spec.task):
+                print(f"{spec.task}: {spec.kind} {key} (recipe {recipe_name}), {time.strftime('%Y-%m-%d %H:%M:%S')}",
+                      flush=True)
+                return mod.run({r: e.out for r, e in upstream.items()}, files, spec.params, out) or {}
+        except BaseException as e:
+            if log.exists():
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(log, kept)
+                e.add_note(f"log: {kept}")
+            raise
 
     base = {
         "material": material,  # lets a remote reader check that the entry is this key's
@@ -258,20 +300,26 @@ def run_stage(recipe_name: str, stage: str) -> dict:
         "extra": material.get("extra", {}), "host": tools.host(), "built_for": recipe_name,
     }
     t0 = time.time()
-    entry, built = res.cache.get_or_build(spec.kind, key, base, build)
-    how = f"built in {time.time() - t0:.1f}s" if built else \
-        "remote hit (pulled)" if entry.origin == "pulled" else "cache hit"
-    print(f"[{spec.task}] {key[:12]} {how}", flush=True)
+    try:
+        entry, built = res.cache.get_or_build(spec.kind, key, base, build)
+    except BaseException:
+        print(line(spec.task, key, "FAILED", time.time() - t0, width), flush=True)
+        raise
+    kept.unlink(missing_ok=True)
     record(recipe_name, stage, key, material, entry)
     bad = res.failures(stage, entry)
+    status = "FAILED" if bad else "built" if built else "pulled" if entry.origin == "pulled" else "cache hit"
+    print(line(spec.task, key, status, time.time() - t0, width), flush=True)
     if bad:
-        raise StageFailed(f"{spec.task} failed:\n  " + "\n  ".join(bad) + f"\n  (details: {entry.out})")
+        raise StageFailed(f"{spec.task} failed:\n  " + "\n  ".join(bad) + f"\n  (details: {entry.out})"
+                          f"\n  log: {entry.path / stagelog.LOG_NAME}")
     return {"key": key, "built": built}
 
 
 def is_up_to_date(recipe_name: str, stage: str) -> bool:
     """True when the stage's key can be computed and names an intact entry that passes its
     check. Used as the doit ``uptodate`` callable (evaluated after upstream tasks ran)."""
+    t0 = time.time()
     res = Resolver(recipe_name)
     try:
         e = res.entry(stage)
@@ -280,6 +328,7 @@ def is_up_to_date(recipe_name: str, stage: str) -> bool:
     if res.failures(stage, e):
         return False
     record(recipe_name, stage, e.key, res.material(stage), e)
+    CHECKED[res.specs[stage].task] = (e.key, time.time() - t0)
     return True
 
 
@@ -331,7 +380,8 @@ def _diff(old, new, prefix="") -> list[str]:
 def explain(recipe_name: str) -> list[dict]:
     """For each stage: name, kind, key (or None), status and, for a stale stage, what changed
     in its key material since the last build of this recipe recorded in
-    ``build/<recipe>/stages.json``. Status: "local hit" (an intact entry in the local cache),
+    ``build/<recipe>/stages.json``, and its log (the local entry's ``log.txt``, or the last
+    failed build's). Status: "local hit" (an intact entry in the local cache),
     "remote hit" (only on the remote cache; a build downloads it), "failed" (a local entry
     whose check fails), "stale" (no entry for the current key; built before with another),
     "not built", "blocked" (an upstream has no entry) or "unknown" (the key cannot be
@@ -354,6 +404,10 @@ def explain(recipe_name: str) -> list[dict]:
                 "stale" if prev else "not built"
             if e and e.origin != "remote" and res.failures(name, e):
                 row["status"] = "failed"
+            if e and (e.path / LOG_NAME).is_file():
+                row["log"] = str(e.path / LOG_NAME)
+            elif not e and failed_log_path(recipe_name, name).is_file():
+                row["log"] = f"{failed_log_path(recipe_name, name)} (last failed build)"
             if not e and prev:
                 row["changes"] = _diff(prev["material"], mat)
         except NotReady as err:
@@ -372,6 +426,8 @@ def print_explain(recipe_name: str, verbose: bool = True) -> None:
             print(f"    params: {json.dumps(row['params'], sort_keys=True)}")
             if row["inputs"] or row["files"]:
                 print(f"    inputs: {json.dumps(row['inputs'])} files: {json.dumps(row['files'])}")
+        if row.get("log"):
+            print(f"    log: {row['log']}")
         for c in row.get("changes", []):
             print(f"    changed: {c}")
     r = remote.from_env()

@@ -120,7 +120,9 @@ def compile_in_subprocess(qdq: Path, ctx: Path, target: str, disable_cpu_ep_fall
                                                                     os.environ.get("PYTHONPATH")])))
     p = subprocess.run([sys.executable, "-m", "tasks.qnn", json.dumps(spec)], capture_output=True, text=True,
                        cwd=str(Path(qdq).absolute().parent), env=env)
-    if p.returncode == 0:
+    if p.returncode == 0:  # the child's output (QNN / onnxruntime logs) goes to ours: the stage's log
+        sys.stdout.write(p.stdout)
+        sys.stderr.write(p.stderr)
         return
     report = next((ln for ln in reversed(p.stdout.splitlines()) if ln.startswith("{")), None)
     if p.returncode == 3 and report:

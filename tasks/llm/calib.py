@@ -116,9 +116,10 @@ class FeedStore:
 
 
 def _run_part(desc: dict, export_dir: Path, p: dict, sched: list[dict], work: Path, make_session,
-              record: bool, pad_id: int, embed_table) -> dict:
+              record: bool, pad_id: int, embed_table, bar=None) -> dict:
     """Run part ``p`` (fp32) over the whole schedule; see the module docstring. Returns
-    {"prefill": FeedStore, "decode": FeedStore} (empty when not ``record``)."""
+    {"prefill": FeedStore, "decode": FeedStore} (empty when not ``record``). ``bar``: a
+    progress bar (``tasks.progress.bar``), advanced once per prompt and graph."""
     i, (lo, hi) = p["index"], p["layers"]
     last = i == len(desc["parts"]) - 1
     S, C, mv = desc["seq_len"], desc["context_len"], desc["mask_value"]
@@ -157,6 +158,8 @@ def _run_part(desc: dict, export_dir: Path, p: dict, sched: list[dict], work: Pa
                     np.save(here / f"{kind}_{q}_{c}.npy", res["hidden_states"])
             if kind == "prefill":
                 cache.save(kv / f"{q}.npz")
+            if bar is not None:
+                bar.update()
         del sess
     shutil.rmtree(kv, ignore_errors=True)
     shutil.rmtree(prev, ignore_errors=True)  # part i-1's outputs are consumed
@@ -195,14 +198,19 @@ def collect_calibration_feeds(model_dir, export_dir, text_path, work, *, n_promp
                      decode_steps=decode_steps, decode_keep=decode_keep, seed=seed)
     make_session = make_session or cpu_session
     embed = np.load(export_dir / desc["embed_file"], mmap_mode="r") if desc.get("embed_file") else None
+    from .. import progress
+
     out = {"prefill": [], "decode": []}
+    bar = progress.bar(what="calibration (part x graph x prompt)", total=len(desc["parts"]) * 2 * len(sched),
+                       unit="prompt")
     for p in desc["parts"]:
         keep = parts is None or p["index"] in parts
-        stores = _run_part(desc, export_dir, p, sched, work, make_session, keep, eos, embed)
+        stores = _run_part(desc, export_dir, p, sched, work, make_session, keep, eos, embed, bar)
         if on_part is not None:
             on_part(p["index"], stores if keep else None)
         for k in out:
             out[k].append(stores[k] if keep else None)
+    bar.close()
     return out
 
 

@@ -26,7 +26,7 @@ from .qnn import run_in_subprocess
 
 def _run(code: str) -> int:
     """Run ``code`` in a fresh process; returns its peak RSS in bytes (0 if unknown)."""
-    rc, out, peak = run_in_subprocess(code, timeout=24 * 3600)
+    rc, out, peak = run_in_subprocess(code, timeout=24 * 3600, forward=True)
     if rc != 0:
         raise RuntimeError(f"LLM compile failed (exit {rc}):\n{out[-2000:]}")
     return peak or 0
@@ -48,11 +48,13 @@ def compile_llm(src: Path, out: Path, params: dict, parts=None) -> dict:
     shutil.copyfile(src / "export.json", out / "export.json")
     if desc.get("embed_file"):
         shutil.copyfile(src / desc["embed_file"], out / desc["embed_file"])
+    from .. import progress
+
+    todo = [p for p in desc["parts"] if parts is None or p["index"] in parts]
+    bar = progress.bar(what="graphs", total=len(todo) * (3 if params.get("weight_sharing", True) else 2), unit="graph")
     sizes = []
-    for p in desc["parts"]:
+    for p in todo:
         i = p["index"]
-        if parts is not None and i not in parts:
-            continue
         t0, peaks = time.perf_counter(), []
         pre, dec = (str(src / p[g]["path"]) for g in ("prefill", "decode"))
         here = f"import os\nos.chdir({str(Path(pre).parent)!r})\n"  # graph names from relative paths
@@ -60,16 +62,19 @@ def compile_llm(src: Path, out: Path, params: dict, parts=None) -> dict:
         for g, path in (("prefill", pre), ("decode", dec)):
             peaks.append(_run(here + f"from tasks.llm.qnn import compile_single\n"
                  f"compile_single({path!r}, {str(single)!r}, name={g!r}, soc_model={t.soc_model}, htp_arch={t.htp_arch})\n"))
+            bar.update()
         row = {"part": i, "single_bytes": {g: sum(b.stat().st_size for b in single.glob(f"{g}_ctx*.bin"))
                                            for g in ("prefill", "decode")}}
         if params.get("weight_sharing", True):
             shared = out / "shared" / f"part{i}"
             peaks.append(_run(here + f"from tasks.llm.qnn import compile_shared\n"
                  f"compile_shared({pre!r}, {dec!r}, {str(shared)!r}, soc_model={t.soc_model}, htp_arch={t.htp_arch})\n"))
+            bar.update()
             row["shared_bytes"] = sum(b.stat().st_size for b in shared.glob("*.bin"))
             row["shared_ratio"] = row["shared_bytes"] / sum(row["single_bytes"].values())
         row.update(seconds=time.perf_counter() - t0, peak_rss=max(peaks))
         sizes.append(row)
+    bar.close()
     files = {f"part{p['index']}_{'context' if g == 'prefill' else 'iterator'}":
              f"shared/part{p['index']}/{g}_ctx.onnx" for p in desc["parts"] for g in ("prefill", "decode")} \
         if params.get("weight_sharing", True) else None

@@ -422,7 +422,9 @@ def export_llm(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 409
     if embed == "separate":
         np.save(out_dir / "embed_tokens.npy", ckpt.get("model.embed_tokens.weight"))
         desc["embed_file"] = "embed_tokens.npy"
-    for i, (lo, hi) in enumerate(ranges):
+    from .. import progress
+
+    for i, (lo, hi) in progress.bar(list(enumerate(ranges)), "parts", unit="part"):
         first, last = i == 0, i == len(ranges) - 1
         pdir = out_dir / f"part{i}"
         pdesc = {"index": i, "layers": [lo, hi], "weights": f"part{i}/{WEIGHTS_FILE}"}

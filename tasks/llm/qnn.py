@@ -122,11 +122,12 @@ _REPORT_PEAK = (
     "atexit.register(_npubuild_peak)\n")
 
 
-def run_in_subprocess(code: str, timeout: float = 600, cwd=None) -> tuple[int, str, int | None]:
+def run_in_subprocess(code: str, timeout: float = 600, cwd=None, forward: bool = False) -> tuple[int, str, int | None]:
     """Run python ``code`` in a child process (same interpreter); return (returncode, output,
     peak RSS of the child in bytes or None). A negative return code is the signal that killed it
     (e.g. -11 = SIGSEGV). The peak is the child's own VmHWM read at exit: ``ru_maxrss`` of a
-    child started by (v)fork + exec can report the parent's peak instead."""
+    child started by (v)fork + exec can report the parent's peak instead. ``forward``: also
+    write the child's whole stdout / stderr to ours once it ended (a stage's log)."""
     import subprocess
     import sys
 
@@ -141,6 +142,11 @@ def run_in_subprocess(code: str, timeout: float = 600, cwd=None) -> tuple[int, s
             peak = int(ln[len(_PEAK):])
         else:
             err.append(ln)
+    if forward:
+        sys.stdout.write(p.stdout)
+        sys.stdout.flush()
+        sys.stderr.write("".join(ln + "\n" for ln in err))
+        sys.stderr.flush()
     return p.returncode, (p.stdout + "\n".join(err))[-4000:], peak
 
 

@@ -185,7 +185,7 @@ def quantize_llm(src, model_dir, calib_text, params: dict, out, work=None, parts
                     f"quantize_qdq({str(staged / Path(rel).name)!r}, {str(out / rel)!r}, FeedStore({str(stores[g].dir)!r}), "
                     f"weight_type={weight!r}, activation_type={act!r}, per_channel={params['per_channel']!r}, "
                     f"keep_8bit={keep!r}, work={str(work / 'q' / g)!r})\n")
-            rc, log, peak = run_in_subprocess(code, timeout=24 * 3600)
+            rc, log, peak = run_in_subprocess(code, timeout=24 * 3600, forward=True)
             if rc != 0:
                 raise RuntimeError(f"quantizing {rel} failed (exit {rc}):\n{log[-2000:]}")
             peaks.append(peak or 0)

@@ -354,17 +354,21 @@ class PartStream:
         self._open[key] = _Graph(self.make_session(str(self.graph_path(i, kind))))
         return self._open[key]
 
-    def run(self, prompts: list[list[int]], steps: int, forced: list[list[int]] | None = None):
+    def run(self, prompts: list[list[int]], steps: int, forced: list[list[int]] | None = None,
+            progress: str | None = None):
         """Feed each prompt, then ``steps - 1`` more tokens: the greedy argmax, or
         ``forced[b][j]`` (teacher forcing). Returns ``(tokens, logits)``: per prompt the ``steps``
         chosen tokens and the ``steps`` float32 [V] logits rows that predicted them (row 0 from
-        the prompt's last token). Raises ValueError when a prompt plus steps overflow C."""
+        the prompt's last token). ``progress``: show a progress bar of the steps with this
+        description (``tasks.progress.bar``). Raises ValueError when a prompt plus steps overflow C."""
+        from .. import progress as _progress
+
         B = len(prompts)
         caches = [[KVCache(range(*p["layers"]), self.desc["num_kv_heads"], self.C, self.desc["head_dim"])
                    for p in self.parts] for _ in range(B)]
         tokens = [[] for _ in range(B)]
         logits = [[] for _ in range(B)]
-        for j in range(steps):
+        for j in (_progress.bar(range(steps), progress, unit="step") if progress else range(steps)):
             kind = "prefill" if j == 0 else "decode"
             Sg = self.S if kind == "prefill" else 1
             if j == 0:

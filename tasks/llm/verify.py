@@ -108,8 +108,8 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
     else:
         got = stream(Path(inputs["qdq"]), ".onnx", cpu_session)
         ran = "QDQ graphs on the CPU EP (quantization only)"
-    ref_tokens, ref_logits = fp32.run(prompts, K)
-    got_tokens, got_logits = got.run(prompts, K)
+    ref_tokens, ref_logits = fp32.run(prompts, K, progress=f"fp32 steps ({len(prompts)} prompts)")
+    got_tokens, got_logits = got.run(prompts, K, progress=f"{params['backend']} steps ({len(prompts)} prompts)")
     rows = []
     for txt, rt, rl, gt, gl in zip(texts, ref_tokens, ref_logits, got_tokens, got_logits):
         frac, pre = agreement(rt, gt)
@@ -123,8 +123,8 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
     if "perplexity_text" in files:
         ids = tok(Path(files["perplexity_text"]).read_text(encoding="utf-8"))["input_ids"]
         ids = ids[: min(len(ids), desc["context_len"] - 1, 64)]
-        _, lc = got.run([ids[:1]], len(ids) - 1, forced=[ids[1:]])
-        _, lr = fp32.run([ids[:1]], len(ids) - 1, forced=[ids[1:]])
+        _, lc = got.run([ids[:1]], len(ids) - 1, forced=[ids[1:]], progress=f"{params['backend']} perplexity steps")
+        _, lr = fp32.run([ids[:1]], len(ids) - 1, forced=[ids[1:]], progress="fp32 perplexity steps")
         p_c, p_r = perplexity(lc[0], ids[1:]), perplexity(lr[0], ids[1:])
         metrics.update(perplexity=p_c, perplexity_fp32=p_r, perplexity_ratio=p_c / p_r,
                        perplexity_tokens=len(ids) - 1)

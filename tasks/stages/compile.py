@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import qnn
+from .. import progress, qnn
 from ..graphs import list_graphs, load_model
 
 VERSION = 4
@@ -49,7 +49,7 @@ def run(inputs, files, params, out: Path) -> dict:
 
 def _compile_graphs(src: Path, out: Path, params: dict) -> dict:
     info = {}
-    for g in list_graphs(src):
+    for g in progress.bar(list_graphs(src), f"graphs ({out.name})", unit="graph"):
         load_model(g, load_external_data=False)  # a clear error for a corrupt input
         rel = g.relative_to(src)
         ctx = out / rel.parent / f"{rel.stem}_ctx.onnx"

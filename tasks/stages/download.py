@@ -18,10 +18,12 @@ from __future__ import annotations
 import importlib.util
 import re
 import shutil
+import sys
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
-from .. import digest, paths
+from .. import digest, paths, progress
 
 VERSION = 1
 TOOLS = ("huggingface-hub",)
@@ -97,9 +99,35 @@ def key_extra(params: dict) -> dict:
     return {"content": digest.tree_digest(local_folder(params))}
 
 
+@contextmanager
+def _hub_bars():
+    """huggingface_hub's own progress bars (files, bytes per file) on the terminal when bars are
+    on (``tasks.progress.enabled``), else turned off for the call. Its bars write to
+    ``sys.stderr`` as it is when each bar starts, which during a stage is the log
+    (``tasks/stagelog.py``), so ``sys.stderr`` is the terminal for the call; what
+    huggingface_hub prints meanwhile goes there too, not to the log."""
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    if progress.enabled():
+        old = sys.stderr
+        sys.stderr = progress.console()
+        try:
+            yield
+        finally:
+            sys.stderr = old
+        return
+    was_off = are_progress_bars_disabled()
+    disable_progress_bars()
+    try:
+        yield
+    finally:
+        if not was_off:
+            enable_progress_bars()
+
+
 def _copy_tree(src: Path, out: Path) -> list[str]:
     files = [f for f in digest.list_files(src) if "__pycache__" not in f.parts and ".git" not in f.parts]
-    for f in files:
+    for f in progress.bar(files, "copy into the cache", unit="file"):
         dest = out / f.relative_to(src)
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(f, dest)  # follows the Hub cache's symlinks; streams
@@ -114,9 +142,10 @@ def run(inputs, files, params, out: Path) -> dict:
 
         commit = resolve_revision(params["hf"], params["revision"])
         try:
-            folder = snapshot_download(params["hf"], revision=commit,
-                                       allow_patterns=params.get("allow_patterns"),
-                                       local_files_only=_offline())
+            with _hub_bars():
+                folder = snapshot_download(params["hf"], revision=commit,
+                                           allow_patterns=params.get("allow_patterns"),
+                                           local_files_only=_offline())
         except Exception as e:
             raise SourceError(_missing(params["hf"], params["revision"], e)) from None
         names = _copy_tree(Path(folder), out)

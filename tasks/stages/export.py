@@ -18,7 +18,7 @@ from pathlib import Path
 
 import onnx
 
-from .. import patches
+from .. import patches, progress
 from ..graphs import load_model, save_model
 
 VERSION = 1
@@ -57,12 +57,13 @@ def _export_encoder(src: Path, params: dict, out: Path) -> dict:
 
     from optimum.exporters.onnx import main_export
 
-    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp, progress.bar(what="graphs", total=1, unit="graph") as bar:
         main_export(str(src), tmp, task=params.get("task") or "auto", opset=params["opset"],
                     no_dynamic_axes=True, do_validation=False, library_name="transformers",
                     local_files_only=True, batch_size=params["batch_size"],
                     sequence_length=params["sequence_length"])
         model = load_model(Path(tmp) / "model.onnx")
+        bar.update()
     save_model(model, out / "model.onnx")
     info = to_int32_inputs(out / "model.onnx")
     info["graphs"] = {"model": _io(load_model(out / "model.onnx", load_external_data=False))}

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from .. import digest
+from .. import digest, progress
 from ..graphs import list_graphs, load_model
 
 VERSION = 3
@@ -70,13 +70,20 @@ def encoder_feeds(model_path: Path, tokenizer_dir: Path, texts: list[str], max_l
 
 
 class ListReader:
-    """``onnxruntime.quantization.CalibrationDataReader`` over a list of feed dicts."""
+    """``onnxruntime.quantization.CalibrationDataReader`` over a list of feed dicts; shows a
+    progress bar of the calibration samples as the calibrator takes them."""
 
-    def __init__(self, feeds: list[dict]):
+    def __init__(self, feeds: list[dict], what: str = "calibration samples"):
         self._it = iter(feeds)
+        self._bar = progress.bar(what=what, total=len(feeds), unit="sample")
 
     def get_next(self):
-        return next(self._it, None)
+        feed = next(self._it, None)
+        if feed is None:
+            self._bar.close()
+        else:
+            self._bar.update()
+        return feed
 
     def rewind(self):  # pragma: no cover - not used by MinMax
         raise NotImplementedError
@@ -127,7 +134,7 @@ def quantize_graph(src: Path, dst: Path, feeds: list[dict], params: dict) -> dic
                 if re.search(o["pattern"], init.name) and len(init.dims) >= 2:
                     overrides[init.name] = [{"quant_type": getattr(QuantType, BITS[o["weight_bits"]]),
                                              **({"symmetric": True, "axis": 1} if init.name in overrides else {})}]
-        cfg = get_qnn_qdq_config(str(pre), ListReader(feeds),
+        cfg = get_qnn_qdq_config(str(pre), ListReader(feeds, f"{src.stem} calibration samples"),
                                  calibrate_method=getattr(CalibrationMethod, params["calibrate_method"]),
                                  activation_type=getattr(QuantType, aname), weight_type=getattr(QuantType, wname),
                                  per_channel=params["per_channel"], init_overrides=overrides or None)
@@ -145,16 +152,9 @@ def run(inputs, files, params, out: Path) -> dict:
     """Quantize every graph of ``inputs["model"]`` into ``out`` (same relative paths).
     Raises ValueError when the calibration file has too few lines. onnxruntime's quantizer
     logs advice through the root logger at WARNING (opset upgrade, "Axis 1 is out-of-range"
-    for 1-D weights, pre-processing); those are silenced here, errors still show."""
-    import logging
-
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)
-    try:
-        return _run(inputs, files, params, out)
-    finally:
-        root.setLevel(level)
+    for 1-D weights, pre-processing): it goes to the stage's log, and the known lines are kept
+    off the console (``tasks/stagelog.py`` ``HARMLESS``)."""
+    return _run(inputs, files, params, out)
 
 
 def _run(inputs, files, params, out: Path) -> dict:

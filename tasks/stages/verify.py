@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from .. import qnn
+from .. import progress, qnn
 from ..metrics import cosine
 from .quantize import encoder_feeds, read_lines
 
@@ -125,7 +125,7 @@ def _verify_encoder(inputs, files, params) -> dict:
         placement = {"all_on_htp": None, "nodes": []}
     out_name = ref.get_outputs()[0].name
     samples = []
-    for text, feed in zip(texts, feeds):
+    for text, feed in progress.bar(list(zip(texts, feeds)), "samples", unit="sample"):
         r = ref.run([out_name], feed)[0]
         g = got.run([out_name], feed)[0]
         s = compare(r, g, feed["attention_mask"])
