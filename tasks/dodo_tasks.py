@@ -11,6 +11,8 @@ Tasks (``doit list``):
 - ``gc`` (``--apply`` to delete) and ``cache_verify`` (full rehash) maintain ``cache/``.
 - ``push:<recipe>`` (``push`` for all) publishes a recipe's local entries to the remote cache
   (``NPUBUILD_REMOTE``); a build pushes what it builds by itself.
+- ``cluster --scheduler tcp://host:8786 [recipe ...]`` builds the stale stages on a Dask
+  cluster and pulls them (``tasks/cluster.py``).
 """
 
 from __future__ import annotations
@@ -315,6 +317,25 @@ def task_push():
     for name in _recipes():
         yield {"name": name, "actions": [(push, [name])], "uptodate": [False], "verbosity": 2,
                "doc": f"push {name}'s cache entries to the remote cache (NPUBUILD_REMOTE)"}
+
+
+def _cluster_action(scheduler: str, recipes: list):
+    from doit.exceptions import TaskFailed
+
+    from . import cluster
+
+    try:
+        cluster.build(recipes, scheduler)
+    except (cluster.ClusterError, *_expected_errors()) as e:
+        return TaskFailed(f"{type(e).__name__}: {e}")
+
+
+def task_cluster():
+    """Build the stale stages of the given recipes (default: all) on a Dask cluster, then pull
+    them: doit cluster --scheduler tcp://host:8786 [recipe ...] (needs NPUBUILD_REMOTE)."""
+    return {"actions": [_cluster_action], "pos_arg": "recipes", "uptodate": [False], "verbosity": 2,
+            "params": [{"name": "scheduler", "long": "scheduler", "type": str, "default": "",
+                        "help": "Dask scheduler address, tcp://host:8786 (default: $NPUBUILD_SCHEDULER)"}]}
 
 
 # ------------------------------------------------------------ catalog, publish, reproduce (issue 5)

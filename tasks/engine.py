@@ -162,13 +162,9 @@ def code_modules(name: str) -> tuple[str, ...]:
     return tuple(sorted(seen))
 
 
-def code_digest(spec: StageSpec) -> str:
-    """xxh3 of the source files that implement ``spec``: every module of this package that its
-    stage module imports, at any depth (:func:`code_modules`; the target table, the LLM
-    helpers, ...) and, for a patch stage, each step's patch module (patches are found by name,
-    not imported). A hand-bumped ``VERSION`` or a hand-kept list of dependencies is easy to
-    forget (both went stale here: issue 11); the import graph cannot be forgotten. Keyed by
-    dotted module name (``tasks.llm.export`` and ``tasks.stages.export`` are two files)."""
+def code_files(spec: StageSpec) -> dict[str, str]:
+    """{dotted module name: xxh3 of its source} for the modules :func:`code_digest` covers,
+    sorted by name (what a cluster worker compares to name the module that differs)."""
     mod = module_for(spec.kind)
     names = set(code_modules(mod.__name__))
     for dep in getattr(mod, "CODE_DEPS", ()):  # modules found by name at run time, not imported
@@ -178,7 +174,17 @@ def code_digest(spec: StageSpec) -> str:
 
         for s in spec.params["steps"]:
             names.update(code_modules(patches.get(s["name"]).fn.__module__))
-    return digest.digest_json({n: digest.file_digest(_module_file(n)) for n in sorted(names)})
+    return {n: digest.file_digest(_module_file(n)) for n in sorted(names)}
+
+
+def code_digest(spec: StageSpec) -> str:
+    """xxh3 of the source files that implement ``spec``: every module of this package that its
+    stage module imports, at any depth (:func:`code_modules`; the target table, the LLM
+    helpers, ...) and, for a patch stage, each step's patch module (patches are found by name,
+    not imported). A hand-bumped ``VERSION`` or a hand-kept list of dependencies is easy to
+    forget (both went stale here: issue 11); the import graph cannot be forgotten. Keyed by
+    dotted module name (``tasks.llm.export`` and ``tasks.stages.export`` are two files)."""
+    return digest.digest_json(code_files(spec))
 
 
 def stage_key(material: dict) -> str:
@@ -231,19 +237,15 @@ class Resolver:
         return check(entry.out, entry.manifest, spec.params) if check else []
 
 
-def run_stage(recipe_name: str, stage: str) -> dict:
-    """Build (or reuse) the cache entry of one stage; the action of its doit task.
-
-    Returns {"key", "built"} (doit saves it as the task's values). Raises StageFailed when
-    the stage's ``check`` rejects the result (e.g. verify below a threshold); the entry
-    itself stays, since the measurement is valid and deterministic.
-    """
-    res = Resolver(recipe_name)
-    spec = res.specs[stage]
+def build_spec(spec: StageSpec, upstream: dict[str, Entry], cache: Cache,
+               material: dict | None = None) -> tuple[str, dict, Entry, bool]:
+    """Build (or reuse: local hit, else remote pull) the cache entry of ``spec`` in ``cache``,
+    from its committed upstream entries (by role). Returns (key, key material, entry, built).
+    Knows nothing of recipes or of doit: ``run_stage`` and cluster workers (tasks/cluster.py)
+    both call it. Checks nothing about the result (that is :meth:`Resolver.failures`)."""
     mod = module_for(spec.kind)
-    material = res.material(stage)
+    material = material or key_material(spec, upstream)
     key = stage_key(material)
-    upstream = {role: res.entry(up) for role, up in spec.inputs.items()}
     files = {role: project_file(rel) for role, rel in spec.files.items()}
 
     def build(out: Path) -> dict:
@@ -255,18 +257,42 @@ def run_stage(recipe_name: str, stage: str) -> dict:
         "stage_version": mod.VERSION, "code": material["code"], "params": spec.params, "tools": material["tools"],
         "inputs": {r: {"kind": e.kind, "key": e.key, "output_digest": e.output_digest} for r, e in upstream.items()},
         "files": {r: {"path": spec.files[r], "xxh3": material["files"][r]} for r in files},
-        "extra": material.get("extra", {}), "host": tools.host(), "built_for": recipe_name,
+        "extra": material.get("extra", {}), "host": tools.host(), "built_for": spec.recipe,
+        "builder": tools.builder(),
     }
     t0 = time.time()
-    entry, built = res.cache.get_or_build(spec.kind, key, base, build)
+    entry, built = cache.get_or_build(spec.kind, key, base, build)
     how = f"built in {time.time() - t0:.1f}s" if built else \
         "remote hit (pulled)" if entry.origin == "pulled" else "cache hit"
     print(f"[{spec.task}] {key[:12]} {how}", flush=True)
+    return key, material, entry, built
+
+
+def run_stage(recipe_name: str, stage: str) -> dict:
+    """Build (or reuse) the cache entry of one stage; the action of its doit task.
+
+    Returns {"key", "built"} (doit saves it as the task's values). Raises StageFailed when
+    the stage's ``check`` rejects the result (e.g. verify below a threshold); the entry
+    itself stays, since the measurement is valid and deterministic.
+    """
+    res = Resolver(recipe_name)
+    spec = res.specs[stage]
+    upstream = {role: res.entry(up) for role, up in spec.inputs.items()}
+    key, material, entry, built = build_spec(spec, upstream, res.cache, res.material(stage))
     record(recipe_name, stage, key, material, entry)
     bad = res.failures(stage, entry)
     if bad:
         raise StageFailed(f"{spec.task} failed:\n  " + "\n  ".join(bad) + f"\n  (details: {entry.out})")
     return {"key": key, "built": built}
+
+
+def memory_estimate(recipe_name: str, stage: str) -> int:
+    """Estimated peak bytes of one stage of a recipe, before anything is built: for LLMs from
+    the source's config.json and the recipe's export shape (``tasks/llm/memory.py``), else a
+    small constant. What a cluster build asks of a worker's ``MEMORY`` resource."""
+    from .llm import memory
+
+    return memory.plan_estimate(plan(recipe_name), stage)
 
 
 def is_up_to_date(recipe_name: str, stage: str) -> bool:
