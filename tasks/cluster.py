@@ -180,16 +180,16 @@ def plan(recipes: list[str], log=print) -> tuple[dict, dict, dict]:
     return nodes, done, stage_node
 
 
-def build(recipes: list[str] | None, scheduler: str | None, log=print, timeout: float | None = None) -> dict:
+def build(recipes: list[str] | None, scheduler: str | None, link=None, log=print,
+          timeout: float | None = None) -> dict:
     """Build the stale stages of ``recipes`` (default: every valid, non-abstract recipe) on
     the Dask cluster at ``scheduler`` (default ``$NPUBUILD_SCHEDULER``), then pull their
-    entries and fill ``build/<recipe>/``. Returns counts: {"stages" (of all recipes),
+    entries and call ``link(recipe)`` for each recipe whose checks pass (the doit task passes
+    ``dodo_tasks.materialize``, which fills ``build/<recipe>/``). Returns counts: {"stages" (of all recipes),
     "submitted" (distinct stages sent to the cluster), "built", "reused" (a worker found the
     entry), "on_remote" (already there before), "pulled" (downloaded here), "seconds"}.
     Raises ClusterError naming what failed (no remote, no scheduler, no worker with enough
     MEMORY, a refused or failed stage, a recipe whose check fails)."""
-    from .dodo_tasks import materialize
-
     t0 = time.time()
     if remote.from_env() is None:
         raise ClusterError(NO_REMOTE)
@@ -221,8 +221,8 @@ def build(recipes: list[str] | None, scheduler: str | None, log=print, timeout: 
             bad = res.failures(name, e)
             if bad:
                 failed.append(f"{spec.task} failed:\n  " + "\n  ".join(bad) + f"\n  (details: {e.out})")
-        if not any(f.split(" ", 1)[0].endswith(f":{recipe}") for f in failed):
-            materialize(recipe)
+        if link and not any(f.split(" ", 1)[0].endswith(f":{recipe}") for f in failed):
+            link(recipe)
     out = {"stages": len(stage_node), "submitted": len(nodes),
            "built": sum(1 for n in nodes if results[n].get("built")),
            "reused": sum(1 for n in nodes if not results[n].get("built")),
@@ -246,7 +246,7 @@ def _run(nodes: dict, done: dict, scheduler: str, log, timeout: float | None) ->
         except TimeoutError:
             raise ClusterError(f"no Dask worker joined {scheduler} within 60 s") from None
         offers = {a: (w.get("resources") or {}).get(RESOURCE, 0) for a, w in _workers(client).items()}
-        most = max(offers.values(), default=0)
+        most = int(max(offers.values(), default=0))
         big = [(n["tasks"][0], n["memory"]) for n in nodes.values() if n["memory"] > most]
         if big:
             raise ClusterError(

@@ -325,7 +325,7 @@ def _cluster_action(scheduler: str, recipes: list):
     from . import cluster
 
     try:
-        cluster.build(recipes, scheduler)
+        cluster.build(recipes, scheduler, link=materialize)
     except (cluster.ClusterError, *_expected_errors()) as e:
         return TaskFailed(f"{type(e).__name__}: {e}")
 

@@ -186,3 +186,41 @@ def test_killed_worker_mid_push(tmp_path, tiny_bert, cluster):
             assert fs.size(f"{root}/{k}/{mm['remote']['data']}/{rel}") == meta["size"]
     assert Remote(url).peek(kind, key, remote_key)["remote"]["data"] == m["remote"]["data"]
     assert client.doit("run", "build:r8").ran() == []
+
+
+QWEN7B = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+              num_key_value_heads=4, vocab_size=152064, max_position_embeddings=32768, model_type="qwen2",
+              tie_word_embeddings=False)  # Qwen/Qwen2.5-7B-Instruct's config.json (benchmarks/bench_llm.py)
+
+
+def test_stage_no_worker_can_hold_is_reported(tmp_path, tiny_bert, cluster):
+    """qwen7b-int4's stages ask MEMORY from tasks/llm/memory.py's estimates (the source's
+    config.json, here from a local Hub cache, and the recipe's export shape); on a cluster
+    whose worker offers 3 GiB the build stops before submitting anything, naming each stage
+    that does not fit and its bytes."""
+    from tasks.llm import memory
+    from tasks.llm.export import split_layers
+
+    url = (tmp_path / "remote").as_uri()
+    client = Project(tmp_path / "client", tiny_bert)
+    shutil.copy(REPO / "recipes" / "qwen7b-int4.yaml", client.root / "recipes")
+    for rel in ("tasks/llm/data/tiny-corpus.txt", "recipes/data/prompts-tiny.txt", "recipes/data/ppl-tiny.txt"):
+        (client.root / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / rel, client.root / rel)
+    rev = "a09a35458c702b33eeacc393d103063234e8bc28"
+    snap = tmp_path / "hub" / "models--Qwen--Qwen2.5-7B-Instruct" / "snapshots" / rev
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text(json.dumps(QWEN7B))
+    client.env.update(NPUBUILD_REMOTE=url, HF_HUB_CACHE=str(tmp_path / "hub"))
+    cluster.add_worker("S", _worker_env(client, "S", url, tmp_path), memory=3 * GiB)
+
+    run, out = _cluster_run(client, cluster, "qwen7b-int4", check=False)
+    assert run.code != 0
+    est = memory.estimates(QWEN7B, split_layers(28, 4), 128, 4096, True, 4)
+    assert est["quantize"][0] > 8 * GiB
+    assert "no worker of the cluster offers enough MEMORY for: export:qwen7b-int4 " in out, out
+    assert f"quantize:qwen7b-int4 ({est['quantize'][0]} bytes = {est['quantize'][0] / GiB:.1f} GiB)" in out
+    assert f"the largest offer is {3 * GiB} bytes (3.0 GiB) over 1 worker(s)" in out
+    assert "download:qwen7b-int4 (" not in out  # the download fits (BASE)
+    assert "--resources MEMORY=<bytes>" in out
+    assert not (tmp_path / "remote").exists() and not cluster.workers["S"].started()
