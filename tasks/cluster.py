@@ -165,7 +165,12 @@ def plan(recipes: list[str], log=print) -> tuple[dict, dict, dict]:
             if all(n in done for n in ups.values()):  # the key is known: is the entry anywhere?
                 e = cache.lookup(spec.kind, nid)
                 if e is not None:
-                    if cache.push(spec.kind, nid, material=material):
+                    try:
+                        pushed = cache.push(spec.kind, nid, material=material)
+                    except (remote.Rejected, remote.RemoteError) as err:
+                        raise ClusterError(f"{spec.task}: cannot push the local entry {spec.kind}/{nid} that "
+                                           f"workers need: {err}") from None
+                    if pushed:
                         log(f"[cluster] {spec.task} {spec.kind}/{nid[:12]} pushed from the local cache")
                     done[nid] = {"kind": spec.kind, "key": nid, "output_digest": e.output_digest, "origin": "local"}
                     continue

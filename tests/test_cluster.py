@@ -224,3 +224,12 @@ def test_stage_no_worker_can_hold_is_reported(tmp_path, tiny_bert, cluster):
     assert "download:qwen7b-int4 (" not in out  # the download fits (BASE)
     assert "--resources MEMORY=<bytes>" in out
     assert not (tmp_path / "remote").exists() and not cluster.workers["S"].started()
+
+
+def test_cluster_needs_a_remote(project):
+    project.recipe("r8")
+    run = project.doit("run", "cluster", "--scheduler", "tcp://127.0.0.1:9", "r8", check=False)
+    assert run.code != 0
+    assert ("ClusterError: a cluster build needs a remote cache: set NPUBUILD_REMOTE to an fsspec URL that "
+            "this machine and every worker can reach") in run.log(), run.log()
+    assert not project.cache.exists()
