@@ -33,6 +33,7 @@ import uuid
 from types import SimpleNamespace
 
 from . import engine, remote
+from .plan import KINDS
 
 ENV_SCHEDULER = "NPUBUILD_SCHEDULER"
 RESOURCE = "MEMORY"
@@ -139,6 +140,14 @@ def _gib(n: int) -> str:
     return f"{n / (1 << 30):.1f} GiB"
 
 
+def _memory(recipe: str, stage: str, spec) -> int:
+    try:
+        return int(engine.memory_estimate(recipe, stage))
+    except Exception as e:  # e.g. an LLM whose config.json is neither local nor in the Hub cache
+        raise ClusterError(f"{spec.task}: cannot estimate its memory, which sizes its {RESOURCE} request "
+                           f"({type(e).__name__}: {e})") from None
+
+
 def plan(recipes: list[str], log=print) -> tuple[dict, dict, dict]:
     """The stages of ``recipes`` to build on the cluster, nothing submitted. Returns
     (nodes, done, stage_node): ``nodes`` {task id: {"spec", "ups" {role: task id}, "expected",
@@ -181,7 +190,7 @@ def plan(recipes: list[str], log=print) -> tuple[dict, dict, dict]:
             nodes[nid] = {"spec": spec, "ups": ups, "tasks": [spec.task],
                           "expected": {"material": {k: material.get(k) for k in COMPARED},
                                        "modules": engine.code_files(spec)},
-                          "memory": engine.memory_estimate(recipe, name)}
+                          "memory": _memory(recipe, name, spec)}
     return nodes, done, stage_node
 
 
@@ -189,8 +198,9 @@ def build(recipes: list[str] | None, scheduler: str | None, link=None, log=print
           timeout: float | None = None) -> dict:
     """Build the stale stages of ``recipes`` (default: every valid, non-abstract recipe) on
     the Dask cluster at ``scheduler`` (default ``$NPUBUILD_SCHEDULER``), then pull their
-    entries and call ``link(recipe)`` for each recipe whose checks pass (the doit task passes
-    ``dodo_tasks.materialize``, which fills ``build/<recipe>/``). Returns counts: {"stages" (of all recipes),
+    entries that ``build/<recipe>/`` and the checks read (not, e.g., a download or a quantize
+    entry) and call ``link(recipe, resolver)`` for each recipe whose checks pass (the doit
+    task passes ``dodo_tasks.materialize``, which fills ``build/<recipe>/``). Returns counts: {"stages" (of all recipes),
     "submitted" (distinct stages sent to the cluster), "built", "reused" (a worker found the
     entry), "on_remote" (already there before), "pulled" (downloaded here), "seconds"}.
     Raises ClusterError naming what failed (no remote, no scheduler, no worker with enough
@@ -212,10 +222,14 @@ def build(recipes: list[str] | None, scheduler: str | None, link=None, log=print
     results = dict(done)
     if nodes:
         results.update(_run(nodes, done, scheduler, log, timeout))
-    # the client's part: pull, check, record, link (builds nothing: Resolver only fetches)
+    # the client's part: pull what build/ and the checks read, check, record, link (builds
+    # nothing: a Resolver only fetches; the other stages' keys come from remote manifests)
+    from .stages import ARTIFACTS, module_for
+
+    wanted = frozenset(k for k in KINDS if k in ARTIFACTS or hasattr(module_for(k), "check"))
     failed, pulled = [], 0
     for recipe in recipes:
-        res = engine.Resolver(recipe)
+        res = engine.Resolver(recipe, pull=wanted)
         for name, spec in res.specs.items():
             try:
                 e = res.entry(name)
@@ -227,7 +241,7 @@ def build(recipes: list[str] | None, scheduler: str | None, link=None, log=print
             if bad:
                 failed.append(f"{spec.task} failed:\n  " + "\n  ".join(bad) + f"\n  (details: {e.out})")
         if link and not any(f.split(" ", 1)[0].endswith(f":{recipe}") for f in failed):
-            link(recipe)
+            link(recipe, res)
     out = {"stages": len(stage_node), "submitted": len(nodes),
            "built": sum(1 for n in nodes if results[n].get("built")),
            "reused": sum(1 for n in nodes if not results[n].get("built")),

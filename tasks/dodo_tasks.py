@@ -158,12 +158,13 @@ def _same(a: Path, b: Path) -> bool:
 
 
 
-def materialize(recipe: str) -> dict:
+def materialize(recipe: str, res: engine.Resolver | None = None) -> dict:
     """Fill ``build/<recipe>/`` with links to the recipe's artifacts in the cache: context
     binaries and EPContext models, tokenizer/config files and ``verify.json`` (one
     sub-folder per target when there are several). Writes ``artifacts.json``:
-    {file: "<kind>/<key>/out/<path>"}, the cache file each one is."""
-    res = engine.Resolver(recipe)
+    {file: "<kind>/<key>/out/<path>"}, the cache file each one is. ``res``: the Resolver to
+    use (a cluster build passes one that pulls only the artifacts' stage kinds)."""
+    res = res or engine.Resolver(recipe)
     root = paths.build_dir() / recipe
     root.mkdir(parents=True, exist_ok=True)
     listing = {}

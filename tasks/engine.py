@@ -196,10 +196,12 @@ class Resolver:
     """Computes keys and finds entries for the stages of one recipe, memoising within a run.
 
     With a remote cache, ``pull=True`` downloads a stage's remote entry when the local cache
-    misses it (what a build does); ``pull=False`` only reads remote manifests (``explain``,
+    misses it (what a build does); ``pull`` as a set of stage kinds downloads only those kinds
+    (what ``build/<recipe>/`` and the checks read, after a cluster build), the others as with
+    ``pull=False``; ``pull=False`` only reads remote manifests (``explain``,
     ``gc``, ``push``): an entry seen there has ``origin="remote"`` and no local files."""
 
-    def __init__(self, recipe_name: str, pull: bool = True):
+    def __init__(self, recipe_name: str, pull: bool | frozenset = True):
         self.recipe = recipe_name
         self.specs = plan(recipe_name)
         self.cache = cache()
@@ -222,7 +224,7 @@ class Resolver:
         if stage not in self._entries:
             spec = self.specs[stage]
             key = self.key(stage)
-            if self.pull:
+            if self.pull is True or (self.pull and spec.kind in self.pull):
                 e = self.cache.fetch(spec.kind, key)
             else:
                 e = self.cache.lookup(spec.kind, key) or self.cache.peek_remote(spec.kind, key)

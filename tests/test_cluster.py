@@ -48,6 +48,30 @@ def _cluster_run(p: Project, cluster: DaskCluster, *recipes: str, check: bool = 
     return run, run.log()
 
 
+def _same_build(a: dict[str, bytes], b: dict[str, bytes]) -> int:
+    """Assert two build/<recipe>/ folders are byte-identical but for the QNN SDK's known
+    variability (tasks/publish.py KNOWN_VARIABLE): a context binary may differ in one run of
+    126 padding bytes (0x00 vs 0xff), and then the verify key after it (its input digest)
+    differs in artifacts.json. Returns how many binaries differed that way."""
+    from tasks.publish import known_variable
+
+    assert set(a) == set(b)
+    odd = []
+    for rel in sorted(set(a) - {"artifacts.json"}):
+        if a[rel] != b[rel]:
+            assert known_variable(rel) and len(a[rel]) == len(b[rel]), rel
+            diff = [i for i, (x, y) in enumerate(zip(a[rel], b[rel])) if x != y]
+            assert len(diff) <= 126 and diff[-1] - diff[0] < 126, (rel, len(diff))
+            assert {a[rel][i] for i in diff} | {b[rel][i] for i in diff} <= {0x00, 0xFF}, rel
+            odd.append(rel)
+    la, lb = json.loads(a["artifacts.json"]), json.loads(b["artifacts.json"])
+    assert {k: v for k, v in la.items() if not (odd and v.startswith("verify/"))} == \
+        {k: v for k, v in lb.items() if not (odd and v.startswith("verify/"))}
+    if not odd:
+        assert a["artifacts.json"] == b["artifacts.json"]
+    return len(odd)
+
+
 def test_two_workers_build_each_stage_once(tmp_path, tiny_bert, cluster):
     url = (tmp_path / "remote").as_uri()
     client = Project(tmp_path / "client", tiny_bert)
@@ -62,7 +86,10 @@ def test_two_workers_build_each_stage_once(tmp_path, tiny_bert, cluster):
     run, out = _cluster_run(client, cluster)
     cluster_s = time.time() - t0
     assert f"{INSTANCES} stages of 3 recipe(s): {DISTINCT} distinct stage(s) to build" in out, out
-    assert f"submitted {DISTINCT}, built {DISTINCT}, reused 0, on_remote 0, pulled {DISTINCT}" in out, out
+    # the client pulled what build/ and the verify checks read: export, 3 compile, 3 verify
+    assert f"submitted {DISTINCT}, built {DISTINCT}, reused 0, on_remote 0, pulled 7" in out, out
+    assert [client.entries(k) for k in ("download", "patch", "quantize")] == [[], [], []]
+    assert [len(client.entries(k)) for k in ("export", "compile", "verify")] == [1, 3, 3]
     # each key built exactly once across the cluster, by the workers (their logs and the
     # builder each remote manifest names), and the client built nothing
     built = a.built() + b.built()
@@ -77,7 +104,7 @@ def test_two_workers_build_each_stage_once(tmp_path, tiny_bert, cluster):
         for key in client.entries(kind):
             m = json.loads((client.cache / kind / key / "manifest.json").read_text())
             assert m["remote"]["pulled_from"] == url and m["builder"]["name"] in ("A", "B")
-    # the client's doit sees every stage up to date: 0 stages run
+    # the client's doit sees every stage up to date (pulling the intermediate entries): 0 stages run
     again = client.doit("run", *(f"build:{r}" for r in RECIPES))
     assert again.ran() == [], again.log()
 
@@ -86,8 +113,10 @@ def test_two_workers_build_each_stage_once(tmp_path, tiny_bert, cluster):
     alone = local.doit("run", *(f"build:{r}" for r in RECIPES))
     local_s = time.time() - t0
     assert len(alone.ran()) == DISTINCT  # a stage shared with an earlier recipe is up to date
+    variants = 0
     for r in RECIPES:
-        assert _build_files(client, r) == _build_files(local, r), r
+        variants += _same_build(_build_files(client, r), _build_files(local, r))
+    print(f"{variants} context binaries in the QNN SDK's other padding variant")
     files = _build_files(client, "r8x")
     assert len(files) == 12 and {f"{t}/model_ctx_qnn.bin" for t in ("x-elite", "8gen3")} <= set(files), sorted(files)
     print(f"cluster {cluster_s:.1f}s (2 workers) vs local {local_s:.1f}s")
@@ -126,7 +155,6 @@ def test_worker_with_other_code_refuses(tmp_path, tiny_bert, cluster):
     # the download stage (its code is the same) was built and pushed; nothing else
     assert sorted(k.split("/")[0] for k in _remote_manifests(url)) == ["download"]
     assert not (client.root / "build" / "r8").exists()
-    print(out)
 
 
 def test_killed_worker_mid_push(tmp_path, tiny_bert, cluster):
