@@ -81,6 +81,8 @@ def test_two_workers_build_each_stage_once(tmp_path, tiny_bert, cluster):
     client.env["NPUBUILD_REMOTE"] = url
     a = cluster.add_worker("A", _worker_env(client, "A", url, tmp_path), memory=3 * GiB)
     b = cluster.add_worker("B", _worker_env(client, "B", url, tmp_path), memory=3 * GiB)
+    # offers less MEMORY than any stage asks (2 GiB for an encoder's): gets no stage
+    small = cluster.add_worker("S", _worker_env(client, "S", url, tmp_path), memory=1 * GiB)
 
     t0 = time.time()
     run, out = _cluster_run(client, cluster)
@@ -95,6 +97,7 @@ def test_two_workers_build_each_stage_once(tmp_path, tiny_bert, cluster):
     built = a.built() + b.built()
     assert len(built) == len(set(built)) == DISTINCT, (a.log(), b.log())
     assert a.built() and b.built(), "both workers built something"
+    assert small.started() == [] and "npubuild-cluster" not in small.log()
     remote = _remote_manifests(url)
     assert sorted(remote) == sorted(built)
     by = {k: json.loads(m)["builder"]["name"] for k, m in remote.items()}
@@ -261,3 +264,24 @@ def test_cluster_needs_a_remote(project):
     assert ("ClusterError: a cluster build needs a remote cache: set NPUBUILD_REMOTE to an fsspec URL that "
             "this machine and every worker can reach") in run.log(), run.log()
     assert not project.cache.exists()
+
+
+def test_tool_and_file_differences_are_named(project, monkeypatch):
+    """What a worker compares (tasks/cluster.py ``_differences``), on the real key material of
+    a stage: another onnxruntime version or another calibration file is named with both values."""
+    from tasks import cluster, engine
+
+    project.recipe("r8")
+    monkeypatch.setenv("NPUBUILD_ROOT", str(project.root))
+    monkeypatch.setenv("NPUBUILD_CACHE", str(project.cache))
+    spec = engine.plan("r8")["quantize"]
+    mine = engine.key_material(spec, {r: type("U", (), {"output_digest": "d"})() for r in spec.inputs})
+    expected = {"material": {k: mine.get(k) for k in cluster.COMPARED}, "modules": engine.code_files(spec)}
+    assert cluster._differences(spec, expected, mine) == []
+    expected["material"]["tools"] = dict(mine["tools"], onnxruntime="1.31.0")
+    expected["material"]["files"] = {"calibration": "0" * 32}
+    diffs = cluster._differences(spec, expected, mine)
+    assert diffs[0] == f"tool versions differ: onnxruntime 1.31.0 (client) vs {mine['tools']['onnxruntime']} (worker)"
+    assert diffs[1] == (f'files differs: {{"calibration": "{"0" * 32}"}} (client) vs '
+                        f'{{"calibration": "{mine["files"]["calibration"]}"}} (worker)')
+    assert len(diffs) == 2
