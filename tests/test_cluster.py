@@ -230,7 +230,7 @@ def test_stage_no_worker_can_hold_is_reported(tmp_path, tiny_bert, cluster):
     whose worker offers 3 GiB the build stops before submitting anything, naming each stage
     that does not fit and its bytes."""
     from tasks.llm import memory
-    from tasks.llm.export import split_layers
+    from tasks.llm.parts import split_layers
 
     url = (tmp_path / "remote").as_uri()
     client = Project(tmp_path / "client", tiny_bert)

@@ -188,7 +188,7 @@ def plan_estimate(specs: dict, stage: str) -> int:
         return ENCODER_BYTES
     if spec.kind == "download":
         return BASE
-    from .export import split_layers
+    from .parts import split_layers
 
     cfg = source_config(specs["download"].params)
     precision = specs["quantize"].params.get("precision", "w4a16")
