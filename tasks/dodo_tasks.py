@@ -11,6 +11,8 @@ Tasks (``doit list``):
 - ``gc`` (``--apply`` to delete) and ``cache_verify`` (full rehash) maintain ``cache/``.
 - ``push:<recipe>`` (``push`` for all) publishes a recipe's local entries to the remote cache
   (``NPUBUILD_REMOTE``); a build pushes what it builds by itself.
+- ``cluster --scheduler tcp://host:8786 [recipe ...]`` builds the stale stages on a Dask
+  cluster and pulls them (``tasks/cluster.py``).
 
 The console reporter (:func:`_console_reporter`) prints one line per stage; a stage's own
 output goes to its cache entry's ``log.txt`` (``tasks/stagelog.py``).
@@ -204,12 +206,13 @@ def _same(a: Path, b: Path) -> bool:
 
 
 
-def materialize(recipe: str) -> dict:
+def materialize(recipe: str, res: engine.Resolver | None = None) -> dict:
     """Fill ``build/<recipe>/`` with links to the recipe's artifacts in the cache: context
     binaries and EPContext models, tokenizer/config files and ``verify.json`` (one
     sub-folder per target when there are several). Writes ``artifacts.json``:
-    {file: "<kind>/<key>/out/<path>"}, the cache file each one is."""
-    res = engine.Resolver(recipe)
+    {file: "<kind>/<key>/out/<path>"}, the cache file each one is. ``res``: the Resolver to
+    use (a cluster build passes one that pulls only the artifacts' stage kinds)."""
+    res = res or engine.Resolver(recipe)
     root = paths.build_dir() / recipe
     root.mkdir(parents=True, exist_ok=True)
     listing = {}
@@ -367,6 +370,25 @@ def task_push():
     for name in _recipes():
         yield {"name": name, "actions": [(push, [name])], "uptodate": [False], "verbosity": 2,
                "doc": f"push {name}'s cache entries to the remote cache (NPUBUILD_REMOTE)"}
+
+
+def _cluster_action(scheduler: str, recipes: list):
+    from doit.exceptions import TaskFailed
+
+    from . import cluster
+
+    try:
+        cluster.build(recipes, scheduler, link=materialize)
+    except (cluster.ClusterError, *_expected_errors()) as e:
+        return TaskFailed(f"{type(e).__name__}: {e}")
+
+
+def task_cluster():
+    """Build the stale stages of the given recipes (default: all) on a Dask cluster, then pull
+    them: doit cluster --scheduler tcp://host:8786 [recipe ...] (needs NPUBUILD_REMOTE)."""
+    return {"actions": [_cluster_action], "pos_arg": "recipes", "uptodate": [False], "verbosity": 2,
+            "params": [{"name": "scheduler", "long": "scheduler", "type": str, "default": "",
+                        "help": "Dask scheduler address, tcp://host:8786 (default: $NPUBUILD_SCHEDULER)"}]}
 
 
 # ------------------------------------------------------------ catalog, publish, reproduce (issue 5)

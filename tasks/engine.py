@@ -163,13 +163,9 @@ def code_modules(name: str) -> tuple[str, ...]:
     return tuple(sorted(seen))
 
 
-def code_digest(spec: StageSpec) -> str:
-    """xxh3 of the source files that implement ``spec``: every module of this package that its
-    stage module imports, at any depth (:func:`code_modules`; the target table, the LLM
-    helpers, ...) and, for a patch stage, each step's patch module (patches are found by name,
-    not imported). A hand-bumped ``VERSION`` or a hand-kept list of dependencies is easy to
-    forget (both went stale here: issue 11); the import graph cannot be forgotten. Keyed by
-    dotted module name (``tasks.llm.export`` and ``tasks.stages.export`` are two files)."""
+def code_files(spec: StageSpec) -> dict[str, str]:
+    """{dotted module name: xxh3 of its source} for the modules :func:`code_digest` covers,
+    sorted by name (what a cluster worker compares to name the module that differs)."""
     mod = module_for(spec.kind)
     names = set(code_modules(mod.__name__))
     for dep in getattr(mod, "CODE_DEPS", ()):  # modules found by name at run time, not imported
@@ -179,7 +175,17 @@ def code_digest(spec: StageSpec) -> str:
 
         for s in spec.params["steps"]:
             names.update(code_modules(patches.get(s["name"]).fn.__module__))
-    return digest.digest_json({n: digest.file_digest(_module_file(n)) for n in sorted(names)})
+    return {n: digest.file_digest(_module_file(n)) for n in sorted(names)}
+
+
+def code_digest(spec: StageSpec) -> str:
+    """xxh3 of the source files that implement ``spec``: every module of this package that its
+    stage module imports, at any depth (:func:`code_modules`; the target table, the LLM
+    helpers, ...) and, for a patch stage, each step's patch module (patches are found by name,
+    not imported). A hand-bumped ``VERSION`` or a hand-kept list of dependencies is easy to
+    forget (both went stale here: issue 11); the import graph cannot be forgotten. Keyed by
+    dotted module name (``tasks.llm.export`` and ``tasks.stages.export`` are two files)."""
+    return digest.digest_json(code_files(spec))
 
 
 def stage_key(material: dict) -> str:
@@ -191,10 +197,12 @@ class Resolver:
     """Computes keys and finds entries for the stages of one recipe, memoising within a run.
 
     With a remote cache, ``pull=True`` downloads a stage's remote entry when the local cache
-    misses it (what a build does); ``pull=False`` only reads remote manifests (``explain``,
+    misses it (what a build does); ``pull`` as a set of stage kinds downloads only those kinds
+    (what ``build/<recipe>/`` and the checks read, after a cluster build), the others as with
+    ``pull=False``; ``pull=False`` only reads remote manifests (``explain``,
     ``gc``, ``push``): an entry seen there has ``origin="remote"`` and no local files."""
 
-    def __init__(self, recipe_name: str, pull: bool = True):
+    def __init__(self, recipe_name: str, pull: bool | frozenset = True):
         self.recipe = recipe_name
         self.specs = plan(recipe_name)
         self.cache = cache()
@@ -217,7 +225,7 @@ class Resolver:
         if stage not in self._entries:
             spec = self.specs[stage]
             key = self.key(stage)
-            if self.pull:
+            if self.pull is True or (self.pull and spec.kind in self.pull):
                 e = self.cache.fetch(spec.kind, key)
             else:
                 e = self.cache.lookup(spec.kind, key) or self.cache.peek_remote(spec.kind, key)
@@ -253,43 +261,36 @@ def failed_log_path(recipe_name: str, stage: str) -> Path:
 CHECKED: dict[str, tuple[str, float]] = {}
 
 
-def run_stage(recipe_name: str, stage: str) -> dict:
-    """Build (or reuse) the cache entry of one stage; the action of its doit task.
-
-    The stage's output goes to ``log.txt`` in its entry (``tasks/stagelog.py``); the console
-    gets one line (:func:`line`). A failed build's log is kept at :func:`failed_log_path` and
-    the exception gets a note naming it.
-
-    Returns {"key", "built"} (doit saves it as the task's values). Raises StageFailed when
-    the stage's ``check`` rejects the result (e.g. verify below a threshold); the entry
-    itself stays, since the measurement is valid and deterministic.
-    """
+def build_spec(spec: StageSpec, upstream: dict[str, Entry], cache: Cache,
+               material: dict | None = None, kept_log: Path | None = None) -> tuple[str, dict, Entry, bool]:
+    """Build (or reuse: local hit, else remote pull) the cache entry of ``spec`` in ``cache``,
+    from its committed upstream entries (by role). The stage's output goes to ``log.txt`` in
+    its entry (``tasks/stagelog.py``); when the build fails and ``kept_log`` is given, the log
+    is copied there and the exception gets a note naming it. Returns (key, key material,
+    entry, built). Knows nothing of recipes or of doit: ``run_stage`` and cluster workers
+    (tasks/cluster.py) both call it. Checks nothing about the result (that is
+    :meth:`Resolver.failures`)."""
     import shutil
 
     from . import stagelog
 
-    res = Resolver(recipe_name)
-    spec = res.specs[stage]
     mod = module_for(spec.kind)
-    material = res.material(stage)
+    material = material or key_material(spec, upstream)
     key = stage_key(material)
-    upstream = {role: res.entry(up) for role, up in spec.inputs.items()}
     files = {role: project_file(rel) for role, rel in spec.files.items()}
-    width = task_width(recipe_name)
-    kept = failed_log_path(recipe_name, stage)
 
     def build(out: Path) -> dict:
         log = out.parent / stagelog.LOG_NAME
         try:
             with stagelog.capture(log, spec.task):
-                print(f"{spec.task}: {spec.kind} {key} (recipe {recipe_name}), {time.strftime('%Y-%m-%d %H:%M:%S')}",
+                print(f"{spec.task}: {spec.kind} {key} (recipe {spec.recipe}), {time.strftime('%Y-%m-%d %H:%M:%S')}",
                       flush=True)
                 return mod.run({r: e.out for r, e in upstream.items()}, files, spec.params, out) or {}
         except BaseException as e:
-            if log.exists():
-                kept.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(log, kept)
-                e.add_note(f"log: {kept}")
+            if kept_log is not None and log.exists():
+                kept_log.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(log, kept_log)
+                e.add_note(f"log: {kept_log}")
             raise
 
     base = {
@@ -297,11 +298,33 @@ def run_stage(recipe_name: str, stage: str) -> dict:
         "stage_version": mod.VERSION, "code": material["code"], "params": spec.params, "tools": material["tools"],
         "inputs": {r: {"kind": e.kind, "key": e.key, "output_digest": e.output_digest} for r, e in upstream.items()},
         "files": {r: {"path": spec.files[r], "xxh3": material["files"][r]} for r in files},
-        "extra": material.get("extra", {}), "host": tools.host(), "built_for": recipe_name,
+        "extra": material.get("extra", {}), "host": tools.host(), "built_for": spec.recipe,
+        "builder": tools.builder(),
     }
+    entry, built = cache.get_or_build(spec.kind, key, base, build)
+    return key, material, entry, built
+
+
+def run_stage(recipe_name: str, stage: str) -> dict:
+    """Build (or reuse) the cache entry of one stage; the action of its doit task.
+
+    The console gets one line (:func:`line`); a failed build's log is kept at
+    :func:`failed_log_path`. Returns {"key", "built"} (doit saves it as the task's values).
+    Raises StageFailed when the stage's ``check`` rejects the result (e.g. verify below a
+    threshold); the entry itself stays, since the measurement is valid and deterministic.
+    """
+    from . import stagelog
+
+    res = Resolver(recipe_name)
+    spec = res.specs[stage]
+    upstream = {role: res.entry(up) for role, up in spec.inputs.items()}
+    material = res.material(stage)
+    key = stage_key(material)
+    width = task_width(recipe_name)
+    kept = failed_log_path(recipe_name, stage)
     t0 = time.time()
     try:
-        entry, built = res.cache.get_or_build(spec.kind, key, base, build)
+        key, material, entry, built = build_spec(spec, upstream, res.cache, material, kept)
     except BaseException:
         print(line(spec.task, key, "FAILED", time.time() - t0, width), flush=True)
         raise
@@ -314,6 +337,15 @@ def run_stage(recipe_name: str, stage: str) -> dict:
         raise StageFailed(f"{spec.task} failed:\n  " + "\n  ".join(bad) + f"\n  (details: {entry.out})"
                           f"\n  log: {entry.path / stagelog.LOG_NAME}")
     return {"key": key, "built": built}
+
+
+def memory_estimate(recipe_name: str, stage: str) -> int:
+    """Estimated peak bytes of one stage of a recipe, before anything is built: for LLMs from
+    the source's config.json and the recipe's export shape (``tasks/llm/memory.py``), else a
+    small constant. What a cluster build asks of a worker's ``MEMORY`` resource."""
+    from .llm import memory
+
+    return memory.plan_estimate(plan(recipe_name), stage)
 
 
 def is_up_to_date(recipe_name: str, stage: str) -> bool:

@@ -41,3 +41,14 @@ def host() -> dict[str, str]:
     """The build host, for manifests (not for keys): OS, machine, Python."""
     return {"system": platform.system(), "machine": platform.machine(), "python": version("python"),
             "platform": platform.platform()}
+
+
+def builder() -> dict:
+    """Which process built an entry, for manifests (not for keys): node name, pid and, when
+    set, ``NPUBUILD_BUILDER`` (e.g. a cluster worker's name)."""
+    import os
+
+    out = {"node": platform.node(), "pid": os.getpid()}
+    if os.environ.get("NPUBUILD_BUILDER"):
+        out["name"] = os.environ["NPUBUILD_BUILDER"]
+    return out

@@ -150,3 +150,52 @@ def check_export_stage(stage: str, export_dir, precision: str = "w4a16") -> int:
     return check_stage(stage, cfg, parts=len(desc["parts"]), seq_len=desc["seq_len"],
                        context_len=desc["context_len"], embed_in_part=desc["embed"] == "part0",
                        precision=precision)
+
+
+# What a non-LLM stage asks of a cluster worker: the encoders built here (MiniLM-sized) peak
+# well under 1 GiB above the imports (BASE); 2 GiB leaves room for a BERT-large.
+ENCODER_BYTES = 2 * GiB
+
+
+def source_config(download_params: dict) -> dict:
+    """The model's ``config.json`` from a download stage's params, without building anything:
+    a local folder's (``path``/``package``) or the Hub's single file (``hf_hub_download``,
+    from the local Hub cache when ``HF_HUB_OFFLINE=1``). Raises OSError / the Hub's errors
+    when it cannot be read."""
+    import json
+
+    if download_params.get("hf"):
+        from huggingface_hub import hf_hub_download
+
+        f = hf_hub_download(download_params["hf"], "config.json", revision=download_params.get("revision"))
+    else:
+        from ..stages.download import local_folder
+
+        f = local_folder(download_params) / "config.json"
+    return json.loads(Path(f).read_text(encoding="utf-8"))
+
+
+def plan_estimate(specs: dict, stage: str) -> int:
+    """Estimated peak bytes of ``stage`` of a recipe's plan (``{stage name: StageSpec}``, as
+    ``tasks.plan.expand`` makes it), known before any stage runs: what a cluster build asks
+    of a worker's ``MEMORY`` resource. LLMs: :func:`estimates` from the source's config.json
+    and the export params (a patch stage counts as the quantize (before it) or compile (after
+    it) of its model, download as BASE); encoders: :data:`ENCODER_BYTES`. Raises what
+    :func:`source_config` raises for an LLM whose config cannot be read."""
+    spec = specs[stage]
+    ex = specs["export"].params
+    if ex.get("family") != "llm":
+        return ENCODER_BYTES
+    if spec.kind == "download":
+        return BASE
+    from .parts import split_layers
+
+    cfg = source_config(specs["download"].params)
+    precision = specs["quantize"].params.get("precision", "w4a16")
+    est = estimates(cfg, split_layers(cfg["num_hidden_layers"], ex["parts"]), ex["sequence_length"],
+                    ex["context_length"], ex.get("embedding", "first-part") == "first-part",
+                    4 if precision == "w4a16" else 8)
+    kind = spec.kind
+    if kind == "patch":
+        kind = "quantize" if spec.inputs.get("model") in ("export",) else "compile"
+    return est[kind][0]
