@@ -116,6 +116,7 @@ def build_on_worker(spec, upstream: dict, expected: dict) -> dict:
                                f"this worker's cache nor on the remote {r.display}")
         entries[role] = e
     t0 = time.time()
+    print(f"[{spec.task}] building {spec.kind} {engine.stage_key(material)[:12]}", flush=True)  # begun (a kill test reads it)
     key, material, entry, built = engine.build_spec(spec, entries, cache, material)
     if r.read_manifest(spec.kind, key) is None:  # its push failed (warned), or an older local entry
         cache.push(spec.kind, key, material)     # raises RemoteError: the client could not pull it
