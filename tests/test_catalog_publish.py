@@ -1,7 +1,7 @@
 """Catalog, publish, bundle check and reproducibility, through the real doit CLI on the tiny BERT.
 
 One module-scoped project holds four recipes: ``t8`` (builds and verifies), ``failing`` (the
-same stages, but a pooled_cosine_min threshold of 1.01 no model reaches: verify-failed),
+same stages, but a max_abs_error threshold of 1e-9 no quantized model reaches: verify-failed),
 ``stale`` (built, then its calibration changed: stale) and ``hub`` (a Hub source at a branch,
 with HF_HUB_OFFLINE=1: cannot build here, not-built). ``t8`` is published once; the tests then
 rebuild it from empty caches and compare, check and break copies of the bundle, and push it to
@@ -62,12 +62,12 @@ def tree_sums(folder: Path) -> dict[str, str]:
 def proj(tmp_path_factory, tiny_bert) -> Project:
     p = Project(tmp_path_factory.mktemp("catalog") / "proj", tiny_bert)
     p.recipe("t8")
-    p.recipe("failing", _tiny(**{"pooled_cosine_mean: 0.9": "pooled_cosine_min: 1.01"}))
+    p.recipe("failing", _tiny(**{"pooled_cosine_mean: 0.9": "max_abs_error: 1.0e-9"}))
     p.recipe("stale")
     p.recipe("hub", HUB_RECIPE)
     p.doit("run", "build:t8")
     bad = p.doit("run", "build:failing", check=False)  # shares every entry with t8; only verify judges
-    assert bad.code != 0 and "pooled_cosine_min" in bad.log()
+    assert bad.code != 0 and "max_abs_error" in bad.log()
     p.doit("run", "build:stale")
     p.recipe("stale", _tiny(**{"samples: 4": "samples: 5"}))  # quantize key changes; not rebuilt
     p.doit("run", "publish:t8")
@@ -198,7 +198,7 @@ def test_publish_refuses_failed_verify(proj):
     run = proj.doit("run", "publish:failing", check=False)
     assert run.code != 0
     assert "refusing to publish failing: its verify failed" in run.log()
-    assert "pooled_cosine_min" in run.log() and "threshold >= 1.01" in run.log()
+    assert "max_abs_error" in run.log() and "threshold <= 1e-09" in run.log()
     assert not (proj.root / "dist" / "failing").exists()
 
 
@@ -235,7 +235,7 @@ def test_catalog_lists_every_recipe_with_its_state(proj):
     assert set(t8["tools"]) == {"qnn-sdk", "onnxruntime", "onnxruntime-qnn", "optimum", "transformers"}
     assert "unknown" not in t8["tools"].values()
     assert all(t8["stage_keys"].values())
-    assert rows["failing"]["failures"] and "1.01" in rows["failing"]["failures"][0]
+    assert rows["failing"]["failures"] and "1e-09" in rows["failing"]["failures"][0]
     assert rows["failing"]["stage_keys"] == t8["stage_keys"]  # thresholds are not in the key
     assert rows["stale"]["reason"] and rows["stale"]["verify"] is None
     hub = rows["hub"]
