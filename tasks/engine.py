@@ -128,38 +128,47 @@ def _module_file(name: str) -> Path | None:
 
 
 @lru_cache(maxsize=None)
-def code_modules(name: str) -> tuple[str, ...]:
-    """``name`` and every module of this package it imports, directly or through others, at
-    any depth and inside functions too (read with ``ast`` from the source, nothing imported):
-    the code a stage runs. Sorted dotted names. Raises SyntaxError for a module that does not
-    parse."""
+def direct_imports(name: str) -> frozenset[str]:
+    """The modules of this package that module ``name`` imports itself (``import``/``from``
+    statements anywhere in its source, functions included; read with ``ast``, nothing
+    imported). Empty for a name with no source file. Raises SyntaxError for a module that
+    does not parse."""
     import ast
 
+    f = _module_file(name)
+    if f is None:
+        return frozenset()
+    is_pkg = f.name == "__init__.py"
+    out = set()
+    for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"), str(f))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".")
+                base = base[:len(base) - node.level + (1 if is_pkg else 0)]
+                stem = ".".join(base + ([node.module] if node.module else []))
+            else:
+                stem = node.module or ""
+            targets = [stem] + [f"{stem}.{a.name}" for a in node.names]
+        else:
+            continue
+        out.update(t for t in targets if t != name and _module_file(t) is not None)
+    return frozenset(out)
+
+
+@lru_cache(maxsize=None)
+def code_modules(name: str) -> tuple[str, ...]:
+    """``name`` and every module of this package it imports, directly or through others, at
+    any depth and inside functions too (:func:`direct_imports`): the code a stage runs.
+    Sorted dotted names. Raises SyntaxError for a module that does not parse."""
     seen, todo = set(), [name]
     while todo:
         mod = todo.pop()
-        if mod in seen:
-            continue
-        f = _module_file(mod)
-        if f is None:
+        if mod in seen or _module_file(mod) is None:
             continue
         seen.add(mod)
-        is_pkg = f.name == "__init__.py"
-        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"), str(f))):
-            targets = []
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = mod.split(".")
-                    base = base[:len(base) - node.level + (1 if is_pkg else 0)]
-                    stem = ".".join(base + ([node.module] if node.module else []))
-                else:
-                    stem = node.module or ""
-                targets = [stem] + [f"{stem}.{a.name}" for a in node.names]
-            for t in targets:
-                if _module_file(t) is not None:
-                    todo.append(t)
+        todo.extend(direct_imports(mod))
     return tuple(sorted(seen))
 
 

@@ -154,16 +154,20 @@ def _pump(fd: int, log, filt: _Filter) -> None:
     os.close(fd)
 
 
-@contextmanager
-def capture(log_path: Path, label: str = ""):
-    """Send everything written to fds 1 and 2 (and ``sys.stdout`` / ``sys.stderr``) during the
-    block to ``log_path`` (appended); stderr lines not in :data:`HARMLESS` also to the console.
-    An exception leaving the block is written to the log with its traceback, then re-raised."""
+def _flush_python_streams() -> None:
     for s in (sys.stdout, sys.stderr):
         try:
             s.flush()
         except Exception:
             pass
+
+
+@contextmanager
+def capture(log_path: Path, label: str = ""):
+    """Send everything written to fds 1 and 2 (and ``sys.stdout`` / ``sys.stderr``) during the
+    block to ``log_path`` (appended); stderr lines not in :data:`HARMLESS` also to the console.
+    An exception leaving the block is written to the log with its traceback, then re-raised."""
+    _flush_python_streams()
     _flush_c_stdio()
     log = open(log_path, "ab", buffering=0)
     saved = {fd: os.dup(fd) for fd in (1, 2)}
@@ -186,11 +190,7 @@ def capture(log_path: Path, label: str = ""):
         sys.stdout.write(traceback.format_exc())  # into the log (stdout: not echoed twice)
         raise
     finally:
-        for s in (sys.stdout, sys.stderr):
-            try:
-                s.flush()
-            except Exception:
-                pass
+        _flush_python_streams()
         _flush_c_stdio()
         sys.stdout, sys.stderr = old
         progress._console, progress._label = prev

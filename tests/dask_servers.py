@@ -4,7 +4,6 @@ PYTHONPATH) and log file, started and stopped here. Also used by benchmarks/benc
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -12,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from remote_servers import free_port
+from remote_servers import free_port, stop_process
 
 GiB = 1 << 30
 
@@ -47,13 +46,7 @@ class Worker:
             self.proc.wait()
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
 
 
 class DaskCluster:
@@ -99,11 +92,5 @@ class DaskCluster:
     def stop(self) -> None:
         for w in self.workers.values():
             w.stop()
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         self._log.close()

@@ -14,6 +14,17 @@ from pathlib import Path
 BUCKET = "npubuild-test"
 
 
+def stop_process(proc: subprocess.Popen, timeout: float = 15) -> None:
+    """Terminate a server process we started; kill it if it has not exited after ``timeout`` s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -58,9 +69,4 @@ class MotoS3:
         return f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}"
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc, 10)
