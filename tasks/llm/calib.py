@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .runner import KVCache, block_inputs
+from .runner import KVCache, PartGraph, block_inputs
 
 
 def text_ids(model_dir, text_path) -> tuple[list[int], int]:
@@ -129,10 +129,8 @@ def _run_part(desc: dict, export_dir: Path, p: dict, sched: list[dict], work: Pa
         d.mkdir(parents=True, exist_ok=True)
     stores = {k: FeedStore(work / "feeds" / f"part{i}" / k) for k in ("prefill", "decode")}
     for kind in ("prefill", "decode"):
-        sess = make_session(export_dir / p[kind]["path"])
-        out_names = [o.name for o in sess.get_outputs()]
-        first = sess.get_inputs()[0].name
-        Sg = S if kind == "prefill" else 1
+        g = PartGraph(make_session(export_dir / p[kind]["path"]))
+        first, Sg = g.first_input, g.S
         for q, pr in enumerate(sched):
             cache = KVCache(layers, desc["num_kv_heads"], C, desc["head_dim"])
             if kind == "prefill":
@@ -148,11 +146,8 @@ def _run_part(desc: dict, export_dir: Path, p: dict, sched: list[dict], work: Pa
                     x = np.asarray(embed_table[ids], np.float32)
                 else:
                     x = np.load(prev / f"{kind}_{q}_{c}.npy")
-                feeds = {first: x, "position_ids": pos, "attention_mask": mask, **cache.past(layers, Sg)}
-                if record and (kind == "prefill" or c in pr["keep"]):
-                    stores[kind].add(feeds)
-                res = dict(zip(out_names, sess.run(out_names, feeds)))
-                cache.write(layers, res, pad, len(blk))
+                keep = record and (kind == "prefill" or c in pr["keep"])
+                res = g.call(x, pos, mask, cache, pad, len(blk), stores[kind].add if keep else None)
                 cache.n += len(blk)
                 if not last:
                     np.save(here / f"{kind}_{q}_{c}.npy", res["hidden_states"])
@@ -160,7 +155,7 @@ def _run_part(desc: dict, export_dir: Path, p: dict, sched: list[dict], work: Pa
                 cache.save(kv / f"{q}.npz")
             if bar is not None:
                 bar.update()
-        del sess
+        del g  # the part's session (and its mapped weights) go before the next graph
     shutil.rmtree(kv, ignore_errors=True)
     shutil.rmtree(prev, ignore_errors=True)  # part i-1's outputs are consumed
     return stores

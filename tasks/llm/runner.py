@@ -25,7 +25,9 @@ from .export import MASK_VALUE
 _PAST = re.compile(r"^past_(key|value)_(\d+)$")
 
 
-class _Graph:
+class PartGraph:
+    """One exported part graph's session and what the host needs to know of its inputs."""
+
     def __init__(self, session):
         self.sess = session
         self.inputs = {i.name: i for i in session.get_inputs()}
@@ -36,6 +38,19 @@ class _Graph:
         self.first_input = next(n for n in ("input_ids", "inputs_embeds", "hidden_states_in")
                                 if n in self.inputs)
         self.last = "logits" in self.output_names
+
+    def call(self, x, pos, mask, cache: "KVCache", pad: int, m: int, before=None) -> dict:
+        """Run one call (``x``: the first input; ``pos``/``mask``/``pad`` from :func:`block_inputs`)
+        with this part's past K/V from ``cache``, write the ``m`` new K/V into it (the caller
+        advances ``cache.n``) and return {output name: array}. ``before(feeds)`` sees the feeds
+        first (calibration records them)."""
+        feeds = {self.first_input: x, "position_ids": pos, "attention_mask": mask,
+                 **cache.past(self.layers, self.S)}
+        if before is not None:
+            before(feeds)
+        res = dict(zip(self.output_names, self.sess.run(self.output_names, feeds)))
+        cache.write(self.layers, res, pad, m)
+        return res
 
 
 def block_inputs(tokens, n: int, S: int, C: int, pad_id: int = 0, mask_value: float = MASK_VALUE):
@@ -125,8 +140,8 @@ class LLMRunner:
 
     def __init__(self, parts: Sequence[tuple], make_session: Callable, *, embed_table=None,
                  mask_value: float = MASK_VALUE, pad_id: int = 0, recorder=None):
-        self.prefill = [_Graph(make_session(str(p))) for p, _ in parts]
-        self.decode = [_Graph(make_session(str(d))) for _, d in parts]
+        self.prefill = [PartGraph(make_session(str(p))) for p, _ in parts]
+        self.decode = [PartGraph(make_session(str(d))) for _, d in parts]
         self.S = self.prefill[0].S
         self.C = self.prefill[0].C
         for g in self.prefill + self.decode:
@@ -187,11 +202,8 @@ class LLMRunner:
             x = self.embed_table[ids]
         out = None
         for pi, g in enumerate(graphs):
-            feeds = {g.first_input: x, "position_ids": pos, "attention_mask": mask, **self.cache.past(g.layers, S)}
-            if self.recorder is not None:
-                self.recorder(pi, kind, feeds)
-            res = dict(zip(g.output_names, g.sess.run(g.output_names, feeds)))
-            self.cache.write(g.layers, res, pad, m)
+            rec = None if self.recorder is None else (lambda f, pi=pi: self.recorder(pi, kind, f))
+            res = g.call(x, pos, mask, self.cache, pad, m, rec)
             out = res["logits"] if g.last else res["hidden_states"]
             x = out
         self.cache.n += m
@@ -340,10 +352,10 @@ class PartStream:
         self.S, self.C = desc["seq_len"], desc["context_len"]
         self.mask_value = desc.get("mask_value", MASK_VALUE)
         self.parts = desc["parts"]
-        self._open: dict[tuple, _Graph] = {}
+        self._open: dict[tuple, PartGraph] = {}
         self.loads = 0
 
-    def _graph(self, i: int, kind: str) -> "_Graph":
+    def _graph(self, i: int, kind: str) -> "PartGraph":
         key = (i, kind)
         if key in self._open:
             self._open[key] = self._open.pop(key)  # most recently used last
@@ -351,7 +363,7 @@ class PartStream:
         while len({k[0] for k in self._open} | {i}) > self.resident:
             self._open.pop(next(iter(self._open)))
         self.loads += 1
-        self._open[key] = _Graph(self.make_session(str(self.graph_path(i, kind))))
+        self._open[key] = PartGraph(self.make_session(str(self.graph_path(i, kind))))
         return self._open[key]
 
     def run(self, prompts: list[list[int]], steps: int, forced: list[list[int]] | None = None,
@@ -387,14 +399,10 @@ class PartStream:
                     n += len(blk)
             for i, p in enumerate(self.parts):
                 g = self._graph(i, kind)
-                layers = g.layers
                 for b in range(B):
                     c = caches[b][i]
                     for k, (pos, mask, pad, m) in enumerate(meta[b]):
-                        feeds = {g.first_input: xs[b][k], "position_ids": pos, "attention_mask": mask,
-                                 **c.past(layers, Sg)}
-                        res = dict(zip(g.output_names, g.sess.run(g.output_names, feeds)))
-                        c.write(layers, res, pad, m)
+                        res = g.call(xs[b][k], pos, mask, c, pad, m)
                         c.n += m
                         xs[b][k] = res["logits"] if g.last else res["hidden_states"]
             for b in range(B):
