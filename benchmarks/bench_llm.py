@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -139,19 +138,13 @@ def _write_shard(out: Path, k: int, tensors: dict, save_file) -> None:
         tensors[name] = None  # keep the name (for the index), drop the memory
 
 
-def run_child(code: str, env: dict, timeout: float = 48 * 3600) -> tuple[float, int, str, list]:
-    """Run ``code`` in a child python; return (seconds, returncode, output, [peak RSS bytes of the
-    child, and any grandchild peaks the code printed as ``NPUBUILD_PEAK_RSS=``])."""
+def run_child(code: str, env: dict, timeout: float = 48 * 3600) -> tuple[float, int, str, int | None]:
+    """Run ``code`` in a child python with ``env`` added; return (seconds, returncode, output,
+    the child's own peak RSS in bytes). Its children's peaks come from the rows it returns."""
     from tasks.llm.qnn import run_in_subprocess
 
     t0 = time.perf_counter()
-    old = dict(os.environ)
-    os.environ.update(env)
-    try:
-        rc, out, peak = run_in_subprocess(code, timeout=timeout)
-    finally:
-        os.environ.clear()
-        os.environ.update(old)
+    rc, out, peak = run_in_subprocess(code, timeout=timeout, env=env)
     return time.perf_counter() - t0, rc, out, peak
 
 

@@ -122,16 +122,18 @@ _REPORT_PEAK = (
     "atexit.register(_npubuild_peak)\n")
 
 
-def run_in_subprocess(code: str, timeout: float = 600, cwd=None, forward: bool = False) -> tuple[int, str, int | None]:
+def run_in_subprocess(code: str, timeout: float = 600, cwd=None, forward: bool = False,
+                      env: dict | None = None) -> tuple[int, str, int | None]:
     """Run python ``code`` in a child process (same interpreter); return (returncode, output,
     peak RSS of the child in bytes or None). A negative return code is the signal that killed it
     (e.g. -11 = SIGSEGV). The peak is the child's own VmHWM read at exit: ``ru_maxrss`` of a
     child started by (v)fork + exec can report the parent's peak instead. ``forward``: also
-    write the child's whole stdout / stderr to ours once it ended (a stage's log)."""
+    write the child's whole stdout / stderr to ours once it ended (a stage's log). ``env``:
+    variables added to this process's environment for the child."""
     import subprocess
     import sys
 
-    env = dict(os.environ)
+    env = dict(os.environ, **(env or {}))
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2]) + os.pathsep + env.get("PYTHONPATH", "")
     p = subprocess.run([sys.executable, "-c", _REPORT_PEAK + code], capture_output=True, text=True,
                        timeout=timeout, env=env, cwd=cwd)
