@@ -21,9 +21,9 @@ Determinism: publishing the same cache entries again gives byte-identical bundle
 archives; nothing in publish depends on time, folder or order. What a cache manifest records
 but the bundle leaves out on purpose, because it differs from one build to the next although
 the artifacts do not, is listed in :data:`NOT_RECORDED` (and written into manifest.json under
-that name). Two builds from *empty* caches agree on every file except, in some runs, the context binary
-(126 padding bytes) and the files that name its digest: :data:`KNOWN_VARIABLE` says why.
-Graphs with external data (> 2 GB) are not checked yet.
+that name). Two builds from *empty* caches agree on every file, the context binaries included
+(tasks/qnn.py ``pin_padding``: the one run of bytes the QNN SDK wrote at random is pinned
+after each compile); no file or region is excused (tests/test_reproduce.py).
 
 Targets: ``dest`` (a folder: the bundle is copied to ``<dest>/<recipe>/`` and the archive
 to ``<dest>/``) and ``hub_repo`` (a Hugging Face Hub model repo: ``create_repo(exist_ok=True)``,
@@ -61,28 +61,31 @@ NOT_RECORDED = {
 }
 
 
-# Files a rebuild from an empty cache is known not to reproduce byte for byte; reproduce()
-# still reports them as DIFFERS (and fails) but names the cause. Measured with onnxruntime
-# 1.32 + onnxruntime-qnn 2.7.0 (QNN SDK 2.51) on minilm-l6-w8a16 and the tiny test BERT.
-KNOWN_VARIABLE: dict[str, str] = {
-    "*_ctx_qnn.bin": "the QNN SDK writes one 126-byte padding run as 0x00 in some processes and 0xff in "
-                     "others, for the same QDQ model, compile options and relative paths; which one depends "
-                     "on the process (its folder, its environment), not on the inputs, and MALLOC_PERTURB_ "
-                     "does not pin it. Everything else in the binary, and the EPContext model, reproduce",
-    "manifest.json": "derived: lists the binary's sha256 and the verify key, whose inputs include the "
-                     "compile output digest",
-    "README.md": "derived: the model card names the build key and the stage keys",
-    "*.tar.gz": "derived: contains the files above",
-}
+def differing_ranges(a: Path, b: Path, limit: int = 8, chunk: int = 1 << 20) -> list[tuple[int, int]] | str:
+    """Byte ranges ``[start, end)`` where files ``a`` and ``b`` differ (the first ``limit``
+    ranges, adjacent differing bytes merged), read ``chunk`` bytes at a time; or a sentence
+    when their sizes differ. Used by :func:`reproduce` to show, not excuse, a difference."""
+    import numpy as np
 
-
-def known_variable(name: str) -> str | None:
-    """Why file ``name`` (a bundle path or archive name) is known not to be reproducible, or None."""
-    base = Path(name).name
-    for pat, why in KNOWN_VARIABLE.items():
-        if fnmatch(base, pat):
-            return why
-    return None
+    sa, sb = Path(a).stat().st_size, Path(b).stat().st_size
+    if sa != sb:
+        return f"sizes differ: {sa} vs {sb} bytes"
+    out: list[tuple[int, int]] = []
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        off = 0
+        while len(out) < limit:
+            x, y = fa.read(chunk), fb.read(chunk)
+            if not x:
+                break
+            if x != y:
+                idx = np.flatnonzero(np.frombuffer(x, np.uint8) != np.frombuffer(y, np.uint8)) + off
+                for i in idx.tolist():
+                    if out and out[-1][1] == i:
+                        out[-1] = (out[-1][0], i + 1)
+                    elif len(out) < limit:
+                        out.append((i, i + 1))
+            off += len(x)
+    return out
 
 
 class PublishError(Exception):
@@ -497,9 +500,12 @@ def reproduce(recipe: str, keep: bool = False) -> bool:
             print(f"identical  {rel}  {got[:16]}")
         else:
             same = False
-            why = known_variable(rel.split()[-1])
-            print(f"DIFFERS    {rel}  published {str(want)[:16]}  rebuilt {str(got)[:16]}"
-                  + (f"  (known: {why})" if why else ""))
+            print(f"DIFFERS    {rel}  published {str(want)[:16]}  rebuilt {str(got)[:16]}")
+            mine = old / rel if (old / rel).is_file() else (old_archive if rel.startswith("archive ") else None)
+            if got is not None and mine is not None and mine.exists():
+                r = differing_ranges(mine, path)
+                print("           " + (r if isinstance(r, str) else "differing bytes: " + ", ".join(
+                    f"{s0}..{e0 - 1} ({e0 - s0} B)" for s0, e0 in r)))
     old_v = {t: v["metrics"] for t, v in old_manifest.get("verify", {}).items()}
     new_v = {t: v["metrics"] for t, v in new_manifest.get("verify", {}).items()}
     print(f"verify metrics {'identical' if old_v == new_v else 'DIFFER'} (published vs rebuilt)")

@@ -213,7 +213,7 @@ def test_main_job_minilm_w8a16_on_htp_simulator(project):
     assert ctx[0]["ep_cache_context"] == "model_ctx_qnn.bin" and ctx[0]["ep_sdk_version"].startswith("v2.")
     manifest = json.loads(next((project.cache / "compile").glob("*/manifest.json")).read_text())
     assert manifest["tools"]["qnn-sdk"] == "2.51.0" and manifest["info"]["qnn_sdk"][0].startswith("v2.51")
-    assert manifest["info"]["compile_attempts"] in (2, 3)  # kept only once two compiles agreed
+    assert "compile_attempts" not in manifest["info"]  # compiled once (issue 12)
 
 
 def _repo_recipes(project, *names):

@@ -16,7 +16,7 @@ from pathlib import Path
 from .. import progress, qnn
 from ..graphs import list_graphs, load_model
 
-VERSION = 4
+VERSION = 5  # 5: compiled once, racy padding run pinned (issue 12)
 TOOLS = ("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "onnx")
 KEY_EXCLUDE = ("target",)  # the name; the key holds what it resolves to (key_extra)
 
@@ -29,22 +29,21 @@ def key_extra(params: dict) -> dict:
 
 
 def run(inputs, files, params, out: Path) -> dict:
-    """Compile every graph of ``inputs["model"]`` for ``params["target"]``, twice (or three
-    times) until two compiles agree byte for byte (:func:`tasks.qnn.compile_reproducibly`).
-    Returns {graph: EPContext info, "qnn_sdk", "compile_attempts"}. Raises qnn.NotOnNPU or
-    onnxruntime's error."""
+    """Compile every graph of ``inputs["model"]`` for ``params["target"]``, once, each in a
+    fresh process (same bytes in every build: tasks/qnn.py ``compile_in_subprocess`` and
+    ``pin_padding``; checked by tests/test_reproduce.py in three folders).
+    Returns {"graphs": {graph: EPContext info}, "qnn_sdk"} (LLMs: tasks/llm/compile.py's
+    per-part rows). Raises qnn.NotOnNPU or onnxruntime's error."""
     src = inputs["model"]
     if params["family"] == "llm":
         from ..llm.compile import compile_llm
         from ..llm.memory import check_export_stage
 
         check_export_stage("compile", src)
-        r = qnn.compile_reproducibly(lambda d: compile_llm(src, d, params), out)
-        return {**r.pop("first_info"), **r}
-    r = qnn.compile_reproducibly(lambda d: _compile_graphs(src, d, params), out)
-    info = r.pop("first_info")
+        return compile_llm(src, out, params)
+    info = _compile_graphs(src, out, params)
     sdk = sorted({n.get("ep_sdk_version", "?") for nodes in info.values() for n in nodes})
-    return {"graphs": info, "qnn_sdk": sdk, **r}
+    return {"graphs": info, "qnn_sdk": sdk}
 
 
 def _compile_graphs(src: Path, out: Path, params: dict) -> dict:
