@@ -14,20 +14,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .recipe import Recipe
+from pydantic import BaseModel
+
+from .recipe import Recipe, field_family
 
 KINDS = ("download", "export", "patch", "quantize", "compile", "verify")
 
-# params that mean something for one model family only: left out of the other's stage params
-# (and so of its keys), so that e.g. an encoder's key does not move with context_length
-ONLY = {"llm": {"decode_length", "context_length", "parts", "embedding", "lm_head", "max_new_tokens",
-                "weight_sharing"},
-        "encoder": {"task", "batch_size"}}
 
-
-def _for_family(params: dict, family: str) -> dict:
-    drop = set().union(*(keys for fam, keys in ONLY.items() if fam != family))
-    return {k: v for k, v in params.items() if k not in drop}
+def params_for(cfg: BaseModel, family: str) -> dict:
+    """``cfg.model_dump()`` without the fields only the other model family reads (declared on
+    the schema: tasks/recipe.py ``field_family``), nested sections included; so e.g. an
+    encoder's key does not move with context_length, nor an LLM's with export.opset."""
+    out = {}
+    for name in type(cfg).model_fields:
+        owner, value = field_family(type(cfg), name), getattr(cfg, name)
+        if owner and owner != family:
+            continue
+        out[name] = params_for(value, family) if isinstance(value, BaseModel) else cfg.model_dump(include={name})[name]
+    return out
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,7 @@ def expand(recipe: Recipe) -> list[StageSpec]:
     """The stage specs of ``recipe`` in build order (upstream before downstream)."""
     r = recipe
     fam = r.export.family
-    ex = _for_family(r.export.model_dump(), fam)
+    ex = params_for(r.export, fam)
     specs = [
         StageSpec(r.name, "download", "download", r.source.model_dump(exclude_none=True)),
         StageSpec(r.name, "export", "export", ex, {"source": "download"}),
@@ -66,7 +70,7 @@ def expand(recipe: Recipe) -> list[StageSpec]:
     if pre:
         specs.append(StageSpec(r.name, "prepatch", "patch", _patch_params(pre), {"model": model}))
         model = "prepatch"
-    q = r.quantize.model_dump()
+    q = params_for(r.quantize, fam)
     calib = q.pop("calibration")
     q.update(family=r.export.family, calibration={k: v for k, v in calib.items() if k != "file"})
     specs.append(StageSpec(r.name, "quantize", "quantize", q, {"model": model, "source": "download"},
@@ -78,12 +82,12 @@ def expand(recipe: Recipe) -> list[StageSpec]:
     many = len(r.compile.targets) > 1
     for t in r.compile.targets:
         suffix = f"@{t}" if many else ""
-        cparams = _for_family({"target": t, "family": fam, "disable_cpu_ep_fallback": r.compile.disable_cpu_ep_fallback,
-                               "weight_sharing": r.compile.weight_sharing}, fam)
+        cparams = {"target": t, "family": fam,
+                   **{k: v for k, v in params_for(r.compile, fam).items() if k != "targets"}}
         specs.append(StageSpec(r.name, f"compile{suffix}", "compile", cparams, {"model": model}))
-        v = _for_family(r.verify.model_dump(), fam)
+        v = params_for(r.verify, fam)
         data = v.pop("data")
-        ppl = v.pop("perplexity_text")
+        ppl = v.pop("perplexity_text", None)
         v.update(target=t, family=r.export.family, task=r.task,
                  data={k: val for k, val in data.items() if k != "file"})
         files = {"data": data["file"]}

@@ -199,6 +199,20 @@ def deep_merge(base: dict, over: dict) -> dict:
 
 # ---------------------------------------------------------------- schema
 
+# A param that one model family's stage implementations read and the other's never do is
+# declared so on its field; plan.params_for leaves it out of the other family's stage params
+# (and keys), and a recipe that sets it for the other family is a load error (issue 11).
+ENCODER = {"json_schema_extra": {"family": "encoder"}}
+LLM = {"json_schema_extra": {"family": "llm"}}
+
+
+def field_family(model_cls, name: str) -> str | None:
+    """The model family that alone reads field ``name`` of ``model_cls`` (``encoder``,
+    ``llm``), or None when both do."""
+    extra = model_cls.model_fields[name].json_schema_extra
+    return extra.get("family") if isinstance(extra, dict) else None
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
@@ -236,16 +250,16 @@ class Source(_Strict):
 
 class ExportCfg(_Strict):
     family: Literal["encoder", "llm"] = Field("encoder", description="encoder: one static graph; llm: prefill+decode")
-    task: Optional[str] = Field(None, description="optimum task; inferred when absent")
-    opset: int = Field(17, ge=13, le=23)
-    batch_size: int = Field(1, ge=1, le=64)
+    task: Optional[str] = Field(None, description="optimum task; inferred when absent", **ENCODER)
+    opset: int = Field(17, ge=13, le=23, description="the LLM export writes opset 21 itself", **ENCODER)
+    batch_size: int = Field(1, ge=1, le=64, **ENCODER)
     sequence_length: int = Field(128, ge=1, le=131_072, description="tokens per call (encoder), or prefill AR-N (llm)")
-    decode_length: int = Field(1, ge=1, le=1, description="llm: tokens per decode call (AR-1)")
-    context_length: int = Field(4096, ge=2, le=1_048_576, description="llm: KV cache length + current tokens")
-    parts: int = Field(1, ge=1, le=64, description="llm: number of parts the layers are split into")
+    decode_length: int = Field(1, ge=1, le=1, description="llm: tokens per decode call (AR-1)", **LLM)
+    context_length: int = Field(4096, ge=2, le=1_048_576, description="llm: KV cache length + current tokens", **LLM)
+    parts: int = Field(1, ge=1, le=64, description="llm: number of parts the layers are split into", **LLM)
     embedding: Literal["first-part", "host"] = Field(
-        "first-part", description="llm: token embedding Gather inside part 0, or on the host (embed_tokens.npy)")
-    lm_head: Literal["last-part"] = Field("last-part", description="llm: final norm + LM head in the last part")
+        "first-part", description="llm: token embedding Gather inside part 0, or on the host (embed_tokens.npy)", **LLM)
+    lm_head: Literal["last-part"] = Field("last-part", description="llm: final norm + LM head in the last part", **LLM)
 
     @model_validator(mode="after")
     def _lengths(self):
@@ -296,7 +310,8 @@ class PatchStep(_Strict):
 class TextData(_Strict):
     file: str = Field(description="text file, one sample per line, relative to the project root")
     samples: int = Field(16, ge=1, le=100_000)
-    max_length: int = Field(128, ge=1, le=131_072)
+    max_length: int = Field(128, ge=1, le=131_072, description="encoder: tokens per sample (padded/truncated); "
+                            "LLM prompts are whole paragraphs bounded by export.context_length", **ENCODER)
 
 
 class Override(_Strict):
@@ -318,8 +333,21 @@ class QuantizeCfg(_Strict):
     per_channel: bool = True
     block_size: Optional[int] = Field(None, description="not supported by the QNN QDQ config; must stay null")
     calibration: TextData
-    calibrate_method: Literal["MinMax", "Percentile", "Entropy"] = "MinMax"
+    calibrate_method: Literal["MinMax", "Percentile"] = Field(
+        "MinMax", description="onnxruntime calibrator for encoders; LLMs use streaming MinMax (tasks/llm/calib.py)",
+        **ENCODER)
     overrides: list[Override] = Field(default_factory=list)
+
+    @field_validator("calibrate_method", mode="before")
+    @classmethod
+    def _no_entropy(cls, v):
+        if v == "Entropy":
+            raise ValueError(
+                "expected MinMax or Percentile, found 'Entropy': through onnxruntime's quantize_static it gives "
+                "exactly MinMax's ranges (the entropy calibrator's default 128 histogram bins equal its 128 "
+                "quantized bins, so the KL search has one candidate, the full range; quantize_static passes no "
+                "bin count through), measured here: 0 of 76 scales differ (issue 11)")
+        return v
 
     @field_validator("block_size")
     @classmethod
@@ -331,8 +359,9 @@ class QuantizeCfg(_Strict):
 
 class CompileCfg(_Strict):
     targets: list[str] = Field(default_factory=lambda: ["x-elite"], min_length=1)
-    disable_cpu_ep_fallback: bool = True
-    weight_sharing: bool = Field(True, description="llm: compile prefill+decode of a part into one binary")
+    disable_cpu_ep_fallback: bool = Field(True, description="encoder: allow no CPU node (LLM graphs always all on HTP)",
+                                          **ENCODER)
+    weight_sharing: bool = Field(True, description="llm: compile prefill+decode of a part into one binary", **LLM)
 
     @field_validator("targets")
     @classmethod
@@ -384,8 +413,8 @@ def _raise_at(problems: list[tuple[tuple, str, Any]]):
 class VerifyCfg(_Strict):
     backend: Literal["htp", "cpu-qdq"] = "htp"
     data: TextData
-    max_new_tokens: int = Field(16, ge=1, le=4096, description="llm: greedy tokens per prompt")
-    perplexity_text: Optional[str] = Field(None, description="llm: text file for perplexity vs fp32")
+    max_new_tokens: int = Field(16, ge=1, le=4096, description="llm: greedy tokens per prompt", **LLM)
+    perplexity_text: Optional[str] = Field(None, description="llm: text file for perplexity vs fp32", **LLM)
     thresholds: dict[str, float] = Field(default_factory=dict)
 
     @field_validator("thresholds")
@@ -496,9 +525,35 @@ def load_recipe(path: Path) -> Recipe:
     raw = _resolve_raw(path, path.parent, ())
     raw.setdefault("name", path.stem)
     try:
-        return Recipe.model_validate(raw)
+        r = Recipe.model_validate(raw)
     except ValidationError as e:
         raise RecipeError(path, _pydantic_problems(e)) from None
+    unused = params_of_other_family(r)
+    if unused:
+        raise RecipeError(path, unused)
+    return r
+
+
+def params_of_other_family(r: Recipe) -> list[tuple[str, str]]:
+    """``(key path, message)`` for each param the recipe sets that only the *other* model
+    family reads (:func:`field_family`): such a key would be silently ignored by this
+    recipe's stages, so it is an error at load (issue 11)."""
+    fam = r.export.family
+    out: list[tuple[str, str]] = []
+
+    def walk(obj: BaseModel, prefix: str) -> None:
+        for name in sorted(obj.model_fields_set):
+            owner, value = field_family(type(obj), name), getattr(obj, name)
+            if owner and owner != fam:
+                why = type(obj).model_fields[name].description
+                out.append((prefix + name, f"expected no such key in a {fam} recipe (export.family: {fam}): only "
+                                           f"{owner} recipes read it" + (f" ({why})" if why else "") + "; remove it"))
+            elif isinstance(value, BaseModel):
+                walk(value, f"{prefix}{name}.")
+
+    for section in ("export", "quantize", "compile", "verify"):
+        walk(getattr(r, section), section + ".")
+    return out
 
 
 def load_all(directory: Path | None = None, collect_errors: bool = False):

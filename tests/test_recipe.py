@@ -160,3 +160,74 @@ def test_bad_recipe_fails_its_own_build_only(project):
     err = run.tasks["build:broken"]["error"]
     assert "broken.yaml" in err and "quantize.calibration: expected a value" in err and "verify: expected" in err
     assert project.entries("download") and len(project.entries("verify")) == 1
+
+
+LLM = """\
+source: {path: models/m}
+export: {family: llm, sequence_length: 16, context_length: 64}
+quantize:
+  calibration: {file: data/c.txt, samples: 4}
+verify:
+  data: {file: data/v.txt, samples: 2}
+"""
+
+
+@pytest.mark.parametrize("key,text", [
+    ("quantize.calibrate_method", "quantize: {calibrate_method: Percentile, calibration: {file: data/c.txt}}"),
+    ("export.opset", "export: {family: llm, opset: 17}"),
+    ("quantize.calibration.max_length", "quantize: {calibration: {file: data/c.txt, max_length: 32}}"),
+    ("verify.data.max_length", "verify: {data: {file: data/v.txt, max_length: 32}}"),
+    ("compile.disable_cpu_ep_fallback", "compile: {disable_cpu_ep_fallback: false}"),
+])
+def test_param_the_llm_path_never_reads_is_a_load_error(tmp_path, key, text):
+    """Issue 11: a key the recipe's family does not read is an error naming the file and the
+    key path, never silently ignored; the same key on an encoder recipe loads."""
+    import yaml
+
+    base = yaml.safe_load(LLM)
+    over = yaml.safe_load(text)
+    from tasks.recipe import deep_merge
+
+    p = write(tmp_path, "l", yaml.safe_dump(deep_merge(base, over)))
+    with pytest.raises(RecipeError) as err:
+        load_recipe(p)
+    msg = str(err.value)
+    assert "l.yaml" in msg and f"{key}: expected no such key in a llm recipe" in msg and "only encoder" in msg, msg
+    enc = deep_merge(yaml.safe_load(GOOD), {k: v for k, v in over.items() if k != "export"})
+    load_recipe(write(tmp_path, "e", yaml.safe_dump(enc)))  # encoders read it
+
+
+@pytest.mark.parametrize("key,text", [
+    ("export.context_length", "export: {context_length: 64}"),
+    ("verify.max_new_tokens", "verify: {max_new_tokens: 4, data: {file: data/v.txt}}"),
+    ("compile.weight_sharing", "compile: {weight_sharing: false}"),
+])
+def test_llm_only_param_on_an_encoder_is_a_load_error(tmp_path, key, text):
+    import yaml
+
+    from tasks.recipe import deep_merge
+
+    p = write(tmp_path, "e", yaml.safe_dump(deep_merge(yaml.safe_load(GOOD), yaml.safe_load(text))))
+    with pytest.raises(RecipeError, match=rf"{key}: expected no such key in a encoder recipe.*only llm recipes read it"):
+        load_recipe(p)
+
+
+def test_entropy_is_rejected_with_the_reason(tmp_path):
+    """Issue 11: Entropy gave a quantized model byte-identical to MinMax (onnxruntime's entropy
+    calibrator searches one candidate with its default bins), so it is refused at load."""
+    p = write(tmp_path, "ent", GOOD.replace("  calibration: {file: data/c.txt}",
+                                            "  calibrate_method: Entropy\n  calibration: {file: data/c.txt}"))
+    with pytest.raises(RecipeError, match=r"quantize.calibrate_method: expected MinMax or Percentile, found 'Entropy'"):
+        load_recipe(p)
+
+
+def test_llm_keys_do_not_hold_encoder_params(tmp_path):
+    """Params declared for the other family are left out of a stage's params (and key)."""
+    specs = {s.name: s.params for s in expand(load_recipe(write(tmp_path, "l", LLM)))}
+    assert "opset" not in specs["export"] and "task" not in specs["export"] and specs["export"]["parts"] == 1
+    assert "calibrate_method" not in specs["quantize"] and specs["quantize"]["calibration"] == {"samples": 4}
+    assert "disable_cpu_ep_fallback" not in specs["compile"] and specs["compile"]["weight_sharing"] is True
+    assert specs["verify"]["data"] == {"samples": 2} and specs["verify"]["max_new_tokens"] == 16
+    enc = {s.name: s.params for s in expand(load_recipe(write(tmp_path, "e", GOOD)))}
+    assert "context_length" not in enc["export"] and "max_new_tokens" not in enc["verify"]
+    assert enc["quantize"]["calibrate_method"] == "MinMax" and enc["verify"]["data"]["max_length"] == 128

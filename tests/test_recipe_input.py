@@ -111,10 +111,11 @@ def test_threshold_out_of_range(tmp_path, text, key, message):
 
 
 def test_thresholds_in_range_ints_and_all_bad_reported_together(tmp_path):
+    llm = "\nexport: {family: llm, sequence_length: 16, context_length: 64}\n"  # max_new_tokens is LLM-only
     r = load_recipe(thresholds(tmp_path, "token_agreement: 1, perplexity_ratio: 1.3, prefix_match_mean: 20",
-                               "\n  max_new_tokens: 32"))
+                               "\n  max_new_tokens: 32" + llm))
     assert r.verify.thresholds == {"token_agreement": 1.0, "perplexity_ratio": 1.3, "prefix_match_mean": 20.0}
-    p = problems(thresholds(tmp_path, "cosine_min: 2.0, top1_agreement: 3", "\n  max_new_tokens: 0"))
+    p = problems(thresholds(tmp_path, "cosine_min: 2.0, top1_agreement: 3", "\n  max_new_tokens: 0" + llm))
     assert p == {"verify.thresholds.cosine_min": "expected a cosine in (0, 1], found 2.0",
                  "verify.thresholds.top1_agreement": "expected a share of tokens in [0, 1], found 3.0",
                  "verify.max_new_tokens": "expected greater than or equal to 1; found 0"}
@@ -250,7 +251,8 @@ def test_non_utf8_data_file_names_file_line_offset_and_key(proj, encoding, line,
 def test_non_utf8_verify_and_perplexity_files(proj):
     (proj / "data" / "v.txt").write_bytes(b"ok\n" * 20 + b"\x80\n")
     (proj / "data" / "p.txt").write_bytes(b"caf\xe9")
-    p = load_errors(proj, GOOD.replace("data: {file: data/v.txt}", "data: {file: data/v.txt}\n  perplexity_text: data/p.txt"))
+    p = load_errors(proj, GOOD.replace("data: {file: data/v.txt}", "data: {file: data/v.txt}\n  perplexity_text: data/p.txt")
+                    + "export: {family: llm, sequence_length: 16, context_length: 64}\n")  # perplexity: LLM-only
     assert p == {"verify.data.file": "expected UTF-8 text, found byte 0x80 at line 21 (byte offset 60) of data/v.txt",
                  "verify.perplexity_text": "expected UTF-8 text, found byte 0xe9 at line 1 (byte offset 3) of data/p.txt"}
 

@@ -73,7 +73,8 @@ def test_doit_list_names_the_unknown_family_in_one_line(project):
     model.mkdir(parents=True)
     (model / "config.json").write_text(json.dumps({"model_type": "phi3", "num_hidden_layers": 2}))
     (project.root / "recipes" / "phi.yaml").write_text(
-        "extends: t8\nsource: {path: models/phi}\nexport: {family: llm, sequence_length: 8, context_length: 32}\n")
+        "source: {path: models/phi}\nexport: {family: llm, sequence_length: 8, context_length: 32}\n"
+        "quantize: {calibration: {file: data/calib.txt, samples: 2}}\nverify: {data: {file: data/verify.txt, samples: 2}}\n")
     p = project.popen("list")
     out, _ = p.communicate(timeout=120)
     assert p.returncode == 1, out
