@@ -150,7 +150,9 @@ def run_child(code: str, env: dict, timeout: float = 48 * 3600) -> tuple[float, 
 
 def bench_05b(a) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
+        root = Path(a.keep or tmp)
+        if a.keep:
+            print(f"project kept in {root}")
         _project(root)
         (root / "recipes" / "bench.yaml").write_text(RECIPE_05B.format(context=a.context, parts=a.parts, calib=a.calib))
         t0 = time.perf_counter()
@@ -294,7 +296,8 @@ def main() -> None:
     ap.add_argument("--parts", type=int, default=2)
     ap.add_argument("--calib", type=int, default=4, help="calibration prompts (0.5b shape)")
     ap.add_argument("--parts-to-build", default="0,3", help="7b shape: parts to quantize and compile")
-    ap.add_argument("--keep", help="7b shape: work folder to use and keep (reuses a made checkpoint)")
+    ap.add_argument("--keep", help="work folder to use and keep (7b shape: reuses a made checkpoint; 0.5b: the "
+                                   "doit project, for later runs of single stages)")
     ap.add_argument("--stages", default="export,quantize,compile",
                     help="7b shape: stages to run (a later stage reuses the work folder of earlier runs)")
     ap.add_argument("--make", help=argparse.SUPPRESS)
