@@ -70,6 +70,8 @@ class StatCache:
                 "CREATE TABLE IF NOT EXISTS stat (path TEXT PRIMARY KEY, inode INTEGER,"
                 " size INTEGER, mtime_ns INTEGER, digest TEXT)"
             )
+            conn.execute("CREATE TABLE IF NOT EXISTS derived (what TEXT, digest TEXT, value TEXT,"
+                         " PRIMARY KEY (what, digest))")
             self._local.conn = conn
         return conn
 
@@ -93,6 +95,20 @@ class StatCache:
                 (str(path), st.st_ino, st.st_size, st.st_mtime_ns, digest),
             )
         return digest
+
+
+    def derived(self, what: str, digest: str, compute) -> str:
+        """A text ``compute()`` derives from content with xxh3 ``digest`` (e.g. the imports of
+        a source file), kept across processes under ``(what, digest)``: computed once per
+        content, never answering for other content. ``compute``: a callable returning str."""
+        conn = self._conn()
+        row = conn.execute("SELECT value FROM derived WHERE what=? AND digest=?", (what, digest)).fetchone()
+        if row:
+            return row[0]
+        value = compute()
+        with conn:
+            conn.execute("INSERT OR REPLACE INTO derived VALUES (?,?,?)", (what, digest, value))
+        return value
 
 
 _default: StatCache | None = None

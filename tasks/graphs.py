@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import onnx
+from . import digest, lazy
 
-from . import digest
+onnx = lazy.module("onnx")
 
 TWO_GB = 2 * 1024**3  # protobuf's message size limit
 

@@ -5,7 +5,9 @@ Plain numpy; no model code, so any module can import it without cycles.
 
 from __future__ import annotations
 
-import numpy as np
+from . import lazy
+
+np = lazy.module("numpy")
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:

@@ -22,9 +22,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-import onnx
-
+from . import lazy
 from .targets import get as get_target
+
+onnx = lazy.module("onnx")
 
 _REGISTERED = False
 

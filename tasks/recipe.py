@@ -289,14 +289,12 @@ class PatchStep(_Strict):
     def _params(cls, v, info):
         """Checked against the patch's signature; an int given for a float param becomes a
         float, so ``fill: -100`` and ``fill: -100.0`` are one patch (and one stage key)."""
-        import typing
-
         from . import patches
 
         name = info.data.get("name")
         if name not in patches.known():
             return v  # reported on name
-        types = typing.get_type_hints(patches.get(name).fn)
+        types = patches.param_types(name)
         try:
             patches.check_params(name, v)  # ValueError naming the param
         except ValueError as e:

@@ -15,9 +15,10 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-import onnx
+if TYPE_CHECKING:
+    import onnx
 
 
 @dataclass
@@ -79,7 +80,7 @@ def check_params(name: str, params: dict) -> None:
     fn = get(name).fn
     sig = inspect.signature(fn)
     accepted = [p for p in list(sig.parameters)[1:]]
-    hints = typing.get_type_hints(fn)
+    hints = param_types(name)
     for key, value in params.items():
         if key not in accepted:
             raise ValueError(f"expected parameters of {name} from {accepted}, found unknown {key!r}")
@@ -89,6 +90,19 @@ def check_params(name: str, params: dict) -> None:
             except ValidationError:
                 want = getattr(hints[key], "__name__", str(hints[key]))
                 raise ValueError(f"expected {name}.{key} to be {want}, found {value!r}") from None
+
+
+def param_types(name: str) -> dict:
+    """The type hints of patch ``name``'s parameters (not of its model argument or result, so
+    that reading them does not import onnx): ``typing.get_type_hints`` restricted to them."""
+    import inspect
+    import typing
+
+    fn = get(name).fn
+    params = list(inspect.signature(fn).parameters.values())[1:]
+    ns = {p.name: p.annotation for p in params if p.annotation is not inspect.Parameter.empty}
+    holder = type("_Hints", (), {"__annotations__": ns, "__module__": fn.__module__})
+    return typing.get_type_hints(holder, globalns=fn.__globals__)
 
 
 def known() -> list[str]:

@@ -6,9 +6,10 @@ from __future__ import annotations
 import os
 import tempfile
 
-import onnx
-
+from .. import lazy
 from . import PatchResult, register
+
+onnx = lazy.module("onnx")
 
 _TWO_GB = 2**31
 _LARGE = 1_500_000_000  # serialize through external data above this many bytes of tensors

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import re
 
-import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper
-
+from .. import lazy
 from . import PatchResult, register
 
-I32_MIN, I32_MAX = np.iinfo(np.int32).min, np.iinfo(np.int32).max
+np = lazy.module("numpy")
+onnx = lazy.module("onnx")
+
+I32_MIN, I32_MAX = -(2**31), 2**31 - 1  # np.iinfo(np.int32)
 
 # (op, input slot) pairs whose type is independent of the other inputs and accepts int32
 # as well as int64; the output type does not depend on it.
@@ -66,7 +66,7 @@ def int64_to_int32(model: onnx.ModelProto, inputs: str = r".*") -> PatchResult:
     g = model.graph
     init_names = {t.name for t in g.initializer}
     pat = re.compile(inputs)
-    targets = [i for i in g.input if i.type.tensor_type.elem_type == TensorProto.INT64
+    targets = [i for i in g.input if i.type.tensor_type.elem_type == onnx.TensorProto.INT64
                and i.name not in init_names and pat.search(i.name)]
     if not targets:
         return PatchResult(model, changed=False, note="no int64 graph input matched")
@@ -77,13 +77,13 @@ def int64_to_int32(model: onnx.ModelProto, inputs: str = r".*") -> PatchResult:
     def const_fits(name: str) -> bool:
         arr = None
         if name in inits:
-            if inits[name].data_type != TensorProto.INT64:
+            if inits[name].data_type != onnx.TensorProto.INT64:
                 return False
-            arr = numpy_helper.to_array(inits[name])
+            arr = onnx.numpy_helper.to_array(inits[name])
         elif name in const_nodes:
             for a in const_nodes[name].attribute:
-                if a.name == "value" and a.t.data_type == TensorProto.INT64:
-                    arr = numpy_helper.to_array(a.t)
+                if a.name == "value" and a.t.data_type == onnx.TensorProto.INT64:
+                    arr = onnx.numpy_helper.to_array(a.t)
         if arr is None:
             return False
         return bool(arr.size == 0 or (arr.min() >= I32_MIN and arr.max() <= I32_MAX))
@@ -128,7 +128,7 @@ def int64_to_int32(model: onnx.ModelProto, inputs: str = r".*") -> PatchResult:
         if v not in casts:
             out = fresh(f"{v}_i64")
             casts[v] = out
-            cast_nodes.append((before, helper.make_node("Cast", [v], [out], to=TensorProto.INT64,
+            cast_nodes.append((before, onnx.helper.make_node("Cast", [v], [out], to=onnx.TensorProto.INT64,
                                                         name=fresh(f"{v}_cast_i64"))))
         return casts[v]
 
@@ -149,12 +149,12 @@ def int64_to_int32(model: onnx.ModelProto, inputs: str = r".*") -> PatchResult:
                 src = node.input[i]
                 if src not in const_copies:
                     if src in inits:
-                        arr = numpy_helper.to_array(inits[src])
+                        arr = onnx.numpy_helper.to_array(inits[src])
                     else:
-                        arr = next(numpy_helper.to_array(a.t) for a in const_nodes[src].attribute
+                        arr = next(onnx.numpy_helper.to_array(a.t) for a in const_nodes[src].attribute
                                    if a.name == "value")
                     const_copies[src] = fresh(f"{src}_i32")
-                    new_inits.append(numpy_helper.from_array(arr.astype(np.int32), const_copies[src]))
+                    new_inits.append(onnx.numpy_helper.from_array(arr.astype(np.int32), const_copies[src]))
                 node.input[i] = const_copies[src]
             n_direct += 1
         for i, v in enumerate(node.input):
@@ -167,7 +167,7 @@ def int64_to_int32(model: onnx.ModelProto, inputs: str = r".*") -> PatchResult:
 
     # graph outputs that became int32 keep their int64 type through a Cast
     for out in g.output:
-        if out.name in i32 and out.type.tensor_type.elem_type == TensorProto.INT64:
+        if out.name in i32 and out.type.tensor_type.elem_type == onnx.TensorProto.INT64:
             internal = fresh(f"{out.name}_i32")
             for node in g.node:
                 for j, o in enumerate(node.output):
@@ -181,14 +181,14 @@ def int64_to_int32(model: onnx.ModelProto, inputs: str = r".*") -> PatchResult:
             for c in cast_nodes:
                 if c[1].input[0] == out.name:
                     c[1].input[0] = internal
-            cast_nodes.append((len(g.node), helper.make_node(
-                "Cast", [internal], [out.name], to=TensorProto.INT64, name=fresh(f"{out.name}_cast_i64"))))
+            cast_nodes.append((len(g.node), onnx.helper.make_node(
+                "Cast", [internal], [out.name], to=onnx.TensorProto.INT64, name=fresh(f"{out.name}_cast_i64"))))
 
     for t in targets:
-        t.type.tensor_type.elem_type = TensorProto.INT32
+        t.type.tensor_type.elem_type = onnx.TensorProto.INT32
     for vi in g.value_info:
-        if vi.name in i32 and vi.type.tensor_type.elem_type == TensorProto.INT64:
-            vi.type.tensor_type.elem_type = TensorProto.INT32
+        if vi.name in i32 and vi.type.tensor_type.elem_type == onnx.TensorProto.INT64:
+            vi.type.tensor_type.elem_type = onnx.TensorProto.INT32
     g.initializer.extend(new_inits)
     # insert casts right after their producer position (before first use), keeping topo order
     nodes = list(g.node)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import re
 
-import numpy as np
-import onnx
-from onnx import numpy_helper
-
+from .. import lazy
 from . import PatchResult, register
+
+np = lazy.module("numpy")
+onnx = lazy.module("onnx")
 
 # Ops through which "mask arithmetic" flows: shape plumbing, casts, comparisons, and the
 # elementwise ops that turn a 0/1 mask into an additive bias and add it to the scores.
@@ -20,8 +20,9 @@ MASK_OPS = frozenset({
     "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Sub", "Add", "Mul", "Neg",
     "Min", "Max", "Clip", "ConstantOfShape",
 })
-FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
-               onnx.TensorProto.DOUBLE}
+# onnx.TensorProto.FLOAT, FLOAT16, BFLOAT16, DOUBLE (the onnx.proto enum numbers; spelled out so
+# that importing this module does not import onnx)
+FLOAT_TYPES = {1, 10, 16, 11}
 
 
 def _replace(arr: np.ndarray, threshold: float, fill: float) -> tuple[np.ndarray, int]:
@@ -112,12 +113,12 @@ def mask_range(model: onnx.ModelProto, fill: float = -100.0, threshold: float = 
 
     def const_array(name):
         if name in inits and inits[name].data_type in FLOAT_TYPES:
-            return numpy_helper.to_array(inits[name])
+            return onnx.numpy_helper.to_array(inits[name])
         n = const_nodes.get(name)
         if n is not None:
             for a in n.attribute:
                 if a.name == "value" and a.t.data_type in FLOAT_TYPES:
-                    return numpy_helper.to_array(a.t)
+                    return onnx.numpy_helper.to_array(a.t)
         return None
 
     # plan: constant name -> (new array, n_replaced)
@@ -129,7 +130,7 @@ def mask_range(model: onnx.ModelProto, fill: float = -100.0, threshold: float = 
         if node.op_type == "ConstantOfShape":
             for a in node.attribute:
                 if a.name == "value" and a.t.data_type in FLOAT_TYPES:
-                    new, n = _replace(numpy_helper.to_array(a.t), threshold, fill)
+                    new, n = _replace(onnx.numpy_helper.to_array(a.t), threshold, fill)
                     if n:
                         cos_plan.append((node, new, n))
             continue
@@ -165,14 +166,14 @@ def mask_range(model: onnx.ModelProto, fill: float = -100.0, threshold: float = 
                 if id(c) in on_path:
                     c.input[i] = target
         if name in inits:
-            t = numpy_helper.from_array(new, target)
+            t = onnx.numpy_helper.from_array(new, target)
             if shared:
                 g.initializer.append(t)
             else:
                 inits[name].CopyFrom(t)
         else:
             node = const_nodes[name]
-            t = numpy_helper.from_array(new)
+            t = onnx.numpy_helper.from_array(new)
             if shared:
                 new_node = onnx.helper.make_node("Constant", [], [target], value=t,
                                                  name=f"{node.name or name}_maskrange")
@@ -186,7 +187,7 @@ def mask_range(model: onnx.ModelProto, fill: float = -100.0, threshold: float = 
         replaced += n
         for a in node.attribute:
             if a.name == "value":
-                a.t.CopyFrom(numpy_helper.from_array(new, a.t.name))
+                a.t.CopyFrom(onnx.numpy_helper.from_array(new, a.t.name))
     names = sorted(plan) + sorted(n.name or n.output[0] for n, _, _ in cos_plan)
     return PatchResult(model, changed=True,
                        note=f"replaced {replaced} extreme value(s) in {len(names)} constant(s) "

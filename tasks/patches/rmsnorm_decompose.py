@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper
-
+from .. import lazy
 from . import PatchResult, register
+
+np = lazy.module("numpy")
+onnx = lazy.module("onnx")
 
 MATCH = {("", "SimplifiedLayerNormalization"), ("ai.onnx", "SimplifiedLayerNormalization"),
          ("com.microsoft", "SimplifiedLayerNormalization"), ("", "RMSNormalization"),
@@ -91,12 +91,12 @@ def rmsnorm_decompose(model: onnx.ModelProto, square: str = "mul") -> PatchResul
         if (node.domain, node.op_type) not in MATCH:
             new_nodes.append(node)
             continue
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         axis = int(attrs.get("axis", -1))
         eps = float(attrs.get("epsilon", 1e-5))
         stash = int(attrs.get("stash_type", 1))
         x, scale = node.input[0], node.input[1]
-        etype, rank = info.get(x, (TensorProto.FLOAT, None))
+        etype, rank = info.get(x, (onnx.TensorProto.FLOAT, None))
         if axis < 0:
             axes = list(range(axis, 0))
         else:
@@ -106,41 +106,41 @@ def rmsnorm_decompose(model: onnx.ModelProto, square: str = "mul") -> PatchResul
         if len(node.output) > 2 and node.output[2] and node.output[2] in used:
             raise ValueError(f"{node.name}: third output {node.output[2]!r} is used")
         p = (node.name or node.output[0]).replace("/", "_") + "_rms"
-        compute_type = TensorProto.FLOAT if (stash == 1 and etype in (
-            TensorProto.FLOAT16, TensorProto.BFLOAT16)) else etype
-        np_type = helper.tensor_dtype_to_np_dtype(compute_type)
+        compute_type = onnx.TensorProto.FLOAT if (stash == 1 and etype in (
+            onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)) else etype
+        np_type = onnx.helper.tensor_dtype_to_np_dtype(compute_type)
         nn: list[onnx.NodeProto] = []
         xin = x
         if compute_type != etype:
-            nn.append(helper.make_node("Cast", [x], [p + "_xf"], to=compute_type, name=p + "_castin"))
+            nn.append(onnx.helper.make_node("Cast", [x], [p + "_xf"], to=compute_type, name=p + "_castin"))
             xin = p + "_xf"
         if square == "mul":
-            nn.append(helper.make_node("Mul", [xin, xin], [p + "_sq"], name=p + "_sq"))
+            nn.append(onnx.helper.make_node("Mul", [xin, xin], [p + "_sq"], name=p + "_sq"))
         else:
-            two = numpy_helper.from_array(np.array(2.0, np_type), p + "_two")
+            two = onnx.numpy_helper.from_array(np.array(2.0, np_type), p + "_two")
             new_inits.append(two)
-            nn.append(helper.make_node("Pow", [xin, two.name], [p + "_sq"], name=p + "_sq"))
+            nn.append(onnx.helper.make_node("Pow", [xin, two.name], [p + "_sq"], name=p + "_sq"))
         if opset >= 18:
-            ax = numpy_helper.from_array(np.array(axes, np.int64), p + "_axes")
+            ax = onnx.numpy_helper.from_array(np.array(axes, np.int64), p + "_axes")
             new_inits.append(ax)
-            nn.append(helper.make_node("ReduceMean", [p + "_sq", ax.name], [p + "_ms"],
+            nn.append(onnx.helper.make_node("ReduceMean", [p + "_sq", ax.name], [p + "_ms"],
                                        keepdims=1, name=p + "_mean"))
         else:
-            nn.append(helper.make_node("ReduceMean", [p + "_sq"], [p + "_ms"], axes=axes,
+            nn.append(onnx.helper.make_node("ReduceMean", [p + "_sq"], [p + "_ms"], axes=axes,
                                        keepdims=1, name=p + "_mean"))
-        e = numpy_helper.from_array(np.array(eps, np_type), p + "_eps")
+        e = onnx.numpy_helper.from_array(np.array(eps, np_type), p + "_eps")
         new_inits.append(e)
-        nn.append(helper.make_node("Add", [p + "_ms", e.name], [p + "_mse"], name=p + "_addeps"))
-        nn.append(helper.make_node("Sqrt", [p + "_mse"], [p + "_rms"], name=p + "_sqrt"))
-        nn.append(helper.make_node("Div", [xin, p + "_rms"], [p + "_xn"], name=p + "_div"))
+        nn.append(onnx.helper.make_node("Add", [p + "_ms", e.name], [p + "_mse"], name=p + "_addeps"))
+        nn.append(onnx.helper.make_node("Sqrt", [p + "_mse"], [p + "_rms"], name=p + "_sqrt"))
+        nn.append(onnx.helper.make_node("Div", [xin, p + "_rms"], [p + "_xn"], name=p + "_div"))
         y = node.output[0]
         if compute_type != etype:
-            nn.append(helper.make_node("Cast", [p + "_xn"], [p + "_xnc"], to=etype, name=p + "_castout"))
-            nn.append(helper.make_node("Mul", [p + "_xnc", scale], [y], name=p + "_scale"))
+            nn.append(onnx.helper.make_node("Cast", [p + "_xn"], [p + "_xnc"], to=etype, name=p + "_castout"))
+            nn.append(onnx.helper.make_node("Mul", [p + "_xnc", scale], [y], name=p + "_scale"))
         else:
-            nn.append(helper.make_node("Mul", [p + "_xn", scale], [y], name=p + "_scale"))
+            nn.append(onnx.helper.make_node("Mul", [p + "_xn", scale], [y], name=p + "_scale"))
         if len(node.output) > 1 and node.output[1] and node.output[1] in used:
-            nn.append(helper.make_node("Reciprocal", [p + "_rms"], [node.output[1]], name=p + "_inv"))
+            nn.append(onnx.helper.make_node("Reciprocal", [p + "_rms"], [node.output[1]], name=p + "_inv"))
         new_nodes.extend(nn)
         done += 1
 

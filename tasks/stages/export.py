@@ -16,10 +16,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import onnx
-
-from .. import patches, progress
+from .. import lazy, patches, progress
 from ..graphs import load_model, save_model
+
+onnx = lazy.module("onnx")
 
 VERSION = 1
 TOOLS = ("torch", "transformers", "optimum", "optimum-onnx", "onnx")

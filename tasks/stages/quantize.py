@@ -25,11 +25,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import numpy as np
-import onnx
-
-from .. import digest, progress
+from .. import digest, lazy, progress
 from ..graphs import list_graphs, load_model
+
+np = lazy.module("numpy")
+onnx = lazy.module("onnx")
 
 VERSION = 3
 TOOLS = ("onnxruntime", "onnx", "transformers", "tokenizers", "numpy")

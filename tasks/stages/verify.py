@@ -26,12 +26,12 @@ import json
 import math
 from pathlib import Path
 
-import numpy as np
-import onnx
-
-from .. import progress, qnn
+from .. import lazy, progress, qnn
 from ..metrics import cosine
 from .quantize import encoder_feeds, read_lines
+
+np = lazy.module("numpy")
+onnx = lazy.module("onnx")
 
 VERSION = 1
 TOOLS = ("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "transformers", "tokenizers", "numpy", "torch")
