@@ -97,21 +97,25 @@ class StatCache:
         return digest
 
 
-    def derived(self, what: str, digest: str, compute) -> str:
+    def derived(self, what: str, digest: str, compute) -> str | None:
         """A text ``compute()`` derives from content with xxh3 ``digest`` (e.g. the imports of
         a source file), kept across processes under ``(what, digest)``: computed once per
-        content, never answering for other content. ``compute``: a callable returning str."""
+        content, never answering for other content. ``compute``: a callable returning str, or
+        None for "do not keep" (then None is returned)."""
         conn = self._conn()
         row = conn.execute("SELECT value FROM derived WHERE what=? AND digest=?", (what, digest)).fetchone()
         if row:
             return row[0]
         value = compute()
+        if value is None:
+            return None
         with conn:
             conn.execute("INSERT OR REPLACE INTO derived VALUES (?,?,?)", (what, digest, value))
         return value
 
 
 _default: StatCache | None = None
+_default_env: tuple | None = None
 
 
 def _report_io() -> None:  # NPUBUILD_STATS=1: what this process hashed and read (benchmarks)
@@ -132,12 +136,16 @@ if os.environ.get("NPUBUILD_STATS"):
 def default_stat_cache() -> StatCache:
     """The process-wide stat cache, at ``$NPUBUILD_HOME/statcache.sqlite`` (default
     ``.npubuild/`` in the project root)."""
-    global _default
+    global _default, _default_env
+    env = (os.environ.get("NPUBUILD_HOME"), os.environ.get("NPUBUILD_ROOT"))
+    if _default is not None and env == _default_env:  # the common case, without path work
+        return _default
     from .paths import state_dir
 
     want = state_dir() / "statcache.sqlite"
     if _default is None or _default.db_path != want:
         _default = StatCache(want)
+    _default_env = env
     return _default
 
 

@@ -244,7 +244,7 @@ def _build_uptodate(recipe: str):
             want = json.loads(p.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return False
-        res = engine.Resolver(recipe)
+        res = engine.checking_resolver(recipe)
         try:
             keys = {f"{s.kind}/{res.key(n)}" for n, s in res.specs.items()}
         except Exception:

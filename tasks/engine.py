@@ -19,6 +19,7 @@ This module knows nothing of doit; ``tasks/dodo_tasks.py`` wraps it.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from functools import lru_cache
@@ -66,8 +67,21 @@ def _stat(f: Path) -> tuple:
 
 
 def _load() -> tuple[dict, dict]:
-    d = paths.recipes_dir()
-    return _recipes_cached(str(d), tuple(_stat(f) for f in sorted(d.glob("*.yaml"))))
+    d = str(paths.recipes_dir())
+    try:
+        with os.scandir(d) as it:  # one stat per file, no Path objects: this runs per task
+            stamp = tuple(sorted(_scan_stat(e) for e in it if e.name.endswith(".yaml")))
+    except OSError:
+        stamp = ()
+    return _recipes_cached(d, stamp)
+
+
+def _scan_stat(e) -> tuple:
+    try:
+        st = e.stat()  # follows symlinks, like Path.stat
+    except OSError:  # a dangling symlink: load_all reports it
+        return (e.name, None, None)
+    return (e.name, st.st_mtime_ns, st.st_size)
 
 
 def recipes() -> dict:
@@ -80,9 +94,16 @@ def recipe_errors() -> dict:
     return _load()[1]
 
 
+_PLANS: dict[tuple[int, str], dict[str, StageSpec]] = {}
+
+
 def plan(recipe_name: str) -> dict[str, StageSpec]:
-    """{stage name: spec} of one recipe, in build order."""
-    return {s.name: s for s in expand(recipes()[recipe_name])}
+    """{stage name: spec} of one recipe, in build order (expanded once per loaded recipe set)."""
+    rs = recipes()
+    k = (id(rs), recipe_name)  # rs stays alive in _recipes_cached, so its id is not reused
+    if k not in _PLANS:
+        _PLANS[k] = {s.name: s for s in expand(rs[recipe_name])}
+    return dict(_PLANS[k])
 
 
 def project_file(rel: str) -> Path:
@@ -180,9 +201,32 @@ def code_modules(name: str) -> tuple[str, ...]:
     return tuple(sorted(seen))
 
 
+_CODE_FILES: dict[tuple, tuple[tuple, dict[str, str]]] = {}
+
+
+def _stamp(names) -> tuple:
+    out = []
+    for n in names:
+        st = os.stat(_module_file(n))
+        out.append((st.st_ino, st.st_size, st.st_mtime_ns))
+    return tuple(out)
+
+
 def code_files(spec: StageSpec) -> dict[str, str]:
     """{dotted module name: xxh3 of its source} for the modules :func:`code_digest` covers,
-    sorted by name (what a cluster worker compares to name the module that differs)."""
+    sorted by name (what a cluster worker compares to name the module that differs). Worked
+    out once per process for each stage kind (and patch steps) and reused while the files'
+    stats are unchanged (a plain ``os.stat`` each, no stat-cache query)."""
+    k = (spec.kind, tuple(s["name"] for s in spec.params["steps"]) if spec.kind == "patch" else ())
+    hit = _CODE_FILES.get(k)
+    if hit is not None and _stamp(hit[1]) == hit[0]:
+        return dict(hit[1])
+    files = _code_files(spec)
+    _CODE_FILES[k] = (_stamp(files), files)
+    return dict(files)
+
+
+def _code_files(spec: StageSpec) -> dict[str, str]:
     mod = module_for(spec.kind)
     names = set(code_modules(mod.__name__))
     for dep in getattr(mod, "CODE_DEPS", ()):  # modules found by name at run time, not imported
@@ -347,6 +391,9 @@ def run_stage(recipe_name: str, stage: str) -> dict:
         raise
     kept.unlink(missing_ok=True)
     record(recipe_name, stage, key, material, entry)
+    if recipe_name in _CHECKING:  # later up-to-date checks of this process see the new entry
+        _CHECKING[recipe_name]._materials[stage] = material
+        _CHECKING[recipe_name]._entries[stage] = entry
     bad = res.failures(stage, entry)
     status = "FAILED" if bad else "built" if built else "pulled" if entry.origin == "pulled" else "cache hit"
     print(line(spec.task, key, status, time.time() - t0, width), flush=True)
@@ -365,11 +412,25 @@ def memory_estimate(recipe_name: str, stage: str) -> int:
     return memory.plan_estimate(plan(recipe_name), stage)
 
 
+_CHECKING: dict[str, "Resolver"] = {}
+
+
+def checking_resolver(recipe_name: str) -> "Resolver":
+    """The process's Resolver for up-to-date checks of ``recipe_name``: keys, entries and
+    entry checks are worked out once per process, not once per task (a no-op build over 50
+    recipes computed key material 1,350 times for 300 stages: issue 11). Only found entries
+    are memoised, so a stage built later in the process is seen (:func:`run_stage` also
+    tells it)."""
+    if recipe_name not in _CHECKING:
+        _CHECKING[recipe_name] = Resolver(recipe_name)
+    return _CHECKING[recipe_name]
+
+
 def is_up_to_date(recipe_name: str, stage: str) -> bool:
     """True when the stage's key can be computed and names an intact entry that passes its
     check. Used as the doit ``uptodate`` callable (evaluated after upstream tasks ran)."""
     t0 = time.time()
-    res = Resolver(recipe_name)
+    res = checking_resolver(recipe_name)
     try:
         e = res.entry(stage)
     except Exception:  # not built, or the key cannot be computed (e.g. a missing source):
@@ -396,16 +457,20 @@ def read_state(recipe_name: str) -> dict:
 
 
 def record(recipe_name: str, stage: str, key: str, material: dict, entry: Entry) -> None:
-    """Remember the last key and key material of a stage of this recipe (for explain)."""
+    """Remember the last key and key material of a stage of this recipe (for explain).
+    Writes nothing when ``stages.json`` already says so (a no-op build writes no state)."""
     from filelock import FileLock
 
+    row = json.loads(json.dumps({"key": key, "kind": entry.kind, "entry": str(entry.path), "material": material}))
+    if read_state(recipe_name).get(stage) == row:
+        return
     p = state_path(recipe_name)
     p.parent.mkdir(parents=True, exist_ok=True)
     locks = paths.state_dir() / "locks"
     locks.mkdir(parents=True, exist_ok=True)
     with FileLock(str(locks / f"state-{recipe_name}.lock")):
         st = read_state(recipe_name)
-        st[stage] = {"key": key, "kind": entry.kind, "entry": str(entry.path), "material": material}
+        st[stage] = row
         tmp = p.with_suffix(".tmp")
         tmp.write_text(json.dumps(st, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         tmp.replace(p)

@@ -169,7 +169,7 @@ def read_yaml(path: Path) -> dict:
     except UnicodeDecodeError as e:
         raise RecipeError(path, [("", f"expected UTF-8 text, found byte {e.object[e.start]:#04x} at offset {e.start}")]) from None
     try:
-        data = yaml.load(text, Loader=_RecipeLoader)
+        data = _parse_cached(raw, text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
@@ -180,6 +180,37 @@ def read_yaml(path: Path) -> dict:
     if not isinstance(data, dict):
         raise RecipeError(path, [("", f"expected a mapping at the top level, found {type(data).__name__}")])
     return data
+
+
+def _parse_cached(raw: bytes, text: str):
+    """``yaml.load(text, Loader=_RecipeLoader)``, kept in the stat cache under the xxh3 of the
+    file's bytes (:meth:`tasks.digest.StatCache.derived`): an unchanged recipe is parsed once,
+    not by every command (PyYAML's pure-Python parser was a quarter of a no-op build over 50
+    recipes: issue 11). A file that does not parse is never stored, so its error is raised
+    each time. Parsed recipes are plain JSON values (mappings, lists, text, numbers, bools,
+    null; JSON's Infinity/NaN for .inf/.nan)."""
+    import json
+
+    from . import digest
+
+    parsed = []
+
+    def parse():
+        parsed.append(yaml.load(text, Loader=_RecipeLoader))
+        return json.dumps(parsed[0]) if _json_exact(parsed[0]) else None  # e.g. `1: x` keys stay ints
+
+    stored = digest.default_stat_cache().derived("recipe-yaml", digest.digest_bytes(raw), parse)
+    return json.loads(stored) if stored is not None else parsed[0]
+
+
+def _json_exact(v) -> bool:
+    """True when ``json.loads(json.dumps(v)) == v`` with the same types (text mapping keys,
+    no tuples or other objects)."""
+    if isinstance(v, dict):
+        return all(isinstance(k, str) and _json_exact(x) for k, x in v.items())
+    if isinstance(v, list):
+        return all(_json_exact(x) for x in v)
+    return v is None or isinstance(v, (str, bool, int, float))
 
 
 def deep_merge(base: dict, over: dict) -> dict:

@@ -48,7 +48,7 @@ def run(inputs, files, params, out: Path) -> dict:
 
 def _compile_graphs(src: Path, out: Path, params: dict) -> dict:
     info = {}
-    for g in progress.bar(list_graphs(src), f"graphs ({out.name})", unit="graph"):
+    for g in progress.bar(list_graphs(src), "graphs", unit="graph"):
         load_model(g, load_external_data=False)  # a clear error for a corrupt input
         rel = g.relative_to(src)
         ctx = out / rel.parent / f"{rel.stem}_ctx.onnx"
