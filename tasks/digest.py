@@ -160,6 +160,18 @@ def tree_digest(folder: Path) -> str:
     return listing_digest(tree_listing(folder))
 
 
+def xxh3_and_sha256(path: Path) -> tuple[str, str]:
+    """(xxh3-128 hex, sha256 hex) of a file's bytes, read once in CHUNK-sized blocks, never
+    from the stat cache: what publish ships is checked against the cache manifest (xxh3)
+    and listed with a standard hash (sha256) from the same read. Raises OSError."""
+    x, h = xxhash.xxh3_128(), hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            x.update(chunk)
+            h.update(chunk)
+    return x.hexdigest(), h.hexdigest()
+
+
 def sha256_file(path: Path) -> str:
     """sha256 hex of a file (for published manifests, where a standard hash is expected)."""
     with open(path, "rb") as f:

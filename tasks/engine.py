@@ -49,7 +49,30 @@ def remote_key(manifest: dict) -> str:
 def cache() -> Cache:
     """The local cache, with the remote level when ``NPUBUILD_REMOTE`` is set. Raises
     ValueError for a relative NPUBUILD_CACHE or a remote URL fsspec cannot open."""
-    return Cache(paths.cache_dir(), remote=remote.from_env(), key_of=remote_key)
+    return Cache(paths.cache_dir(), remote=remote.from_env(), key_of=remote_key, on_quarantine=unlink_build_copies)
+
+
+def unlink_build_copies(kind: str, key: str) -> list[Path]:
+    """Remove, from every ``build/<recipe>/`` folder, the files that are links (or copies) of
+    cache entry ``kind/key`` (as its ``artifacts.json`` lists them), and that
+    ``artifacts.json``, so the next ``doit build:<recipe>`` links them anew (its up-to-date
+    check needs ``artifacts.json``). Called when the entry is quarantined: those hard links
+    share the damaged bytes. Returns the folders changed; raises only what the file system
+    raises."""
+    changed = []
+    prefix = f"{kind}/{key}/"
+    for art in sorted(paths.build_dir().glob("*/artifacts.json")):
+        try:
+            listing = json.loads(art.read_text(encoding="utf-8"))
+            mine = [f for f, src in listing.items() if str(src).startswith(prefix)]
+        except (OSError, ValueError, AttributeError):
+            mine = []  # unreadable: the next build rewrites it anyway
+        if mine:
+            for f in mine:
+                (art.parent / f).unlink(missing_ok=True)
+            art.unlink(missing_ok=True)
+            changed.append(art.parent)
+    return changed
 
 
 @lru_cache(maxsize=None)
