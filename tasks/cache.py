@@ -40,6 +40,7 @@ import stat
 import sys
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -205,6 +206,34 @@ def _disk_full(e: BaseException) -> bool:
             return True
         e = e.__cause__ or e.__context__
     return False
+
+
+@contextmanager
+def temp_area(folder: Path):
+    """Make ``folder`` (created) the temp folder of this process and of the processes it starts
+    (``tempfile.tempdir`` and ``TMPDIR``/``TEMP``/``TMP``) while the block runs, then remove it
+    and restore both. A stage's own temp files (``tempfile`` users: the fold-constants patch,
+    QNN probes, optimum) then live in its cache temp folder, which a failed build removes and
+    :meth:`Cache.clean_stale` removes after a SIGKILL, never in the system temp folder. One
+    stage at a time per process (as ``tasks/stagelog.py``'s capture of fds 1 and 2)."""
+    import tempfile
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    names = ("TMPDIR", "TEMP", "TMP")
+    old_env, old_dir = {n: os.environ.get(n) for n in names}, tempfile.tempdir
+    os.environ.update({n: str(folder) for n in names})
+    tempfile.tempdir = str(folder)
+    try:
+        yield folder
+    finally:
+        tempfile.tempdir = old_dir
+        for n, v in old_env.items():
+            if v is None:
+                os.environ.pop(n, None)
+            else:
+                os.environ[n] = v
+        _rmtree(folder)
 
 
 _CLEANED: set[str] = set()  # cache roots whose leftovers this process removed (once each)
@@ -442,7 +471,8 @@ class Cache:
             tmp = self._tmp(kind, key)
             try:
                 t0 = time.time()
-                info = build(tmp / "out") or {}
+                with temp_area(tmp / "work"):
+                    info = build(tmp / "out") or {}
                 seconds = time.time() - t0
                 listing = {}
                 for f in digest.list_files(tmp / "out"):

@@ -64,35 +64,76 @@ class StatCache:
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = sqlite3.connect(self.db_path, timeout=60)
+            try:
+                conn = self._open()
+            except sqlite3.DatabaseError as e:  # not a database, or damaged: it is only a cache
+                reset_database(self.db_path, e, "the stat cache")
+                conn = self._open()
+            self._local.conn = conn
+        return conn
+
+    def _open(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.db_path, timeout=60)
+        try:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(
                 "CREATE TABLE IF NOT EXISTS stat (path TEXT PRIMARY KEY, inode INTEGER,"
                 " size INTEGER, mtime_ns INTEGER, digest TEXT)"
             )
-            self._local.conn = conn
+        except sqlite3.DatabaseError:
+            conn.close()
+            raise
         return conn
 
     def file_digest(self, path: Path) -> str:
         """Digest of ``path``, from the cache when its stat is unchanged. Raises OSError if
-        the file cannot be read."""
+        the file cannot be read. A stat cache that turns out damaged is rebuilt (one warning)."""
         path = Path(path).absolute()
         st = path.stat()
-        conn = self._conn()
-        row = conn.execute(
-            "SELECT inode, size, mtime_ns, digest FROM stat WHERE path=?", (str(path),)
-        ).fetchone()
-        if row and tuple(row[:3]) == (st.st_ino, st.st_size, st.st_mtime_ns):
-            self.hits += 1
-            return row[3]
-        digest = hash_file_uncached(path)
-        self.bytes_read += st.st_size
-        with conn:
-            conn.execute(
-                "INSERT OR REPLACE INTO stat VALUES (?,?,?,?,?)",
-                (str(path), st.st_ino, st.st_size, st.st_mtime_ns, digest),
-            )
-        return digest
+        for attempt in (0, 1):
+            conn = self._conn()
+            try:
+                row = conn.execute(
+                    "SELECT inode, size, mtime_ns, digest FROM stat WHERE path=?", (str(path),)
+                ).fetchone()
+                if row and tuple(row[:3]) == (st.st_ino, st.st_size, st.st_mtime_ns):
+                    self.hits += 1
+                    return row[3]
+                digest = hash_file_uncached(path)
+                self.bytes_read += st.st_size
+                with conn:
+                    conn.execute(
+                        "INSERT OR REPLACE INTO stat VALUES (?,?,?,?,?)",
+                        (str(path), st.st_ino, st.st_size, st.st_mtime_ns, digest),
+                    )
+                return digest
+            except sqlite3.DatabaseError as e:
+                if attempt:
+                    raise
+                conn.close()
+                self._local.conn = None
+                reset_database(self.db_path, e, "the stat cache")
+        raise AssertionError("unreachable")
+
+
+def reset_database(path: Path, err: Exception, what: str) -> Path | None:
+    """Move an SQLite database that cannot be read (and its -wal/-shm files) aside to
+    ``<name>.damaged-<time>`` and say so in one line on stderr; the caller then creates it
+    anew. For databases that only cache what can be recomputed (the stat cache, doit's
+    database). Returns where it went (None if it was not there)."""
+    import time
+
+    path = Path(path)
+    dest = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+    moved = None
+    for suffix in ("", "-wal", "-shm"):
+        f = Path(str(path) + suffix)
+        if f.exists():
+            os.replace(f, str(dest) + suffix)
+            moved = moved or dest
+    print(f"npubuild: {path}: {what} could not be read ({type(err).__name__}: {err}); moved to {dest} "
+          f"and rebuilt (nothing is lost but time)", file=sys.stderr, flush=True)
+    return moved
 
 
 _default: StatCache | None = None

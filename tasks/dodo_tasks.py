@@ -31,6 +31,31 @@ from .recipe import RecipeError
 from .stages import ARTIFACTS
 
 paths.state_dir().mkdir(parents=True, exist_ok=True)
+
+
+def _check_doit_db(path: Path) -> None:
+    """Move doit's database aside (one warning) when SQLite cannot read it, before doit opens
+    it: it holds only doit's own records (our up-to-date checks read the cache), so doit
+    starting with an empty one costs nothing but a re-check."""
+    import sqlite3
+
+    from .digest import reset_database
+
+    if not path.exists():
+        return
+    try:
+        with sqlite3.connect(path, timeout=60) as conn:
+            conn.execute("SELECT name FROM sqlite_master").fetchall()
+            bad = conn.execute("PRAGMA quick_check").fetchone()[0]
+        conn.close()
+    except sqlite3.DatabaseError as e:
+        reset_database(path, e, "doit's database")
+        return
+    if bad != "ok":
+        reset_database(path, sqlite3.DatabaseError(f"quick_check: {bad}"), "doit's database")
+
+
+_check_doit_db(paths.state_dir() / "doit.sqlite3")
 DOIT_CONFIG = {
     "backend": "sqlite3",  # the only doit backend that supports concurrent access
     "dep_file": str(paths.state_dir() / "doit.sqlite3"),

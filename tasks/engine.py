@@ -404,10 +404,21 @@ def state_path(recipe_name: str) -> Path:
 
 
 def read_state(recipe_name: str) -> dict:
+    """``build/<recipe>/stages.json`` ({} when absent). One that cannot be read is reported in
+    one line and counts as empty; the next stage of the recipe that runs rewrites it."""
+    p = state_path(recipe_name)
     try:
-        return json.loads(state_path(recipe_name).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        st = json.loads(p.read_text(encoding="utf-8"))
+        if isinstance(st, dict):
+            return st
+        err = f"expected a JSON object, found {type(st).__name__}"
+    except FileNotFoundError:
         return {}
+    except (OSError, ValueError) as e:
+        err = f"{type(e).__name__}: {e}"
+    print(f"npubuild: {p}: unreadable ({err}); ignored, rewritten by the next build of {recipe_name}",
+          file=sys.stderr)
+    return {}
 
 
 def record(recipe_name: str, stage: str, key: str, material: dict, entry: Entry) -> None:
