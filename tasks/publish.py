@@ -595,8 +595,11 @@ def verify_signature(folder: str | Path, public_key: str | Path | None = None, c
     try:
         cfg.verify(folder, sig)
     except Exception as e:
-        return [f"{SIGNATURE}: does not verify against {public_key or ', '.join(map(str, cert_chain))}: "
-                f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"]
+        # model_signing raises ValueError("Signature mismatch: [<diff lines>]"), the list's repr
+        changed = sorted(set(re.findall(r"Hash mismatch for \\?'([^'\\]+)\\?'", str(e))))
+        why = (f"files changed since signing: {', '.join(changed)}" if changed else
+               f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}")
+        return [f"{SIGNATURE}: does not verify against {public_key or ', '.join(map(str, cert_chain))}: {why}"]
     return []
 
 

@@ -132,7 +132,8 @@ def test_signed_bundle_catches_consistent_tampering(proj, tmp_path):
     (b / "manifest.json").write_text(json.dumps(m, indent=2, sort_keys=True) + "\n")
     res = publish.check_bundle(b, public_key=pub)
     assert res["mismatch"] == res["missing"] == res["extra"] == [] and len(res["signature"]) == 1
-    assert "does not verify" in res["signature"][0] and "Signature mismatch" in res["signature"][0]
+    assert res["signature"] == [f"{publish.SIGNATURE}: does not verify against {pub}: files changed since signing: "
+                                f"manifest.json, verify.json"]
     run = proj.doit("run", "check_bundle", "--path", str(b), "--public-key", str(pub), check=False)
     assert run.code != 0 and "SIGNATURE npubuild.sig: does not verify" in run.log()
 
@@ -140,6 +141,62 @@ def test_signed_bundle_catches_consistent_tampering(proj, tmp_path):
     (b / publish.SIGNATURE).unlink()
     assert publish.check_bundle(b, public_key=pub)["signature"] == [
         f"{publish.SIGNATURE}: expected a signature (a key to check one was given), found none"]
+
+
+def _ca_and_leaf(folder: Path, name: str) -> tuple[Path, Path, Path]:
+    """A self-made CA and a code-signing leaf certificate it issued: (CA pem, leaf pem, leaf key pem)."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    day = datetime.timedelta(days=1)
+
+    def usage(sign_certs: bool) -> x509.KeyUsage:
+        return x509.KeyUsage(digital_signature=not sign_certs, content_commitment=False, key_encipherment=False,
+                             data_encipherment=False, key_agreement=False, key_cert_sign=sign_certs,
+                             crl_sign=sign_certs, encipher_only=False, decipher_only=False)
+
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{name} CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(1).not_valid_before(now - day).not_valid_after(now + day)
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .add_extension(usage(True), critical=True).sign(ca_key, hashes.SHA256()))
+    leaf = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+            .issuer_name(ca_name).public_key(key.public_key()).serial_number(2)
+            .not_valid_before(now - day).not_valid_after(now + day).add_extension(usage(False), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CODE_SIGNING]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    out = (folder / f"{name}-ca.pem", folder / f"{name}-cert.pem", folder / f"{name}-key.pem")
+    out[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    out[1].write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
+    out[2].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                         serialization.NoEncryption()))
+    return out
+
+
+def test_certificate_signed_bundle(proj, tmp_path):
+    """Variant: signed with a certificate its CA issued; checked against that CA, not another."""
+    ca, cert, key = _ca_and_leaf(tmp_path, "builder")
+    other_ca, _, _ = _ca_and_leaf(tmp_path, "stranger")
+    signer = Project.__new__(Project)
+    signer.root, signer.env = proj.root, dict(proj.env, NPUBUILD_DIST=str(tmp_path / "dist"))
+    signer.doit("run", "publish:a", "--sign", str(key), "--signing-cert", str(cert), "--cert-chain", str(ca))
+    b = tmp_path / "dist" / "a"
+    assert proj.doit("run", "check_bundle", "--path", str(b), "--cert-chain", str(ca)).code == 0
+    (bad,) = publish.check_bundle(b, cert_chain=[other_ca])["signature"]
+    assert bad.startswith(f"{publish.SIGNATURE}: does not verify against {other_ca}: ")
+    v = b / "verify.json"
+    v.write_text(v.read_text() + " ")
+    m = json.loads((b / "manifest.json").read_text())
+    m["files"]["verify.json"] = {"sha256": digest.sha256_file(v), "size": v.stat().st_size}
+    (b / "manifest.json").write_text(json.dumps(m))
+    assert publish.check_bundle(b, cert_chain=[ca])["signature"] == [
+        f"{publish.SIGNATURE}: does not verify against {ca}: files changed since signing: manifest.json, verify.json"]
 
 
 def test_sign_with_a_key_that_is_not_one_names_it(proj, tmp_path):
