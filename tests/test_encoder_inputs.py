@@ -25,16 +25,16 @@ def _retokenize(model_dir, names: list[str]) -> None:
     tok.save_pretrained(str(model_dir))
 
 
-@pytest.fixture
-def e5_project(tmp_path, tiny_bert) -> Project:
-    p = Project(tmp_path / "proj", tiny_bert)
+@pytest.fixture(scope="module")
+def e5_project(tmp_path_factory, tiny_bert) -> Project:
+    p = Project(tmp_path_factory.mktemp("e5") / "proj", tiny_bert)
     _retokenize(p.root / "models" / "tiny-bert", ["input_ids", "attention_mask"])
+    p.recipe("e5")
     return p
 
 
 def test_encoder_without_token_type_ids_builds_and_verifies(e5_project):
     p = e5_project
-    p.recipe("e5")
     run = p.doit("run", "build:e5")
     assert run.tasks["build:e5"]["result"] == "success"
     (key,) = p.entries("export")
@@ -52,7 +52,6 @@ def test_zeros_for_token_type_ids_are_what_the_model_computes_without_them(e5_pr
     from transformers import AutoTokenizer, BertModel
 
     p = e5_project
-    p.recipe("e5")
     p.doit("run", "export:e5")
     (key,) = p.entries("export")
     export = p.cache / "export" / key / "out"

@@ -70,8 +70,9 @@ def test_malformed_bundle_manifest_is_one_message(proj, tmp_path, files, words):
     with pytest.raises(publish.PublishError) as e:
         publish.check_bundle(b)
     assert str(e.value).startswith(f"{b / 'manifest.json'}: ") and words in str(e.value)
-    run = proj.doit("run", "check_bundle", "--path", str(b), check=False)
-    assert run.code != 0 and words in run.log() and "Traceback" not in run.log()
+    if isinstance(files, list):  # and through the command line, once
+        run = proj.doit("run", "check_bundle", "--path", str(b), check=False)
+        assert run.code != 0 and words in run.log() and "Traceback" not in run.log()
 
 
 def test_oversized_bundle_manifest_is_refused_unread(proj, tmp_path):
