@@ -3,13 +3,23 @@
 - An entry is built in ``cache/.tmp/`` (same filesystem) and renamed into place only when the
   stage succeeded and its manifest is written: a failed or killed stage leaves no entry, only
   a temp folder that :meth:`Cache.gc` removes.
-- A per-key lock (``filelock``) means two processes sharing a cache never build one key twice
-  and never read an entry being written.
+- A per-key lock (``filelock``, :class:`KeyLock`) means two processes sharing a cache never
+  build one key twice and never read an entry being written. The lock file names its holder
+  (pid, host, since when); a waiter says so once, and gives up after ``NPUBUILD_LOCK_TIMEOUT``
+  seconds (default 600) when that holder is stopped (SIGSTOP) or gone while the lock is still
+  held (a child it left behind); a running holder, or one on another host, is waited for. The
+  lock file is removed on release, so ``cache/.locks`` holds only the locks in use.
+- A build first removes the ``.tmp`` folders and lock files of dead builds (a SIGKILL leaves
+  them): a temp folder whose key lock nobody holds has no owner (:meth:`Cache.clean_stale`).
 - Output files are made read-only, as DVC does for linked cache files; the manifest records
   each file's size, mtime_ns and xxh3-128. :meth:`Cache.lookup` checks sizes and mtimes on
   every use (cheap) and rehashes a file whose mtime moved (a cache copied without
-  timestamps stays valid); :meth:`Cache.verify` rereads every byte. A damaged entry is moved
-  to ``cache/.damaged/`` and rebuilt, never used.
+  timestamps stays valid); :meth:`Cache.verify` rereads every byte, and so does publish for
+  what it ships (:meth:`Cache.confirm_damage`). A damaged entry is moved to ``cache/.damaged/``
+  and rebuilt, never used; the owner's ``on_quarantine`` hook then marks what links to it
+  (``build/<recipe>/`` folders: ``tasks.engine.unlink_build_copies``).
+- A full disk while building is one :class:`DiskFull` error naming the folder, what was
+  written and what is free, not a traceback from deep in a stage.
 - With a remote (``tasks/remote.py``, ``NPUBUILD_REMOTE``) the cache has two levels: a local
   miss is looked up remotely, downloaded into ``cache/.tmp/``, checked file by file and
   committed by the same rename as a build (:meth:`Cache.fetch`); a stage built here is then
@@ -21,18 +31,21 @@ This module knows nothing of what a stage does: the key check of a remote entry 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
+import socket
 import stat
 import sys
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 from . import digest
 from .remote import Rejected, Remote, RemoteError, warn
@@ -52,6 +65,178 @@ def _rmtree(path: Path) -> None:
 
 def _write_json(path: Path, obj) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+LOCK_TIMEOUT_DEFAULT = 600.0  # seconds a stopped or gone lock holder is waited for
+
+
+class LockTimeout(Exception):
+    """A key lock stayed held by a stopped or dead holder for longer than the lock timeout."""
+
+
+class DiskFull(Exception):
+    """The disk filled (ENOSPC / EDQUOT) while a stage wrote its cache entry."""
+
+
+def lock_timeout() -> float:
+    """Seconds to wait for a key lock whose holder is stopped or gone:
+    ``NPUBUILD_LOCK_TIMEOUT`` (default 600). Raises ValueError for a value that is not a
+    non-negative number."""
+    v = os.environ.get("NPUBUILD_LOCK_TIMEOUT", "")
+    if not v:
+        return LOCK_TIMEOUT_DEFAULT
+    try:
+        t = float(v)
+    except ValueError:
+        t = -1.0
+    if not t >= 0:
+        raise ValueError(f"NPUBUILD_LOCK_TIMEOUT: expected a number of seconds >= 0, found {v!r}")
+    return t
+
+
+def _process_state(pid: int) -> str:
+    """"running", "stopped" (SIGSTOP'd or traced: state T/t in ``/proc/<pid>/stat``) or "gone"
+    for a process of this host. Without ``/proc`` a live process counts as running."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return "gone"
+    except PermissionError:
+        pass
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return "running"
+    return {"T": "stopped", "t": "stopped", "Z": "gone", "X": "gone"}.get(fields[0], "running")
+
+
+class KeyLock:
+    """An exclusive lock on one cache key (a ``filelock.FileLock`` on ``path``) that says who
+    holds it. The holder writes {pid, host, since, what} into the lock file; a waiter prints
+    who it waits for (once per holder) and raises :class:`LockTimeout` when that holder, on
+    this host, has been stopped or gone for :func:`lock_timeout` seconds. On release the lock
+    file is removed while still held (filelock 4 retries a lock taken on an unlinked file), so
+    lock files do not pile up."""
+
+    POLL = 0.5  # seconds between attempts while waiting
+
+    def __init__(self, path: Path, what: str):
+        self.path, self.what = Path(path), what
+        self._lock = FileLock(str(path))
+
+    def holder(self) -> dict | None:
+        """What the current holder wrote into the lock file, or None (none, or not yet)."""
+        try:
+            h = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return h if isinstance(h, dict) and isinstance(h.get("pid"), int) else None
+
+    def try_acquire(self) -> bool:
+        """Take the lock if it is free now; never waits. Raises only what the file system raises."""
+        try:
+            self._lock.acquire(timeout=0)
+        except (Timeout, RuntimeError):  # RuntimeError: held by this very process (would deadlock)
+            return False
+        self._stamp()
+        return True
+
+    def acquire(self) -> None:
+        """Take the lock, waiting as the class says. Raises LockTimeout."""
+        if self.try_acquire():
+            return
+        limit, told, stuck_since = lock_timeout(), None, None
+        while True:
+            try:
+                self._lock.acquire(timeout=self.POLL)
+                break
+            except Timeout:
+                pass
+            h = self.holder()
+            here = h is not None and h.get("host") == socket.gethostname()
+            state = _process_state(h["pid"]) if here else "running"
+            who = (f"pid {h['pid']} on host {h.get('host')} since "
+                   f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(h.get('since', 0)))}"
+                   f"{' (' + state + ')' if state != 'running' else ''}") if h else "another process"
+            if (h and (h["pid"], h.get("since"), state)) != told:
+                told = h and (h["pid"], h.get("since"), state)
+                print(f"npubuild: waiting for the lock of {self.what} ({self.path}), held by {who}", file=sys.stderr,
+                      flush=True)
+            if state == "running":
+                stuck_since = None
+                continue
+            stuck_since = stuck_since or time.monotonic()
+            if time.monotonic() - stuck_since >= limit:
+                raise LockTimeout(f"{self.path}: gave up waiting for the lock of {self.what} after {limit:g} s: "
+                                  f"held by {who}, which is {state}; resume it (kill -CONT {h['pid']}) or end it, "
+                                  f"then run again (NPUBUILD_LOCK_TIMEOUT sets the wait)")
+        self._stamp()
+
+    def _stamp(self) -> None:
+        self.path.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
+                                         "what": self.what}) + "\n", encoding="utf-8")
+
+    def release(self) -> None:
+        try:
+            self.path.unlink(missing_ok=True)  # still held: nobody else can be using this file
+        finally:
+            self._lock.release()
+
+    def __enter__(self) -> "KeyLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _folder_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file() and not f.is_symlink())
+
+
+def _disk_full(e: BaseException) -> bool:
+    """Whether ``e`` (or an exception it was raised from) is a full disk or quota: an OSError
+    with ENOSPC / EDQUOT, or a native library's message with the C library's ENOSPC text."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if os.strerror(errno.ENOSPC) in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+@contextmanager
+def temp_area(folder: Path):
+    """Make ``folder`` (created) the temp folder of this process and of the processes it starts
+    (``tempfile.tempdir`` and ``TMPDIR``/``TEMP``/``TMP``) while the block runs, then remove it
+    and restore both. A stage's own temp files (``tempfile`` users: the fold-constants patch,
+    QNN probes, optimum) then live in its cache temp folder, which a failed build removes and
+    :meth:`Cache.clean_stale` removes after a SIGKILL, never in the system temp folder. One
+    stage at a time per process (as ``tasks/stagelog.py``'s capture of fds 1 and 2)."""
+    import tempfile
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    names = ("TMPDIR", "TEMP", "TMP")
+    old_env, old_dir = {n: os.environ.get(n) for n in names}, tempfile.tempdir
+    os.environ.update({n: str(folder) for n in names})
+    tempfile.tempdir = str(folder)
+    try:
+        yield folder
+    finally:
+        tempfile.tempdir = old_dir
+        for n, v in old_env.items():
+            if v is None:
+                os.environ.pop(n, None)
+            else:
+                os.environ[n] = v
+        _rmtree(folder)
+
+
+_CLEANED: set[str] = set()  # cache roots whose leftovers this process removed (once each)
 
 
 @dataclass
@@ -80,20 +265,22 @@ class Cache:
     """The local cache at ``root``; with ``remote`` (and ``key_of(manifest) -> key``, the
     stage key recomputed from a manifest's key material) also the remote level."""
 
-    def __init__(self, root: Path, remote: Remote | None = None, key_of: Callable[[dict], str] | None = None):
+    def __init__(self, root: Path, remote: Remote | None = None, key_of: Callable[[dict], str] | None = None,
+                 on_quarantine: Callable[[str, str], list] | None = None):
         if remote is not None and key_of is None:
             raise ValueError("a Cache with a remote needs key_of, to check remote manifests")
         self.root = Path(root)
         self.remote = remote
         self.key_of = key_of
+        self.on_quarantine = on_quarantine  # (kind, key) -> what was marked (for the message)
 
     def entry_path(self, kind: str, key: str) -> Path:
         return self.root / kind / key
 
-    def _lock(self, kind: str, key: str) -> FileLock:
+    def _lock(self, kind: str, key: str) -> KeyLock:
         d = self.root / ".locks"
         d.mkdir(parents=True, exist_ok=True)
-        return FileLock(str(d / f"{kind}-{key}.lock"))
+        return KeyLock(d / f"{kind}-{key}.lock", f"{kind}/{key}")
 
     # ------------------------------------------------------------ reading
 
@@ -150,12 +337,27 @@ class Cache:
         return Entry(kind, key, path, json.loads((path / "manifest.json").read_text(encoding="utf-8")))
 
     def quarantine(self, kind: str, key: str, probs: list[str]) -> Path:
+        """Move the entry to ``.damaged/`` (the next build rebuilds it), say so on stderr, and
+        call ``on_quarantine(kind, key)`` so that what links to it is marked. Returns where it went."""
         dest = self.root / ".damaged" / f"{kind}-{key}-{uuid.uuid4().hex[:8]}"
         dest.parent.mkdir(parents=True, exist_ok=True)
         os.replace(self.entry_path(kind, key), dest)
-        print(f"npubuild: cache entry {kind}/{key} is damaged ({'; '.join(probs[:3])}); "
-              f"moved to {dest} and rebuilding", file=sys.stderr)
+        marked = self.on_quarantine(kind, key) if self.on_quarantine else []
+        print(f"npubuild: cache entry {kind}/{key} is damaged ({'; '.join(probs[:3])}); moved to {dest}; "
+              f"the next build rebuilds it"
+              + (f"; cleared its files from {', '.join(map(str, marked))}" if marked else ""), file=sys.stderr)
         return dest
+
+    def confirm_damage(self, kind: str, key: str, probs: list[str]) -> Path | None:
+        """A reader that re-hashed files of entry (kind, key) found ``probs``: under the key's
+        lock, rehash the whole entry and quarantine it if it is still damaged (not rebuilt in
+        the meantime). Returns the ``.damaged/`` folder, or None when the entry is (now) intact
+        or gone."""
+        with self._lock(kind, key):
+            found = self.problems(kind, key, full=True)
+            if not found:
+                return None
+            return self.quarantine(kind, key, found)
 
     def entries(self):
         """Every committed entry folder as (kind, key, path)."""
@@ -261,6 +463,7 @@ class Cache:
         Holds the per-key lock for the whole build. Any exception from ``build`` removes the
         temp folder and propagates; nothing is committed.
         """
+        self.clean_stale()
         with self._lock(kind, key):
             hit = self.lookup(kind, key) or (self._pull(kind, key) if self.remote else None)
             if hit:
@@ -268,7 +471,8 @@ class Cache:
             tmp = self._tmp(kind, key)
             try:
                 t0 = time.time()
-                info = build(tmp / "out") or {}
+                with temp_area(tmp / "work"):
+                    info = build(tmp / "out") or {}
                 seconds = time.time() - t0
                 listing = {}
                 for f in digest.list_files(tmp / "out"):
@@ -281,8 +485,16 @@ class Cache:
                                 timings={"build_seconds": round(seconds, 3), "finished": time.time()})
                 _write_json(tmp / "manifest.json", manifest)
                 dest = self._commit(tmp, kind, key)
-            except BaseException:
+            except BaseException as e:
+                full = _disk_full(e)
+                written = _folder_bytes(tmp) if full else 0
                 _rmtree(tmp)
+                if full:
+                    free = shutil.disk_usage(tmp.parent).free
+                    raise DiskFull(f"{tmp.parent}: no space left on its device while building {kind}/{key}: the stage "
+                                   f"needs more than the {free / 1e6:.1f} MB free there (it had written "
+                                   f"{written / 1e6:.1f} MB when the disk filled); free space or set NPUBUILD_CACHE "
+                                   f"to a larger disk") from None
                 raise
         entry = Entry(kind, key, dest, manifest, "built")
         if self.remote is not None:
@@ -322,14 +534,8 @@ class Cache:
             d = self.root / special
             if d.is_dir():
                 for p in sorted(d.iterdir()):
-                    if special == ".tmp":
-                        kind, key = p.name.split("-")[:2]
-                        lock = self._lock(kind, key)
-                        try:
-                            lock.acquire(timeout=0)
-                        except Exception:
-                            continue
-                        lock.release()
+                    if special == ".tmp" and not self._unowned_tmp(p):
+                        continue
                     victims.append(p)
         out = []
         for p in victims:
@@ -338,3 +544,39 @@ class Cache:
             if apply:
                 _rmtree(p)
         return out
+
+    def _unowned_tmp(self, p: Path) -> bool:
+        """Whether temp folder ``p`` (``<kind>-<key>-<pid>-<random>``) belongs to no running
+        build: its key's lock is free (a build holds it for as long as its temp folder
+        exists). A name of another form is left alone."""
+        parts = p.name.split("-")
+        if len(parts) < 4:
+            return False
+        lock = self._lock(parts[0], parts[1])
+        if not lock.try_acquire():
+            return False
+        lock.release()
+        return True
+
+    def clean_stale(self) -> list[str]:
+        """Remove what dead builds left (once per process and cache): ``.tmp/`` folders whose
+        key lock is free (:meth:`_unowned_tmp`; a SIGKILL'd build leaves its temp folder) and
+        lock files nobody holds (each is taken, then removed while held). Returns the removed
+        names, relative to the cache root; reports them on stderr."""
+        if str(self.root) in _CLEANED:
+            return []
+        _CLEANED.add(str(self.root))
+        gone = []
+        tmp = self.root / ".tmp"
+        for p in sorted(tmp.iterdir()) if tmp.is_dir() else []:
+            if p.is_dir() and self._unowned_tmp(p):
+                _rmtree(p)
+                gone.append(f".tmp/{p.name}")
+        locks = self.root / ".locks"
+        for f in sorted(locks.glob("*.lock")) if locks.is_dir() else []:
+            lock = KeyLock(f, f.stem)
+            if lock.try_acquire():
+                lock.release()
+        if gone:
+            print(f"npubuild: removed {len(gone)} temp folder(s) of dead builds: {', '.join(gone)}", file=sys.stderr)
+        return gone

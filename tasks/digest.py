@@ -64,7 +64,17 @@ class StatCache:
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = sqlite3.connect(self.db_path, timeout=60)
+            try:
+                conn = self._open()
+            except sqlite3.DatabaseError as e:  # not a database, or damaged: it is only a cache
+                reset_database(self.db_path, e, "the stat cache")
+                conn = self._open()
+            self._local.conn = conn
+        return conn
+
+    def _open(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.db_path, timeout=60)
+        try:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(
                 "CREATE TABLE IF NOT EXISTS stat (path TEXT PRIMARY KEY, inode INTEGER,"
@@ -72,29 +82,60 @@ class StatCache:
             )
             conn.execute("CREATE TABLE IF NOT EXISTS derived (what TEXT, digest TEXT, value TEXT,"
                          " PRIMARY KEY (what, digest))")
-            self._local.conn = conn
+        except sqlite3.DatabaseError:
+            conn.close()
+            raise
         return conn
 
     def file_digest(self, path: Path) -> str:
         """Digest of ``path``, from the cache when its stat is unchanged. Raises OSError if
-        the file cannot be read."""
+        the file cannot be read. A stat cache that turns out damaged is rebuilt (one warning)."""
         path = Path(path).absolute()
         st = path.stat()
-        conn = self._conn()
-        row = conn.execute(
-            "SELECT inode, size, mtime_ns, digest FROM stat WHERE path=?", (str(path),)
-        ).fetchone()
-        if row and tuple(row[:3]) == (st.st_ino, st.st_size, st.st_mtime_ns):
-            self.hits += 1
-            return row[3]
-        digest = hash_file_uncached(path)
-        self.bytes_read += st.st_size
-        with conn:
-            conn.execute(
-                "INSERT OR REPLACE INTO stat VALUES (?,?,?,?,?)",
-                (str(path), st.st_ino, st.st_size, st.st_mtime_ns, digest),
-            )
-        return digest
+        for attempt in (0, 1):
+            conn = self._conn()
+            try:
+                row = conn.execute(
+                    "SELECT inode, size, mtime_ns, digest FROM stat WHERE path=?", (str(path),)
+                ).fetchone()
+                if row and tuple(row[:3]) == (st.st_ino, st.st_size, st.st_mtime_ns):
+                    self.hits += 1
+                    return row[3]
+                digest = hash_file_uncached(path)
+                self.bytes_read += st.st_size
+                with conn:
+                    conn.execute(
+                        "INSERT OR REPLACE INTO stat VALUES (?,?,?,?,?)",
+                        (str(path), st.st_ino, st.st_size, st.st_mtime_ns, digest),
+                    )
+                return digest
+            except sqlite3.DatabaseError as e:
+                if attempt:
+                    raise
+                conn.close()
+                self._local.conn = None
+                reset_database(self.db_path, e, "the stat cache")
+        raise AssertionError("unreachable")
+
+
+def reset_database(path: Path, err: Exception, what: str) -> Path | None:
+    """Move an SQLite database that cannot be read (and its -wal/-shm files) aside to
+    ``<name>.damaged-<time>`` and say so in one line on stderr; the caller then creates it
+    anew. For databases that only cache what can be recomputed (the stat cache, doit's
+    database). Returns where it went (None if it was not there)."""
+    import time
+
+    path = Path(path)
+    dest = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+    moved = None
+    for suffix in ("", "-wal", "-shm"):
+        f = Path(str(path) + suffix)
+        if f.exists():
+            os.replace(f, str(dest) + suffix)
+            moved = moved or dest
+    print(f"npubuild: {path}: {what} could not be read ({type(err).__name__}: {err}); moved to {dest} "
+          f"and rebuilt (nothing is lost but time)", file=sys.stderr, flush=True)
+    return moved
 
 
     def derived(self, what: str, digest: str, compute) -> str | None:
@@ -102,15 +143,21 @@ class StatCache:
         a source file), kept across processes under ``(what, digest)``: computed once per
         content, never answering for other content. ``compute``: a callable returning str, or
         None for "do not keep" (then None is returned)."""
-        conn = self._conn()
-        row = conn.execute("SELECT value FROM derived WHERE what=? AND digest=?", (what, digest)).fetchone()
+        try:
+            conn = self._conn()
+            row = conn.execute("SELECT value FROM derived WHERE what=? AND digest=?", (what, digest)).fetchone()
+        except sqlite3.DatabaseError:  # a damaged cache: file_digest rebuilds it; here just compute
+            return compute()
         if row:
             return row[0]
         value = compute()
         if value is None:
             return None
-        with conn:
-            conn.execute("INSERT OR REPLACE INTO derived VALUES (?,?,?)", (what, digest, value))
+        try:
+            with conn:
+                conn.execute("INSERT OR REPLACE INTO derived VALUES (?,?,?)", (what, digest, value))
+        except sqlite3.DatabaseError:
+            pass
         return value
 
 
@@ -182,6 +229,18 @@ def tree_digest(folder: Path) -> str:
     if not folder.is_dir():
         raise FileNotFoundError(f"not a folder: {folder}")
     return listing_digest(tree_listing(folder))
+
+
+def xxh3_and_sha256(path: Path) -> tuple[str, str]:
+    """(xxh3-128 hex, sha256 hex) of a file's bytes, read once in CHUNK-sized blocks, never
+    from the stat cache: what publish ships is checked against the cache manifest (xxh3)
+    and listed with a standard hash (sha256) from the same read. Raises OSError."""
+    x, h = xxhash.xxh3_128(), hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            x.update(chunk)
+            h.update(chunk)
+    return x.hexdigest(), h.hexdigest()
 
 
 def sha256_file(path: Path) -> str:

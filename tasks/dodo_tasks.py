@@ -31,6 +31,31 @@ from .recipe import RecipeError
 from .stages import ARTIFACTS
 
 paths.state_dir().mkdir(parents=True, exist_ok=True)
+
+
+def _check_doit_db(path: Path) -> None:
+    """Move doit's database aside (one warning) when SQLite cannot read it, before doit opens
+    it: it holds only doit's own records (our up-to-date checks read the cache), so doit
+    starting with an empty one costs nothing but a re-check."""
+    import sqlite3
+
+    from .digest import reset_database
+
+    if not path.exists():
+        return
+    try:
+        with sqlite3.connect(path, timeout=60) as conn:
+            conn.execute("SELECT name FROM sqlite_master").fetchall()
+            bad = conn.execute("PRAGMA quick_check").fetchone()[0]
+        conn.close()
+    except sqlite3.DatabaseError as e:
+        reset_database(path, e, "doit's database")
+        return
+    if bad != "ok":
+        reset_database(path, sqlite3.DatabaseError(f"quick_check: {bad}"), "doit's database")
+
+
+_check_doit_db(paths.state_dir() / "doit.sqlite3")
 DOIT_CONFIG = {
     "backend": "sqlite3",  # the only doit backend that supports concurrent access
     "dep_file": str(paths.state_dir() / "doit.sqlite3"),
@@ -99,7 +124,10 @@ def _expected_errors() -> tuple:
     from .qnn import NotOnNPU
     from .stages.download import SourceError
 
-    return (engine.StageFailed, SourceError, NotOnNPU, GraphError, RecipeError, FileNotFoundError, ValueError)
+    from .cache import DiskFull, LockTimeout
+
+    return (engine.StageFailed, SourceError, NotOnNPU, GraphError, RecipeError, FileNotFoundError, ValueError,
+            DiskFull, LockTimeout)
 
 
 def _stage_action(recipe: str, stage: str):
@@ -405,13 +433,15 @@ def task_catalog():
     return {"actions": [_catalog_action], "uptodate": [False], "verbosity": 2}
 
 
-def _publish_action(recipe: str, dest: str, hub_repo: str, dry_run: bool):
+def _publish_action(recipe: str, dest: str, hub_repo: str, dry_run: bool, sign: str, signing_cert: str,
+                    cert_chain: str):
     from doit.exceptions import TaskFailed
 
     from . import publish
 
     try:
-        publish.publish(recipe, dest=dest or None, hub_repo=hub_repo or None, dry_run=dry_run)
+        publish.publish(recipe, dest=dest or None, hub_repo=hub_repo or None, dry_run=dry_run, sign=sign or None,
+                        signing_cert=signing_cert or None, cert_chain=_paths_list(cert_chain))
     except publish.PublishError as e:
         return TaskFailed(str(e))
 
@@ -423,6 +453,11 @@ def task_publish():
         {"name": "dest", "long": "dest", "type": str, "default": "", "help": "also copy bundle + archive to this folder"},
         {"name": "hub_repo", "long": "hub-repo", "type": str, "default": "", "help": "also push to this Hub repo"},
         {"name": "dry_run", "long": "dry-run", "type": bool, "default": False, "help": "only print the operations"},
+        {"name": "sign", "long": "sign", "type": str, "default": "",
+         "help": "sign the bundle with this PEM elliptic-curve private key (OpenSSF model-signing)"},
+        {"name": "signing_cert", "long": "signing-cert", "type": str, "default": "",
+         "help": "with --sign: the key's PEM certificate (certificate signing instead of a bare key)"},
+        _CERT_CHAIN,
     ]
     for name in _recipes():
         yield {"name": name, "doc": f"publish {name} to dist/ (and --dest / --hub-repo)",
@@ -448,17 +483,30 @@ def task_reproduce():
                "actions": [(_reproduce_action, [name])], "uptodate": [False], "verbosity": 2}
 
 
-def _check_bundle_action(path: str):
+def _check_bundle_action(path: str, public_key: str, cert_chain: str):
     from doit.exceptions import TaskFailed
 
     from . import publish
 
     if not path:
         return TaskFailed("give the bundle folder: doit check_bundle --path dist/<recipe>")
-    return True if publish.print_check(path) else TaskFailed(f"{path}: bundle does not match its manifest")
+    ok = publish.print_check(path, public_key or None, _paths_list(cert_chain))
+    return True if ok else TaskFailed(f"{path}: bundle does not match its manifest (or its signature)")
 
 
 def task_check_bundle():
-    """Recompute sha256 of every file of a bundle (--path) against its manifest.json."""
+    """Recompute sha256 of every file of a bundle (--path) against its manifest.json; verify its
+    signature against --public-key or --cert-chain."""
     return {"actions": [_check_bundle_action], "uptodate": [False], "verbosity": 2,
-            "params": [{"name": "path", "long": "path", "type": str, "default": "", "help": "bundle folder"}]}
+            "params": [{"name": "path", "long": "path", "type": str, "default": "", "help": "bundle folder"},
+                       {"name": "public_key", "long": "public-key", "type": str, "default": "",
+                        "help": "PEM public key the bundle's signature must verify against"},
+                       _CERT_CHAIN]}
+
+
+_CERT_CHAIN = {"name": "cert_chain", "long": "cert-chain", "type": str, "default": "",
+               "help": "PEM CA certificate(s) of the signing certificate, separated by os.pathsep"}
+
+
+def _paths_list(value: str) -> list[str] | None:
+    return [v for v in value.split(os.pathsep) if v] or None

@@ -50,7 +50,30 @@ def remote_key(manifest: dict) -> str:
 def cache() -> Cache:
     """The local cache, with the remote level when ``NPUBUILD_REMOTE`` is set. Raises
     ValueError for a relative NPUBUILD_CACHE or a remote URL fsspec cannot open."""
-    return Cache(paths.cache_dir(), remote=remote.from_env(), key_of=remote_key)
+    return Cache(paths.cache_dir(), remote=remote.from_env(), key_of=remote_key, on_quarantine=unlink_build_copies)
+
+
+def unlink_build_copies(kind: str, key: str) -> list[Path]:
+    """Remove, from every ``build/<recipe>/`` folder, the files that are links (or copies) of
+    cache entry ``kind/key`` (as its ``artifacts.json`` lists them), and that
+    ``artifacts.json``, so the next ``doit build:<recipe>`` links them anew (its up-to-date
+    check needs ``artifacts.json``). Called when the entry is quarantined: those hard links
+    share the damaged bytes. Returns the folders changed; raises only what the file system
+    raises."""
+    changed = []
+    prefix = f"{kind}/{key}/"
+    for art in sorted(paths.build_dir().glob("*/artifacts.json")):
+        try:
+            listing = json.loads(art.read_text(encoding="utf-8"))
+            mine = [f for f, src in listing.items() if str(src).startswith(prefix)]
+        except (OSError, ValueError, AttributeError):
+            mine = []  # unreadable: the next build rewrites it anyway
+        if mine:
+            for f in mine:
+                (art.parent / f).unlink(missing_ok=True)
+            art.unlink(missing_ok=True)
+            changed.append(art.parent)
+    return changed
 
 
 @lru_cache(maxsize=None)
@@ -450,10 +473,21 @@ def state_path(recipe_name: str) -> Path:
 
 
 def read_state(recipe_name: str) -> dict:
+    """``build/<recipe>/stages.json`` ({} when absent). One that cannot be read is reported in
+    one line and counts as empty; the next stage of the recipe that runs rewrites it."""
+    p = state_path(recipe_name)
     try:
-        return json.loads(state_path(recipe_name).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        st = json.loads(p.read_text(encoding="utf-8"))
+        if isinstance(st, dict):
+            return st
+        err = f"expected a JSON object, found {type(st).__name__}"
+    except FileNotFoundError:
         return {}
+    except (OSError, ValueError) as e:
+        err = f"{type(e).__name__}: {e}"
+    print(f"npubuild: {p}: unreadable ({err}); ignored, rewritten by the next build of {recipe_name}",
+          file=sys.stderr)
+    return {}
 
 
 def record(recipe_name: str, stage: str, key: str, material: dict, entry: Entry) -> None:

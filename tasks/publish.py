@@ -30,8 +30,14 @@ to ``<dest>/``) and ``hub_repo`` (a Hugging Face Hub model repo: ``create_repo(e
 ``upload_folder`` of the bundle, ``create_tag("npubuild-<short key>")`` on that commit).
 ``dry_run`` prints every operation and writes nothing at all (not even ``dist/``).
 
+Shipped bytes are checked: every cache file that goes into the bundle is read in full and
+checked against its cache entry's manifest before it is listed (:func:`shipped_digests`);
+a damaged entry is quarantined and publish refuses, naming the file and the entry.
+``--sign KEY`` signs the folder with OpenSSF model-signing (:func:`sign_bundle`).
+
 Also :func:`check_bundle` (sha256 of every file against manifest.json: mismatches, missing
-and extra files) and :func:`reproduce` (rebuild from an empty temporary cache and compare).
+and extra files; the signature when there is one) and :func:`reproduce` (rebuild from an empty
+temporary cache and compare; the published side is re-read first: :func:`recheck_published`).
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ import gzip
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -147,6 +154,33 @@ def bundle_sources(status: dict) -> dict[str, Path]:
             if any(fnmatch(Path(rel).name, p) for p in pats):
                 out[sub + rel] = e.out / rel
     return dict(sorted(out.items()))
+
+
+def shipped_digests(status: dict, sources: dict[str, Path]) -> dict[str, tuple[str, int]]:
+    """{bundle path: (sha256, size)} of the cache files ``sources`` ({bundle path: cache file},
+    :func:`bundle_sources`), each read in full (never the stat cache) and checked against its
+    cache entry's manifest (xxh3 and size): a file damaged in the cache with its size and mtime
+    kept (invisible to a build's stat check) is never shipped. Raises PublishError naming the
+    file and the entry, after quarantining the entry (``Cache.confirm_damage``: it is moved to
+    ``cache/.damaged/`` and the ``build/`` folders that link to it are cleared)."""
+    from . import engine
+
+    out = {}
+    for rel, path in sources.items():
+        e = next(e for e in status["entries"].values() if path.is_relative_to(e.out))
+        inner = path.relative_to(e.out).as_posix()
+        want = e.manifest["outputs"][inner]
+        xxh3, sha = digest.xxh3_and_sha256(path)
+        size = path.stat().st_size
+        if (xxh3, size) != (want["xxh3"], want["size"]):
+            moved = engine.cache().confirm_damage(e.kind, e.key, [f"{inner}: content differs (xxh3)"])
+            raise PublishError(f"refusing to publish {rel}: cache entry {e.kind}/{e.key} file {inner} does not match "
+                               f"its manifest (xxh3 {xxh3[:16]}, manifest {want['xxh3'][:16]}; size {size}, manifest "
+                               f"{want['size']}): the entry is damaged"
+                               + (f"; moved to {moved}" if moved else "")
+                               + f". Run `doit build:{status['resolver'].recipe}` to rebuild it, then publish again.")
+        out[rel] = (sha, size)
+    return out
 
 
 def _merged_tools(entries: dict) -> dict:
@@ -270,9 +304,9 @@ def plan_bundle(recipe: str) -> dict:
     row = catalog.catalog_row(recipe, r)
     short = short_key(st)
     files: dict = dict(bundle_sources(st))
+    sums = shipped_digests(st, files)
     files["README.md"] = model_card(r, row, short).encode("utf-8")
-    sums = {rel: (sha256_file(v), v.stat().st_size) if isinstance(v, Path) else (_sha256_bytes(v), len(v))
-            for rel, v in files.items()}
+    sums["README.md"] = (_sha256_bytes(files["README.md"]), len(files["README.md"]))
     manifest = build_manifest(recipe, st, sums, row)
     files["manifest.json"] = _dumps(manifest)
     dist = paths.dist_dir()
@@ -383,14 +417,22 @@ def push_to_hub(plan: dict, repo_id: str, endpoint: str | None = None, token: st
 
 
 def publish(recipe: str, dest: str | Path | None = None, hub_repo: str | None = None, dry_run: bool = False,
-            endpoint: str | None = None, token: str | None = None) -> dict:
+            endpoint: str | None = None, token: str | None = None, sign: str | Path | None = None,
+            signing_cert: str | Path | None = None, cert_chain: list | None = None) -> dict:
     """Publish a verified recipe: write ``dist/<recipe>/`` and ``dist/<recipe>-<short>.tar.gz``,
     then copy both to ``dest`` and/or push the bundle to Hub repo ``hub_repo``. With
-    ``dry_run`` only print the operations. Returns {"folder", "archive", "short", "hub"?}.
-    Raises PublishError (not verified, stale, not built; a failed target)."""
+    ``dry_run`` only print the operations. With ``sign`` (a PEM private key; with
+    ``signing_cert`` and ``cert_chain`` for certificate signing) the folder is signed
+    (:func:`sign_bundle`) after the archive is written, so the archive stays byte-reproducible;
+    the signature is also written beside it as ``<archive>.sig`` (put it into the unpacked
+    folder as :data:`SIGNATURE` to check it). Returns {"folder", "archive", "short",
+    "signature"?, "hub"?}. Raises PublishError (not verified, stale, not built; a cache file
+    that does not match its entry's manifest; signing failed; a failed target)."""
     plan = plan_bundle(recipe)
     if dry_run:
         _print_ops(plan, dest, hub_repo)
+        if sign:
+            print(f"[dry-run] would sign {plan['folder']}/ with {sign} into {SIGNATURE} and {plan['archive'].name}.sig")
         return {"folder": plan["folder"], "archive": plan["archive"], "short": plan["short"], "dry_run": True}
     plan["folder"].parent.mkdir(parents=True, exist_ok=True)
     write_bundle(plan)
@@ -398,6 +440,12 @@ def publish(recipe: str, dest: str | Path | None = None, hub_repo: str | None = 
     print(f"[publish:{recipe}] {plan['folder']} ({len(plan['files'])} files) and {plan['archive']} "
           f"(sha256 {sha256_file(plan['archive'])[:16]}...)")
     out = {"folder": plan["folder"], "archive": plan["archive"], "short": plan["short"]}
+    sig_copy = plan["archive"].with_name(plan["archive"].name + ".sig")
+    sig_copy.unlink(missing_ok=True)
+    if sign:
+        out["signature"] = sign_bundle(plan["folder"], sign, signing_cert, cert_chain)
+        shutil.copyfile(out["signature"], sig_copy)
+        print(f"[publish:{recipe}] signed with {sign}: {out['signature']} and {sig_copy}")
     if dest:
         d = Path(dest).absolute()
         d.mkdir(parents=True, exist_ok=True)
@@ -405,6 +453,8 @@ def publish(recipe: str, dest: str | Path | None = None, hub_repo: str | None = 
             shutil.rmtree(d / recipe)
         shutil.copytree(plan["folder"], d / recipe)
         shutil.copyfile(plan["archive"], d / plan["archive"].name)
+        if sign:
+            shutil.copyfile(sig_copy, d / sig_copy.name)
         print(f"[publish:{recipe}] copied to {d}/")
         out["dest"] = d
     if hub_repo:
@@ -415,18 +465,74 @@ def publish(recipe: str, dest: str | Path | None = None, hub_repo: str | None = 
 # ------------------------------------------------------------ checking
 
 
-def check_bundle(folder: str | Path) -> dict[str, list[str]]:
-    """Recompute the sha256 of every file of a bundle folder against its manifest.json.
-    Returns {"mismatch": [rel: why], "missing": [rel], "extra": [rel]} (all empty = intact);
-    manifest.json itself is not listed. Raises PublishError when manifest.json is absent or
-    unreadable."""
-    folder = Path(folder)
+MANIFEST_MAX_BYTES = 16 * 1024**2  # ~100,000 listed files; a larger manifest.json is refused unread
+SIGNATURE = "npubuild.sig"  # the OpenSSF model-signing signature of a signed bundle (publish --sign)
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _found(v) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(v), type(v).__name__) + ("" if isinstance(v, (dict, list)) else f" {json.dumps(v)[:40]}")
+
+
+def read_manifest(folder: str | Path) -> dict:
+    """A bundle's ``manifest.json``, checked before use: at most :data:`MANIFEST_MAX_BYTES`
+    (its size is checked before it is read), a JSON object whose ``files`` is an object
+    {relative path: {"sha256": 64 hex, "size": int >= 0}}, no path absolute or with ``..``.
+    Raises PublishError as ``<file>: <key path>: expected ..., found ...``."""
+    f = Path(folder) / "manifest.json"
     try:
-        manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
-        listed = manifest["files"]
-    except (OSError, ValueError, KeyError) as e:
-        raise PublishError(f"{folder}: no readable manifest.json ({type(e).__name__}: {e})") from None
-    present = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()} - {"manifest.json"}
+        size = f.stat().st_size
+    except OSError as e:
+        raise PublishError(f"{f}: expected a bundle manifest, found none ({e.strerror})") from None
+    if size > MANIFEST_MAX_BYTES:
+        raise PublishError(f"{f}: expected at most {MANIFEST_MAX_BYTES} bytes (MANIFEST_MAX_BYTES), found {size} "
+                           f"bytes; not read")
+    try:
+        m = json.loads(f.read_bytes().decode("utf-8"))
+    except (OSError, ValueError) as e:
+        raise PublishError(f"{f}: expected UTF-8 JSON, found {type(e).__name__}: {e}") from None
+    if not isinstance(m, dict):
+        raise PublishError(f"{f}: expected a JSON object, found {_found(m)}")
+    files = m.get("files")
+    if not isinstance(files, dict):
+        raise PublishError(f"{f}: files: expected an object {{relative path: {{sha256, size}}}}, "
+                           f"found {'nothing' if 'files' not in m else _found(files)}")
+    problems = []
+    for rel, meta in files.items():
+        p = Path(rel)
+        if not rel or p.is_absolute() or ".." in p.parts or rel in ("manifest.json", SIGNATURE):
+            problems.append(f"files.{rel}: expected a relative path inside the bundle (not manifest.json or "
+                            f"{SIGNATURE}), found {json.dumps(rel)}")
+        elif not isinstance(meta, dict):
+            problems.append(f"files.{rel}: expected an object {{sha256, size}}, found {_found(meta)}")
+        else:
+            n, h = meta.get("size"), meta.get("sha256")
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                problems.append(f"files.{rel}.size: expected an integer >= 0, found "
+                                f"{'nothing' if 'size' not in meta else _found(n)}")
+            if not (isinstance(h, str) and _SHA256.fullmatch(h)):
+                problems.append(f"files.{rel}.sha256: expected 64 lowercase hex digits, found "
+                                f"{'nothing' if 'sha256' not in meta else _found(h)}")
+    if problems:
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        raise PublishError(f"{f}: " + f"; ".join(problems[:5]) + more)
+    return m
+
+
+def check_bundle(folder: str | Path, public_key: str | Path | None = None,
+                 cert_chain: list | None = None) -> dict[str, list[str]]:
+    """Recompute the sha256 of every file of a bundle folder (full reads) against its
+    manifest.json (:func:`read_manifest`). Returns {"mismatch": [rel: why], "missing": [rel],
+    "extra": [rel]} (all empty = intact); manifest.json and the signature are not listed.
+    When the bundle has a signature (:data:`SIGNATURE`) or a trust anchor is given
+    (``public_key``: a PEM public key; ``cert_chain``: PEM CA certificates), the result also
+    has "signature": [problems] (:func:`verify_signature`); a signature with nothing to check
+    it against is a problem, since anyone can sign. Raises PublishError for a manifest that
+    is absent, too large or malformed."""
+    folder = Path(folder)
+    listed = read_manifest(folder)["files"]
+    present = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()} - {"manifest.json", SIGNATURE}
     out = {"mismatch": [], "missing": sorted(set(listed) - present), "extra": sorted(present - set(listed))}
     for rel in sorted(set(listed) & present):
         p, want = folder / rel, listed[rel]
@@ -435,27 +541,117 @@ def check_bundle(folder: str | Path) -> dict[str, list[str]]:
             out["mismatch"].append(f"{rel}: size {size} != {want['size']}")
         elif sha256_file(p) != want["sha256"]:
             out["mismatch"].append(f"{rel}: sha256 differs")
+    if (folder / SIGNATURE).exists() or public_key or cert_chain:
+        out["signature"] = verify_signature(folder, public_key, cert_chain)
     return out
 
 
-def print_check(folder: str | Path) -> bool:
-    """:func:`check_bundle` with one line per problem; True when the bundle is intact."""
+def _hashing_config():
+    from model_signing import hashing
+
+    return hashing.Config().set_ignored_paths(paths=[SIGNATURE])
+
+
+def sign_bundle(folder: Path, private_key: str | Path, signing_cert: str | Path | None = None,
+                cert_chain: list | None = None) -> Path:
+    """Sign every file of bundle ``folder`` (manifest.json included) with OpenSSF
+    ``model-signing`` into ``<folder>/``:data:`SIGNATURE` (a Sigstore bundle, DSSE over the
+    in-toto statement of each file's sha256), with a PEM elliptic-curve private key, or with
+    that key's ``signing_cert`` (+ ``cert_chain``). No network (no Sigstore Fulcio/Rekor).
+    ECDSA signatures differ at each signing; the bundle's other files do not. Returns the
+    signature's path. Raises PublishError naming the key file when signing fails."""
+    from model_signing import signing
+
+    cfg = signing.Config().set_hashing_config(_hashing_config())
     try:
-        res = check_bundle(folder)
+        if signing_cert:
+            cfg.use_certificate_signer(private_key=private_key, signing_certificate=signing_cert,
+                                       certificate_chain=cert_chain or [])
+        else:
+            cfg.use_elliptic_key_signer(private_key=private_key)
+        cfg.sign(folder, folder / SIGNATURE)
+    except Exception as e:
+        raise PublishError(f"{private_key}: cannot sign {folder} with it ({type(e).__name__}: {e})") from None
+    return folder / SIGNATURE
+
+
+def verify_signature(folder: str | Path, public_key: str | Path | None = None, cert_chain: list | None = None) -> list[str]:
+    """Problems with bundle ``folder``'s signature (empty = it verifies): checked with
+    ``model-signing`` against ``public_key`` (key-signed bundles) or ``cert_chain`` (PEM CA
+    certificates, certificate-signed bundles); every file of the folder but the signature must
+    be signed and unchanged, so a file changed together with its manifest entry fails. Without
+    either, or without a signature, that is the problem reported."""
+    from model_signing import verifying
+
+    folder = Path(folder)
+    sig = folder / SIGNATURE
+    if not sig.exists():
+        return [f"{SIGNATURE}: expected a signature (a key to check one was given), found none"]
+    if not (public_key or cert_chain):
+        return [f"{SIGNATURE}: expected --public-key or --cert-chain to check the signature against, found neither "
+                f"(a signature anyone could have made proves nothing)"]
+    cfg = verifying.Config().set_hashing_config(_hashing_config())
+    if public_key:
+        cfg.use_elliptic_key_verifier(public_key=public_key)
+    else:
+        cfg.use_certificate_verifier(certificate_chain=cert_chain)
+    try:
+        cfg.verify(folder, sig)
+    except Exception as e:
+        # model_signing raises ValueError("Signature mismatch: [<diff lines>]"), the list's repr
+        changed = sorted(set(re.findall(r"Hash mismatch for \\?'([^'\\]+)\\?'", str(e))))
+        why = (f"files changed since signing: {', '.join(changed)}" if changed else
+               f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}")
+        return [f"{SIGNATURE}: does not verify against {public_key or ', '.join(map(str, cert_chain))}: {why}"]
+    return []
+
+
+def print_check(folder: str | Path, public_key: str | Path | None = None, cert_chain: list | None = None) -> bool:
+    """:func:`check_bundle` with one line per problem; True when the bundle is intact (and its
+    signature, if any, verifies)."""
+    try:
+        res = check_bundle(folder, public_key, cert_chain)
+        n = len(read_manifest(folder)["files"])
     except PublishError as e:
         print(e)
         return False
-    for what in ("mismatch", "missing", "extra"):
-        for item in res[what]:
+    for what in ("mismatch", "missing", "extra", "signature"):
+        for item in res.get(what, []):
             print(f"{what.upper()} {item}")
-    n = len(json.loads((Path(folder) / "manifest.json").read_text(encoding="utf-8"))["files"])
     bad = sum(len(v) for v in res.values())
+    sig = "" if "signature" not in res else ", signature " + ("verified" if not res["signature"] else "NOT verified")
     print(f"{folder}: {n} files listed, {len(res['mismatch'])} mismatched, {len(res['missing'])} missing, "
-          f"{len(res['extra'])} extra")
+          f"{len(res['extra'])} extra{sig}")
     return bad == 0
 
 
 # ------------------------------------------------------------ reproducing
+
+
+def recheck_published(folder: Path, manifest: dict) -> None:
+    """Before a published bundle is compared with a rebuild: re-read every file of it against
+    its manifest (:func:`check_bundle`, full sha256), and fully rehash the local cache entries
+    its artifacts came from (the manifest's ``stages`` of the kinds in ``ARTIFACTS``; entries
+    no longer in the cache are skipped), so that a difference is never blamed on the rebuild
+    when the published side is damaged. A damaged entry is quarantined
+    (``Cache.confirm_damage``). Raises PublishError naming the file, or the entry and file."""
+    from . import engine
+
+    res = check_bundle(folder)
+    bad = [f"{w} {item}" for w in ("mismatch", "missing", "extra") for item in res[w]]
+    if bad:
+        raise PublishError(f"{folder}: the published bundle does not match its manifest.json ({'; '.join(bad[:5])}); "
+                           f"publish it again before comparing")
+    cache = engine.cache()
+    for stage, st in sorted(manifest.get("stages", {}).items()):
+        if not (isinstance(st, dict) and st.get("kind") in ARTIFACTS and isinstance(st.get("key"), str)):
+            continue
+        probs = cache.problems(st["kind"], st["key"], full=True)
+        if probs:
+            moved = cache.confirm_damage(st["kind"], st["key"], probs)
+            raise PublishError(f"{folder} was published from cache entry {st['kind']}/{st['key']} (stage {stage}), "
+                               f"which is damaged: {'; '.join(probs[:3])}" + (f"; moved to {moved}" if moved else "")
+                               + "; rebuild and publish again before comparing")
 
 
 def reproduce(recipe: str, keep: bool = False) -> bool:
@@ -468,10 +664,10 @@ def reproduce(recipe: str, keep: bool = False) -> bool:
     differs or ``keep``. Raises PublishError when there is no published bundle to compare
     with, or when the rebuild fails."""
     old = paths.dist_dir() / recipe
-    try:
-        old_manifest = json.loads((old / "manifest.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        raise PublishError(f"no published bundle at {old} to compare with: run `doit publish:{recipe}` first") from None
+    if not (old / "manifest.json").exists():
+        raise PublishError(f"no published bundle at {old} to compare with: run `doit publish:{recipe}` first")
+    old_manifest = read_manifest(old)
+    recheck_published(old, old_manifest)
     old_archive = paths.dist_dir() / f"{recipe}-{old_manifest['build_key']}.tar.gz"
     tmp = Path(tempfile.mkdtemp(prefix=f"npubuild-reproduce-{recipe}-"))
     env = dict(os.environ, NPUBUILD_ROOT=str(paths.root()), NPUBUILD_RECIPES=str(paths.recipes_dir()),
@@ -487,7 +683,7 @@ def reproduce(recipe: str, keep: bool = False) -> bool:
             raise PublishError(f"rebuild failed: doit {task} exited {p.returncode} (kept {tmp}):\n"
                                + (p.stdout + p.stderr)[-4000:])
     new = tmp / "dist" / recipe
-    new_manifest = json.loads((new / "manifest.json").read_text(encoding="utf-8"))
+    new_manifest = read_manifest(new)
     new_archive = tmp / "dist" / f"{recipe}-{new_manifest['build_key']}.tar.gz"
     pairs = [(rel, old_manifest["files"][rel]["sha256"], new / rel) for rel in sorted(old_manifest["files"])]
     pairs.append(("manifest.json", sha256_file(old / "manifest.json"), new / "manifest.json"))

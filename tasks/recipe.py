@@ -767,5 +767,29 @@ def check_source_config(path: Path, r: Recipe) -> None:
     elif isinstance(limit, int) and r.export.sequence_length > limit:
         problems.append(("export.sequence_length", f"expected at most the model's max_position_embeddings "
                                                    f"({limit}), found {r.export.sequence_length}"))
+    if r.export.family == "encoder":
+        problems += tokenizer_problems(f.parent)
     if problems:
         raise RecipeError(path, problems)
+
+
+def tokenizer_problems(folder: Path) -> list[tuple[str, str]]:
+    """What the source's tokenizer files say against the exported encoder graph's inputs:
+    ``tokenizer_config.json``'s ``model_input_names`` (when it has one) must hold every input of
+    ``tasks.stages.quantize.REQUIRED_INPUTS``; the ones in ``ZERO_WHEN_ABSENT``
+    (``token_type_ids``) may be missing, they are fed as zeros. [(key path, message)]."""
+    f = folder / "tokenizer_config.json"
+    try:
+        names = json.loads(f.read_text(encoding="utf-8")).get("model_input_names") if f.is_file() else None
+    except (OSError, ValueError, AttributeError) as e:
+        return [("source", f"expected a readable JSON tokenizer_config.json, found {f} ({e})")]
+    if names is None:
+        return []
+    from .stages.quantize import REQUIRED_INPUTS, ZERO_WHEN_ABSENT  # only here: it imports numpy and onnx
+
+    missing = [n for n in REQUIRED_INPUTS if not isinstance(names, list) or n not in names]
+    if not missing:
+        return []
+    return [("source", f"expected a tokenizer whose model_input_names include {', '.join(REQUIRED_INPUTS)} (inputs "
+                       f"every exported encoder graph requires; {', '.join(ZERO_WHEN_ABSENT)} may be absent: fed as "
+                       f"zeros), found model_input_names {json.dumps(names)} in {f}")]

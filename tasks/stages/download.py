@@ -51,28 +51,104 @@ def _offline() -> bool:
 
 @lru_cache(maxsize=None)
 def resolve_revision(repo: str, revision: str) -> str:
-    """The 40-hex commit that ``revision`` of model repo ``repo`` names. A commit is returned
-    as is (no look-up). Raises SourceError naming the repo and revision when it cannot be
-    resolved (offline and not in the local cache, unknown repo, no access)."""
+    """The 40-hex commit that ``revision`` of model repo ``repo`` names. A full commit is
+    returned as is (no look-up). Online, a branch, tag or short commit hash is resolved by the
+    Hub (``HfApi.model_info(...).sha``); offline (``HF_HUB_OFFLINE=1``), a branch or tag by the
+    local Hugging Face cache's refs. Raises SourceError naming the repo and revision, saying
+    which case it is: a short commit hash offline (naming the full commits of the local cache
+    that start with it: write one of them), a connection failure (the Hub could not be
+    reached: not a missing model; the message names the local cache's commit for that ref
+    when it has one), offline and not in the local cache, an unknown repo or revision, no
+    access."""
     if re.fullmatch(r"[0-9a-f]{40}", revision):
         return revision
     from huggingface_hub import HfApi, snapshot_download
 
-    try:
-        if _offline():
+    short = re.fullmatch(r"[0-9a-f]{7,39}", revision) is not None
+    if _offline():
+        if short:
+            raise SourceError(_short_hash(repo, revision))
+        try:
             return Path(snapshot_download(repo, revision=revision, local_files_only=True)).name
+        except Exception as e:
+            raise SourceError(_missing(repo, revision, e)) from None
+    try:
         return HfApi().model_info(repo, revision=revision).sha
     except Exception as e:
+        if _connection_failed(e):
+            raise SourceError(_unreachable(repo, revision, e)) from None
         raise SourceError(_missing(repo, revision, e)) from None
 
 
-def _missing(repo: str, revision: str, err: Exception) -> str:
+def local_revisions(repo: str) -> dict[str, set[str]]:
+    """{commit: refs naming it} of model repo ``repo`` in the local Hugging Face cache
+    (``huggingface_hub.scan_cache_dir`` of ``HF_HUB_CACHE``); {} when the cache or repo is absent."""
+    from huggingface_hub import constants, scan_cache_dir
+
+    try:
+        info = scan_cache_dir(constants.HF_HUB_CACHE)
+    except Exception:  # CacheNotFound, an unreadable folder: nothing local to offer
+        return {}
+    return {rev.commit_hash: set(rev.refs) for r in info.repos if r.repo_id == repo and r.repo_type == "model"
+            for rev in r.revisions}
+
+
+def _short_hash(repo: str, revision: str) -> str:
     from huggingface_hub import constants
 
-    where = "the Hub is offline (HF_HUB_OFFLINE=1) and " if _offline() else ""
-    return scrub(f"cannot get Hub model {repo!r} at revision {revision!r}: {where}"
-                 f"it is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) "
-                 f"[{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}]")
+    found = sorted(c for c in local_revisions(repo) if c.startswith(revision))
+    head = f"cannot use revision {revision!r} of Hub model {repo!r}: a short commit hash is not resolved offline"
+    if len(found) == 1:
+        return f"{head}; write the full 40-hex commit: `revision: {found[0]}` (found in the local Hugging Face cache)"
+    if found:
+        return f"{head}; it matches {len(found)} commits of the local Hugging Face cache: {', '.join(found)}"
+    return (f"{head} and the local Hugging Face cache ({constants.HF_HUB_CACHE}) has no commit starting with it; "
+            f"write the full 40-hex commit")
+
+
+def _connection_failed(err: BaseException) -> bool:
+    """Whether ``err`` (or what it was raised from) is a failure to reach the Hub: requests'
+    ConnectionError or Timeout (huggingface_hub's OfflineModeIsEnabled is one)."""
+    import requests
+
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, (requests.ConnectionError, requests.Timeout)):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def _unreachable(repo: str, revision: str, err: Exception) -> str:
+    from huggingface_hub import constants
+
+    local = local_revisions(repo)
+    by_ref = sorted(c for c, refs in local.items() if revision in refs or
+                    (re.fullmatch(r"[0-9a-f]{7,39}", revision) and c.startswith(revision)))
+    hint = (f"; the local Hugging Face cache has {revision} = {by_ref[0]}: set HF_HUB_OFFLINE=1 to build from it, or "
+            f"write `revision: {by_ref[0]}`") if by_ref else ""
+    first = str(err).splitlines()[0] if str(err) else ""
+    return scrub(f"cannot resolve revision {revision!r} of Hub model {repo!r}: connection to the Hub "
+                 f"({constants.ENDPOINT}) failed, so this says nothing about whether the model exists "
+                 f"[{type(err).__name__}: {first[:200]}]{hint}")
+
+
+def _missing(repo: str, revision: str, err: Exception) -> str:
+    """The message for a source the Hub (online) or the local cache (offline) does not have."""
+    from huggingface_hub import constants
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+
+    first = f"[{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}]"
+    if _offline():
+        return scrub(f"cannot get Hub model {repo!r} at revision {revision!r}: the Hub is offline (HF_HUB_OFFLINE=1) "
+                     f"and it is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) {first}")
+    what = ("it is gated: accept its terms on the Hub and log in (HF_TOKEN)" if isinstance(err, GatedRepoError) else
+            f"the Hub has no revision {revision!r} of it (a branch, tag or full 40-hex commit)"
+            if isinstance(err, RevisionNotFoundError) else
+            "the Hub has no such model, or the token in use has no access to it"
+            if isinstance(err, RepositoryNotFoundError) else "the Hub refused")
+    return scrub(f"cannot get Hub model {repo!r} at revision {revision!r} from {constants.ENDPOINT}: {what} {first}")
 
 
 def local_folder(params: dict) -> Path:
@@ -147,7 +223,8 @@ def run(inputs, files, params, out: Path) -> dict:
                                            allow_patterns=params.get("allow_patterns"),
                                            local_files_only=_offline())
         except Exception as e:
-            raise SourceError(_missing(params["hf"], params["revision"], e)) from None
+            why = _unreachable if _connection_failed(e) and not _offline() else _missing
+            raise SourceError(why(params["hf"], params["revision"], e)) from None
         names = _copy_tree(Path(folder), out)
         return {"source": "hf", "repo": params["hf"], "commit": commit, "files": len(names)}
     src = local_folder(params)

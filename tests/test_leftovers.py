@@ -1,0 +1,209 @@
+"""Issue 14 faults 8 and 11: what killed, stopped or starved builds leave behind, and the
+messages instead of tracebacks (stale temp folders and lock files, lock holders that are
+stopped or gone, damaged state databases, a full disk, temp files outside the cache)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, TINY_RECIPE
+
+from tasks import cache as cache_mod
+from tasks.cache import Cache, LockTimeout
+
+KEY = "k" * 32
+
+
+def _write(out: Path) -> dict:
+    (out / "f.bin").write_bytes(b"x" * 100)
+    return {}
+
+
+# ------------------------------------------------------------ SIGKILL leftovers (fault 8)
+
+
+def test_sigkilled_build_leaves_nothing_after_the_next_build(project):
+    """A real doit build killed with SIGKILL in the middle of a stage (its temp folder and key
+    lock exist), then the next build: no temp folder and no lock file remain, and the build
+    is complete."""
+    project.recipe("t8", TINY_RECIPE.format(precision="w8a16", targets="[x-elite]", backend="cpu-qdq")
+                   .replace("name: mask-range", "name: fold-constants"))
+    tmp = project.cache / ".tmp"
+    p = project.popen("run", "build:t8", start_new_session=True)
+    victim, deadline = None, time.monotonic() + 120
+    while victim is None and time.monotonic() < deadline and p.poll() is None:
+        live = [d for d in tmp.iterdir()] if tmp.is_dir() else []
+        victim = next((d for d in live if d.name.startswith(("export-", "patch-", "quantize-"))), None)
+        time.sleep(0.02)
+    assert victim is not None, f"no stage temp folder seen: {p.communicate()[0]}"
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    assert victim.exists() and any((project.cache / ".locks").iterdir())  # what the kill left
+    run = project.doit("run", "build:t8")
+    assert run.tasks["build:t8"]["result"] == "success"
+    assert "temp folder(s) of dead builds" in run.log() and victim.name in run.log()
+    assert list(tmp.iterdir()) == []
+    assert list((project.cache / ".locks").iterdir()) == []  # released locks are removed too
+
+
+def test_temp_files_of_a_stage_live_in_its_cache_temp_folder(tmp_path):
+    """What a stage makes with ``tempfile`` (the fold-constants patch's ``fold-constants-*``,
+    QNN probes) lands in its cache temp folder, removed with it, not in the system temp dir."""
+    seen = {}
+
+    def build(out: Path) -> dict:
+        with tempfile.TemporaryDirectory(prefix="fold-constants-") as t:
+            seen["dir"] = Path(t)
+        seen["env"] = subprocess.run([sys.executable, "-c", "import tempfile; print(tempfile.gettempdir())"],
+                                     capture_output=True, text=True).stdout.strip()
+        return _write(out)
+
+    before = tempfile.gettempdir()
+    Cache(tmp_path / "c").get_or_build("patch", KEY, {}, build)
+    assert seen["dir"].parent.parent.parent == tmp_path / "c" / ".tmp"
+    assert seen["dir"].parent.name == "work" and seen["dir"].parent.parent.name.startswith(f"patch-{KEY}-")
+    assert Path(seen["env"]).parent == seen["dir"].parent.parent  # child processes too
+    assert tempfile.gettempdir() == before and list((tmp_path / "c" / ".tmp").iterdir()) == []
+    assert not (tmp_path / "c" / "patch" / KEY / "work").exists()  # not committed into the entry
+
+
+# ------------------------------------------------------------ lock holders (fault 11)
+
+HOLDER = """\
+import os, subprocess, sys, time
+sys.path.insert(0, {repo!r})
+from tasks.cache import Cache
+lock = Cache({root!r})._lock("export", {key!r})
+lock.acquire()
+if {leave_child}:  # a program it started kept the lock's descriptor; the pid the lock file names exits
+    fd = lock._lock._context.lock_file_fd
+    os.set_inheritable(fd, True)
+    subprocess.Popen(["sleep", "60"], pass_fds=[fd])
+    print("held", flush=True)
+    os._exit(0)
+print("held", flush=True)
+time.sleep({hold})
+lock.release()
+print("released", flush=True)
+"""
+
+
+def _holder(root: Path, hold: float, leave_child: bool = False) -> subprocess.Popen:
+    p = subprocess.Popen([sys.executable, "-c", HOLDER.format(repo=str(REPO), root=str(root), key=KEY, hold=hold,
+                                                              leave_child=leave_child)],
+                         stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert p.stdout.readline().strip() == "held"
+    return p
+
+
+def test_stopped_lock_holder_is_named_and_given_up_on(tmp_path, monkeypatch, capsys):
+    holder = _holder(tmp_path / "c", hold=60)
+    try:
+        os.kill(holder.pid, signal.SIGSTOP)
+        monkeypatch.setenv("NPUBUILD_LOCK_TIMEOUT", "1.5")
+        t0 = time.monotonic()
+        with pytest.raises(LockTimeout) as e:
+            Cache(tmp_path / "c").get_or_build("export", KEY, {}, _write)
+        waited = time.monotonic() - t0
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait()
+    host = socket.gethostname()
+    assert 1.5 <= waited < 10
+    err = capsys.readouterr().err
+    assert f"npubuild: waiting for the lock of export/{KEY}" in err and f"held by pid {holder.pid} on host {host} since " \
+           f"{time.strftime('%Y-%m-%d')}" in err and "(stopped)" in err
+    assert f"gave up waiting for the lock of export/{KEY} after 1.5 s: held by pid {holder.pid}" in str(e.value)
+    assert f"which is stopped; resume it (kill -CONT {holder.pid})" in str(e.value)
+    assert not (tmp_path / "c" / "export" / KEY).exists()
+
+
+def test_gone_lock_holder_whose_child_keeps_the_lock_is_given_up_on(tmp_path, monkeypatch):
+    holder = _holder(tmp_path / "c", hold=60, leave_child=True)
+    holder.wait()  # the recorded pid has exited; its child holds the lock
+    try:
+        monkeypatch.setenv("NPUBUILD_LOCK_TIMEOUT", "1")
+        with pytest.raises(LockTimeout, match=f"held by pid {holder.pid} on host .* \\(gone\\), which is gone"):
+            Cache(tmp_path / "c").get_or_build("export", KEY, {}, _write)
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
+
+
+def test_running_lock_holder_is_waited_for(tmp_path, monkeypatch, capsys):
+    holder = _holder(tmp_path / "c", hold=2)
+    monkeypatch.setenv("NPUBUILD_LOCK_TIMEOUT", "0.5")  # applies to stopped/gone holders only
+    entry, built = Cache(tmp_path / "c").get_or_build("export", KEY, {}, _write)
+    assert built and holder.wait(timeout=30) == 0
+    assert f"held by pid {holder.pid}" in capsys.readouterr().err
+    assert list((tmp_path / "c" / ".locks").iterdir()) == []
+
+
+def test_lock_timeout_must_be_a_number(monkeypatch):
+    monkeypatch.setenv("NPUBUILD_LOCK_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match="NPUBUILD_LOCK_TIMEOUT: expected a number of seconds >= 0, found 'soon'"):
+        cache_mod.lock_timeout()
+
+
+# ------------------------------------------------------------ damaged state databases (fault 11)
+
+
+def test_damaged_state_databases_are_rebuilt_with_one_warning(project):
+    """Two kinds of damage: a file that is not SQLite at all (the stat cache) and a database
+    whose header is valid but whose pages are cut off (doit's)."""
+    project.recipe("t8")
+    project.doit("run", "build:t8")
+    home = project.root / ".npubuild"
+    for name, damage in (("statcache.sqlite", "garbage"), ("doit.sqlite3", "truncated")):
+        f = home / name
+        for extra in ("-wal", "-shm"):
+            Path(str(f) + extra).unlink(missing_ok=True)
+        if damage == "garbage":
+            f.write_bytes(b"this is not a database\n" * 200)
+        else:  # a valid header, the rest cut off
+            f.write_bytes(f.read_bytes()[:200])
+    (project.root / "build" / "t8" / "stages.json").write_text("{not json")
+    p = project.popen("run", "build:t8")  # the console reporter: what a user sees
+    out = p.communicate(timeout=300)[0]
+    assert p.returncode == 0 and "Traceback" not in out, out
+    for name in ("statcache.sqlite", "doit.sqlite3"):
+        assert sum(f"{home / name}: " in line and "could not be read" in line for line in out.splitlines()) == 1, out
+        assert list(home.glob(f"{name}.damaged-*"))
+    assert "stages.json: unreadable" in out
+    explain = project.doit("run", "explain:t8")
+    assert "Traceback" not in explain.output and json.loads((project.root / "build" / "t8" / "stages.json").read_text())
+
+
+# ------------------------------------------------------------ a full disk (fault 11)
+
+
+def _unshare_ok() -> bool:
+    return shutil.which("unshare") is not None and subprocess.run(
+        ["unshare", "-Urm", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /mnt"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not _unshare_ok(), reason="needs unshare -Urm with tmpfs mounts (user namespaces)")
+@pytest.mark.parametrize("size, stage", [("3m", "download"), ("8m", "export")])
+def test_full_disk_is_one_line_naming_the_folder(project, size, stage):
+    """The cache on a real small file system (a tmpfs of ``size`` mounted in a user namespace:
+    no root needed), so the stage gets a real ENOSPC from the kernel: in download (copying
+    the 4.8 MB model) or, with room for that, deep in export (optimum / onnx writing)."""
+    project.recipe("t8")
+    project.cache.mkdir()
+    doit = [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(project.root), "run", "build:t8"]
+    p = subprocess.run(["unshare", "-Urm", "sh", "-c", f'mount -t tmpfs -o size={size} tmpfs "$0" && exec "$@"',
+                        str(project.cache), *doit], env=project.env, capture_output=True, text=True, timeout=300)
+    out = p.stdout + p.stderr
+    assert p.returncode != 0 and "Traceback" not in out, out
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("DiskFull: ")]
+    assert line.startswith(f"DiskFull: {project.cache / '.tmp'}: no space left on its device while building {stage}/")
+    assert "MB free there (it had written" in line and "set NPUBUILD_CACHE to a larger disk" in line
