@@ -31,23 +31,30 @@ def test_export_contract(arch, parts):
             assert ins == [(i["name"], i["shape"], i["dtype"]) for i in p[g]["inputs"]]
             assert outs == [(o["name"], o["shape"], o["dtype"]) for o in p[g]["outputs"]]
             names = dict((n, (s, d)) for n, s, d in ins)
-            assert names["position_ids"] == ([1, S], "int32")
-            assert names["attention_mask"] == ([1, 1, S, CONTEXT_LEN], "float32")
+            # what onnxruntime-genai's decoder pipeline feeds (tasks/llm/genai.py)
+            assert names["past_seq_len"] == ([1, 1], "int32")
+            assert names["total_seq_len"] == ([1], "int32")
+            assert "attention_mask" not in names and "position_ids" not in names
             lo, hi = p["layers"]
-            assert names[f"past_key_{lo}"] == ([1, desc["num_kv_heads"], CONTEXT_LEN - S,
-                                                desc["head_dim"]], "float32")
-            assert sum(n.startswith("past_") for n in names) == 2 * (hi - lo)
+            kv = [1, desc["num_kv_heads"], CONTEXT_LEN, desc["head_dim"]]
+            assert names[f"past_key_{lo}"] == (kv, "float32")
+            assert sum(n.startswith(("past_key_", "past_value_")) for n in names) == 2 * (hi - lo)
             if p["index"] == 0:
                 assert names["input_ids"] == ([1, S], "int32")
             else:
-                assert "hidden_states_in" in names
-            onames = [o[0] for o in outs]
+                assert names[f"hidden_states_{p['index'] - 1}"] == ([1, S, desc["hidden_size"]], "float32")
+            onames = dict((n, s) for n, s, _ in outs)
             assert ("logits" in onames) == (p["index"] == parts - 1)
+            if "logits" in onames:
+                assert onames["logits"] == [1, S, desc["vocab_size"]]  # genai reads the last real row
+            else:
+                assert f"hidden_states_{p['index']}" in onames
             ops = {n.op_type for n in m.graph.node}
             assert not ops & BANNED, ops & BANNED
             assert all(n.domain in ("", "ai.onnx") for n in m.graph.node)
-            for d in outs[1:]:
-                assert d[1][2] == S  # only the new K/V are outputs
+            for n, shape, dt in outs:
+                if n.startswith("present_"):
+                    assert (shape, dt) == (kv, "float32")  # the whole cache: genai shares past/present
     assert covered == list(range(desc["num_layers"]))
 
 

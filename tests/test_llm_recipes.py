@@ -84,7 +84,7 @@ def test_two_parts_split_the_layers_and_still_match(llm_project):
     assert [p["layers"] for p in export["parts"]] == [[0, 2], [2, 4]]
     assert export["parts"][0]["prefill"]["inputs"][0]["name"] == "inputs_embeds"
     assert (llm_project.root / "build" / "tiny-qwen2-2parts" / export["embed_file"]).is_file()
-    assert export["parts"][1]["prefill"]["inputs"][0]["name"] == "hidden_states_in"
+    assert export["parts"][1]["prefill"]["inputs"][0]["name"] == "hidden_states_0"
     assert export["parts"][1]["prefill"]["outputs"][0]["name"] == "logits"
     parts = _compile_info(llm_project, "tiny-qwen2-2parts")["parts"]
     assert [p["part"] for p in parts] == [0, 1] and all(p["shared_ratio"] < 0.7 for p in parts), parts

@@ -51,7 +51,7 @@ def genai_config(desc: dict, model_files: dict, *, provider_options: dict | None
         desc: the export description; needs the windowed I/O layout (``io_layout``), part 0
             with ``input_ids`` (``embed="part0"``) and ``eos_token_id``/``pad_token_id``.
         model_files: {stage name (:func:`stage_name`): graph path, relative to the config's
-            folder or absolute}, one for every part's prefill and decode graph.
+            folder}, one for every part's prefill and decode graph.
         provider_options: QNN provider options (strings), or None for the CPU EP.
         session_config: extra session config entries (e.g. ``session.disable_cpu_ep_fallback``).
 
@@ -112,13 +112,23 @@ def genai_config(desc: dict, model_files: dict, *, provider_options: dict | None
 
 
 def bundle_files(desc: dict, folder: str = "", suffix: str = "_ctx.onnx") -> dict:
-    """{stage name: ``<folder>/part{i}/<graph><suffix>``} (the compile stage's layout)."""
+    """{stage name: ``<folder>/part{i}/<graph><suffix>``} (the compile stage's layout). genai
+    0.18.0 takes only paths relative to the config's folder ("Config path must be a relative
+    path under the model directory"); see :func:`link_parts` for graphs elsewhere."""
     out = {}
     for p in desc["parts"]:
         for g in ("prefill", "decode"):
             rel = p[g]["path"]
             out[stage_name(p["index"], g)] = str(Path(folder) / (rel[:-len(".onnx")] + suffix))
     return out
+
+
+def link_parts(desc: dict, src, dst) -> None:
+    """Make ``dst/part{i}`` symbolic links to ``src/part{i}`` for every part, so a config in
+    ``dst`` can name graphs (and their binaries / weight files, found beside them) in ``src``
+    with relative paths."""
+    for p in desc["parts"]:
+        (Path(dst) / f"part{p['index']}").symlink_to(Path(src).resolve() / f"part{p['index']}", target_is_directory=True)
 
 
 def write_genai_config(desc: dict, out_path, model_files: dict, **kw) -> dict:
