@@ -168,8 +168,8 @@ class GenaiRunner:
 
     def generate(self, prompt_ids, max_new_tokens: int) -> list[int]:
         """Greedy continuation of ``prompt_ids`` (>= 2 tokens, none equal to pad_token_id; one
-        token would skip the prompt graphs):
-        at most ``max_new_tokens`` new ids, ending early after eos (genai stops there).
+        token would skip the prompt graphs): at most ``max_new_tokens`` new ids; genai stops at
+        eos and leaves it out (so fewer ids mean the next one was eos).
         Raises ValueError for a prompt genai's windowed inputs would misread."""
         m = self.config["model"]
         ids = [int(t) for t in prompt_ids]

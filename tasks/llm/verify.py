@@ -19,8 +19,8 @@ part by part (:class:`tasks.llm.runner.PartStream`). Metrics (``verify.json``):
 onnxruntime-genai driving the same graphs through a ``genai_config.json`` (written to a temporary
 folder, naming the per-graph binaries, or the QDQ graphs for ``cpu-qdq``); LLMRunner still runs
 them too, and ``genai_runner_agreement`` is the share of prompts whose genai tokens equal
-LLMRunner's (both cut after the first eos, where genai stops; token agreement then compares
-against the fp32 tokens cut the same way). The logits metrics and the
+LLMRunner's (LLMRunner's cut before the first eos, where genai stops; token agreement then
+compares against the fp32 tokens cut the same way). The logits metrics and the
 perplexity always come from LLMRunner (genai returns tokens). ``verify.json`` says which
 runtime ran under ``"runtime"``.
 
@@ -78,8 +78,10 @@ def resident_parts(export_dir: Path, budget_bytes: int | None) -> int:
 
 
 def _cut_at_eos(tokens: list[int], eos) -> list[int]:
-    """``tokens`` up to and including the first ``eos`` (genai stops generating there)."""
-    return tokens[:tokens.index(eos) + 1] if eos is not None and eos in tokens else list(tokens)
+    """``tokens`` before the first ``eos``: genai stops there and leaves eos out of the sequence
+    (measured with onnxruntime-genai 0.18.0: a continuation whose 7th token is eos comes back
+    as 6 tokens)."""
+    return tokens[:tokens.index(eos)] if eos is not None and eos in tokens else list(tokens)
 
 
 def _genai_version() -> str:
