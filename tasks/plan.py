@@ -20,7 +20,7 @@ KINDS = ("download", "export", "patch", "quantize", "compile", "verify")
 
 # params that mean something for one model family only: left out of the other's stage params
 # (and so of its keys), so that e.g. an encoder's key does not move with context_length
-ONLY = {"llm": {"decode_length", "context_length", "parts", "embedding", "lm_head", "max_new_tokens",
+ONLY = {"llm": {"decode_length", "context_length", "parts", "embedding", "lm_head", "layout", "max_new_tokens",
                 "weight_sharing", "runtime"},
         "encoder": {"task", "batch_size"}}
 

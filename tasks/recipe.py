@@ -246,6 +246,10 @@ class ExportCfg(_Strict):
     embedding: Literal["first-part", "host"] = Field(
         "first-part", description="llm: token embedding Gather inside part 0, or on the host (embed_tokens.npy)")
     lm_head: Literal["last-part"] = Field("last-part", description="llm: final norm + LM head in the last part")
+    layout: Literal["genai-pipeline"] = Field(
+        "genai-pipeline", description="llm: graph I/O that onnxruntime-genai's decoder pipeline drives: int32 "
+                                      "input_ids, past_seq_len/total_seq_len, one [1,Hkv,C,d] KV buffer per layer "
+                                      "updated in the graph, all prefill logits (tasks/llm/export.py)")
 
     @model_validator(mode="after")
     def _lengths(self):

@@ -160,3 +160,20 @@ def test_bad_recipe_fails_its_own_build_only(project):
     err = run.tasks["build:broken"]["error"]
     assert "broken.yaml" in err and "quantize.calibration: expected a value" in err and "verify: expected" in err
     assert project.entries("download") and len(project.entries("verify")) == 1
+
+
+def test_genai_runtime_is_checked_at_load(tmp_path):
+    """verify.runtime: genai needs an LLM with the embedding in part 0 and C a multiple of S
+    (what onnxruntime-genai can drive, tasks/llm/genai.py); the error names the key."""
+    llm = GOOD + "export: {family: llm, sequence_length: 16, context_length: 64}\n"
+    r = load_recipe(write(tmp_path, "ok", llm.replace("verify:\n", "verify:\n  runtime: genai\n")))
+    assert r.verify.runtime == "genai" and [s for s in expand(r) if s.kind == "verify"][0].params["runtime"] == "genai"
+    assert "runtime" not in [s for s in expand(load_recipe(write(tmp_path, "enc", GOOD))) if s.kind == "verify"][0].params
+    for name, text, why in [
+            ("enc2", GOOD.replace("verify:\n", "verify:\n  runtime: genai\n"), "an LLM"),
+            ("host", llm.replace("context_length: 64}", "context_length: 64, embedding: host}")
+             .replace("verify:\n", "verify:\n  runtime: genai\n"), "export.embedding: first-part"),
+            ("odd", llm.replace("context_length: 64", "context_length: 60").replace("verify:\n", "verify:\n  runtime: genai\n"),
+             "a multiple of export.sequence_length")]:
+        with pytest.raises(RecipeError, match=rf"verify.runtime: expected .*{why}"):
+            load_recipe(write(tmp_path, name, text))
