@@ -77,3 +77,33 @@ def test_split_layers():
     assert split_layers(5, 2) == [(0, 3), (3, 5)]
     with pytest.raises(ValueError):
         split_layers(2, 3)
+
+
+def test_llama3_rope_scaling_is_honoured(tmp_path):
+    """A Llama 3.x ``rope_scaling`` (``rope_type: llama3``) reaches the RoPE table as in
+    transformers: the export of the tiny Llama with it matches transformers' logits with it,
+    and differs from the same weights without it (so the check can fail)."""
+    import json
+    import shutil
+
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tasks.llm.export import export_llm
+    from tasks.llm.runner import LLMRunner
+    from tasks.llm.sessions import cpu_session
+
+    src, d = tiny_model("llama"), tmp_path / "llama3"
+    shutil.copytree(src, d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                           "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+    (d / "config.json").write_text(json.dumps(cfg))
+    export_llm(d, tmp_path / "ex", seq_len=8, context_len=32)
+    got = LLMRunner.from_export(tmp_path / "ex", cpu_session).prefill_logits(list(range(3, 23)))
+    with torch.no_grad():
+        ref = {m: AutoModelForCausalLM.from_pretrained(m, dtype=torch.float32).eval()(
+            torch.tensor([list(range(3, 23))])).logits[0, -1].numpy() for m in (d, src)}
+    np.testing.assert_allclose(got, ref[d], atol=2e-4, rtol=0)
+    assert np.abs(got - ref[src]).max() > 1e-2

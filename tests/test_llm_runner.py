@@ -25,7 +25,8 @@ LONG = ("Every morning the farmer milked the cows, fed the chickens, and opened 
         "the sheep. In the afternoon he")
 
 
-@pytest.mark.parametrize("arch,parts,embed", [("qwen2", 1, "part0"), ("llama", 1, "part0"), ("qwen2", 2, "separate")])
+@pytest.mark.parametrize("arch,parts,embed", [("qwen2", 1, "part0"), ("llama", 1, "part0"), ("qwen2", 2, "separate"),
+                                             ("qwen3", 1, "part0"), ("phi3", 2, "part0")])
 def test_runner_matches_transformers_generate(arch, parts, embed):
     from tasks.llm.runner import LLMRunner
 

@@ -86,7 +86,8 @@ from pathlib import Path
 import numpy as np
 
 from .checkpoint import Checkpoint, part_tensor_names
-from .parts import SUPPORTED, split_layers  # noqa: F401  (part of this module's API)
+from .families import SUPPORTED, pieces, rotary_dim
+from .parts import split_layers  # noqa: F401  (part of this module's API)
 
 MASK_VALUE = -100.0
 # what ``export.json`` calls the graph I/O contract of the module docstring
@@ -122,18 +123,17 @@ def split_sizes(rows: int, cols: int, limit: int = MAX_TENSOR_ELEMENTS) -> list[
 
 def model_dims(config: dict) -> dict:
     """The dims the graphs need from a HF ``config.json`` dict: ``num_layers, hidden_size,
-    num_heads, num_kv_heads, head_dim, vocab_size, intermediate_size, rms_eps``. Raises
-    ValueError for an unsupported ``model_type`` (see :data:`SUPPORTED`) or activation."""
-    mt = config.get("model_type")
-    if mt not in SUPPORTED:
-        raise ValueError(f"unsupported model_type {mt!r}; supported LLM families: {', '.join(SUPPORTED)}")
+    num_heads, num_kv_heads, head_dim, rotary_dim, vocab_size, intermediate_size, rms_eps``.
+    Raises ValueError for an unsupported ``model_type`` (see :data:`SUPPORTED`,
+    :mod:`tasks.llm.families`) or activation."""
+    pieces(config.get("model_type"))  # ValueError naming the supported families
     act = config.get("hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"unsupported hidden_act {act!r} (only silu / SwiGLU MLPs)")
     H = config["num_attention_heads"]
     return {"num_layers": config["num_hidden_layers"], "hidden_size": config["hidden_size"],
             "num_heads": H, "num_kv_heads": config.get("num_key_value_heads") or H,
-            "head_dim": config.get("head_dim") or config["hidden_size"] // H,
+            "head_dim": config.get("head_dim") or config["hidden_size"] // H, "rotary_dim": rotary_dim(config),
             "vocab_size": config["vocab_size"], "intermediate_size": config["intermediate_size"],
             "rms_eps": float(config.get("rms_norm_eps", 1e-6))}
 
@@ -209,25 +209,39 @@ def cache_tables(C: int) -> dict:
 def write_part_weights(ckpt: Checkpoint, lo: int, hi: int, *, embed: bool, head: bool,
                        rope: tuple[np.ndarray, np.ndarray], path: Path, tables: dict | None = None,
                        max_tensor_elements: int = MAX_TENSOR_ELEMENTS) -> dict:
-    """Write one part's weights to ``path``, one tensor in memory at a time. Linear weights
-    ([out, in] in HF) are stored transposed ([in, out], the MatMul's B) under the HF name with
-    ``.T`` appended; norms, biases and the embedding table keep their HF names; the embedding
-    table and LM head are split above ``max_tensor_elements`` (:func:`split_sizes`). Returns
-    {name: TensorProto with external data}. ``tables``: more constant tables to store first
-    ({name: array}, e.g. :func:`cache_tables`)."""
+    """Write one part's weights to ``path``, one checkpoint tensor in memory at a time. Per
+    layer, the family's canonical tensors (:func:`tasks.llm.families.pieces`: a fused tensor is
+    read once and cut into its row ranges); Linear weights ([out, in] in HF) are stored
+    transposed ([in, out], the MatMul's B) under the canonical name with ``.T`` appended; norms,
+    biases and the embedding table keep their names; the embedding table and LM head are split
+    above ``max_tensor_elements`` (:func:`split_sizes`). Returns {name: TensorProto with
+    external data}. ``tables``: more constant tables to store first ({name: array}, e.g.
+    :func:`cache_tables`)."""
     wf = _WeightFile(path)
+    family = pieces(ckpt.config.get("model_type"))
     try:
         for name, table in [*zip(ROPE_TABLES, rope), *(tables or {}).items()]:
             wf.add(name, table)
-        for n in part_tensor_names(ckpt, lo, hi, embed=embed, head=False):
-            a = ckpt.get(n)
-            if n.endswith("_proj.weight"):
-                wf.add(n + ".T", a.T)
-            elif n == "model.embed_tokens.weight":  # [V, D], split along D
-                _add_split(wf, n, a, max_tensor_elements)
-            else:
-                wf.add(n, a)
-            del a
+        for l in range(lo, hi):
+            held: dict = {}  # the layer's current source tensor (a fused one serves several pieces)
+            for piece in family:
+                src = f"model.layers.{l}.{piece.source}"
+                if src not in ckpt:
+                    if piece.optional:
+                        continue
+                    raise KeyError(f"{ckpt.dir}: checkpoint has no tensor {src!r}")
+                if src not in held:
+                    held = {src: ckpt.get(src)}
+                a = held[src]
+                if piece.rows is not None:
+                    r0, r1 = piece.rows(ckpt.config)
+                    a = a[r0:r1]
+                n = f"model.layers.{l}.{piece.name}"
+                wf.add(n + ".T", a.T) if n.endswith("_proj.weight") else wf.add(n, a)
+                del a
+            del held
+        if embed:  # [V, D], split along D
+            _add_split(wf, "model.embed_tokens.weight", ckpt.get("model.embed_tokens.weight"), max_tensor_elements)
         if head:
             wf.add("model.norm.weight", ckpt.get("model.norm.weight"))
             head_name = part_tensor_names(ckpt, 0, 0, embed=False, head=True)[-1]
@@ -324,6 +338,16 @@ def _rotate(g: _Graph, scope: str, t: str, cos: str, sin: str, half: int, out: s
     return g.op(scope, "Add", [g.op(scope, "Mul", [t, cos]), g.op(scope, "Mul", [rot, sin])], out=out)
 
 
+def _rotary(g: _Graph, scope: str, t: str, cos: str, sin: str, d: int, rd: int) -> str:
+    """Rotary embedding of the first ``rd`` of ``d`` dims of each head (cos/sin tables are
+    [.., rd]); the other ``d - rd`` pass through (partial rotary, e.g. Phi-4-mini)."""
+    if rd == d:
+        return _rotate(g, scope, t, cos, sin, rd // 2)
+    rot = g.op(scope, "Slice", [t, g.const("s_0", [0]), g.const(f"s_{rd}", [rd]), g.const("axis_last", [-1])])
+    rest = g.op(scope, "Slice", [t, g.const(f"s_{rd}", [rd]), g.const("s_max", [2**62]), g.const("axis_last", [-1])])
+    return g.op(scope, "Concat", [_rotate(g, scope, rot, cos, sin, rd // 2), rest], axis=-1)
+
+
 def build_graph(dims: dict, lo: int, hi: int, first: bool, last: bool, S: int, C: int,
                 embed: str, weights: dict, has_bias: bool, part: int = 0):
     """The ONNX ModelProto of one part for AR-``S`` (see the module docstring for the contract).
@@ -362,12 +386,14 @@ def build_graph(dims: dict, lo: int, hi: int, first: bool, last: bool, S: int, C
         for nm, nh in (("q", H), ("k", Hkv), ("v", Hkv)):
             t = _linear(g, f"{s}/self_attn/{nm}_proj", h, f"{p}.self_attn.{nm}_proj", has_bias)
             t = g.op(f"{s}/self_attn/{nm}", "Reshape", [t, g.const(f"shape_{S}_{nh}_{d}", [1, S, nh, d])])
+            if f"{p}.self_attn.{nm}_norm.weight" in weights:  # Qwen3: RMSNorm over head_dim, per head
+                t = _rmsnorm(g, f"{s}/self_attn/{nm}_norm", t, f"{p}.self_attn.{nm}_norm.weight", eps)
             heads[nm] = t
         q = g.op(f"{s}/self_attn/q", "Transpose", [heads["q"]], perm=[0, 2, 1, 3])
         k = g.op(f"{s}/self_attn/k", "Transpose", [heads["k"]], perm=[0, 2, 1, 3])
         v = g.op(f"{s}/self_attn/v", "Transpose", [heads["v"]], perm=[0, 2, 1, 3])
-        q = _rotate(g, f"{s}/self_attn/rope_q", q, cos, sin, d // 2)
-        k = _rotate(g, f"{s}/self_attn/rope_k", k, cos, sin, d // 2)
+        q = _rotary(g, f"{s}/self_attn/rope_q", q, cos, sin, d, dims["rotary_dim"])
+        k = _rotary(g, f"{s}/self_attn/rope_k", k, cos, sin, d, dims["rotary_dim"])
         # write the S new rows into the cache: past * keep + onehotᵀ @ new  ([1, Hkv, C, d])
         cache = {}
         for nm, new in (("key", k), ("value", v)):
