@@ -63,7 +63,7 @@ def schedule(ids: list[int], S: int, C: int, *, n_prompts: int = 8, decode_steps
     when the text is too short."""
     rng = random.Random(seed)
     lengths = [max(1, S // 4), max(1, S // 2), S, S + max(1, S // 2)]
-    max_prompt = min(C - S, C - 1 - decode_steps)  # prefill needs n <= C-S before each chunk
+    max_prompt = min(C - S, C - 1 - decode_steps)  # every call needs n + S <= C (runner.PartGraph.call)
     keep = sorted(set(np.linspace(0, decode_steps - 1, decode_keep).round().astype(int).tolist()))
     out = []
     for k in range(n_prompts):
@@ -183,7 +183,7 @@ def collect_calibration_feeds(model_dir, export_dir, text_path, work, *, n_promp
 
     Returns ``{"prefill": [FeedStore or None per part], "decode": [...]}``; each feed maps input
     name -> numpy array (int32 / float32, the graph's static shapes). Disk: per decode feed
-    ~ 2 * layers_of_part * Hkv * (C-1) * d * 4 bytes. Raises ValueError if the text is too short.
+    ~ 2 * layers_of_part * Hkv * C * d * 4 bytes. Raises ValueError if the text is too short.
     """
     from .sessions import cpu_session
 
