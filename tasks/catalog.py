@@ -47,8 +47,9 @@ Output (:func:`write_catalog`, in :func:`tasks.paths.catalog_dir`):
                       files (``tasks.stages.ARTIFACTS["compile"]``: ``*_ctx.onnx``, ``*.bin``,
                       ``genai_config.json``, ``export.json``)
   ``artifact_bytes``  built only: their total size in bytes (int)
-  ``verify``          built only: {target: {``backend``, ``metrics`` {name: float},
-                      ``thresholds`` {name: float}, ``failures`` [str]}}
+  ``verify``          built only: {target: {``backend``, ``runtime`` (LLMs: "runner" or
+                      "genai", what generated on the compiled graphs; else None), ``metrics``
+                      {name: float}, ``thresholds`` {name: float}, ``failures`` [str]}}
   ``tools``           built only: {``qnn-sdk``, ``onnxruntime``, ``onnxruntime-qnn``,
                       ``optimum``, ``transformers``: version str} as recorded in the entries'
                       manifests (several values joined by ", " if targets differ)
@@ -199,7 +200,9 @@ def artifacts(status: dict) -> dict:
 
 
 def verify_results(status: dict) -> dict:
-    """{target: {"backend", "metrics", "thresholds", "failures"}} from each verify entry."""
+    """{target: {"backend", "runtime", "metrics", "thresholds", "failures"}} from each verify
+    entry; ``runtime`` (LLMs) is what generated on the compiled graphs: "runner" (LLMRunner) or
+    "genai" (onnxruntime-genai), None for encoders."""
     out = {}
     res = status["resolver"]
     for stage, spec in res.specs.items():
@@ -207,7 +210,7 @@ def verify_results(status: dict) -> dict:
             e = status["entries"][stage]
             report = json.loads((e.out / "verify.json").read_text(encoding="utf-8"))
             out[_target_of(stage, spec)] = {
-                "backend": report.get("backend"), "metrics": report.get("metrics", {}),
+                "backend": report.get("backend"), "runtime": report.get("runtime"), "metrics": report.get("metrics", {}),
                 "thresholds": spec.params.get("thresholds", {}), "failures": res.failures(stage, e)}
     return out
 
@@ -283,6 +286,8 @@ def _metrics_summary(row: dict) -> str:
         names = sorted(v["thresholds"]) or [n for n in ("pooled_cosine_mean", "cosine_mean", "token_agreement")
                                             if n in v["metrics"]][:1]
         vals = ", ".join(f"{n}={v['metrics'][n]:.4f}" for n in names if isinstance(v["metrics"].get(n), (int, float)))
+        if v.get("runtime"):
+            vals += f" ({v['runtime']})"
         parts.append(f"{target}: {vals}" if len(row["verify"]) > 1 else vals)
     return "; ".join(parts)
 

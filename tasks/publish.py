@@ -219,6 +219,11 @@ def archive_mtime(status: dict) -> tuple[int, str]:
     return (t, "source commit time") if t is not None else (0, "unknown (0)")
 
 
+
+def _ran(v: dict) -> str:
+    """A verify result's backend, with the LLM runtime that generated (``htp, genai``)."""
+    return f"{v['backend']}, {v['runtime']}" if v.get("runtime") else v["backend"]
+
 def model_card(recipe, row: dict, short: str) -> str:
     """The bundle's README.md: a ``huggingface_hub.ModelCard`` (YAML metadata: license,
     library, tags, base model for Hub sources, eval results = verify metrics) and a body with
@@ -231,7 +236,7 @@ def model_card(recipe, row: dict, short: str) -> str:
         for name, val in sorted(v["metrics"].items()):
             if isinstance(val, (int, float)):
                 evals.append(EvalResult(task_type=recipe.task, dataset_type="npubuild-verify",
-                                        dataset_name=f"{recipe.verify.data.file} ({target}, {v['backend']})",
+                                        dataset_name=f"{recipe.verify.data.file} ({target}, {_ran(v)})",
                                         metric_type=name, metric_value=round(float(val), 6)))
     data = ModelCardData(
         license=recipe.license, library_name="onnxruntime", pipeline_tag=recipe.task, model_name=recipe.name,
@@ -254,13 +259,13 @@ def model_card(recipe, row: dict, short: str) -> str:
         *( [f"| context length | {row['context_length']} |"] if row["context_length"] else []),
         *(f"| {t} | {v} |" for t, v in sorted(row["tools"].items())), "",
         "## Verification", "",
-        "| target | backend | metric | value | threshold |", "|---|---|---|---|---|",
+        "| target | backend (runtime) | metric | value | threshold |", "|---|---|---|---|---|",
     ]
     for target, v in sorted(row["verify"].items()):
         for name, val in sorted(v["metrics"].items()):
             bar = v["thresholds"].get(name)
             shown = f"{val:.6f}" if isinstance(val, float) else str(val)
-            lines.append(f"| {target} | {v['backend']} | {name} | {shown} | {'' if bar is None else bar} |")
+            lines.append(f"| {target} | {_ran(v)} | {name} | {shown} | {'' if bar is None else bar} |")
     lines += ["", "## Stage keys", "", "| stage | key |", "|---|---|",
               *(f"| {s} | `{k}` |" for s, k in row["stage_keys"].items()), "",
               "`manifest.json` lists the sha256 of every file; `doit check_bundle --path <folder>` checks them.", ""]
@@ -273,7 +278,7 @@ def build_manifest(recipe_name: str, status: dict, files: dict[str, tuple[str, i
     resolved_recipe (Recipe.model_dump), stages {stage: {kind, key, output_digest, tools}},
     tools (all stages' tools merged), source (kind, repo, commit, package_version...),
     build_platform (system, machine, python of the compile/verify hosts), verify
-    {target: {backend, metrics, thresholds}}, qnn_context_sdk, archive_mtime, not_recorded."""
+    {target: {backend, runtime, metrics, thresholds}}, qnn_context_sdk, archive_mtime, not_recorded."""
     recipe = catalog.catalog_recipes()[recipe_name]
     ents = status["entries"]
     mtime, mfrom = archive_mtime(status)
@@ -284,7 +289,8 @@ def build_manifest(recipe_name: str, status: dict, files: dict[str, tuple[str, i
         "stages": {s: {"kind": e.kind, "key": e.key, "output_digest": e.output_digest,
                        "tools": e.manifest.get("tools", {})} for s, e in ents.items()},
         "tools": _merged_tools(ents), "source": row["source"], "build_platform": _build_platform(ents),
-        "verify": {t: {k: v[k] for k in ("backend", "metrics", "thresholds")} for t, v in row["verify"].items()},
+        "verify": {t: {k: v.get(k) for k in ("backend", "runtime", "metrics", "thresholds")}
+                   for t, v in row["verify"].items()},
         "qnn_context_sdk": row["qnn_context_sdk"],
         "archive_mtime": {"seconds": mtime, "from": mfrom},
         "not_recorded": NOT_RECORDED,

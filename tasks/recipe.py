@@ -291,6 +291,10 @@ class ExportCfg(_Strict):
     embedding: Literal["first-part", "host"] = Field(
         "first-part", description="llm: token embedding Gather inside part 0, or on the host (embed_tokens.npy)", **LLM)
     lm_head: Literal["last-part"] = Field("last-part", description="llm: final norm + LM head in the last part", **LLM)
+    layout: Literal["genai-pipeline"] = Field(
+        "genai-pipeline", description="llm: graph I/O that onnxruntime-genai's decoder pipeline drives: int32 "
+                                      "input_ids, past_seq_len/total_seq_len, one [1,Hkv,C,d] KV buffer per layer "
+                                      "updated in the graph, all prefill logits (tasks/llm/export.py)", **LLM)
 
     @model_validator(mode="after")
     def _lengths(self):
@@ -420,6 +424,7 @@ THRESHOLD_RANGES = {
     "token_agreement": ("a share of tokens", 0.0, True, 1.0),
     "prefix_match_mean": ("a number of tokens up to verify.max_new_tokens", 0.0, True, None),
     "perplexity_ratio": ("a ratio of perplexities", 0.0, False, INF),
+    "genai_runner_agreement": ("a share of prompts", 0.0, False, 1.0),
 }
 
 
@@ -441,6 +446,9 @@ def _raise_at(problems: list[tuple[tuple, str, Any]]):
 
 class VerifyCfg(_Strict):
     backend: Literal["htp", "cpu-qdq"] = "htp"
+    runtime: Literal["runner", "genai"] = Field(
+        "runner", description="llm: what generates on the compiled graphs: our LLMRunner, or onnxruntime-genai "
+                              "driving them through genai_config.json (tasks/llm/genai.py)", **LLM)
     data: TextData
     max_new_tokens: int = Field(16, ge=1, le=4096, description="llm: greedy tokens per prompt", **LLM)
     perplexity_text: Optional[str] = Field(None, description="llm: text file for perplexity vs fp32", **LLM)
@@ -482,6 +490,30 @@ class Recipe(_Strict):
     patches: list[PatchStep] = Field(default_factory=list)
     compile: CompileCfg = Field(default_factory=CompileCfg)
     verify: VerifyCfg
+
+    @model_validator(mode="after")
+    def _genai_runtime(self):
+        """``verify.runtime: genai`` needs what onnxruntime-genai can drive (tasks/llm/genai.py):
+        an LLM, the embedding in part 0 (genai's pipeline starts from input_ids), a context length
+        that is a multiple of the prefill length (padded prompt windows must fit the cache), and
+        the onnxruntime-genai package."""
+        import importlib.util
+
+        if self.verify.runtime != "genai":
+            return self
+        e, bad = self.export, []
+        if e.family != "llm":
+            bad.append("an LLM (export.family: llm)")
+        else:
+            if e.embedding != "first-part":
+                bad.append("export.embedding: first-part")
+            if e.context_length % e.sequence_length:
+                bad.append(f"export.context_length a multiple of export.sequence_length ({e.sequence_length})")
+        if importlib.util.find_spec("onnxruntime_genai") is None:
+            bad.append("the onnxruntime-genai package (pip install onnxruntime-genai==0.18.0)")
+        if bad:
+            _raise_at([(("verify", "runtime"), f"expected {', '.join(bad)} for runtime genai, found 'genai'", "genai")])
+        return self
 
     @field_validator("name")
     @classmethod

@@ -46,7 +46,7 @@ def tiny_model(arch: str, seed: int = 0, train_seconds: float = 60) -> Path:
 
 
 def tiny_export(arch: str, seq_len: int = SEQ_LEN, context_len: int = CONTEXT_LEN, parts: int = 1,
-                embed: str = "part0", lm_head: str = "last") -> Path:
+                embed: str = "part0") -> Path:
     """Cached export of the fixture (keyed by fixture dir + export.py source + params)."""
     import hashlib
 
@@ -54,8 +54,7 @@ def tiny_export(arch: str, seq_len: int = SEQ_LEN, context_len: int = CONTEXT_LE
 
     mdir = tiny_model(arch)
     h = hashlib.sha256(Path(export.__file__).read_bytes())
-    h.update(repr((mdir.name, seq_len, context_len, parts, embed, lm_head)).encode())
+    h.update(repr((mdir.name, seq_len, context_len, parts, embed)).encode())
     target = CACHE / f"export-{arch}-{h.hexdigest()[:16]}"
     return _locked_build(target, lambda d: export.export_llm(
-        mdir, d, seq_len=seq_len, context_len=context_len, parts=parts, embed=embed,
-        lm_head=lm_head))
+        mdir, d, seq_len=seq_len, context_len=context_len, parts=parts, embed=embed))

@@ -31,23 +31,30 @@ def test_export_contract(arch, parts):
             assert ins == [(i["name"], i["shape"], i["dtype"]) for i in p[g]["inputs"]]
             assert outs == [(o["name"], o["shape"], o["dtype"]) for o in p[g]["outputs"]]
             names = dict((n, (s, d)) for n, s, d in ins)
-            assert names["position_ids"] == ([1, S], "int32")
-            assert names["attention_mask"] == ([1, 1, S, CONTEXT_LEN], "float32")
+            # what onnxruntime-genai's decoder pipeline feeds (tasks/llm/genai.py)
+            assert names["past_seq_len"] == ([1, 1], "int32")
+            assert names["total_seq_len"] == ([1], "int32")
+            assert "attention_mask" not in names and "position_ids" not in names
             lo, hi = p["layers"]
-            assert names[f"past_key_{lo}"] == ([1, desc["num_kv_heads"], CONTEXT_LEN - S,
-                                                desc["head_dim"]], "float32")
-            assert sum(n.startswith("past_") for n in names) == 2 * (hi - lo)
+            kv = [1, desc["num_kv_heads"], CONTEXT_LEN, desc["head_dim"]]
+            assert names[f"past_key_{lo}"] == (kv, "float32")
+            assert sum(n.startswith(("past_key_", "past_value_")) for n in names) == 2 * (hi - lo)
             if p["index"] == 0:
                 assert names["input_ids"] == ([1, S], "int32")
             else:
-                assert "hidden_states_in" in names
-            onames = [o[0] for o in outs]
+                assert names[f"hidden_states_{p['index'] - 1}"] == ([1, S, desc["hidden_size"]], "float32")
+            onames = dict((n, s) for n, s, _ in outs)
             assert ("logits" in onames) == (p["index"] == parts - 1)
+            if "logits" in onames:
+                assert onames["logits"] == [1, S, desc["vocab_size"]]  # genai reads the last real row
+            else:
+                assert f"hidden_states_{p['index']}" in onames
             ops = {n.op_type for n in m.graph.node}
             assert not ops & BANNED, ops & BANNED
             assert all(n.domain in ("", "ai.onnx") for n in m.graph.node)
-            for d in outs[1:]:
-                assert d[1][2] == S  # only the new K/V are outputs
+            for n, shape, dt in outs:
+                if n.startswith("present_"):
+                    assert (shape, dt) == (kv, "float32")  # the whole cache: genai shares past/present
     assert covered == list(range(desc["num_layers"]))
 
 
@@ -70,3 +77,33 @@ def test_split_layers():
     assert split_layers(5, 2) == [(0, 3), (3, 5)]
     with pytest.raises(ValueError):
         split_layers(2, 3)
+
+
+def test_llama3_rope_scaling_is_honoured(tmp_path):
+    """A Llama 3.x ``rope_scaling`` (``rope_type: llama3``) reaches the RoPE table as in
+    transformers: the export of the tiny Llama with it matches transformers' logits with it,
+    and differs from the same weights without it (so the check can fail)."""
+    import json
+    import shutil
+
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tasks.llm.export import export_llm
+    from tasks.llm.runner import LLMRunner
+    from tasks.llm.sessions import cpu_session
+
+    src, d = tiny_model("llama"), tmp_path / "llama3"
+    shutil.copytree(src, d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                           "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+    (d / "config.json").write_text(json.dumps(cfg))
+    export_llm(d, tmp_path / "ex", seq_len=8, context_len=32)
+    got = LLMRunner.from_export(tmp_path / "ex", cpu_session).prefill_logits(list(range(3, 23)))
+    with torch.no_grad():
+        ref = {m: AutoModelForCausalLM.from_pretrained(m, dtype=torch.float32).eval()(
+            torch.tensor([list(range(3, 23))])).logits[0, -1].numpy() for m in (d, src)}
+    np.testing.assert_allclose(got, ref[d], atol=2e-4, rtol=0)
+    assert np.abs(got - ref[src]).max() > 1e-2

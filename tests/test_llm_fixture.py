@@ -7,7 +7,7 @@ import torch
 from llm_fixtures import PROMPTS, tiny_model
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3", "phi3"])
 def test_fixture_is_real_and_varied(arch):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -20,6 +20,11 @@ def test_fixture_is_real_and_varied(arch):
     cfg = m.config
     assert cfg.model_type == arch
     assert cfg.num_hidden_layers >= 2
+    if arch == "qwen3":  # the family's own pieces are there (tasks/llm/families.py)
+        assert "model.layers.0.self_attn.q_norm.weight" in dict(m.named_parameters())
+    if arch == "phi3":
+        assert "model.layers.0.self_attn.qkv_proj.weight" in dict(m.named_parameters())
+        assert cfg.partial_rotary_factor == 0.75
     assert cfg.num_key_value_heads < cfg.num_attention_heads
     n = sum(p.numel() for p in m.parameters())
     assert 1_000_000 < n < 10_000_000

@@ -80,10 +80,12 @@ def test_w4a16_weights_and_htp_prefill(qwen2_qdq, tmp_path):
     sess = qnn.make_qnn_session(ctx["ctx"])
     mdir = tiny_model("qwen2")
     hf, tok = AutoModelForCausalLM.from_pretrained(mdir).eval(), AutoTokenizer.from_pretrained(mdir)
-    for f in qwen2_qdq["feeds"]["prefill"][0][:3]:
-        got = sess.run(["logits"], f)[0].ravel()
-        n_real = int((f["attention_mask"][0, 0, -1] == 0).sum())
-        ids = f["input_ids"][0, -n_real:].tolist()
+    firsts = [f for f in qwen2_qdq["feeds"]["prefill"][0] if f["past_seq_len"][0, 0] == f["input_ids"].shape[1] - 1]
+    assert len(firsts) >= 3  # a prompt's first window: nothing cached before it
+    for f in firsts[:3]:
+        n_real = int((f["input_ids"][0] != 0).sum())  # padded at the end with eos (0)
+        got = sess.run(["logits"], f)[0][0, n_real - 1]
+        ids = f["input_ids"][0, :n_real].tolist()
         with torch.no_grad():
             ref = hf(torch.tensor([ids])).logits[0, -1].numpy()
         cos = float(got @ ref / np.linalg.norm(got) / np.linalg.norm(ref))

@@ -231,3 +231,20 @@ def test_llm_keys_do_not_hold_encoder_params(tmp_path):
     enc = {s.name: s.params for s in expand(load_recipe(write(tmp_path, "e", GOOD)))}
     assert "context_length" not in enc["export"] and "max_new_tokens" not in enc["verify"]
     assert enc["quantize"]["calibrate_method"] == "MinMax" and enc["verify"]["data"]["max_length"] == 128
+
+
+def test_genai_runtime_is_checked_at_load(tmp_path):
+    """verify.runtime: genai needs an LLM with the embedding in part 0 and C a multiple of S
+    (what onnxruntime-genai can drive, tasks/llm/genai.py); the error names the key."""
+    llm = GOOD + "export: {family: llm, sequence_length: 16, context_length: 64}\n"
+    r = load_recipe(write(tmp_path, "ok", llm.replace("verify:\n", "verify:\n  runtime: genai\n")))
+    assert r.verify.runtime == "genai" and [s for s in expand(r) if s.kind == "verify"][0].params["runtime"] == "genai"
+    assert "runtime" not in [s for s in expand(load_recipe(write(tmp_path, "enc", GOOD))) if s.kind == "verify"][0].params
+    for name, text, why in [
+            ("enc2", GOOD.replace("verify:\n", "verify:\n  runtime: genai\n"), "an LLM"),
+            ("host", llm.replace("context_length: 64}", "context_length: 64, embedding: host}")
+             .replace("verify:\n", "verify:\n  runtime: genai\n"), "export.embedding: first-part"),
+            ("odd", llm.replace("context_length: 64", "context_length: 60").replace("verify:\n", "verify:\n  runtime: genai\n"),
+             "a multiple of export.sequence_length")]:
+        with pytest.raises(RecipeError, match=rf"verify.runtime: expected .*{why}"):
+            load_recipe(write(tmp_path, name, text))

@@ -40,11 +40,16 @@ def test_a_supported_llm_loads(proj):
     assert _errors(proj, LLM, CFG) == {}
 
 
-@pytest.mark.parametrize("mt", ["phi3", "qwen3", None])
+@pytest.mark.parametrize("mt", ["gemma3", "mistral", None])
 def test_unsupported_llm_family_is_a_load_error(proj, mt):
     errs = _errors(proj, LLM, {**CFG, "model_type": mt})
-    assert errs == {"export.family": f"expected a model_type the LLM export supports (qwen2, llama), "
+    assert errs == {"export.family": f"expected a model_type the LLM export supports (llama, qwen2, qwen3, phi3), "
                                      f"found {mt!r} in config.json"}
+
+
+@pytest.mark.parametrize("mt", ["qwen3", "phi3"])
+def test_qwen3_and_phi3_load(proj, mt):
+    assert _errors(proj, LLM, {**CFG, "model_type": mt}) == {}
 
 
 def test_more_parts_than_layers_and_a_context_past_the_positions(proj):
@@ -71,7 +76,7 @@ def test_doit_list_names_the_unknown_family_in_one_line(project):
     project.recipe("t8")
     model = project.root / "models" / "phi"
     model.mkdir(parents=True)
-    (model / "config.json").write_text(json.dumps({"model_type": "phi3", "num_hidden_layers": 2}))
+    (model / "config.json").write_text(json.dumps({"model_type": "gemma3", "num_hidden_layers": 2}))
     (project.root / "recipes" / "phi.yaml").write_text(
         "source: {path: models/phi}\nexport: {family: llm, sequence_length: 8, context_length: 32}\n"
         "quantize: {calibration: {file: data/calib.txt, samples: 2}}\nverify: {data: {file: data/verify.txt, samples: 2}}\n")
@@ -79,6 +84,6 @@ def test_doit_list_names_the_unknown_family_in_one_line(project):
     out, _ = p.communicate(timeout=120)
     assert p.returncode == 1, out
     lines = [ln for ln in out.splitlines() if "model_type the LLM export supports" in ln]
-    assert len(lines) == 1 and "'phi3'" in lines[0] and "qwen2, llama" in lines[0], out
+    assert len(lines) == 1 and "'gemma3'" in lines[0] and "llama, qwen2, qwen3, phi3" in lines[0], out
     assert "invalid recipe file(s), each with a failing build:<stem> task: phi.yaml" in out
     assert "build" in out  # the valid recipe's tasks are still listed

@@ -1,13 +1,14 @@
 """Calibration for the exported LLM graphs, streamed one part at a time (issue 8).
 
-What is recorded (the deployment layout of :mod:`tasks.llm.runner`: left-padded prefill chunks,
-additive masks, KV slots), over real text, teacher forced:
+What is recorded (the deployment layout of :mod:`tasks.llm.runner`, which is what
+onnxruntime-genai feeds: prompt windows padded at the end, ``past_seq_len``, whole-context KV
+buffers), over real text, teacher forced:
 
 * prefill feeds: prompts of varied length (shorter than S -> padded; longer than S -> a second
   chunk with a real, non-empty past), and
 * decode feeds: steps over the text that follows each prompt, so ``past_key_*`` / ``past_value_*``
   are REAL caches of the fp32 model at many fill levels n;
-* parts i > 0 get the real ``hidden_states_in`` produced by the fp32 part i-1.
+* parts i > 0 get the real ``hidden_states_{i-1}`` produced by the fp32 part i-1.
 
 How, in bounded memory: the whole schedule of graph calls is fixed by the text alone (teacher
 forcing), so the fp32 graphs can run part by part instead of token by token. Part i runs every
@@ -38,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .runner import KVCache, PartGraph, block_inputs
+from .runner import KVCache, PartGraph, block_ids, prompt_windows
 
 
 def text_ids(model_dir, text_path) -> tuple[list[int], int]:
@@ -62,7 +63,7 @@ def schedule(ids: list[int], S: int, C: int, *, n_prompts: int = 8, decode_steps
     when the text is too short."""
     rng = random.Random(seed)
     lengths = [max(1, S // 4), max(1, S // 2), S, S + max(1, S // 2)]
-    max_prompt = min(C - S, C - 1 - decode_steps)  # prefill needs n <= C-S before each chunk
+    max_prompt = min(C - S, C - 1 - decode_steps)  # every call needs n + S <= C (runner.PartGraph.call)
     keep = sorted(set(np.linspace(0, decode_steps - 1, decode_keep).round().astype(int).tolist()))
     out = []
     for k in range(n_prompts):
@@ -122,7 +123,7 @@ def _run_part(desc: dict, export_dir: Path, p: dict, sched: list[dict], work: Pa
     progress bar (``tasks.progress.bar``), advanced once per prompt and graph."""
     i, (lo, hi) = p["index"], p["layers"]
     last = i == len(desc["parts"]) - 1
-    S, C, mv = desc["seq_len"], desc["context_len"], desc["mask_value"]
+    S, C = desc["seq_len"], desc["context_len"]
     layers = list(range(lo, hi))
     prev, here, kv = work / "hidden" / f"part{i - 1}", work / "hidden" / f"part{i}", work / "kv" / f"part{i}"
     for d in (here, kv):
@@ -134,12 +135,12 @@ def _run_part(desc: dict, export_dir: Path, p: dict, sched: list[dict], work: Pa
         for q, pr in enumerate(sched):
             cache = KVCache(layers, desc["num_kv_heads"], C, desc["head_dim"])
             if kind == "prefill":
-                blocks = [pr["prompt"][s:s + S] for s in range(0, len(pr["prompt"]), S)]
+                blocks = prompt_windows(pr["prompt"], S)
             else:
                 cache.load(kv / f"{q}.npz")
                 blocks = [[t] for t in pr["decode"]]
             for c, blk in enumerate(blocks):
-                ids, pos, mask, pad = block_inputs(blk, cache.n, Sg, C, pad_id, mv)
+                ids = block_ids(blk, Sg, pad_id)
                 if first == "input_ids":
                     x = ids
                 elif first == "inputs_embeds":
@@ -147,10 +148,10 @@ def _run_part(desc: dict, export_dir: Path, p: dict, sched: list[dict], work: Pa
                 else:
                     x = np.load(prev / f"{kind}_{q}_{c}.npy")
                 keep = record and (kind == "prefill" or c in pr["keep"])
-                res = g.call(x, pos, mask, cache, pad, len(blk), stores[kind].add if keep else None)
+                res = g.call(x, cache, before=stores[kind].add if keep else None)
                 cache.n += len(blk)
                 if not last:
-                    np.save(here / f"{kind}_{q}_{c}.npy", res["hidden_states"])
+                    np.save(here / f"{kind}_{q}_{c}.npy", res[g.out])
             if kind == "prefill":
                 cache.save(kv / f"{q}.npz")
             if bar is not None:
@@ -182,7 +183,7 @@ def collect_calibration_feeds(model_dir, export_dir, text_path, work, *, n_promp
 
     Returns ``{"prefill": [FeedStore or None per part], "decode": [...]}``; each feed maps input
     name -> numpy array (int32 / float32, the graph's static shapes). Disk: per decode feed
-    ~ 2 * layers_of_part * Hkv * (C-1) * d * 4 bytes. Raises ValueError if the text is too short.
+    ~ 2 * layers_of_part * Hkv * C * d * 4 bytes. Raises ValueError if the text is too short.
     """
     from .sessions import cpu_session
 

@@ -6,12 +6,11 @@ tensor's bytes only when asked) and hands out one tensor at a time, converted to
 numpy. :func:`part_tensor_names` lists exactly the tensors one part needs, so a caller can load a
 part and nothing else; ``tensors_read`` / ``bytes_read`` count what was read (tests use them).
 
-HF tensor names (Qwen2 / Llama, ``transformers`` 4.57 ``modeling_qwen2`` / ``modeling_llama``):
-``model.embed_tokens.weight`` [V, D]; per layer ``model.layers.{l}.`` + ``input_layernorm.weight``,
-``self_attn.{q,k,v,o}_proj.weight`` (Linear, [out, in]) and ``self_attn.{q,k,v}_proj.bias``
-(Qwen2 only), ``post_attention_layernorm.weight``, ``mlp.{gate,up,down}_proj.weight``;
-``model.norm.weight``; ``lm_head.weight`` [V, D], absent when ``tie_word_embeddings`` (then the
-embedding table is the LM head).
+HF tensor names: ``model.embed_tokens.weight`` [V, D]; per layer ``model.layers.{l}.`` + the
+family's tensors (:mod:`tasks.llm.families`: e.g. ``self_attn.{q,k,v,o}_proj.weight``, Linear
+[out, in], or Phi-3's fused ``self_attn.qkv_proj.weight``); ``model.norm.weight``;
+``lm_head.weight`` [V, D], absent when ``tie_word_embeddings`` (then the embedding table is the
+LM head).
 """
 
 from __future__ import annotations
@@ -21,10 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-LAYER_TENSORS = ("input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.q_proj.bias",
-                 "self_attn.k_proj.weight", "self_attn.k_proj.bias", "self_attn.v_proj.weight",
-                 "self_attn.v_proj.bias", "self_attn.o_proj.weight", "post_attention_layernorm.weight",
-                 "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")
+from .families import pieces
 
 
 class Checkpoint:
@@ -91,16 +87,19 @@ def tied_lm_head(config: dict) -> bool:
 
 
 def part_tensor_names(ckpt: Checkpoint, lo: int, hi: int, *, embed: bool, head: bool) -> list[str]:
-    """The checkpoint tensors one part reads: layers ``lo..hi-1``, plus the embedding table when
+    """The checkpoint tensors one part reads: layers ``lo..hi-1`` (the sources of the family's
+    pieces, :func:`tasks.llm.families.pieces`, each once), plus the embedding table when
     ``embed`` and the final norm + LM head when ``head``. Optional tensors (biases) that the
-    checkpoint lacks are left out; a missing required one raises KeyError."""
+    checkpoint lacks are left out; a missing required one raises KeyError; an unsupported
+    ``model_type`` raises ValueError."""
     names = []
     for l in range(lo, hi):
-        for t in LAYER_TENSORS:
-            n = f"model.layers.{l}.{t}"
+        for piece in pieces(ckpt.config.get("model_type")):
+            n = f"model.layers.{l}.{piece.source}"
             if n in ckpt:
-                names.append(n)
-            elif not t.endswith(".bias"):
+                if n not in names:
+                    names.append(n)
+            elif not piece.optional:
                 raise KeyError(f"{ckpt.dir}: checkpoint has no tensor {n!r}")
     if embed:
         names.append("model.embed_tokens.weight")

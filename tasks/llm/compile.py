@@ -10,8 +10,8 @@ Per part ``i`` the stage writes:
 
 Every compile runs in a fresh process (a second compile in one process writes other tensor ids
 into the binary; see tasks/qnn.py ``compile_in_subprocess``). Also ``export.json`` (the graphs'
-I/O, used by the runner) and an *unverified* ``genai_config.json`` (see
-tasks/llm/runner.py ``write_genai_config``).
+I/O, used by the runner) and ``genai_config.json`` for onnxruntime-genai (tasks/llm/genai.py),
+naming the weight-shared binaries when there are some (what ships), else the per-graph ones.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import json
 import shutil
 from pathlib import Path
 
+from ..qnn import provider_options
 from ..targets import get as get_target
 from .qnn import run_in_subprocess
 
@@ -41,7 +42,7 @@ def compile_llm(src: Path, out: Path, params: dict, parts=None) -> dict:
     the child's output when a compile fails (e.g. a node not on HTP)."""
     import time
 
-    from .runner import write_genai_config
+    from .genai import bundle_files, write_genai_config
 
     t = get_target(params["target"])
     desc = json.loads((src / "export.json").read_text())
@@ -75,10 +76,10 @@ def compile_llm(src: Path, out: Path, params: dict, parts=None) -> dict:
         row.update(seconds=time.perf_counter() - t0, peak_rss=max(peaks))
         sizes.append(row)
     bar.close()
-    files = {f"part{p['index']}_{'context' if g == 'prefill' else 'iterator'}":
-             f"shared/part{p['index']}/{g}_ctx.onnx" for p in desc["parts"] for g in ("prefill", "decode")} \
-        if params.get("weight_sharing", True) else None
-    write_genai_config(desc, out / "genai_config.json", model_files=files)
+    shared = params.get("weight_sharing", True)
+    if desc["embed"] == "part0":  # genai's pipeline starts from input_ids (tasks/llm/genai.py)
+        write_genai_config(desc, out / "genai_config.json", bundle_files(desc, "shared" if shared else ""),
+                           provider_options=provider_options(params["target"]))
     return {"parts": sizes, "qnn_sdk": sorted({_sdk(c) for c in out.rglob("*_ctx.onnx")})}
 
 

@@ -1,25 +1,50 @@
 """Export a HF decoder LLM (Qwen2 / Llama) to static-shape, NPU-friendly ONNX prefill/decode graphs.
 
-Graph contract (per part ``i``; S = seq_len for ``prefill``, S = 1 for ``decode``; C = context_len;
-P = C - S; Hkv = num_key_value_heads; d = head_dim; D = hidden_size; V = vocab_size):
+The graph I/O is what onnxruntime-genai 0.18.0's decoder pipeline feeds a static-shape graph
+(``model.type = "decoder-pipeline"``, ``sliding_window`` with ``slide_key_value_cache: false``,
+``alignment: "left"``; the layout Olive's ``StaticLLM`` pass writes for QNN), so genai runs the
+compiled bundle unchanged (:mod:`tasks.llm.genai`). Sources, onnxruntime-genai ``src/``:
+``models/input_ids.cpp`` (``WindowedInputIDs``: input_ids windows, ``past_sequence_length`` /
+``total_sequence_length``), ``models/kv_cache.cpp`` (``DefaultKeyValueCache``: a fixed KV
+length in the graph turns on one shared past/present buffer per layer), ``generators.cpp``
+(``AllocateInputIdsOnDevice``: "left" alignment pads the prompt at its end),
+``models/decoder_only_pipeline.cpp`` (stages linked by tensor name), ``models/logits.cpp``.
+genai 0.18.0 does not give pipeline models its sliding ``WindowedKeyValueCache`` (measured,
+see :mod:`tasks.llm.genai`), so the cache is the shared buffer and the graph writes into it.
+
+Graph contract (per part ``i``; S = seq_len for ``prefill`` (genai's "context" graph, S = its
+``window_size``), S = 1 for ``decode`` (genai's "iterator" graph); C = context_len;
+Hkv = num_key_value_heads; d = head_dim; D = hidden_size; V = vocab_size):
 
 inputs
   - part 0: ``input_ids`` int32 [1, S] (or ``inputs_embeds`` float32 [1, S, D] if ``embed="separate"``)
-  - part i > 0: ``hidden_states_in`` float32 [1, S, D] (output of part i-1)
-  - ``position_ids`` int32 [1, S]: absolute positions, each in [0, C-1] (used to Gather rows of a
-    constant cos/sin table of shape [C, d]; positions >= C are out of range -> error/garbage).
-  - ``attention_mask`` float32 [1, 1, S, C]: *additive* mask, 0.0 = attend, :data:`MASK_VALUE`
-    (-100.0) = blocked. Columns 0..P-1 address the past K/V inputs, columns P..C-1 the S new
-    tokens of this call. The caller builds it (causality, padding); the graph only adds it, so there
-    is no Where / IsNaN / Equal on the mask path. -100 (not -inf / float-min) keeps the 16-bit
-    quantization range of the masked scores small (exp(-100) ~ 4e-44, i.e. fully blocked).
-  - for each layer l of the part: ``past_key_{l}``, ``past_value_{l}`` float32 [1, Hkv, P, d]
-    (rotary already applied to keys). Entries that the mask blocks may hold anything finite.
+  - part i > 0: ``hidden_states_{i-1}`` float32 [1, S, D] (the output of part i-1, same name:
+    genai links pipeline stages by tensor name)
+  - ``past_seq_len`` int32 [1, 1]: q = (slot of this call's first token) + S - 1 (genai's
+    GroupQueryAttention convention ``seqlens_k``: after prompt window k it is k*S - 1, then the
+    number of real tokens before the new one). The S tokens go to cache slots
+    p0..p0+S-1, p0 = q + 1 - S, with positions p0 + i; each in [0, C-1].
+  - ``total_seq_len`` int32 [1]: genai feeds ``search.max_length``; it changes nothing (the
+    positions, all < C, are clipped to Max(total_seq_len, C)), but genai feeds ``past_seq_len``
+    only to a graph that takes both, and an input no node reads is dropped by the compile.
+  - for each layer l of the part: ``past_key_{l}`` (rotary applied) and ``past_value_{l}``,
+    float32 [1, Hkv, C, d]: the whole cache, slot j = the token at position j; slots >= p0 may
+    hold anything finite (genai starts them at 0).
 outputs
-  - last part: ``logits`` float32 [1, 1, V] (``lm_head="last"``: only position S-1) or
-    [1, S, V] (``lm_head="all"``); other parts: ``hidden_states`` float32 [1, S, D].
-  - for each layer l: ``present_key_{l}``, ``present_value_{l}`` float32 [1, Hkv, S, d]: only the K/V
-    of the S new tokens; the caller writes them into its cache (:mod:`tasks.llm.runner`).
+  - last part: ``logits`` float32 [1, S, V], every row: genai reads the row of the last real
+    token (the prompt is padded at its end, so that is not always row S-1; ``logits.cpp``);
+    other parts: ``hidden_states_{i}`` float32 [1, S, D].
+  - for each layer l: ``present_key_{l}``, ``present_value_{l}`` float32 [1, Hkv, C, d]: the
+    cache with slots p0..p0+S-1 replaced by this call's K/V (genai binds them to the same
+    buffer as ``past_*``; :class:`tasks.llm.runner.KVCache` swaps them in).
+
+Inside: positions = Gather(table [C, S] of p0 + i, q); the new K/V are written with a one-hot
+matrix Gather(eye [C, C], positions) (exact 0/1 values, no Scatter/Where/Equal): present =
+past * (1 - colsum(onehot)) + onehotᵀ @ new; attention reads the updated cache with the
+additive causal mask Gather(table [C, C], positions) (row p: 0 for slots <= p, MASK_VALUE
+after), tiled over the query group. -100 (not -inf / float-min) keeps the 16-bit range of the
+masked scores small (exp(-100) ~ 4e-44, i.e. fully blocked). The two [C, C] tables live in
+the part's weight file (16-bit after quantization: 2*C*C bytes each, 32 MiB at C=4096).
 
 Layer ``l`` uses its global index in names, so names are unique across parts.
 
@@ -61,10 +86,15 @@ from pathlib import Path
 import numpy as np
 
 from .checkpoint import Checkpoint, part_tensor_names
-from .parts import SUPPORTED, split_layers  # noqa: F401  (part of this module's API)
+from .families import SUPPORTED, pieces, rotary_dim
+from .parts import split_layers  # noqa: F401  (part of this module's API)
 
 MASK_VALUE = -100.0
+# what ``export.json`` calls the graph I/O contract of the module docstring
+IO_LAYOUT = ("genai-pipeline-static: int32 input_ids, past_seq_len [1,1], total_seq_len [1]; "
+             "KV [1,Hkv,C,d] shared past/present buffer")
 ROPE_TABLES = ("rope_cos", "rope_sin")
+CACHE_TABLES = ("kv_eye", "causal_mask")  # [C, C] one-hot rows and additive causal rows
 OPSET = 21
 IR_VERSION = 10
 WEIGHTS_FILE = "weights.data"
@@ -93,20 +123,32 @@ def split_sizes(rows: int, cols: int, limit: int = MAX_TENSOR_ELEMENTS) -> list[
 
 def model_dims(config: dict) -> dict:
     """The dims the graphs need from a HF ``config.json`` dict: ``num_layers, hidden_size,
-    num_heads, num_kv_heads, head_dim, vocab_size, intermediate_size, rms_eps``. Raises
-    ValueError for an unsupported ``model_type`` (see :data:`SUPPORTED`) or activation."""
-    mt = config.get("model_type")
-    if mt not in SUPPORTED:
-        raise ValueError(f"unsupported model_type {mt!r}; supported LLM families: {', '.join(SUPPORTED)}")
+    num_heads, num_kv_heads, head_dim, rotary_dim, vocab_size, intermediate_size, rms_eps``.
+    Raises ValueError for an unsupported ``model_type`` (see :data:`SUPPORTED`,
+    :mod:`tasks.llm.families`) or activation."""
+    pieces(config.get("model_type"))  # ValueError naming the supported families
     act = config.get("hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"unsupported hidden_act {act!r} (only silu / SwiGLU MLPs)")
     H = config["num_attention_heads"]
     return {"num_layers": config["num_hidden_layers"], "hidden_size": config["hidden_size"],
             "num_heads": H, "num_kv_heads": config.get("num_key_value_heads") or H,
-            "head_dim": config.get("head_dim") or config["hidden_size"] // H,
+            "head_dim": config.get("head_dim") or config["hidden_size"] // H, "rotary_dim": rotary_dim(config),
             "vocab_size": config["vocab_size"], "intermediate_size": config["intermediate_size"],
             "rms_eps": float(config.get("rms_norm_eps", 1e-6))}
+
+
+def special_tokens(config: dict) -> dict:
+    """``eos_token_id``, ``pad_token_id``, ``bos_token_id`` (ints) from a HF config dict: the first
+    eos of a list; pad falls back to eos, bos to eos, eos to 0 (genai's config needs all three)."""
+    def first(v):
+        return v[0] if isinstance(v, list) else v
+
+    eos = first(config.get("eos_token_id"))
+    eos = 0 if eos is None else int(eos)
+    pad, bos = first(config.get("pad_token_id")), first(config.get("bos_token_id"))
+    return {"eos_token_id": eos, "pad_token_id": eos if pad is None else int(pad),
+            "bos_token_id": eos if bos is None else int(bos)}
 
 
 def rope_tables(model_dir, context_len: int) -> tuple[np.ndarray, np.ndarray]:
@@ -156,27 +198,50 @@ class _WeightFile:
         self.f.close()
 
 
+def cache_tables(C: int) -> dict:
+    """The constant [C, C] float32 tables the graphs Gather rows of (module docstring):
+    ``kv_eye`` (identity: row p is the one-hot of slot p) and ``causal_mask`` (row p: 0 for
+    slots <= p, MASK_VALUE after)."""
+    eye = np.eye(C, dtype=np.float32)
+    return {"kv_eye": eye, "causal_mask": np.triu(np.full((C, C), MASK_VALUE, np.float32), 1)}
+
+
 def write_part_weights(ckpt: Checkpoint, lo: int, hi: int, *, embed: bool, head: bool,
-                       rope: tuple[np.ndarray, np.ndarray], path: Path,
+                       rope: tuple[np.ndarray, np.ndarray], path: Path, tables: dict | None = None,
                        max_tensor_elements: int = MAX_TENSOR_ELEMENTS) -> dict:
-    """Write one part's weights to ``path``, one tensor in memory at a time. Linear weights
-    ([out, in] in HF) are stored transposed ([in, out], the MatMul's B) under the HF name with
-    ``.T`` appended; norms, biases and the embedding table keep their HF names; the embedding
-    table and LM head are split above ``max_tensor_elements`` (:func:`split_sizes`). Returns
-    {name: TensorProto with external data}."""
+    """Write one part's weights to ``path``, one checkpoint tensor in memory at a time. Per
+    layer, the family's canonical tensors (:func:`tasks.llm.families.pieces`: a fused tensor is
+    read once and cut into its row ranges); Linear weights ([out, in] in HF) are stored
+    transposed ([in, out], the MatMul's B) under the canonical name with ``.T`` appended; norms,
+    biases and the embedding table keep their names; the embedding table and LM head are split
+    above ``max_tensor_elements`` (:func:`split_sizes`). Returns {name: TensorProto with
+    external data}. ``tables``: more constant tables to store first ({name: array}, e.g.
+    :func:`cache_tables`)."""
     wf = _WeightFile(path)
+    family = pieces(ckpt.config.get("model_type"))
     try:
-        for name, table in zip(ROPE_TABLES, rope):
+        for name, table in [*zip(ROPE_TABLES, rope), *(tables or {}).items()]:
             wf.add(name, table)
-        for n in part_tensor_names(ckpt, lo, hi, embed=embed, head=False):
-            a = ckpt.get(n)
-            if n.endswith("_proj.weight"):
-                wf.add(n + ".T", a.T)
-            elif n == "model.embed_tokens.weight":  # [V, D], split along D
-                _add_split(wf, n, a, max_tensor_elements)
-            else:
-                wf.add(n, a)
-            del a
+        for l in range(lo, hi):
+            held: dict = {}  # the layer's current source tensor (a fused one serves several pieces)
+            for piece in family:
+                src = f"model.layers.{l}.{piece.source}"
+                if src not in ckpt:
+                    if piece.optional:
+                        continue
+                    raise KeyError(f"{ckpt.dir}: checkpoint has no tensor {src!r}")
+                if src not in held:
+                    held = {src: ckpt.get(src)}
+                a = held[src]
+                if piece.rows is not None:
+                    r0, r1 = piece.rows(ckpt.config)
+                    a = a[r0:r1]
+                n = f"model.layers.{l}.{piece.name}"
+                wf.add(n + ".T", a.T) if n.endswith("_proj.weight") else wf.add(n, a)
+                del a
+            del held
+        if embed:  # [V, D], split along D
+            _add_split(wf, "model.embed_tokens.weight", ckpt.get("model.embed_tokens.weight"), max_tensor_elements)
         if head:
             wf.add("model.norm.weight", ckpt.get("model.norm.weight"))
             head_name = part_tensor_names(ckpt, 0, 0, embed=False, head=True)[-1]
@@ -273,24 +338,45 @@ def _rotate(g: _Graph, scope: str, t: str, cos: str, sin: str, half: int, out: s
     return g.op(scope, "Add", [g.op(scope, "Mul", [t, cos]), g.op(scope, "Mul", [rot, sin])], out=out)
 
 
-def build_graph(dims: dict, lo: int, hi: int, first: bool, last: bool, S: int, C: int, lm_head: str,
-                embed: str, weights: dict, has_bias: bool):
+def _rotary(g: _Graph, scope: str, t: str, cos: str, sin: str, d: int, rd: int) -> str:
+    """Rotary embedding of the first ``rd`` of ``d`` dims of each head (cos/sin tables are
+    [.., rd]); the other ``d - rd`` pass through (partial rotary, e.g. Phi-4-mini)."""
+    if rd == d:
+        return _rotate(g, scope, t, cos, sin, rd // 2)
+    rot = g.op(scope, "Slice", [t, g.const("s_0", [0]), g.const(f"s_{rd}", [rd]), g.const("axis_last", [-1])])
+    rest = g.op(scope, "Slice", [t, g.const(f"s_{rd}", [rd]), g.const("s_max", [2**62]), g.const("axis_last", [-1])])
+    return g.op(scope, "Concat", [_rotate(g, scope, rot, cos, sin, rd // 2), rest], axis=-1)
+
+
+def build_graph(dims: dict, lo: int, hi: int, first: bool, last: bool, S: int, C: int,
+                embed: str, weights: dict, has_bias: bool, part: int = 0):
     """The ONNX ModelProto of one part for AR-``S`` (see the module docstring for the contract).
     ``weights`` are the part's external-data TensorProtos (:func:`write_part_weights`)."""
     H, Hkv, d = dims["num_heads"], dims["num_kv_heads"], dims["head_dim"]
     grp, eps = H // Hkv, dims["rms_eps"]
     g = _Graph(weights)
-    ins, outs = io_spec(dims, lo, hi, first, last, S, C, lm_head, embed)
+    ins, outs = io_spec(dims, lo, hi, first, last, S, C, embed, part)
     x = ins[0][0]
     if first and embed == "part0":
         tables = _split_names(g, "model.embed_tokens.weight")
         cols = [g.op("model/embed_tokens", "Gather", [g.w(t), "input_ids"]) for t in tables]
         x = cols[0] if len(cols) == 1 else g.op("model/embed_tokens", "Concat", cols, axis=-1)
-    cos = g.op("rope", "Unsqueeze", [g.op("rope", "Gather", [g.w("rope_cos"), "position_ids"]), g.const("ax1", [1])])
-    sin = g.op("rope", "Unsqueeze", [g.op("rope", "Gather", [g.w("rope_sin"), "position_ids"]), g.const("ax1", [1])])
-    mask = "attention_mask"
+    # positions of this call's rows: Gather(table [C, S] of q + 1 - S + i, past_seq_len [1, 1])
+    pos = g.op("positions", "Gather", [g.const(f"pos_table_{S}", position_table(S, C), np.int32), "past_seq_len"])
+    pos = g.op("positions", "Reshape", [pos, g.const(f"shape_1_{S}", [1, S])])  # [1, S] int32
+    cos = g.op("rope", "Unsqueeze", [g.op("rope", "Gather", [g.w("rope_cos"), pos]), g.const("ax1", [1])])
+    sin = g.op("rope", "Unsqueeze", [g.op("rope", "Gather", [g.w("rope_sin"), pos]), g.const("ax1", [1])])
+    # genai feeds past_seq_len only to graphs that also take total_seq_len, and a graph input no
+    # node reads is dropped by the compile: positions (all < C) are clipped to Max(total, C), a no-op
+    pos = g.op("positions", "Min", [pos, g.op("positions", "Max", ["total_seq_len", g.const("context_len", [C], np.int32)])])
+    onehot = g.op("cache", "Gather", [g.w("kv_eye"), g.op("cache", "Squeeze", [pos, g.const("ax0", [0])])])  # [S, C]
+    keep = g.op("cache", "Sub", [g.const("one", 1.0, np.float32),
+                                 g.op("cache", "ReduceSum", [onehot, g.const("ax0", [0])], keepdims=1)])  # [1, C]
+    keep = g.op("cache", "Reshape", [keep, g.const(f"shape_keep_{C}", [1, 1, C, 1])])
+    onehot_t = g.op("cache", "Transpose", [onehot], perm=[1, 0])  # [C, S]
+    mask = g.op("mask", "Gather", [g.w("causal_mask"), g.op("mask", "Squeeze", [pos, g.const("ax0", [0])])])  # [S, C]
     if grp > 1:
-        mask = g.op("mask", "Concat", [mask] * grp, axis=2)
+        mask = g.op("mask", "Concat", [mask] * grp, axis=0)  # [grp*S, C]
     scale = g.const("attn_scale", 1.0 / math.sqrt(d), np.float32)
     for l in range(lo, hi):
         p = f"model.layers.{l}"
@@ -300,19 +386,26 @@ def build_graph(dims: dict, lo: int, hi: int, first: bool, last: bool, S: int, C
         for nm, nh in (("q", H), ("k", Hkv), ("v", Hkv)):
             t = _linear(g, f"{s}/self_attn/{nm}_proj", h, f"{p}.self_attn.{nm}_proj", has_bias)
             t = g.op(f"{s}/self_attn/{nm}", "Reshape", [t, g.const(f"shape_{S}_{nh}_{d}", [1, S, nh, d])])
+            if f"{p}.self_attn.{nm}_norm.weight" in weights:  # Qwen3: RMSNorm over head_dim, per head
+                t = _rmsnorm(g, f"{s}/self_attn/{nm}_norm", t, f"{p}.self_attn.{nm}_norm.weight", eps)
             heads[nm] = t
         q = g.op(f"{s}/self_attn/q", "Transpose", [heads["q"]], perm=[0, 2, 1, 3])
         k = g.op(f"{s}/self_attn/k", "Transpose", [heads["k"]], perm=[0, 2, 1, 3])
-        v = g.op(f"{s}/self_attn/v", "Transpose", [heads["v"]], perm=[0, 2, 1, 3], out=f"present_value_{l}")
-        q = _rotate(g, f"{s}/self_attn/rope_q", q, cos, sin, d // 2)
-        k = _rotate(g, f"{s}/self_attn/rope_k", k, cos, sin, d // 2, out=f"present_key_{l}")
-        k_all = g.op(f"{s}/self_attn", "Concat", [f"past_key_{l}", k], axis=2)
-        v_all = g.op(f"{s}/self_attn", "Concat", [f"past_value_{l}", v], axis=2)
+        v = g.op(f"{s}/self_attn/v", "Transpose", [heads["v"]], perm=[0, 2, 1, 3])
+        q = _rotary(g, f"{s}/self_attn/rope_q", q, cos, sin, d, dims["rotary_dim"])
+        k = _rotary(g, f"{s}/self_attn/rope_k", k, cos, sin, d, dims["rotary_dim"])
+        # write the S new rows into the cache: past * keep + onehotᵀ @ new  ([1, Hkv, C, d])
+        cache = {}
+        for nm, new in (("key", k), ("value", v)):
+            kept = g.op(f"{s}/self_attn/{nm}_cache", "Mul", [f"past_{nm}_{l}", keep])
+            put = g.op(f"{s}/self_attn/{nm}_cache", "MatMul", [onehot_t, new])
+            cache[nm] = g.op(f"{s}/self_attn/{nm}_cache", "Add", [kept, put], out=f"present_{nm}_{l}")
+        # the grp query heads of a KV head folded into rows: [1, H, S, d] -> [1, Hkv, grp*S, d]
         qg = g.op(f"{s}/self_attn", "Reshape", [q, g.const(f"shape_g_{S}", [1, Hkv, grp * S, d])])
-        kt = g.op(f"{s}/self_attn", "Transpose", [k_all], perm=[0, 1, 3, 2])
+        kt = g.op(f"{s}/self_attn", "Transpose", [cache["key"]], perm=[0, 1, 3, 2])
         scores = g.op(f"{s}/self_attn", "Mul", [g.op(f"{s}/self_attn", "MatMul", [qg, kt]), scale])
         probs = g.op(f"{s}/self_attn", "Softmax", [g.op(f"{s}/self_attn", "Add", [scores, mask])], axis=-1)
-        o = g.op(f"{s}/self_attn", "MatMul", [probs, v_all])
+        o = g.op(f"{s}/self_attn", "MatMul", [probs, cache["value"]])
         o = g.op(f"{s}/self_attn", "Reshape", [o, g.const(f"shape_h_{S}", [1, H, S, d])])
         o = g.op(f"{s}/self_attn", "Transpose", [o], perm=[0, 2, 1, 3])
         o = g.op(f"{s}/self_attn", "Reshape", [o, g.const(f"shape_o_{S}", [1, S, H * d])])
@@ -322,11 +415,9 @@ def build_graph(dims: dict, lo: int, hi: int, first: bool, last: bool, S: int, C
         act = g.op(f"{s}/mlp/act", "Mul", [gate, g.op(f"{s}/mlp/act", "Sigmoid", [gate])])
         up = _linear(g, f"{s}/mlp/up_proj", h, f"{p}.mlp.up_proj", False)
         down = _linear(g, f"{s}/mlp/down_proj", g.op(f"{s}/mlp", "Mul", [act, up]), f"{p}.mlp.down_proj", False)
-        x = g.op(s, "Add", [x, down], out=None if (l < hi - 1 or last) else "hidden_states")
+        x = g.op(s, "Add", [x, down], out=None if (l < hi - 1 or last) else hidden_name(part))
     if last:
         x = _rmsnorm(g, "model/norm", x, "model.norm.weight", eps)
-        if lm_head == "last":
-            x = g.op("lm_head", "Slice", [x, g.const(f"s_{S - 1}", [S - 1]), g.const(f"s_{S}", [S]), g.const("ax1", [1])])
         heads = _split_names(g, "lm_head.weight.T")
         if len(heads) == 1:
             g.op("lm_head", "MatMul", [x, g.w(heads[0])], out="logits")
@@ -335,8 +426,22 @@ def build_graph(dims: dict, lo: int, hi: int, first: bool, last: bool, S: int, C
     return g.model(ins, outs)
 
 
-def io_spec(dims: dict, lo, hi, first, last, S, C, lm_head, embed):
-    """[(name, shape, dtype)] of a part graph's inputs and outputs (the contract above)."""
+def hidden_name(part: int) -> str:
+    """Name of the hidden states part ``part`` hands to part ``part + 1`` (its output and the
+    next part's input: genai's pipeline passes a stage's outputs on by name)."""
+    return f"hidden_states_{part}"
+
+
+def position_table(S: int, C: int) -> np.ndarray:
+    """int32 [C, S]: row q holds the positions q + 1 - S + i of a call whose ``past_seq_len`` is q
+    (module docstring), clipped at 0 (rows q < S - 1 are not used by genai's windows)."""
+    q = np.arange(C, dtype=np.int64)[:, None] + 1 - S + np.arange(S)[None, :]
+    return np.clip(q, 0, C - 1).astype(np.int32)
+
+
+def io_spec(dims: dict, lo, hi, first, last, S, C, embed, part: int = 0):
+    """[(name, shape, dtype)] of a part graph's inputs and outputs (the contract above).
+    ``part``: the part's index (names of the hidden states)."""
     hd, D, Hkv, V = dims["head_dim"], dims["hidden_size"], dims["num_kv_heads"], dims["vocab_size"]
     ins = []
     if first and embed == "part0":
@@ -344,24 +449,23 @@ def io_spec(dims: dict, lo, hi, first, last, S, C, lm_head, embed):
     elif first:
         ins.append(("inputs_embeds", [1, S, D], "float32"))
     else:
-        ins.append(("hidden_states_in", [1, S, D], "float32"))
-    ins += [("position_ids", [1, S], "int32"), ("attention_mask", [1, 1, S, C], "float32")]
+        ins.append((hidden_name(part - 1), [1, S, D], "float32"))
+    ins += [("past_seq_len", [1, 1], "int32"), ("total_seq_len", [1], "int32")]
     for l in range(lo, hi):
-        ins += [(f"past_key_{l}", [1, Hkv, C - S, hd], "float32"),
-                (f"past_value_{l}", [1, Hkv, C - S, hd], "float32")]
+        ins += [(f"past_key_{l}", [1, Hkv, C, hd], "float32"), (f"past_value_{l}", [1, Hkv, C, hd], "float32")]
     outs = []
     if last:
-        outs.append(("logits", [1, 1 if lm_head == "last" else S, V], "float32"))
+        outs.append(("logits", [1, S, V], "float32"))
     else:
-        outs.append(("hidden_states", [1, S, D], "float32"))
+        outs.append((hidden_name(part), [1, S, D], "float32"))
     for l in range(lo, hi):
-        outs += [(f"present_key_{l}", [1, Hkv, S, hd], "float32"),
-                 (f"present_value_{l}", [1, Hkv, S, hd], "float32")]
+        outs += [(f"present_key_{l}", [1, Hkv, C, hd], "float32"),
+                 (f"present_value_{l}", [1, Hkv, C, hd], "float32")]
     return ins, outs
 
 
 def export_llm(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 4096, parts: int = 1,
-               embed: str = "part0", lm_head: str = "last", only_parts=None, meter: list | None = None,
+               embed: str = "part0", only_parts=None, meter: list | None = None,
                max_tensor_elements: int = MAX_TENSOR_ELEMENTS) -> dict:
     """Export ``model_dir`` (HF Qwen2/Llama folder, safetensors) to ``out_dir/part{i}/{prefill,decode}.onnx``.
 
@@ -375,7 +479,6 @@ def export_llm(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 409
         parts: number of parts; decoder layers are split evenly (:func:`split_layers`).
         embed: ``"part0"`` (token embedding Gather inside part 0, ``input_ids`` int32 in) or
             ``"separate"`` (part 0 takes ``inputs_embeds``; embedding table saved as .npy).
-        lm_head: ``"last"`` (logits of position S-1 only: [1,1,V]) or ``"all"`` ([1,S,V]).
         only_parts: optional set of part indices to write (benchmarks); ``export.json`` still
             describes every part.
         max_tensor_elements: the embedding table and LM head are split into column chunks of
@@ -388,7 +491,7 @@ def export_llm(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 409
     time to float32); the largest single array alive is one weight matrix and its transpose.
 
     Returns a JSON-able dict: ``{"model_type", "seq_len", "context_len", "mask_value", "num_layers",
-    "num_kv_heads", "head_dim", "hidden_size", "vocab_size", "embed", "lm_head", "embed_file",
+    "num_kv_heads", "head_dim", "hidden_size", "vocab_size", "embed", "embed_file", "io_layout", "eos_token_id", "pad_token_id", "bos_token_id",
     "parts": [{"index", "layers": [lo, hi], "prefill": {"path", "inputs", "outputs"},
     "decode": {...}, "weights": file, "weight_bytes": n}]}`` where inputs/outputs are lists of
     ``{"name", "shape", "dtype"}`` and paths are relative to ``out_dir``.
@@ -403,8 +506,6 @@ def export_llm(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 409
 
     if embed not in ("part0", "separate"):
         raise ValueError(f"embed must be 'part0' or 'separate', got {embed!r}")
-    if lm_head not in ("last", "all"):
-        raise ValueError(f"lm_head must be 'last' or 'all', got {lm_head!r}")
     if not 1 <= seq_len < context_len:
         raise ValueError(f"need 1 <= seq_len < context_len, got {seq_len}, {context_len}")
     out_dir = Path(out_dir)
@@ -417,8 +518,9 @@ def export_llm(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 409
     desc = {"model_type": ckpt.config["model_type"], "seq_len": seq_len, "context_len": context_len,
             "mask_value": MASK_VALUE, **{k: dims[k] for k in ("num_layers", "num_kv_heads", "num_heads",
                                                                  "head_dim", "hidden_size", "vocab_size")},
-            "embed": embed, "lm_head": lm_head, "embed_file": None, "opset": OPSET,
+            "embed": embed, "embed_file": None, "opset": OPSET, "io_layout": IO_LAYOUT,
             "exporter": "tasks.llm.export (onnx.helper, weights streamed from safetensors)", "parts": []}
+    desc.update(special_tokens(ckpt.config))
     if embed == "separate":
         np.save(out_dir / "embed_tokens.npy", ckpt.get("model.embed_tokens.weight"))
         desc["embed_file"] = "embed_tokens.npy"
@@ -433,13 +535,14 @@ def export_llm(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 409
         if only_parts is None or i in only_parts:
             pdir.mkdir(exist_ok=True)
             weights = write_part_weights(ckpt, lo, hi, embed=first and embed == "part0", head=last,
-                                         rope=rope, path=pdir / WEIGHTS_FILE, max_tensor_elements=max_tensor_elements)
+                                         rope=rope, path=pdir / WEIGHTS_FILE, tables=cache_tables(context_len),
+                                         max_tensor_elements=max_tensor_elements)
             pdesc["weight_bytes"] = (pdir / WEIGHTS_FILE).stat().st_size
         for gname, S in (("prefill", seq_len), ("decode", 1)):
-            ins, outs = io_spec(dims, lo, hi, first, last, S, context_len, lm_head, embed)
+            ins, outs = io_spec(dims, lo, hi, first, last, S, context_len, embed, i)
             path = pdir / f"{gname}.onnx"
             if only_parts is None or i in only_parts:
-                m = build_graph(dims, lo, hi, first, last, S, context_len, lm_head, embed, weights, has_bias)
+                m = build_graph(dims, lo, hi, first, last, S, context_len, embed, weights, has_bias, i)
                 onnx.save(m, str(path))
             pdesc[gname] = {
                 "path": str(path.relative_to(out_dir)),

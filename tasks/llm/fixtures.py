@@ -1,4 +1,4 @@
-"""Tiny, *trained* decoder LLM fixtures (Qwen2 / Llama) for export, quantization and QNN tests.
+"""Tiny, *trained* decoder LLM fixtures (Qwen2 / Llama / Qwen3 / Phi-3) for export, quantization and QNN tests.
 
 Why trained: a random-init tiny LLM greedily repeats one token, so fp32 / QDQ / HTP outputs agree
 trivially and token-agreement tests cannot fail (see /work/shared/NOTES-qnn.md). These fixtures are
@@ -81,8 +81,11 @@ def train_tokenizer(corpus_path: Path = CORPUS_PATH, vocab_size: int = VOCAB_SIZ
     )
 
 
+ARCHS = ("qwen2", "llama", "qwen3", "phi3")
+
+
 def _build_config(arch: str, vocab_size: int, eos_id: int):
-    from transformers import LlamaConfig, Qwen2Config
+    from transformers import LlamaConfig, Phi3Config, Qwen2Config, Qwen3Config
 
     common = dict(ARCH_PARAMS, vocab_size=vocab_size, bos_token_id=eos_id, eos_token_id=eos_id,
                   pad_token_id=eos_id, torch_dtype="float32")
@@ -91,15 +94,24 @@ def _build_config(arch: str, vocab_size: int, eos_id: int):
         return Qwen2Config(**common, tie_word_embeddings=True, use_sliding_window=False)
     if arch == "llama":
         return LlamaConfig(**common, tie_word_embeddings=False, attention_bias=False, mlp_bias=False)
-    raise ValueError(f"arch must be 'qwen2' or 'llama', got {arch!r}")
+    if arch == "qwen3":
+        # Qwen3: q_norm / k_norm per head, explicit head_dim, no biases, tied embeddings (0.6B-4B)
+        return Qwen3Config(**common, head_dim=32, attention_bias=False, tie_word_embeddings=True,
+                           use_sliding_window=False)
+    if arch == "phi3":
+        # Phi-3 / Phi-4-mini: fused qkv_proj and gate_up_proj; partial rotary as in Phi-4-mini (0.75)
+        return Phi3Config(**common, partial_rotary_factor=0.75, tie_word_embeddings=False,
+                          sliding_window=None, original_max_position_embeddings=4096)
+    raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
 
 
 def make_tiny_model(arch: str, out_dir, seed: int = 0, train_seconds: float = 60) -> Path:
     """Build, train and save a tiny causal LM; return ``out_dir`` as a Path.
 
     Args:
-        arch: ``"qwen2"`` (Qwen2ForCausalLM, qkv bias, tied embeddings) or ``"llama"``
-            (LlamaForCausalLM, no bias, untied lm_head).
+        arch: ``"qwen2"`` (Qwen2ForCausalLM, qkv bias, tied embeddings), ``"llama"``
+            (LlamaForCausalLM, no bias, untied lm_head), ``"qwen3"`` (Qwen3ForCausalLM, q/k norms,
+            tied) or ``"phi3"`` (Phi3ForCausalLM, fused qkv / gate_up, partial rotary 0.75, untied).
         out_dir: folder to write (created; existing files are overwritten).
         seed: seed for torch / python RNG (weights init and batch sampling).
         train_seconds: training budget; converted to ``round(train_seconds * STEPS_PER_SECOND)``
@@ -197,10 +209,10 @@ def ensure_fixture(arch: str, dest: Path, seed: int = 0, train_seconds: float = 
     return dest
 
 
-if __name__ == "__main__":  # python -m tasks.llm.fixtures qwen2 llama
+if __name__ == "__main__":  # python -m tasks.llm.fixtures qwen2 llama qwen3 phi3
     import sys
 
     from ..paths import root
 
-    for a in sys.argv[1:] or ["qwen2", "llama"]:
+    for a in sys.argv[1:] or list(ARCHS):
         print(ensure_fixture(a, root() / ".fixtures" / f"tiny-{a}"))

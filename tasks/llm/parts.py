@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-# model_type values tasks/llm/export.py writes graphs for (checked when a recipe loads)
-SUPPORTED = ("qwen2", "llama")
+from .families import SUPPORTED  # noqa: F401  (model_type values the export writes; checked when a recipe loads)
 
 
 def split_layers(n_layers: int, parts: int) -> list[tuple[int, int]]:

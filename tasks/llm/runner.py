@@ -1,28 +1,31 @@
 """Greedy prefill + decode loop over the static graphs of :mod:`tasks.llm.export` (any EP).
 
-KV cache layout kept by the host (numpy, float32): per layer ``K, V`` of shape [1, Hkv, C, d];
-entries ``0..n-1`` hold the ``n`` tokens processed so far (in order), the rest are zeros (masked).
-A graph with S new tokens gets ``cache[:, :, :C-S]`` as ``past_*`` and returns the S new K/V, which
-the runner copies into slots ``n..n+m-1`` (m real tokens). Bounds: a prefill chunk needs
-``n <= C - S`` cached tokens before it; a decode step needs ``n <= C - 1``.
+The host side does what onnxruntime-genai 0.18.0's decoder pipeline does with these graphs, so
+the same compiled graphs get the same feeds under either loop (onnxruntime-genai ``src/``:
+``generators.cpp`` ``AllocateInputIdsOnDevice`` with ``alignment: "left"``,
+``models/input_ids.cpp`` ``WindowedInputIDs``, ``models/kv_cache.cpp`` ``DefaultKeyValueCache``
+with a shared past/present buffer, ``models/logits.cpp``):
 
-Prompt chunks shorter than S are *left*-padded: pad rows sit at the start of the new block, attend
-only to themselves, and real rows never attend to them; so the last row is always the last real
-token, which is what ``lm_head="last"`` graphs return. Positions of real tokens are ``n + j``.
+- a prompt is cut into windows of S tokens from its start; the last window is padded at its
+  end with ``pad_id``;
+- ``past_seq_len`` [1, 1] = (real tokens before the call) + S - 1 (so after prompt window k it
+  is k*S - 1, in decode the number of real tokens so far), ``total_seq_len`` [1] = the
+  generation's max length (genai: ``search.max_length``; the graphs ignore its value);
+- the KV cache of a layer is one float32 [1, Hkv, C, d] buffer, fed as ``past_*`` and replaced
+  by ``present_*``; the graph writes the call's rows at slots n..n+S-1 (pad rows too; the next
+  call overwrites them);
+- the logits of a call are the row of its last real token.
+
+Bounds: slots n..n+S-1 must exist, so n + S <= C before every call (raises ValueError).
 """
 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
-
-from .export import MASK_VALUE
-
-_PAST = re.compile(r"^past_(key|value)_(\d+)$")
 
 
 class PartGraph:
@@ -32,92 +35,81 @@ class PartGraph:
         self.sess = session
         self.inputs = {i.name: i for i in session.get_inputs()}
         self.output_names = [o.name for o in session.get_outputs()]
-        self.mask_shape = list(self.inputs["attention_mask"].shape)  # [1,1,S,C]
-        self.S, self.C = int(self.mask_shape[2]), int(self.mask_shape[3])
-        self.layers = sorted({int(m.group(2)) for n in self.inputs if (m := _PAST.match(n))})
-        self.first_input = next(n for n in ("input_ids", "inputs_embeds", "hidden_states_in")
-                                if n in self.inputs)
+        self.layers = sorted(int(n[len("past_key_"):]) for n in self.inputs if n.startswith("past_key_"))
+        self.first_input = next(n for n in self.inputs if n == "input_ids" or n == "inputs_embeds"
+                                or n.startswith("hidden_states_"))
+        self.S = int(self.inputs[self.first_input].shape[1])
+        self.C = int(self.inputs[f"past_key_{self.layers[0]}"].shape[2])
         self.last = "logits" in self.output_names
+        self.out = "logits" if self.last else next(n for n in self.output_names if n.startswith("hidden_states_"))
 
-    def call(self, x, pos, mask, cache: "KVCache", pad: int, m: int, before=None) -> dict:
-        """Run one call (``x``: the first input; ``pos``/``mask``/``pad`` from :func:`block_inputs`)
-        with this part's past K/V from ``cache``, write the ``m`` new K/V into it (the caller
-        advances ``cache.n``) and return {output name: array}. ``before(feeds)`` sees the feeds
-        first (calibration records them)."""
-        feeds = {self.first_input: x, "position_ids": pos, "attention_mask": mask,
-                 **cache.past(self.layers, self.S)}
+    def call(self, x, cache: "KVCache", total: int | None = None, before=None) -> dict:
+        """Run one call on ``x`` (the first input, [1, S] ids or [1, S, D]) for the tokens after
+        ``cache.n``: feeds ``past_seq_len`` = n + S - 1, ``total_seq_len`` = ``total`` (default
+        C) and this part's cache, which the ``present_*`` outputs then replace; returns
+        {output name: array}. ``before(feeds)`` sees the feeds first (calibration records them).
+        Raises ValueError when slots n..n+S-1 do not fit in C."""
+        if cache.n + self.S > self.C:
+            raise ValueError(f"context full: {cache.n} tokens cached, a call writes {self.S} slots, C={self.C}")
+        feeds = {self.first_input: x, "past_seq_len": np.array([[cache.n + self.S - 1]], np.int32),
+                 "total_seq_len": np.array([self.C if total is None else total], np.int32),
+                 **cache.past(self.layers)}
         if before is not None:
             before(feeds)
         res = dict(zip(self.output_names, self.sess.run(self.output_names, feeds)))
-        cache.write(self.layers, res, pad, m)
+        cache.write(self.layers, res)
         return res
 
 
-def block_inputs(tokens, n: int, S: int, C: int, pad_id: int = 0, mask_value: float = MASK_VALUE):
-    """Host-side inputs of one graph call over ``m = len(tokens) <= S`` new tokens after ``n``
-    cached ones (the layout in the module docstring): ``ids`` int32 [1, S] (left-padded with
-    ``pad_id``), ``position_ids`` int32 [1, S], the additive ``attention_mask`` float32
-    [1, 1, S, C] and the pad count ``S - m``. Raises ValueError when the block does not fit
-    (m outside 1..S, or n > C - S)."""
-    m, P = len(tokens), C - S
-    if not 1 <= m <= S:
-        raise ValueError(f"block of {m} tokens for a graph with S={S}")
-    if n > P:
-        raise ValueError(f"KV cache full: {n} tokens cached, graph allows {P} past entries")
-    pad = S - m
+def prompt_windows(tokens: Sequence[int], S: int) -> list[list[int]]:
+    """A prompt cut as genai cuts it with ``alignment: "left"``: windows of S tokens from the
+    start, the last one shorter (padded at its end by :func:`block_ids`)."""
+    tokens = [int(t) for t in tokens]
+    return [tokens[s:s + S] for s in range(0, len(tokens), S)]
+
+
+def block_ids(tokens, S: int, pad_id: int = 0) -> np.ndarray:
+    """``input_ids`` int32 [1, S] of a call over ``len(tokens) <= S`` tokens, padded at the end
+    with ``pad_id``. Raises ValueError when the block is empty or longer than S."""
+    if not 1 <= len(tokens) <= S:
+        raise ValueError(f"block of {len(tokens)} tokens for a graph with S={S}")
     ids = np.full((1, S), pad_id, np.int32)
-    ids[0, pad:] = tokens
-    pos = np.zeros((1, S), np.int32)
-    pos[0, pad:] = np.arange(n, n + m, dtype=np.int32)
-    mask = np.full((1, 1, S, C), mask_value, np.float32)
-    for i in range(S):
-        if i < pad:
-            mask[0, 0, i, P + i] = 0.0  # pad row: itself only
-        else:
-            mask[0, 0, i, :n] = 0.0
-            mask[0, 0, i, P + pad:P + i + 1] = 0.0
-    return ids, pos, mask, pad
+    ids[0, :len(tokens)] = tokens
+    return ids
 
 
 class KVCache:
-    """Host KV cache of some layers: per layer ``k[l]``, ``v[l]`` float32 [1, Hkv, C, d]; slots
-    ``0..n-1`` hold the tokens processed so far, the rest are zeros."""
+    """Host KV cache of some layers: per layer ``k[l]``, ``v[l]`` float32 [1, Hkv, C, d] (slot j =
+    position j; slots >= n hold leftovers or zeros) and ``n``, the real tokens so far."""
 
     def __init__(self, layers, n_kv: int, C: int, head_dim: int):
         self.k = {l: np.zeros((1, n_kv, C, head_dim), np.float32) for l in layers}
         self.v = {l: np.zeros_like(self.k[l]) for l in layers}
         self.n = 0
 
-    def past(self, layers, S: int) -> dict:
-        """``past_key_{l}`` / ``past_value_{l}`` feeds ([1, Hkv, C-S, d] views) for a graph with S new tokens."""
-        C = next(iter(self.k.values())).shape[2]
+    def past(self, layers) -> dict:
+        """``past_key_{l}`` / ``past_value_{l}`` feeds: the buffers themselves."""
         out = {}
         for l in layers:
-            out[f"past_key_{l}"] = self.k[l][:, :, :C - S]
-            out[f"past_value_{l}"] = self.v[l][:, :, :C - S]
+            out[f"past_key_{l}"], out[f"past_value_{l}"] = self.k[l], self.v[l]
         return out
 
-    def write(self, layers, res: dict, pad: int, m: int) -> None:
-        """Copy the m real new K/V (``present_*`` outputs, pad rows dropped) into slots n..n+m-1
-        (``n`` is advanced by the caller once every part has written)."""
+    def write(self, layers, res: dict) -> None:
+        """Take the ``present_*`` outputs as the new buffers."""
         for l in layers:
-            self.k[l][:, :, self.n:self.n + m] = res[f"present_key_{l}"][:, :, pad:]
-            self.v[l][:, :, self.n:self.n + m] = res[f"present_value_{l}"][:, :, pad:]
+            self.k[l], self.v[l] = res[f"present_key_{l}"], res[f"present_value_{l}"]
 
     def save(self, path) -> None:
-        """Write the filled slots (n) to ``path`` (.npz)."""
-        np.savez(path, n=np.int64(self.n), **{f"k{l}": a[:, :, :self.n] for l, a in self.k.items()},
-                 **{f"v{l}": a[:, :, :self.n] for l, a in self.v.items()})
+        """Write the cache to ``path`` (.npz)."""
+        np.savez(path, n=np.int64(self.n), **{f"k{l}": a for l, a in self.k.items()},
+                 **{f"v{l}": a for l, a in self.v.items()})
 
     def load(self, path) -> None:
         """Restore a cache written by :meth:`save` (same layers and shapes)."""
         with np.load(path) as z:
             self.n = int(z["n"])
-            for l in self.k:
-                self.k[l][:] = 0
-                self.v[l][:] = 0
-                self.k[l][:, :, :self.n] = z[f"k{l}"]
-                self.v[l][:, :, :self.n] = z[f"v{l}"]
+            self.k = {l: z[f"k{l}"].copy() for l in self.k}
+            self.v = {l: z[f"v{l}"].copy() for l in self.v}
 
 
 class LLMRunner:
@@ -130,8 +122,8 @@ class LLMRunner:
             ``get_outputs()`` and ``run(names, feeds)`` works.
         embed_table: float32 [V, D] host-side embedding table, required iff part 0 takes
             ``inputs_embeds`` (export with ``embed="separate"``; the table is ``embed_tokens.npy``).
-        mask_value: additive value for blocked attention entries (default export.MASK_VALUE=-100).
-        pad_id: token id fed at padded rows (their results are discarded).
+        pad_id: token id fed at padded rows (their results are discarded; genai uses the
+            config's ``pad_token_id``).
         recorder: optional ``callable(part_index, kind, feeds_dict)`` called before every graph
             run (``kind`` is ``"prefill"`` or ``"decode"``); used by :mod:`tasks.llm.calib`.
 
@@ -139,7 +131,7 @@ class LLMRunner:
     """
 
     def __init__(self, parts: Sequence[tuple], make_session: Callable, *, embed_table=None,
-                 mask_value: float = MASK_VALUE, pad_id: int = 0, recorder=None):
+                 pad_id: int = 0, recorder=None):
         self.prefill = [PartGraph(make_session(str(p))) for p, _ in parts]
         self.decode = [PartGraph(make_session(str(d))) for _, d in parts]
         self.S = self.prefill[0].S
@@ -152,7 +144,6 @@ class LLMRunner:
         if self.prefill[0].first_input == "inputs_embeds" and embed_table is None:
             raise ValueError("part 0 takes inputs_embeds: pass embed_table (embed_tokens.npy)")
         self.embed_table = None if embed_table is None else np.asarray(embed_table, np.float32)
-        self.mask_value = float(mask_value)
         self.pad_id = int(pad_id)
         self.recorder = recorder
         shp = self.prefill[0].inputs[f"past_key_{self.prefill[0].layers[0]}"].shape
@@ -173,7 +164,6 @@ class LLMRunner:
             parts.append(tuple(str(q.with_name(q.name[:-len(".onnx")] + suffix)) for q in paths))
         if desc.get("embed_file") and "embed_table" not in kw:
             kw["embed_table"] = np.load(export_dir / desc["embed_file"])
-        kw.setdefault("mask_value", desc.get("mask_value", MASK_VALUE))
         return cls(parts, make_session, **kw)
 
     def reset(self) -> None:
@@ -195,29 +185,23 @@ class LLMRunner:
     # -- one call of all parts over a block of m <= S new tokens ----------------------------------
     def _run(self, tokens: list[int], kind: str) -> np.ndarray:
         graphs = self.prefill if kind == "prefill" else self.decode
-        S, m = graphs[0].S, len(tokens)
-        ids, pos, mask, pad = block_inputs(tokens, self.cache.n, S, self.C, self.pad_id, self.mask_value)
-        x = ids
+        x = block_ids(tokens, graphs[0].S, self.pad_id)
         if graphs[0].first_input == "inputs_embeds":
-            x = self.embed_table[ids]
-        out = None
+            x = self.embed_table[x]
         for pi, g in enumerate(graphs):
             rec = None if self.recorder is None else (lambda f, pi=pi: self.recorder(pi, kind, f))
-            res = g.call(x, pos, mask, self.cache, pad, m, rec)
-            out = res["logits"] if g.last else res["hidden_states"]
-            x = out
-        self.cache.n += m
-        return out[0, -1].astype(np.float32)  # logits of the last (real) token, [V]
+            x = g.call(x, self.cache, before=rec)[g.out]
+        self.cache.n += len(tokens)
+        return x[0, len(tokens) - 1].astype(np.float32)  # logits of the last real token, [V]
 
     def feed(self, prompt_ids: Sequence[int]) -> np.ndarray:
-        """Append tokens to the cache: full/partial chunks of S through the prefill graphs.
-        Returns float32 [V] logits after the last token. Raises ValueError if the cache overflows."""
-        prompt_ids = [int(t) for t in prompt_ids]
-        if not prompt_ids:
+        """Append a prompt through the prefill graphs in genai's windows (:func:`prompt_windows`).
+        Returns float32 [V] logits after the last token. Raises ValueError if the context overflows."""
+        if not len(prompt_ids):
             raise ValueError("empty prompt")
         logits = None
-        for s in range(0, len(prompt_ids), self.S):
-            logits = self._run(prompt_ids[s:s + self.S], "prefill")
+        for blk in prompt_windows(prompt_ids, self.S):
+            logits = self._run(blk, "prefill")
         return logits
 
     def step(self, token: int) -> np.ndarray:
@@ -234,7 +218,7 @@ class LLMRunner:
         """Greedy decoding: reset, prefill the prompt, then ``max_new_tokens - 1`` decode steps.
 
         Returns only the new token ids (``len <= max_new_tokens``; stops after ``eos_token_id``).
-        Raises ValueError if prompt + new tokens exceed the context (C - 1 cached tokens for decode).
+        Raises ValueError if the context overflows (see the module docstring).
         """
         logits = self.prefill_logits(prompt_ids)
         out = []
@@ -245,82 +229,6 @@ class LLMRunner:
                 break
             logits = self.step(tok)
         return out
-
-
-def write_genai_config(export_desc: dict, out_path, *, model_files: dict | None = None,
-                       eos_token_id: int = 0, pad_token_id: int = 0, provider: str = "qnn") -> dict:
-    """Write a *best-effort, unverified* onnxruntime-genai ``genai_config.json`` for an export.
-
-    What it expresses: genai's ``decoder-pipeline`` model type (used by its QNN examples) lists
-    one entry per graph with ``filename``, ``inputs``, ``outputs``, ``run_on_prompt`` /
-    ``run_on_token_gen`` and per-graph ``session_options`` (provider options); the KV naming
-    templates ``past_key_%d`` / ``present_key_%d`` map to our names. ``sliding_window`` (with
-    ``window_size`` = seq_len and ``alignment`` = "left") is genai's static-shape/KV mode.
-
-    The key names used here (``decoder-pipeline``, ``run_on_prompt``, ``run_on_token_gen``,
-    ``sliding_window``/``window_size``/``pad_value``/``alignment``/``slide_key_value_cache``,
-    ``past_key_names``-style templates) were checked only as strings inside the onnxruntime-genai
-    0.18.0 wheel (downloaded with ``pip download --no-deps``, not installed, not run: it would pull
-    its own onnxruntime into the shared venv). Its default KV names are ``past_key_values.%d.key`` /
-    ``present.%d.key``, hence the explicit templates below.
-
-    What it cannot express (so genai will NOT run these graphs unmodified, to our knowledge; no
-    genai run was possible here and no string in the wheel hints at an additive 4-D float mask):
-      * our ``attention_mask`` is an additive float [1,1,S,C] tensor built by the host; genai feeds
-        an integer [1, L] 0/1 mask (or total_seq_len/seqlens_k for GroupQueryAttention graphs)
-        and has no hook to build an additive 4-D mask. A small extra "mask builder" graph in the
-        pipeline (int mask -> additive float mask) would be needed.
-      * our ``present_*`` outputs hold only the S new entries and the host scatters them into slot
-        ``n``; genai's sliding-window KV update assumes its own layout (past window shifted left).
-      * int32 ``position_ids`` of shape [1,S] are supported; the int32 ``input_ids`` likely are too.
-    The file is therefore a starting point and documentation of the mapping, marked with
-    ``"_unverified": true``. Returns the dict written.
-    """
-    parts = export_desc["parts"]
-    files = model_files or {}
-    opts = [{"qnn": {"backend_path": "QnnHtp.dll", "htp_performance_mode": "burst"}}] \
-        if provider == "qnn" else []
-    pipeline = []
-    for p in parts:
-        for g in ("prefill", "decode"):
-            key = f"part{p['index']}_{'context' if g == 'prefill' else 'iterator'}"
-            pipeline.append({key: {
-                "filename": files.get(key, p[g]["path"].replace(".onnx", "_ctx.onnx")),
-                "inputs": [i["name"] for i in p[g]["inputs"]],
-                "outputs": [o["name"] for o in p[g]["outputs"]],
-                "session_options": {"provider_options": opts},
-                "run_on_prompt": g == "prefill",
-                "run_on_token_gen": g == "decode",
-            }})
-    cfg = {
-        "_unverified": True,
-        "_note": "additive float mask [1,1,S,C] and new-only present K/V are not genai-native; "
-                 "see tasks/llm/runner.py:write_genai_config docstring",
-        "model": {
-            "type": "decoder-pipeline",
-            "context_length": export_desc["context_len"],
-            "vocab_size": export_desc["vocab_size"],
-            "eos_token_id": eos_token_id, "pad_token_id": pad_token_id, "bos_token_id": eos_token_id,
-            "decoder": {
-                "head_size": export_desc["head_dim"],
-                "hidden_size": export_desc["hidden_size"],
-                "num_attention_heads": export_desc["num_heads"],
-                "num_key_value_heads": export_desc["num_kv_heads"],
-                "num_hidden_layers": export_desc["num_layers"],
-                "inputs": {"input_ids": "input_ids", "position_ids": "position_ids",
-                           "attention_mask": "attention_mask",
-                           "past_key_names": "past_key_%d", "past_value_names": "past_value_%d"},
-                "outputs": {"logits": "logits", "present_key_names": "present_key_%d",
-                            "present_value_names": "present_value_%d"},
-                "sliding_window": {"window_size": export_desc["seq_len"], "pad_value": 0,
-                                   "alignment": "left", "slide_key_value_cache": False},
-                "pipeline": pipeline,
-            },
-        },
-        "search": {"do_sample": False, "max_length": export_desc["context_len"], "num_beams": 1},
-    }
-    Path(out_path).write_text(json.dumps(cfg, indent=1))
-    return cfg
 
 
 class PartStream:
@@ -350,7 +258,6 @@ class PartStream:
         self.embed_table = embed_table
         self.pad_id = pad_id
         self.S, self.C = desc["seq_len"], desc["context_len"]
-        self.mask_value = desc.get("mask_value", MASK_VALUE)
         self.parts = desc["parts"]
         self._open: dict[tuple, PartGraph] = {}
         self.loads = 0
@@ -384,29 +291,23 @@ class PartStream:
             kind = "prefill" if j == 0 else "decode"
             Sg = self.S if kind == "prefill" else 1
             if j == 0:
-                blocks = [[list(p[s:s + self.S]) for s in range(0, len(p), self.S)] for p in prompts]
+                blocks = [prompt_windows(p, self.S) for p in prompts]
             else:
                 blocks = [[[tokens[b][-1] if forced is None else forced[b][j - 1]]] for b in range(B)]
-            xs, meta = [], []
+            xs = []
             for b in range(B):
-                xs.append([])
-                n = caches[b][0].n
-                meta.append([])
-                for blk in blocks[b]:
-                    ids, pos, mask, pad = block_inputs(blk, n, Sg, self.C, self.pad_id, self.mask_value)
-                    meta[b].append((pos, mask, pad, len(blk)))
-                    xs[b].append(ids if self.embed_table is None else np.asarray(self.embed_table[ids], np.float32))
-                    n += len(blk)
+                ids = [block_ids(blk, Sg, self.pad_id) for blk in blocks[b]]
+                xs.append(ids if self.embed_table is None else
+                          [np.asarray(self.embed_table[x], np.float32) for x in ids])
             for i, p in enumerate(self.parts):
                 g = self._graph(i, kind)
                 for b in range(B):
                     c = caches[b][i]
-                    for k, (pos, mask, pad, m) in enumerate(meta[b]):
-                        res = g.call(xs[b][k], pos, mask, c, pad, m)
-                        c.n += m
-                        xs[b][k] = res["logits"] if g.last else res["hidden_states"]
+                    for k, blk in enumerate(blocks[b]):
+                        xs[b][k] = g.call(xs[b][k], c)[g.out]
+                        c.n += len(blk)
             for b in range(B):
-                row = xs[b][-1][0, -1].astype(np.float32)
+                row = xs[b][-1][0, len(blocks[b][-1]) - 1].astype(np.float32)
                 logits[b].append(row)
                 tokens[b].append(int(np.argmax(row)))
         return tokens, logits

@@ -15,6 +15,15 @@ part by part (:class:`tasks.llm.runner.PartStream`). Metrics (``verify.json``):
 - ``reference_distinct_tokens`` per prompt: a continuation that repeats one token makes the
   agreement test unable to fail (NOTES-qnn.md), so tests check it.
 
+``runtime: genai`` (:mod:`tasks.llm.genai`): the compiled side's greedy tokens come from
+onnxruntime-genai driving the same graphs through a ``genai_config.json`` (written to a temporary
+folder, naming the per-graph binaries, or the QDQ graphs for ``cpu-qdq``); LLMRunner still runs
+them too, and ``genai_runner_agreement`` is the share of prompts whose genai tokens equal
+LLMRunner's (LLMRunner's cut before the first eos, where genai stops; token agreement then
+compares against the fp32 tokens cut the same way). The logits metrics and the
+perplexity always come from LLMRunner (genai returns tokens). ``verify.json`` says which
+runtime ran under ``"runtime"``.
+
 Shared (weight-shared) binaries: on x86_64 loading a context binary that holds two graphs
 crashes the HTP simulator (NOTES-qnn.md; reproduced by tasks/llm/qnn.load_shared_probe),
 so verify runs the per-graph binaries compiled from the same QDQ graphs and checks the shipped
@@ -68,6 +77,48 @@ def resident_parts(export_dir: Path, budget_bytes: int | None) -> int:
     return len(desc["parts"]) if budget_bytes is not None and total <= budget_bytes else 1
 
 
+def _cut_at_eos(tokens: list[int], eos) -> list[int]:
+    """``tokens`` before the first ``eos``: genai stops there and leaves eos out of the sequence
+    (measured with onnxruntime-genai 0.18.0: a continuation whose 7th token is eos comes back
+    as 6 tokens)."""
+    return tokens[:tokens.index(eos)] if eos is not None and eos in tokens else list(tokens)
+
+
+def _genai_version() -> str:
+    import onnxruntime_genai as og
+
+    return og.__version__
+
+
+def _genai_generate(desc: dict, inputs: dict, params: dict, prompts: list[list[int]], K: int) -> list[list[int]]:
+    """Greedy tokens of every prompt through onnxruntime-genai on the compiled side: the
+    per-graph context binaries on QNN HTP (``backend: htp``; every node on HTP, as
+    ``session.disable_cpu_ep_fallback=1`` makes session creation fail otherwise) or the QDQ
+    graphs on the CPU EP (``cpu-qdq``). The ``genai_config.json`` goes to a temporary folder
+    (cache entries are read-only) whose ``part{i}`` are links to the graphs' folders (genai
+    takes only relative paths). genai holds every part's sessions at once."""
+    import tempfile
+
+    from .. import qnn as _qnn
+    from .genai import GenaiRunner, bundle_files, link_parts, write_genai_config
+
+    with tempfile.TemporaryDirectory(prefix="npubuild-genai-") as tmp:
+        if params["backend"] == "htp":
+            link_parts(desc, inputs["compiled"], tmp)
+            write_genai_config(desc, Path(tmp) / "genai_config.json", bundle_files(desc),
+                               provider_options=_qnn.provider_options(params["target"]),
+                               session_config={"session.disable_cpu_ep_fallback": "1"})
+        else:
+            link_parts(desc, inputs["qdq"], tmp)
+            write_genai_config(desc, Path(tmp) / "genai_config.json", bundle_files(desc, suffix=".onnx"))
+        runner = GenaiRunner(tmp, qnn=params["backend"] == "htp")
+        from .. import progress
+
+        out = [runner.generate(p, K) for p in progress.bar(prompts, "genai prompts", unit="prompt")]
+        del runner
+    return out
+
+
 def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None = None) -> dict:
     """Measure the compiled LLM against the fp32 export (see module docstring). Both sides run
     as :class:`tasks.llm.runner.PartStream` over every verify prompt at once, holding one part
@@ -91,7 +142,7 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
     K = params["max_new_tokens"]
     resident = resident_parts(ref_dir, budget_bytes)
     embed = np.load(ref_dir / desc["embed_file"], mmap_mode="r") if desc.get("embed_file") else None
-    pad = tok.eos_token_id if tok.eos_token_id is not None else 0
+    pad = desc["pad_token_id"]  # what genai pads with; pad rows never reach a real token's result
 
     def stream(folder: Path, suffix: str, make_session) -> PartStream:
         def path(i, kind):
@@ -128,7 +179,23 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
         p_c, p_r = perplexity(lc[0], ids[1:]), perplexity(lr[0], ids[1:])
         metrics.update(perplexity=p_c, perplexity_fp32=p_r, perplexity_ratio=p_c / p_r,
                        perplexity_tokens=len(ids) - 1)
+    runtime = params.get("runtime", "runner")
+    if runtime == "genai":
+        genai_tokens = _genai_generate(desc, inputs, params, prompts, K)
+        eos = desc.get("eos_token_id")
+        same = []
+        for r, gt, rt in zip(rows, genai_tokens, got_tokens):
+            runner_cut = _cut_at_eos(rt, eos)
+            same.append(gt == runner_cut)
+            frac, pre = agreement(_cut_at_eos(r["reference"], eos), gt)
+            r.update(tokens=gt, runner_tokens=rt, genai_equals_runner=gt == runner_cut,
+                     token_agreement=frac, prefix_match=pre)
+        metrics.update(token_agreement=float(np.mean([r["token_agreement"] for r in rows])),
+                       prefix_match_mean=float(np.mean([r["prefix_match"] for r in rows])),
+                       genai_runner_agreement=float(np.mean(same)))
+        ran += "; tokens generated by onnxruntime-genai " + _genai_version()
     return {"backend": params["backend"], "target": params["target"], "ran": ran, "metrics": metrics,
+            "runtime": runtime,
             "samples": rows, "max_new_tokens": K, "reference": "fp32 export graphs (CPU EP)",
             # how it ran on this machine (manifest info, not verify.json: it varies with memory)
             "_run": {"parts_resident": resident, "part_loads": {"reference": fp32.loads, "compiled": got.loads}},

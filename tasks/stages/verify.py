@@ -34,7 +34,8 @@ np = lazy.module("numpy")
 onnx = lazy.module("onnx")
 
 VERSION = 1
-TOOLS = ("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "transformers", "tokenizers", "numpy", "torch")
+TOOLS = ("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "transformers", "tokenizers", "numpy", "torch",
+         "onnxruntime-genai")
 KEY_EXCLUDE = ("thresholds",)
 
 
@@ -55,6 +56,8 @@ THRESHOLDS = {
     "prefix_match_mean": ("min", "prefix_match", "LLM: mean length of the matching greedy prefix"),
     "logits_cosine_mean": ("min", "logits_cosine", "LLM: mean prefill logits cosine"),
     "perplexity_ratio": ("max", None, "LLM: perplexity(compiled) / perplexity(fp32)"),
+    "genai_runner_agreement": ("min", None, "LLM, runtime genai: share of prompts where onnxruntime-genai's "
+                                            "tokens equal LLMRunner's on the same graphs"),
 }
 
 

@@ -1,0 +1,106 @@
+"""The decoder families the LLM export writes, as data: how a family's checkpoint tensors map to
+the one graph :mod:`tasks.llm.export` builds.
+
+The graph is a Llama-style decoder (RMSNorm, rotary attention with GQA, SwiGLU MLP). A family
+says where each *canonical* per-layer tensor comes from in its checkpoint (a whole tensor, or a
+row range of a fused one) and which optional pieces it has; the export reads the table, never
+the family's name. Sources (``transformers`` 4.57 ``models/<family>/modeling_<family>.py``):
+
+- ``llama``: q/k/v/o and gate/up/down projections, no biases (``attention_bias`` may add them).
+  Llama 3.x ``rope_scaling`` (``rope_type: llama3``) is applied by the RoPE table
+  (:func:`tasks.llm.export.rope_tables` uses transformers' ``ROPE_INIT_FUNCTIONS``).
+- ``qwen2``: as llama, with q/k/v biases.
+- ``qwen3``: as llama, plus ``self_attn.q_norm`` / ``self_attn.k_norm``: an RMSNorm over
+  ``head_dim`` applied to each head of q and k before the rotary embedding
+  (``Qwen3Attention.forward``: ``self.q_norm(self.q_proj(x).view(hidden_shape))``).
+- ``phi3`` (Phi-3, Phi-3.5, Phi-4-mini): fused ``self_attn.qkv_proj`` ([(H + 2 Hkv) d, D]: q rows,
+  then k, then v) and ``mlp.gate_up_proj`` ([2 I, D]: gate rows, then up; ``Phi3MLP`` chunks
+  its output in two); ``partial_rotary_factor`` < 1 rotates only the first
+  ``head_dim * factor`` dims of each head (``apply_rotary_pos_emb`` in ``modeling_phi3``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One canonical per-layer tensor (name under ``model.layers.{l}.``): read from ``source``
+    (same naming), rows ``rows(config)`` of it when the source is fused (None: all of it).
+    ``optional``: absent from some checkpoints of the family (biases)."""
+
+    name: str
+    source: str
+    rows: object = None  # callable(config) -> (start, stop), or None
+    optional: bool = False
+
+
+def _dims(c: dict) -> tuple[int, int, int, int]:
+    H = c["num_attention_heads"]
+    d = c.get("head_dim") or c["hidden_size"] // H
+    return H, c.get("num_key_value_heads") or H, d, c["intermediate_size"]
+
+
+def _q_rows(c):
+    H, Hkv, d, _ = _dims(c)
+    return 0, H * d
+
+
+def _k_rows(c):
+    H, Hkv, d, _ = _dims(c)
+    return H * d, (H + Hkv) * d
+
+
+def _v_rows(c):
+    H, Hkv, d, _ = _dims(c)
+    return (H + Hkv) * d, (H + 2 * Hkv) * d
+
+
+def _gate_rows(c):
+    return 0, _dims(c)[3]
+
+
+def _up_rows(c):
+    I = _dims(c)[3]
+    return I, 2 * I
+
+
+_NORMS = (Piece("input_layernorm.weight", "input_layernorm.weight"),
+          Piece("post_attention_layernorm.weight", "post_attention_layernorm.weight"))
+_SEPARATE_QKV = tuple(Piece(f"self_attn.{p}_proj.{w}", f"self_attn.{p}_proj.{w}", optional=w == "bias")
+                      for p in "qkv" for w in ("weight", "bias"))
+_SEPARATE_MLP = tuple(Piece(f"mlp.{p}_proj.weight", f"mlp.{p}_proj.weight") for p in ("gate", "up"))
+_COMMON = (Piece("self_attn.o_proj.weight", "self_attn.o_proj.weight"), Piece("mlp.down_proj.weight", "mlp.down_proj.weight"))
+
+#: model_type -> the canonical per-layer tensors of its checkpoints
+FAMILIES: dict[str, tuple[Piece, ...]] = {
+    "llama": _NORMS + _SEPARATE_QKV + _COMMON + _SEPARATE_MLP,
+    "qwen2": _NORMS + _SEPARATE_QKV + _COMMON + _SEPARATE_MLP,
+    "qwen3": _NORMS + _SEPARATE_QKV + _COMMON + _SEPARATE_MLP
+    + (Piece("self_attn.q_norm.weight", "self_attn.q_norm.weight"),
+       Piece("self_attn.k_norm.weight", "self_attn.k_norm.weight")),
+    "phi3": _NORMS + _COMMON + (
+        Piece("self_attn.q_proj.weight", "self_attn.qkv_proj.weight", _q_rows),
+        Piece("self_attn.k_proj.weight", "self_attn.qkv_proj.weight", _k_rows),
+        Piece("self_attn.v_proj.weight", "self_attn.qkv_proj.weight", _v_rows),
+        Piece("mlp.gate_proj.weight", "mlp.gate_up_proj.weight", _gate_rows),
+        Piece("mlp.up_proj.weight", "mlp.gate_up_proj.weight", _up_rows)),
+}
+SUPPORTED = tuple(FAMILIES)
+
+
+def pieces(model_type: str) -> tuple[Piece, ...]:
+    """The canonical per-layer tensors of ``model_type``. Raises ValueError naming the
+    supported families for any other."""
+    if model_type not in FAMILIES:
+        raise ValueError(f"unsupported model_type {model_type!r}; supported LLM families: {', '.join(SUPPORTED)}")
+    return FAMILIES[model_type]
+
+
+def rotary_dim(config: dict) -> int:
+    """Dims of each head that the rotary embedding turns (``head_dim * partial_rotary_factor``,
+    the rest passes through; Phi-4-mini: 0.75), even."""
+    d = _dims(config)[2]
+    r = int(d * float(config.get("partial_rotary_factor", 1.0)))
+    return r - r % 2

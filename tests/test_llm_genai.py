@@ -1,0 +1,107 @@
+"""onnxruntime-genai drives our LLM graphs: the genai_config.json we write loads, and genai's greedy
+tokens equal LLMRunner's on the same QDQ graphs (CPU EP) and the same per-graph context binaries
+(QNN HTP simulator). The doit-level check (every tiny recipe, all verify prompts) is in
+tests/test_llm_recipes.py."""
+import json
+import shutil
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from llm_fixtures import PROMPTS, tiny_export, tiny_model
+
+og = pytest.importorskip("onnxruntime_genai")
+
+LONG = ("Every morning the farmer milked the cows, fed the chickens, and opened the gate for "
+        "the sheep. In the afternoon he")
+
+
+def cpu(path):
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+@pytest.fixture(scope="module")
+def qwen2_bundle(tmp_path_factory):
+    """The tiny Qwen2's export quantized w8a16 by the quantize stage's own code, laid out as the
+    stages lay it out (``part0/{prefill,decode}.onnx``), and compiled per graph for x-elite."""
+    from tasks.llm import fixtures
+    from tasks.llm.compile import compile_llm
+    from tasks.llm.quant import quantize_llm
+
+    ex = tiny_export("qwen2")
+    qdq = tmp_path_factory.mktemp("qdq")
+    shutil.copyfile(ex / "export.json", qdq / "export.json")
+    quantize_llm(ex, tiny_model("qwen2"), fixtures.CORPUS_PATH,
+                 {"precision": "w8a16", "per_channel": True, "calibration": {"samples": 6}}, qdq)
+    ctx = tmp_path_factory.mktemp("ctx")
+    compile_llm(qdq, ctx, {"target": "x-elite", "weight_sharing": False})
+    return {"qdq": qdq, "ctx": ctx, "desc": json.loads((ex / "export.json").read_text())}
+
+
+def _prompts():
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model("qwen2"))
+    return [tok(p)["input_ids"] for p in PROMPTS + [LONG]]
+
+
+def test_genai_on_qdq_graphs_equals_llmrunner(qwen2_bundle, tmp_path):
+    """CPU EP: genai's tokens equal LLMRunner's for prompts shorter and longer than the prefill
+    window (two windows, the second padded at its end), 16 tokens each."""
+    from tasks.llm.genai import GenaiRunner, bundle_files, link_parts, write_genai_config
+    from tasks.llm.runner import LLMRunner
+
+    desc = qwen2_bundle["desc"]
+    link_parts(desc, qwen2_bundle["qdq"], tmp_path)
+    write_genai_config(desc, tmp_path / "genai_config.json", bundle_files(desc, suffix=".onnx"))
+    genai = GenaiRunner(tmp_path)
+    runner = LLMRunner.from_export(qwen2_bundle["qdq"], cpu)
+    prompts = _prompts()
+    assert max(len(p) for p in prompts) > desc["seq_len"]
+    eos = desc["eos_token_id"]
+    for ids in prompts:
+        ref = runner.generate(ids, 16, eos_token_id=eos)
+        assert len(set(ref)) >= 4  # a varied continuation, so equality can fail
+        assert genai.generate(ids, 16) == (ref[:ref.index(eos)] if eos in ref else ref)  # genai drops eos
+
+
+def test_genai_on_htp_simulator_equals_llmrunner(qwen2_bundle):
+    """QNN HTP (simulator): genai, with onnxruntime-qnn's plugin EP registered, runs the
+    compile stage's genai_config.json (per-graph binaries here) and gives LLMRunner's tokens on
+    the same binaries."""
+    from tasks.llm import qnn
+    from tasks.llm.genai import GenaiRunner
+    from tasks.llm.runner import LLMRunner
+
+    ctx, desc = qwen2_bundle["ctx"], qwen2_bundle["desc"]
+    cfg = json.loads((ctx / "genai_config.json").read_text())
+    assert [list(p)[0] for p in cfg["model"]["decoder"]["pipeline"]] == ["part0_context", "part0_iterator"]
+    assert cfg["model"]["decoder"]["session_options"]["provider_options"][0]["qnn"]["soc_model"] == "60"
+    genai = GenaiRunner(ctx, qnn=True)
+    runner = LLMRunner.from_export(ctx, qnn.qnn_session_factory(), suffix="_ctx.onnx")
+    eos = desc["eos_token_id"]
+    for ids in _prompts()[:2] + _prompts()[-1:]:
+        ref = runner.generate(ids, 8, eos_token_id=eos)
+        assert genai.generate(ids, 8) == (ref[:ref.index(eos)] if eos in ref else ref)
+
+
+def test_genai_config_shape(qwen2_bundle, tmp_path):
+    """The config parses as onnxruntime-genai's Config; exports genai cannot drive are refused."""
+    from tasks.llm.genai import bundle_files, genai_config, write_genai_config
+
+    desc = qwen2_bundle["desc"]
+    write_genai_config(desc, tmp_path / "genai_config.json", bundle_files(desc))
+    og.Config(str(tmp_path))
+    cfg = genai_config(desc, bundle_files(desc))
+    sw = cfg["model"]["decoder"]["sliding_window"]
+    assert sw == {"window_size": desc["seq_len"], "pad_value": 0, "alignment": "left",
+                  "slide_key_value_cache": False, "slide_inputs": True}
+    assert "_unverified" not in cfg
+    with pytest.raises(ValueError, match="separate"):
+        genai_config({**desc, "embed": "separate"}, bundle_files(desc))
+    with pytest.raises(ValueError, match="multiple"):
+        genai_config({**desc, "context_len": desc["context_len"] + 1}, bundle_files(desc))
+    with pytest.raises(ValueError, match="layout"):
+        genai_config({**desc, "io_layout": "old"}, bundle_files(desc))
+    assert np.all([p["prefill"]["outputs"][0]["shape"][1] == desc["seq_len"] for p in desc["parts"]])
