@@ -117,27 +117,6 @@ class StatCache:
                 reset_database(self.db_path, e, "the stat cache")
         raise AssertionError("unreachable")
 
-
-def reset_database(path: Path, err: Exception, what: str) -> Path | None:
-    """Move an SQLite database that cannot be read (and its -wal/-shm files) aside to
-    ``<name>.damaged-<time>`` and say so in one line on stderr; the caller then creates it
-    anew. For databases that only cache what can be recomputed (the stat cache, doit's
-    database). Returns where it went (None if it was not there)."""
-    import time
-
-    path = Path(path)
-    dest = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
-    moved = None
-    for suffix in ("", "-wal", "-shm"):
-        f = Path(str(path) + suffix)
-        if f.exists():
-            os.replace(f, str(dest) + suffix)
-            moved = moved or dest
-    print(f"npubuild: {path}: {what} could not be read ({type(err).__name__}: {err}); moved to {dest} "
-          f"and rebuilt (nothing is lost but time)", file=sys.stderr, flush=True)
-    return moved
-
-
     def derived(self, what: str, digest: str, compute) -> str | None:
         """A text ``compute()`` derives from content with xxh3 ``digest`` (e.g. the imports of
         a source file), kept across processes under ``(what, digest)``: computed once per
@@ -159,6 +138,26 @@ def reset_database(path: Path, err: Exception, what: str) -> Path | None:
         except sqlite3.DatabaseError:
             pass
         return value
+
+
+def reset_database(path: Path, err: Exception, what: str) -> Path | None:
+    """Move an SQLite database that cannot be read (and its -wal/-shm files) aside to
+    ``<name>.damaged-<time>`` and say so in one line on stderr; the caller then creates it
+    anew. For databases that only cache what can be recomputed (the stat cache, doit's
+    database). Returns where it went (None if it was not there)."""
+    import time
+
+    path = Path(path)
+    dest = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+    moved = None
+    for suffix in ("", "-wal", "-shm"):
+        f = Path(str(path) + suffix)
+        if f.exists():
+            os.replace(f, str(dest) + suffix)
+            moved = moved or dest
+    print(f"npubuild: {path}: {what} could not be read ({type(err).__name__}: {err}); moved to {dest} "
+          f"and rebuilt (nothing is lost but time)", file=sys.stderr, flush=True)
+    return moved
 
 
 _default: StatCache | None = None
