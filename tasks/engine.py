@@ -184,8 +184,9 @@ def direct_imports(name: str) -> frozenset[str]:
     if f is None:
         return frozenset()
     is_pkg = f.name == "__init__.py"
-    found = json.loads(digest.default_stat_cache().derived(
-        f"imports:{name}", digest.file_digest(f), lambda: json.dumps(_import_targets(f, name, is_pkg))))
+    found = json.loads(digest.default_stat_cache().derived(  # keyed by this reader's code too
+        f"imports:{name}:{digest.file_digest(Path(__file__))}", digest.file_digest(f),
+        lambda: json.dumps(_import_targets(f, name, is_pkg))))
     return frozenset(t for t in found if t != name and _module_file(t) is not None)
 
 
@@ -414,9 +415,10 @@ def run_stage(recipe_name: str, stage: str) -> dict:
         raise
     kept.unlink(missing_ok=True)
     record(recipe_name, stage, key, material, entry)
-    if recipe_name in _CHECKING:  # later up-to-date checks of this process see the new entry
-        _CHECKING[recipe_name]._materials[stage] = material
-        _CHECKING[recipe_name]._entries[stage] = entry
+    for (_, name), checking in _CHECKING.items():  # later up-to-date checks of this process see it
+        if name == recipe_name and checking.specs.get(stage) == spec:
+            checking._materials[stage] = material
+            checking._entries[stage] = entry
     bad = res.failures(stage, entry)
     status = "FAILED" if bad else "built" if built else "pulled" if entry.origin == "pulled" else "cache hit"
     print(line(spec.task, key, status, time.time() - t0, width), flush=True)
@@ -435,7 +437,7 @@ def memory_estimate(recipe_name: str, stage: str) -> int:
     return memory.plan_estimate(plan(recipe_name), stage)
 
 
-_CHECKING: dict[str, "Resolver"] = {}
+_CHECKING: dict[tuple[int, str], "Resolver"] = {}
 
 
 def checking_resolver(recipe_name: str) -> "Resolver":
@@ -443,10 +445,11 @@ def checking_resolver(recipe_name: str) -> "Resolver":
     entry checks are worked out once per process, not once per task (a no-op build over 50
     recipes computed key material 1,350 times for 300 stages: issue 11). Only found entries
     are memoised, so a stage built later in the process is seen (:func:`run_stage` also
-    tells it)."""
-    if recipe_name not in _CHECKING:
-        _CHECKING[recipe_name] = Resolver(recipe_name)
-    return _CHECKING[recipe_name]
+    tells it). Tied to the loaded recipe set: a recipe edited during a run gets a new one."""
+    k = (id(recipes()), recipe_name)
+    if k not in _CHECKING:
+        _CHECKING[k] = Resolver(recipe_name)
+    return _CHECKING[k]
 
 
 def is_up_to_date(recipe_name: str, stage: str) -> bool:

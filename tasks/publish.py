@@ -22,8 +22,8 @@ archives; nothing in publish depends on time, folder or order. What a cache mani
 but the bundle leaves out on purpose, because it differs from one build to the next although
 the artifacts do not, is listed in :data:`NOT_RECORDED` (and written into manifest.json under
 that name). Two builds from *empty* caches agree on every file, the context binaries included
-(tasks/qnn.py ``pin_padding``: the one run of bytes the QNN SDK wrote at random is pinned
-after each compile); no file or region is excused (tests/test_reproduce.py).
+(tasks/qnn.py ``compile_settled``: a compile that comes out as the QNN SDK's racy padding
+variant is compiled again); no file or region is excused (tests/test_reproduce.py).
 
 Targets: ``dest`` (a folder: the bundle is copied to ``<dest>/<recipe>/`` and the archive
 to ``<dest>/``) and ``hub_repo`` (a Hugging Face Hub model repo: ``create_repo(exist_ok=True)``,

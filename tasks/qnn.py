@@ -111,8 +111,8 @@ def compile_in_subprocess(qdq: Path, ctx: Path, target: str, disable_cpu_ep_fall
     gives the same bytes (measured here: three processes, identical sha256; two compiles in one
     process, 12,430 bytes differ). The child runs in the model's folder, so the graph name
     onnxruntime derives from the model path does not depend on where the cache is. A crash in
-    the QNN libraries also stays in the child. The child then pins the binary's one racy
-    padding run (:func:`pin_padding`), so one compile gives the same bytes in every build.
+    the QNN libraries also stays in the child. (One racy padding run remains: see
+    :func:`compile_settled`.)
     Raises NotOnNPU (rebuilt from the child's report) or RuntimeError with the child's stderr.
     """
     spec = {"qdq": Path(qdq).name, "ctx": str(Path(ctx).absolute()), "target": target,
@@ -134,111 +134,83 @@ def compile_in_subprocess(qdq: Path, ctx: Path, target: str, disable_cpu_ep_fall
     raise RuntimeError(f"compiling {Path(qdq).name} for {target} failed (exit {p.returncode}):\n{tail}")
 
 
-# --------------------------------------------------------------- one racy padding run, pinned
+# --------------------------------------------------------------- one racy padding run, settled
 #
 # Measured with onnxruntime 1.32 + onnxruntime-qnn 2.7.0 (QNN SDK 2.51, x86_64 HTP prepare;
 # issue 12): the same QDQ encoder graph, compiled in fresh processes with the same options and
 # relative paths, gives one of two context binaries. They differ in exactly 126 bytes: bytes
-# 2..127 of the 128-byte block that ends the binary's constant-data section, right before the
-# section's 0xff fill (the first run of >= 256 0xff bytes). Most compiles write them 0x00, some
-# 0xff; which one depends on thread timing in the SDK (its prepare and HVX-emulation threads),
-# not on inputs, folder, environment or allocator: per 40 compiles under load, 2-8 gave 0xff
-# with the defaults, 3 with MALLOC_PERTURB_=85, 2/24 with ``num_graph_prepare_threads=1``,
-# 2-3/24 with libnative's thread-local storage on or off (LIBNATIVE_CONFIG), 8/40 pinned to
-# one busy CPU; MiniLM (36 MB) and the 2 MB test BERT alike. Decoder LLM graphs have no such
-# block (40/40 identical compiles). Both variants load and give bit-identical outputs on the
-# simulator, so the bytes are not read: they are padding. :func:`normalize_context_binary`
-# writes them as 0x00 (the common variant) after every compile, so every build writes the
-# same bytes; the compile child checks that a binary it changed gives bit-identical outputs
-# before and after (:func:`_check_normalized`), and tests rebuild in three folders.
-PADDING_BLOCK = 128  # HVX vector length in bytes (Hexagon V73 HVX: 1024-bit vectors)
-_FILL_RUN = 256  # shortest 0xff run taken as the section fill
+# 2..127 of the 128-byte block that ends the binary's constant data, right before a run of 0xff
+# fill. Most compiles write them 0x00, some 0xff; which one depends on thread timing in the SDK
+# (its prepare and HVX-emulation threads), not on inputs, folder, environment or allocator: per
+# 40 compiles under load, 2-8 gave 0xff with the defaults, 3 with MALLOC_PERTURB_=85, 2/24 with
+# ``num_graph_prepare_threads=1``, 2-3/24 with libnative's thread-local storage on or off
+# (LIBNATIVE_CONFIG), 8/40 pinned to one busy CPU; MiniLM (36 MB) and the 2 MB test BERT alike.
+# Our decoder LLM graphs showed no variance (40/40 identical compiles). Both variants load and
+# give the same outputs on the simulator.
+#
+# Bytes are never rewritten: a tester showed that weight data can look exactly like the 0xff
+# variant (a uint16 embedding row at its maximum), and rewriting it changed outputs for token
+# ids a probe did not read. Instead :func:`compile_settled` compiles once and compiles again
+# only while the binary shows the 0xff variant's mark (:func:`racy_marks`), keeping the compile
+# with the fewest marks; when two compiles are byte-identical the marks are data, and it stops.
+RACY_BLOCK = 128  # HVX vector length in bytes (Hexagon V73 HVX: 1024-bit vectors)
+_FILL_RUN = 256   # shortest 0xff run taken as a fill
 
 
-def racy_padding(data) -> tuple[int, int] | None:
-    """Where the racy padding run of a context binary is, if it holds 0xff: ``(start, end)``
-    byte offsets (end exclusive, ``end - start == 126``), else None (already 0x00, or no
-    constant-data section fill in this binary: e.g. our LLM graphs).
-
-    ``data``: bytes or an mmap of the whole ``*_ctx_qnn.bin``. The run is found as the first
-    run of >= 256 0xff bytes; it is the racy one when it starts 2 bytes into a 128-byte block
-    (the common variant has that block's bytes 2..127 at 0x00 and the fill starting at the
-    next block boundary). Layout and measurements: the comment above this function."""
+def racy_marks(data) -> tuple[int, ...]:
+    """Offsets of every run of >= 256 0xff bytes that starts 2 bytes into a 128-byte block: how
+    the SDK's 0xff variant looks (its 126 racy bytes join the fill after them; the common
+    variant's fill starts at the block boundary). ``data``: bytes or an mmap of a
+    ``*_ctx_qnn.bin``. A mark can also be weight data; :func:`compile_settled` tells them apart
+    by compiling again."""
     import re
 
-    m = re.compile(rb"\xff{%d,}" % _FILL_RUN).search(data)
-    if m is None or m.start() % PADDING_BLOCK != 2:
-        return None
-    return m.start(), m.start() - 2 + PADDING_BLOCK
+    return tuple(m.start() for m in re.finditer(rb"\xff{%d,}" % _FILL_RUN, data) if m.start() % RACY_BLOCK == 2)
 
 
-def normalize_context_binary(path: Path) -> tuple[int, int] | None:
-    """Write the racy padding run of context binary ``path`` (see :func:`racy_padding`) as
-    0x00, in place. Returns the byte range it changed, or None when the binary already had the
-    common variant (or has no such run). Raises OSError when the file cannot be read/written."""
+def _marks_of(binary: Path) -> tuple[int, ...]:
     import mmap
 
-    with open(path, "r+b") as f, mmap.mmap(f.fileno(), 0) as mm:
-        r = racy_padding(mm)
-        if r:
-            mm[r[0]:r[1]] = bytes(r[1] - r[0])
-            mm.flush()
-    return r
+    with open(binary, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return ()
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            return racy_marks(mm)
 
 
-def pin_padding(ctx: Path, target: str) -> tuple[int, int] | None:
-    """After compiling EPContext model ``ctx``: write its binary's racy padding run as 0x00
-    (:func:`normalize_context_binary`) and, when that changed a byte, check on the HTP
-    simulator that the graph's outputs are bit-identical to the original binary's
-    (:func:`_check_normalized`; raises RuntimeError if not). Returns the range changed, or None."""
-    binary = Path(ctx).with_name(Path(ctx).stem + "_qnn.bin")
-    original = binary.read_bytes()
-    r = normalize_context_binary(binary)
-    if r:
-        print(f"npubuild: {binary.name}: bytes {r[0]}..{r[1] - 1} (the SDK's racy padding run) written as 0x00")
-        _check_normalized(Path(ctx), original, target)
-    return r
-
-
-def _probe_feeds(session) -> dict:
-    """One deterministic input per graph input of ``session``: ``0, 1, 2, ...`` for ``*ids``
-    inputs but ``token_type_ids`` (so many embedding rows are read), ones for ``*mask*``,
-    zeros for the rest."""
-    import numpy as np
-
-    types = {"tensor(int32)": np.int32, "tensor(int64)": np.int64, "tensor(float)": np.float32,
-             "tensor(float16)": np.float16, "tensor(uint16)": np.uint16, "tensor(uint8)": np.uint8}
-    feeds = {}
-    for i in session.get_inputs():
-        shape = [d if isinstance(d, int) else 1 for d in i.shape]
-        dtype = types[i.type]
-        if i.name.endswith("ids") and "type" not in i.name:
-            feeds[i.name] = np.arange(int(np.prod(shape)), dtype=dtype).reshape(shape)
-        else:
-            feeds[i.name] = (np.ones if "mask" in i.name else np.zeros)(shape, dtype=dtype)
-    return feeds
-
-
-def _check_normalized(ctx: Path, original: bytes, target: str) -> None:
-    """Run EPContext model ``ctx`` on the HTP simulator with its normalized binary and, from a
-    scratch copy, with the ``original`` bytes; raise RuntimeError unless every output is
-    bit-identical (the proof that the rewritten run is padding, for this graph)."""
-    import numpy as np
-
+def compile_settled(compile_into, ctx: Path, tries: int = 5) -> int:
+    """Compile with ``compile_into(folder)`` (which writes ``ctx.name`` and its
+    ``*_qnn.bin`` into ``folder``) until the context binary is the common variant, and leave
+    that compile at ``ctx``. Compiles once when the first binary has no racy mark
+    (:func:`racy_marks`); else compiles again into a scratch folder beside ``ctx``, keeping the
+    compile with the fewest marks, and stops when one has none, when two compiles are
+    byte-identical (the marks are weight data, not the race), or after ``tries`` compiles.
+    Returns the number of compiles. Raises what ``compile_into`` raises."""
     ctx = Path(ctx)
     binary = ctx.with_name(ctx.stem + "_qnn.bin")
-    outs = []
-    with tempfile.TemporaryDirectory(dir=ctx.parent) as tmp:
-        shutil.copyfile(ctx, Path(tmp) / ctx.name)
-        (Path(tmp) / binary.name).write_bytes(original)
-        for model in (ctx, Path(tmp) / ctx.name):
-            s = htp_session(model, target)
-            outs.append(s.run(None, _probe_feeds(s)))
-            del s
-    same = all(np.array_equal(a, b) for a, b in zip(*outs))
-    if not same:
-        raise RuntimeError(f"{binary.name}: rewriting its padding run changed the graph's outputs on the HTP "
-                           f"simulator; it is not padding in this binary (tasks/qnn.py racy_padding)")
+    compile_into(ctx.parent)
+    best = _marks_of(binary)
+    n = 1
+    while best and n < tries:
+        scratch = Path(tempfile.mkdtemp(prefix=".compile-", dir=ctx.parent))
+        try:
+            compile_into(scratch)
+            n += 1
+            other = scratch / binary.name
+            marks = _marks_of(other)
+            same = other.read_bytes() == binary.read_bytes()
+            if len(marks) < len(best):
+                for f in (ctx.name, binary.name):
+                    os.replace(scratch / f, ctx.parent / f)
+                best = marks
+            if same:
+                break
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    if best:
+        print(f"npubuild: {binary.name}: {len(best)} run(s) that look like the QNN SDK's racy padding variant "
+              f"after {n} compile(s)" + (" (identical each time: weight data)" if n < tries else ""))
+    return n
 
 
 class NotOnNPU(Exception):
@@ -309,7 +281,6 @@ if __name__ == "__main__":  # used by compile_in_subprocess
     try:
         compile_graph(Path(_spec["qdq"]), Path(_spec["ctx"]), _spec["target"], _spec["disable_cpu_ep_fallback"],
                       _spec["config"], _spec["extra_provider_options"])
-        pin_padding(Path(_spec["ctx"]), _spec["target"])
     except NotOnNPU as _e:
         print(json.dumps({"op_types": _e.op_types, "detail": _e.detail}))
         sys.exit(3)

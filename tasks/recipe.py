@@ -199,7 +199,9 @@ def _parse_cached(raw: bytes, text: str):
         parsed.append(yaml.load(text, Loader=_RecipeLoader))
         return json.dumps(parsed[0]) if _json_exact(parsed[0]) else None  # e.g. `1: x` keys stay ints
 
-    stored = digest.default_stat_cache().derived("recipe-yaml", digest.digest_bytes(raw), parse)
+    # the parser's own code and PyYAML's version are part of what the stored parse depends on
+    what = f"recipe-yaml:{yaml.__version__}:{digest.file_digest(Path(__file__))}"
+    stored = digest.default_stat_cache().derived(what, digest.digest_bytes(raw), parse)
     return json.loads(stored) if stored is not None else parsed[0]
 
 
@@ -377,9 +379,8 @@ class QuantizeCfg(_Strict):
         if v == "Entropy":
             raise ValueError(
                 "expected MinMax or Percentile, found 'Entropy': through onnxruntime's quantize_static it gives "
-                "exactly MinMax's ranges (the entropy calibrator's default 128 histogram bins equal its 128 "
-                "quantized bins, so the KL search has one candidate, the full range; quantize_static passes no "
-                "bin count through), measured here: 0 of 76 scales differ (issue 11)")
+                "exactly MinMax's ranges (its entropy calibrator's 128 histogram bins equal its 128 quantized "
+                "bins, so the search has one candidate, the full range), so npubuild refuses it")
         return v
 
     @field_validator("block_size")
@@ -426,6 +427,12 @@ THRESHOLD_RANGES = {
     "perplexity_ratio": ("a ratio of perplexities", 0.0, False, INF),
     "genai_runner_agreement": ("a share of prompts", 0.0, False, 1.0),
 }
+
+
+# thresholds only an LLM verify measures (tasks/llm/verify.py); every other name is measured
+# only by the encoder verify (tasks/stages/verify.py): the other family's bar is a load error
+LLM_THRESHOLDS = frozenset({"token_agreement", "prefix_match_mean", "logits_cosine_mean", "perplexity_ratio",
+                            "genai_runner_agreement"})
 
 
 def _range_text(low: float, low_in: bool, high: float) -> str:
@@ -607,14 +614,25 @@ def params_of_other_family(r: Recipe) -> list[tuple[str, str]]:
             owner, value = field_family(type(obj), name), getattr(obj, name)
             if owner and owner != fam:
                 why = type(obj).model_fields[name].description
-                out.append((prefix + name, f"expected no such key in a {fam} recipe (export.family: {fam}): only "
-                                           f"{owner} recipes read it" + (f" ({why})" if why else "") + "; remove it"))
+                out.append((prefix + name, f"expected no such key in {_a(fam)} recipe (export.family: {fam}): only "
+                                           f"{_a(owner)} recipe reads it" + (f" ({why})" if why else "")
+                                           + "; remove it (or set it to null where it comes through extends)"))
             elif isinstance(value, BaseModel):
                 walk(value, f"{prefix}{name}.")
 
     for section in ("export", "quantize", "compile", "verify"):
         walk(getattr(r, section), section + ".")
+    mine = sorted(n for n in THRESHOLD_RANGES if (n in LLM_THRESHOLDS) == (fam == "llm"))
+    for name in sorted(r.verify.thresholds):
+        if (name in LLM_THRESHOLDS) != (fam == "llm"):
+            out.append((f"verify.thresholds.{name}", f"expected a threshold {_a(fam)} verify measures ({', '.join(mine)}), "
+                                                     f"found {name!r}, which only {_a('llm' if fam != 'llm' else 'encoder')} "
+                                                     f"verify measures"))
     return out
+
+
+def _a(family: str) -> str:
+    return {"llm": "an LLM", "encoder": "an encoder"}[family]
 
 
 def load_all(directory: Path | None = None, collect_errors: bool = False):

@@ -50,7 +50,7 @@ def _cluster_run(p: Project, cluster: DaskCluster, *recipes: str, check: bool = 
 
 def _same_build(a: dict[str, bytes], b: dict[str, bytes]) -> None:
     """Assert two build/<recipe>/ folders are byte-identical, every file (issue 12: no excused
-    context-binary padding; tasks/qnn.py pin_padding)."""
+    context-binary padding; tasks/qnn.py compile_settled)."""
     assert set(a) == set(b)
     assert [rel for rel in sorted(a) if a[rel] != b[rel]] == []
 

@@ -192,7 +192,7 @@ def test_param_the_llm_path_never_reads_is_a_load_error(tmp_path, key, text):
     with pytest.raises(RecipeError) as err:
         load_recipe(p)
     msg = str(err.value)
-    assert "l.yaml" in msg and f"{key}: expected no such key in a llm recipe" in msg and "only encoder" in msg, msg
+    assert "l.yaml" in msg and f"{key}: expected no such key in an LLM recipe" in msg and "only an encoder recipe reads it" in msg, msg
     enc = deep_merge(yaml.safe_load(GOOD), {k: v for k, v in over.items() if k != "export"})
     load_recipe(write(tmp_path, "e", yaml.safe_dump(enc)))  # encoders read it
 
@@ -208,7 +208,7 @@ def test_llm_only_param_on_an_encoder_is_a_load_error(tmp_path, key, text):
     from tasks.recipe import deep_merge
 
     p = write(tmp_path, "e", yaml.safe_dump(deep_merge(yaml.safe_load(GOOD), yaml.safe_load(text))))
-    with pytest.raises(RecipeError, match=rf"{key}: expected no such key in a encoder recipe.*only llm recipes read it"):
+    with pytest.raises(RecipeError, match=rf"{key}: expected no such key in an encoder recipe.*only an LLM recipe reads it"):
         load_recipe(p)
 
 
@@ -248,3 +248,16 @@ def test_genai_runtime_is_checked_at_load(tmp_path):
              "a multiple of export.sequence_length")]:
         with pytest.raises(RecipeError, match=rf"verify.runtime: expected .*{why}"):
             load_recipe(write(tmp_path, name, text))
+
+
+def test_other_familys_threshold_is_a_load_error(tmp_path):
+    """A bar the recipe's verify never measures failed only after the whole chain was built
+    (found by a tester): it is a load error naming the thresholds this family measures."""
+    p = write(tmp_path, "e", GOOD.replace("  data: {file: data/v.txt}", "  data: {file: data/v.txt}\n  thresholds: {token_agreement: 0.9}"))
+    with pytest.raises(RecipeError, match=r"verify.thresholds.token_agreement: expected a threshold an encoder verify "
+                                          r"measures \(cosine_mean, .*\), found 'token_agreement', which only an LLM"):
+        load_recipe(p)
+    p = write(tmp_path, "l", LLM.replace("  data: {file: data/v.txt, samples: 2}",
+                                         "  data: {file: data/v.txt, samples: 2}\n  thresholds: {pooled_cosine_mean: 0.9}"))
+    with pytest.raises(RecipeError, match=r"verify.thresholds.pooled_cosine_mean: expected a threshold an LLM verify"):
+        load_recipe(p)

@@ -16,7 +16,7 @@ from pathlib import Path
 from .. import progress, qnn
 from ..graphs import list_graphs, load_model
 
-VERSION = 5  # 5: compiled once, racy padding run pinned (issue 12)
+VERSION = 6  # 6: compiled once, again only for the racy padding variant (issue 12)
 TOOLS = ("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "onnx")
 KEY_EXCLUDE = ("target",)  # the name; the key holds what it resolves to (key_extra)
 
@@ -29,11 +29,12 @@ def key_extra(params: dict) -> dict:
 
 
 def run(inputs, files, params, out: Path) -> dict:
-    """Compile every graph of ``inputs["model"]`` for ``params["target"]``, once, each in a
-    fresh process (same bytes in every build: tasks/qnn.py ``compile_in_subprocess`` and
-    ``pin_padding``; checked by tests/test_reproduce.py in three folders).
-    Returns {"graphs": {graph: EPContext info}, "qnn_sdk"} (LLMs: tasks/llm/compile.py's
-    per-part rows). Raises qnn.NotOnNPU or onnxruntime's error."""
+    """Compile every graph of ``inputs["model"]`` for ``params["target"]``, each in a fresh
+    process, once, or again while the binary shows the QNN SDK's racy padding variant (same
+    bytes in every build: tasks/qnn.py ``compile_in_subprocess`` and ``compile_settled``;
+    checked by tests building in three folders).
+    Returns {"graphs": {graph: EPContext info}, "compiles": {graph: n}, "qnn_sdk"} (LLMs:
+    tasks/llm/compile.py's per-part rows). Raises qnn.NotOnNPU or onnxruntime's error."""
     src = inputs["model"]
     if params["family"] == "llm":
         from ..llm.compile import compile_llm
@@ -41,18 +42,20 @@ def run(inputs, files, params, out: Path) -> dict:
 
         check_export_stage("compile", src)
         return compile_llm(src, out, params)
-    info = _compile_graphs(src, out, params)
+    info, compiles = _compile_graphs(src, out, params)
     sdk = sorted({n.get("ep_sdk_version", "?") for nodes in info.values() for n in nodes})
-    return {"graphs": info, "qnn_sdk": sdk}
+    return {"graphs": info, "compiles": compiles, "qnn_sdk": sdk}
 
 
-def _compile_graphs(src: Path, out: Path, params: dict) -> dict:
-    info = {}
+def _compile_graphs(src: Path, out: Path, params: dict) -> tuple[dict, dict]:
+    info, compiles = {}, {}
     for g in progress.bar(list_graphs(src), "graphs", unit="graph"):
         load_model(g, load_external_data=False)  # a clear error for a corrupt input
         rel = g.relative_to(src)
         ctx = out / rel.parent / f"{rel.stem}_ctx.onnx"
         ctx.parent.mkdir(parents=True, exist_ok=True)
-        qnn.compile_in_subprocess(g, ctx, params["target"], params["disable_cpu_ep_fallback"])
+        compiles[rel.as_posix()] = qnn.compile_settled(
+            lambda d, g=g, name=ctx.name: qnn.compile_in_subprocess(g, d / name, params["target"],
+                                                                    params["disable_cpu_ep_fallback"]), ctx)
         info[rel.as_posix()] = qnn.ep_context_info(ctx)
-    return info
+    return info, compiles
