@@ -156,8 +156,10 @@ def local_folder(params: dict) -> Path:
     if params.get("path") is not None:
         p = (paths.root() / params["path"]).absolute()
         if not p.is_dir():
-            raise SourceError(f"source path {params['path']!r} is not a folder (looked at {p}); "
-                              f"the recipe's comments say how to make it")
+            m = re.fullmatch(r"\.fixtures/tiny-(\w+)/?", params["path"])
+            how = (f"train it with `.venv/bin/python -m tasks.llm.fixtures {m.group(1)}` (about 2 minutes)" if m
+                   else "the recipe's comments say how to make it")
+            raise SourceError(f"source path {params['path']!r} is not a folder (looked at {p}); {how}")
         return p
     spec = importlib.util.find_spec(params["package"])
     if spec is None or not spec.submodule_search_locations:
