@@ -79,7 +79,9 @@ def test_two_workers_build_each_stage_once(tmp_path, tiny_bert, cluster):
     # builder each remote manifest names), and the client built nothing
     built = a.built() + b.built()
     assert len(built) == len(set(built)) == DISTINCT, (a.log(), b.log())
-    assert a.built() and b.built(), "both workers built something"
+    # which worker takes which stage is Dask's choice (work stealing, start-up order): one worker
+    # building everything is a valid schedule (seen in CI), so the split is printed, not asserted
+    print(f"worker A built {len(a.built())}, worker B built {len(b.built())} of {DISTINCT}")
     assert small.started() == [] and "npubuild-cluster" not in small.log()
     remote = _remote_manifests(url)
     assert sorted(remote) == sorted(built)
