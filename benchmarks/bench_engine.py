@@ -104,8 +104,8 @@ def noop_build(n: int, runs: int, dvc_venv: Path | None = None) -> None:
             stats = re.findall(r"npubuild-stats .*", p.stderr)[-1]
             if dvc_cmd:
                 secs, p = _timed(dvc_cmd, cwd=Path(tmp) / "dvcproj")
-                assert p.returncode == 0 and "is cached" in p.stdout + p.stderr or "up to date" in p.stdout + p.stderr, \
-                    (p.stdout + p.stderr)[-2000:]
+                said = p.stdout + p.stderr
+                assert p.returncode == 0 and ("is cached" in said or "up to date" in said), said[-2000:]
                 dvc_times.append(secs)
         print(f"no-op `doit build` over {n} recipes ({n * 7} tasks): median {statistics.median(times):.2f} s "
               f"(min {min(times):.2f}, max {max(times):.2f}, {runs} runs); last run: {stats}")

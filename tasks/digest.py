@@ -117,11 +117,15 @@ class StatCache:
                 reset_database(self.db_path, e, "the stat cache")
         raise AssertionError("unreachable")
 
-    def derived(self, what: str, digest: str, compute) -> str | None:
+    def derived(self, what: str, digest: str, compute, reader: Path | None = None) -> str | None:
         """A text ``compute()`` derives from content with xxh3 ``digest`` (e.g. the imports of
         a source file), kept across processes under ``(what, digest)``: computed once per
         content, never answering for other content. ``compute``: a callable returning str, or
-        None for "do not keep" (then None is returned)."""
+        None for "do not keep" (then None is returned). ``reader``: the source file that does
+        the deriving; its digest joins ``what``, so a change to that code is not answered by
+        values its old version stored."""
+        if reader is not None:
+            what = f"{what}:{self.file_digest(reader)}"
         try:
             conn = self._conn()
             row = conn.execute("SELECT value FROM derived WHERE what=? AND digest=?", (what, digest)).fetchone()

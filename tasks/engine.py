@@ -81,14 +81,6 @@ def _recipes_cached(recipes_dir: str, stamp: tuple) -> tuple[dict, dict]:
     return load_all(Path(recipes_dir), collect_errors=True)
 
 
-def _stat(f: Path) -> tuple:
-    try:
-        st = f.stat()
-    except OSError:  # a dangling symlink: load_all reports it
-        return (f.name, None, None)
-    return (f.name, st.st_mtime_ns, st.st_size)
-
-
 def _load() -> tuple[dict, dict]:
     d = str(paths.recipes_dir())
     try:
@@ -184,9 +176,9 @@ def direct_imports(name: str) -> frozenset[str]:
     if f is None:
         return frozenset()
     is_pkg = f.name == "__init__.py"
-    found = json.loads(digest.default_stat_cache().derived(  # keyed by this reader's code too
-        f"imports:{name}:{digest.file_digest(Path(__file__))}", digest.file_digest(f),
-        lambda: json.dumps(_import_targets(f, name, is_pkg))))
+    found = json.loads(digest.default_stat_cache().derived(
+        f"imports:{name}", digest.file_digest(f), lambda: json.dumps(_import_targets(f, name, is_pkg)),
+        reader=Path(__file__)))
     return frozenset(t for t in found if t != name and _module_file(t) is not None)
 
 
@@ -301,6 +293,10 @@ class Resolver:
             spec = self.specs[stage]
             self._materials[stage] = key_material(spec, {r: self.entry(up) for r, up in spec.inputs.items()})
         return self._materials[stage]
+
+    def remember(self, stage: str, material: dict, entry: Entry) -> None:
+        """Take ``entry`` (with its key ``material``) as the stage's, e.g. once it is built."""
+        self._materials[stage], self._entries[stage] = material, entry
 
     def key(self, stage: str) -> str:
         return stage_key(self.material(stage))
@@ -417,8 +413,7 @@ def run_stage(recipe_name: str, stage: str) -> dict:
     record(recipe_name, stage, key, material, entry)
     for (_, name), checking in _CHECKING.items():  # later up-to-date checks of this process see it
         if name == recipe_name and checking.specs.get(stage) == spec:
-            checking._materials[stage] = material
-            checking._entries[stage] = entry
+            checking.remember(stage, material, entry)
     bad = res.failures(stage, entry)
     status = "FAILED" if bad else "built" if built else "pulled" if entry.origin == "pulled" else "cache hit"
     print(line(spec.task, key, status, time.time() - t0, width), flush=True)

@@ -199,9 +199,8 @@ def _parse_cached(raw: bytes, text: str):
         parsed.append(yaml.load(text, Loader=_RecipeLoader))
         return json.dumps(parsed[0]) if _json_exact(parsed[0]) else None  # e.g. `1: x` keys stay ints
 
-    # the parser's own code and PyYAML's version are part of what the stored parse depends on
-    what = f"recipe-yaml:{yaml.__version__}:{digest.file_digest(Path(__file__))}"
-    stored = digest.default_stat_cache().derived(what, digest.digest_bytes(raw), parse)
+    stored = digest.default_stat_cache().derived(f"recipe-yaml:{yaml.__version__}", digest.digest_bytes(raw),
+                                                 parse, reader=Path(__file__))
     return json.loads(stored) if stored is not None else parsed[0]
 
 

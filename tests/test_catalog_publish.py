@@ -544,7 +544,6 @@ def test_weights_that_look_like_the_racy_run_are_kept(tiny_bert, tmp_path):
     into a 128-byte block: the racy variant's mark, but weight data (found by a tester: the
     earlier rewrite to 0x00 changed outputs for those token ids). The build compiles twice, finds
     the two binaries identical, keeps them, and the binary equals a plain compile's."""
-    import torch
     from transformers import BertModel
 
     from tasks import qnn
@@ -578,7 +577,6 @@ def test_weights_that_look_like_the_racy_run_are_kept(tiny_bert, tmp_path):
     qnn.compile_settled(lambda f: qnn.compile_in_subprocess(d / "model.onnx", f / "model_ctx.onnx", "x-elite"),
                         d / "model_ctx.onnx")
     assert (d / "model_ctx_qnn.bin").read_bytes() == built
-    del torch
 
 
 def test_differing_ranges_names_the_bytes(tmp_path):
