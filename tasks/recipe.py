@@ -780,10 +780,11 @@ def source_config_path(src: Source) -> Path | None:
 def check_source_config(path: Path, r: Recipe) -> None:
     """What the source's ``config.json`` (:func:`source_config_path`) can tell before any stage
     runs: a custom-code model (``auto_map``) is refused; an LLM's ``model_type`` must be one the
-    LLM export writes (``tasks.llm.parts.SUPPORTED``), ``export.parts`` at most its
+    LLM export writes (``tasks.llm.families.SUPPORTED``) with an MLP activation it writes
+    (``hidden_act``), ``export.parts`` at most its
     ``num_hidden_layers``; ``export.context_length`` (LLM) or ``export.sequence_length``
     (encoder) at most ``max_position_embeddings``. Raises RecipeError with the key paths."""
-    from .llm.parts import SUPPORTED
+    from .llm.families import ACTIVATIONS, SUPPORTED
 
     f = source_config_path(r.source)
     if f is None:
@@ -806,6 +807,10 @@ def check_source_config(path: Path, r: Recipe) -> None:
         if mt not in SUPPORTED:
             problems.append(("export.family", f"expected a model_type the LLM export supports "
                                               f"({', '.join(SUPPORTED)}), found {mt!r} in {f.name}"))
+        act = cfg.get("hidden_act", "silu")
+        if act not in ACTIVATIONS:
+            problems.append(("export.family", f"expected an MLP activation the LLM export writes "
+                                              f"({', '.join(ACTIVATIONS)}), found hidden_act {act!r} in {f.name}"))
         layers = cfg.get("num_hidden_layers")
         if isinstance(layers, int) and r.export.parts > layers:
             problems.append(("export.parts", f"expected at most the model's {layers} layers "

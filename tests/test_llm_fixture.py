@@ -7,7 +7,7 @@ import torch
 from llm_fixtures import PROMPTS, tiny_model
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3", "phi3"])
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3", "phi3", "gemma"])
 def test_fixture_is_real_and_varied(arch):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -25,6 +25,8 @@ def test_fixture_is_real_and_varied(arch):
     if arch == "phi3":
         assert "model.layers.0.self_attn.qkv_proj.weight" in dict(m.named_parameters())
         assert cfg.partial_rotary_factor == 0.75
+    if arch == "gemma":  # what tasks/llm/families.py's Family says of it: tanh GELU, explicit head_dim
+        assert cfg.hidden_act == "gelu_pytorch_tanh" and cfg.head_dim == 32 and cfg.tie_word_embeddings
     assert cfg.num_key_value_heads < cfg.num_attention_heads
     n = sum(p.numel() for p in m.parameters())
     assert 1_000_000 < n < 10_000_000

@@ -25,9 +25,10 @@ def llm_project(tmp_path_factory, tiny_bert) -> Project:
     for rel in DATA:
         (proj.root / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(REPO / rel, proj.root / rel)
-    for name in ("tiny-qwen2-w8a16", "tiny-llama-w8a16", "tiny-qwen2-w4a16", "tiny-qwen3-w8a16", "tiny-phi3-w8a16"):
+    for name in ("tiny-qwen2-w8a16", "tiny-llama-w8a16", "tiny-qwen2-w4a16", "tiny-qwen3-w8a16", "tiny-phi3-w8a16",
+                 "tiny-gemma-w8a16"):
         shutil.copyfile(REPO / "recipes" / f"{name}.yaml", proj.root / "recipes" / f"{name}.yaml")
-    for arch in ("qwen2", "llama", "qwen3", "phi3"):
+    for arch in ("qwen2", "llama", "qwen3", "phi3", "gemma"):
         shutil.copytree(tiny_model(arch), proj.root / ".fixtures" / f"tiny-{arch}")
     return proj
 
@@ -41,7 +42,7 @@ def _compile_info(proj: Project, recipe: str) -> dict:
     return json.loads((Path(state["compile"]["entry"]) / "manifest.json").read_text())["info"]
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3", "phi3"])
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3", "phi3", "gemma"])
 def test_tiny_llm_w8a16_builds_and_matches_fp32_on_htp(llm_project, arch):
     recipe = f"tiny-{arch}-w8a16"
     llm_project.doit("run", f"build:{recipe}")

@@ -26,7 +26,8 @@ LONG = ("Every morning the farmer milked the cows, fed the chickens, and opened 
 
 
 @pytest.mark.parametrize("arch,parts,embed", [("qwen2", 1, "part0"), ("llama", 1, "part0"), ("qwen2", 2, "separate"),
-                                             ("qwen3", 1, "part0"), ("phi3", 2, "part0")])
+                                             ("qwen3", 1, "part0"), ("phi3", 2, "part0"),
+                                             ("gemma", 2, "separate")])
 def test_runner_matches_transformers_generate(arch, parts, embed):
     from tasks.llm.runner import LLMRunner
 

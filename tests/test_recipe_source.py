@@ -43,13 +43,20 @@ def test_a_supported_llm_loads(proj):
 @pytest.mark.parametrize("mt", ["gemma3", "mistral", None])
 def test_unsupported_llm_family_is_a_load_error(proj, mt):
     errs = _errors(proj, LLM, {**CFG, "model_type": mt})
-    assert errs == {"export.family": f"expected a model_type the LLM export supports (llama, qwen2, qwen3, phi3), "
+    assert errs == {"export.family": f"expected a model_type the LLM export supports (llama, qwen2, qwen3, phi3, gemma), "
                                      f"found {mt!r} in config.json"}
 
 
-@pytest.mark.parametrize("mt", ["qwen3", "phi3"])
-def test_qwen3_and_phi3_load(proj, mt):
+@pytest.mark.parametrize("mt", ["qwen3", "phi3", "gemma"])
+def test_qwen3_phi3_and_gemma_load(proj, mt):
     assert _errors(proj, LLM, {**CFG, "model_type": mt}) == {}
+
+
+@pytest.mark.parametrize("act", ["gelu", "relu", "gelu_new"])
+def test_an_mlp_activation_the_export_does_not_write_is_a_load_error(proj, act):
+    errs = _errors(proj, LLM, {**CFG, "hidden_act": act})
+    assert errs == {"export.family": f"expected an MLP activation the LLM export writes (silu, gelu_pytorch_tanh), "
+                                     f"found hidden_act {act!r} in config.json"}
 
 
 def test_more_parts_than_layers_and_a_context_past_the_positions(proj):
@@ -84,6 +91,6 @@ def test_doit_list_names_the_unknown_family_in_one_line(project):
     out, _ = p.communicate(timeout=120)
     assert p.returncode == 1, out
     lines = [ln for ln in out.splitlines() if "model_type the LLM export supports" in ln]
-    assert len(lines) == 1 and "'gemma3'" in lines[0] and "llama, qwen2, qwen3, phi3" in lines[0], out
+    assert len(lines) == 1 and "'gemma3'" in lines[0] and "llama, qwen2, qwen3, phi3, gemma" in lines[0], out
     assert "invalid recipe file(s), each with a failing build:<stem> task: phi.yaml" in out
     assert "build" in out  # the valid recipe's tasks are still listed

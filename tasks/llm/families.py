@@ -17,6 +17,15 @@ the family's name. Sources (``transformers`` 4.57 ``models/<family>/modeling_<fa
   then k, then v) and ``mlp.gate_up_proj`` ([2 I, D]: gate rows, then up; ``Phi3MLP`` chunks
   its output in two); ``partial_rotary_factor`` < 1 rotates only the first
   ``head_dim * factor`` dims of each head (``apply_rotary_pos_emb`` in ``modeling_phi3``).
+- ``gemma`` (Gemma 1: 2B, 7B, CodeGemma): llama's tensors, with three differences that are
+  data here (:class:`Family`): RMSNorm scales by ``1 + weight`` (``GemmaRMSNorm.forward``),
+  the embeddings are multiplied by ``sqrt(hidden_size)`` (``GemmaModel.forward``:
+  ``normalizer``), the MLP's activation is ``gelu_pytorch_tanh`` (``config.hidden_act``);
+  ``head_dim`` is explicit (256, not hidden/heads) and the LM head is tied. Gemma 2 and 3
+  (logit soft-capping, sliding-window layers, extra norms) are other model_types, not supported.
+
+The MLP activation is read from the config's ``hidden_act`` for every family
+(:func:`activation`).
 """
 
 from __future__ import annotations
@@ -73,29 +82,68 @@ _SEPARATE_QKV = tuple(Piece(f"self_attn.{p}_proj.{w}", f"self_attn.{p}_proj.{w}"
 _SEPARATE_MLP = tuple(Piece(f"mlp.{p}_proj.weight", f"mlp.{p}_proj.weight") for p in ("gate", "up"))
 _COMMON = (Piece("self_attn.o_proj.weight", "self_attn.o_proj.weight"), Piece("mlp.down_proj.weight", "mlp.down_proj.weight"))
 
-#: model_type -> the canonical per-layer tensors of its checkpoints
-FAMILIES: dict[str, tuple[Piece, ...]] = {
-    "llama": _NORMS + _SEPARATE_QKV + _COMMON + _SEPARATE_MLP,
-    "qwen2": _NORMS + _SEPARATE_QKV + _COMMON + _SEPARATE_MLP,
-    "qwen3": _NORMS + _SEPARATE_QKV + _COMMON + _SEPARATE_MLP
-    + (Piece("self_attn.q_norm.weight", "self_attn.q_norm.weight"),
-       Piece("self_attn.k_norm.weight", "self_attn.k_norm.weight")),
-    "phi3": _NORMS + _COMMON + (
+
+@dataclass(frozen=True)
+class Family:
+    """How one ``model_type``'s checkpoint maps to the graph.
+
+    ``pieces``: its canonical per-layer tensors. ``norm_offset``: added to every RMSNorm weight
+    when it is written (Gemma's ``1 + weight``: exact in float32, so the graph's norm stays
+    ``x * rstd * w``). ``embed_scale``: the embedding table is written multiplied by
+    ``sqrt(hidden_size)`` in float32 (Gemma's ``normalizer``; the same float product as
+    scaling each looked-up row, and the tied LM head keeps the unscaled table)."""
+
+    pieces: tuple[Piece, ...]
+    norm_offset: float = 0.0
+    embed_scale: bool = False
+
+
+_LLAMA = _NORMS + _SEPARATE_QKV + _COMMON + _SEPARATE_MLP
+
+#: model_type -> how its checkpoints map to the graph
+FAMILIES: dict[str, Family] = {
+    "llama": Family(_LLAMA),
+    "qwen2": Family(_LLAMA),
+    "qwen3": Family(_LLAMA + (Piece("self_attn.q_norm.weight", "self_attn.q_norm.weight"),
+                              Piece("self_attn.k_norm.weight", "self_attn.k_norm.weight"))),
+    "phi3": Family(_NORMS + _COMMON + (
         Piece("self_attn.q_proj.weight", "self_attn.qkv_proj.weight", _q_rows),
         Piece("self_attn.k_proj.weight", "self_attn.qkv_proj.weight", _k_rows),
         Piece("self_attn.v_proj.weight", "self_attn.qkv_proj.weight", _v_rows),
         Piece("mlp.gate_proj.weight", "mlp.gate_up_proj.weight", _gate_rows),
-        Piece("mlp.up_proj.weight", "mlp.gate_up_proj.weight", _up_rows)),
+        Piece("mlp.up_proj.weight", "mlp.gate_up_proj.weight", _up_rows))),
+    "gemma": Family(_LLAMA, norm_offset=1.0, embed_scale=True),
 }
 SUPPORTED = tuple(FAMILIES)
+#: config ``hidden_act`` values the graph's gated MLP implements (``transformers.activations``)
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 
 
-def pieces(model_type: str) -> tuple[Piece, ...]:
-    """The canonical per-layer tensors of ``model_type``. Raises ValueError naming the
-    supported families for any other."""
+def family(model_type: str) -> Family:
+    """The :class:`Family` of ``model_type``. Raises ValueError naming the supported families
+    for any other."""
     if model_type not in FAMILIES:
         raise ValueError(f"unsupported model_type {model_type!r}; supported LLM families: {', '.join(SUPPORTED)}")
     return FAMILIES[model_type]
+
+
+def pieces(model_type: str) -> tuple[Piece, ...]:
+    """The canonical per-layer tensors of ``model_type`` (ValueError as :func:`family`)."""
+    return family(model_type).pieces
+
+
+def activation(config: dict) -> str:
+    """The MLP activation of a HF config dict (``hidden_act``, default ``silu``), one of
+    :data:`ACTIVATIONS`. Raises ValueError naming the supported ones."""
+    act = config.get("hidden_act", "silu")
+    if act not in ACTIVATIONS:
+        raise ValueError(f"unsupported hidden_act {act!r}; the LLM export writes {', '.join(ACTIVATIONS)}")
+    return act
+
+
+def is_norm(name: str) -> bool:
+    """Whether a canonical tensor name is an RMSNorm weight (gets :attr:`Family.norm_offset`)."""
+    return name.endswith("norm.weight")
 
 
 def rotary_dim(config: dict) -> int:

@@ -1,4 +1,4 @@
-"""Tiny, *trained* decoder LLM fixtures (Qwen2 / Llama / Qwen3 / Phi-3) for export, quantization and QNN tests.
+"""Tiny, *trained* decoder LLM fixtures (Qwen2 / Llama / Qwen3 / Phi-3 / Gemma) for export, quantization and QNN tests.
 
 Why trained: a random-init tiny LLM greedily repeats one token, so fp32 / QDQ / HTP outputs agree
 trivially and token-agreement tests cannot fail (see /work/shared/NOTES-qnn.md). These fixtures are
@@ -81,11 +81,11 @@ def train_tokenizer(corpus_path: Path = CORPUS_PATH, vocab_size: int = VOCAB_SIZ
     )
 
 
-ARCHS = ("qwen2", "llama", "qwen3", "phi3")
+ARCHS = ("qwen2", "llama", "qwen3", "phi3", "gemma")
 
 
 def _build_config(arch: str, vocab_size: int, eos_id: int):
-    from transformers import LlamaConfig, Phi3Config, Qwen2Config, Qwen3Config
+    from transformers import GemmaConfig, LlamaConfig, Phi3Config, Qwen2Config, Qwen3Config
 
     common = dict(ARCH_PARAMS, vocab_size=vocab_size, bos_token_id=eos_id, eos_token_id=eos_id,
                   pad_token_id=eos_id, torch_dtype="float32")
@@ -102,6 +102,11 @@ def _build_config(arch: str, vocab_size: int, eos_id: int):
         # Phi-3 / Phi-4-mini: fused qkv_proj and gate_up_proj; partial rotary as in Phi-4-mini (0.75)
         return Phi3Config(**common, partial_rotary_factor=0.75, tie_word_embeddings=False,
                           sliding_window=None, original_max_position_embeddings=4096)
+    if arch == "gemma":
+        # Gemma 1: (1 + w) RMSNorm, sqrt(hidden)-scaled embeddings, tanh-GELU gated MLP, explicit
+        # head_dim, tied embeddings (GemmaConfig's defaults besides the sizes)
+        return GemmaConfig(**common, head_dim=32, hidden_act="gelu_pytorch_tanh", tie_word_embeddings=True,
+                           attention_bias=False)
     raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
 
 
@@ -111,7 +116,8 @@ def make_tiny_model(arch: str, out_dir, seed: int = 0, train_seconds: float = 60
     Args:
         arch: ``"qwen2"`` (Qwen2ForCausalLM, qkv bias, tied embeddings), ``"llama"``
             (LlamaForCausalLM, no bias, untied lm_head), ``"qwen3"`` (Qwen3ForCausalLM, q/k norms,
-            tied) or ``"phi3"`` (Phi3ForCausalLM, fused qkv / gate_up, partial rotary 0.75, untied).
+            tied), ``"phi3"`` (Phi3ForCausalLM, fused qkv / gate_up, partial rotary 0.75, untied) or
+            ``"gemma"`` (GemmaForCausalLM: (1 + w) norms, scaled embeddings, tanh GELU, tied).
         out_dir: folder to write (created; existing files are overwritten).
         seed: seed for torch / python RNG (weights init and batch sampling).
         train_seconds: training budget; converted to ``round(train_seconds * STEPS_PER_SECOND)``
@@ -209,7 +215,7 @@ def ensure_fixture(arch: str, dest: Path, seed: int = 0, train_seconds: float = 
     return dest
 
 
-if __name__ == "__main__":  # python -m tasks.llm.fixtures qwen2 llama qwen3 phi3
+if __name__ == "__main__":  # python -m tasks.llm.fixtures qwen2 llama qwen3 phi3 gemma
     import sys
 
     from ..paths import root

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from .families import SUPPORTED  # noqa: F401  (model_type values the export writes; checked when a recipe loads)
-
 
 def split_layers(n_layers: int, parts: int) -> list[tuple[int, int]]:
     """Even split of ``n_layers`` into ``parts`` contiguous [lo, hi) ranges (earlier parts get the
