@@ -87,7 +87,7 @@ from pathlib import Path
 import numpy as np
 
 from .checkpoint import Checkpoint, part_tensor_names
-from .families import SUPPORTED, activation, family, is_norm, rotary_dim
+from .families import activation, family, is_norm, rotary_dim
 from .parts import split_layers  # noqa: F401  (part of this module's API)
 
 MASK_VALUE = -100.0
