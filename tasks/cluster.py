@@ -39,7 +39,7 @@ ENV_SCHEDULER = "NPUBUILD_SCHEDULER"
 RESOURCE = "MEMORY"
 # key-material fields a worker must agree on with the client (all but "inputs", which are
 # the upstream output digests and come with the task)
-COMPARED = ("kind", "version", "params", "files", "tools", "code", "extra")
+COMPARED = ("kind", "impl", "version", "params", "files", "tools", "code", "extra")
 
 NO_REMOTE = ("a cluster build needs a remote cache: set NPUBUILD_REMOTE to an fsspec URL that this "
              "machine and every worker can reach (file:///shared/folder, s3://bucket/prefix, ...); "
@@ -225,9 +225,9 @@ def build(recipes: list[str] | None, scheduler: str | None, link=None, log=print
         results.update(_run(nodes, done, scheduler, log, timeout))
     # the client's part: pull what build/ and the checks read, check, record, link (builds
     # nothing: a Resolver only fetches; the other stages' keys come from remote manifests)
-    from .stages import ARTIFACTS, module_for
+    from .stages import ARTIFACTS, modules_of
 
-    wanted = frozenset(k for k in KINDS if k in ARTIFACTS or hasattr(module_for(k), "check"))
+    wanted = frozenset(k for k in KINDS if k in ARTIFACTS or any(hasattr(m, "check") for m in modules_of(k)))
     failed, pulled = [], 0
     for recipe in recipes:
         res = engine.Resolver(recipe, pull=wanted)

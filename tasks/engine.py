@@ -30,7 +30,6 @@ from .cache import Cache, Entry
 from .plan import StageSpec, expand
 from .recipe import load_all
 from .stagelog import LOG_NAME
-from .stages import module_for
 
 
 class StageFailed(Exception):
@@ -132,10 +131,11 @@ def project_file(rel: str) -> Path:
 def key_material(spec: StageSpec, upstream: dict[str, Entry]) -> dict:
     """Everything the key of ``spec`` is the hash of (a plain dict). ``upstream`` maps each
     role in ``spec.inputs`` to its committed entry."""
-    mod = module_for(spec.kind)
+    mod = spec.module
     params = {k: v for k, v in spec.params.items() if k not in getattr(mod, "KEY_EXCLUDE", ())}
     material = {
         "kind": spec.kind,
+        "impl": mod.__name__,  # the family's implementation of the kind (tasks.stages)
         "version": mod.VERSION,
         "params": params,
         "inputs": {role: upstream[role].output_digest for role in spec.inputs},
@@ -231,9 +231,9 @@ def _stamp(names) -> tuple:
 def code_files(spec: StageSpec) -> dict[str, str]:
     """{dotted module name: xxh3 of its source} for the modules :func:`code_digest` covers,
     sorted by name (what a cluster worker compares to name the module that differs). Worked
-    out once per process for each stage kind (and patch steps) and reused while the files'
+    out once per process for each stage implementation (and patch steps) and reused while the files'
     stats are unchanged (a plain ``os.stat`` each, no stat-cache query)."""
-    k = (spec.kind, tuple(s["name"] for s in spec.params["steps"]) if spec.kind == "patch" else ())
+    k = (spec.module.__name__, tuple(s["name"] for s in spec.params["steps"]) if spec.kind == "patch" else ())
     hit = _CODE_FILES.get(k)
     if hit is not None and _stamp(hit[1]) == hit[0]:
         return dict(hit[1])
@@ -243,7 +243,7 @@ def code_files(spec: StageSpec) -> dict[str, str]:
 
 
 def _code_files(spec: StageSpec) -> dict[str, str]:
-    mod = module_for(spec.kind)
+    mod = spec.module
     names = set(code_modules(mod.__name__))
     for dep in getattr(mod, "CODE_DEPS", ()):  # modules found by name at run time, not imported
         names.update(code_modules(dep))
@@ -317,7 +317,7 @@ class Resolver:
 
     def failures(self, stage: str, entry: Entry) -> list[str]:
         spec = self.specs[stage]
-        check = getattr(module_for(spec.kind), "check", None)
+        check = getattr(spec.module, "check", None)
         return check(entry.out, entry.manifest, spec.params) if check else []
 
 
@@ -355,7 +355,7 @@ def build_spec(spec: StageSpec, upstream: dict[str, Entry], cache: Cache,
 
     from . import stagelog
 
-    mod = module_for(spec.kind)
+    mod = spec.module
     material = material or key_material(spec, upstream)
     key = stage_key(material)
     files = {role: project_file(rel) for role, rel in spec.files.items()}
@@ -536,7 +536,7 @@ def explain(recipe_name: str) -> list[dict]:
     last = read_state(recipe_name)
     rows = []
     for name, spec in res.specs.items():
-        row = {"stage": name, "task": spec.task, "kind": spec.kind, "params": spec.params,
+        row = {"stage": name, "task": spec.task, "kind": spec.kind, "impl": spec.module.__name__, "params": spec.params,
                "inputs": spec.inputs, "files": spec.files}
         try:
             mat = res.material(name)
@@ -569,7 +569,7 @@ def print_explain(recipe_name: str, verbose: bool = True) -> None:
         key = row["key"][:16] if row["key"] else "-" * 16
         print(f"{row['task']:<40} {row['kind']:<9} {key}  {row['status']}")
         if verbose:
-            print(f"    params: {json.dumps(row['params'], sort_keys=True)}")
+            print(f"    impl: {row['impl']}  params: {json.dumps(row['params'], sort_keys=True)}")
             if row["inputs"] or row["files"]:
                 print(f"    inputs: {json.dumps(row['inputs'])} files: {json.dumps(row['files'])}")
         if row.get("log"):

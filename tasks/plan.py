@@ -12,7 +12,7 @@ compile and one verify stage per target, named ``compile@<target>`` and ``verify
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pydantic import BaseModel
 
@@ -42,6 +42,14 @@ class StageSpec:
     params: dict
     inputs: dict[str, str] = field(default_factory=dict)  # role -> upstream stage name
     files: dict[str, str] = field(default_factory=dict)  # role -> project-relative path
+    family: str = "encoder"  # the recipe's export.family: picks the implementation (tasks.stages)
+
+    @property
+    def module(self):
+        """The stage module that builds this spec (``tasks.stages.module_for(kind, family)``)."""
+        from .stages import module_for
+
+        return module_for(self.kind, self.family)
 
     @property
     def task(self) -> str:
@@ -60,6 +68,7 @@ def expand(recipe: Recipe) -> list[StageSpec]:
     r = recipe
     fam = r.export.family
     ex = params_for(r.export, fam)
+    ex.pop("family")  # it chose the implementation (StageSpec.family), whose code is in the key
     specs = [
         StageSpec(r.name, "download", "download", r.source.model_dump(exclude_none=True)),
         StageSpec(r.name, "export", "export", ex, {"source": "download"}),
@@ -72,7 +81,7 @@ def expand(recipe: Recipe) -> list[StageSpec]:
         model = "prepatch"
     q = params_for(r.quantize, fam)
     calib = q.pop("calibration")
-    q.update(family=r.export.family, calibration={k: v for k, v in calib.items() if k != "file"})
+    q.update(calibration={k: v for k, v in calib.items() if k != "file"})
     specs.append(StageSpec(r.name, "quantize", "quantize", q, {"model": model, "source": "download"},
                            {"calibration": calib["file"]}))
     model = "quantize"
@@ -82,13 +91,13 @@ def expand(recipe: Recipe) -> list[StageSpec]:
     many = len(r.compile.targets) > 1
     for t in r.compile.targets:
         suffix = f"@{t}" if many else ""
-        cparams = {"target": t, "family": fam,
+        cparams = {"target": t,
                    **{k: v for k, v in params_for(r.compile, fam).items() if k != "targets"}}
         specs.append(StageSpec(r.name, f"compile{suffix}", "compile", cparams, {"model": model}))
         v = params_for(r.verify, fam)
         data = v.pop("data")
         ppl = v.pop("perplexity_text", None)
-        v.update(target=t, family=r.export.family, task=r.task,
+        v.update(target=t, task=r.task,
                  data={k: val for k, val in data.items() if k != "file"})
         files = {"data": data["file"]}
         if ppl:
@@ -96,4 +105,4 @@ def expand(recipe: Recipe) -> list[StageSpec]:
         specs.append(StageSpec(r.name, f"verify{suffix}", "verify", v,
                                {"compiled": f"compile{suffix}", "qdq": model, "reference": "export",
                                 "source": "download"}, files))
-    return specs
+    return [replace(s, family=fam) for s in specs]

@@ -522,7 +522,7 @@ def read_manifest(folder: str | Path) -> dict:
                                 f"{'nothing' if 'sha256' not in meta else _found(h)}")
     if problems:
         more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
-        raise PublishError(f"{f}: " + f"; ".join(problems[:5]) + more)
+        raise PublishError(f"{f}: " + "; ".join(problems[:5]) + more)
     return m
 
 

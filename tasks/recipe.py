@@ -410,7 +410,7 @@ class CompileCfg(_Strict):
 
 
 INF = math.inf
-# threshold name (tasks/stages/verify.py THRESHOLDS) -> (what it is, low, low included, high):
+# threshold name (tasks/stages/common.py THRESHOLDS) -> (what it is, low, low included, high):
 # checked at load, so a bar that always passes (a cosine of -5) or never can (1.5) is an error
 # now, not after a full build. None as high: verify.max_new_tokens.
 THRESHOLD_RANGES = {
@@ -464,7 +464,7 @@ class VerifyCfg(_Strict):
     @classmethod
     def _known(cls, v, info):
         """Known names, finite values, each in its range (THRESHOLD_RANGES)."""
-        from .stages.verify import THRESHOLDS
+        from .stages.common import THRESHOLDS
 
         bad = [k for k in v if k not in THRESHOLDS]
         if bad:
@@ -741,7 +741,7 @@ def check_data_files(path: Path, r: Recipe) -> None:
             except (OSError, ValueError) as e:
                 problems.append((key, str(e) if isinstance(e, ValueError) else f"expected a readable file, found {e.strerror}"))
                 continue
-            n = sum(1 for ln in text.splitlines() if ln.strip())  # as stages/quantize.py read_lines
+            n = sum(1 for ln in text.splitlines() if ln.strip())  # as tasks/datafiles.py read_lines
             if per_line and n < data.samples:
                 problems.append((key.removesuffix(".file") + ".samples",
                                  f"expected at most the {n} non-empty lines of {rel}, found {data.samples}"))

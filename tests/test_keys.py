@@ -14,15 +14,15 @@ from tasks import engine
 from tasks.plan import StageSpec
 from tasks.stages import module_for
 
-stage = sys.argv[1]
-spec = StageSpec("r", stage, stage, {"target": "x-elite"})
+stage, family = sys.argv[1], sys.argv[2]
+spec = StageSpec("r", stage, stage, {"target": "x-elite"}, family=family)
 def key():
-    mod = module_for(stage)
+    mod = module_for(stage, family)
     extra = mod.key_extra(spec.params) if stage in ("compile", "verify") else None
     return engine.code_digest(spec), extra
 base = key()
 changed, unchanged = [], []
-for name in engine.code_modules(module_for(stage).__name__):
+for name in engine.code_modules(module_for(stage, family).__name__):
     f = engine._module_file(name)
     text = f.read_text()
     f.write_text(text + "\n# an edit\n")
@@ -34,48 +34,67 @@ t.write_text(text.replace('Target("x-elite", 60, 73,', 'Target("x-elite", 61, 73
 import importlib, tasks.targets, tasks.qnn
 importlib.reload(tasks.targets); importlib.reload(tasks.qnn)
 from tasks.stages import module_for as mf
-mod = importlib.reload(mf(stage))
+mod = importlib.reload(mf(stage, family))
 after = (engine.code_digest(spec), mod.key_extra(spec.params) if stage in ("compile", "verify") else None)
 t.write_text(text)
-print(json.dumps({"modules": list(engine.code_modules(module_for(stage).__name__)), "changed": changed,
+print(json.dumps({"modules": list(engine.code_modules(module_for(stage, family).__name__)), "changed": changed,
                   "unchanged": unchanged, "extra_before": base[1], "extra_after": after[1],
                   "code_after_target_edit_differs": after[0] != base[0]}))
 """
 
 
-def _probe(tmp_path, stage):
+def _probe(tmp_path, stage, family="encoder"):
     """Run the probe against a copy of the package (edits never touch the checkout)."""
     shutil.copytree(REPO / "tasks", tmp_path / "tasks", ignore=shutil.ignore_patterns("__pycache__"))
-    p = subprocess.run([sys.executable, "-c", PROBE, stage], cwd=tmp_path, capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "-c", PROBE, stage, family], cwd=tmp_path, capture_output=True, text=True,
                        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin", "NPUBUILD_HOME": str(tmp_path / "h")})
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.splitlines()[-1])
 
 
 def test_editing_any_module_quantize_imports_changes_its_key(tmp_path):
-    r = _probe(tmp_path, "quantize")
+    r = _probe(tmp_path, "quantize", "llm")
     # the LLM path's helpers are found without being listed anywhere
-    for m in ("tasks.stages.quantize", "tasks.llm.quant", "tasks.llm.calib", "tasks.llm.sessions",
-              "tasks.llm.runner", "tasks.graphs"):
+    for m in ("tasks.stages.llm_quantize", "tasks.llm.quant", "tasks.llm.calib", "tasks.llm.sessions",
+              "tasks.llm.runner", "tasks.stages.common"):
         assert m in r["modules"], (m, r["modules"])
     assert r["unchanged"] == [] and len(r["changed"]) == len(r["modules"]) >= 8
+    enc = _probe(tmp_path / "encoder", "quantize")
+    assert "tasks.graphs" in enc["modules"] and enc["unchanged"] == [] and len(enc["changed"]) == len(enc["modules"])
 
 
 def test_editing_a_targets_soc_model_changes_compile_and_verify_keys(tmp_path):
-    for stage in ("compile", "verify"):
-        r = _probe(tmp_path / stage, stage)
+    for stage, family in (("compile", "encoder"), ("verify", "encoder"), ("compile", "llm"), ("verify", "llm")):
+        r = _probe(tmp_path / stage / family, stage, family)
         assert "tasks.targets" in r["modules"]
         assert r["extra_before"]["provider_options"]["soc_model"] == "60"
         assert r["extra_after"]["provider_options"]["soc_model"] == "61"
         assert r["code_after_target_edit_differs"]
 
 
-def test_modules_with_the_same_file_name_both_count():
-    """tasks/llm/export.py and tasks/stages/export.py are two files: both enter export's digest."""
+def test_each_family_hashes_its_own_implementation_only():
+    """A stage kind has one module per family (tasks.stages.IMPLEMENTATIONS), chosen in plan:
+    an encoder stage's key holds no LLM code and the reverse, so editing the LLM export leaves
+    every encoder key alone; ``tasks/llm/export.py`` counts under its own dotted name."""
     from tasks.engine import code_modules
+    from tasks.stages import IMPLEMENTATIONS, module_for
 
-    mods = code_modules("tasks.stages.export")
-    assert "tasks.llm.export" in mods and "tasks.stages.export" in mods
+    for kind in ("export", "quantize", "compile", "verify"):
+        enc = code_modules(module_for(kind, "encoder").__name__)
+        llm = code_modules(module_for(kind, "llm").__name__)
+        assert not any(m.startswith("tasks.llm.") for m in enc), (kind, enc)
+        assert f"tasks.stages.llm_{kind}" in llm and f"tasks.stages.{kind}" not in llm, (kind, llm)
+    assert "tasks.llm.export" in code_modules("tasks.stages.llm_export")
+    assert set(IMPLEMENTATIONS["download"]) == {None}
+
+
+def test_no_stage_module_branches_on_the_family():
+    import ast
+
+    for f in sorted((REPO / "tasks" / "stages").glob("*.py")):
+        tree = ast.parse(f.read_text())
+        reads = [n for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value == "family"]
+        assert reads == [], f"{f.name} reads params['family'] (line {reads[0].lineno})"
 
 
 def test_no_import_cycles():

@@ -126,7 +126,7 @@ def test_thresholds_in_range_ints_and_all_bad_reported_together(tmp_path):
 
 def test_every_threshold_has_a_range():
     from tasks.recipe import THRESHOLD_RANGES
-    from tasks.stages.verify import THRESHOLDS
+    from tasks.stages.common import THRESHOLDS
 
     assert set(THRESHOLD_RANGES) == set(THRESHOLDS)
 
@@ -241,7 +241,7 @@ def test_non_utf8_data_file_names_file_line_offset_and_key(proj, encoding, line,
     (proj / "data" / "c.txt").write_bytes(text.encode(encoding))
     assert load_errors(proj, GOOD) == {"quantize.calibration.file": (
         f"expected UTF-8 text, found byte {byte} at line {line} (byte offset {offset}) of data/c.txt")}
-    from tasks.stages.quantize import read_lines
+    from tasks.datafiles import read_lines
 
     with pytest.raises(UnicodeDecodeError):  # what the quantize stage would have met mid-build
         read_lines(proj / "data" / "c.txt", 16)

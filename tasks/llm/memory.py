@@ -185,7 +185,7 @@ def plan_estimate(specs: dict, stage: str) -> int:
     :func:`source_config` raises for an LLM whose config cannot be read."""
     spec = specs[stage]
     ex = specs["export"].params
-    if ex.get("family") != "llm":
+    if specs["export"].family != "llm":
         return ENCODER_BYTES
     if spec.kind == "download":
         return BASE

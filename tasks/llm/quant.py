@@ -10,36 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..quantconfig import matmul_weight_overrides, qtype as _qtype
 from .export import ROPE_TABLES
-
-WEIGHT_TYPES = ("uint8", "int8", "int4", "uint4", "uint16")
-
-
-def _qtype(name: str):
-    from onnxruntime.quantization import QuantType
-
-    return {"uint8": QuantType.QUInt8, "int8": QuantType.QInt8, "int4": QuantType.QInt4,
-            "uint4": QuantType.QUInt4, "uint16": QuantType.QUInt16,
-            "int16": QuantType.QInt16}[name]
-
-
-def matmul_weight_overrides(model, weight_type: str, axis: int = 1, symmetric: bool = True,
-                            keep_8bit: tuple = ()) -> dict:
-    """Tensor-quant overrides making every constant MatMul weight ([K, N]) per-channel on ``axis``
-    (1 = output channel). ``get_qnn_qdq_config(per_channel=True)`` alone leaves MatMul weights
-    per-tensor (its source says "QNN does not support per-channel MatMul"; that applies to
-    older QNN, see :func:`quantize_qdq`). MatMul nodes whose name contains one of ``keep_8bit``
-    get uint8 instead of ``weight_type``."""
-    inits = {i.name: i for i in model.graph.initializer}
-    out = {}
-    for n in model.graph.node:
-        if n.op_type == "MatMul" and len(n.input) > 1 and n.input[1] in inits \
-                and len(inits[n.input[1]].dims) == 2:
-            wt = "uint8" if any(k in n.name for k in keep_8bit) else weight_type
-            out[n.input[1]] = [{"quant_type": _qtype(wt), "axis": axis,
-                                "symmetric": symmetric}]
-    return out
-
 
 def stage_part(export_dir, part: dict, work) -> Path:
     """Copy one part's graphs and weight file from ``export_dir`` into the writable folder
@@ -64,7 +36,7 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
         fp32_path: the graph, in a writable folder (see :func:`stage_part`).
         feeds: calibration feed dicts for this graph, any iterable (a list, or a
             :class:`tasks.llm.calib.FeedStore` reading them from disk one at a time).
-        weight_type: one of :data:`WEIGHT_TYPES` (``"uint8"`` for w8a16, ``"int4"`` for w4a16).
+        weight_type: one of ``tasks.quantconfig.WEIGHT_TYPES`` (``"uint8"`` for w8a16, ``"int4"`` for w4a16).
         activation_type: ``"uint16"`` (default) or ``"uint8"``.
         per_channel: ORT's QNN per-channel switch (Conv/ConvTranspose/Gemm weights).
         matmul_per_channel: also make MatMul weights per-channel (axis 1, symmetric) via

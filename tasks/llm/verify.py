@@ -39,7 +39,7 @@ import numpy as np
 
 
 def _prompts(files, params, tok) -> tuple[list[str], list[list[int]]]:
-    from ..stages.quantize import read_lines
+    from ..datafiles import read_lines
 
     texts = read_lines(files["data"], params["data"]["samples"])
     return texts, [tok(t)["input_ids"] for t in texts]

@@ -1,4 +1,8 @@
-"""Stage kinds: one module per kind, each a plain module with
+"""Stage kinds and their implementations: one plain module per (kind, model family),
+chosen once when a recipe is planned (:data:`IMPLEMENTATIONS`, ``StageSpec.family``), so no
+stage branches on the family inside. Encoder implementations are ``<kind>.py``, LLM ones
+``llm_<kind>.py``; ``download`` and ``patch`` serve every family; what several share is in
+``common.py``. Each module has
 
 - ``VERSION: int``  bumped on any change of behaviour (enters the stage key);
 - ``TOOLS: tuple[str, ...]``  tools whose versions enter the key (see ``tasks/tools.py``);
@@ -23,11 +27,29 @@ ARTIFACTS = {
     "verify": ("verify.json",),
 }
 
-KIND_MODULES = {k: k for k in ("download", "export", "patch", "quantize", "compile", "verify")}
+#: stage kind -> {model family (None: every family): module of this package}
+IMPLEMENTATIONS = {
+    "download": {None: "download"},
+    "export": {"encoder": "export", "llm": "llm_export"},
+    "patch": {None: "patch"},
+    "quantize": {"encoder": "quantize", "llm": "llm_quantize"},
+    "compile": {"encoder": "compile", "llm": "llm_compile"},
+    "verify": {"encoder": "verify", "llm": "llm_verify"},
+}
 
 
-def module_for(kind: str):
-    """The module implementing stage ``kind``. Raises KeyError for an unknown kind."""
-    if kind not in KIND_MODULES:
-        raise KeyError(f"unknown stage kind {kind!r}; known: {', '.join(KIND_MODULES)}")
-    return import_module(f"{__name__}.{KIND_MODULES[kind]}")
+def module_for(kind: str, family: str = "encoder"):
+    """The module implementing stage ``kind`` for models of ``family`` (``export.family`` of the
+    recipe: ``encoder`` or ``llm``). Raises KeyError for an unknown kind or family."""
+    if kind not in IMPLEMENTATIONS:
+        raise KeyError(f"unknown stage kind {kind!r}; known: {', '.join(IMPLEMENTATIONS)}")
+    impls = IMPLEMENTATIONS[kind]
+    name = impls.get(None) or impls.get(family)
+    if name is None:
+        raise KeyError(f"no {family} implementation of stage kind {kind!r}; families: {', '.join(impls)}")
+    return import_module(f"{__name__}.{name}")
+
+
+def modules_of(kind: str) -> list:
+    """Every implementation module of stage ``kind``."""
+    return [import_module(f"{__name__}.{n}") for n in IMPLEMENTATIONS[kind].values()]

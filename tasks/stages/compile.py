@@ -1,11 +1,10 @@
-"""compile: QDQ ONNX -> EPContext model + QNN context binary for one target.
+"""compile, the encoder implementation (LLMs: ``tasks/stages/llm_compile.py``): QDQ ONNX ->
+EPContext model + QNN context binary for one target.
 
 Each graph ``<g>.onnx`` of the input becomes ``<g>_ctx.onnx`` (one EPContext node) and
 ``<g>_ctx_qnn.bin`` (the context binary, ``ep.context_embed_mode=0``) through the
 onnxruntime-qnn plugin EP (``tasks/qnn.py``). With ``disable_cpu_ep_fallback`` (default) a
-graph that does not go entirely to HTP fails with the op types left on the CPU. For LLMs with
-``weight_sharing``, each part's prefill and decode graphs are compiled into one shared binary
-(``tasks/llm/qnn.py``). The QNN SDK version recorded in the EPContext node goes into the
+graph that does not go entirely to HTP fails with the op types left on the CPU. The QNN SDK version recorded in the EPContext node goes into the
 manifest.
 """
 
@@ -15,17 +14,12 @@ from pathlib import Path
 
 from .. import progress, qnn
 from ..graphs import list_graphs, load_model
+from .common import target_key_extra
 
 VERSION = 6  # 6: compiled once, again only for the racy padding variant (issue 12)
 TOOLS = ("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "onnx")
 KEY_EXCLUDE = ("target",)  # the name; the key holds what it resolves to (key_extra)
-
-
-def key_extra(params: dict) -> dict:
-    """The target as the session sees it: the QNN provider options it resolves to in
-    ``tasks/targets.py`` (soc_model, htp_arch, ...), so editing the table makes binaries stale
-    and two names for one SoC share entries (issue 11)."""
-    return {"provider_options": qnn.provider_options(params["target"])}
+key_extra = target_key_extra
 
 
 def run(inputs, files, params, out: Path) -> dict:
@@ -33,15 +27,8 @@ def run(inputs, files, params, out: Path) -> dict:
     process, once, or again while the binary shows the QNN SDK's racy padding variant (same
     bytes in every build: tasks/qnn.py ``compile_in_subprocess`` and ``compile_settled``;
     checked by tests building in three folders).
-    Returns {"graphs": {graph: EPContext info}, "compiles": {graph: n}, "qnn_sdk"} (LLMs:
-    tasks/llm/compile.py's per-part rows). Raises qnn.NotOnNPU or onnxruntime's error."""
+    Returns {"graphs": {graph: EPContext info}, "compiles": {graph: n}, "qnn_sdk"}. Raises qnn.NotOnNPU or onnxruntime's error."""
     src = inputs["model"]
-    if params["family"] == "llm":
-        from ..llm.compile import compile_llm
-        from ..llm.memory import check_export_stage
-
-        check_export_stage("compile", src)
-        return compile_llm(src, out, params)
     info, compiles = _compile_graphs(src, out, params)
     sdk = sorted({n.get("ep_sdk_version", "?") for nodes in info.values() for n in nodes})
     return {"graphs": info, "compiles": compiles, "qnn_sdk": sdk}

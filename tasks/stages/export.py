@@ -1,11 +1,9 @@
 """export: HF model folder -> fp32 ONNX graph(s) with static shapes.
 
-- ``family: encoder``: optimum's ``main_export`` (``optimum.exporters.onnx``) with
-  ``no_dynamic_axes=True`` and the recipe's ``batch_size`` x ``sequence_length`` as the
-  dummy shapes, so every dim is fixed (QNN HTP has no dynamic shapes: onnxruntime QNN EP
-  docs). Output ``model.onnx`` plus the tokenizer and config files.
-- ``family: llm``: prefill (AR-``sequence_length``) and decode (AR-``decode_length``) graphs
-  per part, explicit KV cache, via ``tasks/llm/export.py``.
+The encoder implementation (LLMs: ``tasks/stages/llm_export.py``): optimum's ``main_export``
+(``optimum.exporters.onnx``) with ``no_dynamic_axes=True`` and the recipe's ``batch_size`` x
+``sequence_length`` as the dummy shapes, so every dim is fixed (QNN HTP has no dynamic shapes:
+onnxruntime QNN EP docs). Output ``model.onnx`` plus the tokenizer and config files.
 
 Graph inputs that are int64 become int32 (the ``int64-to-int32`` patch; QNN HTP has no
 int64). Weights above 2 GB go to external data (protobuf's 2 GB limit).
@@ -13,11 +11,11 @@ int64). Weights above 2 GB go to external data (protobuf's 2 GB limit).
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from .. import lazy, patches, progress
 from ..graphs import load_model, save_model
+from .common import copy_tokenizer
 
 onnx = lazy.module("onnx")
 
@@ -25,23 +23,8 @@ VERSION = 1
 TOOLS = ("torch", "transformers", "optimum", "optimum-onnx", "onnx")
 CODE_DEPS = ("tasks.patches.int64_to_int32",)  # found by name through the patch registry
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
-                   "merges.txt", "vocab.json", "config.json", "generation_config.json", "tokenizer.model",
-                   "added_tokens.json")
-
-
 def key_extra(params: dict) -> dict:
     return {"int64-to-int32": patches.get("int64-to-int32").version}
-
-
-def copy_tokenizer(src: Path, out: Path) -> list[str]:
-    """Copy tokenizer and config files present in ``src`` to ``out``; returns their names."""
-    names = []
-    for name in TOKENIZER_FILES:
-        if (src / name).is_file():
-            shutil.copyfile(src / name, out / name)
-            names.append(name)
-    return names
 
 
 def to_int32_inputs(path: Path) -> dict:
@@ -83,21 +66,6 @@ def run(inputs, files, params, out: Path) -> dict:
     """Export the model in ``inputs["source"]`` into ``out``. Returns the graphs' inputs and
     outputs (names, dtypes, shapes). Raises whatever optimum raises for an unsupported model."""
     src = inputs["source"]
-    if params["family"] == "llm":
-        import json
-
-        from ..llm.export import export_llm
-        from ..llm.memory import check_stage
-
-        check_stage("export", json.loads((src / "config.json").read_text(encoding="utf-8")), parts=params["parts"],
-                    seq_len=params["sequence_length"], context_len=params["context_length"],
-                    embed_in_part=params["embedding"] == "first-part")
-        meter: list = []
-        info = export_llm(src, out, seq_len=params["sequence_length"], context_len=params["context_length"],
-                          parts=params["parts"], embed={"first-part": "part0", "host": "separate"}[params["embedding"]],
-                          meter=meter)
-        copy_tokenizer(src, out)
-        return {"llm": info, "parts": meter}
     info = _export_encoder(src, params, out)
     copy_tokenizer(src, out)
     return info

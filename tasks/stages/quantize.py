@@ -1,4 +1,5 @@
-"""quantize: fp32 ONNX -> QDQ ONNX for QNN HTP, with onnxruntime's QNN quantization helpers.
+"""quantize, the encoder implementation (LLMs: ``tasks/stages/llm_quantize.py``): fp32 ONNX ->
+QDQ ONNX for QNN HTP, with onnxruntime's QNN quantization helpers.
 
 Precisions (activations are what flows between ops; weights are the initializers):
 
@@ -21,12 +22,13 @@ in the recipe schema.
 from __future__ import annotations
 
 import re
-import shutil
 import tempfile
 from pathlib import Path
 
-from .. import digest, lazy, progress
+from .. import lazy, progress
+from ..datafiles import read_lines
 from ..graphs import list_graphs, load_model
+from .common import copy_rest
 
 np = lazy.module("numpy")
 onnx = lazy.module("onnx")
@@ -40,15 +42,6 @@ PRECISIONS = {  # name -> (weight QuantType name, activation QuantType name)
     "w8a8": ("QUInt8", "QUInt8"),
 }
 BITS = {4: "QInt4", 8: "QUInt8", 16: "QUInt16"}
-
-
-def read_lines(path: Path, n: int) -> list[str]:
-    """The first ``n`` non-empty, stripped lines of a UTF-8 text file. Raises ValueError if
-    the file has fewer."""
-    lines = [ln.strip() for ln in Path(path).read_text(encoding="utf-8").splitlines() if ln.strip()]
-    if len(lines) < n:
-        raise ValueError(f"{path}: wants {n} samples, the file has {len(lines)} non-empty lines")
-    return lines[:n]
 
 
 # Encoder graph inputs a tokenizer may not give, which the model reads as all zeros when they
@@ -122,7 +115,7 @@ def weight_overrides(model: onnx.ModelProto, precision: str, per_channel: bool) 
     """
     from onnxruntime.quantization import QuantType
 
-    from ..llm.quant import matmul_weight_overrides
+    from ..quantconfig import matmul_weight_overrides
 
     w = getattr(QuantType, PRECISIONS[precision][0])
     inits = {i.name for i in model.graph.initializer}
@@ -181,26 +174,11 @@ def _run(inputs, files, params, out: Path) -> dict:
     src = inputs["model"]
     cal = params["calibration"]
     report = {}
-    if params["family"] == "llm":
-        from ..llm.memory import check_export_stage
-        from ..llm.quant import quantize_llm
-
-        check_export_stage("quantize", src, params["precision"])
-        report = quantize_llm(src, inputs["source"], files["calibration"], params, out)
-        _copy_rest(src, out)
-        return {**report, "calibration_prompts": cal["samples"]}
     texts = read_lines(files["calibration"], cal["samples"])
     for g in list_graphs(src):
         rel = g.relative_to(src).as_posix()
         (out / rel).parent.mkdir(parents=True, exist_ok=True)
         report[rel] = quantize_graph(g, out / rel, encoder_feeds(g, inputs["source"], texts, cal["max_length"]), params)
-    _copy_rest(src, out)
+    copy_rest(src, out)
     return {"graphs": report, "calibration_samples": len(texts)}
 
-
-def _copy_rest(src: Path, out: Path) -> None:
-    """Copy the non-graph files (tokenizer, export.json...) that the next stages read."""
-    for f in digest.list_files(src):
-        if f.suffix not in (".onnx", ".data") and not (out / f.relative_to(src)).exists():
-            (out / f.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(f, out / f.relative_to(src))

@@ -1,0 +1,34 @@
+"""onnxruntime quantization settings shared by the encoder and LLM quantize implementations
+(importing neither): quant type names, per-channel MatMul weight overrides."""
+
+from __future__ import annotations
+
+WEIGHT_TYPES = ("uint8", "int8", "int4", "uint4", "uint16")
+
+
+def qtype(name: str):
+    """onnxruntime's ``QuantType`` for a name of :data:`WEIGHT_TYPES` (or ``int16``). KeyError
+    for any other."""
+    from onnxruntime.quantization import QuantType
+
+    return {"uint8": QuantType.QUInt8, "int8": QuantType.QInt8, "int4": QuantType.QInt4,
+            "uint4": QuantType.QUInt4, "uint16": QuantType.QUInt16,
+            "int16": QuantType.QInt16}[name]
+
+
+def matmul_weight_overrides(model, weight_type: str, axis: int = 1, symmetric: bool = True,
+                            keep_8bit: tuple = ()) -> dict:
+    """Tensor-quant overrides making every constant MatMul weight ([K, N]) per-channel on ``axis``
+    (1 = output channel). ``get_qnn_qdq_config(per_channel=True)`` alone leaves MatMul weights
+    per-tensor (its source says "QNN does not support per-channel MatMul"; that applies to
+    older QNN, see ``tasks.llm.quant.quantize_qdq``). MatMul nodes whose name contains one of ``keep_8bit``
+    get uint8 instead of ``weight_type``."""
+    inits = {i.name: i for i in model.graph.initializer}
+    out = {}
+    for n in model.graph.node:
+        if n.op_type == "MatMul" and len(n.input) > 1 and n.input[1] in inits \
+                and len(inits[n.input[1]].dims) == 2:
+            wt = "uint8" if any(k in n.name for k in keep_8bit) else weight_type
+            out[n.input[1]] = [{"quant_type": qtype(wt), "axis": axis,
+                                "symmetric": symmetric}]
+    return out

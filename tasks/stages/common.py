@@ -1,0 +1,85 @@
+"""What several implementations of a stage kind share (encoder and LLM): the files copied
+beside the graphs, the target's resolved session options in compile/verify keys, and the
+judging of ``verify.json`` against a recipe's thresholds. Imports no family's code.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+from .. import digest, qnn
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
+                   "merges.txt", "vocab.json", "config.json", "generation_config.json", "tokenizer.model",
+                   "added_tokens.json")
+
+
+def copy_tokenizer(src: Path, out: Path) -> list[str]:
+    """Copy tokenizer and config files present in ``src`` to ``out``; returns their names."""
+    names = []
+    for name in TOKENIZER_FILES:
+        if (src / name).is_file():
+            shutil.copyfile(src / name, out / name)
+            names.append(name)
+    return names
+
+
+def copy_rest(src: Path, out: Path) -> None:
+    """Copy the non-graph files of ``src`` (tokenizer, ``export.json``, ...) that the next
+    stages read into ``out`` (same relative paths), leaving files already there alone."""
+    for f in digest.list_files(src):
+        if f.suffix not in (".onnx", ".data") and not (out / f.relative_to(src)).exists():
+            (out / f.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(f, out / f.relative_to(src))
+
+
+def target_key_extra(params: dict) -> dict:
+    """The target as the session sees it, for compile and verify keys: the QNN provider options
+    ``params["target"]`` resolves to in ``tasks/targets.py`` (soc_model, htp_arch, ...), so
+    editing the table makes binaries stale and two names for one SoC share entries (issue 11)."""
+    return {"provider_options": qnn.provider_options(params["target"])}
+
+# name -> (direction, per-sample metric used to name the worst sample, description)
+THRESHOLDS = {
+    "pooled_cosine_mean": ("min", "pooled_cosine", "mean over samples of the mean-pooled embedding cosine"),
+    "pooled_cosine_min": ("min", "pooled_cosine", "worst sample's mean-pooled embedding cosine"),
+    "cosine_mean": ("min", "cosine", "mean over samples of the output cosine"),
+    "cosine_min": ("min", "cosine", "worst sample's output cosine"),
+    "max_abs_error": ("max", "max_abs_error", "largest |compiled - fp32| over all samples"),
+    "top1_agreement": ("min", "top1_agreement", "share of tokens whose argmax agrees"),
+    "token_agreement": ("min", "token_agreement", "LLM: share of greedy tokens equal to fp32's"),
+    "prefix_match_mean": ("min", "prefix_match", "LLM: mean length of the matching greedy prefix"),
+    "logits_cosine_mean": ("min", "logits_cosine", "LLM: mean prefill logits cosine"),
+    "perplexity_ratio": ("max", None, "LLM: perplexity(compiled) / perplexity(fp32)"),
+    "genai_runner_agreement": ("min", None, "LLM, runtime genai: share of prompts where onnxruntime-genai's "
+                                            "tokens equal LLMRunner's on the same graphs"),
+}
+
+
+def check(out: Path, manifest: dict, params: dict) -> list[str]:
+    """Failures of ``out/verify.json`` against ``params["thresholds"]``: one line per failed
+    threshold naming the metric, its value, the threshold and the worst sample. Also fails an
+    htp run where some node did not run on HTP."""
+    report = json.loads((out / "verify.json").read_text(encoding="utf-8"))
+    fails = []
+    if report.get("all_on_htp") is False:
+        fails.append(f"not every node ran on HTP: {report.get('nodes')}")
+    for name, bar in sorted(params.get("thresholds", {}).items()):
+        direction, per_sample, _ = THRESHOLDS[name]
+        value = report["metrics"].get(name)
+        if value is None:
+            fails.append(f"{name}: not measured by this verify")
+            continue
+        bad = not math.isfinite(value) or (value < bar if direction == "min" else value > bar)
+        if bad:
+            worst = ""
+            samples = report.get("samples") or []
+            if per_sample and samples and per_sample in samples[0]:
+                pick = min if direction == "min" else max
+                w = pick(range(len(samples)), key=lambda i: samples[i][per_sample])
+                worst = f"; worst sample #{w} ({per_sample}={samples[w][per_sample]:.4f}): {samples[w].get('text', '')!r}"
+            fails.append(f"{name} = {value:.4f}{' (not a number: the compiled model gave NaN/inf)' if not math.isfinite(value) else ''}, threshold {'>=' if direction == 'min' else '<='} {bar}{worst}")
+    return fails
