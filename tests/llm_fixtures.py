@@ -1,7 +1,7 @@
 """Shared helpers for tests/test_llm_*.py (no conftest): cached trained fixtures and exports.
 
 Fixtures are cached under /work/main/.fixtures/llm/<arch>-<key>/ where key hashes the fixture
-code, corpus and parameters (tasks.llm.fixtures.fixture_key); a file lock makes parallel builds safe.
+code, corpus and parameters (scripts/tiny_llm.py fixture_key); a file lock makes parallel builds safe.
 """
 from __future__ import annotations
 
@@ -11,15 +11,41 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _p in (ROOT, ROOT / "scripts"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
 
-from tasks.llm import fixtures  # noqa: E402
+import tiny_llm as fixtures  # noqa: E402  (scripts/tiny_llm.py: the fixture trainer, outside the package)
 
 CACHE = ROOT / ".fixtures" / "llm"
 SEQ_LEN, CONTEXT_LEN = 16, 64  # small graphs: the HTP simulator is slow
 
-from tasks.llm.e2e import PROMPTS  # noqa: E402,F401  (the same prompts as recipes/data/prompts-tiny.txt)
+# the first lines of recipes/data/prompts-tiny.txt
+PROMPTS = [
+    "The old lighthouse",
+    "Every morning the farmer",
+    "The teacher wrote a question on the board.",
+    "In the autumn the",
+    "A purple dog walked into the bakery and",
+    "To plant a tree,",
+]
+
+
+def hf_reference(model_dir, prompts_ids, max_new_tokens):
+    """fp32 ``transformers`` greedy continuations (exactly ``max_new_tokens`` each) and the
+    last prompt position's logits: [(token ids, float32 [V])], one per prompt."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    out = []
+    with torch.no_grad():
+        for ids in prompts_ids:
+            x = torch.tensor([ids])
+            g = m.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
+                           do_sample=False, min_new_tokens=max_new_tokens)
+            out.append((g[0, len(ids):].tolist(), m(x).logits[0, -1].numpy()))
+    return out
 
 
 def _locked_build(target: Path, build) -> Path:

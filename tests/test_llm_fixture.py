@@ -50,7 +50,7 @@ def test_fixture_training_is_deterministic(tmp_path):
     """Same seed -> byte-identical folder (short 3 s budget = 18 steps to keep the test fast)."""
     import hashlib
 
-    from tasks.llm.fixtures import make_tiny_model
+    from tiny_llm import make_tiny_model
 
     digests = []
     for i in range(2):

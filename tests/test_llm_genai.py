@@ -25,7 +25,7 @@ def cpu(path):
 def qwen2_bundle(tmp_path_factory):
     """The tiny Qwen2's export quantized w8a16 by the quantize stage's own code, laid out as the
     stages lay it out (``part0/{prefill,decode}.onnx``), and compiled per graph for x-elite."""
-    from tasks.llm import fixtures
+    from llm_fixtures import fixtures
     from tasks.llm.compile import compile_llm
     from tasks.llm.quant import quantize_llm
 

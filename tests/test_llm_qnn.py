@@ -9,7 +9,8 @@ from llm_fixtures import PROMPTS, tiny_export, tiny_model
 
 @pytest.fixture(scope="module")
 def qwen2_qdq(tmp_path_factory):
-    from tasks.llm import calib, fixtures, quant
+    from llm_fixtures import fixtures
+    from tasks.llm import calib, quant
 
     mdir, ex = tiny_model("qwen2"), tiny_export("qwen2")
     feeds = calib.collect_calibration_feeds(mdir, ex, fixtures.CORPUS_PATH, tmp_path_factory.mktemp("calib"),
@@ -25,7 +26,8 @@ def test_compile_and_run_on_htp_simulator(qwen2_qdq, tmp_path):
     from transformers import AutoTokenizer
 
     from tasks.llm import qnn
-    from tasks.llm.e2e import cosine, hf_reference
+    from llm_fixtures import hf_reference
+    from tasks.metrics import cosine
     from tasks.llm.runner import LLMRunner
 
     ctx = {g: qnn.compile_single(qwen2_qdq[g], tmp_path, name=g) for g in ("prefill", "decode")}

@@ -31,7 +31,7 @@ LONG = ("Every morning the farmer milked the cows, fed the chickens, and opened 
 def test_runner_matches_transformers_generate(arch, parts, embed):
     from tasks.llm.runner import LLMRunner
 
-    from tasks.llm.e2e import hf_reference
+    from llm_fixtures import hf_reference
 
     _, tok = _hf(arch)
     runner = LLMRunner.from_export(tiny_export(arch, parts=parts, embed=embed), cpu)
@@ -75,7 +75,8 @@ def test_calibration_feeds_are_real(tmp_path):
     """Streamed part by part, the feeds still carry the real fp32 state of the text: decode
     feeds' past K/V equal transformers' KV cache of the same tokens, part 1's hidden_states_0
     equals transformers' hidden state after part 0's layers, and spilled files are cleaned up."""
-    from tasks.llm import calib, fixtures
+    from llm_fixtures import fixtures
+    from tasks.llm import calib
 
     m, tok = _hf("llama")
     mdir, ex = tiny_model("llama"), tiny_export("llama", parts=2)
@@ -111,7 +112,8 @@ def test_calibration_ranges_equal_onnxruntime_minmax(tmp_path):
     """The streamed ranges are onnxruntime's MinMax calibrator's, tensor for tensor."""
     from onnxruntime.quantization.calibrate import CalibrationMethod, create_calibrator
 
-    from tasks.llm import calib, fixtures
+    from llm_fixtures import fixtures
+    from tasks.llm import calib
 
     mdir, ex = tiny_model("qwen2"), tiny_export("qwen2")
     feeds = calib.collect_calibration_feeds(mdir, ex, fixtures.CORPUS_PATH, tmp_path / "w", n_prompts=3,

@@ -157,7 +157,7 @@ def local_folder(params: dict) -> Path:
         p = (paths.root() / params["path"]).absolute()
         if not p.is_dir():
             m = re.fullmatch(r"\.fixtures/tiny-(\w+)/?", params["path"])
-            how = (f"train it with `.venv/bin/python -m tasks.llm.fixtures {m.group(1)}` (about 2 minutes)" if m
+            how = (f"train it with `.venv/bin/python scripts/tiny_llm.py {m.group(1)}` (about 2 minutes)" if m
                    else "the recipe's comments say how to make it")
             raise SourceError(f"source path {params['path']!r} is not a folder (looked at {p}); {how}")
         return p

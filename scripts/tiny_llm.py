@@ -1,5 +1,9 @@
 """Tiny, *trained* decoder LLM fixtures (Qwen2 / Llama / Qwen3 / Phi-3 / Gemma) for export, quantization and QNN tests.
 
+Not part of the package (nothing in ``tasks/`` imports it): the tests, the benchmarks and the
+tiny recipes' sources use it. ``.venv/bin/python scripts/tiny_llm.py [arch ...]`` trains into
+``.fixtures/tiny-<arch>`` (what ``recipes/tiny-*.yaml`` read); no argument: every arch.
+
 Why trained: a random-init tiny LLM greedily repeats one token, so fp32 / QDQ / HTP outputs agree
 trivially and token-agreement tests cannot fail (see /work/shared/NOTES-qnn.md). These fixtures are
 trained for a fixed number of steps on ``data/tiny-corpus.txt`` (~10.6 KB of plain English written
@@ -9,7 +13,7 @@ Determinism: the number of optimizer steps is derived from ``train_seconds`` thr
 rate (:data:`STEPS_PER_SECOND`), never from the wall clock, and training runs with
 ``torch.manual_seed(seed)``, ``torch.use_deterministic_algorithms(True)`` and a fixed thread count
 (:data:`TRAIN_THREADS`). On the same machine/torch build two calls give byte-identical folders
-(checked: sha256 of every file; see ``tests/test_llm_fixtures.py``). Across CPUs / BLAS builds the
+(checked: sha256 of every file; see ``tests/test_llm_fixture.py``). Across CPUs / BLAS builds the
 float results of training may differ in the last bits, so bytes are not promised across machines.
 """
 
@@ -20,7 +24,8 @@ import json
 import random
 from pathlib import Path
 
-CORPUS_PATH = Path(__file__).parent / "data" / "tiny-corpus.txt"
+# the corpus is also a recipe data file (calibration of the tiny recipes), so it stays in the package
+CORPUS_PATH = Path(__file__).resolve().parent.parent / "tasks" / "llm" / "data" / "tiny-corpus.txt"
 
 #: nominal optimizer steps per "second" of training budget (measured ~on a 2-core x86_64 machine).
 STEPS_PER_SECOND = 6.0
@@ -215,10 +220,10 @@ def ensure_fixture(arch: str, dest: Path, seed: int = 0, train_seconds: float = 
     return dest
 
 
-if __name__ == "__main__":  # python -m tasks.llm.fixtures qwen2 llama qwen3 phi3 gemma
+if __name__ == "__main__":  # .venv/bin/python scripts/tiny_llm.py qwen2 llama qwen3 phi3 gemma
     import sys
 
-    from ..paths import root
+    from tasks.paths import root
 
     for a in sys.argv[1:] or list(ARCHS):
         print(ensure_fixture(a, root() / ".fixtures" / f"tiny-{a}"))
