@@ -22,7 +22,7 @@ vocabulary). A random model's tokens are meaningless: the point is time and memo
 Printed: wall time and peak RSS per stage and part. Peak RSS is the process tree's: every stage
 runs in its own child process, whose children (per-graph quantize, per-graph compile) report
 their own VmHWM; a row's peak is the largest of the stage process and its children while that
-part ran (``tasks.llm.qnn.peak_rss``; ``ru_maxrss`` of a (v)forked child can carry its parent's
+part ran (``tasks.child.run_python``; ``ru_maxrss`` of a (v)forked child can carry its parent's
 peak, so it is not used).
 """
 
@@ -141,11 +141,11 @@ def _write_shard(out: Path, k: int, tensors: dict, save_file) -> None:
 def run_child(code: str, env: dict, timeout: float = 48 * 3600) -> tuple[float, int, str, int | None]:
     """Run ``code`` in a child python with ``env`` added; return (seconds, returncode, output,
     the child's own peak RSS in bytes). Its children's peaks come from the rows it returns."""
-    from tasks.llm.qnn import run_in_subprocess
+    from tasks.child import run_python
 
     t0 = time.perf_counter()
-    rc, out, peak = run_in_subprocess(code, timeout=timeout, env=env)
-    return time.perf_counter() - t0, rc, out, peak
+    r = run_python(code, timeout=timeout, env=env)
+    return time.perf_counter() - t0, r.returncode, r.tail(), r.peak_rss
 
 
 def bench_05b(a) -> None:

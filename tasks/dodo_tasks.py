@@ -68,7 +68,9 @@ DOIT_CONFIG = {
 
 def _recipes() -> dict:
     """Valid, non-abstract recipes. Invalid ones are reported on stderr and get a failing
-    ``build:<stem>`` task (see :func:`task_build`), so they never block the others."""
+    ``build:<stem>`` task (see :func:`task_build`), so they never block the others. The set
+    is pinned for the rest of the command (:func:`tasks.engine.pin_recipes`)."""
+    engine.pin_recipes()
     return {n: r for n, r in engine.recipes().items() if not r.abstract}
 
 

@@ -59,6 +59,7 @@ def unlink_build_copies(kind: str, key: str) -> list[Path]:
     check needs ``artifacts.json``). Called when the entry is quarantined: those hard links
     share the damaged bytes. Returns the folders changed; raises only what the file system
     raises."""
+    _INTACT.pop((kind, key), None)
     changed = []
     prefix = f"{kind}/{key}/"
     for art in sorted(paths.build_dir().glob("*/artifacts.json")):
@@ -80,7 +81,25 @@ def _recipes_cached(recipes_dir: str, stamp: tuple) -> tuple[dict, dict]:
     return load_all(Path(recipes_dir), collect_errors=True)
 
 
+_PINNED: tuple[dict, dict] | None = None
+_INTACT: dict[tuple[str, str], Entry] = {}  # (kind, key) -> entry found intact, while pinned
+
+
+def pin_recipes() -> None:
+    """Freeze the recipe set (and the entries found intact) for the rest of this process: a doit
+    command makes its task list once, then asks every stage task whether it is up to date, and
+    re-reading the recipes folder (a stat per file) and re-checking an entry shared by many
+    recipes for each of those questions was most of a no-op build's time (issue 11). Called by
+    ``tasks/dodo_tasks.py`` when it lists the tasks; a long-lived process (a cluster worker)
+    never pins, so it sees edits and re-checks entries on every use."""
+    global _PINNED
+    _PINNED = None
+    _PINNED = _load()
+
+
 def _load() -> tuple[dict, dict]:
+    if _PINNED is not None:
+        return _PINNED
     d = str(paths.recipes_dir())
     try:
         with os.scandir(d) as it:  # one stat per file, no Path objects: this runs per task
@@ -306,10 +325,15 @@ class Resolver:
         if stage not in self._entries:
             spec = self.specs[stage]
             key = self.key(stage)
-            if self.pull is True or (self.pull and spec.kind in self.pull):
+            e = _INTACT.get((spec.kind, key))
+            if e is not None:
+                pass
+            elif self.pull is True or (self.pull and spec.kind in self.pull):
                 e = self.cache.fetch(spec.kind, key)
             else:
                 e = self.cache.lookup(spec.kind, key) or self.cache.peek_remote(spec.kind, key)
+            if e is not None and _PINNED is not None and e.origin != "remote":
+                _INTACT[(spec.kind, key)] = e
             if e is None:
                 raise NotReady(f"waits for {spec.task}, which has no cache entry yet")
             self._entries[stage] = e

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -115,23 +114,23 @@ def compile_in_subprocess(qdq: Path, ctx: Path, target: str, disable_cpu_ep_fall
     :func:`compile_settled`.)
     Raises NotOnNPU (rebuilt from the child's report) or RuntimeError with the child's stderr.
     """
+    from .child import run_python
+
     spec = {"qdq": Path(qdq).name, "ctx": str(Path(ctx).absolute()), "target": target,
             "disable_cpu_ep_fallback": disable_cpu_ep_fallback, "config": config or {},
             "extra_provider_options": extra_provider_options or {}}
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent),
-                                                                    os.environ.get("PYTHONPATH")])))
-    p = subprocess.run([sys.executable, "-m", "tasks.qnn", json.dumps(spec)], capture_output=True, text=True,
-                       cwd=str(Path(qdq).absolute().parent), env=env)
-    if p.returncode == 0:  # the child's output (QNN / onnxruntime logs) goes to ours: the stage's log
-        sys.stdout.write(p.stdout)
-        sys.stderr.write(p.stderr)
+    r = run_python(f"from tasks.qnn import _compile_child\n_compile_child({json.dumps(spec)!r})\n",
+                   cwd=Path(qdq).absolute().parent)
+    if r.returncode == 0:  # the child's output (QNN / onnxruntime logs) goes to ours: the stage's log
+        sys.stdout.write(r.stdout)
+        sys.stderr.write(r.stderr)
         return
-    report = next((ln for ln in reversed(p.stdout.splitlines()) if ln.startswith("{")), None)
-    if p.returncode == 3 and report:
-        r = json.loads(report)
-        raise NotOnNPU(Path(qdq), r["op_types"], r["detail"])
-    tail = "\n".join((p.stderr or p.stdout).strip().splitlines()[-15:])
-    raise RuntimeError(f"compiling {Path(qdq).name} for {target} failed (exit {p.returncode}):\n{tail}")
+    report = next((ln for ln in reversed(r.stdout.splitlines()) if ln.startswith("{")), None)
+    if r.returncode == 3 and report:
+        rep = json.loads(report)
+        raise NotOnNPU(Path(qdq), rep["op_types"], rep["detail"])
+    tail = "\n".join((r.stderr or r.stdout).strip().splitlines()[-15:])
+    raise RuntimeError(f"compiling {Path(qdq).name} for {target} failed (exit {r.returncode}):\n{tail}")
 
 
 # --------------------------------------------------------------- one racy padding run, settled
@@ -276,11 +275,12 @@ def cpu_session(model: Path):
     return ort.InferenceSession(str(model), sess_options=so, providers=["CPUExecutionProvider"])
 
 
-if __name__ == "__main__":  # used by compile_in_subprocess
-    _spec = json.loads(sys.argv[1])
+def _compile_child(spec_json: str) -> None:
+    """The child side of :func:`compile_in_subprocess`: exit 3 with a JSON report on NotOnNPU."""
+    spec = json.loads(spec_json)
     try:
-        compile_graph(Path(_spec["qdq"]), Path(_spec["ctx"]), _spec["target"], _spec["disable_cpu_ep_fallback"],
-                      _spec["config"], _spec["extra_provider_options"])
-    except NotOnNPU as _e:
-        print(json.dumps({"op_types": _e.op_types, "detail": _e.detail}))
+        compile_graph(Path(spec["qdq"]), Path(spec["ctx"]), spec["target"], spec["disable_cpu_ep_fallback"],
+                      spec["config"], spec["extra_provider_options"])
+    except NotOnNPU as e:
+        print(json.dumps({"op_types": e.op_types, "detail": e.detail}))
         sys.exit(3)

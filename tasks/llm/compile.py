@@ -22,15 +22,15 @@ from pathlib import Path
 
 from ..qnn import provider_options
 from ..targets import get as get_target
-from .qnn import run_in_subprocess
+from ..child import run_python
 
 
 def _run(code: str) -> int:
     """Run ``code`` in a fresh process; returns its peak RSS in bytes (0 if unknown)."""
-    rc, out, peak = run_in_subprocess(code, timeout=24 * 3600, forward=True)
-    if rc != 0:
-        raise RuntimeError(f"LLM compile failed (exit {rc}):\n{out[-2000:]}")
-    return peak or 0
+    r = run_python(code, timeout=24 * 3600, forward=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"LLM compile failed (exit {r.returncode}):\n{r.tail(2000)}")
+    return r.peak_rss or 0
 
 
 def compile_llm(src: Path, out: Path, params: dict, parts=None) -> dict:

@@ -112,46 +112,6 @@ def compile_shared(prefill_qdq, decode_qdq, out_dir, soc_model: int = 60, htp_ar
             "bin_bytes": sum(b.stat().st_size for b in bins), "seconds": t}
 
 
-_PEAK = "NPUBUILD_PEAK_RSS="
-_REPORT_PEAK = (
-    "import atexit, sys\n"
-    "def _npubuild_peak():\n"
-    "    for ln in open('/proc/self/status'):\n"
-    "        if ln.startswith('VmHWM:'):\n"
-    f"            print('{_PEAK}' + str(int(ln.split()[1]) * 1024), file=sys.stderr, flush=True)\n"
-    "atexit.register(_npubuild_peak)\n")
-
-
-def run_in_subprocess(code: str, timeout: float = 600, cwd=None, forward: bool = False,
-                      env: dict | None = None) -> tuple[int, str, int | None]:
-    """Run python ``code`` in a child process (same interpreter); return (returncode, output,
-    peak RSS of the child in bytes or None). A negative return code is the signal that killed it
-    (e.g. -11 = SIGSEGV). The peak is the child's own VmHWM read at exit: ``ru_maxrss`` of a
-    child started by (v)fork + exec can report the parent's peak instead. ``forward``: also
-    write the child's whole stdout / stderr to ours once it ended (a stage's log). ``env``:
-    variables added to this process's environment for the child."""
-    import subprocess
-    import sys
-
-    env = dict(os.environ, **(env or {}))
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2]) + os.pathsep + env.get("PYTHONPATH", "")
-    p = subprocess.run([sys.executable, "-c", _REPORT_PEAK + code], capture_output=True, text=True,
-                       timeout=timeout, env=env, cwd=cwd)
-    peak = None
-    err = []
-    for ln in p.stderr.splitlines():
-        if ln.startswith(_PEAK):
-            peak = int(ln[len(_PEAK):])
-        else:
-            err.append(ln)
-    if forward:
-        sys.stdout.write(p.stdout)
-        sys.stdout.flush()
-        sys.stderr.write("".join(ln + "\n" for ln in err))
-        sys.stderr.flush()
-    return p.returncode, (p.stdout + "\n".join(err))[-4000:], peak
-
-
 def load_shared_probe(ctx_paths, *, soc_model: int = 60, htp_arch: int = 73,
                       timeout: float = 300) -> dict:
     """Try, in a child process, to load the given ``_ctx.onnx`` models (sharing one context
@@ -168,5 +128,7 @@ def load_shared_probe(ctx_paths, *, soc_model: int = 60, htp_arch: int = 73,
         "    if i == len(paths) - 1: cfg['ep.stop_share_ep_contexts'] = '1'\n"
         f"    ss.append(qnn.make_qnn_session(p, soc_model={soc_model}, htp_arch={htp_arch}, config=cfg))\n"
         "print('LOADED', flush=True)\n")
-    rc, out, _ = run_in_subprocess(code, timeout)
-    return {"returncode": rc, "loaded": rc == 0 and "LOADED" in out, "tail": out[-600:]}
+    from ..child import run_python
+
+    r = run_python(code, timeout=timeout)
+    return {"returncode": r.returncode, "loaded": r.returncode == 0 and "LOADED" in r.stdout, "tail": r.tail(600)}

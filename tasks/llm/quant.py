@@ -128,7 +128,7 @@ def quantize_llm(src, model_dir, calib_text, params: dict, out, work=None, parts
 
     from .calib import collect_calibration_feeds
     from .memory import peak_rss, peak_rss_reset
-    from .qnn import run_in_subprocess
+    from ..child import run_python
 
     src, out = Path(src), Path(out)
     work = Path(work) if work else Path(tempfile.mkdtemp(prefix=".calib-", dir=out.parent))
@@ -157,10 +157,10 @@ def quantize_llm(src, model_dir, calib_text, params: dict, out, work=None, parts
                     f"quantize_qdq({str(staged / Path(rel).name)!r}, {str(out / rel)!r}, FeedStore({str(stores[g].dir)!r}), "
                     f"weight_type={weight!r}, activation_type={act!r}, per_channel={params['per_channel']!r}, "
                     f"keep_8bit={keep!r}, work={str(work / 'q' / g)!r})\n")
-            rc, log, peak = run_in_subprocess(code, timeout=24 * 3600, forward=True)
-            if rc != 0:
-                raise RuntimeError(f"quantizing {rel} failed (exit {rc}):\n{log[-2000:]}")
-            peaks.append(peak or 0)
+            r = run_python(code, timeout=24 * 3600, forward=True)
+            if r.returncode != 0:
+                raise RuntimeError(f"quantizing {rel} failed (exit {r.returncode}):\n{r.tail(2000)}")
+            peaks.append(r.peak_rss or 0)
             ops = [n.op_type for n in onnx.load(str(out / rel), load_external_data=False).graph.node]
             report[rel] = {"quantize_linear": ops.count("QuantizeLinear"),
                            "dequantize_linear": ops.count("DequantizeLinear"), "calibration_feeds": len(stores[g])}

@@ -1,0 +1,74 @@
+"""Python child processes: the one runner for work that must happen in a fresh interpreter.
+
+Used by the encoder compile (``tasks/qnn.py``: the QNN EP numbers tensors with process-wide
+counters, so each graph compiles in a new process), the LLM quantize and compile (one graph's
+memory at a time, and a peak that belongs to that graph) and the benchmarks. Imports nothing
+of either family, so both sit above it.
+
+A child reports its own peak RSS (``VmHWM`` from ``/proc/self/status``, read at exit; Linux
+only, None elsewhere): ``ru_maxrss`` of a child started by (v)fork + exec can report the
+parent's peak instead (measured here while writing issue 8's benchmark).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+_PEAK = "NPUBUILD_PEAK_RSS="
+_REPORT_PEAK = (
+    "import atexit, sys\n"
+    "def _npubuild_peak():\n"
+    "    try:\n"
+    "        for ln in open('/proc/self/status'):\n"
+    "            if ln.startswith('VmHWM:'):\n"
+    f"                print('{_PEAK}' + str(int(ln.split()[1]) * 1024), file=sys.stderr, flush=True)\n"
+    "    except OSError:\n"
+    "        pass\n"
+    "atexit.register(_npubuild_peak)\n")
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the folder holding tasks/
+
+
+@dataclass
+class Result:
+    """What a child left: ``returncode`` (negative: the signal that killed it, e.g. -11 =
+    SIGSEGV), its ``stdout`` and ``stderr`` (text, the peak line removed) and ``peak_rss``
+    (bytes, or None when it could not report, e.g. killed)."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    peak_rss: int | None
+
+    def tail(self, n: int = 4000) -> str:
+        """The last ``n`` characters of stdout + stderr, for error messages."""
+        return (self.stdout + self.stderr)[-n:]
+
+
+def run_python(code: str, *, cwd=None, env: dict | None = None, timeout: float | None = None,
+               forward: bool = False) -> Result:
+    """Run python ``code`` in a child process of this interpreter, with this package importable
+    (``PYTHONPATH`` starts with :data:`PACKAGE_ROOT`) and ``env`` added to this process's
+    environment; in ``cwd`` if given. ``forward``: write the child's stdout / stderr to ours once
+    it ended (inside a stage they go to its log). Raises subprocess.TimeoutExpired after
+    ``timeout`` seconds (the child is killed)."""
+    full = dict(os.environ, **(env or {}))
+    full["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), full.get("PYTHONPATH")]))
+    p = subprocess.run([sys.executable, "-c", _REPORT_PEAK + code], capture_output=True, text=True,
+                       timeout=timeout, env=full, cwd=None if cwd is None else str(cwd))
+    peak, err = None, []
+    for ln in p.stderr.splitlines(keepends=True):
+        if ln.startswith(_PEAK):
+            peak = int(ln[len(_PEAK):])
+        else:
+            err.append(ln)
+    r = Result(p.returncode, p.stdout, "".join(err), peak)
+    if forward:
+        sys.stdout.write(r.stdout)
+        sys.stdout.flush()
+        sys.stderr.write(r.stderr)
+        sys.stderr.flush()
+    return r
