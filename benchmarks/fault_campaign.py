@@ -18,8 +18,8 @@ through the real ``doit`` CLI, as the tests do:
    uniformly from [0, typical duration), the typical duration being the reference's start-up
    plus the reference seconds of the stages whose entries are missing. The stage it was in is
    read from its ``cache/.tmp/<kind>-<key>-<pid>-*`` folder (else: ``startup`` before any
-   stage line, ``linking build/`` once all of a recipe's stages printed theirs, otherwise
-   ``between stages``). A build that finished before its kill time is not counted and the
+   stage line, ``linking build/`` once all of a recipe's stages printed theirs, ``finishing``
+   once every ``build:<recipe>`` line is out, otherwise ``between stages``). A build that finished before its kill time is not counted and the
    round is drawn again. Then the entries the kill left are rehashed in full, the same build
    runs to the end and is checked: exit 0 and no traceback; build/ equal to the reference byte
    for byte (same files, same sha256); the cache's entries the reference's, all intact
@@ -214,6 +214,8 @@ class Campaign:
         done = {task for task, *_ in LINE.findall(out)}
         if not done:
             return "startup"
+        if all(f"build:{n} " in out for n in self.names):
+            return "finishing"  # every line printed: doit saving its state, exiting
         for n in self.names:
             if f"build:{n} " not in out and self.tasks[n] <= done:
                 return "linking build/"
@@ -263,6 +265,8 @@ class Campaign:
             code = p.wait()
             if code != -signal.SIGKILL:  # finished (or failed) before the kill time: draw again
                 counts.redrawn += 1
+                self.say(f"kill {i:2d}  start {how:<10}  the build ended ({code}) after {time.monotonic() - t0:4.1f} s, "
+                         f"before its kill time {at:.1f} s: drawn again")
                 if code != 0:
                     counts.failures.append(f"kill {i}: the build to be killed failed on its own ({code}):\n"
                                            f"{log.read_text()[-3000:]}")
