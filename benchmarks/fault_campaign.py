@@ -385,15 +385,21 @@ class Campaign:
             trace = self.work / f"strace-{sc}-{i}.txt"
             p, _ = self.start(targets, [strace, "-f", "-qq", "-o", str(trace), "-e", f"trace={sc}",
                                         "-e", f"inject={sc}:signal=KILL:when={i}"])
-            p.wait(timeout=1800)
+            code = p.wait(timeout=1800)
             try:
                 os.killpg(p.pid, signal.SIGKILL)  # anything the build had started
             except ProcessLookupError:
                 pass
             text = trace.read_text()
             calls = [ln for ln in text.splitlines() if f" {sc}(" in ln]  # the killed one is the last
-            if "+++ killed by SIGKILL +++" not in text or not calls or calls[-1].rstrip().endswith(("= 0", "= -1")):
-                counts.failures.append(f"{sc} #{i}: strace delivered no SIGKILL ({trace})")
+            if "+++ killed by SIGKILL +++" not in text or not calls or \
+                    not calls[-1].rstrip().endswith(("= ?", "<unfinished ...>")):
+                if code == 0:  # this build made fewer such calls (e.g. no second compile of a graph)
+                    counts.redrawn += 1
+                    self.say(f"{sc} #{i:2d}  start {how:<10}  the build made only {len(calls)} such calls: skipped")
+                    self.leftovers()
+                else:
+                    counts.failures.append(f"{sc} #{i}: strace delivered no SIGKILL and the build failed ({trace})")
                 continue
             self.after_kill(counts, f"{sc} #{i:2d}", how, self.syscall_site(calls[-1]), targets)
 
@@ -403,6 +409,8 @@ class Campaign:
         rel = Path(dest).relative_to(self.root).as_posix() if dest.startswith(str(self.root)) else dest
         if re.match(r"cache/[a-z]+/[0-9a-f]{32}$", rel):
             return f"commit {rel.split('/')[1]}"
+        if rel.startswith("cache/.tmp/"):
+            return f"{rel.split('/')[2].split('-')[0]}, in its temp folder"
         if rel.endswith("stages.json"):
             return "stages.json"
         if rel.startswith("build/"):
@@ -465,7 +473,8 @@ def summary(counts: Counts, kills: int, what: str = "SIGKILLs at random times") 
         (what, counts.kills),
         ("  start state", ", ".join(f"{k} {v}" for k, v in sorted(counts.starts.items()))),
         ("  killed during", ", ".join(f"{k} {v}" for k, v in counts.killed_at.most_common())),
-        *([("  builds done before their kill time (redrawn)", counts.redrawn)] if what.endswith("times") else []),
+        ("  builds done before their kill time (redrawn)" if what.endswith("times") else
+         "  calls a build did not reach (skipped)", counts.redrawn),
         ("rebuilt correctly", f"{counts.rebuilt_correctly} / {kills}"),
         ("leftovers after the rebuilds", counts.leftovers),
         ("wrong outputs (build/ or entries)", counts.wrong_outputs),
@@ -515,9 +524,10 @@ def main() -> None:
             _rm(work)
     print(f"\n{args.kills} kills (seed {args.seed}), {args.concurrent} concurrent builds, {args.recipes} recipes, "
           f"{time.time() - t0:.0f} s in all")
-    print(summary(counts, args.kills))
+    if args.kills or args.concurrent:
+        print(summary(counts, args.kills))
     if args.syscall_kills:
-        print(summary(at_calls, at_calls.kills + len(at_calls.failures), "SIGKILLs at renames and links (strace)"))
+        print(summary(at_calls, at_calls.kills, "SIGKILLs at renames and links (strace)"))
     for f in counts.failures + at_calls.failures:
         print(f"FAILED: {f}")
     sys.exit(1 if counts.failures or at_calls.failures else 0)
