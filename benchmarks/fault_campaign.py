@@ -31,7 +31,8 @@ through the real ``doit`` CLI, as the tests do:
    other padding variant of a context binary (bytes 2..127 of a 128-byte block 0xff instead
    of 0x00: tasks/qnn.py) and what follows from it (artifacts.json, stages.json, verify
    keys): a compile that is not reproducible, not a kill fault; still a failed check.
-   Differing build/ files are copied to ``differ/`` beside ``reference-build/``.
+   Differing build/ files (and every entry's manifest.json and log.txt) are copied to
+   ``differ/<log number>/`` beside ``reference-build/`` (with --keep, to look at).
 3. With --syscall-kills (needs ``strace``): a SIGKILL at each rename(2) of a build from a
    fresh project (entry commits, stages.json, build/ files) and at each link(2) of a build
    with only build/ removed (the temp links of build/), one build per call, delivered by
@@ -275,6 +276,11 @@ class Campaign:
                 if (self.root / "build" / rel).is_file():
                     (keep / rel).parent.mkdir(parents=True, exist_ok=True)
                     shutil.copy2(self.root / "build" / rel, keep / rel)
+            for kind, key in entries:  # and every entry's manifest and log (what a stage said)
+                for name in ("manifest.json", "log.txt"):
+                    if (self.root / "cache" / kind / key / name).is_file():
+                        (keep / "cache" / kind / key).mkdir(parents=True, exist_ok=True)
+                        shutil.copy2(self.root / "cache" / kind / key / name, keep / "cache" / kind / key / name)
             bad += ([f"build/ differs from the reference ({keep}, {self.work / 'reference-build'}): "
                      f"{', '.join(differ[:6])}"] if differ else []) + \
                 ([f"entries not the reference's: {', '.join(wrong_entries[:6])}"] if wrong_entries else []) + \
