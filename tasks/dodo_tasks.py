@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -213,7 +214,9 @@ def task_stages():
 
 def _link(src: Path, dest: Path) -> None:
     """Hard-link ``src`` to ``dest`` (no copy, no symlink: works on NTFS too), else copy it
-    with its mtime. The cache files are read-only, so the link cannot be edited by mistake."""
+    with its mtime. The cache files are read-only, so the link cannot be edited by mistake.
+    A process killed between the link and the rename leaves the temp link: see
+    :func:`_remove_dead_links`."""
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")  # then one atomic rename: safe
     tmp.unlink(missing_ok=True)                             # against a concurrent materialize
     try:
@@ -236,6 +239,27 @@ def _same(a: Path, b: Path) -> bool:
 
 
 
+_TEMP_LINK = re.compile(r"^\..+\.(\d+)\.tmp$")  # _link's ".<name>.<pid>.tmp"
+
+
+def _remove_dead_links(root: Path) -> list[str]:
+    """Remove the temp links (``.<name>.<pid>.tmp``) under ``root`` whose process is gone (a
+    build killed between :func:`_link`'s link and its rename: found by the fault campaign,
+    benchmarks/fault_campaign.py), and say so on stderr. A live process's are left alone
+    (a concurrent materialize renames its own). Returns the removed names, relative to root."""
+    from .cache import _process_state
+
+    gone = []
+    for p in sorted(root.rglob(".*.tmp")):
+        m = _TEMP_LINK.match(p.name)
+        if m and int(m.group(1)) != os.getpid() and _process_state(int(m.group(1))) == "gone":
+            p.unlink(missing_ok=True)
+            gone.append(p.relative_to(root).as_posix())
+    if gone:
+        print(f"npubuild: removed {len(gone)} temp link(s) of dead builds: {', '.join(gone)}", file=sys.stderr)
+    return gone
+
+
 def materialize(recipe: str, res: engine.Resolver | None = None) -> dict:
     """Fill ``build/<recipe>/`` with links to the recipe's artifacts in the cache: context
     binaries and EPContext models, tokenizer/config files and ``verify.json`` (one
@@ -245,6 +269,7 @@ def materialize(recipe: str, res: engine.Resolver | None = None) -> dict:
     res = res or engine.Resolver(recipe)
     root = paths.build_dir() / recipe
     root.mkdir(parents=True, exist_ok=True)
+    _remove_dead_links(root)
     listing = {}
     for name, spec in res.specs.items():
         pats = ARTIFACTS.get(spec.kind)

@@ -56,6 +56,46 @@ def test_sigkilled_build_leaves_nothing_after_the_next_build(project):
     assert list((project.cache / ".locks").iterdir()) == []  # released locks are removed too
 
 
+KILL_IN_LINK = """\
+import os, signal, sys
+sys.path.insert(0, {repo!r})
+replace = os.replace
+
+
+def killing_replace(src, dst, *a, **kw):  # SIGKILL between _link's link and its rename
+    if os.path.basename(str(src)).startswith(".") and str(src).endswith(".tmp"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return replace(src, dst, *a, **kw)
+
+
+os.replace = killing_replace
+from tasks.dodo_tasks import materialize
+materialize({recipe!r})
+"""
+
+
+def test_sigkill_while_linking_build_folder_leaves_no_temp_link(project):
+    """A SIGKILL inside ``build/<recipe>/``'s linking, after a file's temp link
+    (``.<name>.<pid>.tmp``) exists and before its rename (the campaign's window; found by
+    injecting SIGKILL on that rename with strace): the next build removes the temp link."""
+    project.recipe("t8")
+    project.doit("run", "build:t8")
+    out = project.root / "build" / "t8"
+    shutil.rmtree(out)
+    p = subprocess.Popen([sys.executable, "-c", KILL_IN_LINK.format(repo=str(REPO), recipe="t8")], env=project.env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=project.root)
+    said = p.communicate(timeout=300)[0]
+    assert p.returncode == -signal.SIGKILL, said
+    (left,) = [f.name for f in out.iterdir() if f.name.startswith(".")]  # what the kill left
+    assert left.startswith(".") and left.endswith(f".{p.pid}.tmp")
+    run = project.doit("run", "build:t8")
+    assert run.tasks["build:t8"]["result"] == "success"
+    assert f"removed 1 temp link(s) of dead builds: {left}" in run.log()
+    assert [f.name for f in out.iterdir() if f.name.startswith(".")] == []
+    listed = json.loads((out / "artifacts.json").read_text())
+    assert sorted(f.name for f in out.iterdir()) == sorted([*listed, "artifacts.json", "stages.json"])
+
+
 def test_temp_files_of_a_stage_live_in_its_cache_temp_folder(tmp_path):
     """What a stage makes with ``tempfile`` (the fold-constants patch's ``fold-constants-*``,
     QNN probes) lands in its cache temp folder, removed with it, not in the system temp dir."""
