@@ -106,7 +106,7 @@ def recipe_status(name: str) -> dict:
     ``reason`` names the first stage without an entry and why (no entry for its key, an
     upstream missing, a Hub source unavailable offline...). Raises KeyError for an unknown
     recipe."""
-    from .stages.download import scrub
+    from .scrubbing import scrub
 
     res = _ReadOnlyResolver(name)
     keys, entries, reasons = {}, {}, []

@@ -404,7 +404,7 @@ def push_to_hub(plan: dict, repo_id: str, endpoint: str | None = None, token: st
     Raises PublishError (token scrubbed) when a call fails."""
     from huggingface_hub import HfApi
 
-    from .stages.download import scrub
+    from .scrubbing import scrub
 
     api = HfApi(endpoint=endpoint, token=token)
     ops = hub_operations(plan, repo_id)

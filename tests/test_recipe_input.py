@@ -5,6 +5,8 @@ path, what was expected and what was found."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tasks.plan import expand
@@ -280,3 +282,17 @@ def test_paths_outside_the_project_are_refused_unless_allowed(proj, tmp_path, mo
     (proj / "recipes" / "r.yaml").write_text(text)
     recipes, errors = load_all(proj / "recipes", collect_errors=True)
     assert not errors and recipes["r"].source.path == "../elsewhere/model"
+
+
+def test_verify_json_quotes_data_lines_without_tokens(project):
+    """Issue 14: data-file lines that verify.json quotes (and bundles publish) go through the
+    same scrubber as messages: a Hugging Face token in a verify line is published as hf_***."""
+    lines = (project.root / "data" / "verify.txt").read_text().splitlines()
+    lines[0] = "login with hf_AbCdEfGhIjKlMnOpQrStUv then"
+    (project.root / "data" / "verify.txt").write_text("\n".join(lines) + "\n")
+    project.recipe("t8", precision="w8a16", targets="[x-elite]", backend="cpu-qdq")
+    project.doit("run", "verify:t8")
+    text = next((project.cache / "verify").glob("*/out/verify.json")).read_text()
+    report = json.loads(text)
+    assert report["samples"][0]["text"] == "login with hf_*** then"
+    assert "hf_AbCdEfGh" not in text

@@ -131,6 +131,7 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
 
     from .. import targets
     from ..metrics import agreement, cosine, perplexity
+    from ..scrubbing import scrub
     from . import qnn as llm_qnn
     from .runner import PartStream
     from .sessions import cpu_session
@@ -164,7 +165,7 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
     rows = []
     for txt, rt, rl, gt, gl in zip(texts, ref_tokens, ref_logits, got_tokens, got_logits):
         frac, pre = agreement(rt, gt)
-        rows.append({"text": txt, "token_agreement": frac, "prefix_match": pre,
+        rows.append({"text": scrub(txt), "token_agreement": frac, "prefix_match": pre,
                      "logits_cosine": cosine(gl[0], rl[0]), "tokens": gt, "reference": rt,
                      "reference_distinct_tokens": len(set(rt))})
     cos = [r["logits_cosine"] for r in rows]

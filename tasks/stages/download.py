@@ -24,6 +24,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from .. import digest, paths, progress
+from ..scrubbing import scrub
 
 VERSION = 1
 TOOLS = ("huggingface-hub",)
@@ -31,16 +32,10 @@ TOOLS = ("huggingface-hub",)
 # came from, and a branch name, do not change the output
 KEY_EXCLUDE = ("path", "package", "subdir", "revision")
 
-_TOKEN_RE = re.compile(r"hf_[A-Za-z0-9]{8,}")
 
 
 class SourceError(Exception):
     """The recipe's source cannot be found or fetched."""
-
-
-def scrub(text: str) -> str:
-    """Remove Hugging Face tokens (``hf_...``) from a message."""
-    return _TOKEN_RE.sub("hf_***", str(text))
 
 
 def _offline() -> bool:

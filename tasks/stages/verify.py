@@ -28,6 +28,7 @@ from pathlib import Path
 from .. import lazy, progress, qnn
 from ..datafiles import read_lines
 from ..metrics import cosine
+from ..scrubbing import sample_text
 from . import common
 from .quantize import encoder_feeds
 
@@ -100,7 +101,7 @@ def _verify_encoder(inputs, files, params) -> dict:
         r = ref.run([out_name], feed)[0]
         g = got.run([out_name], feed)[0]
         s = compare(r, g, feed["attention_mask"])
-        s["text"] = text if len(text) <= 60 else text[:57] + "..."
+        s["text"] = sample_text(text)
         samples.append(s)
     return {"backend": params["backend"], "target": params["target"], "output": out_name,
             "sequence_length": d["max_length"], "metrics": _aggregate(samples), "samples": samples,
