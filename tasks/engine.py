@@ -83,6 +83,8 @@ def _recipes_cached(recipes_dir: str, stamp: tuple) -> tuple[dict, dict]:
 
 _PINNED: tuple[dict, dict] | None = None
 _INTACT: dict[tuple[str, str], Entry] = {}  # (kind, key) -> entry found intact, while pinned
+_MATERIALS: dict[str, dict] = {}  # the same stage of several recipes -> its key material, while pinned
+_STATES: dict[str, dict] = {}  # recipe -> its stages.json as read or written, while pinned
 
 
 def pin_recipes() -> None:
@@ -94,6 +96,7 @@ def pin_recipes() -> None:
     never pins, so it sees edits and re-checks entries on every use."""
     global _PINNED
     _PINNED = None
+    _INTACT.clear(), _MATERIALS.clear(), _STATES.clear()
     _PINNED = _load()
 
 
@@ -307,10 +310,22 @@ class Resolver:
         self._entries: dict[str, Entry] = {}
 
     def material(self, stage: str) -> dict:
-        """Key material of ``stage``. Raises NotReady if an upstream has no entry."""
+        """Key material of ``stage``. Raises NotReady if an upstream has no entry. While the
+        recipe set is pinned (a doit command), stages of different recipes that are the same
+        stage (implementation, params, upstream outputs, data files) share one computation."""
         if stage not in self._materials:
             spec = self.specs[stage]
-            self._materials[stage] = key_material(spec, {r: self.entry(up) for r, up in spec.inputs.items()})
+            upstream = {r: self.entry(up) for r, up in spec.inputs.items()}
+            same = None
+            if _PINNED is not None:
+                same = json.dumps([spec.kind, spec.family, spec.params, spec.files,
+                                   {r: e.output_digest for r, e in upstream.items()}], sort_keys=True)
+                if same in _MATERIALS:
+                    self._materials[stage] = _MATERIALS[same]
+                    return _MATERIALS[same]
+            self._materials[stage] = key_material(spec, upstream)
+            if same is not None:
+                _MATERIALS[same] = self._materials[stage]
         return self._materials[stage]
 
     def remember(self, stage: str, material: dict, entry: Entry) -> None:
@@ -494,13 +509,19 @@ def state_path(recipe_name: str) -> Path:
     return paths.build_dir() / recipe_name / "stages.json"
 
 
-def read_state(recipe_name: str) -> dict:
+def read_state(recipe_name: str, fresh: bool = False) -> dict:
     """``build/<recipe>/stages.json`` ({} when absent). One that cannot be read is reported in
-    one line and counts as empty; the next stage of the recipe that runs rewrites it."""
+    one line and counts as empty; the next stage of the recipe that runs rewrites it. While the
+    recipe set is pinned, read once per command (``fresh``: from the file; the result may then
+    be changed), else the caller must not change it."""
+    if _PINNED is not None and recipe_name in _STATES and not fresh:
+        return _STATES[recipe_name]
     p = state_path(recipe_name)
     try:
         st = json.loads(p.read_text(encoding="utf-8"))
         if isinstance(st, dict):
+            if _PINNED is not None and not fresh:
+                _STATES[recipe_name] = st
             return st
         err = f"expected a JSON object, found {type(st).__name__}"
     except FileNotFoundError:
@@ -525,11 +546,12 @@ def record(recipe_name: str, stage: str, key: str, material: dict, entry: Entry)
     locks = paths.state_dir() / "locks"
     locks.mkdir(parents=True, exist_ok=True)
     with FileLock(str(locks / f"state-{recipe_name}.lock")):
-        st = read_state(recipe_name)
+        st = read_state(recipe_name, fresh=True)
         st[stage] = row
         tmp = p.with_suffix(".tmp")
         tmp.write_text(json.dumps(st, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         tmp.replace(p)
+        _STATES.pop(recipe_name, None)
 
 
 def _diff(old, new, prefix="") -> list[str]:

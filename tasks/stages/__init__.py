@@ -16,6 +16,7 @@ stage branches on the family inside. Encoder implementations are ``<kind>.py``, 
 A stage never imports doit and never writes into the cache itself.
 """
 
+from functools import lru_cache
 from importlib import import_module
 
 # The outputs a user gets, per stage kind (fnmatch patterns on file names): linked into
@@ -38,6 +39,7 @@ IMPLEMENTATIONS = {
 }
 
 
+@lru_cache(maxsize=None)
 def module_for(kind: str, family: str = "encoder"):
     """The module implementing stage ``kind`` for models of ``family`` (``export.family`` of the
     recipe: ``encoder`` or ``llm``). Raises KeyError for an unknown kind or family."""
