@@ -347,7 +347,7 @@ class Resolver:
                 e = self.cache.fetch(spec.kind, key)
             else:
                 e = self.cache.lookup(spec.kind, key) or self.cache.peek_remote(spec.kind, key)
-            if e is not None and _PINNED is not None and e.origin != "remote":
+            if e is not None and _PINNED is not None and e.origin == "local":  # "pulled" is this lookup's news
                 _INTACT[(spec.kind, key)] = e
             if e is None:
                 raise NotReady(f"waits for {spec.task}, which has no cache entry yet")
