@@ -23,6 +23,8 @@ the metric, the threshold and the worst sample.
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from pathlib import Path
 
 from .. import lazy, progress, qnn
@@ -80,6 +82,48 @@ def run(inputs, files, params, out: Path) -> dict:
     return {"backend": report["backend"], "samples": len(report.get("samples", []))}
 
 
+def workers(samples: int) -> int:
+    """Processes that run verify samples on HTP at once: one per core, at most 4 and at most one
+    per sample. The HTP simulator runs one inference at a time per process (two sessions in two
+    threads took as long as one: 27.9 s vs 27.8 s for MiniLM's 16 samples), two processes on
+    two cores took 16.5 s each for half the samples each (measured 2026-11-30)."""
+    return max(1, min(os.cpu_count() or 1, 4, samples))
+
+
+def htp_outputs(ctx: Path, target: str, feeds: list[dict], out_name: str, work: Path):
+    """Yield, in sample order, the first output (``out_name``) of the compiled EPContext model
+    ``ctx`` for each feed, computed on HTP by :func:`workers` child processes (each its own
+    session over every n-th sample, ``tasks/child.py``; their logs go to ours). Each sample's
+    output is yielded as soon as its file is written, so a progress bar over it moves. Raises
+    RuntimeError with a child's output when one fails."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ..child import run_python
+
+    n = workers(len(feeds))
+    for i, f in enumerate(feeds):
+        np.savez(work / f"feed{i}.npz", **f)
+    code = ("import os, sys\nimport numpy as np\nfrom tasks import qnn\n"
+            f"s = qnn.htp_session({str(ctx)!r}, {target!r})\n"
+            f"for i in range({{k}}, {len(feeds)}, {n}):\n"
+            f"    f = dict(np.load(os.path.join({str(work)!r}, f'feed{{{{i}}}}.npz')))\n"
+            f"    out = os.path.join({str(work)!r}, f'out{{{{i}}}}.npy')\n"
+            f"    np.save(out + '.tmp.npy', s.run([{out_name!r}], f)[0])\n"
+            "    os.replace(out + '.tmp.npy', out)\n")
+    with ThreadPoolExecutor(n) as pool:
+        runs = [pool.submit(run_python, code.format(k=k), forward=True) for k in range(n)]
+        for i in range(len(feeds)):
+            out = work / f"out{i}.npy"
+            while not out.exists():
+                r = runs[i % n]
+                if r.done() and (r.result().returncode != 0 or not out.exists()):
+                    raise RuntimeError(f"verify on HTP: the child process for samples {i % n}::{n} failed "
+                                       f"(exit {r.result().returncode}):\n{r.result().tail(2000)}")
+                time.sleep(0.02)
+            yield np.load(out)
+
+
 def _verify_encoder(inputs, files, params) -> dict:
     d = params["data"]
     texts = read_lines(files["data"], d["samples"])
@@ -88,7 +132,6 @@ def _verify_encoder(inputs, files, params) -> dict:
     ref = qnn.cpu_session(ref_model)
     if params["backend"] == "htp":
         ctx = inputs["compiled"] / "model_ctx.onnx"
-        got = qnn.htp_session(ctx, params["target"])
         m = onnx.load(str(ctx), load_external_data=False)
         placement = {"all_on_htp": all(n.op_type == "EPContext" for n in m.graph.node),
                      "nodes": [n.op_type for n in m.graph.node]}
@@ -97,12 +140,14 @@ def _verify_encoder(inputs, files, params) -> dict:
         placement = {"all_on_htp": None, "nodes": []}
     out_name = ref.get_outputs()[0].name
     samples = []
-    for text, feed in progress.bar(list(zip(texts, feeds)), "samples", unit="sample"):
-        r = ref.run([out_name], feed)[0]
-        g = got.run([out_name], feed)[0]
-        s = compare(r, g, feed["attention_mask"])
-        s["text"] = sample_text(text)
-        samples.append(s)
+    with tempfile.TemporaryDirectory(prefix="verify-") as tmp:
+        outputs = (htp_outputs(ctx, params["target"], feeds, out_name, Path(tmp)) if params["backend"] == "htp"
+                   else (got.run([out_name], f)[0] for f in feeds))
+        for text, feed, g in progress.bar(zip(texts, feeds, outputs), "samples", total=len(texts), unit="sample"):
+            r = ref.run([out_name], feed)[0]
+            s = compare(r, g, feed["attention_mask"])
+            s["text"] = sample_text(text)
+            samples.append(s)
     return {"backend": params["backend"], "target": params["target"], "output": out_name,
             "sequence_length": d["max_length"], "metrics": _aggregate(samples), "samples": samples,
             **placement}
