@@ -96,7 +96,8 @@ def pin_recipes() -> None:
     never pins, so it sees edits and re-checks entries on every use."""
     global _PINNED
     _PINNED = None
-    _INTACT.clear(), _MATERIALS.clear(), _STATES.clear()
+    for memo in (_INTACT, _MATERIALS, _STATES):
+        memo.clear()
     _PINNED = _load()
 
 
@@ -341,11 +342,9 @@ class Resolver:
             spec = self.specs[stage]
             key = self.key(stage)
             e = _INTACT.get((spec.kind, key))
-            if e is not None:
-                pass
-            elif self.pull is True or (self.pull and spec.kind in self.pull):
+            if e is None and (self.pull is True or (self.pull and spec.kind in self.pull)):
                 e = self.cache.fetch(spec.kind, key)
-            else:
+            elif e is None:
                 e = self.cache.lookup(spec.kind, key) or self.cache.peek_remote(spec.kind, key)
             if e is not None and _PINNED is not None and e.origin == "local":  # "pulled" is this lookup's news
                 _INTACT[(spec.kind, key)] = e

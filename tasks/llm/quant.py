@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..quantconfig import matmul_weight_overrides, qtype as _qtype
+from ..quantconfig import matmul_weight_overrides, qtype
 from .export import ROPE_TABLES
 
 def stage_part(export_dir, part: dict, work) -> Path:
@@ -85,8 +85,8 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
                            for i in model.graph.initializer)
         default_wt = "uint8" if four_bit else weight_type
         cfg = get_qnn_qdq_config(
-            model, None, activation_type=_qtype(activation_type),
-            weight_type=_qtype(default_wt), per_channel=per_channel, init_overrides=overrides or None)
+            model, None, activation_type=qtype(activation_type),
+            weight_type=qtype(default_wt), per_channel=per_channel, init_overrides=overrides or None)
         del model
         quantize_static(
             str(src), str(out_path), None, quant_format=cfg.quant_format,

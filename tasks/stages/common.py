@@ -59,6 +59,14 @@ THRESHOLDS = {
 }
 
 
+def write_report(out: Path, report: dict) -> dict:
+    """Write ``out/verify.json`` (sorted keys, 2-space indent, a final newline: the same bytes
+    for the same report) and return the manifest info every verify gives: backend and sample
+    count."""
+    (out / "verify.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return {"backend": report["backend"], "samples": len(report.get("samples", []))}
+
+
 def check(out: Path, manifest: dict, params: dict) -> list[str]:
     """Failures of ``out/verify.json`` against ``params["thresholds"]``: one line per failed
     threshold naming the metric, its value, the threshold and the worst sample. Also fails an

@@ -33,7 +33,6 @@ TOOLS = ("huggingface-hub",)
 KEY_EXCLUDE = ("path", "package", "subdir", "revision")
 
 
-
 class SourceError(Exception):
     """The recipe's source cannot be found or fetched."""
 

@@ -6,7 +6,6 @@ perplexity ratio (``tasks/llm/verify.py``); judged by the shared :func:`check`.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from . import common
@@ -29,5 +28,4 @@ def run(inputs, files, params, out: Path) -> dict:
     avail = available_bytes()
     report = verify_llm(inputs, files, params, budget_bytes=None if avail is None else avail // 2)
     run_info = report.pop("_run")
-    (out / "verify.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    return {"backend": report["backend"], "samples": len(report.get("samples", [])), **run_info}
+    return {**common.write_report(out, report), **run_info}

@@ -167,10 +167,6 @@ def run(inputs, files, params, out: Path) -> dict:
     logs advice through the root logger at WARNING (opset upgrade, "Axis 1 is out-of-range"
     for 1-D weights, pre-processing): it goes to the stage's log, and the known lines are kept
     off the console (``tasks/stagelog.py`` ``HARMLESS``)."""
-    return _run(inputs, files, params, out)
-
-
-def _run(inputs, files, params, out: Path) -> dict:
     src = inputs["model"]
     cal = params["calibration"]
     report = {}

@@ -22,7 +22,6 @@ the metric, the threshold and the worst sample.
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from pathlib import Path
@@ -77,9 +76,7 @@ def _aggregate(samples: list[dict]) -> dict:
 
 def run(inputs, files, params, out: Path) -> dict:
     """Measure; write ``out/verify.json``. Returns {"backend", "samples"}."""
-    report = _verify_encoder(inputs, files, params)
-    (out / "verify.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    return {"backend": report["backend"], "samples": len(report.get("samples", []))}
+    return common.write_report(out, _verify_encoder(inputs, files, params))
 
 
 def workers(samples: int) -> int:
@@ -104,15 +101,10 @@ def htp_outputs(ctx: Path, target: str, feeds: list[dict], out_name: str, work: 
     n = workers(len(feeds))
     for i, f in enumerate(feeds):
         np.savez(work / f"feed{i}.npz", **f)
-    code = ("import os, sys\nimport numpy as np\nfrom tasks import qnn\n"
-            f"s = qnn.htp_session({str(ctx)!r}, {target!r})\n"
-            f"for i in range({{k}}, {len(feeds)}, {n}):\n"
-            f"    f = dict(np.load(os.path.join({str(work)!r}, f'feed{{{{i}}}}.npz')))\n"
-            f"    out = os.path.join({str(work)!r}, f'out{{{{i}}}}.npy')\n"
-            f"    np.save(out + '.tmp.npy', s.run([{out_name!r}], f)[0])\n"
-            "    os.replace(out + '.tmp.npy', out)\n")
+    args = (str(ctx), target, str(work), len(feeds), n, out_name)
     with ThreadPoolExecutor(n) as pool:
-        runs = [pool.submit(run_python, code.format(k=k), forward=True) for k in range(n)]
+        runs = [pool.submit(run_python, f"from tasks.stages.verify import _htp_child\n_htp_child({k!r}, *{args!r})\n",
+                            forward=True) for k in range(n)]
         for i in range(len(feeds)):
             out = work / f"out{i}.npy"
             while not out.exists():
@@ -122,6 +114,18 @@ def htp_outputs(ctx: Path, target: str, feeds: list[dict], out_name: str, work: 
                                        f"(exit {r.result().returncode}):\n{r.result().tail(2000)}")
                 time.sleep(0.02)
             yield np.load(out)
+
+
+def _htp_child(first: int, ctx: str, target: str, work: str, count: int, step: int, out_name: str) -> None:
+    """The child side of :func:`htp_outputs`: one HTP session over samples ``first``,
+    ``first + step``, ... < ``count``, reading ``feed<i>.npz`` and writing ``out<i>.npy`` in
+    ``work`` (each by rename, so the parent never reads half a file)."""
+    work_dir = Path(work)
+    s = qnn.htp_session(Path(ctx), target)
+    for i in range(first, count, step):
+        out = work_dir / f"out{i}.npy"
+        np.save(work_dir / f"out{i}.tmp.npy", s.run([out_name], dict(np.load(work_dir / f"feed{i}.npz")))[0])
+        os.replace(work_dir / f"out{i}.tmp.npy", out)
 
 
 def _verify_encoder(inputs, files, params) -> dict:
