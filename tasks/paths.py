@@ -29,32 +29,49 @@ def _env(name: str, default: Path) -> Path:
     return Path(v)
 
 
+_MEMO: dict[tuple, Path] = {}
+
+
+def _at(name: str, sub: str) -> Path:
+    """``$name``, else ``root() / sub``; remembered per value of the two variables (a no-op
+    build asks ~900 times: issue 11), so a changed environment is still seen."""
+    k = (name, os.environ.get(name), os.environ.get("NPUBUILD_ROOT"))
+    p = _MEMO.get(k)
+    if p is None:
+        p = _MEMO[k] = _env(name, root() / sub)
+    return p
+
+
 def root() -> Path:
-    return _env("NPUBUILD_ROOT", PROJECT_ROOT)
+    k = ("NPUBUILD_ROOT", os.environ.get("NPUBUILD_ROOT"))
+    p = _MEMO.get(k)
+    if p is None:
+        p = _MEMO[k] = _env("NPUBUILD_ROOT", PROJECT_ROOT)
+    return p
 
 
 def recipes_dir() -> Path:
-    return _env("NPUBUILD_RECIPES", root() / "recipes")
+    return _at("NPUBUILD_RECIPES", "recipes")
 
 
 def cache_dir() -> Path:
-    return _env("NPUBUILD_CACHE", root() / "cache")
+    return _at("NPUBUILD_CACHE", "cache")
 
 
 def build_dir() -> Path:
-    return _env("NPUBUILD_BUILD", root() / "build")
+    return _at("NPUBUILD_BUILD", "build")
 
 
 def state_dir() -> Path:
-    return _env("NPUBUILD_HOME", root() / ".npubuild")
+    return _at("NPUBUILD_HOME", ".npubuild")
 
 
 def dist_dir() -> Path:
-    return _env("NPUBUILD_DIST", root() / "dist")
+    return _at("NPUBUILD_DIST", "dist")
 
 
 def catalog_dir() -> Path:
-    return _env("NPUBUILD_CATALOG", root() / "catalog")
+    return _at("NPUBUILD_CATALOG", "catalog")
 
 
 def allowed_dirs() -> list[Path]:

@@ -664,12 +664,13 @@ def load_all(directory: Path | None = None, collect_errors: bool = False):
         except Exception as e:  # a bug, or an input no check foresaw: still this file's problem alone
             errors[f.stem] = RecipeError(f, [("", f"cannot load: {type(e).__name__}: {e}")])
     out: dict[str, Recipe] = {}
+    memo: dict = {}
     for f, r in loaded.items():
         others = [g.name for g, o in loaded.items() if o.name == r.name and g != f]
         try:
             if others:
                 raise RecipeError(f, [("name", f"expected a unique name, found {r.name!r} also in {', '.join(others)}")])
-            check_data_files(f, r)
+            check_data_files(f, r, memo)
             check_source_config(f, r)
         except RecipeError as e:
             errors[f.stem] = e
@@ -714,15 +715,33 @@ def read_data_text(f: Path, rel: str) -> str:
                          f"(byte offset {e.start}) of {rel}") from None
 
 
-def check_data_files(path: Path, r: Recipe) -> None:
+def check_data_files(path: Path, r: Recipe, memo: dict | None = None) -> None:
     """The data files a recipe names lie inside the project (see :func:`_outside`), exist, are
     UTF-8 text as the stages read them, and a line-per-sample file has at least ``samples``
     non-empty lines; ``source.path`` lies inside the project too. Raises RecipeError with the
-    key paths."""
+    key paths. ``memo``: a dict shared by the calls of one :func:`load_all`, so a data file
+    named by many recipes is resolved and read once."""
     from .paths import root
 
+    memo = {} if memo is None else memo
+
+    def outside(rel: str) -> str:
+        if ("outside", rel) not in memo:
+            memo["outside", rel] = _outside(rel)
+        return memo["outside", rel]
+
+    def lines(f: Path, rel: str) -> int | str:
+        """non-empty lines of the file, or the problem's message"""
+        if ("lines", rel) not in memo:
+            try:
+                text = read_data_text(f, rel)
+                memo["lines", rel] = sum(1 for ln in text.splitlines() if ln.strip())  # as tasks/datafiles.py read_lines
+            except (OSError, ValueError) as e:
+                memo["lines", rel] = str(e) if isinstance(e, ValueError) else f"expected a readable file, found {e.strerror}"
+        return memo["lines", rel]
+
     problems = []
-    if r.source.path is not None and (bad := _outside(r.source.path)):
+    if r.source.path is not None and (bad := outside(r.source.path)):
         problems.append(("source.path", bad))
     wanted = [("quantize.calibration.file", r.quantize.calibration, r.export.family == "encoder"),
               ("verify.data.file", r.verify.data, True)]
@@ -731,18 +750,15 @@ def check_data_files(path: Path, r: Recipe) -> None:
     for key, data, per_line in wanted:
         rel = data.file if data else r.verify.perplexity_text
         f = root() / rel
-        if bad := _outside(rel):
+        if bad := outside(rel):
             problems.append((key, bad))
         elif not f.is_file():
             problems.append((key, f"expected an existing file under {root()}, found nothing at {rel!r}"))
         else:
-            try:
-                text = read_data_text(f, rel)
-            except (OSError, ValueError) as e:
-                problems.append((key, str(e) if isinstance(e, ValueError) else f"expected a readable file, found {e.strerror}"))
-                continue
-            n = sum(1 for ln in text.splitlines() if ln.strip())  # as tasks/datafiles.py read_lines
-            if per_line and n < data.samples:
+            n = lines(f, rel)
+            if isinstance(n, str):
+                problems.append((key, n))
+            elif per_line and n < data.samples:
                 problems.append((key.removesuffix(".file") + ".samples",
                                  f"expected at most the {n} non-empty lines of {rel}, found {data.samples}"))
     if problems:

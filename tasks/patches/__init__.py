@@ -55,9 +55,16 @@ def register(name: str, version: int):
     return deco
 
 
+_LOADED: list[bool] = []
+
+
 def _load_all() -> None:
+    """Import every patch module of this package (once per process, after all imported)."""
+    if _LOADED:
+        return
     for mod in pkgutil.iter_modules(__path__):
         importlib.import_module(f"{__name__}.{mod.name}")
+    _LOADED.append(True)
 
 
 def get(name: str) -> Patch:
