@@ -176,7 +176,7 @@ def _report_io() -> None:  # NPUBUILD_STATS=1: what this process hashed and read
         pass
     c = _default
     print(f"npubuild-stats hashed_bytes={c.bytes_read if c else 0} stat_hits={c.hits if c else 0} "
-          f"rchar={io.get('rchar', '?').strip()}", file=sys.stderr)
+          f"rchar={io.get('rchar', '?').strip()} pydantic={int('pydantic' in sys.modules)}", file=sys.stderr)
 
 
 if os.environ.get("NPUBUILD_STATS"):

@@ -28,7 +28,6 @@ import sys
 from pathlib import Path
 
 from . import engine, paths
-from .recipe import RecipeError
 from .stages import ARTIFACTS
 
 paths.state_dir().mkdir(parents=True, exist_ok=True)
@@ -67,12 +66,12 @@ DOIT_CONFIG = {
 }
 
 
-def _recipes() -> dict:
-    """Valid, non-abstract recipes. Invalid ones are reported on stderr and get a failing
+def _recipes() -> list[str]:
+    """Names of the valid, non-abstract recipes. Invalid ones are reported on stderr and get a failing
     ``build:<stem>`` task (see :func:`task_build`), so they never block the others. The set
     is pinned for the rest of the command (:func:`tasks.engine.pin_recipes`)."""
     engine.pin_recipes()
-    return {n: r for n, r in engine.recipes().items() if not r.abstract}
+    return [n for n, abstract in engine.recipe_names().items() if not abstract]
 
 
 _warned = set()
@@ -128,6 +127,7 @@ def _expected_errors() -> tuple:
     from .stages.download import SourceError
 
     from .cache import DiskFull, LockTimeout
+    from .recipe import RecipeError
 
     return (engine.StageFailed, SourceError, NotOnNPU, GraphError, RecipeError, FileNotFoundError, ValueError,
             DiskFull, LockTimeout)

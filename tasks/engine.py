@@ -25,10 +25,9 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
-from . import digest, paths, remote, tools
+from . import digest, paths, plancache, remote, tools
 from .cache import Cache, Entry
 from .plan import StageSpec, expand
-from .recipe import load_all
 from .stagelog import LOG_NAME
 
 
@@ -76,12 +75,62 @@ def unlink_build_copies(kind: str, key: str) -> list[Path]:
     return changed
 
 
+class RecipeSet:
+    """One state of the recipes folder, as a command sees it: the valid recipes' names and
+    stage specs, from the plan cache (:mod:`tasks.plancache`: no YAML parsing, no pydantic)
+    when it matches, else from loading every recipe file (which then refreshes the plan
+    cache when every file was valid). :meth:`full` loads the recipes themselves on demand."""
+
+    def __init__(self, recipes_dir: str, stamp: tuple):
+        self.dir = recipes_dir
+        self._full: tuple[dict, dict] | None = None
+        self._plans: dict[str, dict[str, StageSpec]] = {}
+        sig = plancache.signature(recipes_dir, stamp)
+        stored = plancache.load(paths.state_dir(), sig)
+        self.from_plan_cache = stored is not None
+        if stored is None:
+            with plancache.recording() as noted:
+                recipes, errors = self.full()
+            stored = {n: {"abstract": r.abstract, "specs": None} for n, r in recipes.items()}
+            if not errors:
+                try:
+                    for n, r in recipes.items():
+                        if not r.abstract:
+                            self._plans[n] = {s.name: s for s in expand(r)}
+                            stored[n]["specs"] = [vars(s) for s in self._plans[n].values()]
+                except Exception:  # a recipe that cannot be expanded: its build task reports it
+                    pass
+                else:
+                    plancache.save(paths.state_dir(), sig, noted, stored)
+        else:
+            for n, row in stored.items():
+                if row["specs"] is not None:
+                    self._plans[n] = {d["name"]: StageSpec(**d) for d in row["specs"]}
+        self.abstract = {n: row["abstract"] for n, row in stored.items()}  # valid recipes only
+
+    def full(self) -> tuple[dict, dict]:
+        """(recipes by name, {file stem: RecipeError}): every recipe file loaded and checked."""
+        if self._full is None:
+            from .recipe import load_all
+
+            self._full = load_all(Path(self.dir), collect_errors=True)
+        return self._full
+
+    def errors(self) -> dict:
+        return {} if self.from_plan_cache else self.full()[1]
+
+    def plan(self, recipe_name: str) -> dict[str, StageSpec]:
+        if recipe_name not in self._plans:
+            self._plans[recipe_name] = {s.name: s for s in expand(self.full()[0][recipe_name])}
+        return self._plans[recipe_name]
+
+
 @lru_cache(maxsize=None)
-def _recipes_cached(recipes_dir: str, stamp: tuple) -> tuple[dict, dict]:
-    return load_all(Path(recipes_dir), collect_errors=True)
+def _recipes_cached(recipes_dir: str, stamp: tuple) -> RecipeSet:
+    return RecipeSet(recipes_dir, stamp)
 
 
-_PINNED: tuple[dict, dict] | None = None
+_PINNED: RecipeSet | None = None
 _INTACT: dict[tuple[str, str], Entry] = {}  # (kind, key) -> entry found intact, while pinned
 _MATERIALS: dict[str, dict] = {}  # the same stage of several recipes -> its key material, while pinned
 _STATES: dict[str, dict] = {}  # recipe -> its stages.json as read or written, while pinned
@@ -101,7 +150,7 @@ def pin_recipes() -> None:
     _PINNED = _load()
 
 
-def _load() -> tuple[dict, dict]:
+def _load() -> RecipeSet:
     if _PINNED is not None:
         return _PINNED
     d = str(paths.recipes_dir())
@@ -123,24 +172,24 @@ def _scan_stat(e) -> tuple:
 
 def recipes() -> dict:
     """The valid recipes by name, reloaded when a recipe file changed (keyed by the stats)."""
-    return _load()[0]
+    return _load().full()[0]
+
+
+def recipe_names() -> dict[str, bool]:
+    """{name: abstract} of the valid recipes; from the plan cache when it matches (a no-op
+    command never parses a recipe)."""
+    return dict(_load().abstract)
 
 
 def recipe_errors() -> dict:
     """{file stem: RecipeError} for every invalid recipe file."""
-    return _load()[1]
-
-
-_PLANS: dict[tuple[int, str], dict[str, StageSpec]] = {}
+    return _load().errors()
 
 
 def plan(recipe_name: str) -> dict[str, StageSpec]:
-    """{stage name: spec} of one recipe, in build order (expanded once per loaded recipe set)."""
-    rs = recipes()
-    k = (id(rs), recipe_name)  # rs stays alive in _recipes_cached, so its id is not reused
-    if k not in _PLANS:
-        _PLANS[k] = {s.name: s for s in expand(rs[recipe_name])}
-    return dict(_PLANS[k])
+    """{stage name: spec} of one recipe, in build order (expanded once per recipe set).
+    Raises KeyError for a recipe that is not in the set."""
+    return dict(_load().plan(recipe_name))
 
 
 def project_file(rel: str) -> Path:
@@ -479,7 +528,7 @@ def checking_resolver(recipe_name: str) -> "Resolver":
     recipes computed key material 1,350 times for 300 stages: issue 11). Only found entries
     are memoised, so a stage built later in the process is seen (:func:`run_stage` also
     tells it). Tied to the loaded recipe set: a recipe edited during a run gets a new one."""
-    k = (id(recipes()), recipe_name)
+    k = (id(_load()), recipe_name)
     if k not in _CHECKING:
         _CHECKING[k] = Resolver(recipe_name)
     return _CHECKING[k]

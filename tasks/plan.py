@@ -13,10 +13,12 @@ compile and one verify stage per target, named ``compile@<target>`` and ``verify
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
-from pydantic import BaseModel
+if TYPE_CHECKING:  # pydantic and the schema are imported when a recipe is expanded, not for a
+    from pydantic import BaseModel  # stored plan (tasks/plancache.py)
 
-from .recipe import Recipe, field_family
+    from .recipe import Recipe
 
 KINDS = ("download", "export", "patch", "quantize", "compile", "verify")
 
@@ -25,6 +27,10 @@ def params_for(cfg: BaseModel, family: str) -> dict:
     """``cfg.model_dump()`` without the fields only the other model family reads (declared on
     the schema: tasks/recipe.py ``field_family``), nested sections included; so e.g. an
     encoder's key does not move with context_length, nor an LLM's with export.opset."""
+    from pydantic import BaseModel
+
+    from .recipe import field_family
+
     out = {}
     for name in type(cfg).model_fields:
         owner, value = field_family(type(cfg), name), getattr(cfg, name)

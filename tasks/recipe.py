@@ -20,6 +20,8 @@ import stat
 from pathlib import Path
 from typing import Any, Literal, Optional
 
+from . import plancache
+
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -150,6 +152,7 @@ def read_yaml(path: Path) -> dict:
     larger than ``MAX_RECIPE_BYTES`` or not UTF-8, for a syntax error, a duplicate key, an
     anchor or alias, nesting deeper than ``MAX_DEPTH``, or a top level that is not a mapping."""
     path = Path(path)
+    plancache.note(path)
     try:
         st = path.stat()
         if not stat.S_ISREG(st.st_mode):
@@ -741,6 +744,8 @@ def check_data_files(path: Path, r: Recipe, memo: dict | None = None) -> None:
         return memo["lines", rel]
 
     problems = []
+    if r.source.path is not None:
+        plancache.note(root() / r.source.path)
     if r.source.path is not None and (bad := outside(r.source.path)):
         problems.append(("source.path", bad))
     wanted = [("quantize.calibration.file", r.quantize.calibration, r.export.family == "encoder"),
@@ -750,6 +755,7 @@ def check_data_files(path: Path, r: Recipe, memo: dict | None = None) -> None:
     for key, data, per_line in wanted:
         rel = data.file if data else r.verify.perplexity_text
         f = root() / rel
+        plancache.note(f)
         if bad := outside(rel):
             problems.append((key, bad))
         elif not f.is_file():
@@ -790,6 +796,7 @@ def source_config_path(src: Source) -> Path | None:
         f = Path(hub) / f"models--{src.hf.replace('/', '--')}" / "snapshots" / src.revision / "config.json"
     else:
         return None
+    plancache.note(f)
     return f if f.is_file() else None
 
 
@@ -849,6 +856,7 @@ def tokenizer_problems(folder: Path) -> list[tuple[str, str]]:
     ``tasks.stages.quantize.REQUIRED_INPUTS``; the ones in ``ZERO_WHEN_ABSENT``
     (``token_type_ids``) may be missing, they are fed as zeros. [(key path, message)]."""
     f = folder / "tokenizer_config.json"
+    plancache.note(f)
     try:
         names = json.loads(f.read_text(encoding="utf-8")).get("model_input_names") if f.is_file() else None
     except (OSError, ValueError, AttributeError) as e:

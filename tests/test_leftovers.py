@@ -62,8 +62,8 @@ sys.path.insert(0, {repo!r})
 replace = os.replace
 
 
-def killing_replace(src, dst, *a, **kw):  # SIGKILL between _link's link and its rename
-    if os.path.basename(str(src)).startswith(".") and str(src).endswith(".tmp"):
+def killing_replace(src, dst, *a, **kw):  # SIGKILL between _link's link and its rename (in build/)
+    if os.path.basename(str(src)).startswith(".") and str(src).endswith(".tmp") and "/build/" in str(dst):
         os.kill(os.getpid(), signal.SIGKILL)
     return replace(src, dst, *a, **kw)
 

@@ -1,0 +1,137 @@
+"""The plan cache (tasks/plancache.py): a no-op command plans without parsing recipes or
+importing pydantic, and every input the recipe load reads makes it load the recipes again."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from tasks import plancache
+
+PROBE = """
+import json, sys
+from tasks import engine
+engine.pin_recipes()
+s = engine._load()
+plans = {n: {k: v.params for k, v in engine.plan(n).items()} for n, a in engine.recipe_names().items() if not a}
+out = {"cached": s.from_plan_cache, "pydantic": "pydantic" in sys.modules, "plans": plans}
+out["errors"] = sorted(engine.recipe_errors())
+print(json.dumps(out))
+"""
+
+
+def _age(root: Path) -> None:
+    """Date every file of the project a minute back, out of the plan cache's racy window."""
+    old = time.time() - 60
+    for p in [root, *root.rglob("*")]:
+        os.utime(p, (old, old))
+
+
+def probe(project, **env) -> dict:
+    p = subprocess.run([sys.executable, "-c", PROBE], env=dict(project.env, PYTHONPATH=str(REPO), **env),
+                       capture_output=True, text=True, cwd=project.root)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout.splitlines()[-1])
+
+
+@pytest.fixture
+def cached(project):
+    """A project with one valid recipe whose plan is stored."""
+    project.recipe("a")
+    _age(project.root)
+    first = probe(project)
+    assert not first["cached"] and first["errors"] == []
+    assert (project.root / ".npubuild" / plancache.FILE).is_file()
+    return project, first
+
+
+def test_stored_plan_used_without_pydantic(cached):
+    project, first = cached
+    again = probe(project)
+    assert again["cached"] and not again["pydantic"]
+    assert again["plans"] == first["plans"]
+    assert again["plans"]["a"]["quantize"]["calibration"]["samples"] == 4
+    def doit_list():
+        r = subprocess.run([sys.executable, "-m", "doit", "list", "-f", str(REPO / "dodo.py"), "-d", str(project.root)],
+                           env=dict(project.env, NPUBUILD_STATS="1"), capture_output=True, text=True, cwd=project.root)
+        assert r.returncode == 0, r.stderr
+        return r
+
+    doit_list()  # doit's sys.path differs from the probe's (its dodo.py folder): stores its own
+    listed = doit_list()
+    assert re.search(r"npubuild-stats .* pydantic=0", listed.stderr), listed.stderr
+    assert "quantize" in listed.stdout
+
+
+def _edit_recipe(p):
+    f = p.root / "recipes" / "a.yaml"
+    f.write_text(f.read_text().replace("samples: 4", "samples: 5"))
+
+
+def _short_data(p):
+    (p.root / "data" / "calib.txt").write_text("one line\n")
+
+
+def _config_limit(p):
+    f = p.root / "models" / "tiny-bert" / "config.json"
+    f.write_text(json.dumps(dict(json.loads(f.read_text()), max_position_embeddings=8)))
+
+
+def _tokenizer_inputs(p):
+    f = p.root / "models" / "tiny-bert" / "tokenizer_config.json"
+    cfg = json.loads(f.read_text()) if f.is_file() else {}
+    f.write_text(json.dumps(dict(cfg, model_input_names=["input_ids"])))
+
+
+def _new_recipe(p):
+    p.recipe("b", precision="w4a16")
+
+
+@pytest.mark.parametrize("change, check", [
+    (_edit_recipe, lambda r: r["plans"]["a"]["quantize"]["calibration"]["samples"] == 5),
+    (_short_data, lambda r: r["errors"] == ["a"]),
+    (_config_limit, lambda r: r["errors"] == ["a"]),
+    (_tokenizer_inputs, lambda r: r["errors"] == ["a"]),
+    (_new_recipe, lambda r: sorted(r["plans"]) == ["a", "b"] and r["plans"]["b"]["quantize"]["precision"] == "w4a16"),
+], ids=["recipe-edit", "data-file", "source-config", "tokenizer-config", "new-recipe"])
+def test_each_input_invalidates(cached, change, check):
+    project, _ = cached
+    change(project)
+    got = probe(project)
+    assert not got["cached"] and check(got), got
+
+
+def test_environment_invalidates(cached, tmp_path):
+    project, first = cached
+    got = probe(project, NPUBUILD_ALLOW_PATHS=str(tmp_path))
+    assert not got["cached"] and got["plans"] == first["plans"]
+
+
+def test_code_change_invalidates(tmp_path, monkeypatch):
+    code = tmp_path / "tasks"
+    shutil.copytree(REPO / "tasks", code, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(plancache, "_CODE", code)
+    before = plancache.signature("/x", ())
+    f = code / "targets.py"
+    os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 1_000_000))
+    assert plancache.signature("/x", ()) != before
+
+
+def test_nothing_stored_when_racy_or_invalid(project):
+    project.recipe("a")
+    got = probe(project)  # the files were written just now: within the racy window
+    assert not got["cached"] and not (project.root / ".npubuild" / plancache.FILE).exists()
+    (project.root / "recipes" / "bad.yaml").write_text("quantize: {precision: w3a3}\n")
+    _age(project.root)
+    got = probe(project)
+    assert got["errors"] == ["bad"] and not (project.root / ".npubuild" / plancache.FILE).exists()
+    assert probe(project)["errors"] == ["bad"]  # reported by a real load every time
