@@ -124,12 +124,12 @@ class StatCache:
         None for "do not keep" (then None is returned). ``reader``: the source file that does
         the deriving; its digest joins ``what``, so a change to that code is not answered by
         values its old version stored."""
-        if reader is not None:
-            what = f"{what}:{self.file_digest(reader)}"
         try:
+            if reader is not None:
+                what = f"{what}:{self.file_digest(reader)}"
             conn = self._conn()
             row = conn.execute("SELECT value FROM derived WHERE what=? AND digest=?", (what, digest)).fetchone()
-        except sqlite3.DatabaseError:  # a damaged cache: file_digest rebuilds it; here just compute
+        except (sqlite3.DatabaseError, OSError):  # damaged (file_digest rebuilds it), read-only: compute
             return compute()
         if row:
             return row[0]

@@ -87,6 +87,12 @@ class RecipeSet:
         self._plans: dict[str, dict[str, StageSpec]] = {}
         sig = plancache.signature(recipes_dir, stamp)
         stored = plancache.load(paths.state_dir(), sig)
+        try:
+            for n, row in (stored or {}).items():
+                if row["specs"] is not None:
+                    self._plans[n] = {d["name"]: StageSpec(**d) for d in row["specs"]}
+        except (TypeError, KeyError):  # rows of another shape: load the recipes
+            stored, self._plans = None, {}
         self.from_plan_cache = stored is not None
         if stored is None:
             with plancache.recording() as noted:
@@ -102,10 +108,6 @@ class RecipeSet:
                     pass
                 else:
                     plancache.save(paths.state_dir(), sig, noted, stored)
-        else:
-            for n, row in stored.items():
-                if row["specs"] is not None:
-                    self._plans[n] = {d["name"]: StageSpec(**d) for d in row["specs"]}
         self.abstract = {n: row["abstract"] for n, row in stored.items()}  # valid recipes only
 
     def full(self) -> tuple[dict, dict]:

@@ -3,24 +3,32 @@
 Loading the recipes (PyYAML, the pydantic schema, the load-time checks) and expanding them
 into stage specs was about a third of a no-op ``doit build`` over 50 recipes (issue 11: the
 bar is 0.1 x ``dvc repro``). After a load in which every recipe file was valid, the
-expanded plan is written to ``<NPUBUILD_HOME>/plans.json``, as DVC keeps ``dvc.lock``: plain
-JSON, one row per stage (:class:`tasks.plan.StageSpec` fields). A later command uses it,
-without importing pydantic, only when all of these are unchanged (else it loads the recipes
-and rewrites it):
+expanded plan is written to ``<NPUBUILD_HOME>/plans-<context>.json``, as DVC keeps
+``dvc.lock``: plain JSON, one row per stage (:class:`tasks.plan.StageSpec` fields). A later
+command uses it, without importing pydantic, only when all of these are unchanged (else it
+loads the recipes and rewrites it):
 
 - the recipes folder's ``*.yaml`` files (name, mtime, size: the stamp ``tasks.engine`` takes);
-- every other file the load looked at, present or not (:func:`note`): ``extends`` parents,
-  data files, a source's ``config.json`` and ``tokenizer_config.json`` (device, inode, mtime,
-  size);
+- every file the load looked at, present or not (:func:`note`): recipe files and ``extends``
+  parents, data files, a source folder, its ``config.json`` and ``tokenizer_config.json``, and
+  for a ``package`` source the folders of ``sys.path`` and the package's own folder. Each as
+  stat'ed when the load looked at it, before reading it (device, inode, mode, owner, group,
+  size, mtime, ctime: a file replaced with its old mtime, or made unreadable, still differs)
+  and as its symlinks resolve (a retargeted link on the way differs);
 - this package's code (every ``tasks/**/*.py``: path, mtime, size), so a changed schema,
   default, target table or patch version never meets an old plan;
-- the environment the load reads (``NPUBUILD_*``, ``HF_*``, ``HUGGINGFACE_*``), ``sys.path``
-  and the mtimes of its folders (a package source installed or removed), the Python version.
+- the environment the load reads (``NPUBUILD_*``, ``HF_*``, ``HUGGINGFACE_*``, ``XDG_*``,
+  ``HOME``) with the project root and the allowed folders resolved, ``sys.path`` (``''`` as
+  the working folder), the Python version.
 
-A load with any invalid recipe file writes nothing (its errors are reported from a real load
-every time). Nor does a load that read a file changed less than ``RACY_NS`` before it: a
-second edit within the file system's timestamp granularity could keep size and mtime (git's
-"racily clean" index entries); the next command then stores the plan. Stage keys are never stored here: they are computed from these specs as always.
+Nothing is stored after a load with an invalid recipe file (its errors come from a real load
+every time), nor after one that met something it cannot describe by files (a ``package``
+source that is not installed: :func:`uncacheable`), nor after one that read a file changed
+less than ``RACY_NS`` before (a second edit within the file system's timestamp granularity
+could keep every stat field: git's "racily clean" entries); the next command stores it.
+Each context (recipes folder, environment, ``sys.path``: ``doit`` and ``python -m doit``
+differ) has its own file; the ``KEEP`` most recent are kept. Stage keys are never stored
+here: they are computed from these specs as always.
 """
 
 from __future__ import annotations
@@ -30,31 +38,14 @@ import os
 import sys
 from pathlib import Path
 
-VERSION = 1
-FILE = "plans.json"
+VERSION = 2
+PREFIX = "plans-"
+KEEP = 8
 RACY_NS = 2_000_000_000  # FAT's mtime granularity (2 s) is the coarsest a project may sit on
-_NOTED: list[str] | None = None  # paths looked at by the load under way (see :func:`recording`)
+ENV_PREFIXES = ("NPUBUILD_", "HF_", "HUGGINGFACE_", "XDG_")
+_NOTED: list | None = None  # [path, realpath, stat] rows of the load under way (see :func:`recording`)
+_UNCACHEABLE: list[str] = []
 _CODE = Path(__file__).resolve().parent
-
-
-def note(path) -> None:
-    """Record that the recipe load under way read (or looked for) ``path``; a no-op outside
-    :func:`recording`. Called by ``tasks/recipe.py`` wherever a load-time check reads a file."""
-    if _NOTED is not None:
-        _NOTED.append(os.fspath(path))
-
-
-class recording:
-    """``with recording() as noted:`` collects the paths :func:`note` was given."""
-
-    def __enter__(self) -> list[str]:
-        global _NOTED
-        _NOTED = []
-        return _NOTED
-
-    def __exit__(self, *exc) -> None:
-        global _NOTED
-        _NOTED = None
 
 
 def _stat(path: str) -> list | None:
@@ -62,7 +53,49 @@ def _stat(path: str) -> list | None:
         st = os.stat(path)
     except OSError:
         return None
-    return [st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size]
+    return [st.st_dev, st.st_ino, st.st_mode, st.st_uid, st.st_gid, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _row(path) -> list:
+    p = os.fspath(path) or os.getcwd()
+    return [p, os.path.realpath(p), _stat(p)]
+
+
+def note(path) -> None:
+    """Record that the recipe load under way is about to read (or look for) ``path``, as it
+    is now; a no-op outside :func:`recording`. Called by ``tasks/recipe.py`` wherever a
+    load-time check reads a file."""
+    if _NOTED is not None:
+        _NOTED.append(_row(path))
+
+
+def note_sys_path() -> None:
+    """Record every ``sys.path`` folder: what a ``package`` source is found through."""
+    for p in sys.path:
+        note(p)
+
+
+def uncacheable(why: str) -> None:
+    """The load under way met something files do not describe: store no plan after it."""
+    if _NOTED is not None:
+        _UNCACHEABLE.append(why)
+
+
+class recording:
+    """``with recording() as noted:`` collects the rows :func:`note` made; ``noted`` is None
+    afterwards when :func:`uncacheable` was called."""
+
+    def __enter__(self) -> list:
+        global _NOTED
+        _NOTED = []
+        _UNCACHEABLE.clear()
+        return _NOTED
+
+    def __exit__(self, *exc) -> None:
+        global _NOTED
+        if _UNCACHEABLE:
+            _NOTED.append(None)  # marks the rows as unusable for save()
+        _NOTED = None
 
 
 def _code() -> list:
@@ -79,48 +112,70 @@ def _code() -> list:
 
 def signature(recipes_dir: str, stamp: tuple) -> dict:
     """What a stored plan must have been made under (module docstring), as JSON values."""
-    env = {k: v for k, v in os.environ.items() if k.startswith(("NPUBUILD_", "HF_", "HUGGINGFACE_"))}
+    from .paths import allowed_dirs, root
+
+    env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) or k == "HOME"}
+    try:
+        places = [str(root().resolve()), *(str(d) for d in allowed_dirs())]
+    except ValueError as e:  # a relative NPUBUILD_ALLOW_PATHS entry: the load reports it
+        places = [str(e)]
     return {"version": VERSION, "recipes_dir": recipes_dir, "stamp": [list(s) for s in stamp],
-            "code": _code(), "env": dict(sorted(env.items())), "python": sys.version,
-            "sys_path": [[p, _stat(p)] for p in sys.path]}
+            "code": _code(), "env": dict(sorted(env.items())), "places": places, "python": sys.version,
+            "sys_path": [p or os.getcwd() for p in sys.path]}
 
 
-def _path(state_dir: Path) -> Path:
-    return Path(state_dir) / FILE
+def _context(sig: dict) -> str:
+    from .digest import digest_bytes
+
+    ctx = {k: sig[k] for k in ("recipes_dir", "env", "sys_path", "python")}
+    return digest_bytes(json.dumps(ctx, sort_keys=True).encode())[:16]
+
+
+def _path(state_dir: Path, sig: dict) -> Path:
+    return Path(state_dir) / f"{PREFIX}{_context(sig)}.json"
 
 
 def load(state_dir: Path, sig: dict) -> dict | None:
     """The stored plan ``{recipe: {"abstract": bool, "specs": [StageSpec fields] | None}}``
-    when it was made under ``sig`` and every file it noted is as it was; else None. An
-    unreadable file counts as absent."""
+    when it was made under ``sig`` and every file it noted is as it was; else None. A file
+    that cannot be read or has another shape counts as absent (the caller then loads the
+    recipes and rewrites it)."""
     try:
-        stored = json.loads(_path(state_dir).read_text(encoding="utf-8"))
+        stored = json.loads(_path(state_dir, sig).read_text(encoding="utf-8"))
         if stored["signature"] != sig:
             return None
-        if any(_stat(p) != st for p, st in stored["inputs"]):
+        if any(_row(p) != [p, real, st] for p, real, st in stored["inputs"]):
             return None
-        return stored["recipes"]
+        recipes = stored["recipes"]
+        ok = isinstance(recipes, dict) and all(
+            isinstance(row, dict) and isinstance(row.get("abstract"), bool)
+            and (row.get("specs") is None or isinstance(row["specs"], list) and all(isinstance(d, dict) for d in row["specs"]))
+            for row in recipes.values())
+        return recipes if ok else None
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
-def save(state_dir: Path, sig: dict, noted: list[str], recipes: dict) -> bool:
+def save(state_dir: Path, sig: dict, noted: list, recipes: dict) -> bool:
     """Store ``recipes`` (as :func:`load` returns it) made under ``sig`` after a load that
-    looked at ``noted``. Writes nothing when ``recipes`` does not survive a JSON round trip
-    unchanged (e.g. a tuple or a non-text key in some params: the stages would then see
-    other values than a real load gives them) or when the file already says the same.
-    Nor when a file read was changed within ``RACY_NS`` (module docstring). Returns True when
-    it wrote."""
+    noted ``noted``. Writes nothing after an uncacheable load, when ``recipes`` does not
+    survive a JSON round trip unchanged (e.g. a tuple or a non-text key in some params: the
+    stages would then see other values than a real load gives them), when a file read was
+    changed within ``RACY_NS`` (module docstring) or when the file already says the same.
+    Returns True when it wrote."""
     import time
 
-    doc = {"signature": sig, "inputs": [[p, _stat(p)] for p in sorted(set(noted))], "recipes": recipes}
-    mtimes = [st[2] for _, st in doc["inputs"] if st] + [s[1] for s in sig["stamp"] if s[1]] + [c[1] for c in sig["code"]]
+    if None in noted:
+        return False
+    rows = sorted({r[0]: r for r in noted}.values())
+    doc = {"signature": sig, "inputs": rows, "recipes": recipes}
+    mtimes = [st[6] for _, _, st in rows if st] + [s[1] for s in sig["stamp"] if s[1]] + [c[1] for c in sig["code"]]
     if max(mtimes, default=0) > time.time_ns() - RACY_NS:
         return False
     text = json.dumps(doc, sort_keys=True)
     if json.loads(text)["recipes"] != recipes:
         return False
-    p = _path(state_dir)
+    p = _path(state_dir, sig)
     try:
         if p.read_text(encoding="utf-8") == text:
             return False
@@ -128,15 +183,21 @@ def save(state_dir: Path, sig: dict, noted: list[str], recipes: dict) -> bool:
         pass
     from .cache import _process_state
 
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
-        for old in p.parent.glob(f".{p.name}.*.tmp"):  # of a process killed between write and rename
+        for old in p.parent.glob(f".{PREFIX}*.tmp"):  # of a process killed between write and rename
             pid = old.name.split(".")[-2]
             if pid.isdigit() and _process_state(int(pid)) == "gone":
                 old.unlink(missing_ok=True)
-        tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, p)
-    except OSError:  # a read-only state folder: the next command loads the recipes again
+        for old in sorted(p.parent.glob(f"{PREFIX}*.json"), key=lambda f: f.stat().st_mtime_ns)[:-KEEP]:
+            old.unlink(missing_ok=True)
+    except OSError:  # a read-only state folder, a folder in the way: the next command loads again
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
         return False
     return True

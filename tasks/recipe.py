@@ -13,7 +13,6 @@ Files are parsed with YAML 1.2 core-schema scalars (:class:`_Core12Resolver`); o
 from __future__ import annotations
 
 import math
-import os
 import json
 import re
 import stat
@@ -783,17 +782,21 @@ def source_config_path(src: Source) -> Path | None:
     if src.path is not None:
         f = root() / src.path / "config.json"
     elif src.package is not None:
+        plancache.note_sys_path()
         try:
             spec = importlib.util.find_spec(src.package)
         except (ImportError, ValueError):
-            return None
+            spec = None
         if spec is None or not spec.submodule_search_locations:
+            plancache.uncacheable(f"package {src.package} not found")  # may appear anywhere on the path
             return None
-        f = Path(list(spec.submodule_search_locations)[0]) / src.subdir / "config.json"
+        folder = Path(list(spec.submodule_search_locations)[0])
+        plancache.note(folder)
+        f = folder / src.subdir / "config.json"
     elif src.revision and re.fullmatch(r"[0-9a-f]{40}", src.revision):
-        hub = os.environ.get("HF_HUB_CACHE") or os.path.join(
-            os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface"), "hub")
-        f = Path(hub) / f"models--{src.hf.replace('/', '--')}" / "snapshots" / src.revision / "config.json"
+        from huggingface_hub import constants  # where huggingface_hub itself looks (HF_HUB_CACHE, HF_HOME, XDG_CACHE_HOME)
+
+        f = Path(constants.HF_HUB_CACHE) / f"models--{src.hf.replace('/', '--')}" / "snapshots" / src.revision / "config.json"
     else:
         return None
     plancache.note(f)

@@ -50,8 +50,12 @@ def cached(project):
     _age(project.root)
     first = probe(project)
     assert not first["cached"] and first["errors"] == []
-    assert (project.root / ".npubuild" / plancache.FILE).is_file()
+    assert _stored(project)
     return project, first
+
+
+def _stored(project) -> list[Path]:
+    return sorted((project.root / ".npubuild").glob(f"{plancache.PREFIX}*.json"))
 
 
 def test_stored_plan_used_without_pydantic(cached):
@@ -96,13 +100,28 @@ def _new_recipe(p):
     p.recipe("b", precision="w4a16")
 
 
+def _replaced_keeping_mtime(p):  # as rsync -a / cp -p / tar x replace a file: old mtime, new bytes
+    f = p.root / "data" / "calib.txt"
+    st = f.stat()
+    f.unlink()
+    f.write_text("one line\n")
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def _unreadable(p):
+    (p.root / "data" / "calib.txt").chmod(0)
+
+
 @pytest.mark.parametrize("change, check", [
     (_edit_recipe, lambda r: r["plans"]["a"]["quantize"]["calibration"]["samples"] == 5),
     (_short_data, lambda r: r["errors"] == ["a"]),
     (_config_limit, lambda r: r["errors"] == ["a"]),
     (_tokenizer_inputs, lambda r: r["errors"] == ["a"]),
     (_new_recipe, lambda r: sorted(r["plans"]) == ["a", "b"] and r["plans"]["b"]["quantize"]["precision"] == "w4a16"),
-], ids=["recipe-edit", "data-file", "source-config", "tokenizer-config", "new-recipe"])
+    (_replaced_keeping_mtime, lambda r: r["errors"] == ["a"]),
+    (_unreadable, lambda r: True),  # the mode is part of the stat (as root the file stays readable)
+], ids=["recipe-edit", "data-file", "source-config", "tokenizer-config", "new-recipe", "replaced-old-mtime",
+        "mode"])
 def test_each_input_invalidates(cached, change, check):
     project, _ = cached
     change(project)
@@ -129,9 +148,79 @@ def test_code_change_invalidates(tmp_path, monkeypatch):
 def test_nothing_stored_when_racy_or_invalid(project):
     project.recipe("a")
     got = probe(project)  # the files were written just now: within the racy window
-    assert not got["cached"] and not (project.root / ".npubuild" / plancache.FILE).exists()
+    assert not got["cached"] and not _stored(project)
     (project.root / "recipes" / "bad.yaml").write_text("quantize: {precision: w3a3}\n")
     _age(project.root)
     got = probe(project)
-    assert got["errors"] == ["bad"] and not (project.root / ".npubuild" / plancache.FILE).exists()
+    assert got["errors"] == ["bad"] and not _stored(project)
     assert probe(project)["errors"] == ["bad"]  # reported by a real load every time
+
+
+def test_retargeted_symlink_invalidates(project):
+    """A data file reached through a symlinked folder: retargeting the link changes what
+    the load checks (and reads) though the file's own stat may not change."""
+    for d in ("one", "two"):
+        (project.root / d).mkdir()
+        shutil.copy(project.root / "data" / "calib.txt", project.root / d / "calib.txt")
+    (project.root / "two" / "calib.txt").write_text("one line\n")
+    (project.root / "link").symlink_to("one")
+    project.recipe("a", text=_tiny("data/calib.txt", "link/calib.txt"))
+    _age(project.root)
+    assert probe(project)["errors"] == [] and probe(project)["cached"]
+    (project.root / "link").unlink()
+    (project.root / "link").symlink_to("two")
+    got = probe(project)
+    assert not got["cached"] and got["errors"] == ["a"]
+
+
+def _tiny(old: str, new: str) -> str:
+    from conftest import TINY_RECIPE
+
+    return TINY_RECIPE.format(precision="w8a16", targets="[x-elite]", backend="cpu-qdq").replace(
+        f"file: {old}, samples: 4", f"file: {new}, samples: 4")
+
+
+def test_home_and_xdg_are_part_of_the_environment(cached):
+    project, _ = cached
+    assert not probe(project, HOME=str(project.root))["cached"]
+    assert not probe(project, XDG_CACHE_HOME=str(project.root))["cached"]
+
+
+def test_file_changed_while_loading_is_not_taken_as_read(tmp_path):
+    """A file is stat'ed when the load looks at it, not when the plan is saved: a change in
+    between makes the stored row differ from the file."""
+    f = tmp_path / "calib.txt"
+    f.write_text("a\nb\n")
+    old = time.time() - 60
+    os.utime(f, (old, old))
+    with plancache.recording() as noted:
+        plancache.note(f)
+    st = f.stat()
+    f.write_text("c\n")
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert noted[0][2] != plancache._row(f)[2]
+
+
+def test_package_source_not_installed_stores_nothing(project):
+    text = _tiny("data/calib.txt", "data/calib.txt").replace("source: {path: models/tiny-bert}",
+                                                            "source: {package: no_such_package_xyz, subdir: model}")
+    project.recipe("a", text=text)
+    _age(project.root)
+    got = probe(project)
+    assert got["errors"] == [] and not _stored(project)
+
+
+@pytest.mark.parametrize("damage", [
+    lambda rows: rows["a"].pop("specs"),
+    lambda rows: rows["a"].update(specs=5),
+    lambda rows: rows["a"]["specs"][0].update(colour="red"),
+], ids=["row-without-specs", "specs-not-a-list", "unknown-field"])
+def test_damaged_rows_count_as_absent(cached, damage):
+    project, first = cached
+    (f,) = _stored(project)
+    doc = json.loads(f.read_text())
+    damage(doc["recipes"])
+    f.write_text(json.dumps(doc))
+    got = probe(project)
+    assert not got["cached"] and got["plans"] == first["plans"]
+    assert probe(project)["cached"]  # rewritten by that load
