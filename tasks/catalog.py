@@ -68,7 +68,10 @@ import html
 import json
 from pathlib import Path
 
+from dataclasses import dataclass
+
 from . import engine, paths
+from .buildstate import BuildState, artifacts, build_state
 from .cache import Entry
 
 SCHEMA_VERSION = 1
@@ -98,40 +101,47 @@ def catalog_recipes() -> dict:
     return {n: r for n, r in sorted(engine.recipes().items()) if not r.abstract}
 
 
-def recipe_status(name: str) -> dict:
-    """State of one recipe from the cache alone (no building, no fetching).
+@dataclass(frozen=True)
+class RecipeStatus:
+    """One recipe as the catalog and publish see it: ``state`` (one of STATES), ``reason``
+    (the first stage without an entry, and why), ``failures`` (verify's, as "<task>: ..."),
+    and the typed build state it was judged from (tasks/buildstate.py)."""
 
-    Returns {"state": one of STATES, "reason": str | None, "failures": [str],
-    "stage_keys": {stage: key | None}, "entries": {stage: Entry}, "resolver": Resolver}.
-    ``reason`` names the first stage without an entry and why (no entry for its key, an
-    upstream missing, a Hub source unavailable offline...). Raises KeyError for an unknown
+    state: str
+    reason: str | None
+    failures: list[str]
+    build: BuildState
+
+    @property
+    def stage_keys(self) -> dict[str, str | None]:
+        """{stage: key of its entry, None without one}"""
+        return {n: s.entry.key if s.entry else None for n, s in self.build.stages.items()}
+
+    @property
+    def entries(self) -> dict[str, Entry]:
+        return self.build.entries
+
+
+def recipe_status(name: str) -> RecipeStatus:
+    """State of one recipe from the local cache alone (no building, no fetching, no
+    quarantining). ``reason`` names the first stage without an entry and why (no entry for its
+    key, an upstream missing, a Hub source unavailable offline...); "stale" when the last
+    build recorded every verify stage, else "not-built". Raises KeyError for an unknown
     recipe."""
     from .scrubbing import scrub
 
-    res = _ReadOnlyResolver(name)
-    keys, entries, reasons = {}, {}, []
-    for stage, spec in res.specs.items():
-        try:
-            entries[stage] = res.entry(stage)
-            keys[stage] = entries[stage].key
-        except engine.NotReady as err:
-            keys[stage] = None
-            reasons.append(str(err))
-        except Exception as err:  # e.g. SourceError: an hf source while offline
-            keys[stage] = None
-            reasons.append(f"{spec.task}: {type(err).__name__}: {scrub(str(err))}")
+    last = engine.read_state(name)
+    b = build_state(_ReadOnlyResolver(name), last)
+    reasons = [s.problem if s.status != "unknown" else f"{s.task}: {scrub(s.problem)}"
+               for s in b.stages.values() if s.entry is None]
     failures = []
     if not reasons:
-        for stage, spec in res.specs.items():
-            if spec.kind == "verify":
-                failures += [f"{spec.task}: {f}" for f in res.failures(stage, entries[stage])]
+        failures = [f"{s.task}: {f}" for s in b.of_kind("verify") for f in s.failures]
         state = "verify-failed" if failures else "verified"
     else:
-        last = engine.read_state(name)
-        verifies = [s for s, sp in res.specs.items() if sp.kind == "verify"]
+        verifies = [s.name for s in b.of_kind("verify")]
         state = "stale" if verifies and all(v in last for v in verifies) else "not-built"
-    return {"state": state, "reason": reasons[0] if reasons else None, "failures": failures,
-            "stage_keys": keys, "entries": entries, "resolver": res}
+    return RecipeStatus(state, reasons[0] if reasons else None, failures, b)
 
 
 # ------------------------------------------------------------ details of a built recipe
@@ -179,48 +189,34 @@ def parameter_count(export: Entry) -> int | None:
     return sum(seen.values()) if graphs else None
 
 
-def _target_of(stage: str, spec) -> str:
-    return spec.params.get("target") or (stage.split("@", 1)[1] if "@" in stage else "")
-
-
-def artifacts(status: dict) -> dict:
-    """{target: {file: bytes}} of the compile entries' artifact files (from their manifests)."""
-    from fnmatch import fnmatch
-
-    from .stages import ARTIFACTS
-
-    out = {}
-    res = status["resolver"]
-    for stage, spec in res.specs.items():
-        if spec.kind == "compile":
-            listing = status["entries"][stage].manifest["outputs"]
-            out[_target_of(stage, spec)] = {rel: meta["size"] for rel, meta in sorted(listing.items())
-                                            if any(fnmatch(Path(rel).name, p) for p in ARTIFACTS["compile"])}
+def artifact_sizes(status: RecipeStatus) -> dict:
+    """{target: {file: bytes}} of the compile entries' artifact files (:func:`tasks.buildstate.artifacts`)."""
+    out: dict = {}
+    for a in artifacts(status.build).values():
+        if a.kind == "compile":
+            out.setdefault(a.target, {})[a.rel] = a.size
     return out
 
 
-def verify_results(status: dict) -> dict:
+def verify_results(status: RecipeStatus) -> dict:
     """{target: {"backend", "runtime", "metrics", "thresholds", "failures"}} from each verify
     entry; ``runtime`` (LLMs) is what generated on the compiled graphs: "runner" (LLMRunner) or
     "genai" (onnxruntime-genai), None for encoders."""
     out = {}
-    res = status["resolver"]
-    for stage, spec in res.specs.items():
-        if spec.kind == "verify":
-            e = status["entries"][stage]
-            report = json.loads((e.out / "verify.json").read_text(encoding="utf-8"))
-            out[_target_of(stage, spec)] = {
-                "backend": report.get("backend"), "runtime": report.get("runtime"), "metrics": report.get("metrics", {}),
-                "thresholds": spec.params.get("thresholds", {}), "failures": res.failures(stage, e)}
+    for s in status.build.of_kind("verify"):
+        report = json.loads((s.entry.out / "verify.json").read_text(encoding="utf-8"))
+        out[s.target] = {"backend": report.get("backend"), "runtime": report.get("runtime"),
+                         "metrics": report.get("metrics", {}), "thresholds": s.spec.params.get("thresholds", {}),
+                         "failures": list(s.failures)}
     return out
 
 
-def tool_versions(status: dict, names=CATALOG_TOOLS) -> dict:
+def tool_versions(status: RecipeStatus, names=CATALOG_TOOLS) -> dict:
     """{tool: version} for ``names`` ({tool: stage kind}) as recorded in the manifests of the
     entries of that kind; several distinct versions are joined with ", "; "unknown" if none."""
     out = {}
     for tool, kind in names.items():
-        vals = sorted({e.manifest.get("tools", {}).get(tool) for e in status["entries"].values() if e.kind == kind}
+        vals = sorted({e.manifest.get("tools", {}).get(tool) for e in status.entries.values() if e.kind == kind}
                       - {None})
         out[tool] = ", ".join(vals) if vals else "unknown"
     return out
@@ -232,19 +228,19 @@ def catalog_row(name: str, recipe=None) -> dict:
     st = recipe_status(name)
     ex = recipe.export
     row = {
-        "name": name, "state": st["state"], "reason": st["reason"], "failures": st["failures"],
+        "name": name, "state": st.state, "reason": st.reason, "failures": st.failures,
         "description": recipe.description, "license": recipe.license, "task": recipe.task,
         "family": ex.family, "precision": recipe.quantize.precision, "targets": list(recipe.compile.targets),
         "batch_size": ex.batch_size, "sequence_length": ex.sequence_length,
         "context_length": ex.context_length if ex.family == "llm" else None,
-        "stage_keys": st["stage_keys"],
-        "source": source_info(recipe, st["entries"].get("download")),
+        "stage_keys": st.stage_keys,
+        "source": source_info(recipe, st.entries.get("download")),
         "architecture": None, "parameters": None, "artifacts": None, "artifact_bytes": None,
         "verify": None, "tools": None, "qnn_context_sdk": None,
     }
-    if st["state"] in ("verified", "verify-failed"):
-        ents = st["entries"]
-        arts = artifacts(st)
+    if st.state in ("verified", "verify-failed"):
+        ents = st.entries
+        arts = artifact_sizes(st)
         sdks = sorted({v for s, e in ents.items() if e.kind == "compile"
                        for v in e.manifest.get("info", {}).get("qnn_sdk", [])})
         row.update(architecture=architecture(ents["download"]), parameters=parameter_count(ents["export"]),

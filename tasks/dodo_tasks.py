@@ -28,7 +28,6 @@ import sys
 from pathlib import Path
 
 from . import engine, paths
-from .stages import ARTIFACTS
 
 paths.state_dir().mkdir(parents=True, exist_ok=True)
 
@@ -266,23 +265,18 @@ def materialize(recipe: str, res: engine.Resolver | None = None) -> dict:
     sub-folder per target when there are several). Writes ``artifacts.json``:
     {file: "<kind>/<key>/out/<path>"}, the cache file each one is. ``res``: the Resolver to
     use (a cluster build passes one that pulls only the artifacts' stage kinds)."""
+    from .buildstate import artifacts, build_state
+
     res = res or engine.Resolver(recipe)
+    arts = artifacts(build_state(res))
     root = paths.build_dir() / recipe
     root.mkdir(parents=True, exist_ok=True)
     _remove_dead_links(root)
     listing = {}
-    for name, spec in res.specs.items():
-        pats = ARTIFACTS.get(spec.kind)
-        if not pats:
-            continue
-        e = res.entry(name)
-        sub = name.split("@", 1)[1] if "@" in name else ""
-        for pat in pats:
-            for f in sorted(e.out.rglob(pat)):
-                rel = Path(sub) / f.relative_to(e.out)
-                (root / rel).parent.mkdir(parents=True, exist_ok=True)
-                _link(f, root / rel)
-                listing[rel.as_posix()] = f"{spec.kind}/{e.key}/out/{f.relative_to(e.out).as_posix()}"
+    for rel, a in arts.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        _link(a.path, root / rel)
+        listing[rel] = f"{a.kind}/{a.key}/out/{a.rel}"
     (root / "artifacts.json").write_text(json.dumps(listing, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     try:
         shown = root.relative_to(Path.cwd())  # doit runs in the project folder: build/<recipe>
@@ -290,6 +284,12 @@ def materialize(recipe: str, res: engine.Resolver | None = None) -> dict:
         shown = root
     print(f"{'build:' + recipe:<{engine.task_width(recipe)}}  {len(listing)} artifacts in {shown}")
     return {"artifacts": len(listing)}
+
+
+def _print_explain(recipe: str) -> None:
+    from .buildstate import print_explain
+
+    print_explain(recipe)
 
 
 def _build_uptodate(recipe: str):
@@ -331,7 +331,7 @@ def task_build():
 def task_explain():
     """explain:<recipe> prints each stage's key, params, status and what changed."""
     for name in _recipes():
-        yield {"name": name, "actions": [(engine.print_explain, [name])], "uptodate": [False],
+        yield {"name": name, "actions": [(_print_explain, [name])], "uptodate": [False],
                "verbosity": 2, "doc": f"show {name}'s plan, stage keys and why a stage is stale"}
 
 

@@ -28,7 +28,6 @@ from pathlib import Path
 from . import digest, paths, plancache, remote, tools
 from .cache import Cache, Entry
 from .plan import StageSpec, expand
-from .stagelog import LOG_NAME
 
 
 class StageFailed(Exception):
@@ -602,76 +601,3 @@ def record(recipe_name: str, stage: str, key: str, material: dict, entry: Entry)
         tmp.write_text(json.dumps(st, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         tmp.replace(p)
         _STATES.pop(recipe_name, None)
-
-
-def _diff(old, new, prefix="") -> list[str]:
-    if isinstance(old, dict) and isinstance(new, dict):
-        out = []
-        for k in sorted(set(old) | set(new)):
-            p = f"{prefix}.{k}" if prefix else str(k)
-            if k not in old:
-                out.append(f"{p}: added {json.dumps(new[k])}")
-            elif k not in new:
-                out.append(f"{p}: removed (was {json.dumps(old[k])})")
-            else:
-                out += _diff(old[k], new[k], p)
-        return out
-    return [] if old == new else [f"{prefix}: {json.dumps(old)} -> {json.dumps(new)}"]
-
-
-def explain(recipe_name: str) -> list[dict]:
-    """For each stage: name, kind, key (or None), status and, for a stale stage, what changed
-    in its key material since the last build of this recipe recorded in
-    ``build/<recipe>/stages.json``, and its log (the local entry's ``log.txt``, or the last
-    failed build's). Status: "local hit" (an intact entry in the local cache),
-    "remote hit" (only on the remote cache; a build downloads it), "failed" (a local entry
-    whose check fails), "stale" (no entry for the current key; built before with another),
-    "not built", "blocked" (an upstream has no entry) or "unknown" (the key cannot be
-    computed, e.g. an offline Hub source). Downloads nothing."""
-    res = Resolver(recipe_name, pull=False)
-    last = read_state(recipe_name)
-    rows = []
-    for name, spec in res.specs.items():
-        row = {"stage": name, "task": spec.task, "kind": spec.kind, "impl": spec.module.__name__, "params": spec.params,
-               "inputs": spec.inputs, "files": spec.files}
-        try:
-            mat = res.material(name)
-            row["key"] = stage_key(mat)
-            try:
-                e = res.entry(name)
-            except NotReady:
-                e = None
-            prev = last.get(name)
-            row["status"] = ("remote hit" if e.origin == "remote" else "local hit") if e else \
-                "stale" if prev else "not built"
-            if e and e.origin != "remote" and res.failures(name, e):
-                row["status"] = "failed"
-            if e and (e.path / LOG_NAME).is_file():
-                row["log"] = str(e.path / LOG_NAME)
-            elif not e and failed_log_path(recipe_name, name).is_file():
-                row["log"] = f"{failed_log_path(recipe_name, name)} (last failed build)"
-            if not e and prev:
-                row["changes"] = _diff(prev["material"], mat)
-        except NotReady as err:
-            row["key"], row["status"], row["changes"] = None, "blocked", [str(err)]
-        except Exception as err:  # e.g. an offline Hub source: show the plan anyway
-            row["key"], row["status"], row["changes"] = None, "unknown", [f"{type(err).__name__}: {err}"]
-        rows.append(row)
-    return rows
-
-
-def print_explain(recipe_name: str, verbose: bool = True) -> None:
-    for row in explain(recipe_name):
-        key = row["key"][:16] if row["key"] else "-" * 16
-        print(f"{row['task']:<40} {row['kind']:<9} {key}  {row['status']}")
-        if verbose:
-            print(f"    impl: {row['impl']}  params: {json.dumps(row['params'], sort_keys=True)}")
-            if row["inputs"] or row["files"]:
-                print(f"    inputs: {json.dumps(row['inputs'])} files: {json.dumps(row['files'])}")
-        if row.get("log"):
-            print(f"    log: {row['log']}")
-        for c in row.get("changes", []):
-            print(f"    changed: {c}")
-    r = remote.from_env()
-    print(f"    remote cache: {r.display if r else 'none (NPUBUILD_REMOTE unset)'}")
-    sys.stdout.flush()

@@ -52,10 +52,10 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from fnmatch import fnmatch
 from pathlib import Path
 
 from . import catalog, digest, paths
+from .buildstate import artifacts
 from .stages import ARTIFACTS
 
 MANIFEST_SCHEMA = 1
@@ -109,54 +109,40 @@ def _sha256_bytes(data: bytes) -> str:
 # ------------------------------------------------------------ what goes in the bundle
 
 
-def _verified_status(recipe: str) -> dict:
+def _verified_status(recipe: str) -> "catalog.RecipeStatus":
     """The catalog status of ``recipe``; raises PublishError unless it is ``verified``."""
     recipes = catalog.catalog_recipes()
     if recipe not in recipes:
         raise PublishError(f"refusing to publish {recipe!r}: no such (non-abstract) recipe; "
                            f"known: {', '.join(recipes)}")
     st = catalog.recipe_status(recipe)
-    if st["state"] == "verify-failed":
-        raise PublishError(f"refusing to publish {recipe}: its verify failed:\n  " + "\n  ".join(st["failures"]))
-    if st["state"] == "stale":
-        raise PublishError(f"refusing to publish {recipe}: its build is stale ({st['reason']}); the recipe or a "
+    if st.state == "verify-failed":
+        raise PublishError(f"refusing to publish {recipe}: its verify failed:\n  " + "\n  ".join(st.failures))
+    if st.state == "stale":
+        raise PublishError(f"refusing to publish {recipe}: its build is stale ({st.reason}); the recipe or a "
                            f"tool changed since it was built. Run `doit build:{recipe}` first "
                            f"(`doit explain:{recipe}` shows what changed).")
-    if st["state"] == "not-built":
-        raise PublishError(f"refusing to publish {recipe}: it is not built ({st['reason']}). "
+    if st.state == "not-built":
+        raise PublishError(f"refusing to publish {recipe}: it is not built ({st.reason}). "
                            f"Run `doit build:{recipe}` first.")
     return st
 
 
-def short_key(status: dict) -> str:
+def short_key(status: "catalog.RecipeStatus") -> str:
     """12 hex: the verify stage key's start; with several verify stages, the start of the
     xxh3 of their sorted keys. ``status`` comes from :func:`catalog.recipe_status`."""
-    keys = sorted(k for s, k in status["stage_keys"].items()
-                  if status["resolver"].specs[s].kind == "verify")
+    keys = sorted(s.entry.key for s in status.build.of_kind("verify"))
     return keys[0][:12] if len(keys) == 1 else digest.digest_json(keys)[:12]
 
 
-def bundle_sources(status: dict) -> dict[str, Path]:
-    """{bundle-relative POSIX path: cache file} of the artifacts (``tasks.stages.ARTIFACTS``):
-    EPContext models and context binaries, tokenizer and config files, ``verify.json``."""
-    res = status["resolver"]
-    many = sum(1 for s in res.specs.values() if s.kind == "compile") > 1
-    out: dict[str, Path] = {}
-    for stage, spec in res.specs.items():
-        pats = ARTIFACTS.get(spec.kind)
-        if not pats:
-            continue
-        e = status["entries"][stage]
-        sub = spec.params["target"] + "/" if spec.kind in ("compile", "verify") and many else ""
-        for rel in sorted(e.manifest["outputs"]):
-            if spec.kind == "export" and "/" in rel:
-                continue  # graphs live in sub-folders for LLMs; only top-level tokenizer/config files
-            if any(fnmatch(Path(rel).name, p) for p in pats):
-                out[sub + rel] = e.out / rel
-    return dict(sorted(out.items()))
+def bundle_sources(status: "catalog.RecipeStatus") -> dict[str, Path]:
+    """{bundle-relative POSIX path: cache file} of the artifacts (:func:`tasks.buildstate.artifacts`,
+    the listing ``build/<recipe>/`` links): EPContext models and context binaries, tokenizer and
+    config files, ``verify.json``."""
+    return {rel: a.path for rel, a in artifacts(status.build).items()}
 
 
-def shipped_digests(status: dict, sources: dict[str, Path]) -> dict[str, tuple[str, int]]:
+def shipped_digests(status: "catalog.RecipeStatus", sources: dict[str, Path]) -> dict[str, tuple[str, int]]:
     """{bundle path: (sha256, size)} of the cache files ``sources`` ({bundle path: cache file},
     :func:`bundle_sources`), each read in full (never the stat cache) and checked against its
     cache entry's manifest (xxh3 and size): a file damaged in the cache with its size and mtime
@@ -167,7 +153,7 @@ def shipped_digests(status: dict, sources: dict[str, Path]) -> dict[str, tuple[s
 
     out = {}
     for rel, path in sources.items():
-        e = next(e for e in status["entries"].values() if path.is_relative_to(e.out))
+        e = next(e for e in status.entries.values() if path.is_relative_to(e.out))
         inner = path.relative_to(e.out).as_posix()
         want = e.manifest["outputs"][inner]
         xxh3, sha = digest.xxh3_and_sha256(path)
@@ -178,7 +164,7 @@ def shipped_digests(status: dict, sources: dict[str, Path]) -> dict[str, tuple[s
                                f"its manifest (xxh3 {xxh3[:16]}, manifest {want['xxh3'][:16]}; size {size}, manifest "
                                f"{want['size']}): the entry is damaged"
                                + (f"; moved to {moved}" if moved else "")
-                               + f". Run `doit build:{status['resolver'].recipe}` to rebuild it, then publish again.")
+                               + f". Run `doit build:{status.build.recipe}` to rebuild it, then publish again.")
         out[rel] = (sha, size)
     return out
 
@@ -198,15 +184,15 @@ def _build_platform(entries: dict) -> dict:
     return got[0] if len(got) == 1 else {"hosts": got}
 
 
-def source_commit_time(status: dict) -> int | None:
+def source_commit_time(status: "catalog.RecipeStatus") -> int | None:
     """Seconds since the epoch of the source commit, when the download entry recorded one
     (``info.commit_time``); None otherwise (package and path sources have no commit, and the
     download stage does not ask the Hub for commit times)."""
-    t = status["entries"]["download"].manifest.get("info", {}).get("commit_time")
+    t = status.entries["download"].manifest.get("info", {}).get("commit_time")
     return int(t) if t is not None else None
 
 
-def archive_mtime(status: dict) -> tuple[int, str]:
+def archive_mtime(status: "catalog.RecipeStatus") -> tuple[int, str]:
     """(mtime, where from) for every archive entry: SOURCE_DATE_EPOCH, else the source
     commit's time, else 0. Raises PublishError for a SOURCE_DATE_EPOCH that is not an int."""
     env = os.environ.get("SOURCE_DATE_EPOCH")
@@ -272,7 +258,7 @@ def model_card(recipe, row: dict, short: str) -> str:
     return str(ModelCard("\n".join(lines)))
 
 
-def build_manifest(recipe_name: str, status: dict, files: dict[str, tuple[str, int]], row: dict) -> dict:
+def build_manifest(recipe_name: str, status: "catalog.RecipeStatus", files: dict[str, tuple[str, int]], row: dict) -> dict:
     """manifest.json content. ``files``: {rel path: (sha256, size)} of every bundle file but
     manifest.json. Keys: schema_version, recipe, build_key, files {rel: {sha256, size}},
     resolved_recipe (Recipe.model_dump), stages {stage: {kind, key, output_digest, tools}},
@@ -280,7 +266,7 @@ def build_manifest(recipe_name: str, status: dict, files: dict[str, tuple[str, i
     build_platform (system, machine, python of the compile/verify hosts), verify
     {target: {backend, runtime, metrics, thresholds}}, qnn_context_sdk, archive_mtime, not_recorded."""
     recipe = catalog.catalog_recipes()[recipe_name]
-    ents = status["entries"]
+    ents = status.entries
     mtime, mfrom = archive_mtime(status)
     return {
         "schema_version": MANIFEST_SCHEMA, "recipe": recipe_name, "build_key": short_key(status),

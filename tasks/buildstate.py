@@ -1,0 +1,198 @@
+"""One recipe's build state, typed: for each stage its spec, key, entry, status and the
+failures of its check; and :func:`artifacts`, the one listing of the files a build ships.
+
+Everything that reports on a build reads this: ``build/<recipe>/`` (tasks/dodo_tasks.py
+``materialize``), ``doit explain`` (:func:`explain`), the catalog (tasks/catalog.py
+``recipe_status``) and publish (tasks/publish.py). A state is plain data computed once
+(issue 11): it holds :class:`tasks.cache.Entry` values (a folder and its manifest), never a
+Resolver or a cache connection.
+
+Statuses of a stage (:data:`STATUSES`): "local hit" (an intact entry in the local cache),
+"remote hit" (only on the remote cache; a build downloads it), "failed" (a local entry whose
+check fails, e.g. verify below its thresholds), "stale" (no entry for the current key; the
+recipe's last build recorded one with another), "not built", "blocked" (an upstream has no
+entry, so the key cannot be computed) or "unknown" (the key cannot be computed for another
+reason, e.g. a Hub source while offline).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from fnmatch import fnmatch
+from pathlib import Path
+
+from . import engine, remote
+from .cache import Entry
+from .plan import StageSpec
+from .stagelog import LOG_NAME
+from .stages import ARTIFACTS
+
+STATUSES = ("local hit", "remote hit", "failed", "stale", "not built", "blocked", "unknown")
+
+
+@dataclass(frozen=True)
+class StageState:
+    name: str
+    spec: StageSpec
+    status: str  # one of STATUSES
+    key: str | None = None  # None when it cannot be computed ("blocked", "unknown")
+    material: dict | None = None  # what the key is the hash of (tasks/engine.py key_material)
+    entry: Entry | None = None  # the committed entry for ``key`` (local or remote)
+    problem: str | None = None  # why there is no entry (or no key)
+    failures: tuple[str, ...] = ()  # the stage check's findings on a local entry
+
+    @property
+    def task(self) -> str:
+        return self.spec.task
+
+    @property
+    def kind(self) -> str:
+        return self.spec.kind
+
+    @property
+    def target(self) -> str:
+        """The compile target of a compile or verify stage, else ""."""
+        return self.spec.params.get("target", "") if self.kind in ("compile", "verify") else ""
+
+
+@dataclass(frozen=True)
+class BuildState:
+    recipe: str
+    stages: dict[str, StageState] = field(default_factory=dict)  # in build order
+
+    def of_kind(self, kind: str) -> list[StageState]:
+        return [s for s in self.stages.values() if s.kind == kind]
+
+    @property
+    def entries(self) -> dict[str, Entry]:
+        return {n: s.entry for n, s in self.stages.items() if s.entry is not None}
+
+    @property
+    def complete(self) -> bool:
+        """Every stage has an entry."""
+        return all(s.entry is not None for s in self.stages.values())
+
+
+def build_state(res: "engine.Resolver", last: dict | None = None) -> BuildState:
+    """The state of ``res``'s recipe as ``res`` finds its entries (a build's Resolver pulls
+    from the remote cache, explain's only peeks, the catalog's reads the local cache alone).
+    ``last``: the recipe's ``build/<recipe>/stages.json`` rows (default: read them), which tell
+    "stale" from "not built"."""
+    last = engine.read_state(res.recipe) if last is None else last
+    stages = {}
+    for name, spec in res.specs.items():
+        try:
+            mat = res.material(name)
+        except engine.NotReady as err:
+            stages[name] = StageState(name, spec, "blocked", problem=str(err))
+            continue
+        except Exception as err:  # e.g. an offline Hub source: the plan is still shown
+            stages[name] = StageState(name, spec, "unknown", problem=f"{type(err).__name__}: {err}")
+            continue
+        key = engine.stage_key(mat)
+        try:
+            e = res.entry(name)
+        except engine.NotReady as err:
+            stages[name] = StageState(name, spec, "stale" if name in last else "not built", key, mat, problem=str(err))
+            continue
+        failures = tuple(res.failures(name, e)) if e.origin != "remote" else ()
+        status = "failed" if failures else "remote hit" if e.origin == "remote" else "local hit"
+        stages[name] = StageState(name, spec, status, key, mat, e, failures=failures)
+    return BuildState(res.recipe, stages)
+
+
+@dataclass(frozen=True)
+class Artifact:
+    stage: str
+    kind: str
+    key: str
+    rel: str  # POSIX path inside the entry's out/
+    path: Path  # the cache file
+    size: int
+    target: str
+
+
+def artifacts(state: BuildState) -> dict[str, Artifact]:
+    """{POSIX path in ``build/<recipe>/`` and in a published bundle: Artifact}: the outputs
+    of the kinds in ``tasks.stages.ARTIFACTS`` whose file names match its patterns, from the
+    entries' manifests; an export's only at its top level (an LLM export's part folders hold
+    graphs). With several targets, compile and verify files go under ``<target>/``. Raises
+    engine.NotReady naming the first such stage without an entry."""
+    many = len(state.of_kind("compile")) > 1
+    out: dict[str, Artifact] = {}
+    for st in state.stages.values():
+        pats = ARTIFACTS.get(st.kind)
+        if not pats:
+            continue
+        if st.entry is None:
+            raise engine.NotReady(st.problem or f"{st.task} has no cache entry")
+        sub = f"{st.target}/" if st.target and many else ""
+        for rel, meta in sorted(st.entry.manifest["outputs"].items()):
+            if st.kind == "export" and "/" in rel:
+                continue
+            if any(fnmatch(Path(rel).name, p) for p in pats):
+                out[sub + rel] = Artifact(st.name, st.kind, st.entry.key, rel, st.entry.out / rel, meta["size"], st.target)
+    return dict(sorted(out.items()))
+
+
+# ------------------------------------------------------------ explain
+
+
+def _diff(old, new, prefix="") -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for k in sorted(set(old) | set(new)):
+            p = f"{prefix}.{k}" if prefix else str(k)
+            if k not in old:
+                out.append(f"{p}: added {json.dumps(new[k])}")
+            elif k not in new:
+                out.append(f"{p}: removed (was {json.dumps(old[k])})")
+            else:
+                out += _diff(old[k], new[k], p)
+        return out
+    return [] if old == new else [f"{prefix}: {json.dumps(old)} -> {json.dumps(new)}"]
+
+
+def explain(recipe_name: str) -> list[dict]:
+    """For each stage (:func:`build_state` with a Resolver that downloads nothing): name, task,
+    kind, implementation, params, inputs, files, key (or None), status (:data:`STATUSES`),
+    its log (the local entry's ``log.txt``, or the last failed build's) and, for a stale stage,
+    what changed in its key material since the recipe's last build; for a blocked or unknown
+    one, why."""
+    res = engine.Resolver(recipe_name, pull=False)
+    last = engine.read_state(recipe_name)
+    rows = []
+    for name, st in build_state(res, last).stages.items():
+        spec = st.spec
+        row = {"stage": name, "task": spec.task, "kind": spec.kind, "impl": spec.module.__name__, "params": spec.params,
+               "inputs": spec.inputs, "files": spec.files, "key": st.key, "status": st.status}
+        e = st.entry
+        if e and (e.path / LOG_NAME).is_file():
+            row["log"] = str(e.path / LOG_NAME)
+        elif not e and st.key and engine.failed_log_path(recipe_name, name).is_file():
+            row["log"] = f"{engine.failed_log_path(recipe_name, name)} (last failed build)"
+        if st.status == "stale":
+            row["changes"] = _diff(last[name]["material"], st.material)
+        elif st.status in ("blocked", "unknown"):
+            row["changes"] = [st.problem]
+        rows.append(row)
+    return rows
+
+
+def print_explain(recipe_name: str, verbose: bool = True) -> None:
+    for row in explain(recipe_name):
+        key = row["key"][:16] if row["key"] else "-" * 16
+        print(f"{row['task']:<40} {row['kind']:<9} {key}  {row['status']}")
+        if verbose:
+            print(f"    impl: {row['impl']}  params: {json.dumps(row['params'], sort_keys=True)}")
+            if row["inputs"] or row["files"]:
+                print(f"    inputs: {json.dumps(row['inputs'])} files: {json.dumps(row['files'])}")
+        if row.get("log"):
+            print(f"    log: {row['log']}")
+        for c in row.get("changes", []):
+            print(f"    changed: {c}")
+    r = remote.from_env()
+    print(f"    remote cache: {r.display if r else 'none (NPUBUILD_REMOTE unset)'}")
+    sys.stdout.flush()
