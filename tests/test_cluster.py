@@ -213,7 +213,7 @@ def test_stage_no_worker_can_hold_is_reported(tmp_path, tiny_bert, cluster):
     whose worker offers 3 GiB the build stops before submitting anything, naming each stage
     that does not fit and its bytes."""
     from tasks.llm import memory
-    from tasks.llm.parts import split_layers
+    from tasks.llm.parts import split_for
 
     url = (tmp_path / "remote").as_uri()
     client = Project(tmp_path / "client", tiny_bert)
@@ -230,7 +230,7 @@ def test_stage_no_worker_can_hold_is_reported(tmp_path, tiny_bert, cluster):
 
     run, out = _cluster_run(client, cluster, "qwen7b-int4", check=False)
     assert run.code != 0
-    est = memory.estimates(QWEN7B, split_layers(28, 4), 128, 4096, True, 4)
+    est = memory.estimates(QWEN7B, split_for(QWEN7B, 4), 128, 4096, True, 4)
     assert est["quantize"][0] > 8 * GiB
     assert "no worker of the cluster offers enough MEMORY for: export:qwen7b-int4 " in out, out
     assert f"quantize:qwen7b-int4 ({est['quantize'][0]} bytes = {est['quantize'][0] / GiB:.1f} GiB)" in out

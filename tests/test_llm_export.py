@@ -70,6 +70,21 @@ def test_export_is_deterministic(tmp_path):
         assert pa == pb
 
 
+def test_parts_weigh_the_embedding_and_lm_head():
+    """issue 8: Qwen2.5-7B's embedding and LM head each weigh 2.3 layers, so its 4 parts get
+    6, 8, 8, 6 layers (heaviest part 8.3 layer-equivalents, not 9.3); with nothing extra the
+    split is the even one, the remainder to the earlier parts."""
+    from tasks.llm.parts import layer_elements, split_for, split_layers
+
+    qwen7b = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                  num_key_value_heads=4, vocab_size=152064)
+    assert layer_elements(qwen7b) == 233_046_016
+    assert split_for(qwen7b, 4) == [(0, 6), (6, 14), (14, 22), (22, 28)]
+    assert split_for(qwen7b, 4, embed_in_part=False) == [(0, 8), (8, 16), (16, 23), (23, 28)]  # head only
+    assert split_layers(7, 3) == [(0, 3), (3, 5), (5, 7)]
+    assert split_layers(10, 3, 0.0, 4.0) == [(0, 5), (5, 9), (9, 10)]
+
+
 def test_split_layers():
     from tasks.llm.export import split_layers
 

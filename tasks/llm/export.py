@@ -88,7 +88,7 @@ import numpy as np
 
 from .checkpoint import Checkpoint, part_tensor_names
 from .families import activation, family, is_norm, rotary_dim
-from .parts import split_layers  # noqa: F401  (part of this module's API)
+from .parts import split_for, split_layers  # noqa: F401  (split_layers: part of this module's API)
 
 MASK_VALUE = -100.0
 # what ``export.json`` calls the graph I/O contract of the module docstring
@@ -501,7 +501,8 @@ def export_llm(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 409
         seq_len: S of the prefill graph (AR-S); the decode graph is AR-1. 1 <= S < context_len.
         context_len: C, total attention span (past + new) of both graphs; also the RoPE table size,
             so every position must be < C.
-        parts: number of parts; decoder layers are split evenly (:func:`split_layers`).
+        parts: number of parts; decoder layers split so that no part is much heavier, the
+            embedding and LM head counted in layers (:func:`tasks.llm.parts.split_for`).
         embed: ``"part0"`` (token embedding Gather inside part 0, ``input_ids`` int32 in) or
             ``"separate"`` (part 0 takes ``inputs_embeds``; embedding table saved as .npy).
         only_parts: optional set of part indices to write (benchmarks); ``export.json`` still
@@ -538,7 +539,7 @@ def export_llm(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 409
     out_dir.mkdir(parents=True, exist_ok=True)
     ckpt = Checkpoint(model_dir)
     dims = model_dims(ckpt.config)
-    ranges = split_layers(dims["num_layers"], parts)
+    ranges = split_for(ckpt.config, parts, embed_in_part=embed == "part0")
     has_bias = "model.layers.0.self_attn.q_proj.bias" in ckpt
     rope = rope_tables(model_dir, context_len)
     desc = {"model_type": ckpt.config["model_type"], "seq_len": seq_len, "context_len": context_len,

@@ -129,9 +129,9 @@ def check_stage(stage: str, config: dict, *, parts: int, seq_len: int, context_l
     the estimate in bytes. Raises :class:`NotEnoughMemory` (naming ``export.parts``,
     ``export.context_length``, ``export.sequence_length`` with their values) or ValueError
     for a bad ``parts``."""
-    from .parts import split_layers
+    from .parts import split_for
 
-    ranges = split_layers(config["num_hidden_layers"], parts)
+    ranges = split_for(config, parts, embed_in_part)
     est, part = estimates(config, ranges, seq_len, context_len, embed_in_part,
                           4 if precision == "w4a16" else 8)[stage]
     check(stage, est, part, recipe_keys=f"export.parts (now {parts}: more parts, smaller parts), "
@@ -189,12 +189,13 @@ def plan_estimate(specs: dict, stage: str) -> int:
         return ENCODER_BYTES
     if spec.kind == "download":
         return BASE
-    from .parts import split_layers
+    from .parts import split_for
 
     cfg = source_config(specs["download"].params)
     precision = specs["quantize"].params.get("precision", "w4a16")
-    est = estimates(cfg, split_layers(cfg["num_hidden_layers"], ex["parts"]), ex["sequence_length"],
-                    ex["context_length"], ex.get("embedding", "first-part") == "first-part",
+    embed_in_part = ex.get("embedding", "first-part") == "first-part"
+    est = estimates(cfg, split_for(cfg, ex["parts"], embed_in_part), ex["sequence_length"],
+                    ex["context_length"], embed_in_part,
                     4 if precision == "w4a16" else 8)
     kind = spec.kind
     if kind == "patch":

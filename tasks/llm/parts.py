@@ -2,16 +2,57 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
 
-def split_layers(n_layers: int, parts: int) -> list[tuple[int, int]]:
-    """Even split of ``n_layers`` into ``parts`` contiguous [lo, hi) ranges (earlier parts get the
-    remainder). Raises ValueError if parts < 1 or parts > n_layers."""
+
+def layer_elements(config: dict) -> int:
+    """Weight elements of one decoder layer from a HF ``config.json`` dict: the q, k, v, o
+    projections and the three MLP projections (norm scales and biases are negligible)."""
+    D, H = config["hidden_size"], config["num_attention_heads"]
+    d = config.get("head_dim") or D // H
+    kv = config.get("num_key_value_heads") or H
+    return D * H * d * 2 + D * kv * d * 2 + 3 * D * config["intermediate_size"]
+
+
+def split_for(config: dict, parts: int, embed_in_part: bool = True) -> list[tuple[int, int]]:
+    """The parts of a model: :func:`split_layers` with part 0 also weighing the token
+    embedding (when it is in part 0) and the last part the LM head, each ``vocab x hidden``
+    elements counted in layers (:func:`layer_elements`). Qwen2.5-7B in 4 parts: the
+    embedding and the head weigh 2.3 layers each, so (6, 8, 8, 6) layers instead of 7 each:
+    part 0 holds 1.9 (not 2.2) billion elements, as do parts 1 and 2 (issue 8: part 0's
+    compile was the stage over its memory bar)."""
+    table = config["vocab_size"] * config["hidden_size"] / layer_elements(config)
+    return split_layers(config["num_hidden_layers"], parts, table if embed_in_part else 0.0, table)
+
+
+def split_layers(n_layers: int, parts: int, first_extra: float = 0.0, last_extra: float = 0.0) -> list[tuple[int, int]]:
+    """Contiguous [lo, hi) ranges of ``n_layers`` layers in ``parts`` parts, each with at least
+    one layer, that make the heaviest part as light as possible when part 0 weighs
+    ``first_extra`` layers more and the last part ``last_extra`` more (the embedding and the LM
+    head: :func:`split_for`). Among equally good splits, earlier parts get more layers; with no
+    extras that is the even split, the remainder going to the earlier parts. Raises ValueError if
+    parts < 1 or parts > n_layers."""
     if not 1 <= parts <= n_layers:
         raise ValueError(f"parts must be in [1, {n_layers}], got {parts}")
-    base, rem = divmod(n_layers, parts)
+    sizes = _best(n_layers, parts, round(first_extra, 6), round(last_extra, 6))[1]
     out, lo = [], 0
-    for i in range(parts):
-        hi = lo + base + (1 if i < rem else 0)
-        out.append((lo, hi))
-        lo = hi
+    for s in sizes:
+        out.append((lo, lo + s))
+        lo += s
     return out
+
+
+@lru_cache(maxsize=256)
+def _best(n: int, parts: int, first: float, last: float) -> tuple[float, tuple[int, ...]]:
+    """(heaviest part's weight, sizes) over splits of n layers into parts parts: exhaustive by
+    dynamic programming on the first part's size (n and parts are small: tens of layers)."""
+    extra = first  # what the part being sized weighs beyond its layers
+    if parts == 1:
+        return (n + extra + last, (n,))
+    best = None
+    for k in range(n - parts + 1, 0, -1):  # larger first parts first: they win ties
+        rest = _best(n - k, parts - 1, 0.0, last)
+        cand = (max(k + extra, rest[0]), (k, *rest[1]))
+        if best is None or cand[0] < best[0] - 1e-9:
+            best = cand
+    return best
