@@ -155,6 +155,15 @@ def _diff(old, new, prefix="") -> list[str]:
     return [] if old == new else [f"{prefix}: {json.dumps(old)} -> {json.dumps(new)}"]
 
 
+def _named(change: str, files: dict) -> str:
+    """A change of a data file's digest, with the file's path: ``files.calibration
+    (recipes/data/calib-en.txt): content "..." -> "..."``."""
+    role, sep, rest = change.partition(": ")
+    if sep and role.startswith("files.") and role[6:] in files:
+        return f"{role} ({files[role[6:]]}): content {rest}"
+    return change
+
+
 def explain(recipe_name: str) -> list[dict]:
     """For each stage (:func:`build_state` with a Resolver that downloads nothing): name, task,
     kind, implementation, params, inputs, files, key (or None), status (:data:`STATUSES`),
@@ -174,7 +183,7 @@ def explain(recipe_name: str) -> list[dict]:
         elif not e and st.key and engine.failed_log_path(recipe_name, name).is_file():
             row["log"] = f"{engine.failed_log_path(recipe_name, name)} (last failed build)"
         if st.status == "stale":
-            row["changes"] = _diff(last[name]["material"], st.material)
+            row["changes"] = [_named(c, spec.files) for c in _diff(last[name]["material"], st.material)]
         elif st.status in ("blocked", "unknown"):
             row["changes"] = [st.problem]
         rows.append(row)

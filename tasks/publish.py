@@ -129,10 +129,12 @@ def _verified_status(recipe: str) -> "catalog.RecipeStatus":
 
 
 def short_key(status: "catalog.RecipeStatus") -> str:
-    """12 hex: the verify stage key's start; with several verify stages, the start of the
-    xxh3 of their sorted keys. ``status`` comes from :func:`catalog.recipe_status`."""
-    keys = sorted(s.entry.key for s in status.build.of_kind("verify"))
-    return keys[0][:12] if len(keys) == 1 else digest.digest_json(keys)[:12]
+    """12 hex: the start of the xxh3 of every stage's key ({stage: key}, canonical JSON): the
+    archive's name and the build key. One name, one set of stage keys, so one manifest: named
+    by the verify key alone, a rebuilt quantize whose output was byte-identical (early cut-off:
+    same verify key) gave an archive of the same name with another manifest (found by a new
+    user). ``status`` comes from :func:`catalog.recipe_status`."""
+    return digest.digest_json({s: e.key for s, e in sorted(status.entries.items())})[:12]
 
 
 def bundle_sources(status: "catalog.RecipeStatus") -> dict[str, Path]:

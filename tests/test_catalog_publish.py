@@ -100,7 +100,10 @@ def test_publish_makes_bundle_manifest_card_and_archive(proj):
     assert m["resolved_recipe"]["name"] == "t8" and m["resolved_recipe"]["quantize"]["precision"] == "w8a16"
     assert {"qnn-sdk", "onnxruntime", "onnxruntime-qnn", "optimum", "transformers"} <= set(m["tools"])
     assert m["source"]["kind"] == "path" and m["build_platform"]["machine"]
-    assert m["build_key"] == st["verify"]["key"][:12] and _archive(proj).name == f"t8-{m['build_key']}.tar.gz"
+    from tasks.digest import digest_json
+
+    assert m["build_key"] == digest_json({s: v["key"] for s, v in st.items()})[:12]  # every stage's key
+    assert _archive(proj).name == f"t8-{m['build_key']}.tar.gz"
     text = json.dumps(m)
     assert str(proj.root) not in text and "finished" not in text and "build_seconds" not in text
     card = (b / "README.md").read_text()
