@@ -66,9 +66,8 @@ from __future__ import annotations
 
 import html
 import json
-from pathlib import Path
-
 from dataclasses import dataclass
+from pathlib import Path
 
 from . import engine, paths
 from .buildstate import BuildState, artifacts, build_state

@@ -32,22 +32,23 @@ def _env(name: str, default: Path) -> Path:
 _MEMO: dict[tuple, Path] = {}
 
 
-def _at(name: str, sub: str) -> Path:
-    """``$name``, else ``root() / sub``; remembered per value of the two variables (a no-op
-    build asks ~900 times: issue 11), so a changed environment is still seen."""
-    k = (name, os.environ.get(name), os.environ.get("NPUBUILD_ROOT"))
+def _remembered(k: tuple, make) -> Path:
+    """``make()``, remembered under ``k`` (the environment values it depends on: a no-op build
+    asks ~900 times, issue 11), so a changed environment is still seen."""
     p = _MEMO.get(k)
     if p is None:
-        p = _MEMO[k] = _env(name, root() / sub)
+        p = _MEMO[k] = make()
     return p
+
+
+def _at(name: str, sub: str) -> Path:
+    """``$name``, else ``root() / sub``."""
+    return _remembered((name, os.environ.get(name), os.environ.get("NPUBUILD_ROOT")),
+                       lambda: _env(name, root() / sub))
 
 
 def root() -> Path:
-    k = ("NPUBUILD_ROOT", os.environ.get("NPUBUILD_ROOT"))
-    p = _MEMO.get(k)
-    if p is None:
-        p = _MEMO[k] = _env("NPUBUILD_ROOT", PROJECT_ROOT)
-    return p
+    return _remembered(("NPUBUILD_ROOT", os.environ.get("NPUBUILD_ROOT")), lambda: _env("NPUBUILD_ROOT", PROJECT_ROOT))
 
 
 def recipes_dir() -> Path:

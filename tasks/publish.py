@@ -134,7 +134,7 @@ def short_key(status: "catalog.RecipeStatus") -> str:
     by the verify key alone, a rebuilt quantize whose output was byte-identical (early cut-off:
     same verify key) gave an archive of the same name with another manifest (found by a new
     user). ``status`` comes from :func:`catalog.recipe_status`."""
-    return digest.digest_json({s: e.key for s, e in sorted(status.entries.items())})[:12]
+    return digest.digest_json({s: e.key for s, e in status.entries.items()})[:12]
 
 
 def bundle_sources(status: "catalog.RecipeStatus") -> dict[str, Path]:

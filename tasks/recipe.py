@@ -19,10 +19,10 @@ import stat
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from . import plancache
-
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from . import plancache
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -745,8 +745,8 @@ def check_data_files(path: Path, r: Recipe, memo: dict | None = None) -> None:
     problems = []
     if r.source.path is not None:
         plancache.note(root() / r.source.path)
-    if r.source.path is not None and (bad := outside(r.source.path)):
-        problems.append(("source.path", bad))
+        if bad := outside(r.source.path):
+            problems.append(("source.path", bad))
     wanted = [("quantize.calibration.file", r.quantize.calibration, r.export.family == "encoder"),
               ("verify.data.file", r.verify.data, True)]
     if r.verify.perplexity_text:

@@ -46,13 +46,12 @@ def split_layers(n_layers: int, parts: int, first_extra: float = 0.0, last_extra
 def _best(n: int, parts: int, first: float, last: float) -> tuple[float, tuple[int, ...]]:
     """(heaviest part's weight, sizes) over splits of n layers into parts parts: exhaustive by
     dynamic programming on the first part's size (n and parts are small: tens of layers)."""
-    extra = first  # what the part being sized weighs beyond its layers
-    if parts == 1:
-        return (n + extra + last, (n,))
+    if parts == 1:  # ``first``: what the part being sized weighs beyond its layers
+        return (n + first + last, (n,))
     best = None
     for k in range(n - parts + 1, 0, -1):  # larger first parts first: they win ties
         rest = _best(n - k, parts - 1, 0.0, last)
-        cand = (max(k + extra, rest[0]), (k, *rest[1]))
+        cand = (max(k + first, rest[0]), (k, *rest[1]))
         if best is None or cand[0] < best[0] - 1e-9:
             best = cand
     return best
