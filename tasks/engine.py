@@ -441,7 +441,7 @@ def build_spec(spec: StageSpec, upstream: dict[str, Entry], cache: Cache,
     :meth:`Resolver.failures`)."""
     import shutil
 
-    from . import stagelog
+    from . import heap, stagelog
 
     mod = spec.module
     material = material or key_material(spec, upstream)
@@ -451,6 +451,7 @@ def build_spec(spec: StageSpec, upstream: dict[str, Entry], cache: Cache,
     def build(out: Path) -> dict:
         log = out.parent / stagelog.LOG_NAME
         try:
+            heap.keep_freed(heap.input_bytes(upstream) <= heap.KEEP_INPUT_MAX)
             with stagelog.capture(log, spec.task):
                 print(f"{spec.task}: {spec.kind} {key} (recipe {spec.recipe}), {time.strftime('%Y-%m-%d %H:%M:%S')}",
                       flush=True)
