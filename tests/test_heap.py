@@ -53,6 +53,30 @@ def test_kept_memory_is_not_faulted_in_again_and_defaults_come_back():
     assert back[0] is False and back[1] > 20_000, back
 
 
+_GC_PROBE = textwrap.dedent("""
+    import atexit, gc, sys
+    sys.path.insert(0, {repo!r})
+    atexit.register(lambda: print("frozen at exit:", gc.get_freeze_count(), flush=True))  # runs last
+    from tasks import heap
+    print("default:", gc.get_threshold()[0], "frozen:", gc.get_freeze_count())
+    heap.keep_freed(True)
+    print("keeping:", gc.get_threshold()[0])
+    heap.keep_freed(False)
+    print("not keeping:", gc.get_threshold()[0])
+""")
+
+
+def test_gc_threshold_follows_the_stage_and_objects_are_frozen_at_exit():
+    r = subprocess.run([sys.executable, "-c", _GC_PROBE.format(repo=str(REPO))], capture_output=True, text=True,
+                       check=True)
+    lines = r.stdout.splitlines()
+    assert lines[0] == "default: 700 frozen: 0"
+    assert lines[1] == f"keeping: {heap.GC_YOUNG}" and heap.GC_YOUNG > 700
+    assert lines[2] == "not keeping: 700"
+    frozen = int(lines[3].split(":")[1])
+    assert frozen > 1_000, lines  # every object alive at exit (here ~10,000: the interpreter's own)
+
+
 def test_only_stages_of_small_inputs_keep(tmp_path):
     from tasks.cache import Entry
 
