@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -155,6 +156,7 @@ def compile_in_subprocess(qdq: Path, ctx: Path, target: str, disable_cpu_ep_fall
 # data, and it stops.
 RACY_BLOCK = 128  # HVX vector length in bytes (Hexagon V73 HVX: 1024-bit vectors)
 _FILL_RUN = 256   # shortest 0xff run taken as a fill
+_NOT_FF = re.compile(rb"[^\xff]")
 
 
 def racy_marks(data) -> tuple[int, ...]:
@@ -163,9 +165,16 @@ def racy_marks(data) -> tuple[int, ...]:
     variant's fill starts at the block boundary). ``data``: bytes or an mmap of a
     ``*_ctx_qnn.bin``. A mark can also be weight data; :func:`compile_settled` tells them apart
     by compiling again."""
-    import re
-
-    return tuple(m.start() for m in re.finditer(rb"\xff{%d,}" % _FILL_RUN, data) if m.start() % RACY_BLOCK == 2)
+    run = b"\xff" * _FILL_RUN
+    marks, i = [], data.find(run)  # find is a C scan: 36 MB in ~5 ms (a regex took 0.25 s)
+    while i != -1:  # i starts a run: the previous run ended at a non-0xff byte before it
+        if i % RACY_BLOCK == 2:
+            marks.append(i)
+        end = _NOT_FF.search(data, i + _FILL_RUN)
+        if end is None:
+            break
+        i = data.find(run, end.start())
+    return tuple(marks)
 
 
 def _marks_of(binary: Path) -> tuple[int, ...]:

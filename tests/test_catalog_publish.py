@@ -523,6 +523,38 @@ def test_publish_to_hub_standin(proj, hub_standin, tmp_path):
 # ------------------------------------------------------------ the context binary's racy padding run
 
 
+def test_racy_marks_are_the_starts_of_long_0xff_runs_two_bytes_into_a_block(tmp_path):
+    """qnn.racy_marks (a scan with bytes.find) against its definition as a regex: every run of
+    >= 256 0xff bytes (leftmost, greedy, not overlapping) whose start % 128 == 2; on random
+    buffers holding runs of 255..600 bytes at random offsets, at the ends too, and in an mmap."""
+    import mmap
+    import random
+    import re
+
+    from tasks import qnn
+
+    def by_definition(data: bytes) -> tuple:
+        return tuple(m.start() for m in re.finditer(rb"\xff{256,}", data) if m.start() % 128 == 2)
+
+    rng = random.Random(12)
+    seen = 0
+    for _ in range(300):
+        data = bytearray(rng.randbytes(rng.randrange(0, 6000)))
+        for _ in range(rng.randrange(0, 6)):
+            at, n = rng.randrange(0, len(data) + 1), rng.choice([255, 256, 257, 300, 600])
+            at = at - at % 128 + rng.choice([0, 1, 2, 3, 126]) if rng.random() < 0.7 else at
+            data[at:at + n] = b"\xff" * n
+        data = bytes(data)
+        assert qnn.racy_marks(data) == by_definition(data), len(data)
+        seen += len(by_definition(data))
+    assert seen > 50  # the cases did hold marks
+    f = tmp_path / "b.bin"
+    f.write_bytes(bytes(130) + b"\xff" * 300 + b"\x00" + b"\xff" * 256)
+    with open(f, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        assert qnn.racy_marks(mm) == by_definition(f.read_bytes()) == (130,)
+    assert qnn.racy_marks(b"\xff" * 300) == ()  # starts at 0
+
+
 def _t8_qdq(proj: Project, tmp_path: Path) -> Path:
     state = json.loads((proj.root / "build" / "t8" / "stages.json").read_text())
     q = tmp_path / "q"
