@@ -27,14 +27,6 @@ def key_extra(params: dict) -> dict:
     return {"int64-to-int32": patches.get("int64-to-int32").version}
 
 
-def to_int32_inputs(path: Path) -> dict:
-    model = load_model(path)
-    res = patches.get("int64-to-int32").fn(model)
-    if res.changed:
-        save_model(res.model, path)
-    return {"int64-to-int32": res.note}
-
-
 def _export_encoder(src: Path, params: dict, out: Path) -> dict:
     import tempfile
 
@@ -47,10 +39,9 @@ def _export_encoder(src: Path, params: dict, out: Path) -> dict:
                     sequence_length=params["sequence_length"])
         model = load_model(Path(tmp) / "model.onnx")
         bar.update()
-    save_model(model, out / "model.onnx")
-    info = to_int32_inputs(out / "model.onnx")
-    info["graphs"] = {"model": _io(load_model(out / "model.onnx", load_external_data=False))}
-    return info
+    res = patches.get("int64-to-int32").fn(model)  # in memory: one save of the graph
+    save_model(res.model, out / "model.onnx")
+    return {"int64-to-int32": res.note, "graphs": {"model": _io(res.model)}}
 
 
 def _io(model) -> dict:
