@@ -2,6 +2,7 @@
 prints figures, asserts nothing; never run from tests).
 
     .venv/bin/python benchmarks/bench_olive.py [--runs 5] [--olive-venv /work/.olivevenv]
+    .venv/bin/python benchmarks/bench_olive.py --one npubuild|olive   (one side once: for farm-bench)
 
 Issue 11 asks for npubuild at most 0.5x Olive's wall time on this job. Pairs run in turn
 (npubuild, Olive, npubuild, Olive, ...), each side a fresh process on an empty cache in a new
@@ -259,7 +260,20 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5, help="pairs (npubuild, Olive), run in turn")
     ap.add_argument("--olive-venv", default="/work/.olivevenv", help="Olive's own venv (made when missing)")
+    ap.add_argument("--one", choices=("npubuild", "olive"),
+                    help="run one side once in a temp folder and print its figures (what farm-bench times)")
     a = ap.parse_args()
+    if a.one == "npubuild":
+        with tempfile.TemporaryDirectory(prefix="bench-olive-npubuild-") as tmp:
+            print(run_npubuild(Path(tmp)))
+        return
+    if a.one == "olive":  # no venv check here: it would be timed as Olive's
+        py = Path(a.olive_venv) / "bin" / "python"
+        if not py.exists():
+            raise SystemExit(f"{py}: no Olive venv; run this script once without --one to make it")
+        with tempfile.TemporaryDirectory(prefix="bench-olive-olive-") as tmp:
+            print(run_olive(py, Path(tmp)))
+        return
     py = olive_python(Path(a.olive_venv))
     if py is None:
         return
