@@ -163,10 +163,16 @@ def _console_reporter():
         def _write_failure(self, result, write_exception=True):
             from doit.exceptions import UnmetDependency
 
-            fail = result["exception"]
+            fail, name = result["exception"], result["task"].name
+            causes = self.__dict__.setdefault("_causes", {})  # task -> the tasks that failed under it
             if isinstance(fail, UnmetDependency):  # one line, not doit's three
-                self.write(f"{result['task'].name}  not run: {fail.get_msg().strip()} failed\n")
+                # doit names the upstream tasks that did not succeed, also those that were only
+                # not run themselves: name the ones that failed instead
+                roots = sorted({c for up in fail.get_msg().split() for c in causes.get(up, (up,))})
+                causes[name] = tuple(roots)
+                self.write(f"{name}  not run: {' '.join(roots)} failed\n")
             else:
+                causes[name] = (name,)
                 super()._write_failure(result, write_exception)
 
         def skip_uptodate(self, task):
