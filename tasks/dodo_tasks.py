@@ -32,6 +32,20 @@ from . import engine, paths
 paths.state_dir().mkdir(parents=True, exist_ok=True)
 
 
+def _interrupted(exc_type, exc, tb, _default=sys.excepthook):
+    """``sys.excepthook`` of the doit process: Ctrl-C is one line, not doit's traceback. What a
+    stage was building stays out of the cache (``tasks/cache.py``: only a finished build is
+    renamed into place); the process still ends by SIGINT, so shells see an interrupt."""
+    if not issubclass(exc_type, KeyboardInterrupt):
+        return _default(exc_type, exc, tb)
+    notes = [n for n in getattr(exc, "__notes__", ()) if n.startswith("log: ")]
+    sys.stderr.write("npubuild: interrupted; a stage that was running left nothing in the cache"
+                     + (f" (its {notes[0]})" if notes else "") + "\n")
+
+
+sys.excepthook = _interrupted
+
+
 def _check_doit_db(path: Path) -> None:
     """Move doit's database aside (one warning) when SQLite cannot read it, before doit opens
     it: it holds only doit's own records (our up-to-date checks read the cache), so doit

@@ -411,7 +411,7 @@ class Resolver:
 
 def line(task: str, key: str, status: str, seconds: float, width: int = 0) -> str:
     """The console's one line for a stage: task, key prefix, built / cache hit / pulled (from
-    the remote cache) / FAILED, seconds."""
+    the remote cache) / FAILED / stopped (Ctrl-C), seconds."""
     return f"{task:<{width}}  {key[:12]}  {status:<9}  {seconds:6.1f}s"
 
 
@@ -495,8 +495,9 @@ def run_stage(recipe_name: str, stage: str) -> dict:
     t0 = time.time()
     try:
         key, material, entry, built = build_spec(spec, upstream, res.cache, material, kept)
-    except BaseException:
-        print(line(spec.task, key, "FAILED", time.time() - t0, width), flush=True)
+    except BaseException as e:
+        status = "stopped" if isinstance(e, KeyboardInterrupt) else "FAILED"
+        print(line(spec.task, key, status, time.time() - t0, width), flush=True)
         raise
     kept.unlink(missing_ok=True)
     record(recipe_name, stage, key, material, entry)

@@ -116,6 +116,31 @@ def test_one_line_per_stage_full_logs_in_entries(project):
     assert not (project.cache / ".tmp").exists() or not any((project.cache / ".tmp").iterdir())
 
 
+def test_ctrl_c_is_one_line_and_leaves_nothing_built(project):
+    """Ctrl-C (SIGINT) while export runs: its line says ``stopped``, stderr holds one line (no
+    traceback) naming the log kept so far, the process ends by SIGINT, and no export entry and
+    no temp folder are left."""
+    import signal
+
+    project.recipe("cc", TINY_RECIPE.format(precision="w8a16", targets="[x-elite]", backend="htp"))
+    p = subprocess.Popen([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(project.root),
+                          "build:cc"], env=project.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = p.stdout.readline()  # download's line: export (importing torch: seconds) runs next
+    assert first.startswith("download:cc "), first
+    import time
+
+    time.sleep(1.0)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == -signal.SIGINT, (p.returncode, out, err)
+    assert re.match(r"^export:cc\s+[0-9a-f]{12}\s+stopped\s+\d+\.\ds$", out.splitlines()[0]), out
+    kept = project.root / ".npubuild" / "logs" / "cc" / "export.failed.txt"
+    assert err == f"npubuild: interrupted; a stage that was running left nothing in the cache (its log: {kept})\n", err
+    assert "Traceback" not in out + err and kept.is_file()
+    assert project.entries("export") == []
+    assert not (project.cache / ".tmp").exists() or not any((project.cache / ".tmp").iterdir())
+
+
 def test_capture_takes_fds_and_shows_only_what_matters(tmp_path):
     """stagelog.capture in a fresh process: C-level writes to fds 1 and 2, libc's buffered
     stdio, Python warnings and logging all land in the log; on the console (the process's
