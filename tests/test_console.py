@@ -12,7 +12,6 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
 from conftest import REPO, TINY_RECIPE
 
 from tasks import stagelog
