@@ -378,17 +378,34 @@ def referenced_entries() -> set[tuple[str, str]]:
     return refs
 
 
+def orphan_build_dirs() -> list[Path]:
+    """``build/<name>/`` folders with no recipe file ``<name>.yaml`` (valid or not): left by a
+    recipe that was deleted or renamed. They hold links to cache entries and the two listings,
+    nothing else (:func:`materialize`)."""
+    bd = paths.build_dir()
+    if not bd.is_dir():
+        return []
+    known = set(engine.recipe_names()) | set(engine.recipe_errors())
+    return sorted(p for p in bd.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name not in known)
+
+
 def gc(apply: bool) -> None:
     victims = engine.cache().gc(referenced_entries(), apply=apply)
     total = sum(s for _, s in victims)
     for rel, size in victims:
         print(f"{'removed' if apply else 'would remove'} {rel} ({size / 1e6:.1f} MB)")
-    print(f"{len(victims)} unreferenced entries, {total / 1e6:.1f} MB"
+    orphans = orphan_build_dirs()
+    for d in orphans:
+        if apply:
+            shutil.rmtree(d)
+        print(f"{'removed' if apply else 'would remove'} {d}/ (no recipe {d.name}.yaml)")
+    print(f"{len(victims)} unreferenced entries, {total / 1e6:.1f} MB; {len(orphans)} build folders without a recipe"
           + ("" if apply else " (dry run; doit gc --apply deletes)"))
 
 
 def task_gc():
-    """Remove cache entries that no recipe references (dry run unless --apply)."""
+    """Remove cache entries that no recipe references, and build/ folders of recipes that are
+    gone (dry run unless --apply)."""
     return {"actions": [gc], "params": [{"name": "apply", "long": "apply", "type": bool, "default": False,
                                          "help": "delete (default: only list)"}],
             "uptodate": [False], "verbosity": 2}

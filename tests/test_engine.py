@@ -59,6 +59,21 @@ def test_quantize_param_change_reruns_only_downstream(project):
     dry = project.doit("run", "gc").tasks["gc"]["out"]
     assert dry.count("would remove ") == 3 and "MB" in dry and "(dry run" in dry
     assert len(project.entries("quantize")) == 2
+    # the recipe renamed: build/t8/ has no recipe now, gc lists it and --apply removes it (and
+    # the entries no recipe references), keeping the entries t9 references
+    calib = project.root / "data" / "calib.txt"
+    calib.write_text(calib.read_text().replace("one more calibration sentence\n", ""))  # back: t9 = t8's last build
+    (project.root / "recipes" / "t8.yaml").rename(project.root / "recipes" / "t9.yaml")
+    (project.root / "recipes" / "bad.yaml").write_text("export: [\n")  # an invalid recipe keeps its folder
+    (project.root / "build" / "bad").mkdir()
+    dry = project.doit("run", "gc").tasks["gc"]["out"]
+    assert f"would remove {project.root / 'build' / 't8'}/ (no recipe t8.yaml)" in dry, dry
+    assert "build/bad" not in dry and "; 1 build folders without a recipe (dry run" in dry
+    applied = project.doit("run", "gc", "--apply").tasks["gc"]["out"]
+    assert f"removed {project.root / 'build' / 't8'}/" in applied and not (project.root / "build" / "t8").exists()
+    assert (project.root / "build" / "bad").is_dir()
+    assert len(project.entries("quantize")) == 1 and len(project.entries("export")) == 1
+    assert project.doit("run", "build:t9").ran() == []  # every stage of t9 still a cache hit
 
 
 def test_precision_variants_share_download_and_export(project):
