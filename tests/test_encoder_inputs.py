@@ -9,7 +9,7 @@ import json
 import numpy as np
 import onnx
 import pytest
-from conftest import TINY_RECIPE, Project
+from conftest import Project
 from onnx import TensorProto, helper
 
 from tasks.stages.quantize import encoder_feeds

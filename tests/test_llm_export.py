@@ -86,7 +86,7 @@ def test_parts_weigh_the_embedding_and_lm_head():
 
 
 def test_split_layers():
-    from tasks.llm.export import split_layers
+    from tasks.llm.parts import split_layers
 
     assert split_layers(4, 1) == [(0, 4)]
     assert split_layers(5, 2) == [(0, 3), (3, 5)]

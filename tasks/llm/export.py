@@ -88,7 +88,7 @@ import numpy as np
 
 from .checkpoint import Checkpoint, part_tensor_names
 from .families import activation, family, is_norm, rotary_dim
-from .parts import split_for, split_layers  # noqa: F401  (split_layers: part of this module's API)
+from .parts import split_for
 
 MASK_VALUE = -100.0
 # what ``export.json`` calls the graph I/O contract of the module docstring

@@ -80,7 +80,6 @@ def check_params(name: str, params: dict) -> None:
     Raises ValueError naming the unknown parameter, or the parameter, the expected type and
     the value found."""
     import inspect
-    import typing
 
     from pydantic import TypeAdapter, ValidationError
 
