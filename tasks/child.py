@@ -28,8 +28,29 @@ _REPORT_PEAK = (
     f"                print('{_PEAK}' + str(int(ln.split()[1]) * 1024), file=sys.stderr, flush=True)\n"
     "    except OSError:\n"
     "        pass\n"
-    "atexit.register(_npubuild_peak)\n")
+    "atexit.register(_npubuild_peak)\n"
+    # a terminal's Ctrl-C reaches the child too: it ends quietly, the parent reports it
+    "def _npubuild_quiet(t, v, tb, _d=sys.excepthook):\n"
+    "    if not issubclass(t, KeyboardInterrupt):\n"
+    "        _d(t, v, tb)\n"
+    "sys.excepthook = _npubuild_quiet\n")
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the folder holding tasks/
+
+
+_RUNNING: set[subprocess.Popen] = set()  # children of run_python still running (any thread)
+
+
+def kill_all() -> int:
+    """Kill every child :func:`run_python` is waiting on, in any thread (SIGKILL: what they
+    were writing is in their stage's temp folder, which the stage's cleanup removes). Called on
+    Ctrl-C (``tasks/interrupt.py``). Returns how many were running."""
+    running = list(_RUNNING)
+    for p in running:
+        try:
+            p.kill()
+        except OSError:
+            pass
+    return len(running)
 
 
 @dataclass
@@ -57,15 +78,24 @@ def run_python(code: str, *, cwd=None, env: dict | None = None, timeout: float |
     ``timeout`` seconds (the child is killed)."""
     full = dict(os.environ, **(env or {}))
     full["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), full.get("PYTHONPATH")]))
-    p = subprocess.run([sys.executable, "-c", _REPORT_PEAK + code], capture_output=True, text=True,
-                       timeout=timeout, env=full, cwd=None if cwd is None else str(cwd))
+    with subprocess.Popen([sys.executable, "-c", _REPORT_PEAK + code], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env=full, cwd=None if cwd is None else str(cwd)) as p:
+        _RUNNING.add(p)
+        try:
+            stdout, stderr = p.communicate(timeout=timeout)
+        except BaseException:  # a timeout, or Ctrl-C in this thread: the child goes too
+            p.kill()
+            p.wait()
+            raise
+        finally:
+            _RUNNING.discard(p)
     peak, err = None, []
-    for ln in p.stderr.splitlines(keepends=True):
+    for ln in stderr.splitlines(keepends=True):
         if ln.startswith(_PEAK):
             peak = int(ln[len(_PEAK):])
         else:
             err.append(ln)
-    r = Result(p.returncode, p.stdout, "".join(err), peak)
+    r = Result(p.returncode, stdout, "".join(err), peak)
     if forward:
         sys.stdout.write(r.stdout)
         sys.stdout.flush()

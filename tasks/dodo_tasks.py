@@ -27,7 +27,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from . import engine, paths
+from . import engine, interrupt, paths
 
 paths.state_dir().mkdir(parents=True, exist_ok=True)
 
@@ -38,12 +38,13 @@ def _interrupted(exc_type, exc, tb, _default=sys.excepthook):
     renamed into place); the process still ends by SIGINT, so shells see an interrupt."""
     if not issubclass(exc_type, KeyboardInterrupt):
         return _default(exc_type, exc, tb)
-    notes = [n for n in getattr(exc, "__notes__", ()) if n.startswith("log: ")]
-    sys.stderr.write("npubuild: interrupted; a stage that was running left nothing in the cache"
-                     + (f" (its {notes[0]})" if notes else "") + "\n")
+    logs = [str(a) for a in (*exc.args, *getattr(exc, "__notes__", ())) if str(a).startswith("log: ")]
+    sys.stderr.write("npubuild: interrupted; cache entries are whole or absent (a stage stopped midway left none)"
+                     + (f"; the stopped stage's {logs[0]}" if logs else "") + "\n")
 
 
 sys.excepthook = _interrupted
+interrupt.install()
 
 
 def _check_doit_db(path: Path) -> None:
@@ -182,7 +183,9 @@ def _console_reporter():
             if isinstance(fail, UnmetDependency):  # one line, not doit's three
                 # doit names the upstream tasks that did not succeed, also those that were only
                 # not run themselves: name the ones that failed instead
-                roots = sorted({c for up in fail.get_msg().split() for c in causes.get(up, (up,))})
+                msg = f" {fail.get_msg().strip()} "  # names joined by spaces; a name may hold one
+                ups = [t for t in causes if f" {t} " in msg] or msg.split()
+                roots = sorted({c for up in ups for c in causes.get(up, (up,))})
                 causes[name] = tuple(roots)
                 self.write(f"{name}  not run: {' '.join(roots)} failed\n")
             else:

@@ -25,7 +25,7 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
-from . import digest, paths, plancache, remote, tools
+from . import digest, interrupt, paths, plancache, remote, tools
 from .cache import Cache, Entry
 from .plan import StageSpec, expand
 
@@ -496,8 +496,11 @@ def run_stage(recipe_name: str, stage: str) -> dict:
     try:
         key, material, entry, built = build_spec(spec, upstream, res.cache, material, kept)
     except BaseException as e:
-        status = "stopped" if isinstance(e, KeyboardInterrupt) else "FAILED"
-        print(line(spec.task, key, status, time.time() - t0, width), flush=True)
+        # stopped also when a library turned the Ctrl-C into another error (tasks/interrupt.py)
+        stopped = isinstance(e, KeyboardInterrupt) or interrupt.seen()
+        print(line(spec.task, key, "stopped" if stopped else "FAILED", time.time() - t0, width), flush=True)
+        if stopped and not isinstance(e, KeyboardInterrupt):
+            raise KeyboardInterrupt(*[n for n in getattr(e, "__notes__", ()) if n.startswith("log: ")]) from e
         raise
     kept.unlink(missing_ok=True)
     record(recipe_name, stage, key, material, entry)
@@ -507,6 +510,8 @@ def run_stage(recipe_name: str, stage: str) -> dict:
     bad = res.failures(stage, entry)
     status = "FAILED" if bad else "built" if built else "pulled" if entry.origin == "pulled" else "cache hit"
     print(line(spec.task, key, status, time.time() - t0, width), flush=True)
+    if interrupt.seen():  # a library swallowed the Ctrl-C and the stage finished (its entry is whole): stop here
+        raise KeyboardInterrupt()
     if bad:
         raise StageFailed(f"{spec.task} failed:\n  " + "\n  ".join(bad) + f"\n  (details: {entry.out})"
                           f"\n  log: {entry.path / stagelog.LOG_NAME}")

@@ -16,9 +16,12 @@ class GraphError(Exception):
 
 
 def load_model(path: Path, load_external_data: bool = True) -> onnx.ModelProto:
-    """``onnx.load`` with an error that names the file. Raises GraphError."""
+    """``onnx.load`` with an error that names the file. Raises GraphError (ImportError as
+    itself: a library that did not import says nothing about the file)."""
     try:
         return onnx.load(str(path), load_external_data=load_external_data)
+    except ImportError:  # onnx or numpy failed to import (e.g. interrupted): not the file's fault
+        raise
     except Exception as e:
         raise GraphError(f"{path}: not a valid ONNX model ({type(e).__name__}: {e})") from None
 

@@ -41,10 +41,12 @@ M_MMAP_THRESHOLD = -3
 DEFAULT_THRESHOLD = 128 * 1024  # both, glibc's defaults (malloc.h: DEFAULT_MMAP_THRESHOLD_MIN, DEFAULT_TRIM_THRESHOLD)
 KEEP_THRESHOLD = 2**31 - 1  # bytes: the largest value mallopt's int takes
 
-#: a stage keeps freed memory only when its upstream outputs total at most this many bytes
-#: (the main job's export input is 91 MB; a 7B LLM's is ~15 GB, and its stages, which hold one
-#: part at a time, must give memory back: issue 8's peaks were measured with glibc's defaults)
-KEEP_INPUT_MAX = 1 << 30
+#: a stage keeps freed memory only when its upstream outputs total at most this many bytes:
+#: the main job's export input is 91 MB; LLM stages, which hold one part at a time, must give
+#: memory back (issue 8's peaks and tasks/llm/memory.py's estimates were measured with glibc's
+#: defaults). At 1 GiB the Qwen2.5-0.5B shape's export (988 MB source) kept: peak RSS +21 %
+#: (1.47 -> 1.78 GiB) against an estimate of 1.81 GiB (a tester, 2026-11-30).
+KEEP_INPUT_MAX = 256 << 20
 
 
 @lru_cache(maxsize=1)

@@ -553,6 +553,7 @@ def test_racy_marks_are_the_starts_of_long_0xff_runs_two_bytes_into_a_block(tmp_
     with open(f, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
         assert qnn.racy_marks(mm) == by_definition(f.read_bytes()) == (130,)
     assert qnn.racy_marks(b"\xff" * 300) == ()  # starts at 0
+    assert qnn.racy_marks(memoryview(bytes(2) + b"\xff" * 256)) == (2,)
 
 
 def _t8_qdq(proj: Project, tmp_path: Path) -> Path:

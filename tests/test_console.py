@@ -134,10 +134,43 @@ def test_ctrl_c_is_one_line_and_leaves_nothing_built(project):
     assert p.returncode == -signal.SIGINT, (p.returncode, out, err)
     assert re.match(r"^export:cc\s+[0-9a-f]{12}\s+stopped\s+\d+\.\ds$", out.splitlines()[0]), out
     kept = project.root / ".npubuild" / "logs" / "cc" / "export.failed.txt"
-    assert err == f"npubuild: interrupted; a stage that was running left nothing in the cache (its log: {kept})\n", err
+    assert err == ("npubuild: interrupted; cache entries are whole or absent (a stage stopped midway left none); "
+                   f"the stopped stage's log: {kept}\n"), err
     assert "Traceback" not in out + err and kept.is_file()
     assert project.entries("export") == []
     assert not (project.cache / ".tmp").exists() or not any((project.cache / ".tmp").iterdir())
+
+
+def test_interrupt_is_remembered_and_kills_children_at_once():
+    """tasks/interrupt.py in a fresh process: a SIGINT that library code swallows (an ``except
+    BaseException``, as numpy's C import does) is still seen, and a run_python child another
+    thread waits on (verify's HTP children) is killed at once, not waited for."""
+    code = textwrap.dedent(f"""
+        import os, signal, sys, threading, time
+        sys.path.insert(0, {str(REPO)!r})
+        from tasks import child, interrupt
+        assert interrupt.install() and not interrupt.seen()
+        got = {{}}
+        def wait_on_child():
+            t0 = time.time()
+            r = child.run_python("import time; time.sleep(60)")
+            got["rc"], got["s"] = r.returncode, time.time() - t0
+        t = threading.Thread(target=wait_on_child)
+        t.start()
+        while not child._RUNNING:
+            time.sleep(0.01)
+        time.sleep(0.3)
+        try:  # a library that swallows the interrupt
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+        except BaseException as e:
+            swallowed = type(e).__name__
+        t.join(10)
+        print(swallowed, interrupt.seen(), got["rc"], round(got["s"]) < 5, child._RUNNING == set())
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["KeyboardInterrupt", "True", "-9", "True", "True"], r.stdout
 
 
 def test_capture_takes_fds_and_shows_only_what_matters(tmp_path):
