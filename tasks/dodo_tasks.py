@@ -148,8 +148,14 @@ def _expected_errors() -> tuple:
 
 
 def _stage_action(recipe: str, stage: str):
+    import threading
+
     from doit.exceptions import TaskFailed
 
+    if threading.current_thread() is not threading.main_thread():
+        return TaskFailed("npubuild runs stages in processes: use `doit -n N` without `-P thread` (a stage "
+                          "redirects its process's stdout/stderr into its log, and the exporters are not "
+                          "thread-safe: concurrent exports failed in thread mode)")
     try:
         return engine.run_stage(recipe, stage)
     except _expected_errors() as e:  # the notes name the stage's log (engine.run_stage)

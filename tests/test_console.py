@@ -141,6 +141,16 @@ def test_ctrl_c_is_one_line_and_leaves_nothing_built(project):
     assert not (project.cache / ".tmp").exists() or not any((project.cache / ".tmp").iterdir())
 
 
+def test_thread_mode_is_refused_with_a_clear_error(project):
+    """``doit -n 2 -P thread``: stages refuse to run in threads (fd capture and the exporters
+    need a process each), with a message naming the way that works; nothing is built."""
+    project.recipe("th", TINY_RECIPE.format(precision="w8a16", targets="[x-elite]", backend="htp"))
+    r = doit(project, "run", "-n", "2", "-P", "thread", "build:th")
+    assert r.returncode != 0
+    assert "npubuild runs stages in processes: use `doit -n N` without `-P thread`" in r.stdout + r.stderr
+    assert "download:th  not run" not in r.stdout and not any((project.cache).glob("*/*/manifest.json"))
+
+
 def test_interrupt_is_remembered_and_kills_children_at_once():
     """tasks/interrupt.py in a fresh process: a SIGINT that library code swallows (an ``except
     BaseException``, as numpy's C import does) is still seen, and a run_python child another
