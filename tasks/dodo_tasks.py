@@ -47,6 +47,44 @@ sys.excepthook = _interrupted
 interrupt.install()
 
 
+def suggestion(param: str | None) -> str:
+    """For a task name doit does not know (``build:minilm``), the close ones: the part after
+    the last ``:`` against the recipe files' names (valid or not: those it begins, else
+    difflib's ratio >= 0.6), the part before it against the task groups (ratio >= 0.6).
+    "" when nothing is close."""
+    import difflib
+
+    if not param:
+        return ""
+    group, sep, name = param.rpartition(":")
+    if not sep:
+        group, name = name, ""
+    recipes = sorted(set(engine.recipe_names()) | set(engine.recipe_errors()))
+    groups = sorted({t.split(":", 1)[0] for t in _STAGE_TASKS} | {n[len("task_"):] for n in globals()
+                                                                  if n.startswith("task_") and n != "task_stages"})
+    gs = [group] if group in groups or not group else difflib.get_close_matches(group, groups, n=2, cutoff=0.6)
+    ns = [name] if not name or name in recipes else (
+        [r for r in recipes if r.startswith(name)][:3] or difflib.get_close_matches(name, recipes, n=3, cutoff=0.6))
+    close = [f"{g}:{n}" if n else g for g in gs for n in ns if f"{g}:{n}" != param and g != param]
+    return f"Did you mean: {', '.join(close)}?\n" if close else ""
+
+
+def _did_you_mean() -> None:
+    """doit's "Invalid parameter" error (``doit.exceptions.InvalidCommand``, raised before any
+    task of ours runs) followed by :func:`suggestion`."""
+    from doit.exceptions import InvalidCommand
+
+    plain = InvalidCommand.__str__
+
+    def __str__(self):
+        return plain(self) + suggestion(self.not_found)
+
+    InvalidCommand.__str__ = __str__
+
+
+_did_you_mean()
+
+
 def _check_doit_db(path: Path) -> None:
     """Move doit's database aside (one warning) when SQLite cannot read it, before doit opens
     it: it holds only doit's own records (our up-to-date checks read the cache), so doit

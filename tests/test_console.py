@@ -141,6 +141,22 @@ def test_ctrl_c_is_one_line_and_leaves_nothing_built(project):
     assert not (project.cache / ".tmp").exists() or not any((project.cache / ".tmp").iterdir())
 
 
+def test_unknown_task_names_the_close_ones(project):
+    """doit's "Invalid parameter" error for a mistyped task is followed by the close task
+    names: recipes the typed name begins or resembles, groups that resemble the typed one."""
+    project.recipe("minilm-a")
+    project.recipe("minilm-b")
+    project.recipe("other")
+    said = {arg: (r := doit(project, arg)).stdout + r.stderr
+            for arg in ("build:minilm", "explain:minilm-aa", "biuld:other", "publsh", "zzz:qqq")}
+    assert all('Invalid parameter: "' in text for text in said.values()), said
+    assert "Did you mean: build:minilm-a, build:minilm-b?" in said["build:minilm"]
+    assert "Did you mean: explain:minilm-a, explain:minilm-b?" in said["explain:minilm-aa"]
+    assert "Did you mean: build:other?" in said["biuld:other"]
+    assert "Did you mean: publish, push?" in said["publsh"]
+    assert "Did you mean" not in said["zzz:qqq"]
+
+
 def test_thread_mode_is_refused_with_a_clear_error(project):
     """``doit -n 2 -P thread``: stages refuse to run in threads (fd capture and the exporters
     need a process each), with a message naming the way that works; nothing is built."""
