@@ -70,7 +70,7 @@ def test_sharded_bf16_export_matches_transformers(sharded, tmp_path):
 
 def test_estimates_follow_the_largest_part_not_the_model():
     """Qwen2.5-7B's config: 4 parts keep every stage under 16 GiB by estimate; 1 part does not."""
-    from tasks.llm.export import split_layers
+    from tasks.llm.parts import split_layers
     from tasks.llm.memory import GiB, estimates, part_params
 
     cfg = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
