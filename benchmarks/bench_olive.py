@@ -259,7 +259,8 @@ def run_olive(py: Path, tmp: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5, help="pairs (npubuild, Olive), run in turn")
-    ap.add_argument("--olive-venv", default="/work/.olivevenv", help="Olive's own venv (made when missing)")
+    ap.add_argument("--olive-venv", default="/work/.olivevenv",
+                    help="Olive's own venv, made when missing (default: %(default)s; give a writable folder)")
     ap.add_argument("--one", choices=("npubuild", "olive"),
                     help="run one side once in a temp folder and print its figures (what farm-bench times)")
     a = ap.parse_args()

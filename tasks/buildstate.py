@@ -167,7 +167,8 @@ def _named(change: str, files: dict) -> str:
 def explain(recipe_name: str) -> list[dict]:
     """For each stage (:func:`build_state` with a Resolver that downloads nothing): name, task,
     kind, implementation, params, inputs, files, key (or None), status (:data:`STATUSES`),
-    its log (the local entry's ``log.txt``, or the last failed build's) and, for a stale stage,
+    its log (the local entry's ``log.txt``, or the last failed or stopped build's), for a
+    failed one the check's findings (``fails``), and, for a stale stage,
     what changed in its key material since the recipe's last build; for a blocked or unknown
     one, why."""
     res = engine.Resolver(recipe_name, pull=False)
@@ -181,11 +182,13 @@ def explain(recipe_name: str) -> list[dict]:
         if e and (e.path / LOG_NAME).is_file():
             row["log"] = str(e.path / LOG_NAME)
         elif not e and st.key and engine.failed_log_path(recipe_name, name).is_file():
-            row["log"] = f"{engine.failed_log_path(recipe_name, name)} (last failed build)"
+            row["log"] = f"{engine.failed_log_path(recipe_name, name)} (last failed or stopped build)"
         if st.status == "stale":
             row["changes"] = [_named(c, spec.files) for c in _diff(last[name]["material"], st.material)]
         elif st.status in ("blocked", "unknown"):
             row["changes"] = [st.problem]
+        if st.failures:
+            row["fails"] = list(st.failures)
         rows.append(row)
     return rows
 
@@ -202,6 +205,8 @@ def print_explain(recipe_name: str, verbose: bool = True) -> None:
             print(f"    log: {row['log']}")
         for c in row.get("changes", []):
             print(f"    changed: {c}")
+        for f in row.get("fails", []):
+            print(f"    fails: {f}")
     r = remote.from_env()
     print(f"    remote cache: {r.display if r else 'none (NPUBUILD_REMOTE unset)'}")
     sys.stdout.flush()

@@ -140,8 +140,9 @@ def _invalid() -> dict:
 
 def _list_fails_on_invalid_recipes() -> None:
     """Make ``doit list`` exit 1 when a recipe file is invalid, after listing every task of
-    the valid ones (and the failing ``build:<stem>`` of each invalid one). doit's List
-    command always returns 0 and has no hook; dodo.py is imported before it runs."""
+    the valid ones (and the failing ``build:<stem>`` of each invalid one), and end quietly
+    (exit 1, Python's advice for EPIPE) when its reader closes the pipe. doit's List command
+    always returns 0 and has no hook; dodo.py is imported before it runs."""
     import functools
 
     from doit.cmd_list import List
@@ -152,7 +153,11 @@ def _list_fails_on_invalid_recipes() -> None:
 
     @functools.wraps(plain)
     def _execute(self, *args, **kw):
-        code = plain(self, *args, **kw)
+        try:
+            code = plain(self, *args, **kw)
+        except BrokenPipeError:  # `doit list --all | head`: the reader left, so do we, without a traceback
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (and no second error at exit)
+            return 1
         errs = engine.recipe_errors()
         if errs:
             print(f"npubuild: {len(errs)} invalid recipe file(s), each with a failing build:<stem> task: "
@@ -446,7 +451,8 @@ def gc(apply: bool) -> None:
         if apply:
             shutil.rmtree(d)
         print(f"{'removed' if apply else 'would remove'} {d}/ (no recipe {d.name}.yaml)")
-    print(f"{len(victims)} unreferenced entries, {total / 1e6:.1f} MB; {len(orphans)} build folders without a recipe"
+    print(f"{len(victims)} unreferenced entries, {total / 1e6:.1f} MB; {len(orphans)} build "
+          f"folder{'' if len(orphans) == 1 else 's'} without a recipe"
           + ("" if apply else " (dry run; doit gc --apply deletes)"))
 
 

@@ -90,6 +90,10 @@ def test_one_line_per_stage_full_logs_in_entries(project):
     assert [m["status"] for m in stage_lines(strict.stdout).values()] == ["cache hit"] * 5 + ["FAILED"]
     assert f"log: {project.cache}/verify/{got['verify:t8']['key']}" in strict.stdout
     assert "max_abs_error = " in strict.stdout and "build:strict  not run: verify:strict failed" in strict.stdout
+    # explain says why the cached verify entry does not pass the recipe's bar
+    ex = doit(project, "run", "explain:strict").stdout
+    assert re.search(r"^verify:strict +verify +[0-9a-f]{16}  failed$", ex, re.M), ex
+    assert re.search(r"^    fails: max_abs_error = ", ex, re.M), ex
 
     # a stage whose run raises (weights that do not load): FAILED, then the error with the
     # path of the kept log, which holds the stage's output and the traceback
@@ -111,7 +115,7 @@ def test_one_line_per_stage_full_logs_in_entries(project):
     text = kept.read_text()
     assert text.startswith("export:broken: export ") and "Traceback (most recent call last)" in text
     assert "SafetensorError" in text
-    assert f"    log: {kept} (last failed build)" in doit(project, "run", "explain:broken").stdout
+    assert f"    log: {kept} (last failed or stopped build)" in doit(project, "run", "explain:broken").stdout
     assert not (project.cache / ".tmp").exists() or not any((project.cache / ".tmp").iterdir())
 
 
@@ -155,6 +159,17 @@ def test_unknown_task_names_the_close_ones(project):
     assert "Did you mean: build:other?" in said["biuld:other"]
     assert "Did you mean: publish, push?" in said["publsh"]
     assert "Did you mean" not in said["zzz:qqq"]
+
+
+def test_a_closed_pipe_ends_quietly(project):
+    """``doit list --all | head``: the reader is gone before doit writes; no traceback."""
+    project.recipe("bp")
+    p = subprocess.Popen([sys.executable, "-m", "doit", "list", "-f", str(REPO / "dodo.py"), "-d", str(project.root),
+                          "--all"], env=project.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p.stdout.close()
+    err = p.stderr.read()
+    p.wait(60)
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
 
 
 def test_thread_mode_is_refused_with_a_clear_error(project):

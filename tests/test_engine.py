@@ -68,7 +68,7 @@ def test_quantize_param_change_reruns_only_downstream(project):
     (project.root / "build" / "bad").mkdir()
     dry = project.doit("run", "gc").tasks["gc"]["out"]
     assert f"would remove {project.root / 'build' / 't8'}/ (no recipe t8.yaml)" in dry, dry
-    assert "build/bad" not in dry and "; 1 build folders without a recipe (dry run" in dry
+    assert "build/bad" not in dry and "; 1 build folder without a recipe (dry run" in dry
     applied = project.doit("run", "gc", "--apply").tasks["gc"]["out"]
     assert f"removed {project.root / 'build' / 't8'}/" in applied and not (project.root / "build" / "t8").exists()
     assert (project.root / "build" / "bad").is_dir()
