@@ -38,7 +38,7 @@ def _interrupted(exc_type, exc, tb, _default=sys.excepthook):
     renamed into place); the process still ends by SIGINT, so shells see an interrupt."""
     if not issubclass(exc_type, KeyboardInterrupt):
         return _default(exc_type, exc, tb)
-    logs = [str(a) for a in (*exc.args, *getattr(exc, "__notes__", ())) if str(a).startswith("log: ")]
+    logs = [n for n in getattr(exc, "__notes__", ()) if n.startswith("log: ")]
     sys.stderr.write("npubuild: interrupted; cache entries are whole or absent (a stage stopped midway left none)"
                      + (f"; the stopped stage's {logs[0]}" if logs else "") + "\n")
 
@@ -59,7 +59,7 @@ def suggestion(param: str | None) -> str:
     group, sep, name = param.rpartition(":")
     if not sep:
         group, name = name, ""
-    recipes = sorted(set(engine.recipe_names()) | set(engine.recipe_errors()))
+    recipes = sorted(_recipe_stems())
     groups = sorted({t.split(":", 1)[0] for t in _STAGE_TASKS} | {n[len("task_"):] for n in globals()
                                                                   if n.startswith("task_") and n != "task_stages"})
     gs = [group] if group in groups or not group else difflib.get_close_matches(group, groups, n=2, cutoff=0.6)
@@ -116,6 +116,11 @@ DOIT_CONFIG = {
     "continue": True,  # like make -k: build every recipe that can be built, report the others
     "reporter": None,  # set below: Reporter, one console line per stage
 }
+
+
+def _recipe_stems() -> set[str]:
+    """The stem of every recipe file, valid or not (abstract ones included)."""
+    return set(engine.recipe_names()) | set(engine.recipe_errors())
 
 
 def _recipes() -> list[str]:
@@ -215,6 +220,10 @@ def _console_reporter():
     class Reporter(ConsoleReporter):
         desc = "console, one line per stage (npubuild)"
 
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            self._causes: dict[str, tuple[str, ...]] = {}  # task -> the tasks that failed under it
+
         @staticmethod
         def _ours(task) -> bool:
             base = task.name.split(":", 1)[0]
@@ -228,7 +237,7 @@ def _console_reporter():
             from doit.exceptions import UnmetDependency
 
             fail, name = result["exception"], result["task"].name
-            causes = self.__dict__.setdefault("_causes", {})  # task -> the tasks that failed under it
+            causes = self._causes
             if isinstance(fail, UnmetDependency):  # one line, not doit's three
                 # doit names the upstream tasks that did not succeed, also those that were only
                 # not run themselves: name the ones that failed instead
@@ -437,7 +446,7 @@ def orphan_build_dirs() -> list[Path]:
     bd = paths.build_dir()
     if not bd.is_dir():
         return []
-    known = set(engine.recipe_names()) | set(engine.recipe_errors())
+    known = _recipe_stems()
     return sorted(p for p in bd.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name not in known)
 
 

@@ -500,7 +500,10 @@ def run_stage(recipe_name: str, stage: str) -> dict:
         stopped = isinstance(e, KeyboardInterrupt) or interrupt.seen()
         print(line(spec.task, key, "stopped" if stopped else "FAILED", time.time() - t0, width), flush=True)
         if stopped and not isinstance(e, KeyboardInterrupt):
-            raise KeyboardInterrupt(*[n for n in getattr(e, "__notes__", ()) if n.startswith("log: ")]) from e
+            ki = KeyboardInterrupt()
+            for note in getattr(e, "__notes__", ()):  # the kept log's path (build_spec)
+                ki.add_note(note)
+            raise ki from e
         raise
     kept.unlink(missing_ok=True)
     record(recipe_name, stage, key, material, entry)

@@ -75,7 +75,7 @@ def available() -> bool:
 GC_YOUNG = 10_000
 _GC_DEFAULT = gc.get_threshold()
 _KEEPING = False
-_FREEZE_AT_EXIT = []
+_FREEZE_AT_EXIT = False  # registered yet?
 
 
 def keep_freed(keep: bool) -> bool:
@@ -92,9 +92,10 @@ def keep_freed(keep: bool) -> bool:
     The first call also makes the process freeze its objects at exit (``gc.freeze``).
     Returns whether freed memory is kept from now on (always False when the C library is not
     glibc; the GC settings apply everywhere)."""
-    global _KEEPING
+    global _KEEPING, _FREEZE_AT_EXIT
     if not _FREEZE_AT_EXIT:  # whatever the stage imported is not collected at exit, one by one
-        _FREEZE_AT_EXIT.append(atexit.register(gc.freeze))
+        atexit.register(gc.freeze)
+        _FREEZE_AT_EXIT = True
     gc.set_threshold(GC_YOUNG if keep else _GC_DEFAULT[0], *_GC_DEFAULT[1:])
     libc = _libc()
     if libc is None:
