@@ -367,7 +367,14 @@ class Override(_Strict):
 class QuantizeCfg(_Strict):
     precision: Literal["w8a16", "w4a16", "w8a8"] = "w8a16"
     per_channel: bool = True
-    block_size: Optional[int] = Field(None, description="not supported by the QNN QDQ config; must stay null")
+    block_size: Optional[Literal[32, 64, 128]] = Field(
+        None, description="4-bit weights: null = per-channel, else rows of in-features per block (LPBQ, "
+        "tasks/weights.py); in-features must divide by it (checked at load against config.json)", **ENCODER)
+    rounding: Literal["nearest", "gptq"] = Field(
+        "nearest", description="4-bit weights: round to nearest, or GPTQ on the calibration set (tasks/weights.py)",
+        **ENCODER)
+    embedding_bits: Literal[8, 16] = Field(
+        16, description="bits of Gather tables (the token embedding); 8 is taken with 4-bit weights only", **ENCODER)
     calibration: TextData
     calibrate_method: Literal["MinMax", "Percentile"] = Field(
         "MinMax", description="onnxruntime calibrator for encoders; LLMs use streaming MinMax (tasks/llm/calib.py)",
@@ -384,12 +391,15 @@ class QuantizeCfg(_Strict):
                 "bins, so the search has one candidate, the full range), so npubuild refuses it")
         return v
 
-    @field_validator("block_size")
-    @classmethod
-    def _no_block(cls, v):
-        if v is not None:
-            raise ValueError("expected null: block-wise int4 is not offered by onnxruntime's QNN QDQ config")
-        return v
+    @model_validator(mode="after")
+    def _four_bit_only(self):
+        if self.precision != "w4a16":
+            for name, default in (("block_size", None), ("rounding", "nearest"), ("embedding_bits", 16)):
+                if getattr(self, name) != default:
+                    raise ValueError(f"{name}: expected {json.dumps(default)} with precision {self.precision} "
+                                     f"(it applies to 4-bit weights: precision w4a16), found "
+                                     f"{json.dumps(getattr(self, name))}")
+        return self
 
 
 class CompileCfg(_Strict):
@@ -849,6 +859,11 @@ def check_source_config(path: Path, r: Recipe) -> None:
                                                    f"({limit}), found {r.export.sequence_length}"))
     if r.export.family == "encoder":
         problems += tokenizer_problems(f.parent)
+        bs = r.quantize.block_size
+        for key in ("hidden_size", "intermediate_size") if bs else ():
+            if isinstance(cfg.get(key), int) and cfg[key] % bs:
+                problems.append(("quantize.block_size", f"expected a block size that divides the model's in-features, "
+                                                        f"found {bs} with {key} {cfg[key]} in {f.name}"))
     if problems:
         raise RecipeError(path, problems)
 

@@ -94,3 +94,14 @@ def test_doit_list_names_the_unknown_family_in_one_line(project):
     assert len(lines) == 1 and "'gemma3'" in lines[0] and "llama, qwen2, qwen3, phi3, gemma" in lines[0], out
     assert "invalid recipe file(s), each with a failing build:<stem> task: phi.yaml" in out
     assert "build" in out  # the valid recipe's tasks are still listed
+
+
+@pytest.mark.parametrize("block, bad", [(32, None), (64, "hidden_size 96"), (128, "hidden_size 96")])
+def test_block_size_must_divide_the_in_features(proj, block, bad):
+    """quantize.block_size is checked at load against config.json's hidden_size and
+    intermediate_size (the in-features of every MatMul of an encoder layer; issue 21)."""
+    enc = ("source: {path: models/m}\nquantize:\n  precision: w4a16\n  block_size: %d\n"
+           "  calibration: {file: data/c.txt, samples: 2}\nverify:\n  data: {file: data/v.txt, samples: 2}\n" % block)
+    errs = _errors(proj, enc, {"model_type": "bert", "hidden_size": 96, "intermediate_size": 384})
+    assert errs == ({"quantize.block_size": f"expected a block size that divides the model's in-features, found "
+                                            f"{block} with {bad} in config.json"} if bad else {})

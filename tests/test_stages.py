@@ -220,22 +220,30 @@ def _repo_recipes(project, *names):
     root = Path(__file__).resolve().parent.parent
     for n in names:
         shutil.copyfile(root / "recipes" / f"{n}.yaml", project.root / "recipes" / f"{n}.yaml")
-    for rel in ("recipes/data/calib-en.txt", "recipes/data/verify-en.txt", "recipes/data/prompts-tiny.txt",
+    for rel in ("recipes/data/calib-en.txt", "recipes/data/calib-en-long.txt", "recipes/data/verify-en.txt", "recipes/data/prompts-tiny.txt",
                 "recipes/data/ppl-tiny.txt", "tasks/llm/data/tiny-corpus.txt"):
         (project.root / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(root / rel, project.root / rel)
 
 
 def test_repo_w4a16_recipe_meets_its_measured_bar(project):
-    """recipes/minilm-l6-w4a16.yaml as shipped: int4 MatMul weights, verified (cpu-qdq)
-    against the bar set from measurement (0.95 / 0.90; measured 0.9608 / 0.9104)."""
+    """recipes/minilm-l6-w4a16.yaml as shipped (block-wise int4, GPTQ, 8-bit embedding table,
+    value and FFN-input projections at 8 bits), on the HTP simulator: pooled cosine vs fp32 >= 0.99
+    mean and >= 0.97 worst, every node on HTP, and a context binary at most 0.65 x the w8a16
+    one's (issue 21's bars; measured 0.9933 / 0.9837, 0.599 x)."""
     _repo_recipes(project, "minilm-l6-w8a16", "minilm-l6-w4a16")
-    project.doit("run", "build:minilm-l6-w4a16")
+    project.doit("run", "build:minilm-l6-w8a16", "build:minilm-l6-w4a16")
     r = json.loads((project.root / "build" / "minilm-l6-w4a16" / "verify.json").read_text())
-    assert r["backend"] == "cpu-qdq" and len(r["samples"]) == 16
-    assert 0.95 <= r["metrics"]["pooled_cosine_mean"] < 0.99  # clearly below w8a16, above its bar
-    q = json.loads(next((project.cache / "quantize").glob("*/manifest.json")).read_text())
-    assert q["params"]["precision"] == "w4a16" and q["info"]["graphs"]["model.onnx"]["overridden_weights"] > 0
+    assert r["backend"] == "htp" and r["all_on_htp"] is True and len(r["samples"]) == 16
+    assert r["metrics"]["pooled_cosine_mean"] >= 0.99 and r["metrics"]["pooled_cosine_min"] >= 0.97
+    size = {n: (project.root / "build" / n / "model_ctx_qnn.bin").stat().st_size
+            for n in ("minilm-l6-w8a16", "minilm-l6-w4a16")}
+    assert size["minilm-l6-w4a16"] <= 0.65 * size["minilm-l6-w8a16"], size
+    key = json.loads((project.root / "build" / "minilm-l6-w4a16" / "stages.json").read_text())["quantize"]["key"]
+    q = json.loads((project.cache / "quantize" / key / "manifest.json").read_text())
+    g = q["info"]["graphs"]["model.onnx"]
+    assert q["params"]["precision"] == "w4a16" and g["block_size"] == 32 and g["rounding"] == "gptq"
+    assert g["int4_weights"] == 24 and g["tables_8bit"] == ["embeddings.word_embeddings.weight_quantized"]
 
 
 def test_offline_hub_and_7b_recipes_expand_and_show_their_plan(project):

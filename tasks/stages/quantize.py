@@ -131,22 +131,37 @@ def weight_overrides(model: onnx.ModelProto, precision: str, per_channel: bool) 
 
 def quantize_graph(src: Path, dst: Path, feeds: list[dict], params: dict) -> dict:
     """Quantize one graph to QDQ with ``feeds`` as the calibration set. Returns counts of
-    QuantizeLinear/DequantizeLinear nodes and the overrides applied."""
+    QuantizeLinear/DequantizeLinear nodes, the overrides applied and, at 4 bits, what
+    :mod:`tasks.weights` re-encoded (int4 weights, block size, rounding, 8-bit tables).
+
+    4-bit weights (``w4a16``): MatMul + Add pairs that onnxruntime's pre-processing fused into
+    Gemm are split again (:func:`tasks.weights.unfuse_gemm`; HTP does not take int4 Gemm
+    weights), so every MatMul weight is int4 unless an override keeps it; then the int4 weights
+    are re-encoded per ``block_size`` (LPBQ) and ``rounding`` (GPTQ on ``feeds``), and with
+    ``embedding_bits: 8`` the Gather tables are stored at 8 bits."""
     from onnxruntime.quantization import CalibrationMethod, QuantType, quantize
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config, qnn_preprocess_model
 
+    from .. import weights
+
     wname, aname = PRECISIONS[params["precision"]]
+    four = wname == "QInt4"
+    info = {}
     with tempfile.TemporaryDirectory(dir=dst.parent) as tmp:
         pre = Path(tmp) / "pre.onnx"
         if not qnn_preprocess_model(str(src), str(pre)):
             pre = src
         model = load_model(pre, load_external_data=False)
+        if four:
+            info["unfused_gemm"] = weights.unfuse_gemm(model)
+            if info["unfused_gemm"]:
+                pre = Path(tmp) / "pre_unfused.onnx"
+                onnx.save(model, str(pre))
         overrides = weight_overrides(model, params["precision"], params["per_channel"])
         for o in params.get("overrides", []):
-            for init in model.graph.initializer:
-                if re.search(o["pattern"], init.name) and len(init.dims) >= 2:
-                    overrides[init.name] = [{"quant_type": getattr(QuantType, BITS[o["weight_bits"]]),
-                                             **({"symmetric": True, "axis": 1} if init.name in overrides else {})}]
+            for name in sorted(weights.match_nodes(model, o["pattern"])):
+                overrides[name] = [{"quant_type": getattr(QuantType, BITS[o["weight_bits"]]),
+                                    **({"symmetric": True, "axis": 1} if name in overrides else {})}]
         cfg = get_qnn_qdq_config(str(pre), ListReader(feeds, f"{src.stem} calibration samples"),
                                  calibrate_method=getattr(CalibrationMethod, params["calibrate_method"]),
                                  activation_type=getattr(QuantType, aname), weight_type=getattr(QuantType, wname),
@@ -155,10 +170,36 @@ def quantize_graph(src: Path, dst: Path, feeds: list[dict], params: dict) -> dic
         if big:
             cfg.use_external_data_format = True
         quantize(str(pre), str(dst), cfg)
+        block, rounding = params.get("block_size"), params.get("rounding", "nearest")
+        tables = params.get("embedding_bits", 16) == 8
+        if four and (block or rounding != "nearest" or tables):
+            info.update(_reencode(model, dst, feeds, block, rounding, tables))
     q = onnx.load(str(dst), load_external_data=False)
     ops = [n.op_type for n in q.graph.node]
     return {"quantize_linear": ops.count("QuantizeLinear"), "dequantize_linear": ops.count("DequantizeLinear"),
-            "overridden_weights": len(overrides), "opset": max(o.version for o in q.opset_import if o.domain in ("", "ai.onnx"))}
+            "overridden_weights": len(overrides), **info,
+            "opset": max(o.version for o in q.opset_import if o.domain in ("", "ai.onnx"))}
+
+
+def _reencode(fp32, dst: Path, feeds: list[dict], block: int | None, rounding: str, tables: bool) -> dict:
+    """Re-encode the int4 MatMul weights of the QDQ model at ``dst`` in place (LPBQ blocks,
+    GPTQ codes) and narrow its Gather tables to 8 bits: :mod:`tasks.weights`."""
+    from onnx import numpy_helper
+
+    from .. import weights
+
+    q = onnx.load(str(dst))
+    fp = {i.name: i for i in fp32.graph.initializer}
+    names = weights.int4_weights(q, fp)
+    H = weights.hessians(fp32, feeds, set(names)) if rounding == "gptq" else {}
+    for w in names:
+        W = numpy_helper.to_array(fp[w]).astype(np.float32)
+        enc = weights.encode_int4(q, w, W, block)  # scales fixed, codes rounded to nearest
+        if rounding == "gptq":
+            weights.set_codes(q, w, weights.gptq(W, H[w], enc["scales"]))
+    narrowed = weights.narrow_gather_tables(q) if tables else []
+    onnx.save(q, str(dst))
+    return {"int4_weights": len(names), "block_size": block, "rounding": rounding, "tables_8bit": narrowed}
 
 
 def run(inputs, files, params, out: Path) -> dict:

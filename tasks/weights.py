@@ -1,0 +1,288 @@
+"""Weight encodings onnxruntime's QNN quantizer does not write, applied to its QDQ output:
+block-wise int4 in the LPBQ form QNN HTP runs, GPTQ rounding, 8-bit embedding tables.
+
+Everything here rewrites initializers and DequantizeLinear nodes of a QDQ model that
+``onnxruntime.quantization.quantize`` made; activation quantization is left as it chose it.
+
+**LPBQ** (low-power block quantization; onnxruntime-qnn ``qnn_node_group/lpbqmatmul_fusion.cc``,
+"Case 2"): a MatMul weight W [K, N] is stored as int4 codes [K, N] with one scale per block of
+``block`` rows of K per output channel, and each block scale is a 4-bit integer (1..16, uint8
+storage) times one float scale per output channel::
+
+    bint uint8 [K/block, N] --DequantizeLinear(pc float [N], zp 0, axis 1)--> block scales [K/block, N]
+    Wq int4 [K, N] --DequantizeLinear(block scales, zp int4 0 [K/block, N], axis 0, block_size)--> MatMul
+
+The EP fuses this into one MatMul with a ``BLOCKWISE_EXPANSION`` encoding whose block-scale
+bit width is 4: integer block scales above 16 compile but compute garbage on the HTP simulator
+(measured: ints up to 255 gave cosine -0.09 against the reference, 1..16 gave 1.000000, on
+v73/v75/v79; that was the first try's bug, ``../shared/experiments/lpbq``). The per-channel scale
+is the largest block scale / 16 (onnxruntime-qnn ``ConvertBlockQuantScalesToLpbq`` uses the
+same rule). HTP stores these weights at 4 bits plus about a byte per block (384 x 1536 at block
+64: 405,504-byte binary, int8 per-channel 675,840).
+
+**GPTQ** (Frantar et al., "GPTQ: Accurate Post-Training Quantization for Generative
+Pre-trained Transformers", 2022, Algorithm 1): codes chosen column by column of K, each
+column's rounding error spread over the columns not yet quantized through the inverse of the
+layer's input Hessian H = X^T X / n (X: the MatMul's fp32 inputs on the calibration set, real
+tokens only). Scales are fixed before (per-channel or LPBQ from the fp32 weights), so the
+result is an encoding of the same form as round-to-nearest. Damping: ``damp`` x mean(diag H)
+added to the diagonal; 0.1 measured best on all-MiniLM-L6-v2 block 32 (held-out pooled cosine
+0.9808 at 0.1 and 0.3, 0.9758 at 0.01; README table).
+
+**Tables**: a Gather's constant data input (the token embedding) is an activation to the QNN
+QDQ config, so it is stored at 16 bits. :func:`narrow_gather_tables` stores it at uint8
+per-tensor and keeps the Gather's output at the table's type and parameters; HTP runs that and
+keeps the table at 8 bits (a uint8 table whose Gather output is requantized to 16 bits is
+widened back to 16 bits in the binary; per-channel tables fall back to the CPU: measured,
+onnxruntime-qnn 2.7.0).
+"""
+
+from __future__ import annotations
+
+import re
+
+from . import lazy
+
+np = lazy.module("numpy")
+onnx = lazy.module("onnx")
+
+#: QNN LPBQ: the integer block scale is 4 bits wide (``blockScaleBitwidth = 4``); 1..16.
+LPBQ_SCALE_MAX = 16
+BLOCK_SIZES = (32, 64, 128)
+ROUNDINGS = ("nearest", "gptq")
+GPTQ_DAMP = 0.1
+INT4_MIN, INT4_MAX = -8, 7
+
+
+def unfuse_gemm(model) -> int:
+    """Rewrite ``Gemm(A, B, C)`` with a constant 2-D B, no transposes and alpha = beta = 1 into
+    ``MatMul(A, B)`` + ``Add(C)``, in place; returns how many. onnxruntime's optimizer fuses
+    MatMul + Add into Gemm (``MatMulAddFusion``, run by ``qnn_preprocess_model``), and QNN HTP
+    leaves a Gemm with int4 weights on the CPU (measured, onnxruntime-qnn 2.7.0, either channel
+    axis) while MatMul takes them."""
+    from onnx import helper
+
+    inits = {i.name for i in model.graph.initializer}
+    new, n = [], 0
+    for node in model.graph.node:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if (node.op_type == "Gemm" and len(node.input) == 3 and node.input[1] in inits
+                and not attrs.get("transA", 0) and not attrs.get("transB", 0)
+                and attrs.get("alpha", 1.0) == 1.0 and attrs.get("beta", 1.0) == 1.0):
+            mid = node.output[0] + "_matmul"
+            new.append(helper.make_node("MatMul", node.input[:2], [mid], name=node.name + "/MatMul"))
+            new.append(helper.make_node("Add", [mid, node.input[2]], list(node.output), name=node.name + "/Add"))
+            n += 1
+        else:
+            new.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(new)
+    return n
+
+
+def lpbq_scales(W, block: int):
+    """LPBQ scales for W [K, N] float (K % block == 0): ``(bint uint8 [K/block, N] in 1..16,
+    pc float32 [N])``; block scale = bint * pc ~ block absmax / 7."""
+    K, N = W.shape
+    blk = np.abs(W.reshape(K // block, block, N)).max(1) / INT4_MAX
+    pc = blk.max(0) / LPBQ_SCALE_MAX
+    pc[pc == 0] = 1e-12
+    bint = np.clip(np.round(blk / pc), 1, LPBQ_SCALE_MAX).astype(np.uint8)
+    return bint, pc.astype(np.float32)
+
+
+def gptq(W, H, S, damp: float = GPTQ_DAMP, qmin: int = INT4_MIN, qmax: int = INT4_MAX, step: int = 128):
+    """GPTQ codes for W [K, N] (a MatMul weight, float) with fixed scales S [K, N] (one per
+    element: per-channel or block scales broadcast) and input Hessian H [K, K] (float64).
+    Returns int8 codes [K, N] in [qmin, qmax]. ``step``: columns updated lazily together
+    (the paper's block of 128; it changes speed, not the result)."""
+    W = W.astype(np.float64).T.copy()
+    S = np.broadcast_to(S, (W.shape[1], W.shape[0])).astype(np.float64).T
+    H = H.astype(np.float64).copy()
+    K = H.shape[0]
+    dead = np.diag(H) == 0
+    H[dead, dead] = 1
+    W[:, dead] = 0
+    H += damp * np.mean(np.diag(H)) * np.eye(K)
+    U = np.linalg.cholesky(np.linalg.inv(H)).T  # upper Cholesky factor of H^-1
+    Q = np.zeros(W.shape, np.int8)
+    for c0 in range(0, K, step):
+        c1 = min(c0 + step, K)
+        Wb, Eb, Ub = W[:, c0:c1].copy(), np.zeros((W.shape[0], c1 - c0)), U[c0:c1, c0:c1]
+        for j in range(c1 - c0):
+            w, s = Wb[:, j], S[:, c0 + j]
+            q = np.clip(np.round(w / s), qmin, qmax)
+            Q[:, c0 + j] = q
+            e = (w - q * s) / Ub[j, j]
+            Wb[:, j:] -= np.outer(e, Ub[j, j:])
+            Eb[:, j] = e
+        W[:, c1:] -= Eb @ U[c0:c1, c1:]
+    return Q.T.copy()
+
+
+def hessians(model, feeds, weights: set[str]) -> dict:
+    """{weight name: H [K, K] float64}: X^T X / n of the fp32 inputs X of every MatMul whose
+    constant weight is in ``weights``, over ``feeds`` (graph input dicts), rows of padding
+    tokens left out (where the activation has one row per position of an ``attention_mask``
+    feed). ``model``: the fp32 ModelProto the QDQ model was quantized from."""
+    import onnxruntime as ort
+
+    acts: dict[str, list[str]] = {}
+    for n in model.graph.node:
+        if n.op_type == "MatMul" and len(n.input) > 1 and n.input[1] in weights:
+            acts.setdefault(n.input[0], []).append(n.input[1])
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    have = {o.name for o in m.graph.output}
+    m.graph.output.extend(onnx.ValueInfoProto(name=a) for a in acts if a not in have)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    # constant folding clashes with a folded tensor that is also a graph output ("Attempt to
+    # replace the existing tensor"); the graph was optimized before quantization anyway
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    names = list(acts)
+    H: dict[str, np.ndarray] = {a: 0 for a in names}
+    pending: dict[str, list] = {a: [] for a in names}
+    rows = 0
+
+    def flush():  # one product per activation and 64 samples: X^T X in float64 over their rows
+        for a in names:
+            if pending[a]:
+                x = np.concatenate(pending[a]).astype(np.float64)
+                H[a] = H[a] + x.T @ x
+                pending[a] = []
+
+    for k, f in enumerate(feeds, 1):
+        mask = np.asarray(f["attention_mask"]).reshape(-1).astype(bool) if "attention_mask" in f else None
+        for a, x in zip(names, sess.run(names, f)):
+            x = x.reshape(-1, x.shape[-1])
+            pending[a].append(x[mask] if mask is not None and x.shape[0] == mask.size else x)
+        rows += len(pending[names[0]][-1]) if names else 0
+        if k % 64 == 0:
+            flush()
+    flush()
+    return {w: H[a] / max(rows, 1) for a, ws in acts.items() for w in ws}
+
+
+def _weight_dq(model, qname: str):
+    return next(n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0] == qname)
+
+
+def encode_int4(model, wname: str, W, block: int | None, codes=None) -> dict:
+    """Re-encode MatMul weight ``wname`` (fp32 W [K, N]) of the QDQ ``model`` in place as
+    symmetric int4: per-channel (``block`` None; scale absmax / 7.5 per output channel, as
+    onnxruntime's symmetric int4) or LPBQ with ``block`` rows per block. ``codes``: int codes
+    [K, N] chosen by :func:`gptq` (default: round to nearest). The weight's initializers are
+    onnxruntime's ``<w>_quantized`` / ``_scale`` / ``_zero_point``. Returns {"scales": S [K, N]
+    broadcastable} for callers that choose codes. Raises ValueError when K % block != 0."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    K, N = W.shape
+    inits = {i.name: i for i in model.graph.initializer}
+    q, s, z = wname + "_quantized", wname + "_scale", wname + "_zero_point"
+    dq = _weight_dq(model, q)
+    if block is None:
+        S = (np.abs(W).max(0) / (INT4_MAX + 0.5)).astype(np.float32)
+        S[S == 0] = 1e-12
+        if codes is None:
+            codes = np.clip(np.round(W / S), INT4_MIN, INT4_MAX)
+        inits[s].CopyFrom(numpy_helper.from_array(S, s))
+        inits[q].CopyFrom(helper.make_tensor(q, TensorProto.INT4, [K, N], codes.astype(np.int8).ravel().tolist()))
+        return {"scales": S}
+    if K % block:
+        raise ValueError(f"{wname}: expected in-features divisible by quantize.block_size {block}, found {K}")
+    bint, pc = lpbq_scales(W, block)
+    S = np.repeat(bint.astype(np.float32) * pc, block, axis=0)
+    if codes is None:
+        codes = np.clip(np.round(W / S), INT4_MIN, INT4_MAX)
+    inits[q].CopyFrom(helper.make_tensor(q, TensorProto.INT4, [K, N], codes.astype(np.int8).ravel().tolist()))
+    model.graph.initializer.remove(inits[s])
+    model.graph.initializer.remove(inits[z])
+    model.graph.initializer.extend([
+        numpy_helper.from_array(bint, wname + "_bint"), numpy_helper.from_array(pc, wname + "_pc"),
+        numpy_helper.from_array(np.zeros(N, np.uint8), wname + "_pc_zero_point"),
+        helper.make_tensor(z, TensorProto.INT4, [K // block, N], [0] * (K // block * N))])
+    nodes = list(model.graph.node)
+    model.graph.node.insert(nodes.index(dq), helper.make_node(
+        "DequantizeLinear", [wname + "_bint", wname + "_pc", wname + "_pc_zero_point"], [s], axis=1,
+        name=wname + "_block_scales"))
+    dq.domain = ""  # onnx's own DequantizeLinear (opset 21) has block_size
+    del dq.attribute[:]
+    dq.attribute.extend([helper.make_attribute("axis", 0), helper.make_attribute("block_size", block)])
+    return {"scales": S}
+
+
+def set_codes(model, wname: str, codes) -> None:
+    """Replace the int4 codes [K, N] of weight ``wname`` (``<w>_quantized``) in place."""
+    from onnx import TensorProto, helper
+
+    t = next(i for i in model.graph.initializer if i.name == wname + "_quantized")
+    t.CopyFrom(helper.make_tensor(t.name, TensorProto.INT4, list(t.dims), codes.astype(np.int8).ravel().tolist()))
+
+
+def int4_weights(qdq, fp32_inits: dict) -> list[str]:
+    """Names of the MatMul weights ``qdq`` holds as int4 (onnxruntime's ``<w>_quantized``
+    initializers) whose fp32 values are in ``fp32_inits``, in graph order."""
+    from onnx import TensorProto
+
+    inits = {i.name: i for i in qdq.graph.initializer}
+    out = []
+    for n in qdq.graph.node:
+        if n.op_type == "DequantizeLinear" and n.input[0].endswith("_quantized"):
+            t = inits.get(n.input[0])
+            w = n.input[0][: -len("_quantized")]
+            if t is not None and t.data_type == TensorProto.INT4 and len(t.dims) == 2 and w in fp32_inits:
+                out.append(w)
+    return out
+
+
+def narrow_gather_tables(qdq, min_rows: int = 1024) -> list[str]:
+    """Store each Gather's constant table of at least ``min_rows`` rows (the token embedding)
+    at uint8 per-tensor (asymmetric, min/max of the table) instead of 16 bits, in place, and
+    give the Gather's output Q/DQ pair the table's type, scale and zero point (so HTP gathers
+    8-bit rows; the next op reads them through its own DequantizeLinear). Returns the tables'
+    names. Tables onnxruntime did not quantize (no DequantizeLinear in front) are left."""
+    from onnx import numpy_helper
+
+    inits = {i.name: i for i in qdq.graph.initializer}
+    producer = {o: n for n in qdq.graph.node for o in n.output}
+    consumers: dict[str, list] = {}
+    for n in qdq.graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    done = []
+    for g in [n for n in qdq.graph.node if n.op_type == "Gather"]:
+        dq = producer.get(g.input[0])
+        if dq is None or dq.op_type != "DequantizeLinear" or dq.input[0] not in inits:
+            continue
+        table = inits[dq.input[0]]
+        if len(table.dims) != 2 or table.dims[0] < min_rows:
+            continue
+        scale = numpy_helper.to_array(inits[dq.input[1]]).astype(np.float64)
+        zp = numpy_helper.to_array(inits[dq.input[2]]).astype(np.float64)
+        real = (numpy_helper.to_array(table).astype(np.float64) - zp) * scale
+        lo, hi = min(real.min(), 0.0), max(real.max(), 0.0)
+        s8 = np.float32((hi - lo) / 255 or 1.0)
+        z8 = np.uint8(np.clip(np.round(-lo / s8), 0, 255))
+        q8 = np.clip(np.round(real / s8) + z8, 0, 255).astype(np.uint8)
+        for name, arr in ((dq.input[0], q8), (dq.input[1], np.asarray(s8)), (dq.input[2], np.asarray(z8))):
+            inits[name].CopyFrom(numpy_helper.from_array(arr, name))
+        qs = [c for c in consumers.get(g.output[0], []) if c.op_type == "QuantizeLinear"]
+        for qn in qs:  # the Gather output's own Q/DQ pair: the table's params
+            for name, arr in ((qn.input[1], np.asarray(s8)), (qn.input[2], np.asarray(z8))):
+                if name in inits:
+                    inits[name].CopyFrom(numpy_helper.from_array(arr, name))
+        done.append(table.name)
+    return done
+
+
+def match_nodes(model, pattern: str) -> set[str]:
+    """Constant weight names (2-D or more) whose own name or consuming node's name matches
+    ``pattern`` (``re.search``): recipe ``quantize.overrides`` patterns."""
+    inits = {i.name: i for i in model.graph.initializer}
+    out = {n for n, i in inits.items() if len(i.dims) >= 2 and re.search(pattern, n)}
+    for node in model.graph.node:
+        if re.search(pattern, node.name):
+            out |= {i for i in node.input if i in inits and len(inits[i].dims) >= 2}
+    return out
