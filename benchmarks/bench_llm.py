@@ -203,7 +203,7 @@ def _print_bins(folder: Path) -> None:
 def _project(root: Path) -> None:
     (root / "recipes").mkdir(parents=True, exist_ok=True)
     for rel in ("tasks/llm/data/tiny-corpus.txt", "recipes/data/prompts-tiny.txt", "recipes/data/ppl-tiny.txt",
-                "recipes/qwen7b-int4.yaml"):
+                "recipes/data/calib-chat.jsonl", "recipes/qwen7b-int4.yaml"):
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(REPO / rel, root / rel)
 

@@ -369,12 +369,11 @@ class QuantizeCfg(_Strict):
     per_channel: bool = True
     block_size: Optional[Literal[32, 64, 128]] = Field(
         None, description="4-bit weights: null = per-channel, else rows of in-features per block (LPBQ, "
-        "tasks/weights.py); in-features must divide by it (checked at load against config.json)", **ENCODER)
+        "tasks/weights.py); in-features must divide by it (checked at load against config.json)")
     rounding: Literal["nearest", "gptq"] = Field(
-        "nearest", description="4-bit weights: round to nearest, or GPTQ on the calibration set (tasks/weights.py)",
-        **ENCODER)
+        "nearest", description="4-bit weights: round to nearest, or GPTQ on the calibration set (tasks/weights.py)")
     embedding_bits: Literal[8, 16] = Field(
-        16, description="bits of Gather tables (the token embedding); 8 is taken with 4-bit weights only", **ENCODER)
+        16, description="bits of Gather tables (the token embedding); 8 is taken with 4-bit weights only")
     calibration: TextData
     calibrate_method: Literal["MinMax", "Percentile"] = Field(
         "MinMax", description="onnxruntime calibrator for encoders; LLMs use streaming MinMax (tasks/llm/calib.py)",
@@ -859,11 +858,11 @@ def check_source_config(path: Path, r: Recipe) -> None:
                                                    f"({limit}), found {r.export.sequence_length}"))
     if r.export.family == "encoder":
         problems += tokenizer_problems(f.parent)
-        bs = r.quantize.block_size
-        for key in ("hidden_size", "intermediate_size") if bs else ():
-            if isinstance(cfg.get(key), int) and cfg[key] % bs:
-                problems.append(("quantize.block_size", f"expected a block size that divides the model's in-features, "
-                                                        f"found {bs} with {key} {cfg[key]} in {f.name}"))
+    bs = r.quantize.block_size
+    for key in ("hidden_size", "intermediate_size") if bs else ():
+        if isinstance(cfg.get(key), int) and cfg[key] % bs:
+            problems.append(("quantize.block_size", f"expected a block size that divides the model's in-features, "
+                                                    f"found {bs} with {key} {cfg[key]} in {f.name}"))
     if problems:
         raise RecipeError(path, problems)
 

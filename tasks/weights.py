@@ -54,6 +54,20 @@ GPTQ_DAMP = 0.1
 INT4_MIN, INT4_MAX = -8, 7
 
 
+def int4_tensor(name: str, codes):
+    """An ONNX INT4 TensorProto of int codes (any shape, values in -8..7), packed two per byte
+    with the first element in the low nibble (the ONNX spec's INT4 layout), from numpy."""
+    from onnx import TensorProto
+
+    flat = np.asarray(codes, np.int8).ravel()
+    if flat.size % 2:
+        flat = np.concatenate([flat, np.zeros(1, np.int8)])
+    u = (flat.astype(np.uint8) & 0x0F)
+    t = TensorProto(name=name, data_type=TensorProto.INT4, dims=list(np.shape(codes)))
+    t.raw_data = (u[0::2] | (u[1::2] << 4)).astype(np.uint8).tobytes()
+    return t
+
+
 def unfuse_gemm(model) -> int:
     """Rewrite ``Gemm(A, B, C)`` with a constant 2-D B, no transposes and alpha = beta = 1 into
     ``MatMul(A, B)`` + ``Add(C)``, in place; returns how many. onnxruntime's optimizer fuses
@@ -188,7 +202,7 @@ def encode_int4(model, wname: str, W, block: int | None, codes=None) -> dict:
         if codes is None:
             codes = np.clip(np.round(W / S), INT4_MIN, INT4_MAX)
         inits[s].CopyFrom(numpy_helper.from_array(S, s))
-        inits[q].CopyFrom(helper.make_tensor(q, TensorProto.INT4, [K, N], codes.astype(np.int8).ravel().tolist()))
+        inits[q].CopyFrom(int4_tensor(q, codes))
         return {"scales": S}
     if K % block:
         raise ValueError(f"{wname}: expected in-features divisible by quantize.block_size {block}, found {K}")
@@ -196,13 +210,13 @@ def encode_int4(model, wname: str, W, block: int | None, codes=None) -> dict:
     S = np.repeat(bint.astype(np.float32) * pc, block, axis=0)
     if codes is None:
         codes = np.clip(np.round(W / S), INT4_MIN, INT4_MAX)
-    inits[q].CopyFrom(helper.make_tensor(q, TensorProto.INT4, [K, N], codes.astype(np.int8).ravel().tolist()))
+    inits[q].CopyFrom(int4_tensor(q, codes))
     model.graph.initializer.remove(inits[s])
     model.graph.initializer.remove(inits[z])
     model.graph.initializer.extend([
         numpy_helper.from_array(bint, wname + "_bint"), numpy_helper.from_array(pc, wname + "_pc"),
         numpy_helper.from_array(np.zeros(N, np.uint8), wname + "_pc_zero_point"),
-        helper.make_tensor(z, TensorProto.INT4, [K // block, N], [0] * (K // block * N))])
+        int4_tensor(z, np.zeros((K // block, N), np.int8))])
     nodes = list(model.graph.node)
     model.graph.node.insert(nodes.index(dq), helper.make_node(
         "DequantizeLinear", [wname + "_bint", wname + "_pc", wname + "_pc_zero_point"], [s], axis=1,
@@ -215,10 +229,8 @@ def encode_int4(model, wname: str, W, block: int | None, codes=None) -> dict:
 
 def set_codes(model, wname: str, codes) -> None:
     """Replace the int4 codes [K, N] of weight ``wname`` (``<w>_quantized``) in place."""
-    from onnx import TensorProto, helper
-
     t = next(i for i in model.graph.initializer if i.name == wname + "_quantized")
-    t.CopyFrom(helper.make_tensor(t.name, TensorProto.INT4, list(t.dims), codes.astype(np.int8).ravel().tolist()))
+    t.CopyFrom(int4_tensor(t.name, codes))
 
 
 def int4_weights(qdq, fp32_inits: dict) -> list[str]:
@@ -286,3 +298,33 @@ def match_nodes(model, pattern: str) -> set[str]:
         if re.search(pattern, node.name):
             out |= {i for i in node.input if i in inits and len(inits[i].dims) >= 2}
     return out
+
+
+def reencode(fp32_path, qdq_path, feeds, block: int | None, rounding: str, tables: bool) -> dict:
+    """Re-encode the int4 MatMul weights of the QDQ model at ``qdq_path`` in place: LPBQ blocks
+    of ``block`` rows (None: per-channel), codes by ``rounding`` (``nearest`` | ``gptq`` on
+    ``feeds``, the calibration feed dicts of the fp32 graph, iterated once more); with
+    ``tables`` the Gather tables go to 8 bits (:func:`narrow_gather_tables`). ``fp32_path``: the
+    fp32 graph the QDQ model was quantized from; its weights are read one at a time (external
+    data included), and held all at once only for GPTQ's Hessians. Saved with external data
+    above 2 GB. Returns {"int4_weights": n, "block_size", "rounding", "tables_8bit": [names]}."""
+    from pathlib import Path
+
+    from onnx import numpy_helper
+
+    from .graphs import save_model
+
+    fp32_path = Path(fp32_path)
+    q = onnx.load(str(qdq_path))
+    fp32 = onnx.load(str(fp32_path), load_external_data=False)
+    fp = {i.name: i for i in fp32.graph.initializer}
+    names = int4_weights(q, fp)
+    H = hessians(onnx.load(str(fp32_path)), feeds, set(names)) if rounding == "gptq" else {}
+    for w in names:
+        W = numpy_helper.to_array(fp[w], base_dir=str(fp32_path.parent)).astype(np.float32)
+        enc = encode_int4(q, w, W, block)  # scales fixed, codes rounded to nearest
+        if rounding == "gptq":
+            set_codes(q, w, gptq(W, H.pop(w), enc["scales"]))
+    narrowed = narrow_gather_tables(q) if tables else []
+    save_model(q, Path(qdq_path))
+    return {"int4_weights": len(names), "block_size": block, "rounding": rounding, "tables_8bit": narrowed}

@@ -154,3 +154,12 @@ def test_each_int4_param_rebuilds_from_quantize_on_and_runs_all_on_htp(project):
     bin_new = next((project.root / "build" / "t4").glob("*.bin")).stat().st_size
     # the 30522 x 32 table alone is 1.95 MB at 16 bits, 0.98 MB at 8
     assert bin_new < bin_pc - 800_000, (bin_new, bin_pc)
+
+
+@pytest.mark.parametrize("shape", [(7, 5), (4, 6), (1,)])
+def test_int4_tensor_packs_as_onnx_reads_it(shape):
+    """Two codes per byte, first in the low nibble: onnx's own reader gives the codes back."""
+    codes = np.random.default_rng(0).integers(-8, 8, shape).astype(np.int8)
+    t = weights.int4_tensor("c", codes)
+    assert t.data_type == TensorProto.INT4 and len(t.raw_data) == (codes.size + 1) // 2
+    np.testing.assert_array_equal(numpy_helper.to_array(t), codes)

@@ -42,16 +42,41 @@ import numpy as np
 from .runner import KVCache, PartGraph, block_ids, prompt_windows
 
 
+def samples_of(tok, text_path) -> list[str]:
+    """The calibration samples of ``text_path`` as text: a ``.jsonl`` file holds one
+    conversation per line (``{"messages": [{"role", "content"}, ...]}``, e.g.
+    ``recipes/data/calib-chat.jsonl``), rendered with the tokenizer's chat template when it has
+    one (what the model sees in chat use), else its contents joined by blank lines; any other
+    file is UTF-8 text whose paragraphs (blank-line separated) are the samples. Raises
+    ValueError naming the file and line of a conversation without messages."""
+    path = Path(text_path)
+    text = path.read_text(encoding="utf-8")
+    if path.suffix != ".jsonl":
+        return [p.strip() for p in text.split("\n\n") if p.strip()]
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        msgs = json.loads(line).get("messages")
+        if not isinstance(msgs, list) or not msgs:
+            raise ValueError(f"{path}:{n}: expected a JSON object with a non-empty list 'messages', found {line[:80]!r}")
+        if getattr(tok, "chat_template", None):
+            out.append(tok.apply_chat_template(msgs, tokenize=False))
+        else:
+            out.append("\n\n".join(m["content"] for m in msgs))
+    return out
+
+
 def text_ids(model_dir, text_path) -> tuple[list[int], int]:
-    """(token ids, eos id) of a UTF-8 text: paragraphs (blank-line separated) tokenized and joined with eos."""
+    """(token ids, eos id) of the calibration samples (:func:`samples_of`), each tokenized and
+    followed by eos, joined."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
     eos = tok.eos_token_id if tok.eos_token_id is not None else 0
     ids: list[int] = []
-    for p in Path(text_path).read_text(encoding="utf-8").split("\n\n"):
-        if p.strip():
-            ids += tok(p.strip())["input_ids"] + [eos]
+    for p in samples_of(tok, text_path):
+        ids += tok(p)["input_ids"] + [eos]
     return ids, eos
 
 

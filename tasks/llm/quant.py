@@ -29,7 +29,8 @@ def stage_part(export_dir, part: dict, work) -> Path:
 
 def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
                  activation_type: str = "uint16", per_channel: bool = True,
-                 matmul_per_channel: bool = True, keep_8bit: tuple | None = None, work=None) -> Path:
+                 matmul_per_channel: bool = True, keep_8bit: tuple | None = None, work=None,
+                 block_size: int | None = None, rounding: str = "nearest", embedding_bits: int = 16) -> Path:
     """Quantize ``fp32_path`` (one exported graph) to a QDQ model at ``out_path``.
 
     Args:
@@ -42,12 +43,16 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
         matmul_per_channel: also make MatMul weights per-channel (axis 1, symmetric) via
             :func:`matmul_weight_overrides`; our graphs have only MatMul weights.
         keep_8bit: MatMul name fragments kept at uint8 when ``weight_type`` is 4-bit; default
-            ``("lm_head",)``. Measured on the HTP simulator (tiny Llama prefill, logits cosine HTP vs
+            ``("lm_head",)`` per-channel, ``()`` with ``block_size`` (block-wise int4 lm_head
+            measured at logits cosine 0.99+ on the simulator; issue 21). Measured on the HTP simulator (tiny Llama prefill, logits cosine HTP vs
             the same QDQ model on CPU): any single group of int4 MatMuls 0.999+, all int4 except
             lm_head 0.99997, all int4 *including* lm_head 0.62 (and -0.03 with per-tensor int4):
             an HTP-side problem, not quantization loss (the QDQ model on CPU is fine).
             Non-MatMul weights (norm scales, biases) then use uint8 as the default type.
         work: scratch folder (default: a temporary one beside ``out_path``).
+        block_size, rounding, embedding_bits: the recipe's ``quantize`` params for 4-bit
+            weights, applied after onnxruntime's quantizer by :func:`tasks.weights.reencode`
+            (LPBQ blocks, GPTQ codes on ``feeds``, an 8-bit embedding table).
 
     Calibration: MinMax ranges streamed over ``feeds`` (:func:`tasks.llm.calib.collect_ranges`,
     memory independent of the number of feeds), handed to onnxruntime's ``quantize_static`` as
@@ -77,7 +82,7 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
         overrides = {n: [{"quant_type": QuantType.QUInt16}] for n in ROPE_TABLES if n in names}
         four_bit = weight_type in ("int4", "uint4")
         if keep_8bit is None:
-            keep_8bit = ("lm_head",) if four_bit else ()
+            keep_8bit = ("lm_head",) if four_bit and not block_size else ()
         if matmul_per_channel or four_bit:
             overrides.update(matmul_weight_overrides(model, weight_type, keep_8bit=keep_8bit))
         weight_bytes = sum(i.ByteSize() if not i.external_data else
@@ -96,6 +101,10 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
             nodes_to_exclude=cfg.nodes_to_exclude, calibrate_method=cfg.calibrate_method,
             use_external_data_format=weight_bytes > 2 * 1024**3, extra_options=cfg.extra_options,
             calibration_cache_path=str(ranges_path))
+        if four_bit and (block_size or rounding != "nearest" or embedding_bits == 8):
+            from ..weights import reencode
+
+            reencode(src, out_path, feeds, block_size, rounding, embedding_bits == 8)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out_path
@@ -156,14 +165,23 @@ def quantize_llm(src, model_dir, calib_text, params: dict, out, work=None, parts
             code = (f"from tasks.llm.quant import quantize_qdq\nfrom tasks.llm.calib import FeedStore\n"
                     f"quantize_qdq({str(staged / Path(rel).name)!r}, {str(out / rel)!r}, FeedStore({str(stores[g].dir)!r}), "
                     f"weight_type={weight!r}, activation_type={act!r}, per_channel={params['per_channel']!r}, "
-                    f"keep_8bit={keep!r}, work={str(work / 'q' / g)!r})\n")
+                    f"keep_8bit={keep!r}, work={str(work / 'q' / g)!r}, block_size={params.get('block_size')!r}, "
+                    f"rounding={params.get('rounding', 'nearest')!r}, embedding_bits={params.get('embedding_bits', 16)!r})\n")
             r = run_python(code, timeout=24 * 3600, forward=True)
             if r.returncode != 0:
                 raise RuntimeError(f"quantizing {rel} failed (exit {r.returncode}):\n{r.tail(2000)}")
             peaks.append(r.peak_rss or 0)
-            ops = [n.op_type for n in onnx.load(str(out / rel), load_external_data=False).graph.node]
+            qm = onnx.load(str(out / rel), load_external_data=False)
+            ops = [n.op_type for n in qm.graph.node]
             report[rel] = {"quantize_linear": ops.count("QuantizeLinear"),
                            "dequantize_linear": ops.count("DequantizeLinear"), "calibration_feeds": len(stores[g])}
+            if weight == "int4":  # what tasks.weights.reencode wrote: LPBQ weights, 8-bit tables
+                inits = {i.name: i.data_type for i in qm.graph.initializer}
+                report[rel].update(
+                    block_wise_weights=sum(n.endswith("_bint") for n in inits),
+                    int4_weights=sum(t == onnx.TensorProto.INT4 and n.endswith("_quantized") for n, t in inits.items()),
+                    tables_8bit=sorted(n for n in inits if n.endswith("embed_tokens.weight_quantized")
+                                       and inits[n] == onnx.TensorProto.UINT8))
             shutil.rmtree(stores[g].dir, ignore_errors=True)
         shutil.rmtree(staged, ignore_errors=True)
         row.update(quantize_s=time.perf_counter() - t, quantize_peak_rss=max(peaks))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .common import copy_rest
 
-VERSION = 1
+VERSION = 2  # 2: block-wise int4 (LPBQ), GPTQ, 8-bit tables, lm_head int4 with blocks (issue 21)
 TOOLS = ("onnxruntime", "onnx", "transformers", "tokenizers", "numpy")
 
 

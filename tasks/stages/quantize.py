@@ -33,7 +33,7 @@ from .common import copy_rest
 np = lazy.module("numpy")
 onnx = lazy.module("onnx")
 
-VERSION = 3
+VERSION = 4  # 4: block-wise int4 (LPBQ), GPTQ, 8-bit tables, Gemm split at 4 bits (issue 21)
 TOOLS = ("onnxruntime", "onnx", "transformers", "tokenizers", "numpy")
 
 PRECISIONS = {  # name -> (weight QuantType name, activation QuantType name)
@@ -173,33 +173,12 @@ def quantize_graph(src: Path, dst: Path, feeds: list[dict], params: dict) -> dic
         block, rounding = params.get("block_size"), params.get("rounding", "nearest")
         tables = params.get("embedding_bits", 16) == 8
         if four and (block or rounding != "nearest" or tables):
-            info.update(_reencode(model, dst, feeds, block, rounding, tables))
+            info.update(weights.reencode(pre, dst, feeds, block, rounding, tables))
     q = onnx.load(str(dst), load_external_data=False)
     ops = [n.op_type for n in q.graph.node]
     return {"quantize_linear": ops.count("QuantizeLinear"), "dequantize_linear": ops.count("DequantizeLinear"),
             "overridden_weights": len(overrides), **info,
             "opset": max(o.version for o in q.opset_import if o.domain in ("", "ai.onnx"))}
-
-
-def _reencode(fp32, dst: Path, feeds: list[dict], block: int | None, rounding: str, tables: bool) -> dict:
-    """Re-encode the int4 MatMul weights of the QDQ model at ``dst`` in place (LPBQ blocks,
-    GPTQ codes) and narrow its Gather tables to 8 bits: :mod:`tasks.weights`."""
-    from onnx import numpy_helper
-
-    from .. import weights
-
-    q = onnx.load(str(dst))
-    fp = {i.name: i for i in fp32.graph.initializer}
-    names = weights.int4_weights(q, fp)
-    H = weights.hessians(fp32, feeds, set(names)) if rounding == "gptq" else {}
-    for w in names:
-        W = numpy_helper.to_array(fp[w]).astype(np.float32)
-        enc = weights.encode_int4(q, w, W, block)  # scales fixed, codes rounded to nearest
-        if rounding == "gptq":
-            weights.set_codes(q, w, weights.gptq(W, H[w], enc["scales"]))
-    narrowed = weights.narrow_gather_tables(q) if tables else []
-    onnx.save(q, str(dst))
-    return {"int4_weights": len(names), "block_size": block, "rounding": rounding, "tables_8bit": narrowed}
 
 
 def run(inputs, files, params, out: Path) -> dict:

@@ -1,0 +1,65 @@
+"""The calibration sets shipped for int4 (issue 21): a chat set for LLMs (English and Chinese,
+several domains, at least 128 conversations) rendered in the model's chat template, and the
+English set of the MiniLM w4a16 recipe, kept apart from its verify sentences."""
+
+from __future__ import annotations
+
+import collections
+import json
+from pathlib import Path
+
+import pytest
+
+from tasks.llm.calib import samples_of
+
+REPO = Path(__file__).resolve().parent.parent
+CHAT = REPO / "recipes" / "data" / "calib-chat.jsonl"
+
+
+def test_chat_set_covers_languages_and_domains():
+    rows = [json.loads(line) for line in CHAT.read_text(encoding="utf-8").splitlines() if line.strip()]
+    assert len(rows) >= 128
+    per = collections.Counter((r["lang"], r["domain"]) for r in rows)
+    assert {lang for lang, _ in per} == {"en", "zh"} and len({d for _, d in per}) >= 6
+    assert min(per.values()) >= 10
+    for r in rows:
+        roles = [m["role"] for m in r["messages"]]
+        body = roles[1:] if roles[0] == "system" else roles
+        assert body[0] == "user" and body[-1] == "assistant" and all(
+            a != b for a, b in zip(body, body[1:])), r["id"]
+
+
+class _Tok:
+    """The one tokenizer method samples_of uses (transformers' apply_chat_template signature)."""
+
+    def __init__(self, template):
+        self.chat_template = template
+
+    def apply_chat_template(self, msgs, tokenize=False):
+        assert tokenize is False
+        return "".join(f"<|{m['role']}|>{m['content']}<|end|>" for m in msgs)
+
+
+def test_jsonl_samples_use_the_chat_template_when_the_tokenizer_has_one(tmp_path):
+    f = tmp_path / "c.jsonl"
+    f.write_text(json.dumps({"messages": [{"role": "user", "content": "你好"}, {"role": "assistant", "content": "Hi."}]},
+                            ensure_ascii=False) + "\n\n", encoding="utf-8")
+    assert samples_of(_Tok("{{ messages }}"), f) == ["<|user|>你好<|end|><|assistant|>Hi.<|end|>"]
+    assert samples_of(_Tok(None), f) == ["你好\n\nHi."]
+    t = tmp_path / "c.txt"
+    t.write_text("one para\nline two\n\n\nsecond\n", encoding="utf-8")
+    assert samples_of(_Tok(None), t) == ["one para\nline two", "second"]
+
+
+def test_a_conversation_without_messages_names_file_and_line(tmp_path):
+    f = tmp_path / "c.jsonl"
+    f.write_text('{"messages": [{"role": "user", "content": "a"}]}\n{"msgs": []}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"c.jsonl:2: expected a JSON object with a non-empty list 'messages'"):
+        samples_of(_Tok(None), f)
+
+
+def test_english_calibration_set_is_apart_from_the_verify_sentences():
+    cal = (REPO / "recipes" / "data" / "calib-en-long.txt").read_text(encoding="utf-8").splitlines()
+    ver = {s.strip().lower() for s in (REPO / "recipes" / "data" / "verify-en.txt").read_text(encoding="utf-8").splitlines()}
+    assert len([c for c in cal if c.strip()]) == 379
+    assert not {c.strip().lower() for c in cal} & ver
