@@ -134,11 +134,12 @@ def gptq(W, H, S, damp: float = GPTQ_DAMP, qmin: int = INT4_MIN, qmax: int = INT
     return Q.T.copy()
 
 
-def hessians(model, feeds, weights: set[str]) -> dict:
+def hessians(model, feeds, weights: set[str], mean: bool = True):
     """{weight name: H [K, K] float64}: X^T X / n of the fp32 inputs X of every MatMul whose
     constant weight is in ``weights``, over ``feeds`` (graph input dicts), rows of padding
     tokens left out (where the activation has one row per position of an ``attention_mask``
-    feed). ``model``: the fp32 ModelProto the QDQ model was quantized from."""
+    feed). ``model``: the fp32 ModelProto the QDQ model was quantized from. ``mean=False``:
+    ``({weight: X^T X}, rows)`` instead, for adding up several graphs' inputs."""
     import onnxruntime as ort
 
     acts: dict[str, list[str]] = {}
@@ -176,6 +177,8 @@ def hessians(model, feeds, weights: set[str]) -> dict:
         if k % 64 == 0:
             flush()
     flush()
+    if not mean:
+        return {w: H[a] for a, ws in acts.items() for w in ws}, rows
     return {w: H[a] / max(rows, 1) for a, ws in acts.items() for w in ws}
 
 
@@ -300,14 +303,20 @@ def match_nodes(model, pattern: str) -> set[str]:
     return out
 
 
-def reencode(fp32_path, qdq_path, feeds, block: int | None, rounding: str, tables: bool) -> dict:
+def reencode(fp32_path, qdq_path, feeds, block: int | None, rounding: str, tables: bool, codes_dir=None,
+             more=()) -> dict:
     """Re-encode the int4 MatMul weights of the QDQ model at ``qdq_path`` in place: LPBQ blocks
     of ``block`` rows (None: per-channel), codes by ``rounding`` (``nearest`` | ``gptq`` on
     ``feeds``, the calibration feed dicts of the fp32 graph, iterated once more); with
     ``tables`` the Gather tables go to 8 bits (:func:`narrow_gather_tables`). ``fp32_path``: the
     fp32 graph the QDQ model was quantized from; its weights are read one at a time (external
-    data included), and held all at once only for GPTQ's Hessians. Saved with external data
-    above 2 GB. Returns {"int4_weights": n, "block_size", "rounding", "tables_8bit": [names]}."""
+    data included), and held all at once only for GPTQ's Hessians. ``codes_dir``: GPTQ codes
+    are saved there by weight name, and a weight whose codes are already there takes them
+    (an LLM part's decode graph takes its prefill graph's codes, so the two graphs keep equal
+    weights and the weight-shared binary stores them once). Saved with external data above
+    2 GB. ``more``: (fp32 graph path, feeds) of other graphs that use the same weights (an LLM
+    part's decode graph): their inputs join the Hessians, rows weighted equally.
+    Returns {"int4_weights": n, "block_size", "rounding", "tables_8bit": [names]}."""
     from pathlib import Path
 
     from onnx import numpy_helper
@@ -319,12 +328,24 @@ def reencode(fp32_path, qdq_path, feeds, block: int | None, rounding: str, table
     fp32 = onnx.load(str(fp32_path), load_external_data=False)
     fp = {i.name: i for i in fp32.graph.initializer}
     names = int4_weights(q, fp)
-    H = hessians(onnx.load(str(fp32_path)), feeds, set(names)) if rounding == "gptq" else {}
+    saved = (lambda w: Path(codes_dir) / (re.sub(r"[^A-Za-z0-9_.-]", "_", w) + ".npy")) if codes_dir else None
+    todo = {w for w in names if rounding == "gptq" and not (saved and saved(w).is_file())}
+    H, rows = {}, 0
+    for path, fs in ((fp32_path, feeds), *more) if todo else ():
+        h, n = hessians(onnx.load(str(path)), fs, todo, mean=False)
+        rows += n
+        for w, x in h.items():
+            H[w] = H[w] + x if w in H else x
+    H = {w: x / max(rows, 1) for w, x in H.items()}
     for w in names:
         W = numpy_helper.to_array(fp[w], base_dir=str(fp32_path.parent)).astype(np.float32)
         enc = encode_int4(q, w, W, block)  # scales fixed, codes rounded to nearest
         if rounding == "gptq":
-            set_codes(q, w, gptq(W, H.pop(w), enc["scales"]))
+            codes = gptq(W, H.pop(w), enc["scales"]) if w in todo else np.load(saved(w))
+            if saved and w in todo:
+                saved(w).parent.mkdir(parents=True, exist_ok=True)
+                np.save(saved(w), codes)
+            set_codes(q, w, codes)
     narrowed = narrow_gather_tables(q) if tables else []
     save_model(q, Path(qdq_path))
     return {"int4_weights": len(names), "block_size": block, "rounding": rounding, "tables_8bit": narrowed}

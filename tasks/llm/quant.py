@@ -30,7 +30,8 @@ def stage_part(export_dir, part: dict, work) -> Path:
 def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
                  activation_type: str = "uint16", per_channel: bool = True,
                  matmul_per_channel: bool = True, keep_8bit: tuple | None = None, work=None,
-                 block_size: int | None = None, rounding: str = "nearest", embedding_bits: int = 16) -> Path:
+                 block_size: int | None = None, rounding: str = "nearest", embedding_bits: int = 16,
+                 codes_dir=None, more=()) -> Path:
     """Quantize ``fp32_path`` (one exported graph) to a QDQ model at ``out_path``.
 
     Args:
@@ -53,6 +54,8 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
         block_size, rounding, embedding_bits: the recipe's ``quantize`` params for 4-bit
             weights, applied after onnxruntime's quantizer by :func:`tasks.weights.reencode`
             (LPBQ blocks, GPTQ codes on ``feeds``, an 8-bit embedding table).
+        codes_dir, more: GPTQ codes shared by a part's graphs, and the other graph's (path,
+            feeds) whose inputs join the Hessians (:func:`tasks.weights.reencode`).
 
     Calibration: MinMax ranges streamed over ``feeds`` (:func:`tasks.llm.calib.collect_ranges`,
     memory independent of the number of feeds), handed to onnxruntime's ``quantize_static`` as
@@ -104,7 +107,7 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
         if four_bit and (block_size or rounding != "nearest" or embedding_bits == 8):
             from ..weights import reencode
 
-            reencode(src, out_path, feeds, block_size, rounding, embedding_bits == 8)
+            reencode(src, out_path, feeds, block_size, rounding, embedding_bits == 8, codes_dir, more)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out_path
@@ -162,11 +165,17 @@ def quantize_llm(src, model_dir, calib_text, params: dict, out, work=None, parts
         staged = stage_part(src, p, work / "fp32")
         for g in ("prefill", "decode"):
             rel = p[g]["path"]
+            # GPTQ (prefill first): the decode graph's inputs join the prefill's Hessians, and
+            # decode then takes prefill's codes (one set of weights for the shared binary)
+            other = p["decode"]["path"]
+            more = (f"[({str(staged / Path(other).name)!r}, FeedStore({str(stores['decode'].dir)!r}))]"
+                    if g == "prefill" and params.get("rounding") == "gptq" else "()")
             code = (f"from tasks.llm.quant import quantize_qdq\nfrom tasks.llm.calib import FeedStore\n"
                     f"quantize_qdq({str(staged / Path(rel).name)!r}, {str(out / rel)!r}, FeedStore({str(stores[g].dir)!r}), "
                     f"weight_type={weight!r}, activation_type={act!r}, per_channel={params['per_channel']!r}, "
                     f"keep_8bit={keep!r}, work={str(work / 'q' / g)!r}, block_size={params.get('block_size')!r}, "
-                    f"rounding={params.get('rounding', 'nearest')!r}, embedding_bits={params.get('embedding_bits', 16)!r})\n")
+                    f"rounding={params.get('rounding', 'nearest')!r}, embedding_bits={params.get('embedding_bits', 16)!r}, "
+                    f"codes_dir={str(work / 'codes' / f'part{i}')!r}, more={more})\n")
             r = run_python(code, timeout=24 * 3600, forward=True)
             if r.returncode != 0:
                 raise RuntimeError(f"quantizing {rel} failed (exit {r.returncode}):\n{r.tail(2000)}")
@@ -184,6 +193,7 @@ def quantize_llm(src, model_dir, calib_text, params: dict, out, work=None, parts
                                        and inits[n] == onnx.TensorProto.UINT8))
             shutil.rmtree(stores[g].dir, ignore_errors=True)
         shutil.rmtree(staged, ignore_errors=True)
+        shutil.rmtree(work / "codes" / f"part{i}", ignore_errors=True)
         row.update(quantize_s=time.perf_counter() - t, quantize_peak_rss=max(peaks))
         peak_rss_reset()
         clock["t"] = time.perf_counter()
