@@ -21,14 +21,17 @@ def matmul_weight_overrides(model, weight_type: str, axis: int = 1, symmetric: b
     """Tensor-quant overrides making every constant MatMul weight ([K, N]) per-channel on ``axis``
     (1 = output channel). ``get_qnn_qdq_config(per_channel=True)`` alone leaves MatMul weights
     per-tensor (its source says "QNN does not support per-channel MatMul"; that applies to
-    older QNN, see ``tasks.llm.quant.quantize_qdq``). MatMul nodes whose name contains one of ``keep_8bit``
+    older QNN, see ``tasks.llm.quant.quantize_qdq``). MatMul nodes whose name or weight name a
+    regular expression of ``keep_8bit`` finds (``re.search``: recipe ``overrides`` patterns)
     get uint8 instead of ``weight_type``."""
+    import re
+
     inits = {i.name: i for i in model.graph.initializer}
     out = {}
     for n in model.graph.node:
         if n.op_type == "MatMul" and len(n.input) > 1 and n.input[1] in inits \
                 and len(inits[n.input[1]].dims) == 2:
-            wt = "uint8" if any(k in n.name for k in keep_8bit) else weight_type
+            wt = "uint8" if any(re.search(k, n.name) or re.search(k, n.input[1]) for k in keep_8bit) else weight_type
             out[n.input[1]] = [{"quant_type": qtype(wt), "axis": axis,
                                 "symmetric": symmetric}]
     return out

@@ -163,3 +163,20 @@ def test_int4_tensor_packs_as_onnx_reads_it(shape):
     t = weights.int4_tensor("c", codes)
     assert t.data_type == TensorProto.INT4 and len(t.raw_data) == (codes.size + 1) // 2
     np.testing.assert_array_equal(numpy_helper.to_array(t), codes)
+
+
+def test_override_patterns_are_regular_expressions_for_llm_matmuls():
+    """An ``overrides`` pattern is a regex (the recipe schema says so) for LLM MatMuls too: it
+    used to be a plain substring there, so ``down_proj|v_proj`` matched nothing and the recipe
+    built all-int4 without a word."""
+    from tasks.quantconfig import matmul_weight_overrides
+
+    nodes, inits = [], []
+    for name in ("/model/layers.0/mlp/down_proj/MatMul", "/model/layers.0/self_attn/v_proj/MatMul",
+                 "/model/layers.0/self_attn/q_proj/MatMul", "/lm_head/MatMul"):
+        w = name.split("/")[-2] + "_w"
+        inits.append(numpy_helper.from_array(np.zeros((4, 4), np.float32), w))
+        nodes.append(helper.make_node("MatMul", ["x", w], [name + "_out"], name=name))
+    m = helper.make_model(helper.make_graph(nodes, "g", [], [], inits))
+    got = {k: v[0]["quant_type"].name for k, v in matmul_weight_overrides(m, "int4", keep_8bit=("down_proj|v_proj",)).items()}
+    assert got == {"down_proj_w": "QUInt8", "v_proj_w": "QUInt8", "q_proj_w": "QInt4", "lm_head_w": "QInt4"}
