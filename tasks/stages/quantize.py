@@ -15,8 +15,8 @@ Steps (onnxruntime docs, "QNN Execution Provider" -> "Generating a quantized mod
 feeds come from the recipe's text file: the first ``samples`` non-empty lines, tokenized
 with the model's tokenizer and padded to ``max_length``. Its content digest enters the key.
 ``overrides`` keep matching weights (``re.search`` on initializer names) at other bit widths.
-Block-wise int4 is not offered by the QNN QDQ config of this onnxruntime, so it is refused
-in the recipe schema.
+With ``w4a16``, :func:`quantize_graph` then re-encodes the int4 weights (``block_size``,
+``rounding``) and the embedding table (``embedding_bits``): :mod:`tasks.weights`.
 """
 
 from __future__ import annotations
