@@ -390,15 +390,19 @@ class QuantizeCfg(_Strict):
                 "bins, so the search has one candidate, the full range), so npubuild refuses it")
         return v
 
-    @model_validator(mode="after")
-    def _four_bit_only(self):
-        if self.precision != "w4a16":
-            for name, default in (("block_size", None), ("rounding", "nearest"), ("embedding_bits", 16)):
-                if getattr(self, name) != default:
-                    raise ValueError(f"{name}: expected {json.dumps(default)} with precision {self.precision} "
-                                     f"(it applies to 4-bit weights: precision w4a16), found "
-                                     f"{json.dumps(getattr(self, name))}")
-        return self
+    @field_validator("block_size", "rounding", "embedding_bits")
+    @classmethod
+    def _four_bit_only(cls, v, info):
+        default = cls.model_fields[info.field_name].default
+        precision = info.data.get("precision")
+        if v != default and precision not in (None, "w4a16"):
+            raise ValueError(f"expected {json.dumps(default)} with precision {precision} (it applies to 4-bit "
+                             f"weights: precision w4a16; set it to null where it comes through extends), "
+                             f"found {json.dumps(v)}")
+        if v != default and info.field_name != "embedding_bits" and info.data.get("per_channel") is False:
+            raise ValueError(f"expected per_channel: true with {info.field_name} {json.dumps(v)} (block-wise and GPTQ "
+                             f"weights have scales per output channel), found per_channel: false")
+        return v
 
 
 class CompileCfg(_Strict):
@@ -632,6 +636,15 @@ def params_of_other_family(r: Recipe) -> list[tuple[str, str]]:
 
     for section in ("export", "quantize", "compile", "verify"):
         walk(getattr(r, section), section + ".")
+    if fam == "llm":
+        for i, o in enumerate(r.quantize.overrides):
+            if o.weight_bits != 8:
+                out.append((f"quantize.overrides[{i}].weight_bits", f"expected 8 in an LLM recipe (its overrides keep "
+                                                                   f"MatMul weights at 8 bits), found {o.weight_bits}"))
+    elif r.quantize.calibration.file.endswith(".jsonl"):
+        out.append(("quantize.calibration.file", f"expected a text file with one sample per line for an encoder, found "
+                                                 f"{r.quantize.calibration.file!r} (.jsonl chat conversations are for "
+                                                 f"LLM recipes)"))
     mine = sorted(n for n in THRESHOLD_RANGES if (n in LLM_THRESHOLDS) == (fam == "llm"))
     for name in sorted(r.verify.thresholds):
         if (name in LLM_THRESHOLDS) != (fam == "llm"):
@@ -772,11 +785,27 @@ def check_data_files(path: Path, r: Recipe, memo: dict | None = None) -> None:
             n = lines(f, rel)
             if isinstance(n, str):
                 problems.append((key, n))
+            elif rel.endswith(".jsonl") and (bad := jsonl_problem(f, rel, memo)):
+                problems.append((key, bad))
             elif per_line and n < data.samples:
                 problems.append((key.removesuffix(".file") + ".samples",
                                  f"expected at most the {n} non-empty lines of {rel}, found {data.samples}"))
     if problems:
         raise RecipeError(path, problems)
+
+
+def jsonl_problem(f: Path, rel: str, memo: dict) -> str | None:
+    """The first problem of a chat calibration file (``tasks.llm.calib.samples_of`` reads it),
+    as a message naming the line, or None."""
+    if ("jsonl", rel) not in memo:
+        from .llm.calib import conversations
+
+        try:
+            conversations(f)
+            memo["jsonl", rel] = None
+        except ValueError as e:
+            memo["jsonl", rel] = str(e)
+    return memo["jsonl", rel]
 
 
 def source_config_path(src: Source) -> Path | None:
@@ -859,10 +888,13 @@ def check_source_config(path: Path, r: Recipe) -> None:
     if r.export.family == "encoder":
         problems += tokenizer_problems(f.parent)
     bs = r.quantize.block_size
-    for key in ("hidden_size", "intermediate_size") if bs else ():
-        if isinstance(cfg.get(key), int) and cfg[key] % bs:
+    feats = {k: cfg.get(k) for k in ("hidden_size", "intermediate_size", "dim", "hidden_dim", "n_embd")}
+    if isinstance(cfg.get("head_dim"), int) and isinstance(cfg.get("num_attention_heads"), int):
+        feats["head_dim x num_attention_heads"] = cfg["head_dim"] * cfg["num_attention_heads"]
+    for key, n in feats.items() if bs else ():
+        if isinstance(n, int) and n % bs:
             problems.append(("quantize.block_size", f"expected a block size that divides the model's in-features, "
-                                                    f"found {bs} with {key} {cfg[key]} in {f.name}"))
+                                                    f"found {bs} with {key} {n} in {f.name}"))
     if problems:
         raise RecipeError(path, problems)
 

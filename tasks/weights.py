@@ -206,6 +206,9 @@ def encode_int4(model, wname: str, W, block: int | None, codes=None) -> dict:
             codes = np.clip(np.round(W / S), INT4_MIN, INT4_MAX)
         inits[s].CopyFrom(numpy_helper.from_array(S, s))
         inits[q].CopyFrom(int4_tensor(q, codes))
+        inits[z].CopyFrom(int4_tensor(z, np.zeros(N, np.int8)))
+        del dq.attribute[:]
+        dq.attribute.append(helper.make_attribute("axis", 1))
         return {"scales": S}
     if K % block:
         raise ValueError(f"{wname}: expected in-features divisible by quantize.block_size {block}, found {K}")
@@ -238,13 +241,15 @@ def set_codes(model, wname: str, codes) -> None:
 
 def int4_weights(qdq, fp32_inits: dict) -> list[str]:
     """Names of the MatMul weights ``qdq`` holds as int4 (onnxruntime's ``<w>_quantized``
-    initializers) whose fp32 values are in ``fp32_inits``, in graph order."""
+    initializers feeding a MatMul through their DequantizeLinear; not Gather tables an
+    override made int4) whose fp32 values are in ``fp32_inits``, in graph order."""
     from onnx import TensorProto
 
     inits = {i.name: i for i in qdq.graph.initializer}
+    matmul_in = {n.input[1] for n in qdq.graph.node if n.op_type == "MatMul" and len(n.input) > 1}
     out = []
     for n in qdq.graph.node:
-        if n.op_type == "DequantizeLinear" and n.input[0].endswith("_quantized"):
+        if n.op_type == "DequantizeLinear" and n.input[0].endswith("_quantized") and n.output[0] in matmul_in:
             t = inits.get(n.input[0])
             w = n.input[0][: -len("_quantized")]
             if t is not None and t.data_type == TensorProto.INT4 and len(t.dims) == 2 and w in fp32_inits:
@@ -327,7 +332,13 @@ def reencode(fp32_path, qdq_path, feeds, block: int | None, rounding: str, table
     q = onnx.load(str(qdq_path))
     fp32 = onnx.load(str(fp32_path), load_external_data=False)
     fp = {i.name: i for i in fp32.graph.initializer}
-    names = int4_weights(q, fp)
+    names = int4_weights(q, fp) if block or rounding != "nearest" else []
+    if block:
+        bad = [f"{w} ({fp[w].dims[0]})" for w in names if fp[w].dims[0] % block]
+        if bad:
+            raise ValueError(f"{fp32_path.name}: expected MatMul in-features divisible by quantize.block_size {block}, "
+                             f"found {len(bad)} weights that are not: {', '.join(bad[:6])}"
+                             + (" ..." if len(bad) > 6 else ""))
     saved = (lambda w: Path(codes_dir) / (re.sub(r"[^A-Za-z0-9_.-]", "_", w) + ".npy")) if codes_dir else None
     todo = {w for w in names if rounding == "gptq" and not (saved and saved(w).is_file())}
     H, rows = {}, 0

@@ -51,11 +51,49 @@ def test_jsonl_samples_use_the_chat_template_when_the_tokenizer_has_one(tmp_path
     assert samples_of(_Tok(None), t) == ["one para\nline two", "second"]
 
 
-def test_a_conversation_without_messages_names_file_and_line(tmp_path):
+GOOD_LINE = '{"messages": [{"role": "user", "content": "a"}]}\n'
+
+
+@pytest.mark.parametrize("bad, words", [
+    ('{"msgs": []}', "expected a JSON object with a non-empty list 'messages'"),
+    ('[1, 2]', "expected a JSON object with a non-empty list 'messages'"),
+    ('null', "expected a JSON object with a non-empty list 'messages'"),
+    ('{"messages": [{"role": "user"}]}', "expected messages[0] to be"),
+    ('{"messages": ["hello"]}', "expected messages[0] to be"),
+    ('{"messages": [{"role": "user", "content": 3}]}', "expected messages[0] to be"),
+    ('{"messages": [{"role": "user", "content": "a"}', "expected one JSON object per line, found invalid JSON"),
+])
+def test_a_bad_conversation_names_file_and_line(tmp_path, bad, words):
+    """Every kind of malformed line is one ValueError naming the file and line (no KeyError,
+    TypeError or AttributeError from inside the reader); the recipe load reports it too."""
     f = tmp_path / "c.jsonl"
-    f.write_text('{"messages": [{"role": "user", "content": "a"}]}\n{"msgs": []}\n', encoding="utf-8")
-    with pytest.raises(ValueError, match=r"c.jsonl:2: expected a JSON object with a non-empty list 'messages'"):
+    f.write_text(GOOD_LINE + bad + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"c.jsonl:2: " + __import__("re").escape(words)):
         samples_of(_Tok(None), f)
+
+
+def test_a_bom_is_allowed(tmp_path):
+    f = tmp_path / "c.jsonl"
+    f.write_text("\ufeff" + GOOD_LINE, encoding="utf-8")
+    assert samples_of(_Tok(None), f) == ["a"]
+
+
+def test_an_llm_recipe_with_a_bad_chat_file_is_a_load_error(tmp_path, monkeypatch):
+    from tasks.recipe import load_all
+
+    monkeypatch.setenv("NPUBUILD_ROOT", str(tmp_path))
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "data").mkdir()
+    (tmp_path / "models" / "m").mkdir(parents=True)
+    (tmp_path / "data" / "c.jsonl").write_text(GOOD_LINE + '{"messages": [{"role": "user"}]}\n', encoding="utf-8")
+    (tmp_path / "data" / "v.txt").write_text("one\ntwo\n")
+    (tmp_path / "recipes" / "r.yaml").write_text(
+        "source: {path: models/m}\nexport: {family: llm, sequence_length: 16, context_length: 64}\n"
+        "quantize:\n  calibration: {file: data/c.jsonl, samples: 2}\nverify:\n  data: {file: data/v.txt, samples: 2}\n")
+    ok, errs = load_all(tmp_path / "recipes", collect_errors=True)
+    assert "r" not in ok
+    msg = dict(errs["r"].problems)["quantize.calibration.file"]
+    assert msg.endswith("c.jsonl:2: expected messages[0] to be {\"role\": text, \"content\": text}, found {\"role\": \"user\"}")
 
 
 def test_english_calibration_set_is_apart_from_the_verify_sentences():

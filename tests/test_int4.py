@@ -180,3 +180,29 @@ def test_override_patterns_are_regular_expressions_for_llm_matmuls():
     m = helper.make_model(helper.make_graph(nodes, "g", [], [], inits))
     got = {k: v[0]["quant_type"].name for k, v in matmul_weight_overrides(m, "int4", keep_8bit=("down_proj|v_proj",)).items()}
     assert got == {"down_proj_w": "QUInt8", "v_proj_w": "QUInt8", "q_proj_w": "QInt4", "lm_head_w": "QInt4"}
+
+
+def test_int4_weights_are_matmul_weights_only():
+    """A Gather table an override made int4 is not a MatMul weight: the block-wise / GPTQ
+    re-encode leaves it (it has no in-features; a tester's `.*` at 4 bits crashed on it)."""
+    m = _qdq_matmul(np.ones((64, 8), np.float32))
+    m.graph.initializer.extend([helper.make_tensor("t_quantized", TensorProto.INT4, [4, 8], [1] * 32),
+                                numpy_helper.from_array(np.array(0.1, np.float32), "t_scale"),
+                                helper.make_tensor("t_zero_point", TensorProto.INT4, [], [0])])
+    m.graph.node.extend([helper.make_node("DequantizeLinear", ["t_quantized", "t_scale", "t_zero_point"], ["t"]),
+                         helper.make_node("Gather", ["t", "ids"], ["rows"])])
+    fp = {"w": None, "t": None}
+    assert weights.int4_weights(m, fp) == ["w"]
+
+
+def test_per_tensor_w4a16_with_an_8_bit_table_builds_all_on_htp(project):
+    """per_channel: false + embedding_bits 8 (no block, no GPTQ): the weights are left as
+    onnxruntime wrote them and the graph compiles with every node on HTP (a tester found a
+    per-channel scale written beside a per-tensor zero point: an invalid graph)."""
+    text = project.recipe("tp", precision="w4a16").read_text().replace(
+        "  precision: w4a16\n", "  precision: w4a16\n  per_channel: false\n  embedding_bits: 8\n")
+    project.recipe("tp", text)
+    project.doit("run", "build:tp")
+    info = _quantize_manifest(project, "tp")["info"]["graphs"]["model.onnx"]
+    assert info["int4_weights"] == 0 and info["tables_8bit"] == ["embeddings.word_embeddings.weight_quantized"]
+    assert json.loads((project.root / "build" / "tp" / "verify.json").read_text())["metrics"]["pooled_cosine_mean"] > 0.9

@@ -58,14 +58,23 @@ BAD = {
     "bad-precision": (GOOD.replace("calibration:", "precision: w3a5\n  calibration:"), "quantize.precision", "w4a16"),
     "two-sources": (GOOD.replace("{path: models/m}", "{path: m, package: p}"), "source", "exactly one of"),
     "hf-without-revision": (GOOD.replace("{path: models/m}", "{hf: org/name}"), "source", "revision"),
-    "block-size-at-8-bit": (GOOD.replace("calibration:", "block_size: 32\n  calibration:"), "quantize",
-                            "block_size: expected null with precision w8a16 (it applies to 4-bit weights: precision "
-                            "w4a16), found 32"),
+    "block-size-at-8-bit": (GOOD.replace("calibration:", "block_size: 32\n  calibration:"), "quantize.block_size",
+                            "expected null with precision w8a16 (it applies to 4-bit weights: precision w4a16; set it "
+                            "to null where it comes through extends), found 32"),
+    "block-size-per-tensor": (GOOD.replace("calibration:", "precision: w4a16\n  per_channel: false\n  block_size: 32\n"
+                                           "  calibration:"), "quantize.block_size",
+                              "expected per_channel: true with block_size 32 (block-wise and GPTQ weights have scales "
+                              "per output channel), found per_channel: false"),
+    "llm-override-bits": (GOOD.replace("calibration:", "overrides: [{pattern: q_proj, weight_bits: 4}]\n  calibration:")
+                          + "export: {family: llm, sequence_length: 16, context_length: 64}\n",
+                          "quantize.overrides[0].weight_bits", "expected 8 in an LLM recipe"),
+    "jsonl-for-an-encoder": (GOOD.replace("{file: data/c.txt}", "{file: data/c.jsonl}"), "quantize.calibration.file",
+                             "expected a text file with one sample per line for an encoder, found 'data/c.jsonl'"),
     "block-size-value": (GOOD.replace("calibration:", "precision: w4a16\n  block_size: 48\n  calibration:"),
                          "quantize.block_size", "expected 32, 64 or 128; found 48"),
     "rounding-value": (GOOD.replace("calibration:", "precision: w4a16\n  rounding: gptq4\n  calibration:"),
                        "quantize.rounding", "expected 'nearest' or 'gptq'; found 'gptq4'"),
-    "rounding-at-8-bit": (GOOD.replace("calibration:", "rounding: gptq\n  calibration:"), "quantize",
+    "rounding-at-8-bit": (GOOD.replace("calibration:", "rounding: gptq\n  calibration:"), "quantize.rounding",
                           'rounding: expected "nearest" with precision w8a16'),
     "embedding-bits": (GOOD.replace("calibration:", "precision: w4a16\n  embedding_bits: 4\n  calibration:"),
                        "quantize.embedding_bits", "expected 8 or 16; found 4"),

@@ -42,29 +42,43 @@ import numpy as np
 from .runner import KVCache, PartGraph, block_ids, prompt_windows
 
 
-def samples_of(tok, text_path) -> list[str]:
-    """The calibration samples of ``text_path`` as text: a ``.jsonl`` file holds one
-    conversation per line (``{"messages": [{"role", "content"}, ...]}``, e.g.
-    ``recipes/data/calib-chat.jsonl``), rendered with the tokenizer's chat template when it has
-    one (what the model sees in chat use), else its contents joined by blank lines; any other
-    file is UTF-8 text whose paragraphs (blank-line separated) are the samples. Raises
-    ValueError naming the file and line of a conversation without messages."""
-    path = Path(text_path)
-    text = path.read_text(encoding="utf-8")
-    if path.suffix != ".jsonl":
-        return [p.strip() for p in text.split("\n\n") if p.strip()]
+def conversations(path) -> list[list[dict]]:
+    """The conversations of a ``.jsonl`` chat calibration file: one JSON object per line with a
+    non-empty list ``messages`` of ``{"role": str, "content": str}`` (blank lines skipped, a
+    UTF-8 BOM allowed). Raises ValueError naming the file, the line and what was found."""
+    path = Path(path)
     out = []
-    for n, line in enumerate(text.splitlines(), 1):
+    for n, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1):
         if not line.strip():
             continue
-        msgs = json.loads(line).get("messages")
+        where = f"{path}:{n}"
+        try:
+            row = json.loads(line)
+        except ValueError as e:
+            raise ValueError(f"{where}: expected one JSON object per line, found invalid JSON ({e})") from None
+        msgs = row.get("messages") if isinstance(row, dict) else None
         if not isinstance(msgs, list) or not msgs:
-            raise ValueError(f"{path}:{n}: expected a JSON object with a non-empty list 'messages', found {line[:80]!r}")
-        if getattr(tok, "chat_template", None):
-            out.append(tok.apply_chat_template(msgs, tokenize=False))
-        else:
-            out.append("\n\n".join(m["content"] for m in msgs))
+            raise ValueError(f"{where}: expected a JSON object with a non-empty list 'messages', found {line[:80]!r}")
+        for k, m in enumerate(msgs):
+            if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+                raise ValueError(f"{where}: expected messages[{k}] to be {{\"role\": text, \"content\": text}}, "
+                                 f"found {json.dumps(m, ensure_ascii=False)[:80]}")
+        out.append(msgs)
     return out
+
+
+def samples_of(tok, text_path) -> list[str]:
+    """The calibration samples of ``text_path`` as text: a ``.jsonl`` file holds one
+    conversation per line (:func:`conversations`, e.g. ``recipes/data/calib-chat.jsonl``),
+    rendered with the tokenizer's chat template when it has one (what the model sees in chat
+    use), else its contents joined by blank lines; any other file is UTF-8 text whose
+    paragraphs (blank-line separated) are the samples. Raises ValueError (:func:`conversations`)."""
+    path = Path(text_path)
+    if path.suffix != ".jsonl":
+        return [p.strip() for p in path.read_text(encoding="utf-8").split("\n\n") if p.strip()]
+    if getattr(tok, "chat_template", None):
+        return [tok.apply_chat_template(msgs, tokenize=False) for msgs in conversations(path)]
+    return ["\n\n".join(m["content"] for m in msgs) for msgs in conversations(path)]
 
 
 def text_ids(model_dir, text_path) -> tuple[list[int], int]:

@@ -147,7 +147,9 @@ def quantize_llm(src, model_dir, calib_text, params: dict, out, work=None, parts
     desc = json.loads((src / "export.json").read_text())
     weight = {"w8a16": "uint8", "w4a16": "int4", "w8a8": "uint8"}[params["precision"]]
     act = "uint8" if params["precision"] == "w8a8" else "uint16"
-    keep = tuple(o["pattern"] for o in params.get("overrides", []) if o["weight_bits"] == 8) or None
+    keep = tuple(o["pattern"] for o in params.get("overrides", []) if o["weight_bits"] == 8)
+    if weight == "int4" and not params.get("block_size"):
+        keep = ("lm_head", *keep)  # per-channel int4 keeps lm_head at 8 bits (quantize_qdq), overrides or not
     report, rows = {}, []
     clock = {"t": time.perf_counter()}
     peak_rss_reset()
