@@ -328,7 +328,9 @@ def reencode(fp32_path, qdq_path, feeds, block: int | None, rounding: str, table
 
     from .graphs import save_model
 
-    fp32_path = Path(fp32_path)
+    fp32_path, qdq_path = Path(fp32_path), Path(qdq_path)
+    old_data = {e.value for t in onnx.load(str(qdq_path), load_external_data=False).graph.initializer
+                for e in t.external_data if e.key == "location"}
     q = onnx.load(str(qdq_path))
     fp32 = onnx.load(str(fp32_path), load_external_data=False)
     fp = {i.name: i for i in fp32.graph.initializer}
@@ -358,5 +360,7 @@ def reencode(fp32_path, qdq_path, feeds, block: int | None, rounding: str, table
                 np.save(saved(w), codes)
             set_codes(q, w, codes)
     narrowed = narrow_gather_tables(q) if tables else []
-    save_model(q, Path(qdq_path))
+    for loc in old_data:  # every weight is in memory now; the re-encoded model may fit inline
+        (qdq_path.parent / loc).unlink(missing_ok=True)
+    save_model(q, qdq_path)
     return {"int4_weights": len(names), "block_size": block, "rounding": rounding, "tables_8bit": narrowed}

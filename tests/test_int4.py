@@ -206,3 +206,19 @@ def test_per_tensor_w4a16_with_an_8_bit_table_builds_all_on_htp(project):
     info = _quantize_manifest(project, "tp")["info"]["graphs"]["model.onnx"]
     assert info["int4_weights"] == 0 and info["tables_8bit"] == ["embeddings.word_embeddings.weight_quantized"]
     assert json.loads((project.root / "build" / "tp" / "verify.json").read_text())["metrics"]["pooled_cosine_mean"] > 0.9
+
+
+def test_reencode_leaves_no_stale_external_data(tmp_path):
+    """A QDQ graph onnxruntime wrote with external data (LLM parts over 2 GB) that fits inline
+    once re-encoded is saved inline, and its old ``.data`` file is removed: the 7B benchmark's
+    part 0 kept a 1.86 GB orphan beside each re-encoded graph before this."""
+    W = np.random.default_rng(0).standard_normal((128, 96)).astype(np.float32)
+    onnx.save(_qdq_matmul(W), str(tmp_path / "q.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
+              location="q.onnx.data", size_threshold=0)
+    fp = _qdq_matmul(W)
+    fp.graph.initializer.append(numpy_helper.from_array(W, "w"))
+    onnx.save(fp, str(tmp_path / "fp.onnx"))
+    info = weights.reencode(tmp_path / "fp.onnx", tmp_path / "q.onnx", [], 32, "nearest", False)
+    assert info["int4_weights"] == 1 and sorted(p.name for p in tmp_path.iterdir()) == ["fp.onnx", "q.onnx"]
+    m = onnx.load(str(tmp_path / "q.onnx"))
+    assert sum(i.name.endswith("_bint") for i in m.graph.initializer) == 1
