@@ -218,7 +218,8 @@ def test_stage_no_worker_can_hold_is_reported(tmp_path, tiny_bert, cluster):
     url = (tmp_path / "remote").as_uri()
     client = Project(tmp_path / "client", tiny_bert)
     shutil.copy(REPO / "recipes" / "qwen7b-int4.yaml", client.root / "recipes")
-    for rel in ("tasks/llm/data/tiny-corpus.txt", "recipes/data/prompts-tiny.txt", "recipes/data/ppl-tiny.txt"):
+    for rel in ("tasks/llm/data/tiny-corpus.txt", "recipes/data/prompts-tiny.txt", "recipes/data/ppl-tiny.txt",
+                "recipes/data/calib-chat.jsonl"):
         (client.root / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / rel, client.root / rel)
     rev = "a09a35458c702b33eeacc393d103063234e8bc28"

@@ -221,7 +221,7 @@ def _repo_recipes(project, *names):
     for n in names:
         shutil.copyfile(root / "recipes" / f"{n}.yaml", project.root / "recipes" / f"{n}.yaml")
     for rel in ("recipes/data/calib-en.txt", "recipes/data/calib-en-long.txt", "recipes/data/verify-en.txt", "recipes/data/prompts-tiny.txt",
-                "recipes/data/ppl-tiny.txt", "tasks/llm/data/tiny-corpus.txt"):
+                "recipes/data/ppl-tiny.txt", "tasks/llm/data/tiny-corpus.txt", "recipes/data/calib-chat.jsonl"):
         (project.root / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(root / rel, project.root / rel)
 
@@ -253,7 +253,8 @@ def test_offline_hub_and_7b_recipes_expand_and_show_their_plan(project):
     assert "c9745ed1d9f207416be6d2e6f8de32d1f16199bf" in hub and "not built" in hub
     q = project.doit("run", "explain:qwen7b-int4").tasks["explain:qwen7b-int4"]["out"]
     for want in ('"parts": 4', '"context_length": 4096', '"sequence_length": 128', '"precision": "w4a16"',
-                 '"pattern": "lm_head"', '"weight_sharing": true', '"target": "x-elite"'):
+                 '"block_size": 64', '"embedding_bits": 8', '"calibration": "recipes/data/calib-chat.jsonl"',
+                 '"weight_sharing": true', '"target": "x-elite"'):
         assert want in q, want
     # the int8 recipe's download and export stages have the same keys as int4's: shared
     keys = {}
