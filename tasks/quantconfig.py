@@ -23,15 +23,28 @@ def matmul_weight_overrides(model, weight_type: str, axis: int = 1, symmetric: b
     per-tensor (its source says "QNN does not support per-channel MatMul"; that applies to
     older QNN, see ``tasks.llm.quant.quantize_qdq``). MatMul nodes whose name or weight name a
     regular expression of ``keep_8bit`` finds (``re.search``: recipe ``overrides`` patterns)
-    get uint8 instead of ``weight_type``."""
-    import re
-
+    get uint8 instead of ``weight_type`` (:func:`matching_weights`)."""
     inits = {i.name: i for i in model.graph.initializer}
+    kept = set().union(*(matching_weights(model, k) for k in keep_8bit))
     out = {}
     for n in model.graph.node:
         if n.op_type == "MatMul" and len(n.input) > 1 and n.input[1] in inits \
                 and len(inits[n.input[1]].dims) == 2:
-            wt = "uint8" if any(re.search(k, n.name) or re.search(k, n.input[1]) for k in keep_8bit) else weight_type
+            wt = "uint8" if n.input[1] in kept else weight_type
             out[n.input[1]] = [{"quant_type": qtype(wt), "axis": axis,
                                 "symmetric": symmetric}]
+    return out
+
+
+def matching_weights(model, pattern: str) -> set[str]:
+    """Constant weight names (2-D or more) whose own name or consuming node's name matches
+    ``pattern`` (``re.search``): what a recipe ``quantize.overrides`` pattern selects, in
+    encoder and LLM graphs alike."""
+    import re
+
+    inits = {i.name: i for i in model.graph.initializer}
+    out = {n for n, i in inits.items() if len(i.dims) >= 2 and re.search(pattern, n)}
+    for node in model.graph.node:
+        if re.search(pattern, node.name):
+            out |= {i for i in node.input if i in inits and len(inits[i].dims) >= 2}
     return out

@@ -48,8 +48,6 @@ onnx = lazy.module("onnx")
 
 #: QNN LPBQ: the integer block scale is 4 bits wide (``blockScaleBitwidth = 4``); 1..16.
 LPBQ_SCALE_MAX = 16
-BLOCK_SIZES = (32, 64, 128)
-ROUNDINGS = ("nearest", "gptq")
 GPTQ_DAMP = 0.1
 INT4_MIN, INT4_MAX = -8, 7
 
@@ -134,12 +132,12 @@ def gptq(W, H, S, damp: float = GPTQ_DAMP, qmin: int = INT4_MIN, qmax: int = INT
     return Q.T.copy()
 
 
-def hessians(model, feeds, weights: set[str], mean: bool = True):
-    """{weight name: H [K, K] float64}: X^T X / n of the fp32 inputs X of every MatMul whose
-    constant weight is in ``weights``, over ``feeds`` (graph input dicts), rows of padding
-    tokens left out (where the activation has one row per position of an ``attention_mask``
-    feed). ``model``: the fp32 ModelProto the QDQ model was quantized from. ``mean=False``:
-    ``({weight: X^T X}, rows)`` instead, for adding up several graphs' inputs."""
+def hessians(model, feeds, weights: set[str]):
+    """``({weight name: X^T X [K, K] float64}, rows)``: the sums over the fp32 inputs X of every
+    MatMul whose constant weight is in ``weights``, over ``feeds`` (graph input dicts), and the
+    number of rows summed (so several graphs' inputs add up; H = X^T X / rows). Rows of padding
+    tokens are left out (where the activation has one row per position of an
+    ``attention_mask`` feed). ``model``: the fp32 ModelProto the QDQ model was quantized from."""
     import onnxruntime as ort
 
     acts: dict[str, list[str]] = {}
@@ -177,9 +175,7 @@ def hessians(model, feeds, weights: set[str], mean: bool = True):
         if k % 64 == 0:
             flush()
     flush()
-    if not mean:
-        return {w: H[a] for a, ws in acts.items() for w in ws}, rows
-    return {w: H[a] / max(rows, 1) for a, ws in acts.items() for w in ws}
+    return {w: H[a] for a, ws in acts.items() for w in ws}, rows
 
 
 def _weight_dq(model, qname: str):
@@ -193,7 +189,7 @@ def encode_int4(model, wname: str, W, block: int | None, codes=None) -> dict:
     [K, N] chosen by :func:`gptq` (default: round to nearest). The weight's initializers are
     onnxruntime's ``<w>_quantized`` / ``_scale`` / ``_zero_point``. Returns {"scales": S [K, N]
     broadcastable} for callers that choose codes. Raises ValueError when K % block != 0."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     K, N = W.shape
     inits = {i.name: i for i in model.graph.initializer}
@@ -243,8 +239,6 @@ def int4_weights(qdq, fp32_inits: dict) -> list[str]:
     """Names of the MatMul weights ``qdq`` holds as int4 (onnxruntime's ``<w>_quantized``
     initializers feeding a MatMul through their DequantizeLinear; not Gather tables an
     override made int4) whose fp32 values are in ``fp32_inits``, in graph order."""
-    from onnx import TensorProto
-
     inits = {i.name: i for i in qdq.graph.initializer}
     matmul_in = {n.input[1] for n in qdq.graph.node if n.op_type == "MatMul" and len(n.input) > 1}
     out = []
@@ -252,9 +246,18 @@ def int4_weights(qdq, fp32_inits: dict) -> list[str]:
         if n.op_type == "DequantizeLinear" and n.input[0].endswith("_quantized") and n.output[0] in matmul_in:
             t = inits.get(n.input[0])
             w = n.input[0][: -len("_quantized")]
-            if t is not None and t.data_type == TensorProto.INT4 and len(t.dims) == 2 and w in fp32_inits:
+            if t is not None and t.data_type == onnx.TensorProto.INT4 and len(t.dims) == 2 and w in fp32_inits:
                 out.append(w)
     return out
+
+
+def gather_tables_8bit(qdq) -> list[str]:
+    """Names of the 8-bit tables (``uint8`` initializers) a Gather reads through a
+    DequantizeLinear: what :func:`narrow_gather_tables` wrote (a split table counts each part)."""
+    inits = {i.name: i for i in qdq.graph.initializer}
+    dq = {n.output[0]: n.input[0] for n in qdq.graph.node if n.op_type == "DequantizeLinear"}
+    return sorted({dq[g.input[0]] for g in qdq.graph.node if g.op_type == "Gather" and g.input[0] in dq
+                   and dq[g.input[0]] in inits and inits[dq[g.input[0]]].data_type == onnx.TensorProto.UINT8})
 
 
 def narrow_gather_tables(qdq, min_rows: int = 1024) -> list[str]:
@@ -297,17 +300,6 @@ def narrow_gather_tables(qdq, min_rows: int = 1024) -> list[str]:
     return done
 
 
-def match_nodes(model, pattern: str) -> set[str]:
-    """Constant weight names (2-D or more) whose own name or consuming node's name matches
-    ``pattern`` (``re.search``): recipe ``quantize.overrides`` patterns."""
-    inits = {i.name: i for i in model.graph.initializer}
-    out = {n for n, i in inits.items() if len(i.dims) >= 2 and re.search(pattern, n)}
-    for node in model.graph.node:
-        if re.search(pattern, node.name):
-            out |= {i for i in node.input if i in inits and len(inits[i].dims) >= 2}
-    return out
-
-
 def reencode(fp32_path, qdq_path, feeds, block: int | None, rounding: str, tables: bool, codes_dir=None,
              more=()) -> dict:
     """Re-encode the int4 MatMul weights of the QDQ model at ``qdq_path`` in place: LPBQ blocks
@@ -321,13 +313,16 @@ def reencode(fp32_path, qdq_path, feeds, block: int | None, rounding: str, table
     weights and the weight-shared binary stores them once). Saved with external data above
     2 GB. ``more``: (fp32 graph path, feeds) of other graphs that use the same weights (an LLM
     part's decode graph): their inputs join the Hessians, rows weighted equally.
-    Returns {"int4_weights": n, "block_size", "rounding", "tables_8bit": [names]}."""
+    Returns {"int4_weights": n, "block_size", "rounding", "tables_8bit": [names]}; {} without
+    reading anything when nothing is asked (no block, round to nearest, no tables)."""
     from pathlib import Path
 
     from onnx import numpy_helper
 
     from .graphs import save_model
 
+    if not (block or rounding != "nearest" or tables):
+        return {}
     fp32_path, qdq_path = Path(fp32_path), Path(qdq_path)
     old_data = {e.value for t in onnx.load(str(qdq_path), load_external_data=False).graph.initializer
                 for e in t.external_data if e.key == "location"}
@@ -345,7 +340,7 @@ def reencode(fp32_path, qdq_path, feeds, block: int | None, rounding: str, table
     todo = {w for w in names if rounding == "gptq" and not (saved and saved(w).is_file())}
     H, rows = {}, 0
     for path, fs in ((fp32_path, feeds), *more) if todo else ():
-        h, n = hessians(onnx.load(str(path)), fs, todo, mean=False)
+        h, n = hessians(onnx.load(str(path)), fs, todo)
         rows += n
         for w, x in h.items():
             H[w] = H[w] + x if w in H else x

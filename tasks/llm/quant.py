@@ -104,7 +104,7 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
             nodes_to_exclude=cfg.nodes_to_exclude, calibrate_method=cfg.calibrate_method,
             use_external_data_format=weight_bytes > 2 * 1024**3, extra_options=cfg.extra_options,
             calibration_cache_path=str(ranges_path))
-        if four_bit and (block_size or rounding != "nearest" or embedding_bits == 8):
+        if four_bit:
             from ..weights import reencode
 
             reencode(src, out_path, feeds, block_size, rounding, embedding_bits == 8, codes_dir, more)
@@ -187,12 +187,13 @@ def quantize_llm(src, model_dir, calib_text, params: dict, out, work=None, parts
             report[rel] = {"quantize_linear": ops.count("QuantizeLinear"),
                            "dequantize_linear": ops.count("DequantizeLinear"), "calibration_feeds": len(stores[g])}
             if weight == "int4":  # what tasks.weights.reencode wrote: LPBQ weights, 8-bit tables
+                from ..weights import gather_tables_8bit
+
                 inits = {i.name: i.data_type for i in qm.graph.initializer}
                 report[rel].update(
                     block_wise_weights=sum(n.endswith("_bint") for n in inits),
                     int4_weights=sum(t == onnx.TensorProto.INT4 and n.endswith("_quantized") for n, t in inits.items()),
-                    tables_8bit=sorted(n for n in inits if n.endswith("embed_tokens.weight_quantized")
-                                       and inits[n] == onnx.TensorProto.UINT8))
+                    tables_8bit=gather_tables_8bit(qm))
             shutil.rmtree(stores[g].dir, ignore_errors=True)
         shutil.rmtree(staged, ignore_errors=True)
         shutil.rmtree(work / "codes" / f"part{i}", ignore_errors=True)

@@ -21,7 +21,6 @@ With ``w4a16``, :func:`quantize_graph` then re-encodes the int4 weights (``block
 
 from __future__ import annotations
 
-import re
 import tempfile
 from pathlib import Path
 
@@ -143,6 +142,7 @@ def quantize_graph(src: Path, dst: Path, feeds: list[dict], params: dict) -> dic
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config, qnn_preprocess_model
 
     from .. import weights
+    from ..quantconfig import matching_weights
 
     wname, aname = PRECISIONS[params["precision"]]
     four = wname == "QInt4"
@@ -159,7 +159,7 @@ def quantize_graph(src: Path, dst: Path, feeds: list[dict], params: dict) -> dic
                 onnx.save(model, str(pre))
         overrides = weight_overrides(model, params["precision"], params["per_channel"])
         for o in params.get("overrides", []):
-            for name in sorted(weights.match_nodes(model, o["pattern"])):
+            for name in sorted(matching_weights(model, o["pattern"])):
                 overrides[name] = [{"quant_type": getattr(QuantType, BITS[o["weight_bits"]]),
                                     **({"symmetric": True, "axis": 1} if name in overrides else {})}]
         cfg = get_qnn_qdq_config(str(pre), ListReader(feeds, f"{src.stem} calibration samples"),
@@ -170,10 +170,9 @@ def quantize_graph(src: Path, dst: Path, feeds: list[dict], params: dict) -> dic
         if big:
             cfg.use_external_data_format = True
         quantize(str(pre), str(dst), cfg)
-        block, rounding = params.get("block_size"), params.get("rounding", "nearest")
-        tables = params.get("embedding_bits", 16) == 8
-        if four and (block or rounding != "nearest" or tables):
-            info.update(weights.reencode(pre, dst, feeds, block, rounding, tables))
+        if four:
+            info.update(weights.reencode(pre, dst, feeds, params.get("block_size"), params.get("rounding", "nearest"),
+                                         params.get("embedding_bits", 16) == 8))
     q = onnx.load(str(dst), load_external_data=False)
     ops = [n.op_type for n in q.graph.node]
     return {"quantize_linear": ops.count("QuantizeLinear"), "dequantize_linear": ops.count("DequantizeLinear"),
