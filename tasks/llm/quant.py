@@ -29,7 +29,7 @@ def stage_part(export_dir, part: dict, work) -> Path:
 
 def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
                  activation_type: str = "uint16", per_channel: bool = True,
-                 matmul_per_channel: bool = True, keep_8bit: tuple | None = None, work=None,
+                 matmul_per_channel: bool = True, keep_8bit: tuple = (), work=None,
                  block_size: int | None = None, rounding: str = "nearest", embedding_bits: int = 16,
                  codes_dir=None, more=()) -> Path:
     """Quantize ``fp32_path`` (one exported graph) to a QDQ model at ``out_path``.
@@ -43,9 +43,10 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
         per_channel: ORT's QNN per-channel switch (Conv/ConvTranspose/Gemm weights).
         matmul_per_channel: also make MatMul weights per-channel (axis 1, symmetric) via
             :func:`matmul_weight_overrides`; our graphs have only MatMul weights.
-        keep_8bit: MatMul name fragments kept at uint8 when ``weight_type`` is 4-bit; default
-            ``("lm_head",)`` per-channel, ``()`` with ``block_size`` (block-wise int4 lm_head
-            measured at logits cosine 0.99+ on the simulator; issue 21). Measured on the HTP simulator (tiny Llama prefill, logits cosine HTP vs
+        keep_8bit: regular expressions (recipe ``overrides`` with ``weight_bits: 8``) of MatMul
+            weights kept at uint8 when ``weight_type`` is 4-bit; per-channel int4 also keeps
+            ``lm_head`` at 8 bits, overrides or not; with ``block_size`` it is int4 too
+            (block-wise int4 lm_head measured at logits cosine 0.99+ on the simulator; issue 21). Measured on the HTP simulator (tiny Llama prefill, logits cosine HTP vs
             the same QDQ model on CPU): any single group of int4 MatMuls 0.999+, all int4 except
             lm_head 0.99997, all int4 *including* lm_head 0.62 (and -0.03 with per-tensor int4):
             an HTP-side problem, not quantization loss (the QDQ model on CPU is fine).
@@ -84,8 +85,8 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
         names = {i.name for i in model.graph.initializer}
         overrides = {n: [{"quant_type": QuantType.QUInt16}] for n in ROPE_TABLES if n in names}
         four_bit = weight_type in ("int4", "uint4")
-        if keep_8bit is None:
-            keep_8bit = ("lm_head",) if four_bit and not block_size else ()
+        if four_bit and not block_size:
+            keep_8bit = ("lm_head", *keep_8bit)
         if matmul_per_channel or four_bit:
             overrides.update(matmul_weight_overrides(model, weight_type, keep_8bit=keep_8bit))
         weight_bytes = sum(i.ByteSize() if not i.external_data else
@@ -148,8 +149,6 @@ def quantize_llm(src, model_dir, calib_text, params: dict, out, work=None, parts
     weight = {"w8a16": "uint8", "w4a16": "int4", "w8a8": "uint8"}[params["precision"]]
     act = "uint8" if params["precision"] == "w8a8" else "uint16"
     keep = tuple(o["pattern"] for o in params.get("overrides", []) if o["weight_bits"] == 8)
-    if weight == "int4" and not params.get("block_size"):
-        keep = ("lm_head", *keep)  # per-channel int4 keeps lm_head at 8 bits (quantize_qdq), overrides or not
     report, rows = {}, []
     clock = {"t": time.perf_counter()}
     peak_rss_reset()
