@@ -1,5 +1,12 @@
 """Python child processes: the one runner for work that must happen in a fresh interpreter.
 
+Stage code runs a named function of a real module in the child (:func:`run_function`:
+``python -m tasks.child`` unpickles ``(function, args, kwargs)`` from its stdin and calls it),
+never source text: the function's module is imported by the stage's own code, so the import
+graph, and with it the stage key's code digest, covers what the child runs (issue 24: text
+passed to ``python -c`` hid ``tasks.llm.qnn`` from ``compile:<llm>``'s key).
+:func:`run_python` (a code string) is left for benchmarks and tests.
+
 Used by the encoder compile (``tasks/qnn.py``: the QNN EP numbers tensors with process-wide
 counters, so each graph compiles in a new process), the LLM quantize and compile (one graph's
 memory at a time, and a peak that belongs to that graph) and the benchmarks. Imports nothing
@@ -12,7 +19,9 @@ parent's peak instead (measured here while writing issue 8's benchmark).
 
 from __future__ import annotations
 
+import json
 import os
+import pickle
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -75,20 +84,41 @@ def run_python(code: str, *, cwd=None, env: dict | None = None, timeout: float |
     (``PYTHONPATH`` starts with :data:`PACKAGE_ROOT`) and ``env`` added to this process's
     environment; in ``cwd`` if given. ``forward``: write the child's stdout / stderr to ours once
     it ended (inside a stage they go to its log). Raises subprocess.TimeoutExpired after
-    ``timeout`` seconds (the child is killed)."""
+    ``timeout`` seconds (the child is killed). Stage code uses :func:`run_function`."""
+    return _run([sys.executable, "-c", _REPORT_PEAK + code], None, cwd, env, timeout, forward)
+
+
+def run_function(fn, *args, cwd=None, env: dict | None = None, timeout: float | None = None,
+                 forward: bool = False, **kwargs) -> Result:
+    """Call ``fn(*args, **kwargs)`` in a child process (``python -m tasks.child``), as
+    :func:`run_python` runs code: same environment, ``cwd``, ``timeout`` and ``forward``, the
+    same :class:`Result` (exit code 1 and the traceback on stderr when ``fn`` raises).
+
+    ``fn`` must be a module-level function (it is pickled by reference: module and name) and
+    ``args`` / ``kwargs`` picklable (paths, numbers, dicts, :class:`tasks.llm.calib.FeedStore`).
+    The caller imports ``fn`` itself, so the module the child runs is in the caller's import
+    graph (the stage key's code digest, ``tasks.engine.code_modules``). Raises
+    pickle.PicklingError for a lambda or a nested function, before any child starts."""
+    payload = pickle.dumps((fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+    return _run([sys.executable, "-m", "tasks.child"], payload, cwd, env, timeout, forward)
+
+
+def _run(argv, payload: bytes | None, cwd, env, timeout, forward) -> Result:
     full = dict(os.environ, **(env or {}))
     full["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), full.get("PYTHONPATH")]))
-    with subprocess.Popen([sys.executable, "-c", _REPORT_PEAK + code], stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, env=full, cwd=None if cwd is None else str(cwd)) as p:
+    with subprocess.Popen(argv, stdin=subprocess.PIPE if payload is not None else subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full,
+                          cwd=None if cwd is None else str(cwd)) as p:
         _RUNNING.add(p)
         try:
-            stdout, stderr = p.communicate(timeout=timeout)
+            out_b, err_b = p.communicate(input=payload, timeout=timeout)
         except BaseException:  # a timeout, or Ctrl-C in this thread: the child goes too
             p.kill()
             p.wait()
             raise
         finally:
             _RUNNING.discard(p)
+    stdout, stderr = (b.decode("utf-8", "replace") for b in (out_b, err_b))
     peak, err = None, []
     for ln in stderr.splitlines(keepends=True):
         if ln.startswith(_PEAK):
@@ -102,3 +132,33 @@ def run_python(code: str, *, cwd=None, env: dict | None = None, timeout: float |
         sys.stderr.write(r.stderr)
         sys.stderr.flush()
     return r
+
+
+#: a folder: every stage process and :func:`run_function` child writes the ``tasks`` modules
+#: it had loaded there (``<stage task>.<who>.json``), for the test that a stage's key covers
+#: the code it runs (tests/test_keys.py). Unset: nothing is written.
+TRACE_ENV, TRACE_STAGE_ENV = "NPUBUILD_TRACE_MODULES", "NPUBUILD_TRACE_STAGE"
+
+
+def write_trace(who: str, modules) -> None:
+    """With :data:`TRACE_ENV` set, write the sorted ``tasks`` module names of ``modules`` to
+    ``$NPUBUILD_TRACE_MODULES/<stage>.<who>.json`` (stage: :data:`TRACE_STAGE_ENV`)."""
+    folder = os.environ.get(TRACE_ENV)
+    if not folder:
+        return
+    names = sorted(m for m in modules if m == "tasks" or m.startswith("tasks."))
+    stage = os.environ.get(TRACE_STAGE_ENV, "none").replace(":", "@")
+    Path(folder, f"{stage}.{who}.json").write_text(json.dumps(names))
+
+
+def _main() -> None:  # python -m tasks.child: the child side of run_function
+    exec(_REPORT_PEAK, {})
+    fn, args, kwargs = pickle.load(sys.stdin.buffer)
+    try:
+        fn(*args, **kwargs)
+    finally:
+        write_trace(f"child{os.getpid()}", list(sys.modules))
+
+
+if __name__ == "__main__":
+    _main()

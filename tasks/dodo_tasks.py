@@ -186,7 +186,7 @@ def _expected_errors() -> tuple:
     """Errors that explain themselves: shown as one message, without a traceback."""
     from .graphs import GraphError
     from .qnn import NotOnNPU
-    from .stages.download import SourceError
+    from .sources import SourceError
 
     from .cache import DiskFull, LockTimeout
     from .recipe import RecipeError

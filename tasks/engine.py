@@ -441,7 +441,7 @@ def build_spec(spec: StageSpec, upstream: dict[str, Entry], cache: Cache,
     :meth:`Resolver.failures`)."""
     import shutil
 
-    from . import heap, stagelog
+    from . import child, heap, stagelog
 
     mod = spec.module
     material = material or key_material(spec, upstream)
@@ -450,8 +450,12 @@ def build_spec(spec: StageSpec, upstream: dict[str, Entry], cache: Cache,
 
     def build(out: Path) -> dict:
         log = out.parent / stagelog.LOG_NAME
+        tracing = bool(os.environ.get(child.TRACE_ENV))
         try:
             heap.keep_freed(heap.input_bytes(upstream) <= heap.KEEP_INPUT_MAX)
+            if tracing:  # the modules this stage loads, here and in its children (tests/test_keys.py)
+                before = set(sys.modules)
+                os.environ[child.TRACE_STAGE_ENV] = spec.task
             with stagelog.capture(log, spec.task):
                 print(f"{spec.task}: {spec.kind} {key} (recipe {spec.recipe}), {time.strftime('%Y-%m-%d %H:%M:%S')}",
                       flush=True)
@@ -462,6 +466,10 @@ def build_spec(spec: StageSpec, upstream: dict[str, Entry], cache: Cache,
                 shutil.copyfile(log, kept_log)
                 e.add_note(f"log: {kept_log}")
             raise
+        finally:
+            if tracing:
+                child.write_trace("stage", set(sys.modules) - before)
+                os.environ.pop(child.TRACE_STAGE_ENV, None)
 
     base = {
         "material": material,  # lets a remote reader check that the entry is this key's

@@ -115,13 +115,12 @@ def compile_in_subprocess(qdq: Path, ctx: Path, target: str, disable_cpu_ep_fall
     :func:`compile_settled`.)
     Raises NotOnNPU (rebuilt from the child's report) or RuntimeError with the child's stderr.
     """
-    from .child import run_python
+    from .child import run_function
 
     spec = {"qdq": Path(qdq).name, "ctx": str(Path(ctx).absolute()), "target": target,
             "disable_cpu_ep_fallback": disable_cpu_ep_fallback, "config": config or {},
             "extra_provider_options": extra_provider_options or {}}
-    r = run_python(f"from tasks.qnn import _compile_child\n_compile_child({json.dumps(spec)!r})\n",
-                   cwd=Path(qdq).absolute().parent)
+    r = run_function(_compile_child, json.dumps(spec), cwd=Path(qdq).absolute().parent)
     if r.returncode == 0:  # the child's output (QNN / onnxruntime logs) goes to ours: the stage's log
         sys.stdout.write(r.stdout)
         sys.stderr.write(r.stderr)

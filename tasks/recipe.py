@@ -23,6 +23,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from . import plancache
+from .precisions import DEFAULT_PRECISION, FOUR_BIT, NAMES as PRECISION_NAMES
+from .targets import DEFAULT_TARGET
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -365,7 +367,7 @@ class Override(_Strict):
 
 
 class QuantizeCfg(_Strict):
-    precision: Literal["w8a16", "w4a16", "w8a8"] = "w8a16"
+    precision: Literal[PRECISION_NAMES] = DEFAULT_PRECISION
     per_channel: bool = True
     block_size: Optional[Literal[32, 64, 128]] = Field(
         None, description="4-bit weights: null = per-channel, else rows of in-features per block (LPBQ, "
@@ -395,9 +397,9 @@ class QuantizeCfg(_Strict):
     def _four_bit_only(cls, v, info):
         default = cls.model_fields[info.field_name].default
         precision = info.data.get("precision")
-        if v != default and precision not in (None, "w4a16"):
+        if v != default and precision not in (None, FOUR_BIT):
             raise ValueError(f"expected {json.dumps(default)} with precision {precision} (it applies to 4-bit "
-                             f"weights: precision w4a16; set it to null where it comes through extends), "
+                             f"weights: precision {FOUR_BIT}; set it to null where it comes through extends), "
                              f"found {json.dumps(v)}")
         if v != default and info.field_name != "embedding_bits" and info.data.get("per_channel") is False:
             raise ValueError(f"expected per_channel: true with {info.field_name} {json.dumps(v)} (block-wise and GPTQ "
@@ -406,7 +408,7 @@ class QuantizeCfg(_Strict):
 
 
 class CompileCfg(_Strict):
-    targets: list[str] = Field(default_factory=lambda: ["x-elite"], min_length=1)
+    targets: list[str] = Field(default_factory=lambda: [DEFAULT_TARGET], min_length=1)
     disable_cpu_ep_fallback: bool = Field(True, description="encoder: allow no CPU node (LLM graphs always all on HTP)",
                                           **ENCODER)
     weight_sharing: bool = Field(True, description="llm: compile prefill+decode of a part into one binary", **LLM)

@@ -32,6 +32,10 @@ TARGETS: dict[str, Target] = {t.name: t for t in [
 ]}
 
 
+#: the target of a recipe that names none, and of the QNN helpers called without one
+DEFAULT_TARGET = "x-elite"
+
+
 def get(name: str) -> Target:
     """The target ``name``. Raises KeyError listing the known targets."""
     try:

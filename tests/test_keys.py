@@ -123,3 +123,60 @@ def test_no_import_cycles():
             visit(m, [])
     assert len(graph) > 40 and sum(map(len, graph.values())) > 60  # the graph was really read
     assert cycles == [], cycles
+
+
+def test_editing_the_llm_compiler_changes_the_llm_compile_key(tmp_path):
+    """Issue 24: the LLM compile ran ``tasks.llm.qnn`` in a child given as source text, so the
+    code digest (which follows imports) never saw it: an edit left ``compile:<llm>`` up to date
+    with the old binaries. The child now runs a named function the stage imports."""
+    r = _probe(tmp_path, "compile", "llm")
+    assert "tasks.llm.qnn" in r["modules"] and "tasks.llm.qnn" in r["changed"], r
+    assert "tasks.child" in r["modules"]
+
+
+TRACED = r"""
+import json, sys
+from tasks import engine
+out = {}
+for recipe in sys.argv[1:]:
+    for spec in engine.plan(recipe).values():
+        out[spec.task] = sorted(engine.code_files(spec))
+print(json.dumps(out))
+"""
+
+
+def traced_modules_outside_keys(project, recipes, trace) -> dict:
+    """{file of ``trace`` (a NPUBUILD_TRACE_MODULES folder): the ``tasks`` modules that process
+    had loaded (a stage process: those the stage imported; a child: all) and that the stage's
+    code digest does not cover}; also asserts that traces were written for stage processes and
+    their children."""
+    import subprocess
+
+    p = subprocess.run([sys.executable, "-c", TRACED, *recipes], env=project.env, capture_output=True, text=True,
+                       cwd=project.root)
+    assert p.returncode == 0, p.stderr[-2000:]
+    covered = json.loads(p.stdout.splitlines()[-1])
+    files = sorted(trace.glob("*.json"))
+    assert any(".child" in f.name for f in files) and any(".stage." in f.name for f in files), files
+    missing = {}
+    for f in files:
+        task = f.name.split(".")[0].replace("@", ":")
+        # the package itself and the child runner's entry (run as __main__) are plumbing
+        extra = set(json.loads(f.read_text())) - set(covered[task]) - {"tasks"}
+        if extra:
+            missing[f.name] = sorted(extra)
+    return missing
+
+
+def test_every_module_an_encoder_stage_runs_is_in_its_key(project, tmp_path):
+    """Through the doit CLI: every ``tasks`` module a stage loads, in its own process or in its
+    children (the compile child, verify's HTP children), is in that stage's code digest."""
+    project.recipe("t", backend="htp")
+    trace = tmp_path / "trace"
+    trace.mkdir()
+    project.env["NPUBUILD_TRACE_MODULES"] = str(trace)
+    run = project.doit("run", "build:t")
+    assert run.ran() == ["compile:t", "download:t", "export:t", "prepatch:t", "quantize:t", "verify:t"]
+    children = [f.name for f in trace.glob("*.child*.json")]
+    assert any(n.startswith("compile@t.") for n in children) and any(n.startswith("verify@t.") for n in children), children
+    assert traced_modules_outside_keys(project, ["t"], trace) == {}

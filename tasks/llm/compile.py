@@ -22,12 +22,13 @@ from pathlib import Path
 
 from ..qnn import provider_options
 from ..targets import get as get_target
-from ..child import run_python
+from ..child import run_function
+from . import qnn as llm_qnn
 
 
-def _run(code: str) -> int:
-    """Run ``code`` in a fresh process; returns its peak RSS in bytes (0 if unknown)."""
-    r = run_python(code, timeout=24 * 3600, forward=True)
+def _run(fn, *args, cwd=None, **kwargs) -> int:
+    """``fn(*args, **kwargs)`` in a fresh process (in ``cwd``); returns its peak RSS in bytes (0 if unknown)."""
+    r = run_function(fn, *args, cwd=cwd, timeout=24 * 3600, forward=True, **kwargs)
     if r.returncode != 0:
         raise RuntimeError(f"LLM compile failed (exit {r.returncode}):\n{r.tail(2000)}")
     return r.peak_rss or 0
@@ -44,7 +45,7 @@ def compile_llm(src: Path, out: Path, params: dict, parts=None) -> dict:
 
     from .genai import bundle_files, write_genai_config
 
-    t = get_target(params["target"])
+    target = get_target(params["target"]).name  # a KeyError listing the targets, before any child starts
     desc = json.loads((src / "export.json").read_text())
     shutil.copyfile(src / "export.json", out / "export.json")
     if desc.get("embed_file"):
@@ -58,18 +59,16 @@ def compile_llm(src: Path, out: Path, params: dict, parts=None) -> dict:
         i = p["index"]
         t0, peaks = time.perf_counter(), []
         pre, dec = (str(src / p[g]["path"]) for g in ("prefill", "decode"))
-        here = f"import os\nos.chdir({str(Path(pre).parent)!r})\n"  # graph names from relative paths
+        here = Path(pre).parent  # the child's working folder: graph names from relative paths
         single = out / f"part{i}"
         for g, path in (("prefill", pre), ("decode", dec)):
-            peaks.append(_run(here + f"from tasks.llm.qnn import compile_single\n"
-                 f"compile_single({path!r}, {str(single)!r}, name={g!r}, soc_model={t.soc_model}, htp_arch={t.htp_arch})\n"))
+            peaks.append(_run(llm_qnn.compile_single, path, str(single), cwd=here, name=g, target=target))
             bar.update()
         row = {"part": i, "single_bytes": {g: sum(b.stat().st_size for b in single.glob(f"{g}_ctx*.bin"))
                                            for g in ("prefill", "decode")}}
         if params.get("weight_sharing", True):
             shared = out / "shared" / f"part{i}"
-            peaks.append(_run(here + f"from tasks.llm.qnn import compile_shared\n"
-                 f"compile_shared({pre!r}, {dec!r}, {str(shared)!r}, soc_model={t.soc_model}, htp_arch={t.htp_arch})\n"))
+            peaks.append(_run(llm_qnn.compile_shared, pre, dec, str(shared), target, cwd=here))
             bar.update()
             row["shared_bytes"] = sum(b.stat().st_size for b in shared.glob("*.bin"))
             row["shared_ratio"] = row["shared_bytes"] / sum(row["single_bytes"].values())

@@ -124,23 +124,23 @@ def check(stage: str, estimate: int, part: int, *, recipe_keys: str) -> None:
 
 
 def check_stage(stage: str, config: dict, *, parts: int, seq_len: int, context_len: int,
-                embed_in_part: bool = True, precision: str = "w4a16") -> int:
+                embed_in_part: bool = True, weight_bits: int = 4) -> int:
     """Estimate ``stage``'s peak for this model and export shape and :func:`check` it; returns
-    the estimate in bytes. Raises :class:`NotEnoughMemory` (naming ``export.parts``,
+    the estimate in bytes. ``weight_bits``: of the quantized weights (``tasks/precisions.py``;
+    4 where the stage does not know the recipe's precision: compile and verify, issue 22). Raises :class:`NotEnoughMemory` (naming ``export.parts``,
     ``export.context_length``, ``export.sequence_length`` with their values) or ValueError
     for a bad ``parts``."""
     from .parts import split_for
 
     ranges = split_for(config, parts, embed_in_part)
-    est, part = estimates(config, ranges, seq_len, context_len, embed_in_part,
-                          4 if precision == "w4a16" else 8)[stage]
+    est, part = estimates(config, ranges, seq_len, context_len, embed_in_part, weight_bits)[stage]
     check(stage, est, part, recipe_keys=f"export.parts (now {parts}: more parts, smaller parts), "
                                         f"export.context_length (now {context_len}) or "
                                         f"export.sequence_length (now {seq_len})")
     return est
 
 
-def check_export_stage(stage: str, export_dir, precision: str = "w4a16") -> int:
+def check_export_stage(stage: str, export_dir, weight_bits: int = 4) -> int:
     """:func:`check_stage` for a stage whose input is an export (or a copy of one): the model
     config and the export shape are read from ``export_dir`` (``config.json``, ``export.json``)."""
     import json
@@ -150,7 +150,7 @@ def check_export_stage(stage: str, export_dir, precision: str = "w4a16") -> int:
     cfg = json.loads((export_dir / "config.json").read_text(encoding="utf-8"))
     return check_stage(stage, cfg, parts=len(desc["parts"]), seq_len=desc["seq_len"],
                        context_len=desc["context_len"], embed_in_part=desc["embed"] == "part0",
-                       precision=precision)
+                       weight_bits=weight_bits)
 
 
 # What a non-LLM stage asks of a cluster worker: the encoders built here (MiniLM-sized) peak
@@ -170,7 +170,7 @@ def source_config(download_params: dict) -> dict:
 
         f = hf_hub_download(download_params["hf"], "config.json", revision=download_params.get("revision"))
     else:
-        from ..stages.download import local_folder
+        from ..sources import local_folder
 
         f = local_folder(download_params) / "config.json"
     return json.loads(Path(f).read_text(encoding="utf-8"))
@@ -192,11 +192,12 @@ def plan_estimate(specs: dict, stage: str) -> int:
     from .parts import split_for
 
     cfg = source_config(specs["download"].params)
-    precision = specs["quantize"].params.get("precision", "w4a16")
+    from ..precisions import get as get_precision
+
+    bits = get_precision(specs["quantize"].params["precision"]).weight_bits
     embed_in_part = ex.get("embedding", "first-part") == "first-part"
     est = estimates(cfg, split_for(cfg, ex["parts"], embed_in_part), ex["sequence_length"],
-                    ex["context_length"], embed_in_part,
-                    4 if precision == "w4a16" else 8)
+                    ex["context_length"], embed_in_part, bits)
     kind = spec.kind
     if kind == "patch":
         kind = "quantize" if spec.inputs.get("model") in ("export",) else "compile"

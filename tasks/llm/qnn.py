@@ -19,26 +19,20 @@ import time
 from pathlib import Path
 
 from .. import qnn as _qnn
-from ..targets import TARGETS
+from ..targets import DEFAULT_TARGET
 
 
-def _target_for(soc_model: int, htp_arch: int) -> str:
-    for t in TARGETS.values():
-        if (t.soc_model, t.htp_arch) == (int(soc_model), int(htp_arch)):
-            return t.name
-    raise KeyError(f"no target with soc_model={soc_model}, htp_arch={htp_arch} in tasks/targets.py")
-
-
-def make_qnn_session(path, *, soc_model: int = 60, htp_arch: int = 73, config: dict | None = None,
+def make_qnn_session(path, *, target: str = DEFAULT_TARGET, config: dict | None = None,
                      cpu_fallback: bool = False, **extra_provider_options):
     """``onnxruntime.InferenceSession`` on QNN HTP for ``path`` (QDQ or ``_ctx.onnx``; ``bytes``
-    are passed through), built with :func:`tasks.qnn.session_options`.
+    are passed through), built with :func:`tasks.qnn.session_options` for the named ``target``
+    (``tasks/targets.py``; a KeyError lists the known ones).
 
     ``config``: extra session config entries; ``cpu_fallback=False`` sets
     ``session.disable_cpu_ep_fallback=1`` (session creation fails if any node is not on HTP)."""
     import onnxruntime as ort
 
-    so = _qnn.session_options(_target_for(soc_model, htp_arch), config, not cpu_fallback, extra_provider_options)
+    so = _qnn.session_options(target, config, not cpu_fallback, extra_provider_options)
     return ort.InferenceSession(path if isinstance(path, bytes) else str(path), sess_options=so)
 
 
@@ -47,7 +41,7 @@ def qnn_session_factory(**kw):
     return lambda path: make_qnn_session(path, **kw)
 
 
-def _compile(qdq, ctx_path: Path, soc_model, htp_arch, config=None, **extra):
+def _compile(qdq, ctx_path: Path, target: str, config=None, **extra):
     cfg = {"ep.context_enable": "1", "ep.context_embed_mode": "0",
            "ep.context_file_path": str(ctx_path)}
     cfg.update(config or {})
@@ -55,7 +49,7 @@ def _compile(qdq, ctx_path: Path, soc_model, htp_arch, config=None, **extra):
     # the path as given names the compiled graph (see tasks/qnn.py compile_graph): callers run
     # in the graphs' folder (tasks/llm/compile.py) so it is "prefill.onnx" / "decode.onnx"
     src = os.path.relpath(qdq)
-    sess = make_qnn_session(src, soc_model=soc_model, htp_arch=htp_arch, config=cfg, **extra)
+    sess = make_qnn_session(src, target=target, config=cfg, **extra)
     del sess
     return time.perf_counter() - t
 
@@ -64,8 +58,7 @@ def _bins(out_dir: Path, before: set) -> list[Path]:
     return sorted(p for p in out_dir.glob("*.bin") if p not in before)
 
 
-def compile_single(qdq, out_dir, *, name: str | None = None, soc_model: int = 60,
-                   htp_arch: int = 73) -> dict:
+def compile_single(qdq, out_dir, *, name: str | None = None, target: str = DEFAULT_TARGET) -> dict:
     """Compile one QDQ graph to ``out_dir/<name>_ctx.onnx`` + its own context binary.
 
     ``name`` defaults to the QDQ file's stem. Existing outputs are replaced (ORT refuses to
@@ -79,13 +72,13 @@ def compile_single(qdq, out_dir, *, name: str | None = None, soc_model: int = 60
     for old in [ctx, *out_dir.glob(f"{name}_ctx*.bin")]:
         old.unlink(missing_ok=True)
     before = set(out_dir.glob("*.bin"))
-    secs = _compile(qdq, ctx, soc_model, htp_arch)
+    secs = _compile(qdq, ctx, target)
     bins = _bins(out_dir, before)
     return {"ctx": str(ctx), "bin": str(bins[0]) if bins else None,
             "bin_bytes": sum(b.stat().st_size for b in bins), "seconds": secs}
 
 
-def compile_shared(prefill_qdq, decode_qdq, out_dir, soc_model: int = 60, htp_arch: int = 73,
+def compile_shared(prefill_qdq, decode_qdq, out_dir, target: str = DEFAULT_TARGET,
                    *, names=("prefill", "decode")) -> dict:
     """Compile prefill + decode into ONE weight-shared context binary.
 
@@ -106,29 +99,29 @@ def compile_shared(prefill_qdq, decode_qdq, out_dir, soc_model: int = 60, htp_ar
         cfg = {"ep.share_ep_contexts": "1"}
         if i == 1:
             cfg["ep.stop_share_ep_contexts"] = "1"
-        t += _compile(qdq, ctx, soc_model, htp_arch, config=cfg, enable_htp_weight_sharing="1")
+        t += _compile(qdq, ctx, target, config=cfg, enable_htp_weight_sharing="1")
     bins = sorted(out_dir.glob("*.bin"))
     return {"ctx": [str(c) for c in ctxs], "bins": [str(b) for b in bins],
             "bin_bytes": sum(b.stat().st_size for b in bins), "seconds": t}
 
 
-def load_shared_probe(ctx_paths, *, soc_model: int = 60, htp_arch: int = 73,
-                      timeout: float = 300) -> dict:
+def load_shared_probe(ctx_paths, *, target: str = DEFAULT_TARGET, timeout: float = 300) -> dict:
     """Try, in a child process, to load the given ``_ctx.onnx`` models (sharing one context
     binary) in one process with ``ep.share_ep_contexts=1`` and run nothing. Returns
     ``{"returncode": int, "loaded": bool, "tail": str}``; returncode -11 = the simulator segfault
     seen for multi-graph binaries on x86_64 (onnxruntime-qnn 2.7.0 / QNN 2.51)."""
-    paths = [str(p) for p in ctx_paths]
-    code = (
-        "from tasks.llm import qnn\n"
-        f"paths = {paths!r}\n"
-        "ss = []\n"
-        "for i, p in enumerate(paths):\n"
-        "    cfg = {'ep.share_ep_contexts': '1'}\n"
-        "    if i == len(paths) - 1: cfg['ep.stop_share_ep_contexts'] = '1'\n"
-        f"    ss.append(qnn.make_qnn_session(p, soc_model={soc_model}, htp_arch={htp_arch}, config=cfg))\n"
-        "print('LOADED', flush=True)\n")
-    from ..child import run_python
+    from ..child import run_function
 
-    r = run_python(code, timeout=timeout)
+    r = run_function(_load_shared, [str(p) for p in ctx_paths], target, timeout=timeout)
     return {"returncode": r.returncode, "loaded": r.returncode == 0 and "LOADED" in r.stdout, "tail": r.tail(600)}
+
+
+def _load_shared(paths: list[str], target: str) -> None:
+    """The child side of :func:`load_shared_probe`: open every graph, print ``LOADED``."""
+    sessions = []
+    for i, p in enumerate(paths):
+        cfg = {"ep.share_ep_contexts": "1"}
+        if i == len(paths) - 1:
+            cfg["ep.stop_share_ep_contexts"] = "1"
+        sessions.append(make_qnn_session(p, target=target, config=cfg))
+    print("LOADED", flush=True)

@@ -139,15 +139,17 @@ def quantize_llm(src, model_dir, calib_text, params: dict, out, work=None, parts
 
     import onnx
 
+    from ..precisions import get as get_precision
     from .calib import collect_calibration_feeds
     from .memory import peak_rss, peak_rss_reset
-    from ..child import run_python
+    from ..child import run_function
+    from .calib import FeedStore
 
     src, out = Path(src), Path(out)
     work = Path(work) if work else Path(tempfile.mkdtemp(prefix=".calib-", dir=out.parent))
     desc = json.loads((src / "export.json").read_text())
-    weight = {"w8a16": "uint8", "w4a16": "int4", "w8a8": "uint8"}[params["precision"]]
-    act = "uint8" if params["precision"] == "w8a8" else "uint16"
+    prec = get_precision(params["precision"])
+    weight, act = prec.weight_type, prec.activation_type
     keep = tuple(o["pattern"] for o in params.get("overrides", []) if o["weight_bits"] == 8)
     report, rows = {}, []
     clock = {"t": time.perf_counter()}
@@ -169,15 +171,14 @@ def quantize_llm(src, model_dir, calib_text, params: dict, out, work=None, parts
             # GPTQ (prefill first): the decode graph's inputs join the prefill's Hessians, and
             # decode then takes prefill's codes (one set of weights for the shared binary)
             other = p["decode"]["path"]
-            more = (f"[({str(staged / Path(other).name)!r}, FeedStore({str(stores['decode'].dir)!r}))]"
-                    if g == "prefill" and params.get("rounding") == "gptq" else "()")
-            code = (f"from tasks.llm.quant import quantize_qdq\nfrom tasks.llm.calib import FeedStore\n"
-                    f"quantize_qdq({str(staged / Path(rel).name)!r}, {str(out / rel)!r}, FeedStore({str(stores[g].dir)!r}), "
-                    f"weight_type={weight!r}, activation_type={act!r}, per_channel={params['per_channel']!r}, "
-                    f"keep_8bit={keep!r}, work={str(work / 'q' / g)!r}, block_size={params.get('block_size')!r}, "
-                    f"rounding={params.get('rounding', 'nearest')!r}, embedding_bits={params.get('embedding_bits', 16)!r}, "
-                    f"codes_dir={str(work / 'codes' / f'part{i}')!r}, more={more})\n")
-            r = run_python(code, timeout=24 * 3600, forward=True)
+            more = ([(str(staged / Path(other).name), FeedStore(stores["decode"].dir))]
+                    if g == "prefill" and params.get("rounding") == "gptq" else ())
+            r = run_function(
+                quantize_qdq, str(staged / Path(rel).name), str(out / rel), FeedStore(stores[g].dir),
+                weight_type=weight, activation_type=act, per_channel=params["per_channel"], keep_8bit=keep,
+                work=str(work / "q" / g), block_size=params.get("block_size"),
+                rounding=params.get("rounding", "nearest"), embedding_bits=params.get("embedding_bits", 16),
+                codes_dir=str(work / "codes" / f"part{i}"), more=more, timeout=24 * 3600, forward=True)
             if r.returncode != 0:
                 raise RuntimeError(f"quantizing {rel} failed (exit {r.returncode}):\n{r.tail(2000)}")
             peaks.append(r.peak_rss or 0)

@@ -129,7 +129,6 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
 
     from transformers import AutoTokenizer
 
-    from .. import targets
     from ..metrics import agreement, cosine, perplexity
     from ..scrubbing import scrub
     from . import qnn as llm_qnn
@@ -153,9 +152,8 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
 
     fp32 = stream(ref_dir, ".onnx", cpu_session)
     if params["backend"] == "htp":
-        t = targets.get(params["target"])
         got = stream(Path(inputs["compiled"]), "_ctx.onnx",
-                     llm_qnn.qnn_session_factory(soc_model=t.soc_model, htp_arch=t.htp_arch))
+                     llm_qnn.qnn_session_factory(target=params["target"]))
         ran = "per-graph context binaries compiled from the same QDQ graphs (the shared binary crashes the simulator)"
     else:
         got = stream(Path(inputs["qdq"]), ".onnx", cpu_session)

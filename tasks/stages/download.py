@@ -15,7 +15,6 @@ Sources (``recipe.source``):
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
 import sys
@@ -23,18 +22,15 @@ from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
-from .. import digest, paths, progress
+from .. import digest, progress
 from ..scrubbing import scrub
+from ..sources import SourceError, local_folder
 
 VERSION = 1
 TOOLS = ("huggingface-hub",)
 # the content (a local folder's digest, the resolved Hub commit) is in key_extra; where it
 # came from, and a branch name, do not change the output
 KEY_EXCLUDE = ("path", "package", "subdir", "revision")
-
-
-class SourceError(Exception):
-    """The recipe's source cannot be found or fetched."""
 
 
 def _offline() -> bool:
@@ -143,25 +139,6 @@ def _missing(repo: str, revision: str, err: Exception) -> str:
             "the Hub has no such model, or the token in use has no access to it"
             if isinstance(err, RepositoryNotFoundError) else "the Hub refused")
     return scrub(f"cannot get Hub model {repo!r} at revision {revision!r} from {constants.ENDPOINT}: {what} {first}")
-
-
-def local_folder(params: dict) -> Path:
-    """The folder a ``path`` or ``package`` source names. Raises SourceError if absent."""
-    if params.get("path") is not None:
-        p = (paths.root() / params["path"]).absolute()
-        if not p.is_dir():
-            m = re.fullmatch(r"\.fixtures/tiny-(\w+)/?", params["path"])
-            how = (f"train it with `.venv/bin/python scripts/tiny_llm.py {m.group(1)}` (about 2 minutes)" if m
-                   else "the recipe's comments say how to make it")
-            raise SourceError(f"source path {params['path']!r} is not a folder (looked at {p}); {how}")
-        return p
-    spec = importlib.util.find_spec(params["package"])
-    if spec is None or not spec.submodule_search_locations:
-        raise SourceError(f"source package {params['package']!r} is not installed (pip install it)")
-    p = Path(list(spec.submodule_search_locations)[0]) / params.get("subdir", "")
-    if not p.is_dir():
-        raise SourceError(f"package {params['package']!r} has no folder {params.get('subdir')!r}")
-    return p
 
 
 def key_extra(params: dict) -> dict:

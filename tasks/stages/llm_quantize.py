@@ -20,10 +20,11 @@ def run(inputs, files, params, out: Path) -> dict:
     per-part report (calibration and quantize wall time and peak RSS) and the prompt count.
     Raises the memory check's error before work when a part cannot fit."""
     from ..llm.memory import check_export_stage
+    from ..precisions import get as get_precision
     from ..llm.quant import quantize_llm
 
     src = inputs["model"]
-    check_export_stage("quantize", src, params["precision"])
+    check_export_stage("quantize", src, get_precision(params["precision"]).weight_bits)
     report = quantize_llm(src, inputs["source"], files["calibration"], params, out)
     copy_rest(src, out)
     return {**report, "calibration_prompts": params["calibration"]["samples"]}

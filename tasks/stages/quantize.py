@@ -1,13 +1,8 @@
 """quantize, the encoder implementation (LLMs: ``tasks/stages/llm_quantize.py``): fp32 ONNX ->
 QDQ ONNX for QNN HTP, with onnxruntime's QNN quantization helpers.
 
-Precisions (activations are what flows between ops; weights are the initializers):
-
-| name  | weights | activations | per-channel |
-|-------|---------|-------------|-------------|
-| w8a16 | uint8   | uint16      | recipe (default yes) |
-| w4a16 | int4    | uint16      | recipe (default yes) |
-| w8a8  | uint8   | uint8       | recipe |
+Precisions: the table in ``tasks/precisions.py`` (weight and activation types per name);
+per-channel weights as the recipe says (default yes).
 
 Steps (onnxruntime docs, "QNN Execution Provider" -> "Generating a quantized model"):
 ``qnn_preprocess_model`` (fuses ops QNN supports natively) -> ``get_qnn_qdq_config``
@@ -35,12 +30,6 @@ onnx = lazy.module("onnx")
 VERSION = 4  # 4: block-wise int4 (LPBQ), GPTQ, 8-bit tables, Gemm split at 4 bits (issue 21)
 TOOLS = ("onnxruntime", "onnx", "transformers", "tokenizers", "numpy")
 
-PRECISIONS = {  # name -> (weight QuantType name, activation QuantType name)
-    "w8a16": ("QUInt8", "QUInt16"),
-    "w4a16": ("QInt4", "QUInt16"),
-    "w8a8": ("QUInt8", "QUInt8"),
-}
-BITS = {4: "QInt4", 8: "QUInt8", 16: "QUInt16"}
 
 
 # Encoder graph inputs a tokenizer may not give, which the model reads as all zeros when they
@@ -114,14 +103,14 @@ def weight_overrides(model: onnx.ModelProto, precision: str, per_channel: bool) 
     """
     from onnxruntime.quantization import QuantType
 
+    from ..precisions import get as get_precision
     from ..quantconfig import matmul_weight_overrides
 
-    w = getattr(QuantType, PRECISIONS[precision][0])
+    p = get_precision(precision)
     inits = {i.name for i in model.graph.initializer}
-    out = matmul_weight_overrides(model, {"QUInt8": "uint8", "QInt4": "int4"}[PRECISIONS[precision][0]]) \
-        if per_channel else {}
+    out = matmul_weight_overrides(model, p.weight_type) if per_channel else {}
     for n in model.graph.node:
-        if w == QuantType.QInt4 and n.op_type in ("LayerNormalization", "Gemm"):
+        if p.weight_bits == 4 and n.op_type in ("LayerNormalization", "Gemm"):
             for name in n.input[1:3]:
                 if name in inits:
                     out[name] = [{"quant_type": QuantType.QUInt8}]
@@ -138,14 +127,15 @@ def quantize_graph(src: Path, dst: Path, feeds: list[dict], params: dict) -> dic
     weights), so every MatMul weight is int4 unless an override keeps it; then the int4 weights
     are re-encoded per ``block_size`` (LPBQ) and ``rounding`` (GPTQ on ``feeds``), and with
     ``embedding_bits: 8`` the Gather tables are stored at 8 bits."""
-    from onnxruntime.quantization import CalibrationMethod, QuantType, quantize
+    from onnxruntime.quantization import CalibrationMethod, quantize
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config, qnn_preprocess_model
 
     from .. import weights
-    from ..quantconfig import matching_weights
+    from ..precisions import OVERRIDE_TYPES, get as get_precision
+    from ..quantconfig import matching_weights, qtype
 
-    wname, aname = PRECISIONS[params["precision"]]
-    four = wname == "QInt4"
+    p = get_precision(params["precision"])
+    four = p.weight_bits == 4
     info = {}
     with tempfile.TemporaryDirectory(dir=dst.parent) as tmp:
         pre = Path(tmp) / "pre.onnx"
@@ -160,11 +150,11 @@ def quantize_graph(src: Path, dst: Path, feeds: list[dict], params: dict) -> dic
         overrides = weight_overrides(model, params["precision"], params["per_channel"])
         for o in params.get("overrides", []):
             for name in sorted(matching_weights(model, o["pattern"])):
-                overrides[name] = [{"quant_type": getattr(QuantType, BITS[o["weight_bits"]]),
+                overrides[name] = [{"quant_type": qtype(OVERRIDE_TYPES[o["weight_bits"]]),
                                     **({"symmetric": True, "axis": 1} if name in overrides else {})}]
         cfg = get_qnn_qdq_config(str(pre), ListReader(feeds, f"{src.stem} calibration samples"),
                                  calibrate_method=getattr(CalibrationMethod, params["calibrate_method"]),
-                                 activation_type=getattr(QuantType, aname), weight_type=getattr(QuantType, wname),
+                                 activation_type=qtype(p.activation_type), weight_type=qtype(p.weight_type),
                                  per_channel=params["per_channel"], init_overrides=overrides or None)
         big = pre.stat().st_size > 2 * 1024**3
         if big:

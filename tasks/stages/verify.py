@@ -96,15 +96,14 @@ def htp_outputs(ctx: Path, target: str, feeds: list[dict], out_name: str, work: 
     import time
     from concurrent.futures import ThreadPoolExecutor
 
-    from ..child import run_python
+    from ..child import run_function
 
     n = workers(len(feeds))
     for i, f in enumerate(feeds):
         np.savez(work / f"feed{i}.npz", **f)
     args = (str(ctx), target, str(work), len(feeds), n, out_name)
     with ThreadPoolExecutor(n) as pool:
-        runs = [pool.submit(run_python, f"from tasks.stages.verify import _htp_child\n_htp_child({k!r}, *{args!r})\n",
-                            forward=True) for k in range(n)]
+        runs = [pool.submit(run_function, _htp_child, k, *args, forward=True) for k in range(n)]
         for i in range(len(feeds)):
             out = work / f"out{i}.npy"
             while not out.exists():

@@ -1,0 +1,44 @@
+"""Precisions: the one table of quantization schemes a recipe names (``quantize.precision``).
+
+Types are :mod:`tasks.quantconfig` names (``uint8``, ``int4``, ``uint16``), which it turns into
+onnxruntime ``QuantType`` values. Activations are what flows between ops; weights are the
+constant initializers (MatMul/Gemm/Conv weights; norm scales and biases stay at 8 bits where a
+4-bit type is refused, see the quantize implementations). The names follow Qualcomm AI Hub's
+("w8a16": 8-bit weights, 16-bit activations).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Precision:
+    name: str
+    weight_type: str      # tasks.quantconfig type name of the weights
+    activation_type: str  # ... of the activations
+    weight_bits: int
+    activation_bits: int
+
+
+PRECISIONS: dict[str, Precision] = {p.name: p for p in [
+    Precision("w8a16", "uint8", "uint16", 8, 16),
+    Precision("w4a16", "int4", "uint16", 4, 16),
+    Precision("w8a8", "uint8", "uint8", 8, 8),
+]}
+NAMES: tuple[str, ...] = tuple(PRECISIONS)
+#: a recipe's precision when it names none
+DEFAULT_PRECISION = "w8a16"
+#: the precision whose weights are 4-bit: the one the int4 params (block_size, rounding,
+#: embedding_bits) apply to
+FOUR_BIT = next(p.name for p in PRECISIONS.values() if p.weight_bits == 4)
+#: ``quantize.overrides`` ``weight_bits`` -> the type of the weights it selects
+OVERRIDE_TYPES = {4: "int4", 8: "uint8", 16: "uint16"}
+
+
+def get(name: str) -> Precision:
+    """The precision ``name``. Raises KeyError listing the known ones."""
+    try:
+        return PRECISIONS[name]
+    except KeyError:
+        raise KeyError(f"unknown precision {name!r}; known precisions: {', '.join(NAMES)}") from None
