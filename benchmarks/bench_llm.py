@@ -22,7 +22,7 @@ vocabulary). A random model's tokens are meaningless: the point is time and memo
 Printed: wall time and peak RSS per stage and part. Peak RSS is the process tree's: every stage
 runs in its own child process, whose children (per-graph quantize, per-graph compile) report
 their own VmHWM; a row's peak is the largest of the stage process and its children while that
-part ran (``tasks.child.run_python``; ``ru_maxrss`` of a (v)forked child can carry its parent's
+part ran (``tasks.proc.child.run_python``; ``ru_maxrss`` of a (v)forked child can carry its parent's
 peak, so it is not used).
 """
 
@@ -141,7 +141,7 @@ def _write_shard(out: Path, k: int, tensors: dict, save_file) -> None:
 def run_child(code: str, env: dict, timeout: float = 48 * 3600) -> tuple[float, int, str, int | None]:
     """Run ``code`` in a child python with ``env`` added; return (seconds, returncode, output,
     the child's own peak RSS in bytes). Its children's peaks come from the rows it returns."""
-    from tasks.child import run_python
+    from tasks.proc.child import run_python
 
     t0 = time.perf_counter()
     r = run_python(code, timeout=timeout, env=env)

@@ -48,6 +48,7 @@ from typing import Callable
 from filelock import FileLock, Timeout
 
 from . import digest
+from .proc.processes import process_state as _process_state
 from .remote import Rejected, Remote, RemoteError, warn
 
 
@@ -92,22 +93,6 @@ def lock_timeout() -> float:
     if not t >= 0:
         raise ValueError(f"NPUBUILD_LOCK_TIMEOUT: expected a number of seconds >= 0, found {v!r}")
     return t
-
-
-def _process_state(pid: int) -> str:
-    """"running", "stopped" (SIGSTOP'd or traced: state T/t in ``/proc/<pid>/stat``) or "gone"
-    for a process of this host. Without ``/proc`` a live process counts as running."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return "gone"
-    except PermissionError:
-        pass
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return "running"
-    return {"T": "stopped", "t": "stopped", "Z": "gone", "X": "gone"}.get(fields[0], "running")
 
 
 class KeyLock:

@@ -127,7 +127,7 @@ def recipe_status(name: str) -> RecipeStatus:
     key, an upstream missing, a Hub source unavailable offline...); "stale" when the last
     build recorded every verify stage, else "not-built". Raises KeyError for an unknown
     recipe."""
-    from .scrubbing import scrub
+    from .proc.scrubbing import scrub
 
     last = engine.read_state(name)
     b = build_state(_ReadOnlyResolver(name), last)

@@ -27,7 +27,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from . import engine, interrupt, paths
+from . import engine, paths
+from .proc import interrupt
 
 paths.state_dir().mkdir(parents=True, exist_ok=True)
 
@@ -327,7 +328,7 @@ def _remove_dead_links(root: Path) -> list[str]:
     build killed between :func:`_link`'s link and its rename: found by the fault campaign,
     benchmarks/fault_campaign.py), and say so on stderr. A live process's are left alone
     (a concurrent materialize renames its own). Returns the removed names, relative to root."""
-    from .cache import _process_state
+    from .proc.processes import process_state as _process_state
 
     gone = []
     for p in sorted(root.rglob(".*.tmp")):

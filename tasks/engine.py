@@ -25,7 +25,8 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
-from . import digest, interrupt, paths, plancache, remote, tools
+from . import digest, paths, plancache, remote, tools
+from .proc import interrupt
 from .cache import Cache, Entry
 from .plan import StageSpec, expand
 
@@ -278,7 +279,9 @@ def _import_targets(f: Path, name: str, is_pkg: bool) -> list[str]:
 @lru_cache(maxsize=None)
 def code_modules(name: str) -> tuple[str, ...]:
     """``name`` and every module of this package it imports, directly or through others, at
-    any depth and inside functions too (:func:`direct_imports`): the code a stage runs.
+    any depth and inside functions too (:func:`direct_imports`), and the ``__init__`` of every
+    package on the way (it runs when a submodule is imported: module traces showed
+    ``tasks.encoder`` loaded in verify's children, tests/test_keys.py): the code a stage runs.
     Sorted dotted names. Raises SyntaxError for a module that does not parse."""
     seen, todo = set(), [name]
     while todo:
@@ -287,6 +290,7 @@ def code_modules(name: str) -> tuple[str, ...]:
             continue
         seen.add(mod)
         todo.extend(direct_imports(mod))
+        todo.extend(mod.rsplit(".", k)[0] for k in range(1, mod.count(".")))  # its parent packages
     return tuple(sorted(seen))
 
 
@@ -334,7 +338,7 @@ def code_digest(spec: StageSpec) -> str:
     helpers, ...) and, for a patch stage, each step's patch module (patches are found by name,
     not imported). A hand-bumped ``VERSION`` or a hand-kept list of dependencies is easy to
     forget (both went stale here: issue 11); the import graph cannot be forgotten. Keyed by
-    dotted module name (``tasks.llm.export`` and ``tasks.stages.export`` are two files)."""
+    dotted module name (``tasks.llm.export`` and ``tasks.encoder.export`` are two files)."""
     return digest.digest_json(code_files(spec))
 
 
@@ -441,7 +445,8 @@ def build_spec(spec: StageSpec, upstream: dict[str, Entry], cache: Cache,
     :meth:`Resolver.failures`)."""
     import shutil
 
-    from . import child, heap, stagelog
+    from . import stagelog
+    from .proc import child, heap
 
     mod = spec.module
     material = material or key_material(spec, upstream)
@@ -504,7 +509,7 @@ def run_stage(recipe_name: str, stage: str) -> dict:
     try:
         key, material, entry, built = build_spec(spec, upstream, res.cache, material, kept)
     except BaseException as e:
-        # stopped also when a library turned the Ctrl-C into another error (tasks/interrupt.py)
+        # stopped also when a library turned the Ctrl-C into another error (tasks/proc/interrupt.py)
         stopped = isinstance(e, KeyboardInterrupt) or interrupt.seen()
         print(line(spec.task, key, "stopped" if stopped else "FAILED", time.time() - t0, width), flush=True)
         if stopped and not isinstance(e, KeyboardInterrupt):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import digest, lazy
+from . import digest
+from .proc import lazy
 
 onnx = lazy.module("onnx")
 

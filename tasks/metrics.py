@@ -5,7 +5,7 @@ Plain numpy; no model code, so any module can import it without cycles.
 
 from __future__ import annotations
 
-from . import lazy
+from .proc import lazy
 
 np = lazy.module("numpy")
 

@@ -181,7 +181,7 @@ def save(state_dir: Path, sig: dict, noted: list, recipes: dict) -> bool:
             return False
     except OSError:
         pass
-    from .cache import _process_state
+    from .proc.processes import process_state as _process_state
 
     tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
     try:

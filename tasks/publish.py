@@ -392,7 +392,7 @@ def push_to_hub(plan: dict, repo_id: str, endpoint: str | None = None, token: st
     Raises PublishError (token scrubbed) when a call fails."""
     from huggingface_hub import HfApi
 
-    from .scrubbing import scrub
+    from .proc.scrubbing import scrub
 
     api = HfApi(endpoint=endpoint, token=token)
     ops = hub_operations(plan, repo_id)

@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import lazy
+from .proc import lazy
 from .targets import get as get_target
 
 onnx = lazy.module("onnx")
@@ -115,7 +115,7 @@ def compile_in_subprocess(qdq: Path, ctx: Path, target: str, disable_cpu_ep_fall
     :func:`compile_settled`.)
     Raises NotOnNPU (rebuilt from the child's report) or RuntimeError with the child's stderr.
     """
-    from .child import run_function
+    from .proc.child import run_function
 
     spec = {"qdq": Path(qdq).name, "ctx": str(Path(ctx).absolute()), "target": target,
             "disable_cpu_ep_fallback": disable_cpu_ep_fallback, "config": config or {},

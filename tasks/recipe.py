@@ -446,7 +446,7 @@ THRESHOLD_RANGES = {
 
 
 # thresholds only an LLM verify measures (tasks/llm/verify.py); every other name is measured
-# only by the encoder verify (tasks/stages/verify.py): the other family's bar is a load error
+# only by the encoder verify (tasks/encoder/verify.py): the other family's bar is a load error
 LLM_THRESHOLDS = frozenset({"token_agreement", "prefix_match_mean", "logits_cosine_mean", "perplexity_ratio",
                             "genai_runner_agreement"})
 
@@ -904,7 +904,7 @@ def check_source_config(path: Path, r: Recipe) -> None:
 def tokenizer_problems(folder: Path) -> list[tuple[str, str]]:
     """What the source's tokenizer files say against the exported encoder graph's inputs:
     ``tokenizer_config.json``'s ``model_input_names`` (when it has one) must hold every input of
-    ``tasks.stages.quantize.REQUIRED_INPUTS``; the ones in ``ZERO_WHEN_ABSENT``
+    ``tasks.encoder.inputs.REQUIRED_INPUTS``; the ones in ``ZERO_WHEN_ABSENT``
     (``token_type_ids``) may be missing, they are fed as zeros. [(key path, message)]."""
     f = folder / "tokenizer_config.json"
     plancache.note(f)
@@ -914,7 +914,7 @@ def tokenizer_problems(folder: Path) -> list[tuple[str, str]]:
         return [("source", f"expected a readable JSON tokenizer_config.json, found {f} ({e})")]
     if names is None:
         return []
-    from .stages.quantize import REQUIRED_INPUTS, ZERO_WHEN_ABSENT  # only here: it imports numpy and onnx
+    from .encoder.inputs import REQUIRED_INPUTS, ZERO_WHEN_ABSENT
 
     missing = [n for n in REQUIRED_INPUTS if not isinstance(names, list) or n not in names]
     if not missing:

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import re
 
-from . import lazy
+from .proc import lazy
 
 np = lazy.module("numpy")
 onnx = lazy.module("onnx")

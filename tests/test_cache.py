@@ -11,7 +11,7 @@ import pytest
 
 from tasks import paths
 from tasks.cache import Cache
-from tasks.stages import verify
+from tasks.encoder import verify
 
 
 def _build(out):

@@ -115,7 +115,7 @@ def test_two_workers_build_each_stage_once(tmp_path, tiny_bert, cluster):
 
 
 def test_worker_with_other_code_refuses(tmp_path, tiny_bert, cluster):
-    """A worker whose tasks/stages/export.py differs (a copy of the package with one edited
+    """A worker whose tasks/encoder/export.py differs (a copy of the package with one edited
     line, first on its PYTHONPATH) refuses the export stage, naming the module and both digests."""
     from tasks import engine
     from tasks.plan import StageSpec
@@ -126,17 +126,17 @@ def test_worker_with_other_code_refuses(tmp_path, tiny_bert, cluster):
     client.env["NPUBUILD_REMOTE"] = url
     copy = tmp_path / "edited"
     shutil.copytree(REPO / "tasks", copy / "tasks", ignore=shutil.ignore_patterns("__pycache__"))
-    f = copy / "tasks" / "stages" / "export.py"
+    f = copy / "tasks" / "encoder" / "export.py"
     f.write_text(f.read_text() + "\n# edited on this worker\n")
     from tasks import digest
 
-    ours, theirs = digest.hash_file_uncached(REPO / "tasks" / "stages" / "export.py"), digest.hash_file_uncached(f)
+    ours, theirs = digest.hash_file_uncached(REPO / "tasks" / "encoder" / "export.py"), digest.hash_file_uncached(f)
     cluster.add_worker("E", _worker_env(client, "E", url, tmp_path, pythonpath=copy))
 
     run, out = _cluster_run(client, cluster, check=False)
     assert run.code != 0
     assert "worker E (tcp://127.0.0.1:" in out and "refuses export:r8 (export): its outputs would have other keys" in out, out
-    assert f"modules: tasks.stages.export {ours} (client) vs {theirs} (worker)" in out, out
+    assert f"modules: tasks.encoder.export {ours} (client) vs {theirs} (worker)" in out, out
     assert f"code digest differs: {engine.code_digest(StageSpec('r8', 'export', 'export', {}))} (client)" in out
     # the download stage (its code is the same) was built and pushed; nothing else
     assert sorted(k.split("/")[0] for k in _remote_manifests(url)) == ["download"]

@@ -183,13 +183,13 @@ def test_thread_mode_is_refused_with_a_clear_error(project):
 
 
 def test_interrupt_is_remembered_and_kills_children_at_once():
-    """tasks/interrupt.py in a fresh process: a SIGINT that library code swallows (an ``except
+    """tasks/proc/interrupt.py in a fresh process: a SIGINT that library code swallows (an ``except
     BaseException``, as numpy's C import does) is still seen, and a run_python child another
     thread waits on (verify's HTP children) is killed at once, not waited for."""
     code = textwrap.dedent(f"""
         import os, signal, sys, threading, time
         sys.path.insert(0, {str(REPO)!r})
-        from tasks import child, interrupt
+        from tasks.proc import child, interrupt
         assert interrupt.install() and not interrupt.seen()
         got = {{}}
         def wait_on_child():

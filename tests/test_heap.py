@@ -1,4 +1,4 @@
-"""tasks/heap.py: freed memory kept for reuse while a small model's stage runs (glibc).
+"""tasks/proc/heap.py: freed memory kept for reuse while a small model's stage runs (glibc).
 
 Each case runs in its own interpreter: the allocator's thresholds are process-wide."""
 
@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from conftest import REPO
-from tasks import heap
+from tasks.proc import heap
 
 pytestmark = pytest.mark.skipif(not heap.available(), reason="needs glibc (Linux)")
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(not heap.available(), reason="needs glibc (Linux
 _PROBE = textwrap.dedent("""
     import json, resource, sys
     sys.path.insert(0, {repo!r})
-    from tasks import heap
+    from tasks.proc import heap
     steps = {steps!r}
     kept = None
     def faults():
@@ -57,7 +57,7 @@ _GC_PROBE = textwrap.dedent("""
     import atexit, gc, sys
     sys.path.insert(0, {repo!r})
     atexit.register(lambda: print("frozen at exit:", gc.get_freeze_count(), flush=True))  # runs last
-    from tasks import heap
+    from tasks.proc import heap
     print("default:", gc.get_threshold()[0], "frozen:", gc.get_freeze_count())
     heap.keep_freed(True)
     print("keeping:", gc.get_threshold()[0])

@@ -55,7 +55,7 @@ def _probe(tmp_path, stage, family="encoder"):
 def test_editing_any_module_quantize_imports_changes_its_key(tmp_path):
     r = _probe(tmp_path, "quantize", "llm")
     # the LLM path's helpers are found without being listed anywhere
-    for m in ("tasks.stages.llm_quantize", "tasks.llm.quant", "tasks.llm.calib", "tasks.llm.sessions",
+    for m in ("tasks.llm.quant", "tasks.llm.calib", "tasks.llm.sessions",
               "tasks.llm.runner", "tasks.stages.common"):
         assert m in r["modules"], (m, r["modules"])
     assert r["unchanged"] == [] and len(r["changed"]) == len(r["modules"]) >= 8
@@ -83,15 +83,17 @@ def test_each_family_hashes_its_own_implementation_only():
         enc = code_modules(module_for(kind, "encoder").__name__)
         llm = code_modules(module_for(kind, "llm").__name__)
         assert not any(m.startswith("tasks.llm.") for m in enc), (kind, enc)
-        assert f"tasks.stages.llm_{kind}" in llm and f"tasks.stages.{kind}" not in llm, (kind, llm)
-    assert "tasks.llm.export" in code_modules("tasks.stages.llm_export")
+        assert f"tasks.encoder.{kind}" in enc and not any(m.startswith("tasks.encoder.") for m in llm), (kind, llm)
+    assert "tasks.llm.export" in code_modules("tasks.llm.export")
     assert set(IMPLEMENTATIONS["download"]) == {None}
 
 
 def test_no_stage_module_branches_on_the_family():
     import ast
 
-    for f in sorted((REPO / "tasks" / "stages").glob("*.py")):
+    impls = [*(REPO / "tasks" / "stages").glob("*.py"), *(REPO / "tasks" / "encoder").glob("*.py"),
+             *(REPO / "tasks" / "llm" / f"{m}.py" for m in ("export", "quant", "compile", "verify"))]
+    for f in sorted(impls):
         tree = ast.parse(f.read_text())
         reads = [n for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value == "family"]
         assert reads == [], f"{f.name} reads params['family'] (line {reads[0].lineno})"
@@ -131,7 +133,7 @@ def test_editing_the_llm_compiler_changes_the_llm_compile_key(tmp_path):
     with the old binaries. The child now runs a named function the stage imports."""
     r = _probe(tmp_path, "compile", "llm")
     assert "tasks.llm.qnn" in r["modules"] and "tasks.llm.qnn" in r["changed"], r
-    assert "tasks.child" in r["modules"]
+    assert "tasks.proc.child" in r["modules"]
 
 
 TRACED = r"""

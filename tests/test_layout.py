@@ -45,3 +45,50 @@ def test_target_names_and_numbers_are_written_once():
             if isinstance(node, ast.arg) and node.arg in ("soc_model", "htp_arch"):
                 found.append((f.relative_to(REPO).as_posix(), node.lineno, node.arg))
     assert found == [], found
+
+
+def test_the_longest_import_chain_inside_the_package_is_at_most_10_modules():
+    """Issue 24: 12 modules deep before (dodo_tasks -> publish -> catalog -> buildstate -> engine
+    -> plan -> recipe -> plancache -> cache -> remote -> digest -> paths); process plumbing
+    moved to ``tasks/proc/`` and encoder input facts to ``tasks/encoders.py``."""
+    from functools import lru_cache
+
+    from tasks.engine import direct_imports
+
+    mods = []
+    for f in (REPO / "tasks").rglob("*.py"):
+        parts = f.relative_to(REPO).with_suffix("").parts
+        mods.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    graph = {m: sorted(d for d in direct_imports(m) if d in mods and d != m) for m in mods}
+
+    @lru_cache(maxsize=None)
+    def chain(m):
+        return max(([m] + chain(d) for d in graph[m]), key=len, default=[m])
+
+    longest = max((chain(m) for m in mods), key=len)
+    assert sum(map(len, graph.values())) > 60  # the graph was really read
+    assert len(longest) <= 10, " -> ".join(longest)
+
+
+def test_process_plumbing_imports_nothing_of_the_engine_or_the_families():
+    from tasks.engine import direct_imports
+
+    for f in sorted((REPO / "tasks" / "proc").glob("*.py")):
+        name = "tasks.proc." + f.stem if f.stem != "__init__" else "tasks.proc"
+        assert all(d.startswith("tasks.proc") for d in direct_imports(name)), (name, direct_imports(name))
+
+
+def test_no_family_imports_the_other_familys_code_and_stages_imports_no_family():
+    """Issue 24: the encoder family (``tasks/encoder/``) and the LLM family (``tasks/llm/``)
+    import nothing of each other, and the stage contract (``tasks/stages/``) imports neither."""
+    from tasks.engine import direct_imports
+
+    def mods(folder):
+        return ["tasks." + folder + ("" if f.stem == "__init__" else "." + f.stem)
+                for f in sorted((REPO / "tasks" / folder).glob("*.py"))]
+
+    for folder, banned in (("encoder", ("tasks.llm",)), ("llm", ("tasks.encoder",)),
+                           ("stages", ("tasks.llm", "tasks.encoder"))):
+        for m in mods(folder):
+            bad = sorted(d for d in direct_imports(m) if d.startswith(banned))
+            assert bad == [], (m, bad)

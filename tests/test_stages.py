@@ -131,7 +131,7 @@ def test_compile_is_byte_identical_across_folders(tmp_path):
     from onnxruntime.quantization import QuantType, quantize
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
-    from tasks.stages.quantize import ListReader
+    from tasks.encoder.quantize import ListReader
 
     _float_model(tmp_path / "f.onnx", "Relu")
     rng = np.random.default_rng(0)

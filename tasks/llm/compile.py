@@ -16,13 +16,15 @@ naming the weight-shared binaries when there are some (what ships), else the per
 
 from __future__ import annotations
 
+from ..stages.common import target_key_extra
+
 import json
 import shutil
 from pathlib import Path
 
 from ..qnn import provider_options
 from ..targets import get as get_target
-from ..child import run_function
+from ..proc.child import run_function
 from . import qnn as llm_qnn
 
 
@@ -86,3 +88,26 @@ def _sdk(ctx: Path) -> str:
     from ..qnn import ep_context_info
 
     return next((n.get("ep_sdk_version", "?") for n in ep_context_info(ctx)), "?")
+
+
+# ---- the compile stage, the LLM implementation (the contract: tasks/stages/__init__.py)
+#
+# compile, the LLM implementation (encoders: ``tasks/encoder/compile.py``): per part, the
+# prefill and decode graphs each into their own context binary and, with ``weight_sharing``,
+# both into one weight-shared binary, each compile in its own process (``tasks/llm/compile.py``);
+# ``genai_config.json`` for onnxruntime-genai (``tasks/llm/genai.py``).
+
+VERSION = 1
+TOOLS = ("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "onnx")
+KEY_EXCLUDE = ("target",)  # the name; the key holds what it resolves to (key_extra)
+key_extra = target_key_extra
+
+
+def run(inputs, files, params, out: Path) -> dict:
+    """Compile every part of ``inputs["model"]`` for ``params["target"]``. Returns the per-part
+    rows (wall time, peak RSS, binary sizes, shared/single ratio). Raises the memory check's
+    error before work, qnn.NotOnNPU or onnxruntime's error."""
+    from .memory import check_export_stage
+
+    check_export_stage("compile", inputs["model"])
+    return compile_llm(inputs["model"], out, params)

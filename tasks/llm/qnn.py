@@ -110,7 +110,7 @@ def load_shared_probe(ctx_paths, *, target: str = DEFAULT_TARGET, timeout: float
     binary) in one process with ``ep.share_ep_contexts=1`` and run nothing. Returns
     ``{"returncode": int, "loaded": bool, "tail": str}``; returncode -11 = the simulator segfault
     seen for multi-graph binaries on x86_64 (onnxruntime-qnn 2.7.0 / QNN 2.51)."""
-    from ..child import run_function
+    from ..proc.child import run_function
 
     r = run_function(_load_shared, [str(p) for p in ctx_paths], target, timeout=timeout)
     return {"returncode": r.returncode, "loaded": r.returncode == 0 and "LOADED" in r.stdout, "tail": r.tail(600)}

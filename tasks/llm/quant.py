@@ -8,6 +8,8 @@ uint16 so the rotary angles keep 16-bit precision. onnxruntime upgrades the opse
 
 from __future__ import annotations
 
+from ..stages.common import copy_rest
+
 from pathlib import Path
 
 from ..quantconfig import matmul_weight_overrides, qtype
@@ -142,7 +144,7 @@ def quantize_llm(src, model_dir, calib_text, params: dict, out, work=None, parts
     from ..precisions import get as get_precision
     from .calib import collect_calibration_feeds
     from .memory import peak_rss, peak_rss_reset
-    from ..child import run_function
+    from ..proc.child import run_function
     from .calib import FeedStore
 
     src, out = Path(src), Path(out)
@@ -207,3 +209,29 @@ def quantize_llm(src, model_dir, calib_text, params: dict, out, work=None, parts
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return {"graphs": report, "parts": rows}
+
+
+# ---- the quantize stage, the LLM implementation (the contract: tasks/stages/__init__.py)
+#
+# quantize, the LLM implementation (encoders: ``tasks/encoder/quantize.py``): each part's
+# prefill and decode graphs to QDQ (w8a16 / w4a16, per-channel weights, 16-bit activations),
+# calibrated with real hidden states and KV caches streamed part by part through the fp32
+# graphs (``tasks/llm/quant.py``, ``tasks/llm/calib.py``). Calibration prompts are the recipe's
+# ``calibration.file`` paragraphs (``samples`` of them).
+
+VERSION = 2  # 2: block-wise int4 (LPBQ), GPTQ, 8-bit tables, lm_head int4 with blocks (issue 21)
+TOOLS = ("onnxruntime", "onnx", "transformers", "tokenizers", "numpy")
+
+
+def run(inputs, files, params, out: Path) -> dict:
+    """Quantize every part of the LLM export in ``inputs["model"]`` into ``out``. Returns the
+    per-part report (calibration and quantize wall time and peak RSS) and the prompt count.
+    Raises the memory check's error before work when a part cannot fit."""
+    from .memory import check_export_stage
+    from ..precisions import get as get_precision
+
+    src = inputs["model"]
+    check_export_stage("quantize", src, get_precision(params["precision"]).weight_bits)
+    report = quantize_llm(src, inputs["source"], files["calibration"], params, out)
+    copy_rest(src, out)
+    return {**report, "calibration_prompts": params["calibration"]["samples"]}

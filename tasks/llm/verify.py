@@ -33,6 +33,8 @@ says which it did under ``"ran"``.
 
 from __future__ import annotations
 
+from ..stages import common
+
 from pathlib import Path
 
 import numpy as np
@@ -130,7 +132,7 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
     from transformers import AutoTokenizer
 
     from ..metrics import agreement, cosine, perplexity
-    from ..scrubbing import scrub
+    from ..proc.scrubbing import scrub
     from . import qnn as llm_qnn
     from .runner import PartStream
     from .sessions import cpu_session
@@ -200,3 +202,30 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
             "_run": {"parts_resident": resident, "part_loads": {"reference": fp32.loads, "compiled": got.loads}},
             "shared_binaries": shared_binary_report(inputs["compiled"]),
             "all_on_htp": True if params["backend"] == "htp" else None}
+
+
+# ---- the verify stage, the LLM implementation (the contract: tasks/stages/__init__.py)
+#
+# verify, the LLM implementation (encoders: ``tasks/encoder/verify.py``): greedy generation
+# of the verify prompts through the compiled bundle (onnxruntime-genai or our ``LLMRunner``,
+# ``verify.runtime``) against the fp32 export graphs: token agreement, prefill logits cosine,
+# perplexity ratio (``tasks/llm/verify.py``); judged by the shared :func:`check`.
+
+VERSION = 1
+TOOLS = ("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "transformers", "tokenizers", "numpy", "torch",
+         "onnxruntime-genai")
+KEY_EXCLUDE = ("thresholds",)
+key_extra = common.target_key_extra  # the target as the session sees it
+check = common.check  # verify.json against the thresholds
+
+
+def run(inputs, files, params, out: Path) -> dict:
+    """Generate, measure, write ``out/verify.json``. Returns {"backend", "samples", and the
+    run's per-part figures}. Raises the memory check's error before work."""
+    from .memory import available_bytes, check_export_stage
+
+    check_export_stage("verify", inputs["reference"])
+    avail = available_bytes()
+    report = verify_llm(inputs, files, params, budget_bytes=None if avail is None else avail // 2)
+    run_info = report.pop("_run")
+    return {**common.write_report(out, report), **run_info}

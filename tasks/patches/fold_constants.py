@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import tempfile
 
-from .. import lazy
+from ..proc import lazy
 from . import PatchResult, register
 
 onnx = lazy.module("onnx")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from .. import lazy
+from ..proc import lazy
 from . import PatchResult, register
 
 np = lazy.module("numpy")

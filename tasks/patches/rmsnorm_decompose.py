@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .. import lazy
+from ..proc import lazy
 from . import PatchResult, register
 
 np = lazy.module("numpy")

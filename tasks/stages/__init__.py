@@ -1,8 +1,10 @@
-"""Stage kinds and their implementations: one plain module per (kind, model family),
-chosen once when a recipe is planned (:data:`IMPLEMENTATIONS`, ``StageSpec.family``), so no
-stage branches on the family inside. Encoder implementations are ``<kind>.py``, LLM ones
-``llm_<kind>.py``; ``download`` and ``patch`` serve every family; what several share is in
-``common.py``. Each module has
+"""The stage contract: the kinds, what an implementation provides, and the table of
+implementations chosen once when a recipe is planned (:data:`IMPLEMENTATIONS`,
+``StageSpec.family``), so no stage branches on the family inside. Each model family is a
+folder of its implementations (``tasks/encoder/<kind>.py``; ``tasks/llm/``: ``export``,
+``quant``, ``compile``, ``verify``); ``download`` and ``patch`` serve every family and live
+here, as does ``common.py``, what several implementations share (it imports no family).
+Each implementation module has
 
 - ``VERSION: int``  bumped on any change of behaviour (enters the stage key);
 - ``TOOLS: tuple[str, ...]``  tools whose versions enter the key (see ``tasks/tools.py``);
@@ -28,15 +30,17 @@ ARTIFACTS = {
     "verify": ("verify.json",),
 }
 
-#: stage kind -> {model family (None: every family): module of this package}
+#: stage kind -> {model family (None: every family): dotted module name}
 IMPLEMENTATIONS = {
-    "download": {None: "download"},
-    "export": {"encoder": "export", "llm": "llm_export"},
-    "patch": {None: "patch"},
-    "quantize": {"encoder": "quantize", "llm": "llm_quantize"},
-    "compile": {"encoder": "compile", "llm": "llm_compile"},
-    "verify": {"encoder": "verify", "llm": "llm_verify"},
+    "download": {None: "tasks.stages.download"},
+    "export": {"encoder": "tasks.encoder.export", "llm": "tasks.llm.export"},
+    "patch": {None: "tasks.stages.patch"},
+    "quantize": {"encoder": "tasks.encoder.quantize", "llm": "tasks.llm.quant"},
+    "compile": {"encoder": "tasks.encoder.compile", "llm": "tasks.llm.compile"},
+    "verify": {"encoder": "tasks.encoder.verify", "llm": "tasks.llm.verify"},
 }
+#: the model families (``export.family``)
+FAMILIES = ("encoder", "llm")
 
 
 @lru_cache(maxsize=None)
@@ -49,9 +53,9 @@ def module_for(kind: str, family: str = "encoder"):
     name = impls.get(None) or impls.get(family)
     if name is None:
         raise KeyError(f"no {family} implementation of stage kind {kind!r}; families: {', '.join(impls)}")
-    return import_module(f"{__name__}.{name}")
+    return import_module(name)
 
 
 def modules_of(kind: str) -> list:
     """Every implementation module of stage ``kind``."""
-    return [import_module(f"{__name__}.{n}") for n in IMPLEMENTATIONS[kind].values()]
+    return [import_module(n) for n in IMPLEMENTATIONS[kind].values()]

@@ -23,7 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from .. import digest, progress
-from ..scrubbing import scrub
+from ..proc.scrubbing import scrub
 from ..sources import SourceError, local_folder
 
 VERSION = 1

@@ -1,7 +1,7 @@
 """Python child processes: the one runner for work that must happen in a fresh interpreter.
 
 Stage code runs a named function of a real module in the child (:func:`run_function`:
-``python -m tasks.child`` unpickles ``(function, args, kwargs)`` from its stdin and calls it),
+``python -m tasks.proc.child`` unpickles ``(function, args, kwargs)`` from its stdin and calls it),
 never source text: the function's module is imported by the stage's own code, so the import
 graph, and with it the stage key's code digest, covers what the child runs (issue 24: text
 passed to ``python -c`` hid ``tasks.llm.qnn`` from ``compile:<llm>``'s key).
@@ -52,7 +52,7 @@ _RUNNING: set[subprocess.Popen] = set()  # children of run_python still running 
 def kill_all() -> int:
     """Kill every child :func:`run_python` is waiting on, in any thread (SIGKILL: what they
     were writing is in their stage's temp folder, which the stage's cleanup removes). Called on
-    Ctrl-C (``tasks/interrupt.py``). Returns how many were running."""
+    Ctrl-C (``tasks/proc/interrupt.py``). Returns how many were running."""
     running = list(_RUNNING)
     for p in running:
         try:
@@ -90,7 +90,7 @@ def run_python(code: str, *, cwd=None, env: dict | None = None, timeout: float |
 
 def run_function(fn, *args, cwd=None, env: dict | None = None, timeout: float | None = None,
                  forward: bool = False, **kwargs) -> Result:
-    """Call ``fn(*args, **kwargs)`` in a child process (``python -m tasks.child``), as
+    """Call ``fn(*args, **kwargs)`` in a child process (``python -m tasks.proc.child``), as
     :func:`run_python` runs code: same environment, ``cwd``, ``timeout`` and ``forward``, the
     same :class:`Result` (exit code 1 and the traceback on stderr when ``fn`` raises).
 
@@ -100,7 +100,7 @@ def run_function(fn, *args, cwd=None, env: dict | None = None, timeout: float | 
     graph (the stage key's code digest, ``tasks.engine.code_modules``). Raises
     pickle.PicklingError for a lambda or a nested function, before any child starts."""
     payload = pickle.dumps((fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
-    return _run([sys.executable, "-m", "tasks.child"], payload, cwd, env, timeout, forward)
+    return _run([sys.executable, "-m", "tasks.proc.child"], payload, cwd, env, timeout, forward)
 
 
 def _run(argv, payload: bytes | None, cwd, env, timeout, forward) -> Result:
@@ -151,7 +151,7 @@ def write_trace(who: str, modules) -> None:
     Path(folder, f"{stage}.{who}.json").write_text(json.dumps(names))
 
 
-def _main() -> None:  # python -m tasks.child: the child side of run_function
+def _main() -> None:  # python -m tasks.proc.child: the child side of run_function
     exec(_REPORT_PEAK, {})
     fn, args, kwargs = pickle.load(sys.stdin.buffer)
     try:

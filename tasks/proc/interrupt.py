@@ -6,7 +6,7 @@ libraries swallow it there: numpy's C-level import turns it into an ImportError 
 ignored, or became a false "not a valid ONNX model" error (found by a tester, 2026-11-30). The
 handler here also *remembers* the signal (:func:`seen`), so ``engine.run_stage`` stops the
 build after the stage whatever the libraries did with the exception, and it kills the stage's
-child processes at once (``tasks.child``), so a stage waiting on them (verify's HTP children in
+child processes at once (``tasks.proc.child``), so a stage waiting on them (verify's HTP children in
 a thread pool, an LLM quantize) stops now rather than when they finish.
 
 SIGTERM is handled the same way: doit's parallel runner (``doit -n 2``) stops its workers with

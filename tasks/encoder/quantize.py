@@ -1,4 +1,4 @@
-"""quantize, the encoder implementation (LLMs: ``tasks/stages/llm_quantize.py``): fp32 ONNX ->
+"""quantize, the encoder implementation (LLMs: ``tasks/llm/quant.py``): fp32 ONNX ->
 QDQ ONNX for QNN HTP, with onnxruntime's QNN quantization helpers.
 
 Precisions: the table in ``tasks/precisions.py`` (weight and activation types per name);
@@ -19,10 +19,12 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from .. import lazy, progress
+from .. import progress
+from ..proc import lazy
 from ..datafiles import read_lines
 from ..graphs import list_graphs, load_model
-from .common import copy_rest
+from .inputs import ZERO_WHEN_ABSENT
+from ..stages.common import copy_rest
 
 np = lazy.module("numpy")
 onnx = lazy.module("onnx")
@@ -32,15 +34,6 @@ TOOLS = ("onnxruntime", "onnx", "transformers", "tokenizers", "numpy")
 
 
 
-# Encoder graph inputs a tokenizer may not give, which the model reads as all zeros when they
-# are absent: fed as zeros then. token_type_ids: transformers' BERT-family models default it
-# to zeros (``BertModel.forward``: "token_type_ids ... defaults to zeros"), which is what e5-
-# style tokenizers (model_input_names without it) rely on.
-ZERO_WHEN_ABSENT = ("token_type_ids",)
-# Inputs every exported encoder graph declares (optimum's text encoder ONNX configs) and no
-# default can stand in for: refused at recipe load when the tokenizer does not give them
-# (``tasks.recipe.check_source_tokenizer``).
-REQUIRED_INPUTS = ("input_ids", "attention_mask")
 
 
 def encoder_feeds(model_path: Path, tokenizer_dir: Path, texts: list[str], max_length: int) -> list[dict]:

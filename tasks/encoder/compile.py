@@ -1,4 +1,4 @@
-"""compile, the encoder implementation (LLMs: ``tasks/stages/llm_compile.py``): QDQ ONNX ->
+"""compile, the encoder implementation (LLMs: ``tasks/llm/compile.py``): QDQ ONNX ->
 EPContext model + QNN context binary for one target.
 
 Each graph ``<g>.onnx`` of the input becomes ``<g>_ctx.onnx`` (one EPContext node) and
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .. import progress, qnn
 from ..graphs import list_graphs, load_model
-from .common import target_key_extra
+from ..stages.common import target_key_extra
 
 VERSION = 6  # 6: compiled once, again only for the racy padding variant (issue 12)
 TOOLS = ("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "onnx")

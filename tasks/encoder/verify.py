@@ -1,4 +1,4 @@
-"""verify, the encoder implementation (LLMs: ``tasks/stages/llm_verify.py``): run the compiled
+"""verify, the encoder implementation (LLMs: ``tasks/llm/verify.py``): run the compiled
 model and the fp32 export on the verify set; compare; judge.
 
 Backends: ``htp`` runs the EPContext model through the QNN EP (on x86_64 Linux: the HTP
@@ -26,11 +26,12 @@ import os
 import tempfile
 from pathlib import Path
 
-from .. import lazy, progress, qnn
+from .. import progress, qnn
+from ..proc import lazy
 from ..datafiles import read_lines
 from ..metrics import cosine
-from ..scrubbing import sample_text
-from . import common
+from ..proc.scrubbing import sample_text
+from ..stages import common
 from .quantize import encoder_feeds
 
 np = lazy.module("numpy")
@@ -90,13 +91,13 @@ def workers(samples: int) -> int:
 def htp_outputs(ctx: Path, target: str, feeds: list[dict], out_name: str, work: Path):
     """Yield, in sample order, the first output (``out_name``) of the compiled EPContext model
     ``ctx`` for each feed, computed on HTP by :func:`workers` child processes (each its own
-    session over every n-th sample, ``tasks/child.py``; their logs go to ours). Each sample's
+    session over every n-th sample, ``tasks/proc/child.py``; their logs go to ours). Each sample's
     output is yielded as soon as its file is written, so a progress bar over it moves. Raises
     RuntimeError with a child's output when one fails."""
     import time
     from concurrent.futures import ThreadPoolExecutor
 
-    from ..child import run_function
+    from ..proc.child import run_function
 
     n = workers(len(feeds))
     for i, f in enumerate(feeds):

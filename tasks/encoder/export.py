@@ -1,6 +1,6 @@
 """export: HF model folder -> fp32 ONNX graph(s) with static shapes.
 
-The encoder implementation (LLMs: ``tasks/stages/llm_export.py``): optimum's ``main_export``
+The encoder implementation (LLMs: ``tasks/llm/export.py``): optimum's ``main_export``
 (``optimum.exporters.onnx``) with ``no_dynamic_axes=True`` and the recipe's ``batch_size`` x
 ``sequence_length`` as the dummy shapes, so every dim is fixed (QNN HTP has no dynamic shapes:
 onnxruntime QNN EP docs). Output ``model.onnx`` plus the tokenizer and config files.
@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import lazy, patches, progress
+from .. import patches, progress
+from ..proc import lazy
 from ..graphs import load_model, save_model
-from .common import copy_tokenizer
+from ..stages.common import copy_tokenizer
 
 onnx = lazy.module("onnx")
 
