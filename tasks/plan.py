@@ -15,29 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # pydantic and the schema are imported when a recipe is expanded, not for a
-    from pydantic import BaseModel  # stored plan (tasks/plancache.py)
-
-    from .recipe import Recipe
+if TYPE_CHECKING:  # the schema is imported when a recipe is expanded, not for a stored plan
+    from .recipe import Recipe  # (tasks/plancache.py)
 
 KINDS = ("download", "export", "patch", "quantize", "compile", "verify")
-
-
-def params_for(cfg: BaseModel, family: str) -> dict:
-    """``cfg.model_dump()`` without the fields only the other model family reads (declared on
-    the schema: tasks/recipe.py ``field_family``), nested sections included; so e.g. an
-    encoder's key does not move with context_length, nor an LLM's with export.opset."""
-    from pydantic import BaseModel
-
-    from .recipe import field_family
-
-    out = {}
-    for name in type(cfg).model_fields:
-        owner, value = field_family(type(cfg), name), getattr(cfg, name)
-        if owner and owner != family:
-            continue
-        out[name] = params_for(value, family) if isinstance(value, BaseModel) else cfg.model_dump(include={name})[name]
-    return out
 
 
 @dataclass(frozen=True)
@@ -70,14 +51,25 @@ def _patch_params(steps) -> dict:
 
 
 def expand(recipe: Recipe) -> list[StageSpec]:
-    """The stage specs of ``recipe`` in build order (upstream before downstream)."""
+    """The stage specs of ``recipe`` in build order (upstream before downstream). Each stage's
+    params and files are what its family's implementation declares it reads of its recipe
+    section (``PARAMS``, ``FILES``: :func:`tasks.stages.params_from`); this function only wires
+    the stages together (roles, one compile and verify per target, the patch steps)."""
+    from .stages import SECTIONS, files_from, params_from
+
     r = recipe
     fam = r.export.family
-    ex = params_for(r.export, fam)
-    ex.pop("family")  # it chose the implementation (StageSpec.family), whose code is in the key
+    sections = {name: getattr(r, name).model_dump() for name in SECTIONS}
+
+    def params(name: str) -> dict:
+        return params_from(sections[name], SECTIONS[name], fam)
+
+    def files(name: str) -> dict:
+        return files_from(sections[name], SECTIONS[name], fam)
+
     specs = [
         StageSpec(r.name, "download", "download", r.source.model_dump(exclude_none=True)),
-        StageSpec(r.name, "export", "export", ex, {"source": "download"}),
+        StageSpec(r.name, "export", "export", params("export"), {"source": "download"}),
     ]
     model = "export"
     pre = [s for s in r.patches if s.when == "pre-quantize"]
@@ -85,11 +77,8 @@ def expand(recipe: Recipe) -> list[StageSpec]:
     if pre:
         specs.append(StageSpec(r.name, "prepatch", "patch", _patch_params(pre), {"model": model}))
         model = "prepatch"
-    q = params_for(r.quantize, fam)
-    calib = q.pop("calibration")
-    q.update(calibration={k: v for k, v in calib.items() if k != "file"})
-    specs.append(StageSpec(r.name, "quantize", "quantize", q, {"model": model, "source": "download"},
-                           {"calibration": calib["file"]}))
+    specs.append(StageSpec(r.name, "quantize", "quantize", params("quantize"), {"model": model, "source": "download"},
+                           files("quantize")))
     model = "quantize"
     if post:
         specs.append(StageSpec(r.name, "patch", "patch", _patch_params(post), {"model": model}))
@@ -97,18 +86,9 @@ def expand(recipe: Recipe) -> list[StageSpec]:
     many = len(r.compile.targets) > 1
     for t in r.compile.targets:
         suffix = f"@{t}" if many else ""
-        cparams = {"target": t,
-                   **{k: v for k, v in params_for(r.compile, fam).items() if k != "targets"}}
-        specs.append(StageSpec(r.name, f"compile{suffix}", "compile", cparams, {"model": model}))
-        v = params_for(r.verify, fam)
-        data = v.pop("data")
-        ppl = v.pop("perplexity_text", None)
-        v.update(target=t, task=r.task,
-                 data={k: val for k, val in data.items() if k != "file"})
-        files = {"data": data["file"]}
-        if ppl:
-            files["perplexity_text"] = ppl
-        specs.append(StageSpec(r.name, f"verify{suffix}", "verify", v,
+        specs.append(StageSpec(r.name, f"compile{suffix}", "compile", {"target": t, **params("compile")},
+                               {"model": model}))
+        specs.append(StageSpec(r.name, f"verify{suffix}", "verify", {**params("verify"), "target": t, "task": r.task},
                                {"compiled": f"compile{suffix}", "qdq": model, "reference": "export",
-                                "source": "download"}, files))
+                                "source": "download"}, files("verify")))
     return [replace(s, family=fam) for s in specs]

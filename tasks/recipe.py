@@ -235,18 +235,9 @@ def deep_merge(base: dict, over: dict) -> dict:
 
 # ---------------------------------------------------------------- schema
 
-# A param that one model family's stage implementations read and the other's never do is
-# declared so on its field; plan.params_for leaves it out of the other family's stage params
-# (and keys), and a recipe that sets it for the other family is a load error (issue 11).
-ENCODER = {"json_schema_extra": {"family": "encoder"}}
-LLM = {"json_schema_extra": {"family": "llm"}}
-
-
-def field_family(model_cls, name: str) -> str | None:
-    """The model family that alone reads field ``name`` of ``model_cls`` (``encoder``,
-    ``llm``), or None when both do."""
-    extra = model_cls.model_fields[name].json_schema_extra
-    return extra.get("family") if isinstance(extra, dict) else None
+# Which family reads a param is declared by the stage implementations themselves (their
+# ``PARAMS`` / ``FILES``, tasks/stages): a stage's params hold exactly what it declares, and a
+# recipe that sets a key only the other family reads is a load error (issue 11, issue 24).
 
 
 class _Strict(BaseModel):
@@ -286,20 +277,20 @@ class Source(_Strict):
 
 class ExportCfg(_Strict):
     family: Literal["encoder", "llm"] = Field("encoder", description="encoder: one static graph; llm: prefill+decode")
-    task: Optional[str] = Field(None, description="optimum task; inferred when absent", **ENCODER)
-    opset: int = Field(17, ge=13, le=23, description="the LLM export writes opset 21 itself", **ENCODER)
-    batch_size: int = Field(1, ge=1, le=64, **ENCODER)
+    task: Optional[str] = Field(None, description="optimum task; inferred when absent")
+    opset: int = Field(17, ge=13, le=23, description="the LLM export writes opset 21 itself")
+    batch_size: int = Field(1, ge=1, le=64)
     sequence_length: int = Field(128, ge=1, le=131_072, description="tokens per call (encoder), or prefill AR-N (llm)")
-    decode_length: int = Field(1, ge=1, le=1, description="llm: tokens per decode call (AR-1)", **LLM)
-    context_length: int = Field(4096, ge=2, le=1_048_576, description="llm: KV cache length + current tokens", **LLM)
-    parts: int = Field(1, ge=1, le=64, description="llm: number of parts the layers are split into", **LLM)
+    decode_length: int = Field(1, ge=1, le=1, description="llm: tokens per decode call (AR-1)")
+    context_length: int = Field(4096, ge=2, le=1_048_576, description="llm: KV cache length + current tokens")
+    parts: int = Field(1, ge=1, le=64, description="llm: number of parts the layers are split into")
     embedding: Literal["first-part", "host"] = Field(
-        "first-part", description="llm: token embedding Gather inside part 0, or on the host (embed_tokens.npy)", **LLM)
-    lm_head: Literal["last-part"] = Field("last-part", description="llm: final norm + LM head in the last part", **LLM)
+        "first-part", description="llm: token embedding Gather inside part 0, or on the host (embed_tokens.npy)")
+    lm_head: Literal["last-part"] = Field("last-part", description="llm: final norm + LM head in the last part")
     layout: Literal["genai-pipeline"] = Field(
         "genai-pipeline", description="llm: graph I/O that onnxruntime-genai's decoder pipeline drives: int32 "
                                       "input_ids, past_seq_len/total_seq_len, one [1,Hkv,C,d] KV buffer per layer "
-                                      "updated in the graph, all prefill logits (tasks/llm/export.py)", **LLM)
+                                      "updated in the graph, all prefill logits (tasks/llm/export.py)")
 
     @model_validator(mode="after")
     def _lengths(self):
@@ -349,7 +340,7 @@ class TextData(_Strict):
     file: str = Field(description="text file, one sample per line, relative to the project root")
     samples: int = Field(16, ge=1, le=100_000)
     max_length: int = Field(128, ge=1, le=131_072, description="encoder: tokens per sample (padded/truncated); "
-                            "LLM prompts are whole paragraphs bounded by export.context_length", **ENCODER)
+                            "LLM prompts are whole paragraphs bounded by export.context_length")
 
 
 class Override(_Strict):
@@ -378,8 +369,7 @@ class QuantizeCfg(_Strict):
         16, description="bits of Gather tables (the token embedding); 8 is taken with 4-bit weights only")
     calibration: TextData
     calibrate_method: Literal["MinMax", "Percentile"] = Field(
-        "MinMax", description="onnxruntime calibrator for encoders; LLMs use streaming MinMax (tasks/llm/calib.py)",
-        **ENCODER)
+        "MinMax", description="onnxruntime calibrator for encoders; LLMs use streaming MinMax (tasks/llm/calib.py)")
     overrides: list[Override] = Field(default_factory=list)
 
     @field_validator("calibrate_method", mode="before")
@@ -409,9 +399,8 @@ class QuantizeCfg(_Strict):
 
 class CompileCfg(_Strict):
     targets: list[str] = Field(default_factory=lambda: [DEFAULT_TARGET], min_length=1)
-    disable_cpu_ep_fallback: bool = Field(True, description="encoder: allow no CPU node (LLM graphs always all on HTP)",
-                                          **ENCODER)
-    weight_sharing: bool = Field(True, description="llm: compile prefill+decode of a part into one binary", **LLM)
+    disable_cpu_ep_fallback: bool = Field(True, description="encoder: allow no CPU node (LLM graphs always all on HTP)")
+    weight_sharing: bool = Field(True, description="llm: compile prefill+decode of a part into one binary")
 
     @field_validator("targets")
     @classmethod
@@ -471,10 +460,10 @@ class VerifyCfg(_Strict):
     backend: Literal["htp", "cpu-qdq"] = "htp"
     runtime: Literal["runner", "genai"] = Field(
         "runner", description="llm: what generates on the compiled graphs: our LLMRunner, or onnxruntime-genai "
-                              "driving them through genai_config.json (tasks/llm/genai.py)", **LLM)
+                              "driving them through genai_config.json (tasks/llm/genai.py)")
     data: TextData
-    max_new_tokens: int = Field(16, ge=1, le=4096, description="llm: greedy tokens per prompt", **LLM)
-    perplexity_text: Optional[str] = Field(None, description="llm: text file for perplexity vs fp32", **LLM)
+    max_new_tokens: int = Field(16, ge=1, le=4096, description="llm: greedy tokens per prompt")
+    perplexity_text: Optional[str] = Field(None, description="llm: text file for perplexity vs fp32")
     thresholds: dict[str, float] = Field(default_factory=dict)
 
     @field_validator("thresholds")
@@ -620,24 +609,30 @@ def load_recipe(path: Path) -> Recipe:
 
 def params_of_other_family(r: Recipe) -> list[tuple[str, str]]:
     """``(key path, message)`` for each param the recipe sets that only the *other* model
-    family reads (:func:`field_family`): such a key would be silently ignored by this
-    recipe's stages, so it is an error at load (issue 11)."""
+    family's stage implementations read (their declared ``PARAMS`` / ``FILES``:
+    :func:`tasks.stages.readers`): such a key would be silently ignored by this recipe's
+    stages, so it is an error at load (issue 11)."""
+    from .stages import SECTIONS, readers
+
     fam = r.export.family
     out: list[tuple[str, str]] = []
 
-    def walk(obj: BaseModel, prefix: str) -> None:
+    def walk(obj: BaseModel, section: str, rel: str) -> None:
+        prefix = section + "." + rel
         for name in sorted(obj.model_fields_set):
-            owner, value = field_family(type(obj), name), getattr(obj, name)
+            value = getattr(obj, name)
+            who = readers(section, rel + name)
+            owner = next(iter(who)) if len(who) == 1 else None
             if owner and owner != fam:
                 why = type(obj).model_fields[name].description
                 out.append((prefix + name, f"expected no such key in {_a(fam)} recipe (export.family: {fam}): only "
                                            f"{_a(owner)} recipe reads it" + (f" ({why})" if why else "")
                                            + "; remove it (or set it to null where it comes through extends)"))
             elif isinstance(value, BaseModel):
-                walk(value, f"{prefix}{name}.")
+                walk(value, section, f"{rel}{name}.")
 
-    for section in ("export", "quantize", "compile", "verify"):
-        walk(getattr(r, section), section + ".")
+    for section in SECTIONS:
+        walk(getattr(r, section), section, "")
     if fam == "llm":
         for i, o in enumerate(r.quantize.overrides):
             if o.weight_bits != 8:

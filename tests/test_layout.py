@@ -92,3 +92,27 @@ def test_no_family_imports_the_other_familys_code_and_stages_imports_no_family()
         for m in mods(folder):
             bad = sorted(d for d in direct_imports(m) if d.startswith(banned))
             assert bad == [], (m, bad)
+
+
+def test_each_stages_params_are_exactly_what_its_implementation_declares(monkeypatch):
+    """Issue 24: the plan only wires; a stage's params are the recipe keys its family's
+    implementation declares (``PARAMS``; nested ones nested), plus what the plan wires in
+    (``target`` for compile and verify, ``task`` for verify), its files what ``FILES`` names."""
+    monkeypatch.setenv("NPUBUILD_ROOT", str(REPO))
+    from tasks.plan import expand
+    from tasks.recipe import load_recipe
+    from tasks.stages import module_for
+
+    wired = {"compile": {"target"}, "verify": {"target", "task"}}
+    for name in ("minilm-l6-w4a16", "tiny-qwen2-w4a16"):
+        for spec in expand(load_recipe(REPO / "recipes" / f"{name}.yaml")):
+            if spec.kind in ("download", "patch"):
+                continue
+            mod = module_for(spec.kind, spec.family)
+            top = {p.split(".")[0] for p in mod.PARAMS}
+            assert set(spec.params) == top | wired.get(spec.kind, set()), (name, spec.kind, sorted(spec.params))
+            for p in mod.PARAMS:
+                if "." in p:
+                    outer, inner = p.split(".")
+                    assert inner in spec.params[outer], (name, spec.kind, p)
+            assert set(spec.files) == set(getattr(mod, "FILES", {}).values()) - ({"perplexity_text"} - set(spec.files))

@@ -157,7 +157,7 @@ def test_every_module_an_llm_stage_runs_is_in_its_key(llm_project, tmp_path):
 
     llm_project.recipe("tiny-qwen2-trace", "extends: tiny-qwen2-w8a16\nexport: {sequence_length: 8}\n"
                        "quantize: {precision: w4a16, block_size: 32, rounding: gptq, calibration: {samples: 4}}\n"
-                       "verify: {backend: cpu-qdq, runtime: runner, data: {samples: 2}, max_new_tokens: 4,\n"
+                       "verify: {data: {samples: 2}, max_new_tokens: 4,\n"
                        "  thresholds: {token_agreement: 0.0, logits_cosine_mean: 0.5, perplexity_ratio: 10.0}}\n")
     trace = tmp_path / "trace"
     trace.mkdir()

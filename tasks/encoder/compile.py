@@ -18,6 +18,9 @@ from ..stages.common import target_key_extra
 
 VERSION = 6  # 6: compiled once, again only for the racy padding variant (issue 12)
 TOOLS = ("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "onnx")
+#: the recipe keys of its section this implementation reads (the stage params, so the key,
+#: hold exactly these; a key only the other family reads is a load error: tasks/stages)
+PARAMS = ("disable_cpu_ep_fallback",)
 KEY_EXCLUDE = ("target",)  # the name; the key holds what it resolves to (key_extra)
 key_extra = target_key_extra
 

@@ -22,6 +22,9 @@ onnx = lazy.module("onnx")
 
 VERSION = 1
 TOOLS = ("torch", "transformers", "optimum", "optimum-onnx", "onnx")
+#: the recipe keys of its section this implementation reads (the stage params, so the key,
+#: hold exactly these; a key only the other family reads is a load error: tasks/stages)
+PARAMS = ("task", "opset", "batch_size", "sequence_length")
 CODE_DEPS = ("tasks.patches.int64_to_int32",)  # found by name through the patch registry
 
 def key_extra(params: dict) -> dict:

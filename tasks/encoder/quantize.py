@@ -31,6 +31,12 @@ onnx = lazy.module("onnx")
 
 VERSION = 4  # 4: block-wise int4 (LPBQ), GPTQ, 8-bit tables, Gemm split at 4 bits (issue 21)
 TOOLS = ("onnxruntime", "onnx", "transformers", "tokenizers", "numpy")
+#: the recipe keys of its section this implementation reads (the stage params, so the key,
+#: hold exactly these; a key only the other family reads is a load error: tasks/stages)
+PARAMS = ("precision", "per_channel", "block_size", "rounding", "embedding_bits", "calibration.samples",
+          "calibration.max_length", "calibrate_method", "overrides")
+#: recipe keys naming the project files it reads -> their role in ``run(files=...)``
+FILES = {"calibration.file": "calibration"}
 
 
 

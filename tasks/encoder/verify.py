@@ -39,6 +39,11 @@ onnx = lazy.module("onnx")
 
 VERSION = 1
 TOOLS = ("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "transformers", "tokenizers", "numpy")
+#: the recipe keys of its section this implementation reads (the stage params, so the key,
+#: hold exactly these; a key only the other family reads is a load error: tasks/stages)
+PARAMS = ("backend", "data.samples", "data.max_length", "thresholds")
+#: recipe keys naming the project files it reads -> their role in ``run(files=...)``
+FILES = {"data.file": "data"}
 KEY_EXCLUDE = ("thresholds",)
 key_extra = common.target_key_extra  # the target as the session sees it
 check = common.check  # verify.json against the thresholds

@@ -99,6 +99,9 @@ def _sdk(ctx: Path) -> str:
 
 VERSION = 1
 TOOLS = ("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "onnx")
+#: the recipe keys of its section this implementation reads (the stage params, so the key,
+#: hold exactly these; a key only the other family reads is a load error: tasks/stages)
+PARAMS = ("weight_sharing",)
 KEY_EXCLUDE = ("target",)  # the name; the key holds what it resolves to (key_extra)
 key_extra = target_key_extra
 

@@ -597,6 +597,9 @@ def export_llm(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 409
 
 VERSION = 1
 TOOLS = ("torch", "transformers", "onnx", "numpy", "safetensors")
+#: the recipe keys of its section this implementation reads (the stage params, so the key,
+#: hold exactly these; a key only the other family reads is a load error: tasks/stages)
+PARAMS = ("sequence_length", "decode_length", "context_length", "parts", "embedding", "lm_head", "layout")
 
 
 def run(inputs, files, params, out: Path) -> dict:

@@ -221,6 +221,12 @@ def quantize_llm(src, model_dir, calib_text, params: dict, out, work=None, parts
 
 VERSION = 2  # 2: block-wise int4 (LPBQ), GPTQ, 8-bit tables, lm_head int4 with blocks (issue 21)
 TOOLS = ("onnxruntime", "onnx", "transformers", "tokenizers", "numpy")
+#: the recipe keys of its section this implementation reads (the stage params, so the key,
+#: hold exactly these; a key only the other family reads is a load error: tasks/stages)
+PARAMS = ("precision", "per_channel", "block_size", "rounding", "embedding_bits", "calibration.samples",
+          "overrides")
+#: recipe keys naming the project files it reads -> their role in ``run(files=...)``
+FILES = {"calibration.file": "calibration"}
 
 
 def run(inputs, files, params, out: Path) -> dict:

@@ -214,6 +214,11 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
 VERSION = 1
 TOOLS = ("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "transformers", "tokenizers", "numpy", "torch",
          "onnxruntime-genai")
+#: the recipe keys of its section this implementation reads (the stage params, so the key,
+#: hold exactly these; a key only the other family reads is a load error: tasks/stages)
+PARAMS = ("backend", "runtime", "data.samples", "max_new_tokens", "thresholds")
+#: recipe keys naming the project files it reads -> their role in ``run(files=...)``
+FILES = {"data.file": "data", "perplexity_text": "perplexity_text"}
 KEY_EXCLUDE = ("thresholds",)
 key_extra = common.target_key_extra  # the target as the session sees it
 check = common.check  # verify.json against the thresholds

@@ -8,6 +8,11 @@ Each implementation module has
 
 - ``VERSION: int``  bumped on any change of behaviour (enters the stage key);
 - ``TOOLS: tuple[str, ...]``  tools whose versions enter the key (see ``tasks/tools.py``);
+- ``PARAMS: tuple[str, ...]``  the recipe keys of its section it reads (dotted below a
+  nested section: ``calibration.samples``): its params, the stage key's ``params``
+  (:func:`params_from`); ``FILES: dict[str, str]`` recipe keys that name project files -> their
+  role. A key that only the other family's implementation declares is a recipe load error
+  (:func:`readers`); ``download`` and ``patch`` take their whole section;
 - ``run(inputs: dict[str, Path], files: dict[str, Path], params: dict, out: Path) -> dict``
   reads upstream outputs (``inputs``, by role) and project files, writes its outputs into
   ``out`` and returns extra manifest info (JSON-able);
@@ -59,3 +64,57 @@ def module_for(kind: str, family: str = "encoder"):
 def modules_of(kind: str) -> list:
     """Every implementation module of stage ``kind``."""
     return [import_module(n) for n in IMPLEMENTATIONS[kind].values()]
+
+
+#: recipe section -> the stage kind whose implementations declare its keys
+SECTIONS = {"export": "export", "quantize": "quantize", "compile": "compile", "verify": "verify"}
+
+
+def _pick(data: dict, path: str):
+    for k in path.split("."):
+        if not isinstance(data, dict) or k not in data:
+            return None, False
+        data = data[k]
+    return data, True
+
+
+def params_from(section: dict, kind: str, family: str) -> dict:
+    """The params of ``kind``'s ``family`` implementation from its recipe section (a plain dict,
+    the validated section dumped): the keys it declares in ``PARAMS``, nested ones kept nested
+    (``calibration.samples`` -> ``{"calibration": {"samples": ...}}``). Raises KeyError for an
+    unknown kind or family."""
+    out: dict = {}
+    for path in module_for(kind, family).PARAMS:
+        value, found = _pick(section, path)
+        if found:
+            *parents, leaf = path.split(".")
+            d = out
+            for k in parents:
+                d = d.setdefault(k, {})
+            d[leaf] = value
+    return out
+
+
+def files_from(section: dict, kind: str, family: str) -> dict[str, str]:
+    """{role: project-relative path} of the files ``kind``'s ``family`` implementation reads,
+    from its recipe section (its ``FILES`` declaration; keys set to null are left out)."""
+    out = {}
+    for path, role in getattr(module_for(kind, family), "FILES", {}).items():
+        value, found = _pick(section, path)
+        if found and value is not None:
+            out[role] = value
+    return out
+
+
+def readers(section: str, path: str) -> set[str]:
+    """The families whose implementation of ``section``'s stage kind declares recipe key
+    ``path`` (in ``PARAMS`` or ``FILES``): empty for a key the plan wires itself
+    (``export.family``, ``compile.targets``)."""
+    kind = SECTIONS[section]
+    out = set()
+    for family in FAMILIES:
+        m = module_for(kind, family)
+        declared = set(m.PARAMS) | set(getattr(m, "FILES", {}))
+        if path in declared or any(d.startswith(path + ".") for d in declared):
+            out.add(family)
+    return out
