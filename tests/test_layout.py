@@ -116,3 +116,39 @@ def test_each_stages_params_are_exactly_what_its_implementation_declares(monkeyp
                     outer, inner = p.split(".")
                     assert inner in spec.params[outer], (name, spec.kind, p)
             assert set(spec.files) == set(getattr(mod, "FILES", {}).values()) - ({"perplexity_text"} - set(spec.files))
+
+
+def test_no_import_cycles_between_subfolders():
+    """Issue 24: with each subfolder of ``tasks/`` (encoder, llm, stages, proc, patches) drawn as
+    one node beside the top-level modules, the import graph has no cycle."""
+    from tasks.engine import direct_imports
+
+    def node(m):
+        parts = m.split(".")
+        return parts[1] if (REPO / "tasks" / parts[1]).is_dir() else m
+
+    mods = []
+    for f in (REPO / "tasks").rglob("*.py"):
+        parts = f.relative_to(REPO).with_suffix("").parts
+        mods.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    graph: dict[str, set] = {}
+    for m in mods:
+        graph.setdefault(node(m), set()).update(node(d) for d in direct_imports(m) if d in mods and node(d) != node(m))
+    state, cycles = {}, []
+
+    def visit(u, stack):
+        state[u] = 1
+        stack.append(u)
+        for v in sorted(graph.get(u, ())):
+            if state.get(v) == 1:
+                cycles.append(stack[stack.index(v):] + [v])
+            elif v not in state:
+                visit(v, stack)
+        stack.pop()
+        state[u] = 2
+
+    for u in sorted(graph):
+        if u not in state:
+            visit(u, [])
+    assert {"encoder", "llm", "stages", "proc", "patches"} <= set(graph)
+    assert cycles == [], cycles
