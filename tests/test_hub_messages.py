@@ -11,7 +11,7 @@ import pytest
 from conftest import TINY_RECIPE, Project
 from test_stages import COMMIT, fake_hub_cache
 
-from tasks.stages import download
+from tasks.sources import download
 
 REPO = "acme/tiny-bert"
 

@@ -15,7 +15,8 @@ from onnx import TensorProto, helper
 from tasks import digest, qnn
 from tasks.cache import Cache
 from tasks.graphs import GraphError
-from tasks.stages import download, patch
+from tasks.sources import download
+from tasks.patches import stage as patch
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

@@ -56,14 +56,17 @@ def register(name: str, version: int):
 
 
 _LOADED: list[bool] = []
+STAGE_MODULE = "stage"  # tasks/patches/stage.py: the patch stage (every family)
 
 
 def _load_all() -> None:
-    """Import every patch module of this package (once per process, after all imported)."""
+    """Import every patch module of this package (once per process, after all imported);
+    ``stage`` is the patch stage that applies them, not a patch."""
     if _LOADED:
         return
     for mod in pkgutil.iter_modules(__path__):
-        importlib.import_module(f"{__name__}.{mod.name}")
+        if mod.name != STAGE_MODULE:
+            importlib.import_module(f"{__name__}.{mod.name}")
     _LOADED.append(True)
 
 

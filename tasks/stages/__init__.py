@@ -2,8 +2,9 @@
 implementations chosen once when a recipe is planned (:data:`IMPLEMENTATIONS`,
 ``StageSpec.family``), so no stage branches on the family inside. Each model family is a
 folder of its implementations (``tasks/encoder/<kind>.py``; ``tasks/llm/``: ``export``,
-``quant``, ``compile``, ``verify``); ``download`` and ``patch`` serve every family and live
-here, as does ``common.py``, what several implementations share (it imports no family).
+``quant``, ``compile``, ``verify``); ``download`` (``tasks/sources/download.py``) and
+``patch`` (``tasks/patches/stage.py``) serve every family. ``common.py`` here is what several
+implementations share (it imports no family).
 Each implementation module has
 
 - ``VERSION: int``  bumped on any change of behaviour (enters the stage key);
@@ -37,9 +38,9 @@ ARTIFACTS = {
 
 #: stage kind -> {model family (None: every family): dotted module name}
 IMPLEMENTATIONS = {
-    "download": {None: "tasks.stages.download"},
+    "download": {None: "tasks.sources.download"},
     "export": {"encoder": "tasks.encoder.export", "llm": "tasks.llm.export"},
-    "patch": {None: "tasks.stages.patch"},
+    "patch": {None: "tasks.patches.stage"},
     "quantize": {"encoder": "tasks.encoder.quantize", "llm": "tasks.llm.quant"},
     "compile": {"encoder": "tasks.encoder.compile", "llm": "tasks.llm.compile"},
     "verify": {"encoder": "tasks.encoder.verify", "llm": "tasks.llm.verify"},

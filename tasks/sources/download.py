@@ -24,7 +24,7 @@ from pathlib import Path
 
 from .. import digest, progress
 from ..proc.scrubbing import scrub
-from ..sources import SourceError, local_folder
+from . import SourceError, local_folder
 
 VERSION = 1
 TOOLS = ("huggingface-hub",)

@@ -1,6 +1,7 @@
 """Model sources a recipe names (``source: {path | package}``), found without building anything:
-shared by the download stage and the LLM memory estimate (which reads a source's config.json
-before any stage runs), so neither imports the other.
+shared by the download stage (``tasks/sources/download.py``, every family) and the LLM memory
+estimate (which reads a source's config.json before any stage runs), so the LLM stages' keys
+hold this file, not the Hub download code.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import importlib.util
 import re
 from pathlib import Path
 
-from . import paths
+from .. import paths
 
 
 class SourceError(Exception):

@@ -1,4 +1,4 @@
-"""patch: apply the recipe's named, versioned graph rewrites (``tasks/patches/``) in order.
+"""The patch stage (every model family): apply the recipe's named, versioned graph rewrites (``tasks/patches/``) in order.
 
 Every ``*.onnx`` graph in the input folder is patched (an LLM export has a prefill and a
 decode graph per part); other files (tokenizer, config, external data of untouched graphs)
