@@ -456,11 +456,11 @@ def build_spec(spec: StageSpec, upstream: dict[str, Entry], cache: Cache,
     def build(out: Path) -> dict:
         log = out.parent / stagelog.LOG_NAME
         tracing = bool(os.environ.get(child.TRACE_ENV))
+        before = set(sys.modules)
+        if tracing:  # the modules this stage loads, here and in its children (tests/test_keys.py)
+            os.environ[child.TRACE_STAGE_ENV] = spec.task
         try:
             heap.keep_freed(heap.input_bytes(upstream) <= heap.KEEP_INPUT_MAX)
-            if tracing:  # the modules this stage loads, here and in its children (tests/test_keys.py)
-                before = set(sys.modules)
-                os.environ[child.TRACE_STAGE_ENV] = spec.task
             with stagelog.capture(log, spec.task):
                 print(f"{spec.task}: {spec.kind} {key} (recipe {spec.recipe}), {time.strftime('%Y-%m-%d %H:%M:%S')}",
                       flush=True)
@@ -473,8 +473,8 @@ def build_spec(spec: StageSpec, upstream: dict[str, Entry], cache: Cache,
             raise
         finally:
             if tracing:
-                child.write_trace("stage", set(sys.modules) - before)
                 os.environ.pop(child.TRACE_STAGE_ENV, None)
+                child.write_trace("stage", set(sys.modules) - before, spec.task)
 
     base = {
         "material": material,  # lets a remote reader check that the entry is this key's

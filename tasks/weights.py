@@ -113,7 +113,7 @@ def lpbq_scales(W, block: int, cols: int = 512):
     pc = largest absmax / 7 / 16 and bint = round(absmax / 7 / pc): a block whose ideal bint
     was 1.5 took 2 (a third coarser). Measured (README "int4"): all-MiniLM-L6-v2 w4a16 pooled
     cosine 0.9933 -> 0.9941 (HTP simulator), tiny-qwen2's int4 lm_head alone 0.99877 -> 0.99895.
-    Time: ~0.34 s per 3584 x 4096 weight on one core (Qwen2.5-7B's 6.5 B MatMul weights ~10 min).
+    Time: ~0.34 s per 3584 x 4096 weight on one core (Qwen2.5-7B's 6.5 B MatMul weights ~150 s).
     Works on ``cols`` output channels at a time (memory ~ 3 x K x cols x 4 bytes)."""
     K, N = W.shape
     nb = K // block

@@ -92,6 +92,7 @@ def test_no_stage_module_branches_on_the_family():
     import ast
 
     impls = [*(REPO / "tasks" / "stages").glob("*.py"), *(REPO / "tasks" / "encoder").glob("*.py"),
+             REPO / "tasks" / "sources" / "download.py", REPO / "tasks" / "patches" / "stage.py",
              *(REPO / "tasks" / "llm" / f"{m}.py" for m in ("export", "quant", "compile", "verify"))]
     for f in sorted(impls):
         tree = ast.parse(f.read_text())
@@ -158,15 +159,14 @@ def traced_modules_outside_keys(project, recipes, trace) -> dict:
                        cwd=project.root)
     assert p.returncode == 0, p.stderr[-2000:]
     covered = json.loads(p.stdout.splitlines()[-1])
-    files = sorted(trace.glob("*.json"))
-    assert any(".child" in f.name for f in files) and any(".stage." in f.name for f in files), files
+    traces = [json.loads(f.read_text()) for f in sorted(trace.glob("*.json"))]
+    assert {t["who"] for t in traces} == {"stage", "child"}, traces
     missing = {}
-    for f in files:
-        task = f.name.split(".")[0].replace("@", ":")
-        # the package itself and the child runner's entry (run as __main__) are plumbing
-        extra = set(json.loads(f.read_text())) - set(covered[task]) - {"tasks"}
+    for t in traces:
+        # the namespace package itself holds no code (the child runner's entry runs as __main__)
+        extra = set(t["modules"]) - set(covered[t["task"]]) - {"tasks"}
         if extra:
-            missing[f.name] = sorted(extra)
+            missing[f"{t['task']} ({t['who']})"] = sorted(extra)
     return missing
 
 
@@ -179,6 +179,22 @@ def test_every_module_an_encoder_stage_runs_is_in_its_key(project, tmp_path):
     project.env["NPUBUILD_TRACE_MODULES"] = str(trace)
     run = project.doit("run", "build:t")
     assert run.ran() == ["compile:t", "download:t", "export:t", "prepatch:t", "quantize:t", "verify:t"]
-    children = [f.name for f in trace.glob("*.child*.json")]
-    assert any(n.startswith("compile@t.") for n in children) and any(n.startswith("verify@t.") for n in children), children
+    children = [json.loads(f.read_text())["task"] for f in trace.glob("child-*.json")]
+    assert "compile:t" in children and "verify:t" in children, children
     assert traced_modules_outside_keys(project, ["t"], trace) == {}
+
+
+def test_children_run_the_package_copy_their_parent_runs(tmp_path):
+    """A child's PYTHONPATH is the folder holding its parent's ``tasks/`` (tasks/proc/child.py
+    ``PACKAGE_ROOT``): from a copy of the package (a worktree, a CI clone) the child imports the
+    copy, not an installed checkout, so it runs the code the stage key hashed."""
+    shutil.copytree(REPO / "tasks", tmp_path / "copy" / "tasks", ignore=shutil.ignore_patterns("__pycache__"))
+    code = ("from tasks.proc.child import run_function, run_python\n"
+            "import tasks.targets\n"
+            "print(run_python('import tasks.targets as t; print(t.__file__)', cwd='/').stdout.strip())\n"
+            "r = run_function(tasks.targets.get, 'x-elite', cwd='/')\n"
+            "print(r.returncode)\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path / "copy", capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-2000:]
+    first, rc = p.stdout.split()
+    assert first == str(tmp_path / "copy" / "tasks" / "targets.py") and rc == "0", p.stdout

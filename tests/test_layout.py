@@ -50,7 +50,7 @@ def test_target_names_and_numbers_are_written_once():
 def test_the_longest_import_chain_inside_the_package_is_at_most_10_modules():
     """Issue 24: 12 modules deep before (dodo_tasks -> publish -> catalog -> buildstate -> engine
     -> plan -> recipe -> plancache -> cache -> remote -> digest -> paths); process plumbing
-    moved to ``tasks/proc/`` and encoder input facts to ``tasks/encoders.py``."""
+    moved to ``tasks/proc/`` and encoder input facts to ``tasks/encoder/inputs.py``."""
     from functools import lru_cache
 
     from tasks.engine import direct_imports
@@ -152,3 +152,17 @@ def test_no_import_cycles_between_subfolders():
             visit(u, [])
     assert {"encoder", "llm", "stages", "proc", "patches"} <= set(graph)
     assert cycles == [], cycles
+
+
+def test_declared_params_read_from_source_equal_the_modules_own():
+    """``tasks.stages.declared`` reads ``PARAMS`` / ``FILES`` with ast (the recipe loader does not
+    import stage code); what it reads is what the imported module holds."""
+    from tasks.stages import FAMILIES, IMPLEMENTATIONS, declared, module_for
+
+    for kind, impls in IMPLEMENTATIONS.items():
+        if None in impls:
+            continue
+        for family in FAMILIES:
+            mod = module_for(kind, family)
+            assert declared(kind, family) == (tuple(mod.PARAMS), dict(getattr(mod, "FILES", {}))), (kind, family)
+            assert mod.PARAMS, (kind, family)

@@ -168,6 +168,6 @@ def test_every_module_an_llm_stage_runs_is_in_its_key(llm_project, tmp_path):
     finally:
         llm_project.env = env
     assert {"export:tiny-qwen2-trace", "quantize:tiny-qwen2-trace", "compile:tiny-qwen2-trace"} <= set(run.ran())
-    children = sorted(f.name.split(".")[0] for f in trace.glob("*.child*.json"))
-    assert children.count("quantize@tiny-qwen2-trace") == 2 and children.count("compile@tiny-qwen2-trace") == 3, children
+    children = sorted(json.loads(f.read_text())["task"] for f in trace.glob("child-*.json"))
+    assert children.count("quantize:tiny-qwen2-trace") == 2 and children.count("compile:tiny-qwen2-trace") == 3, children
     assert traced_modules_outside_keys(llm_project, ["tiny-qwen2-trace"], trace) == {}

@@ -18,9 +18,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
-
+from ..proc import lazy
 from .families import pieces
+
+np = lazy.module("numpy")
 
 
 class Checkpoint:

@@ -16,12 +16,11 @@ naming the weight-shared binaries when there are some (what ships), else the per
 
 from __future__ import annotations
 
-from ..stages.common import target_key_extra
-
 import json
 import shutil
 from pathlib import Path
 
+from ..stages.common import target_key_extra
 from ..qnn import provider_options
 from ..targets import get as get_target
 from ..proc.child import run_function

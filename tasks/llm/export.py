@@ -80,23 +80,21 @@ checkpoint and arguments give byte-identical files.
 
 from __future__ import annotations
 
-from ..stages.common import copy_tokenizer
-
 import json
 import math
 from pathlib import Path
 
-import numpy as np
+from ..proc import lazy
+from ..stages.common import copy_tokenizer
 
 from .checkpoint import Checkpoint, part_tensor_names
 from .families import activation, family, is_norm, rotary_dim
+from .layout import IO_LAYOUT, ROPE_TABLES
 from .parts import split_for
 
+np = lazy.module("numpy")
+
 MASK_VALUE = -100.0
-# what ``export.json`` calls the graph I/O contract of the module docstring
-IO_LAYOUT = ("genai-pipeline-static: int32 input_ids, past_seq_len [1,1], total_seq_len [1]; "
-             "KV [1,Hkv,C,d] shared past/present buffer")
-ROPE_TABLES = ("rope_cos", "rope_sin")
 CACHE_TABLES = ("kv_eye", "causal_mask")  # [C, C] one-hot rows and additive causal rows
 OPSET = 21
 IR_VERSION = 10

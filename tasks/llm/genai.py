@@ -58,7 +58,7 @@ def genai_config(desc: dict, model_files: dict, *, provider_options: dict | None
     Raises ValueError for an export genai cannot drive (separate embedding table; an old
     layout; C not a multiple of S, since padded prompt windows must fit the cache).
     """
-    from .export import IO_LAYOUT
+    from .layout import IO_LAYOUT
 
     if desc.get("io_layout") != IO_LAYOUT:
         raise ValueError(f"export layout {desc.get('io_layout')!r} is not genai's windowed layout; re-export")

@@ -8,12 +8,11 @@ uint16 so the rotary angles keep 16-bit precision. onnxruntime upgrades the opse
 
 from __future__ import annotations
 
-from ..stages.common import copy_rest
-
 from pathlib import Path
 
+from ..stages.common import copy_rest
 from ..quantconfig import matmul_weight_overrides, qtype
-from .export import ROPE_TABLES
+from .layout import ROPE_TABLES
 
 def stage_part(export_dir, part: dict, work) -> Path:
     """Copy one part's graphs and weight file from ``export_dir`` into the writable folder

@@ -33,11 +33,12 @@ says which it did under ``"ran"``.
 
 from __future__ import annotations
 
-from ..stages import common
-
 from pathlib import Path
 
-import numpy as np
+from ..proc import lazy
+from ..stages import common
+
+np = lazy.module("numpy")
 
 
 def _prompts(files, params, tok) -> tuple[list[str], list[list[int]]]:

@@ -43,14 +43,14 @@ _REPORT_PEAK = (
     "    if not issubclass(t, KeyboardInterrupt):\n"
     "        _d(t, v, tb)\n"
     "sys.excepthook = _npubuild_quiet\n")
-PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the folder holding tasks/
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding tasks/ (this file: tasks/proc/child.py)
 
 
-_RUNNING: set[subprocess.Popen] = set()  # children of run_python still running (any thread)
+_RUNNING: set[subprocess.Popen] = set()  # children of run_python / run_function still running (any thread)
 
 
 def kill_all() -> int:
-    """Kill every child :func:`run_python` is waiting on, in any thread (SIGKILL: what they
+    """Kill every child :func:`run_python` or :func:`run_function` is waiting on, in any thread (SIGKILL: what they
     were writing is in their stage's temp folder, which the stage's cleanup removes). Called on
     Ctrl-C (``tasks/proc/interrupt.py``). Returns how many were running."""
     running = list(_RUNNING)
@@ -98,13 +98,16 @@ def run_function(fn, *args, cwd=None, env: dict | None = None, timeout: float | 
     ``args`` / ``kwargs`` picklable (paths, numbers, dicts, :class:`tasks.llm.calib.FeedStore`).
     The caller imports ``fn`` itself, so the module the child runs is in the caller's import
     graph (the stage key's code digest, ``tasks.engine.code_modules``). Raises
-    pickle.PicklingError for a lambda or a nested function, before any child starts."""
+    pickle.PicklingError (a lambda) or AttributeError (a nested function) before any child
+    starts. ``cwd``, ``env``, ``timeout`` and ``forward`` are the runner's; ``fn`` cannot take
+    keyword arguments of those names."""
     payload = pickle.dumps((fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
     return _run([sys.executable, "-m", "tasks.proc.child"], payload, cwd, env, timeout, forward)
 
 
 def _run(argv, payload: bytes | None, cwd, env, timeout, forward) -> Result:
     full = dict(os.environ, **(env or {}))
+    full.setdefault("PYTHONIOENCODING", "utf-8")  # the pipe's bytes are decoded as UTF-8 below (Windows: cp1252)
     full["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), full.get("PYTHONPATH")]))
     with subprocess.Popen(argv, stdin=subprocess.PIPE if payload is not None else subprocess.DEVNULL,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full,
@@ -118,7 +121,7 @@ def _run(argv, payload: bytes | None, cwd, env, timeout, forward) -> Result:
             raise
         finally:
             _RUNNING.discard(p)
-    stdout, stderr = (b.decode("utf-8", "replace") for b in (out_b, err_b))
+    stdout, stderr = (b.decode("utf-8", "replace").replace("\r\n", "\n") for b in (out_b, err_b))
     peak, err = None, []
     for ln in stderr.splitlines(keepends=True):
         if ln.startswith(_PEAK):
@@ -140,15 +143,21 @@ def _run(argv, payload: bytes | None, cwd, env, timeout, forward) -> Result:
 TRACE_ENV, TRACE_STAGE_ENV = "NPUBUILD_TRACE_MODULES", "NPUBUILD_TRACE_STAGE"
 
 
-def write_trace(who: str, modules) -> None:
-    """With :data:`TRACE_ENV` set, write the sorted ``tasks`` module names of ``modules`` to
-    ``$NPUBUILD_TRACE_MODULES/<stage>.<who>.json`` (stage: :data:`TRACE_STAGE_ENV`)."""
+def write_trace(who: str, modules, task: str | None = None) -> None:
+    """With :data:`TRACE_ENV` set, write ``{"task", "who", "modules"}`` (the sorted ``tasks``
+    module names of ``modules``; task: ``task`` or :data:`TRACE_STAGE_ENV`) to a new file in
+    ``$NPUBUILD_TRACE_MODULES``. A trace that cannot be written is skipped (it never fails a
+    stage)."""
     folder = os.environ.get(TRACE_ENV)
     if not folder:
         return
     names = sorted(m for m in modules if m == "tasks" or m.startswith("tasks."))
-    stage = os.environ.get(TRACE_STAGE_ENV, "none").replace(":", "@")
-    Path(folder, f"{stage}.{who}.json").write_text(json.dumps(names))
+    task = task or os.environ.get(TRACE_STAGE_ENV, "")
+    try:
+        Path(folder, f"{who}-{os.getpid()}-{len(list(Path(folder).iterdir()))}.json").write_text(
+            json.dumps({"task": task, "who": who, "modules": names}))
+    except OSError:
+        pass
 
 
 def _main() -> None:  # python -m tasks.proc.child: the child side of run_function
@@ -157,7 +166,7 @@ def _main() -> None:  # python -m tasks.proc.child: the child side of run_functi
     try:
         fn(*args, **kwargs)
     finally:
-        write_trace(f"child{os.getpid()}", list(sys.modules))
+        write_trace("child", list(sys.modules))
 
 
 if __name__ == "__main__":

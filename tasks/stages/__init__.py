@@ -53,13 +53,17 @@ FAMILIES = ("encoder", "llm")
 def module_for(kind: str, family: str = "encoder"):
     """The module implementing stage ``kind`` for models of ``family`` (``export.family`` of the
     recipe: ``encoder`` or ``llm``). Raises KeyError for an unknown kind or family."""
+    return import_module(_module_name(kind, family))
+
+
+def _module_name(kind: str, family: str) -> str:
     if kind not in IMPLEMENTATIONS:
         raise KeyError(f"unknown stage kind {kind!r}; known: {', '.join(IMPLEMENTATIONS)}")
     impls = IMPLEMENTATIONS[kind]
     name = impls.get(None) or impls.get(family)
     if name is None:
         raise KeyError(f"no {family} implementation of stage kind {kind!r}; families: {', '.join(impls)}")
-    return import_module(name)
+    return name
 
 
 def modules_of(kind: str) -> list:
@@ -79,13 +83,36 @@ def _pick(data: dict, path: str):
     return data, True
 
 
+@lru_cache(maxsize=None)
+def declared(kind: str, family: str) -> tuple[tuple[str, ...], dict[str, str]]:
+    """``(PARAMS, FILES)`` of ``kind``'s ``family`` implementation, read from its source with
+    ``ast`` (literals only), not imported: the recipe loader asks before any stage runs, and an
+    encoder recipe's load need not import the LLM stages. Raises KeyError for an unknown kind
+    or family, ValueError when the module writes them as anything but literals."""
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    name = _module_name(kind, family)
+    tree = ast.parse(Path(importlib.util.find_spec(name).origin).read_text(encoding="utf-8"))
+    found = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                and node.targets[0].id in ("PARAMS", "FILES"):
+            try:
+                found[node.targets[0].id] = ast.literal_eval(node.value)
+            except ValueError:
+                raise ValueError(f"{name}: expected {node.targets[0].id} as a literal (line {node.lineno})") from None
+    return tuple(found.get("PARAMS", ())), dict(found.get("FILES", {}))
+
+
 def params_from(section: dict, kind: str, family: str) -> dict:
     """The params of ``kind``'s ``family`` implementation from its recipe section (a plain dict,
     the validated section dumped): the keys it declares in ``PARAMS``, nested ones kept nested
     (``calibration.samples`` -> ``{"calibration": {"samples": ...}}``). Raises KeyError for an
     unknown kind or family."""
     out: dict = {}
-    for path in module_for(kind, family).PARAMS:
+    for path in declared(kind, family)[0]:
         value, found = _pick(section, path)
         if found:
             *parents, leaf = path.split(".")
@@ -100,9 +127,9 @@ def files_from(section: dict, kind: str, family: str) -> dict[str, str]:
     """{role: project-relative path} of the files ``kind``'s ``family`` implementation reads,
     from its recipe section (its ``FILES`` declaration; keys set to null are left out)."""
     out = {}
-    for path, role in getattr(module_for(kind, family), "FILES", {}).items():
+    for path, role in declared(kind, family)[1].items():
         value, found = _pick(section, path)
-        if found and value is not None:
+        if found and value not in (None, ""):
             out[role] = value
     return out
 
@@ -114,8 +141,8 @@ def readers(section: str, path: str) -> set[str]:
     kind = SECTIONS[section]
     out = set()
     for family in FAMILIES:
-        m = module_for(kind, family)
-        declared = set(m.PARAMS) | set(getattr(m, "FILES", {}))
-        if path in declared or any(d.startswith(path + ".") for d in declared):
+        params, files = declared(kind, family)
+        keys = set(params) | set(files)
+        if path in keys or any(k.startswith(path + ".") for k in keys):
             out.add(family)
     return out
