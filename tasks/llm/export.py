@@ -298,7 +298,7 @@ class _Graph:
             self.used.append(name)
         return name
 
-    def const(self, name: str, value, dtype=np.int64) -> str:
+    def const(self, name: str, value, dtype="int64") -> str:
         import onnx
 
         if name not in self.inits:
