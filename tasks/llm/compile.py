@@ -23,12 +23,12 @@ from pathlib import Path
 from ..stages.common import target_key_extra
 from ..qnn import provider_options
 from ..targets import get as get_target
-from ..proc.child import run_function
-from . import qnn as llm_qnn
 
 
 def _run(fn, *args, cwd=None, **kwargs) -> int:
     """``fn(*args, **kwargs)`` in a fresh process (in ``cwd``); returns its peak RSS in bytes (0 if unknown)."""
+    from ..proc.child import run_function
+
     r = run_function(fn, *args, cwd=cwd, timeout=24 * 3600, forward=True, **kwargs)
     if r.returncode != 0:
         raise RuntimeError(f"LLM compile failed (exit {r.returncode}):\n{r.tail(2000)}")
@@ -42,6 +42,7 @@ def compile_llm(src: Path, out: Path, params: dict, parts=None) -> dict:
     Returns per part: binary sizes (bytes), the shared/single size ratio, ``seconds`` and
     ``peak_rss`` (bytes, the largest compile process of the part). Raises RuntimeError with
     the child's output when a compile fails (e.g. a node not on HTP)."""
+    from . import qnn as llm_qnn
     import time
 
     from .genai import bundle_files, write_genai_config

@@ -83,14 +83,15 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..proc import lazy
 from ..stages.common import copy_tokenizer
 
-from .checkpoint import Checkpoint, part_tensor_names
-from .families import activation, family, is_norm, rotary_dim
 from .layout import IO_LAYOUT, ROPE_TABLES
-from .parts import split_for
+
+if TYPE_CHECKING:
+    from .checkpoint import Checkpoint
 
 np = lazy.module("numpy")
 
@@ -127,6 +128,8 @@ def model_dims(config: dict) -> dict:
     num_heads, num_kv_heads, head_dim, rotary_dim, vocab_size, intermediate_size, rms_eps``.
     Raises ValueError for an unsupported ``model_type`` (see :data:`SUPPORTED`,
     :mod:`tasks.llm.families`) or activation (``act``: :func:`tasks.llm.families.activation`)."""
+    from .families import activation, family, rotary_dim
+
     family(config.get("model_type"))  # ValueError naming the supported families
     H = config["num_attention_heads"]
     return {"num_layers": config["num_hidden_layers"], "hidden_size": config["hidden_size"],
@@ -215,6 +218,9 @@ def write_part_weights(ckpt: Checkpoint, lo: int, hi: int, *, embed: bool, head:
     above ``max_tensor_elements`` (:func:`split_sizes`). Returns {name: TensorProto with
     external data}. ``tables``: more constant tables to store first ({name: array}, e.g.
     :func:`cache_tables`)."""
+    from .checkpoint import part_tensor_names
+    from .families import family, is_norm
+
     wf = _WeightFile(path)
     fam = family(ckpt.config.get("model_type"))
     try:
@@ -255,6 +261,8 @@ def embedding_table(ckpt: Checkpoint) -> np.ndarray:
     """float32 [V, D]: the token embedding as the graphs (or a host-side lookup) use it: the
     checkpoint's ``model.embed_tokens.weight``, times ``sqrt(hidden_size)`` for a family with
     :attr:`tasks.llm.families.Family.embed_scale` (Gemma)."""
+    from .families import family
+
     table = ckpt.get("model.embed_tokens.weight").astype(np.float32, copy=False)
     if family(ckpt.config.get("model_type")).embed_scale:
         table = table * np.float32(math.sqrt(ckpt.config["hidden_size"]))
@@ -525,6 +533,9 @@ def export_llm(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 409
     Raises ValueError on bad arguments, an unsupported ``model_type`` or activation
     (:mod:`tasks.llm.families`).
     """
+    from .checkpoint import Checkpoint
+    from .parts import split_for
+
     import time
 
     import onnx
