@@ -100,20 +100,23 @@ def test_no_stage_module_branches_on_the_family():
         assert reads == [], f"{f.name} reads params['family'] (line {reads[0].lineno})"
 
 
-def test_no_import_cycles():
-    from tasks.engine import direct_imports
-
+def package_modules() -> list[str]:
+    """Dotted names of every module of ``tasks/`` (packages by their ``__init__``)."""
     mods = []
     for f in (REPO / "tasks").rglob("*.py"):
         parts = f.relative_to(REPO).with_suffix("").parts
         mods.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
-    graph = {m: direct_imports(m) for m in mods}
+    return mods
+
+
+def import_cycles(graph: dict) -> list[list[str]]:
+    """The cycles a depth-first walk of ``graph`` ({node: nodes it imports}) finds."""
     state, cycles = {}, []
 
     def visit(u, stack):
         state[u] = 1
         stack.append(u)
-        for v in sorted(graph[u]):
+        for v in sorted(graph.get(u, ())):
             if state.get(v) == 1:
                 cycles.append(stack[stack.index(v):] + [v])
             elif v not in state:
@@ -121,9 +124,17 @@ def test_no_import_cycles():
         stack.pop()
         state[u] = 2
 
-    for m in sorted(graph):
-        if m not in state:
-            visit(m, [])
+    for u in sorted(graph):
+        if u not in state:
+            visit(u, [])
+    return cycles
+
+
+def test_no_import_cycles():
+    from tasks.engine import direct_imports
+
+    graph = {m: direct_imports(m) for m in package_modules()}
+    cycles = import_cycles(graph)
     assert len(graph) > 40 and sum(map(len, graph.values())) > 60  # the graph was really read
     assert cycles == [], cycles
 

@@ -4,6 +4,7 @@ module of the package writes them in code (docstrings and comments may name them
 import ast
 
 from conftest import REPO
+from test_keys import import_cycles, package_modules
 
 from tasks.precisions import NAMES
 from tasks.targets import DEFAULT_TARGET, TARGETS
@@ -55,10 +56,7 @@ def test_the_longest_import_chain_inside_the_package_is_at_most_10_modules():
 
     from tasks.engine import direct_imports
 
-    mods = []
-    for f in (REPO / "tasks").rglob("*.py"):
-        parts = f.relative_to(REPO).with_suffix("").parts
-        mods.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    mods = package_modules()
     graph = {m: sorted(d for d in direct_imports(m) if d in mods and d != m) for m in mods}
 
     @lru_cache(maxsize=None)
@@ -127,29 +125,11 @@ def test_no_import_cycles_between_subfolders():
         parts = m.split(".")
         return parts[1] if (REPO / "tasks" / parts[1]).is_dir() else m
 
-    mods = []
-    for f in (REPO / "tasks").rglob("*.py"):
-        parts = f.relative_to(REPO).with_suffix("").parts
-        mods.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    mods = package_modules()
     graph: dict[str, set] = {}
     for m in mods:
         graph.setdefault(node(m), set()).update(node(d) for d in direct_imports(m) if d in mods and node(d) != node(m))
-    state, cycles = {}, []
-
-    def visit(u, stack):
-        state[u] = 1
-        stack.append(u)
-        for v in sorted(graph.get(u, ())):
-            if state.get(v) == 1:
-                cycles.append(stack[stack.index(v):] + [v])
-            elif v not in state:
-                visit(v, stack)
-        stack.pop()
-        state[u] = 2
-
-    for u in sorted(graph):
-        if u not in state:
-            visit(u, [])
+    cycles = import_cycles(graph)
     assert {"encoder", "llm", "stages", "proc", "patches"} <= set(graph)
     assert cycles == [], cycles
 
