@@ -456,7 +456,7 @@ def build_spec(spec: StageSpec, upstream: dict[str, Entry], cache: Cache,
     def build(out: Path) -> dict:
         log = out.parent / stagelog.LOG_NAME
         tracing = bool(os.environ.get(child.TRACE_ENV))
-        before = set(sys.modules)
+        before = set(sys.modules) if tracing else set()
         if tracing:  # the modules this stage loads, here and in its children (tests/test_keys.py)
             os.environ[child.TRACE_STAGE_ENV] = spec.task
         try:
