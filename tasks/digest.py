@@ -251,3 +251,44 @@ def sha256_file(path: Path) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
+
+
+class InputChanged(Exception):
+    """A file a stage reads no longer holds the bytes its key hashed (it was edited while the
+    build ran): nothing is cached; the next build hashes it again (issue 23)."""
+
+
+def snapshot(files: dict[str, Path], expected: dict[str, str], names: dict[str, str], folder: Path) -> dict[str, Path]:
+    """Copy each data file ``files[role]`` into ``folder/role/`` (same base name) and return
+    the copies' paths by role, after checking that each copy's bytes are the ones the stage key
+    hashed (``expected[role]``, xxh3-128 hex; the copy is hashed in full, never through the stat
+    cache). A stage that reads the copies reads exactly what its key says, whatever happens to
+    the originals meanwhile. ``names[role]``: the file as the recipe names it, for messages.
+    Raises InputChanged naming the file and both digests."""
+    import shutil
+
+    out = {}
+    for role, src in files.items():
+        dest = Path(folder) / role / Path(src).name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, dest)
+        got = hash_file_uncached(dest)
+        if got != expected[role]:
+            raise InputChanged(f"{names[role]}: changed while the build ran (the stage key hashed xxh3 "
+                               f"{expected[role][:16]}, the file now holds {got[:16]}); nothing was cached: "
+                               f"build again to use its new content")
+        out[role] = dest
+    return out
+
+
+def links_out(folder: Path, roots: list[Path], files: list[Path] | None = None) -> list[tuple[str, Path]]:
+    """``[(relative POSIX path, resolved target)]`` for every file under ``folder`` (or of
+    ``files``) that resolves, through symlinks, outside every folder of ``roots`` (resolved
+    paths): the links a source folder may not follow (README, ``NPUBUILD_ALLOW_PATHS``)."""
+    folder = Path(folder)
+    bad = []
+    for f in files if files is not None else list_files(folder):
+        real = f.resolve()
+        if not any(real.is_relative_to(r) for r in roots):
+            bad.append((f.relative_to(folder).as_posix(), real))
+    return bad

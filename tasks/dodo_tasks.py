@@ -190,10 +190,11 @@ def _expected_errors() -> tuple:
     from .sources import SourceError
 
     from .cache import DiskFull, LockTimeout
+    from .digest import InputChanged
     from .recipe import RecipeError
 
     return (engine.StageFailed, SourceError, NotOnNPU, GraphError, RecipeError, FileNotFoundError, ValueError,
-            DiskFull, LockTimeout)
+            DiskFull, LockTimeout, InputChanged)
 
 
 def _stage_action(recipe: str, stage: str):

@@ -444,6 +444,7 @@ def build_spec(spec: StageSpec, upstream: dict[str, Entry], cache: Cache,
     (tasks/cluster.py) both call it. Checks nothing about the result (that is
     :meth:`Resolver.failures`)."""
     import shutil
+    import tempfile
 
     from . import stagelog
     from .proc import child, heap
@@ -464,7 +465,12 @@ def build_spec(spec: StageSpec, upstream: dict[str, Entry], cache: Cache,
             with stagelog.capture(log, spec.task):
                 print(f"{spec.task}: {spec.kind} {key} (recipe {spec.recipe}), {time.strftime('%Y-%m-%d %H:%M:%S')}",
                       flush=True)
-                return mod.run({r: e.out for r, e in upstream.items()}, files, spec.params, out) or {}
+                # the stage reads copies of its data files, checked against the key (issue 23)
+                read = digest.snapshot(files, material["files"], spec.files, Path(tempfile.mkdtemp(prefix="inputs-")))
+                info = mod.run({r: e.out for r, e in upstream.items()}, read, spec.params, out) or {}
+                if check := getattr(mod, "check_read", None):  # e.g. a source folder's copy vs its key
+                    check(out, material, spec.params)
+                return info
         except BaseException as e:
             if kept_log is not None and log.exists():
                 kept_log.parent.mkdir(parents=True, exist_ok=True)

@@ -360,7 +360,7 @@ class Override(_Strict):
 class QuantizeCfg(_Strict):
     precision: Literal[PRECISION_NAMES] = DEFAULT_PRECISION
     per_channel: bool = True
-    block_size: Optional[Literal[32, 64, 128]] = Field(
+    block_size: Optional[Literal[16, 32, 64, 128]] = Field(
         None, description="4-bit weights: null = per-channel, else rows of in-features per block (LPBQ, "
         "tasks/weights.py); in-features must divide by it (checked at load against config.json)")
     rounding: Literal["nearest", "gptq"] = Field(
@@ -675,6 +675,8 @@ def load_all(directory: Path | None = None, collect_errors: bool = False):
     loaded: dict[Path, Recipe] = {}
     for f in files:
         try:
+            if bad := _recipe_link_out(f, directory):
+                raise RecipeError(f, [("", bad)])
             r = load_recipe(f)
             if r.name != f.stem and r.name in stems:
                 raise RecipeError(f, [("name", f"expected a name that is not another file's stem, found {r.name!r}, "
@@ -703,6 +705,21 @@ def load_all(directory: Path | None = None, collect_errors: bool = False):
     if errors:
         raise errors[min(errors)]
     return out
+
+
+def _recipe_link_out(f: Path, directory: Path) -> str:
+    """"" unless recipe file ``f`` is a link that resolves outside the recipes folder, the
+    project and ``NPUBUILD_ALLOW_PATHS`` (issue 23), else the message naming where it points."""
+    from .paths import allowed_dirs
+
+    if not f.is_symlink():
+        return ""
+    real = f.resolve()
+    roots = [Path(directory).resolve(), *allowed_dirs()]
+    if any(real.is_relative_to(d) for d in roots):
+        return ""
+    return (f"expected a recipe file inside {', '.join(str(d) for d in roots)} once links are followed, "
+            f"found a link to {real}")
 
 
 def _outside(rel: str) -> str:
@@ -739,7 +756,8 @@ def read_data_text(f: Path, rel: str) -> str:
 def check_data_files(path: Path, r: Recipe, memo: dict | None = None) -> None:
     """The data files a recipe names lie inside the project (see :func:`_outside`), exist, are
     UTF-8 text as the stages read them, and a line-per-sample file has at least ``samples``
-    non-empty lines; ``source.path`` lies inside the project too. Raises RecipeError with the
+    non-empty lines; ``source.path`` lies inside the project too, and so does every file in it once
+    links are followed. Raises RecipeError with the
     key paths. ``memo``: a dict shared by the calls of one :func:`load_all`, so a data file
     named by many recipes is resolved and read once."""
     from .paths import root
@@ -766,6 +784,12 @@ def check_data_files(path: Path, r: Recipe, memo: dict | None = None) -> None:
         plancache.note(root() / r.source.path)
         if bad := outside(r.source.path):
             problems.append(("source.path", bad))
+        elif (root() / r.source.path).is_dir():
+            from .paths import allowed_dirs
+            from .sources import link_problem
+
+            if bad := link_problem(root() / r.source.path, allowed_dirs(), f"source.path {r.source.path!r}"):
+                problems.append(("source.path", bad))
     wanted = [("quantize.calibration.file", r.quantize.calibration, r.export.family == "encoder"),
               ("verify.data.file", r.verify.data, True)]
     if r.verify.perplexity_text:

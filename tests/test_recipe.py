@@ -71,7 +71,7 @@ BAD = {
     "jsonl-for-an-encoder": (GOOD.replace("{file: data/c.txt}", "{file: data/c.jsonl}"), "quantize.calibration.file",
                              "expected a text file with one sample per line for an encoder, found 'data/c.jsonl'"),
     "block-size-value": (GOOD.replace("calibration:", "precision: w4a16\n  block_size: 48\n  calibration:"),
-                         "quantize.block_size", "expected 32, 64 or 128; found 48"),
+                         "quantize.block_size", "expected 16, 32, 64 or 128; found 48"),
     "rounding-value": (GOOD.replace("calibration:", "precision: w4a16\n  rounding: gptq4\n  calibration:"),
                        "quantize.rounding", "expected 'nearest' or 'gptq'; found 'gptq4'"),
     "rounding-at-8-bit": (GOOD.replace("calibration:", "rounding: gptq\n  calibration:"), "quantize.rounding",

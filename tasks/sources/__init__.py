@@ -17,8 +17,48 @@ class SourceError(Exception):
     """The recipe's source cannot be found or fetched."""
 
 
+#: what a source folder holds that is not the model: never copied, never in the key
+SKIPPED_PARTS = ("__pycache__", ".git")
+
+
+def source_files(folder: Path) -> list[Path]:
+    """The files of a local source folder the download stage copies and its key hashes
+    (:func:`tasks.digest.list_files`, without :data:`SKIPPED_PARTS`), sorted."""
+    from ..digest import list_files
+
+    return [f for f in list_files(folder) if not any(p in SKIPPED_PARTS for p in f.relative_to(folder).parts)]
+
+
+def link_problem(folder: Path, roots: list[Path], what: str) -> str:
+    """"" when every file of source folder ``folder`` resolves inside ``roots``, else the
+    message naming the first links out and where they point (``what``: the source as the
+    recipe names it)."""
+    from ..digest import links_out
+
+    bad = links_out(folder, roots, source_files(folder))
+    if not bad:
+        return ""
+    shown = "; ".join(f"{rel} -> {real}" for rel, real in bad[:3]) + (f" (and {len(bad) - 3} more)" if len(bad) > 3 else "")
+    return (f"expected every file of {what} to lie inside {', '.join(str(r) for r in roots)} once links are "
+            f"followed, found {len(bad)} link{'s' if len(bad) > 1 else ''} out: {shown}")
+
+
 def local_folder(params: dict) -> Path:
-    """The folder a ``path`` or ``package`` source names. Raises SourceError if absent."""
+    """The folder a ``path`` or ``package`` source names. Raises SourceError if absent, or
+    if a file in it is a link that resolves outside the project (and ``NPUBUILD_ALLOW_PATHS``)
+    for a path source, outside the package's folder for a package source (issue 23: such a
+    file would be copied into the cache and shipped)."""
+    p = _folder(params)
+    if params.get("path") is not None:
+        bad = link_problem(p, paths.allowed_dirs(), f"source.path {params['path']!r}")
+    else:
+        bad = link_problem(p, [p.resolve()], f"source package {params['package']!r}")
+    if bad:
+        raise SourceError(bad)
+    return p
+
+
+def _folder(params: dict) -> Path:
     if params.get("path") is not None:
         p = (paths.root() / params["path"]).absolute()
         if not p.is_dir():

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from .. import digest, progress
 from ..proc.scrubbing import scrub
-from . import SourceError, local_folder
+from . import SourceError, local_folder, source_files
 
 VERSION = 1
 TOOLS = ("huggingface-hub",)
@@ -141,11 +141,41 @@ def _missing(repo: str, revision: str, err: Exception) -> str:
     return scrub(f"cannot get Hub model {repo!r} at revision {revision!r} from {constants.ENDPOINT}: {what} {first}")
 
 
+def _listing(folder: Path) -> dict[str, str]:
+    """{relative POSIX path: xxh3} of what the stage copies from a local source folder."""
+    return {f.relative_to(folder).as_posix(): digest.file_digest(f) for f in source_files(folder)}
+
+
 def key_extra(params: dict) -> dict:
-    """hf: the resolved commit; path/package: the folder's content digest."""
+    """hf: the resolved commit; path/package: the digest of the folder's files the stage
+    copies (:func:`tasks.sources.source_files`; the same as ``digest.tree_digest`` for a folder
+    without ``.git`` or ``__pycache__``)."""
     if params.get("hf"):
         return {"commit": resolve_revision(params["hf"], params["revision"])}
-    return {"content": digest.tree_digest(local_folder(params))}
+    listing = _listing(local_folder(params))
+    content = digest.digest_json(listing)
+    _HASHED[content] = listing
+    return {"content": content}
+
+
+_HASHED: dict[str, dict[str, str]] = {}  # content digest -> the listing it was computed from, in this process
+
+
+def check_read(out: Path, material: dict, params: dict) -> None:
+    """After the copy: a local source's copy in ``out`` holds what the key hashed
+    (``material["extra"]["content"]``), so an entry never holds a file edited while it was
+    read (issue 23). Raises digest.InputChanged naming the files that differ now."""
+    want = material.get("extra", {}).get("content")
+    if want is None:
+        return
+    got = _listing(out)
+    if digest.digest_json(got) == want:
+        return
+    hashed = _HASHED.get(want) or _listing(local_folder(params))  # what the key hashed, else what is there now
+    changed = sorted(k for k in set(got) | set(hashed) if got.get(k) != hashed.get(k)) or ["a file"]
+    what = f"source.path {params['path']!r}" if params.get("path") is not None else f"source package {params['package']!r}"
+    raise digest.InputChanged(f"{what}: {', '.join(changed[:5])} changed while the build read the folder (its "
+                              f"content no longer matches the stage key); nothing was cached: build again")
 
 
 @contextmanager
@@ -175,7 +205,7 @@ def _hub_bars():
 
 
 def _copy_tree(src: Path, out: Path) -> list[str]:
-    files = [f for f in digest.list_files(src) if "__pycache__" not in f.parts and ".git" not in f.parts]
+    files = source_files(src)
     for f in progress.bar(files, "copy into the cache", unit="file"):
         dest = out / f.relative_to(src)
         dest.parent.mkdir(parents=True, exist_ok=True)
