@@ -49,7 +49,10 @@ Output (:func:`write_catalog`, in :func:`tasks.paths.catalog_dir`):
   ``artifact_bytes``  built only: their total size in bytes (int)
   ``verify``          built only: {target: {``backend``, ``runtime`` (LLMs: "runner" or
                       "genai", what generated on the compiled graphs; else None), ``metrics``
-                      {name: float}, ``thresholds`` {name: float}, ``failures`` [str]}}
+                      {name: float}, ``thresholds`` {name: float}, ``failures`` [str],
+                      ``cpu_nodes`` {op type: count} left on the CPU, ``runs_on`` (str)}}
+  ``runs_on``         built only: ``npu`` when every node of the compiled graphs is on QNN HTP,
+                      else ``npu+cpu (<op type> x<count>, ...)`` (``tasks.qnn.runs_on``)
   ``tools``           built only: {``qnn-sdk``, ``onnxruntime``, ``onnxruntime-qnn``,
                       ``optimum``, ``transformers``: version str} as recorded in the entries'
                       manifests (several values joined by ", " if targets differ)
@@ -69,7 +72,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import engine, paths
+from . import engine, paths, qnn
 from .buildstate import BuildState, artifacts, build_state
 from .cache import Entry
 
@@ -204,10 +207,22 @@ def verify_results(status: RecipeStatus) -> dict:
     out = {}
     for s in status.build.of_kind("verify"):
         report = json.loads((s.entry.out / "verify.json").read_text(encoding="utf-8"))
+        cpu = report.get("cpu_nodes", {})
         out[s.target] = {"backend": report.get("backend"), "runtime": report.get("runtime"),
                          "metrics": report.get("metrics", {}), "thresholds": s.spec.params.get("thresholds", {}),
-                         "failures": list(s.failures)}
+                         "failures": list(s.failures), "cpu_nodes": cpu, "runs_on": qnn.runs_on(cpu)}
     return out
+
+
+def runs_on(row: dict) -> str | None:
+    """``npu`` when every target's compiled graphs run all on HTP, else what runs on the CPU
+    (``tasks.qnn.runs_on``, per target when they differ); None before a build."""
+    if not row["verify"]:
+        return None
+    said = {t: v["runs_on"] for t, v in sorted(row["verify"].items())}
+    if len(set(said.values())) == 1:
+        return next(iter(said.values()))
+    return "; ".join(f"{t}: {v}" for t, v in said.items())
 
 
 def tool_versions(status: RecipeStatus, names=CATALOG_TOOLS) -> dict:
@@ -235,7 +250,7 @@ def catalog_row(name: str, recipe=None) -> dict:
         "stage_keys": st.stage_keys,
         "source": source_info(recipe, st.entries.get("download")),
         "architecture": None, "parameters": None, "artifacts": None, "artifact_bytes": None,
-        "verify": None, "tools": None, "qnn_context_sdk": None,
+        "verify": None, "tools": None, "qnn_context_sdk": None, "runs_on": None,
     }
     if st.state in ("verified", "verify-failed"):
         ents = st.entries
@@ -245,6 +260,7 @@ def catalog_row(name: str, recipe=None) -> dict:
         row.update(architecture=architecture(ents["download"]), parameters=parameter_count(ents["export"]),
                    artifacts=arts, artifact_bytes=sum(sum(f.values()) for f in arts.values()),
                    verify=verify_results(st), tools=tool_versions(st), qnn_context_sdk=sdks)
+        row["runs_on"] = runs_on(row)
     return row
 
 
@@ -309,6 +325,7 @@ COLUMNS = [  # (header, cell text, sort value, numeric)
     ("Parameters", lambda r: _human_count(r["parameters"]), lambda r: r["parameters"] or 0, True),
     ("Precision", lambda r: r["precision"], lambda r: r["precision"], False),
     ("Targets", lambda r: ", ".join(r["targets"]), lambda r: ", ".join(r["targets"]), False),
+    ("Runs on", lambda r: r["runs_on"] or "", lambda r: r["runs_on"] or "", False),
     ("Seq len", lambda r: str(r["sequence_length"]), lambda r: r["sequence_length"], True),
     ("Context", lambda r: str(r["context_length"] or ""), lambda r: r["context_length"] or 0, True),
     ("Artifacts", lambda r: _human_bytes(r["artifact_bytes"]), lambda r: r["artifact_bytes"] or 0, True),

@@ -229,7 +229,8 @@ def model_card(recipe, row: dict, short: str) -> str:
     data = ModelCardData(
         license=recipe.license, library_name="onnxruntime", pipeline_tag=recipe.task, model_name=recipe.name,
         base_model=src.get("repo"), eval_results=evals or None,
-        tags=["onnx", "qnn", "qualcomm", "npu", "npubuild", recipe.quantize.precision, *recipe.compile.targets])
+        tags=["onnx", "qnn", "qualcomm", *(["npu"] if row.get("runs_on") == "npu" else ["npu+cpu"]), "npubuild",
+              recipe.quantize.precision, *recipe.compile.targets])
     if src["kind"] == "hf":
         origin = f"[{src['repo']}](https://huggingface.co/{src['repo']}) at commit `{src.get('commit')}`"
     elif src["kind"] == "package":
@@ -241,6 +242,9 @@ def model_card(recipe, row: dict, short: str) -> str:
         f"Built by npubuild from {origin}, quantized {recipe.quantize.precision} and compiled to QNN context "
         f"binaries for {', '.join(recipe.compile.targets)} (onnxruntime QNN EP, EPContext models). "
         f"Build key `{short}`. License: {recipe.license}.", "",
+        ("Every node of the compiled graphs runs on the NPU (QNN HTP)." if row.get("runs_on") == "npu" else
+         f"Not every node runs on the NPU: {row.get('runs_on')} (the recipe allows CPU fallback: "
+         f"`compile.disable_cpu_ep_fallback: false`)."), "",
         "| | |", "|---|---|",
         f"| architecture | {catalog._arch(row)} |", f"| parameters | {row['parameters']} |",
         f"| sequence length | {row['sequence_length']} |",

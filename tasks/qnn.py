@@ -244,7 +244,7 @@ class NotOnNPU(Exception):
 
 def cpu_op_types(qdq: Path, target: str) -> dict[str, int]:
     """Op types of the nodes QNN does not take: compile once with CPU fallback allowed and
-    count the non-EPContext nodes left in the resulting EPContext model."""
+    count the non-EPContext nodes left in the resulting EPContext model (:func:`cpu_nodes`)."""
     import onnxruntime as ort
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -253,14 +253,9 @@ def cpu_op_types(qdq: Path, target: str) -> dict[str, int]:
             so = session_options(target, {"ep.context_enable": "1", "ep.context_file_path": str(ctx),
                                           "ep.context_embed_mode": "0"}, disable_cpu_ep_fallback=False)
             ort.InferenceSession(str(qdq), sess_options=so)
-            m = onnx.load(str(ctx), load_external_data=False)
+            return cpu_nodes(ctx)
         except Exception:
             return {}
-    counts: dict[str, int] = {}
-    for n in m.graph.node:
-        if n.op_type != "EPContext":
-            counts[n.op_type] = counts.get(n.op_type, 0) + 1
-    return counts
 
 
 def ep_context_info(ctx: Path) -> list[dict]:
@@ -277,11 +272,50 @@ def ep_context_info(ctx: Path) -> list[dict]:
     return out
 
 
+def cpu_nodes(ctx: Path) -> dict[str, int]:
+    """{op type: count} of the nodes of EPContext model ``ctx`` that are not EPContext nodes:
+    what onnxruntime runs on the CPU EP around the QNN partitions (empty when every node of
+    the graph went to HTP). Raises OSError / onnx's DecodeError for an unreadable model."""
+    m = onnx.load(str(ctx), load_external_data=False)
+    out: dict[str, int] = {}
+    for n in m.graph.node:
+        if n.op_type != "EPContext":
+            out[n.op_type] = out.get(n.op_type, 0) + 1
+    return dict(sorted(out.items()))
+
+
+def placement(folder: Path) -> dict:
+    """Where the compiled graphs under ``folder`` (every ``*_ctx.onnx``) run, as a fact read
+    from them (issue 23): ``{"all_on_htp": bool, "cpu_nodes": {op type: count}}``, summed over
+    the graphs. ``all_on_htp`` is True only when no graph has a node outside its EPContext
+    nodes (compile with ``disable_cpu_ep_fallback: false`` can leave some on the CPU).
+    Raises FileNotFoundError when ``folder`` holds no EPContext model."""
+    graphs = sorted(Path(folder).rglob("*_ctx.onnx"))
+    if not graphs:
+        raise FileNotFoundError(f"no compiled graph (*_ctx.onnx) in {folder}")
+    total: dict[str, int] = {}
+    for g in graphs:
+        for op, n in cpu_nodes(g).items():
+            total[op] = total.get(op, 0) + n
+    return {"all_on_htp": not total, "cpu_nodes": dict(sorted(total.items()))}
+
+
+def runs_on(cpu: dict[str, int]) -> str:
+    """How a model card and the catalog say where a model runs: ``npu`` when nothing is on the
+    CPU, else ``npu+cpu`` with the op types left on the CPU, e.g. ``npu+cpu (Einsum x2)``."""
+    if not cpu:
+        return "npu"
+    return "npu+cpu (" + ", ".join(f"{op} x{n}" for op, n in sorted(cpu.items())) + ")"
+
+
 def htp_session(ctx: Path, target: str, config: dict | None = None):
-    """A session that runs a compiled EPContext model on QNN HTP (the simulator on x86_64)."""
+    """A session that runs a compiled EPContext model on QNN HTP (the simulator on x86_64).
+    CPU fallback is disabled unless the model itself holds nodes outside its EPContext nodes
+    (what compile with ``disable_cpu_ep_fallback: false`` let through): the session runs the
+    model as compile made it, and never moves more of it to the CPU."""
     import onnxruntime as ort
 
-    return ort.InferenceSession(str(ctx), sess_options=session_options(target, config, True))
+    return ort.InferenceSession(str(ctx), sess_options=session_options(target, config, not cpu_nodes(ctx)))
 
 
 def cpu_session(model: Path):

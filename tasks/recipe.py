@@ -279,7 +279,7 @@ class ExportCfg(_Strict):
     family: Literal["encoder", "llm"] = Field("encoder", description="encoder: one static graph; llm: prefill+decode")
     task: Optional[str] = Field(None, description="optimum task; inferred when absent")
     opset: int = Field(17, ge=13, le=23, description="the LLM export writes opset 21 itself")
-    batch_size: int = Field(1, ge=1, le=64)
+    batch_size: int = Field(1, description="sequences per call; 1 (the one value the stages feed)")
     sequence_length: int = Field(128, ge=1, le=131_072, description="tokens per call (encoder), or prefill AR-N (llm)")
     decode_length: int = Field(1, ge=1, le=1, description="llm: tokens per decode call (AR-1)")
     context_length: int = Field(4096, ge=2, le=1_048_576, description="llm: KV cache length + current tokens")
@@ -291,6 +291,14 @@ class ExportCfg(_Strict):
         "genai-pipeline", description="llm: graph I/O that onnxruntime-genai's decoder pipeline drives: int32 "
                                       "input_ids, past_seq_len/total_seq_len, one [1,Hkv,C,d] KV buffer per layer "
                                       "updated in the graph, all prefill logits (tasks/llm/export.py)")
+
+    @field_validator("batch_size")
+    @classmethod
+    def _one_sequence(cls, v):
+        if v != 1:  # issue 23: 2 was accepted here and failed in quantize with a traceback
+            raise ValueError(f"expected 1 (quantize and verify feed one sequence per call: "
+                             f"tasks/encoder/quantize.py encoder_feeds; the LLM graphs are batch 1), found {v}")
+        return v
 
     @model_validator(mode="after")
     def _lengths(self):

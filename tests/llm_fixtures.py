@@ -103,15 +103,27 @@ def _train_missing_in_parallel() -> None:
                 (_model_dir(a) / ".done").write_text("ok\n")
 
 
+def export_code(module: str) -> dict:
+    """{dotted name: file} of every module of ``tasks`` that ``module`` runs (what
+    :func:`tiny_export`'s cache key hashes)."""
+    from tasks import engine
+
+    return {name: engine._module_file(name) for name in engine.code_modules(module)}
+
+
 def tiny_export(arch: str, seq_len: int = SEQ_LEN, context_len: int = CONTEXT_LEN, parts: int = 1,
                 embed: str = "part0") -> Path:
-    """Cached export of the fixture (keyed by fixture dir + export.py source + params)."""
+    """Cached export of the fixture, keyed by the fixture dir, the params and the source of
+    every module the export runs (``tasks.engine.code_modules``: export.py and what it imports,
+    checkpoint.py, families.py, parts.py, ...: the same set the export stage's key holds)."""
     import hashlib
 
     from tasks.llm import export
 
     mdir = tiny_model(arch)
-    h = hashlib.sha256(Path(export.__file__).read_bytes())
+    h = hashlib.sha256()
+    for name, f in export_code(export.__name__).items():
+        h.update(name.encode() + b"\0" + f.read_bytes())
     h.update(repr((mdir.name, seq_len, context_len, parts, embed)).encode())
     target = CACHE / f"export-{arch}-{h.hexdigest()[:16]}"
     return _locked_build(target, lambda d: export.export_llm(

@@ -323,8 +323,7 @@ def test_catalog_page_screenshot(proj, tmp_path):
     """Renders the page in headless Chromium (Debian's package; .ci/run installs it): the
     screenshot of the catalog holds far more than that of an empty page of the same size."""
     chromium = Path("/usr/bin/chromium")
-    if not chromium.exists():
-        pytest.skip("no /usr/bin/chromium (apt-get install chromium)")
+    assert chromium.exists(), "no /usr/bin/chromium: apt-get install chromium (.ci/run does)"
     import subprocess
 
     proj.doit("run", "catalog")

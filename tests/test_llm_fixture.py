@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from llm_fixtures import PROMPTS, tiny_model
+from llm_fixtures import PROMPTS, export_code, tiny_model
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3", "phi3", "gemma"])
@@ -58,3 +58,12 @@ def test_fixture_training_is_deterministic(tmp_path):
         digests.append({p.name: hashlib.sha256(p.read_bytes()).hexdigest()
                         for p in sorted(d.iterdir()) if p.name != "train_time.txt"})
     assert digests[0] == digests[1]
+
+
+def test_the_export_fixture_cache_key_holds_every_module_the_export_runs():
+    """Issue 23: the cached tiny export was keyed on export.py alone, so an edit of the
+    checkpoint reader or the family table reused a stale export."""
+    files = export_code("tasks.llm.export")
+    assert {"tasks.llm.export", "tasks.llm.checkpoint", "tasks.llm.families", "tasks.llm.parts",
+            "tasks.llm.layout"} <= set(files)
+    assert all(f.is_file() and f.suffix == ".py" for f in files.values())

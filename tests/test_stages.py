@@ -256,7 +256,7 @@ def test_offline_hub_and_7b_recipes_expand_and_show_their_plan(project):
     assert "c9745ed1d9f207416be6d2e6f8de32d1f16199bf" in hub and "not built" in hub
     q = project.doit("run", "explain:qwen7b-int4").tasks["explain:qwen7b-int4"]["out"]
     for want in ('"parts": 4', '"context_length": 4096', '"sequence_length": 128', '"precision": "w4a16"',
-                 '"block_size": 64', '"embedding_bits": 8', '"calibration": "recipes/data/calib-chat.jsonl"',
+                 '"block_size": 128', '"embedding_bits": 8', '"calibration": "recipes/data/calib-chat.jsonl"',
                  '"weight_sharing": true', '"target": "x-elite"'):
         assert want in q, want
     # the int8 recipe's download and export stages have the same keys as int4's: shared

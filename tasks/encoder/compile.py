@@ -16,7 +16,7 @@ from .. import progress, qnn
 from ..graphs import list_graphs, load_model
 from ..stages.common import target_key_extra
 
-VERSION = 6  # 6: compiled once, again only for the racy padding variant (issue 12)
+VERSION = 7  # 6: compiled once, again only for the racy padding variant (issue 12); 7: nodes per EP in the manifest
 TOOLS = ("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "onnx")
 #: the recipe keys of its section this implementation reads (the stage params, so the key,
 #: hold exactly these; a key only the other family reads is a load error: tasks/stages)
@@ -30,17 +30,20 @@ def run(inputs, files, params, out: Path) -> dict:
     process, once, or again while the binary shows the QNN SDK's racy padding variant (same
     bytes in every build: tasks/qnn.py ``compile_in_subprocess`` and ``compile_settled``;
     checked by tests building in three folders).
-    Returns {"graphs": {graph: EPContext info}, "compiles": {graph: n}, "qnn_sdk"}. Raises qnn.NotOnNPU or onnxruntime's error."""
+    Returns {"graphs": {graph: EPContext info}, "compiles": {graph: n}, "qnn_sdk", "nodes":
+    {graph: {"htp": count of the QDQ graph's nodes QNN took, "cpu": {op type: count} left on the
+    CPU}}} (the CPU is empty unless ``disable_cpu_ep_fallback`` is false). Raises qnn.NotOnNPU
+    or onnxruntime's error."""
     src = inputs["model"]
-    info, compiles = _compile_graphs(src, out, params)
+    info, compiles, nodes = _compile_graphs(src, out, params)
     sdk = sorted({n.get("ep_sdk_version", "?") for nodes in info.values() for n in nodes})
-    return {"graphs": info, "compiles": compiles, "qnn_sdk": sdk}
+    return {"graphs": info, "compiles": compiles, "qnn_sdk": sdk, "nodes": nodes}
 
 
-def _compile_graphs(src: Path, out: Path, params: dict) -> tuple[dict, dict]:
-    info, compiles = {}, {}
+def _compile_graphs(src: Path, out: Path, params: dict) -> tuple[dict, dict, dict]:
+    info, compiles, nodes = {}, {}, {}
     for g in progress.bar(list_graphs(src), "graphs", unit="graph"):
-        load_model(g, load_external_data=False)  # a clear error for a corrupt input
+        total = len(load_model(g, load_external_data=False).graph.node)  # a clear error for a corrupt input
         rel = g.relative_to(src)
         ctx = out / rel.parent / f"{rel.stem}_ctx.onnx"
         ctx.parent.mkdir(parents=True, exist_ok=True)
@@ -48,4 +51,6 @@ def _compile_graphs(src: Path, out: Path, params: dict) -> tuple[dict, dict]:
             lambda d, g=g, name=ctx.name: qnn.compile_in_subprocess(g, d / name, params["target"],
                                                                     params["disable_cpu_ep_fallback"]), ctx)
         info[rel.as_posix()] = qnn.ep_context_info(ctx)
-    return info, compiles
+        cpu = qnn.cpu_nodes(ctx)
+        nodes[rel.as_posix()] = {"htp": total - sum(cpu.values()), "cpu": cpu}
+    return info, compiles, nodes

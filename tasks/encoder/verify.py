@@ -37,7 +37,7 @@ from .quantize import encoder_feeds
 np = lazy.module("numpy")
 onnx = lazy.module("onnx")
 
-VERSION = 1
+VERSION = 2  # 2: all_on_htp and cpu_nodes read from the compiled graphs, every backend (issue 23)
 TOOLS = ("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "transformers", "tokenizers", "numpy")
 #: the recipe keys of its section this implementation reads (the stage params, so the key,
 #: hold exactly these; a key only the other family reads is a load error: tasks/stages)
@@ -139,14 +139,12 @@ def _verify_encoder(inputs, files, params) -> dict:
     ref_model = inputs["reference"] / "model.onnx"
     feeds = encoder_feeds(ref_model, inputs["source"], texts, d["max_length"])
     ref = qnn.cpu_session(ref_model)
-    if params["backend"] == "htp":
-        ctx = inputs["compiled"] / "model_ctx.onnx"
-        m = onnx.load(str(ctx), load_external_data=False)
-        placement = {"all_on_htp": all(n.op_type == "EPContext" for n in m.graph.node),
-                     "nodes": [n.op_type for n in m.graph.node]}
-    else:
+    ctx = inputs["compiled"] / "model_ctx.onnx"
+    # where the compiled model runs, whichever backend verifies it (issue 23)
+    placement = {**qnn.placement(inputs["compiled"]),
+                 "nodes": [n.op_type for n in onnx.load(str(ctx), load_external_data=False).graph.node]}
+    if params["backend"] != "htp":
         got = qnn.cpu_session(inputs["qdq"] / "model.onnx")
-        placement = {"all_on_htp": None, "nodes": []}
     out_name = ref.get_outputs()[0].name
     samples = []
     with tempfile.TemporaryDirectory(prefix="verify-") as tmp:

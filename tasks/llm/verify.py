@@ -132,6 +132,7 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
 
     from transformers import AutoTokenizer
 
+    from .. import qnn
     from ..metrics import agreement, cosine, perplexity
     from ..proc.scrubbing import scrub
     from . import qnn as llm_qnn
@@ -202,7 +203,7 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
             # how it ran on this machine (manifest info, not verify.json: it varies with memory)
             "_run": {"parts_resident": resident, "part_loads": {"reference": fp32.loads, "compiled": got.loads}},
             "shared_binaries": shared_binary_report(inputs["compiled"]),
-            "all_on_htp": True if params["backend"] == "htp" else None}
+            **qnn.placement(inputs["compiled"])}  # where the compiled graphs run (issue 23)
 
 
 # ---- the verify stage, the LLM implementation (the contract: tasks/stages/__init__.py)
@@ -212,7 +213,7 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
 # ``verify.runtime``) against the fp32 export graphs: token agreement, prefill logits cosine,
 # perplexity ratio (``tasks/llm/verify.py``); judged by the shared :func:`check`.
 
-VERSION = 1
+VERSION = 2  # 2: all_on_htp and cpu_nodes read from the compiled graphs (issue 23)
 TOOLS = ("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "transformers", "tokenizers", "numpy", "torch",
          "onnxruntime-genai")
 #: the recipe keys of its section this implementation reads (the stage params, so the key,

@@ -69,12 +69,12 @@ def write_report(out: Path, report: dict) -> dict:
 
 def check(out: Path, manifest: dict, params: dict) -> list[str]:
     """Failures of ``out/verify.json`` against ``params["thresholds"]``: one line per failed
-    threshold naming the metric, its value, the threshold and the worst sample. Also fails an
-    htp run where some node did not run on HTP."""
+    threshold naming the metric, its value, the threshold and the worst sample. Where the
+    nodes run is reported (``all_on_htp``, ``cpu_nodes``), not judged here: compile refuses a
+    CPU node unless the recipe allows it (``compile.disable_cpu_ep_fallback: false``), and
+    the card and the catalog then say ``npu+cpu``."""
     report = json.loads((out / "verify.json").read_text(encoding="utf-8"))
     fails = []
-    if report.get("all_on_htp") is False:
-        fails.append(f"not every node ran on HTP: {report.get('nodes')}")
     for name, bar in sorted(params.get("thresholds", {}).items()):
         direction, per_sample, _ = THRESHOLDS[name]
         value = report["metrics"].get(name)
