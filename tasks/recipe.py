@@ -715,6 +715,12 @@ def load_all(directory: Path | None = None, collect_errors: bool = False):
     return out
 
 
+#: longest sample line a calibration or verify file may hold (characters): far above any real
+#: sample (the chat calibration set's longest line is ~2,000), far below what hurts (a 21.8 MB
+#: line took 3.85 GB to tokenize: issue 23)
+MAX_SAMPLE_CHARS = 100_000
+
+
 def _recipe_link_out(f: Path, directory: Path) -> str:
     """"" unless recipe file ``f`` is a link that resolves outside the recipes folder, the
     project and ``NPUBUILD_ALLOW_PATHS`` (issue 23), else the message naming where it points."""
@@ -782,7 +788,12 @@ def check_data_files(path: Path, r: Recipe, memo: dict | None = None) -> None:
         if ("lines", rel) not in memo:
             try:
                 text = read_data_text(f, rel)
-                memo["lines", rel] = sum(1 for ln in text.splitlines() if ln.strip())  # as tasks/datafiles.py read_lines
+                rows = text.splitlines()
+                memo["lines", rel] = sum(1 for ln in rows if ln.strip())  # as tasks/datafiles.py read_lines
+                longest = max(range(len(rows)), key=lambda i: len(rows[i]), default=None)
+                memo["long", rel] = "" if longest is None or len(rows[longest]) <= MAX_SAMPLE_CHARS else (
+                    f"expected at most {MAX_SAMPLE_CHARS:,} characters per sample line, found {len(rows[longest]):,} "
+                    f"on line {longest + 1} of {rel} (each sample is tokenized whole before it is cut to its length)")
             except (OSError, ValueError) as e:
                 memo["lines", rel] = str(e) if isinstance(e, ValueError) else f"expected a readable file, found {e.strerror}"
         return memo["lines", rel]
@@ -814,6 +825,8 @@ def check_data_files(path: Path, r: Recipe, memo: dict | None = None) -> None:
             n = lines(f, rel)
             if isinstance(n, str):
                 problems.append((key, n))
+            elif key != "verify.perplexity_text" and memo.get(("long", rel)):  # issue 23: one 21.8 MB line took 3.85 GB to tokenize
+                problems.append((key, memo["long", rel]))
             elif rel.endswith(".jsonl") and (bad := jsonl_problem(f, rel, memo)):
                 problems.append((key, bad))
             elif per_line and n < data.samples:

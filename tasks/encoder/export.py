@@ -59,8 +59,13 @@ def _io(model) -> dict:
 
 def run(inputs, files, params, out: Path) -> dict:
     """Export the model in ``inputs["source"]`` into ``out``. Returns the graphs' inputs and
-    outputs (names, dtypes, shapes). Raises whatever optimum raises for an unsupported model."""
+    outputs (names, dtypes, shapes). Raises SourceError for NaN/Inf weights or a tokenizer larger
+    than the embedding (``tasks.sources.facts``), whatever optimum raises for an unsupported model."""
+    from ..sources.facts import check_finite_weights, check_vocabulary
+
     src = inputs["source"]
+    check_finite_weights(src)
+    check_vocabulary(src)
     info = _export_encoder(src, params, out)
     copy_tokenizer(src, out)
     return info

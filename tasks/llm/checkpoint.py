@@ -68,13 +68,19 @@ class Checkpoint:
 
     def get(self, name: str) -> np.ndarray:
         """Tensor ``name`` as a float32 numpy array (its stored shape). Only this tensor's bytes
-        are read. Raises KeyError naming the checkpoint when the tensor is absent."""
+        are read. Raises KeyError naming the checkpoint when the tensor is absent, SourceError naming
+        the shard and the tensor when it holds NaN or Inf."""
         if name not in self.weight_map:
             raise KeyError(f"{self.dir}: checkpoint has no tensor {name!r}")
         import torch
 
+        from ..sources import SourceError
+        from ..sources.facts import nonfinite
+
         with self._shard(self.weight_map[name]) as f:
             t = f.get_tensor(name)
+            if bad := nonfinite(name, t):  # issue 23: named here, not an AssertionError in quantize
+                raise SourceError(f"{self.weight_map[name]}: {bad}")
             self.tensors_read += 1
             self.names_read.append(name)
             self.bytes_read += t.numel() * t.element_size()

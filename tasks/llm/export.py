@@ -616,9 +616,11 @@ def run(inputs, files, params, out: Path) -> dict:
     description, "parts": per-part wall time and peak RSS}. Raises MemoryError-like
     ``tasks.llm.memory`` errors before work when the part cannot fit, ValueError for an
     unsupported family or activation."""
+    from ..sources.facts import check_vocabulary
     from .memory import check_stage
 
     src = inputs["source"]
+    check_vocabulary(src)
     check_stage("export", json.loads((src / "config.json").read_text(encoding="utf-8")), parts=params["parts"],
                 seq_len=params["sequence_length"], context_len=params["context_length"],
                 embed_in_part=params["embedding"] == "first-part")
