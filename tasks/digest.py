@@ -67,6 +67,8 @@ class StatCache:
             try:
                 conn = self._open()
             except sqlite3.DatabaseError as e:  # not a database, or damaged: it is only a cache
+                if not damaged(e):
+                    raise unwritable(self.db_path, e, "the stat cache") from None
                 reset_database(self.db_path, e, "the stat cache")
                 conn = self._open()
             self._local.conn = conn
@@ -110,6 +112,8 @@ class StatCache:
                     )
                 return digest
             except sqlite3.DatabaseError as e:
+                if not damaged(e):
+                    raise unwritable(self.db_path, e, "the stat cache") from None
                 if attempt:
                     raise
                 conn.close()
@@ -142,6 +146,31 @@ class StatCache:
         except sqlite3.DatabaseError:
             pass
         return value
+
+
+class StoreUnwritable(Exception):
+    """A database npubuild keeps (the stat cache) cannot be written: a full disk, a read-only
+    file, no permission. Nothing is moved or lost; one line says which file and what to do."""
+
+
+#: SQLite's primary result codes for a file that is not (or no longer) a database
+SQLITE_DAMAGED = {11: "SQLITE_CORRUPT", 26: "SQLITE_NOTADB"}
+
+
+def damaged(err: Exception) -> bool:
+    """Whether SQLite error ``err`` says the file is damaged (corrupt, not a database), as
+    opposed to a disk that is full, a read-only file or a lock (issue 23: a full disk made a
+    valid stat cache look damaged, and it was moved aside)."""
+    code = getattr(err, "sqlite_errorcode", None)
+    return code is None and not isinstance(err, sqlite3.OperationalError) or (code or 0) & 0xFF in SQLITE_DAMAGED
+
+
+def unwritable(path: Path, err: Exception, what: str) -> StoreUnwritable:
+    """The one-line error for a database ``path`` that cannot be written (``damaged`` is False)."""
+    name = getattr(err, "sqlite_errorname", type(err).__name__)
+    hint = ("free space on that disk or point NPUBUILD_HOME to another" if "full" in str(err) else
+            "make it writable by this user or point NPUBUILD_HOME elsewhere")
+    return StoreUnwritable(f"{path}: {what} cannot be written ({name}: {err}); {hint}; nothing was moved or lost")
 
 
 def reset_database(path: Path, err: Exception, what: str) -> Path | None:

@@ -30,6 +30,52 @@ from pathlib import Path
 from . import engine, paths
 from .proc import interrupt
 
+
+def environment_problems() -> list[str]:
+    """One line per setting of the environment npubuild cannot use, found before any task is
+    made (issue 23: each was a 40-line traceback): a relative ``NPUBUILD_*`` folder, a relative
+    ``NPUBUILD_ALLOW_PATHS`` entry, an ``NPUBUILD_REMOTE`` URL fsspec cannot open (unknown
+    scheme, backend not installed). Reads nothing from the network."""
+    problems = []
+    for where in (paths.root, paths.recipes_dir, paths.cache_dir, paths.build_dir, paths.state_dir,
+                  paths.dist_dir, paths.catalog_dir, paths.allowed_dirs):
+        try:
+            where()
+        except ValueError as e:  # every folder under a relative NPUBUILD_ROOT says the same: once
+            if str(e) not in problems:
+                problems.append(str(e))
+    if os.environ.get("NPUBUILD_REMOTE"):
+        from . import remote
+
+        try:
+            remote.from_env()
+        except ValueError as e:
+            problems.append(str(e))
+    return problems
+
+
+#: the room NPUBUILD_HOME needs to start a run: doit's database and the stat cache write there,
+#: and doit stops with a traceback when its database cannot be written (issue 23)
+HOME_MIN_FREE = 4 << 20
+
+
+def _home_problem() -> str:
+    home = paths.state_dir()
+    probe = home if home.exists() else next((p for p in home.parents if p.exists()), home)
+    try:
+        free = shutil.disk_usage(probe).free
+    except OSError:
+        return ""
+    if free >= HOME_MIN_FREE:
+        return ""
+    return (f"NPUBUILD_HOME {home}: {free / 2**20:.1f} MiB free on its disk, expected at least "
+            f"{HOME_MIN_FREE >> 20} MiB (doit's database and the stat cache write there): free space or point "
+            f"NPUBUILD_HOME to another disk; nothing was changed")
+
+
+if _problems := environment_problems() or [p for p in [_home_problem()] if p]:
+    sys.stderr.write("".join(f"npubuild: {p}\n" for p in _problems))
+    sys.exit(2)
 paths.state_dir().mkdir(parents=True, exist_ok=True)
 
 
@@ -102,8 +148,11 @@ def _check_doit_db(path: Path) -> None:
             bad = conn.execute("PRAGMA quick_check").fetchone()[0]
         conn.close()
     except sqlite3.DatabaseError as e:
-        reset_database(path, e, "doit's database")
-        return
+        from .digest import damaged
+
+        if damaged(e):
+            reset_database(path, e, "doit's database")
+        return  # full, read-only, locked: doit says so when it writes; the file is valid
     if bad != "ok":
         reset_database(path, sqlite3.DatabaseError(f"quick_check: {bad}"), "doit's database")
 
@@ -190,11 +239,11 @@ def _expected_errors() -> tuple:
     from .sources import SourceError
 
     from .cache import DiskFull, LockTimeout
-    from .digest import InputChanged
+    from .digest import InputChanged, StoreUnwritable
     from .recipe import RecipeError
 
     return (engine.StageFailed, SourceError, NotOnNPU, GraphError, RecipeError, FileNotFoundError, ValueError,
-            DiskFull, LockTimeout, InputChanged)
+            DiskFull, LockTimeout, InputChanged, StoreUnwritable)
 
 
 def _stage_action(recipe: str, stage: str):
@@ -269,7 +318,10 @@ DOIT_CONFIG["reporter"] = _console_reporter()
 
 def _uptodate(recipe: str, stage: str):
     def check(task, values):
-        return engine.is_up_to_date(recipe, stage)
+        try:
+            return engine.is_up_to_date(recipe, stage)
+        except _expected_errors():  # not up to date: the action runs and says it in one line
+            return False
 
     check.__name__ = f"cached_{stage}"
     return check

@@ -1,0 +1,89 @@
+"""Issue 23, kind 5: the environment and the disks, one line each and nothing lost: relative
+``NPUBUILD_*`` folders, a remote scheme fsspec does not know, a full ``NPUBUILD_HOME``, a stat
+cache that cannot be written (never moved aside as damaged)."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+TRACEBACK = "Traceback (most recent call last)"
+
+
+@pytest.mark.parametrize("name, value, want", [
+    ("NPUBUILD_CACHE", "rel/cache", "npubuild: NPUBUILD_CACHE='rel/cache': expected an absolute path"),
+    ("NPUBUILD_BUILD", "build2", "npubuild: NPUBUILD_BUILD='build2': expected an absolute path"),
+    ("NPUBUILD_HOME", "home", "npubuild: NPUBUILD_HOME='home': expected an absolute path"),
+    ("NPUBUILD_RECIPES", "r", "npubuild: NPUBUILD_RECIPES='r': expected an absolute path"),
+    ("NPUBUILD_ROOT", ".", "npubuild: NPUBUILD_ROOT='.': expected an absolute path"),
+    ("NPUBUILD_ALLOW_PATHS", "data", "npubuild: NPUBUILD_ALLOW_PATHS entry 'data' is not an absolute path"),
+    ("NPUBUILD_REMOTE", "foo://x", "npubuild: NPUBUILD_REMOTE=foo://x: cannot open it with fsspec (ValueError: "
+                                   "Protocol not known: foo"),
+])
+def test_an_unusable_setting_is_one_line_before_anything_runs(project, name, value, want):
+    project.recipe("r")
+    env = dict(project.env, **{name: value})
+    p = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(project.root),
+                        "run", "build:r"], env=env, capture_output=True, text=True, timeout=120)
+    out = p.stdout + p.stderr
+    assert p.returncode == 2 and TRACEBACK not in out, out
+    assert out.splitlines() == [out.splitlines()[0]] and out.startswith(want), out
+    assert not project.cache.exists() and not (project.root / "build").exists()
+
+
+def _unshare_ok() -> bool:
+    return shutil.which("unshare") is not None and subprocess.run(
+        ["unshare", "-Urm", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /mnt"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not _unshare_ok(), reason="needs unshare -Urm with tmpfs mounts (user namespaces)")
+def test_a_full_home_is_one_line_and_its_databases_stay(project, tmp_path):
+    """NPUBUILD_HOME on a real full file system (a tmpfs in a user namespace holding a copy of
+    a valid home, then filled): one line, exit 2, and the databases are neither moved aside as
+    damaged nor changed."""
+    project.recipe("r")
+    project.doit("run", "download:r")
+    home = project.root / ".npubuild"
+    saved = tmp_path / "saved"
+    shutil.copytree(home, saved)
+    doit = [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(project.root), "run", "build:r"]
+    script = (f'mount -t tmpfs -o size=1m tmpfs "$0" && cp -a {saved}/. "$0"/ && '
+              f'(dd if=/dev/zero of="$0/fill" bs=4k 2>/dev/null; true) && "$@"; rc=$?; rm "$0/fill"; ls "$0"; exit $rc')
+    p = subprocess.run(["unshare", "-Urm", "sh", "-c", script, str(home), *doit], env=project.env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and TRACEBACK not in p.stdout + p.stderr, p.stdout + p.stderr
+    assert p.stderr.startswith(f"npubuild: NPUBUILD_HOME {home}: 0.0 MiB free on its disk, expected at least 4 MiB")
+    assert len(p.stderr.splitlines()) == 1, p.stderr
+    assert "damaged" not in p.stdout and "statcache.sqlite\n" in p.stdout and "doit.sqlite3\n" in p.stdout
+
+
+def test_a_stat_cache_that_cannot_grow_is_one_line_and_is_not_moved(tmp_path):
+    """SQLite's own "database or disk is full" (SQLITE_FULL, from a page limit): the stat cache
+    says which file and what to do, and the database stays where it is, valid."""
+    from tasks import digest
+
+    db = tmp_path / "home" / "statcache.sqlite"
+    sc = digest.StatCache(db)
+    files = []
+    for i in range(400):
+        f = tmp_path / f"f{i}.txt"
+        f.write_text(f"file {i}\n" * 20)
+        files.append(f)
+    sc.file_digest(files[0])
+    pages = sc._conn().execute("PRAGMA page_count").fetchone()[0]
+    sc._conn().execute(f"PRAGMA max_page_count = {pages}")
+    with pytest.raises(digest.StoreUnwritable) as e:
+        for f in files[1:]:
+            sc.file_digest(f)
+    assert str(e.value).startswith(f"{db}: the stat cache cannot be written (SQLITE_FULL: database or disk is full); "
+                                   f"free space on that disk")
+    assert not list(db.parent.glob("*.damaged-*"))
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("PRAGMA quick_check").fetchone()[0] == "ok"
+        assert conn.execute("SELECT count(*) FROM stat").fetchone()[0] >= 1
