@@ -417,7 +417,7 @@ class CompileCfg(_Strict):
 
         bad = [t for t in v if t not in TARGETS]
         if bad:
-            raise ValueError(f"expected targets from {sorted(TARGETS)}, found unknown {bad}")
+            raise ValueError(f"expected targets from {sorted(TARGETS)}, found unknown {bad}{_close(bad[0], TARGETS)}")
         if len(set(v)) != len(v):
             raise ValueError(f"expected distinct targets, found {v}")
         return v
@@ -557,8 +557,46 @@ def _fmt_loc(loc) -> str:
 
 
 def _found(value) -> str:
-    text = repr(value)
+    """A value as the recipe writes it (YAML: ``true``, ``null``, ``{a: 1}``; a string quoted),
+    cut to 80 characters."""
+    if isinstance(value, str):
+        text = repr(value)
+    elif value is None or isinstance(value, (bool, dict, list)):
+        text = yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("\n...").strip()
+    else:
+        text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _close(word: str, options) -> str:
+    """"; did you mean 'x'?" for the closest of ``options`` to ``word`` (difflib ratio >= 0.6), else ""."""
+    import difflib
+
+    near = difflib.get_close_matches(str(word), sorted(options), n=1, cutoff=0.6)
+    return f"; did you mean {near[0]!r}?" if near else ""
+
+
+def _model_at(loc) -> type | None:
+    """The section model that key path ``loc`` (pydantic's, without the last key) points into."""
+    import typing
+
+    cls = Recipe
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = cls.model_fields.get(part) if isinstance(cls, type) and issubclass(cls, BaseModel) else None
+        if field is None:
+            return None
+        todo, cls = [field.annotation], None
+        while todo:
+            t = todo.pop()
+            if isinstance(t, type) and issubclass(t, BaseModel):
+                cls = t
+                break
+            todo.extend(typing.get_args(t))
+        if cls is None:
+            return None
+    return cls
 
 
 def _pydantic_problems(err: ValidationError) -> list[tuple[str, str]]:
@@ -568,7 +606,9 @@ def _pydantic_problems(err: ValidationError) -> list[tuple[str, str]]:
         if e["type"] == "missing":
             problems.append((loc, "expected a value, found nothing (required key)"))
         elif e["type"] == "extra_forbidden":
-            problems.append((loc, f"expected no such key (unknown), found {_found(e['input'])}"))
+            parent = _model_at(e["loc"][:-1])
+            hint = _close(e["loc"][-1], parent.model_fields) if parent is not None else ""
+            problems.append((loc, f"expected no such key (unknown), found {_found(e['input'])}{hint}"))
         else:
             msg = e["msg"].removeprefix("Value error, ")
             if "found" not in msg:
@@ -592,7 +632,8 @@ def _resolve_raw(path: Path, directory: Path, stack: tuple[Path, ...]) -> dict:
         chain = " -> ".join(p.stem for p in (*stack, path, ppath))
         raise RecipeError(path, [("extends", f"expected no cycle, found {chain}")])
     if not ppath.exists():
-        raise RecipeError(path, [("extends", f"expected an existing recipe {ppath.name}, found none")])
+        hint = _close(parent, [p.stem for p in directory.glob("*.yaml")])
+        raise RecipeError(path, [("extends", f"expected an existing recipe {ppath.name}, found none{hint}")])
     if len(stack) > 50:
         raise RecipeError(path, [("extends", f"expected at most 50 levels of extends, found more: {ppath.stem}")])
     base = _resolve_raw(ppath, directory, (*stack, path))

@@ -53,6 +53,14 @@ BAD = {
     "unknown-key": (GOOD + "quantise: {precision: w8a16}\n", "quantise", "unknown"),
     "wrong-type": (GOOD + "export: {sequence_length: long}\n", "export.sequence_length", "found 'long'"),
     "bad-name": (GOOD + "name: Bad_Name\n", "name", "lowercase"),
+    "target-typo": (GOOD + "compile: {targets: [x-elit]}\n", "compile.targets", "found unknown ['x-elit']; did you mean "
+                                                                               "'x-elite'?"),
+    "key-typo": (GOOD.replace("calibration:", "calibraton: {file: data/c.txt}\n  calibration:"),
+                 "quantize.calibraton", "expected no such key (unknown), found {file: data/c.txt}; did you mean "
+                                        "'calibration'?"),
+    "section-typo": (GOOD + "verfy: {backend: htp}\n", "verfy", "found {backend: htp}; did you mean 'verify'?"),
+    "yaml-values": (GOOD + "export: {sequence_length: true}\n", "export.sequence_length",
+                    "found true"),
     "batch-size": (GOOD + "export: {batch_size: 2}\n", "export.batch_size", "expected 1 (quantize and verify feed one sequence per call"),
     "unknown-target": (GOOD + "compile: {targets: [x-elite, snapdragon-99]}\n", "compile.targets", "8gen3"),
     "unknown-patch": (GOOD + "patches: [{name: make-it-fast}]\n", "patches[0].name", "mask-range"),
@@ -126,6 +134,10 @@ def test_all_problems_reported_together(tmp_path):
 def test_extends_missing_parent_and_cycle(tmp_path):
     with pytest.raises(RecipeError, match=r"extends: expected an existing recipe nowhere.yaml"):
         load_recipe(write(tmp_path, "orphan", "extends: nowhere\n"))
+    write(tmp_path, "tiny-base", GOOD)
+    with pytest.raises(RecipeError, match=r"extends: expected an existing recipe tiny-bsae.yaml, found none; did you "
+                                          r"mean 'tiny-base'\?"):
+        load_recipe(write(tmp_path, "typo", "extends: tiny-bsae\n"))
     write(tmp_path, "a", "extends: b\n")
     f = write(tmp_path, "b", "extends: a\n")
     with pytest.raises(RecipeError, match=r"expected no cycle, found b -> a -> b"):
