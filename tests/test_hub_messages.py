@@ -101,3 +101,12 @@ def test_short_commit_in_a_recipe_through_doit(tmp_path, tiny_bert):
     assert run.code != 0 and "Traceback" not in run.log()
     assert f"SourceError: cannot use revision '{COMMIT[:7]}' of Hub model '{REPO}': a short commit hash is not " \
            f"resolved offline; write the full 40-hex commit: `revision: {COMMIT}`" in run.log()
+
+
+def test_a_library_message_is_kept_whole():
+    """Issue 23: the Hub's message was its first line cut at 200 characters."""
+    err = OSError("401 Client Error. (Request ID: Root=1-abc)\n\nRepository Not Found for url: "
+                  "https://huggingface.co/api/models/org/name/revision/main.\n" + "Please make sure " * 20 + "you are "
+                  "authenticated.")
+    msg = download._missing("org/name", "main", err)
+    assert msg.endswith("Please make sure you are authenticated.]") and "Repository Not Found for url:" in msg

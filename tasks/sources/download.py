@@ -118,10 +118,16 @@ def _unreachable(repo: str, revision: str, err: Exception) -> str:
                     (re.fullmatch(r"[0-9a-f]{7,39}", revision) and c.startswith(revision)))
     hint = (f"; the local Hugging Face cache has {revision} = {by_ref[0]}: set HF_HUB_OFFLINE=1 to build from it, or "
             f"write `revision: {by_ref[0]}`") if by_ref else ""
-    first = str(err).splitlines()[0] if str(err) else ""
+    first = _whole(err)
     return scrub(f"cannot resolve revision {revision!r} of Hub model {repo!r}: connection to the Hub "
                  f"({constants.ENDPOINT}) failed, so this says nothing about whether the model exists "
-                 f"[{type(err).__name__}: {first[:200]}]{hint}")
+                 f"[{type(err).__name__}: {first}]{hint}")
+
+
+def _whole(err: Exception) -> str:
+    """The library's whole message on one line (issue 23: the first line alone, cut at 200
+    characters, ended mid-sentence)."""
+    return " ".join(ln.strip() for ln in str(err).splitlines() if ln.strip())
 
 
 def _missing(repo: str, revision: str, err: Exception) -> str:
@@ -129,7 +135,7 @@ def _missing(repo: str, revision: str, err: Exception) -> str:
     from huggingface_hub import constants
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
 
-    first = f"[{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}]"
+    first = f"[{type(err).__name__}: {_whole(err)}]"
     if _offline():
         return scrub(f"cannot get Hub model {repo!r} at revision {revision!r}: the Hub is offline (HF_HUB_OFFLINE=1) "
                      f"and it is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) {first}")
