@@ -305,7 +305,7 @@ def _console_reporter():
             checked = engine.CHECKED.get(task.name)
             if task.name in _STAGE_TASKS and checked:
                 recipe = _STAGE_TASKS[task.name]
-                self.write(engine.line(task.name, checked[0], "cache hit", checked[1], engine.task_width(recipe)) + "\n")
+                self.write(engine.line(task.name, checked[0], checked[2], checked[1], engine.task_width(recipe)) + "\n")
             else:
                 super().skip_uptodate(task)
 

@@ -431,7 +431,7 @@ def failed_log_path(recipe_name: str, stage: str) -> Path:
 
 # {task name: (key, seconds)} of the stages is_up_to_date found cached in this process (for
 # the console line of a skipped task: tasks.dodo_tasks.Reporter)
-CHECKED: dict[str, tuple[str, float]] = {}
+CHECKED: dict[str, tuple[str, float, str]] = {}  # task -> (key, seconds, 'cache hit' | 'pulled')
 
 
 def build_spec(spec: StageSpec, upstream: dict[str, Entry], cache: Cache,
@@ -576,7 +576,7 @@ def is_up_to_date(recipe_name: str, stage: str) -> bool:
     if res.failures(stage, e):
         return False
     record(recipe_name, stage, e.key, res.material(stage), e)
-    CHECKED[res.specs[stage].task] = (e.key, time.time() - t0)
+    CHECKED[res.specs[stage].task] = (e.key, time.time() - t0, "pulled" if e.origin == "pulled" else "cache hit")
     return True
 
 
