@@ -377,7 +377,8 @@ class Cache:
         try:
             m = self.remote.peek(kind, key, self.key_of)
         except (Rejected, RemoteError) as e:
-            warn(str(e))
+            if not getattr(e, "repeated", False):
+                warn(str(e))
             return None
         return Entry(kind, key, self.entry_path(kind, key), m, "remote") if m else None
 
@@ -410,7 +411,9 @@ class Cache:
             return None
         except RemoteError as e:
             _rmtree(tmp)
-            warn(f"remote cache unavailable ({e}); building {kind}/{key} locally")
+            if not e.repeated:  # said once per run: later stages neither try nor say it again
+                warn(f"remote cache unavailable ({e}); building {kind}/{key} locally, and every later stage of "
+                     f"this run without trying the remote again")
             return None
         except BaseException:
             _rmtree(tmp)
@@ -488,7 +491,8 @@ class Cache:
                 print(f"npubuild: {'pushed' if pushed else 'already on the remote:'} {kind}/{key} "
                       f"({self.remote.display})", flush=True)
             except (Rejected, RemoteError) as e:
-                warn(f"could not push {kind}/{key}: {e}")
+                if not getattr(e, "repeated", False):
+                    warn(f"could not push {kind}/{key}: {e}")
         return entry, True
 
     # ------------------------------------------------------------ maintenance

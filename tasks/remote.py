@@ -61,7 +61,14 @@ ENV = "NPUBUILD_REMOTE"
 
 
 class RemoteError(Exception):
-    """The remote could not be read or written (network, permissions, missing bucket...)."""
+    """The remote could not be read or written (network, permissions, missing bucket...).
+    ``repeated``: the error is one this process already met and reported (the remote is not
+    tried again in this run), so callers do not warn again (issue 23: 18 lines for one
+    unreachable server)."""
+
+    def __init__(self, message: str, repeated: bool = False):
+        super().__init__(message)
+        self.repeated = repeated
 
 
 class Rejected(Exception):
@@ -122,7 +129,7 @@ class Remote:
 
     def _check_up(self, op: str = "read") -> None:
         if op in self.down:
-            raise RemoteError(f"{self.down[op]} (earlier in this run; not retried)")
+            raise RemoteError(f"{self.down[op]} (earlier in this run; not retried)", repeated=True)
 
     def __repr__(self) -> str:
         return f"Remote({self.display!r})"
