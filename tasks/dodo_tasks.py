@@ -296,10 +296,21 @@ def _console_reporter():
                 ups = [t for t in causes if f" {t} " in msg] or msg.split()
                 roots = sorted({c for up in ups for c in causes.get(up, (up,))})
                 causes[name] = tuple(roots)
+                recipe = self._recipe_of(name)
+                if recipe and all(self._recipe_of(r) == recipe for r in roots):
+                    return  # the recipe's own failure was its one line (issue 23: ~15 lines a recipe)
                 self.write(f"{name}  not run: {' '.join(roots)} failed\n")
+            elif name in _STAGE_TASKS and hasattr(fail, "get_msg"):
+                causes[name] = (name,)
+                self.write(f"{name}  {fail.get_msg().strip()}\n")  # without doit's "TaskFailed - taskid" line
             else:
                 causes[name] = (name,)
                 super()._write_failure(result, write_exception)
+
+        @staticmethod
+        def _recipe_of(task: str) -> str | None:
+            """The recipe of a stage task or of ``build:<recipe>``, else None."""
+            return _STAGE_TASKS.get(task) or (task.split(":", 1)[1] if task.startswith("build:") else None)
 
         def skip_uptodate(self, task):
             checked = engine.CHECKED.get(task.name)
