@@ -44,6 +44,13 @@ def environment_problems() -> list[str]:
         except ValueError as e:  # every folder under a relative NPUBUILD_ROOT says the same: once
             if str(e) not in problems:
                 problems.append(str(e))
+    for name, where in (("NPUBUILD_CACHE", paths.cache_dir), ("NPUBUILD_BUILD", paths.build_dir),
+                        ("NPUBUILD_HOME", paths.state_dir)):
+        try:
+            if bad := _unwritable(name, where()):
+                problems.append(bad)
+        except ValueError:
+            pass  # said above
     if os.environ.get("NPUBUILD_REMOTE"):
         from . import remote
 
@@ -52,6 +59,26 @@ def environment_problems() -> list[str]:
         except ValueError as e:
             problems.append(str(e))
     return problems
+
+
+def _unwritable(name: str, folder: Path) -> str:
+    """"" when this user can create files in ``folder`` and in each folder directly under it
+    (a cache's kinds), or when it does not exist yet; else the message naming the folder, its
+    owner and mode (issue 23: a cache another user made under umask 022 failed every stage with
+    a PermissionError)."""
+    if not folder.is_dir():
+        return ""
+    try:
+        subs = [d for d in folder.iterdir() if d.is_dir() and not d.name.startswith(".")]
+    except OSError:
+        subs = []
+    for d in [folder, *subs]:
+        if not os.access(d, os.W_OK | os.X_OK):
+            st = d.stat()
+            return (f"{name} {folder}: {d} is not writable by this user (uid {getattr(os, 'getuid', lambda: '?')()}; it belongs to uid "
+                    f"{st.st_uid}, mode {st.st_mode & 0o777:04o}): use a folder of your own (set {name}) or ask its "
+                    f"owner to make it group-writable")
+    return ""
 
 
 #: the room NPUBUILD_HOME needs to start a run: doit's database and the stat cache write there,

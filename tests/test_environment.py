@@ -4,10 +4,13 @@ cache that cannot be written (never moved aside as damaged)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import sqlite3
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -87,3 +90,46 @@ def test_a_stat_cache_that_cannot_grow_is_one_line_and_is_not_moved(tmp_path):
     with sqlite3.connect(db) as conn:
         assert conn.execute("PRAGMA quick_check").fetchone()[0] == "ok"
         assert conn.execute("SELECT count(*) FROM stat").fetchone()[0] >= 1
+
+
+def _as_nobody_ok() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("setpriv") is not None
+
+
+@pytest.mark.skipif(not _as_nobody_ok(), reason="needs root and setpriv to run a command as another user")
+def test_another_users_cache_and_an_unreadable_source_file_are_one_line(tiny_bert):
+    """As ``nobody``: a cache another user made under umask 022, then a source file of mode 0600
+    of another owner; each is one line naming the folder or file, its owner and mode."""
+    from conftest import Project
+
+    top = Path(tempfile.mkdtemp(prefix="npubuild-owner-", dir="/tmp"))
+    try:
+        project = Project(top / "proj", tiny_bert)
+        project.recipe("r")
+        project.doit("run", "download:r")  # as root: cache/ and cache/download/ are root's, 0755
+        home = top / "home"
+        home.mkdir(mode=0o777)
+        home.chmod(0o777)
+        for d, _, files in os.walk(top):
+            os.chmod(d, os.stat(d).st_mode | 0o755)
+            for f in files:
+                os.chmod(os.path.join(d, f), os.stat(os.path.join(d, f)).st_mode | 0o644)
+        env = dict(project.env, NPUBUILD_HOME=str(home))
+        nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m", "doit",
+                  "-f", str(REPO / "dodo.py"), "-d", str(project.root)]
+        p = subprocess.run([*nobody, "run", "build:r"], env=env, capture_output=True, text=True, timeout=120)
+        out = p.stdout + p.stderr
+        assert p.returncode == 2 and TRACEBACK not in out, out
+        assert out.startswith(f"npubuild: NPUBUILD_CACHE {project.cache}: {project.cache} is not writable by this "
+                              f"user (uid 65534; it belongs to uid 0, mode 0755)"), out
+
+        secret = project.root / "models" / "tiny-bert" / "vocab.txt"
+        secret.chmod(0o600)
+        env.update(NPUBUILD_CACHE=str(home / "cache"), NPUBUILD_BUILD=str(home / "build"))
+        p = subprocess.run([*nobody, "list"], env=env, capture_output=True, text=True, timeout=120)
+        out = p.stdout + p.stderr
+        assert TRACEBACK not in out, out
+        assert ("source.path: expected every file of source.path 'models/tiny-bert' to be readable by this user, "
+                "found 1 that are not: vocab.txt (uid 0, mode 0600)") in out, out
+    finally:
+        shutil.rmtree(top, ignore_errors=True)

@@ -43,6 +43,20 @@ def link_problem(folder: Path, roots: list[Path], what: str) -> str:
             f"followed, found {len(bad)} link{'s' if len(bad) > 1 else ''} out: {shown}")
 
 
+def unreadable_problem(folder: Path, what: str) -> str:
+    """"" when this user can read every file of source folder ``folder``, else the message
+    naming the first files it cannot read, with their owner and mode (issue 23: a 0600 file of
+    another user was a PermissionError traceback in the download stage)."""
+    import os
+
+    bad = [f for f in source_files(folder) if not os.access(f, os.R_OK)]
+    if not bad:
+        return ""
+    shown = "; ".join(f"{f.relative_to(folder).as_posix()} (uid {f.stat().st_uid}, mode {f.stat().st_mode & 0o777:04o})"
+                      for f in bad[:3])
+    return f"expected every file of {what} to be readable by this user, found {len(bad)} that are not: {shown}"
+
+
 def local_folder(params: dict) -> Path:
     """The folder a ``path`` or ``package`` source names. Raises SourceError if absent, or
     if a file in it is a link that resolves outside the project (and ``NPUBUILD_ALLOW_PATHS``)
@@ -53,7 +67,8 @@ def local_folder(params: dict) -> Path:
         bad = link_problem(p, paths.allowed_dirs(), f"source.path {params['path']!r}")
     else:
         bad = link_problem(p, [p.resolve()], f"source package {params['package']!r}")
-    if bad:
+    what = f"source.path {params['path']!r}" if params.get("path") is not None else f"source package {params['package']!r}"
+    if bad or (bad := unreadable_problem(p, what)):
         raise SourceError(bad)
     return p
 
