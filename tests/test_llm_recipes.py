@@ -93,6 +93,24 @@ def test_w4a16_after_w8a16_reuses_download_and_export(llm_project):
     assert part["shared_bytes"] < _compile_info(llm_project, "tiny-qwen2-w8a16")["parts"][0]["shared_bytes"]
 
 
+def test_an_llm_threshold_fails_the_build_and_stays_out_of_the_verify_key(llm_project):
+    """Issue 23's test gap: a recipe that only raises a bar reuses the verify entry (thresholds
+    are not in its key) and the build fails naming the metric, its value and the bar."""
+    llm_project.doit("run", "build:tiny-qwen2-w8a16")
+    got = _report(llm_project, "tiny-qwen2-w8a16")["metrics"]["logits_cosine_mean"]
+    llm_project.recipe("tiny-qwen2-strict", "extends: tiny-qwen2-w8a16\n"
+                       "verify: {thresholds: {logits_cosine_mean: 0.9999999}}\n")
+    before = {k: llm_project.entries(k) for k in ("quantize", "compile", "verify")}
+    run = llm_project.doit("run", "build:tiny-qwen2-strict", check=False)
+    # the verify task runs only to judge the cached entry: no stage built anything
+    assert run.code != 0 and run.ran() == ["verify:tiny-qwen2-strict"], run.log()
+    assert {k: llm_project.entries(k) for k in before} == before
+    assert f"logits_cosine_mean = {got:.4f}, threshold >= 0.9999999" in run.log(), run.log()
+    key = json.loads((llm_project.root / "build" / "tiny-qwen2-w8a16" / "stages.json").read_text())["verify"]["key"]
+    strict = llm_project.doit("run", "explain:tiny-qwen2-strict").tasks["explain:tiny-qwen2-strict"]["out"]
+    assert key[:16] in strict and "fails: logits_cosine_mean" in strict, strict
+
+
 def test_two_parts_split_the_layers_and_still_match(llm_project):
     """parts: 2: part 0 holds layers 0-1, part 1 layers 2-3, the final norm and lm_head; each
     part has its own weight-shared binary, and generation still matches, through
