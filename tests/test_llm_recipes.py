@@ -91,6 +91,12 @@ def test_w4a16_after_w8a16_reuses_download_and_export(llm_project):
         assert g["tables_8bit"] == ["model.embed_tokens.weight_quantized"], g
     (part,) = _compile_info(llm_project, "tiny-qwen2-w4a16")["parts"]
     assert part["shared_bytes"] < _compile_info(llm_project, "tiny-qwen2-w8a16")["parts"][0]["shared_bytes"]
+    # compile's and verify's memory checks count the weights at the recipe's bits (issue 22, item 5)
+    from tasks.llm.memory import weight_bits_of
+
+    for recipe, bits in (("tiny-qwen2-w8a16", 8), ("tiny-qwen2-w4a16", 4)):
+        qkey = json.loads((llm_project.root / "build" / recipe / "stages.json").read_text())["quantize"]["key"]
+        assert weight_bits_of(llm_project.cache / "quantize" / qkey / "out") == bits, recipe
 
 
 def test_an_llm_threshold_fails_the_build_and_stays_out_of_the_verify_key(llm_project):

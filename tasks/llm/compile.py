@@ -110,7 +110,8 @@ def run(inputs, files, params, out: Path) -> dict:
     """Compile every part of ``inputs["model"]`` for ``params["target"]``. Returns the per-part
     rows (wall time, peak RSS, binary sizes, shared/single ratio). Raises the memory check's
     error before work, qnn.NotOnNPU or onnxruntime's error."""
-    from .memory import check_export_stage
+    from .memory import check_export_stage, weight_bits_of
 
-    check_export_stage("compile", inputs["model"])
+    # the recipe's own bits (a w8a16 LLM was counted at 4 before: issue 22)
+    check_export_stage("compile", inputs["model"], weight_bits_of(inputs["model"], default=4))
     return compile_llm(inputs["model"], out, params)

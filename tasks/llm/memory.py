@@ -140,6 +140,20 @@ def check_stage(stage: str, config: dict, *, parts: int, seq_len: int, context_l
     return est
 
 
+#: what the LLM quantize stage writes beside its graphs: {"precision", "weight_bits"}, so the
+#: stages after it count the weights at the recipe's own bits (issue 22, item 5)
+QUANTIZED_AS = "quantize.json"
+
+
+def weight_bits_of(folder, default: int = 16) -> int:
+    """The weight bits a quantize output ``folder`` was made with (:data:`QUANTIZED_AS`), else
+    ``default`` (an export: fp32 graphs, counted at 16 bits as before quantize)."""
+    import json
+
+    f = Path(folder) / QUANTIZED_AS
+    return int(json.loads(f.read_text())["weight_bits"]) if f.is_file() else default
+
+
 def check_export_stage(stage: str, export_dir, weight_bits: int = 4) -> int:
     """:func:`check_stage` for a stage whose input is an export (or a copy of one): the model
     config and the export shape are read from ``export_dir`` (``config.json``, ``export.json``)."""

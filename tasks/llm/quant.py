@@ -232,11 +232,16 @@ def run(inputs, files, params, out: Path) -> dict:
     """Quantize every part of the LLM export in ``inputs["model"]`` into ``out``. Returns the
     per-part report (calibration and quantize wall time and peak RSS) and the prompt count.
     Raises the memory check's error before work when a part cannot fit."""
-    from .memory import check_export_stage
+    import json
+
+    from .memory import QUANTIZED_AS, check_export_stage
     from ..precisions import get as get_precision
 
     src = inputs["model"]
-    check_export_stage("quantize", src, get_precision(params["precision"]).weight_bits)
+    bits = get_precision(params["precision"]).weight_bits
+    check_export_stage("quantize", src, bits)
     report = quantize_llm(src, inputs["source"], files["calibration"], params, out)
     copy_rest(src, out)
+    (out / QUANTIZED_AS).write_text(json.dumps({"precision": params["precision"], "weight_bits": bits}, sort_keys=True)
+                                    + "\n")
     return {**report, "calibration_prompts": params["calibration"]["samples"]}
