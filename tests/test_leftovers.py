@@ -244,6 +244,7 @@ def test_full_disk_is_one_line_naming_the_folder(project, size, stage):
                         str(project.cache), *doit], env=project.env, capture_output=True, text=True, timeout=300)
     out = p.stdout + p.stderr
     assert p.returncode != 0 and "Traceback" not in out, out
-    (line,) = [ln for ln in out.splitlines() if ln.startswith("DiskFull: ")]
-    assert line.startswith(f"DiskFull: {project.cache / '.tmp'}: no space left on its device while building {stage}/")
+    (line,) = [ln for ln in out.splitlines() if "DiskFull: " in ln]
+    assert line.startswith(f"{stage}:t8  DiskFull: {project.cache / '.tmp'}: no space left on its device while "
+                           f"building {stage}/"), line
     assert "MB free there (it had written" in line and "set NPUBUILD_CACHE to a larger disk" in line
