@@ -2,7 +2,7 @@
 prints counts, exits 1 when a check failed).
 
     .venv/bin/python benchmarks/fault_campaign.py [--kills 20] [--concurrent 4] [--seed 0] [--recipes 2] [--keep DIR]
-                                                  [--syscall-kills]
+                                                  [--syscall-kills] [--edits N]
 
 A throw-away project (a temp folder, or --keep DIR) with --recipes tiny-BERT recipes (the
 tests' model and recipe: w8a16, then w4a16; they share download, export and prepatch and each
@@ -44,6 +44,12 @@ through the real ``doit`` CLI, as the tests do:
    reverse: each must exit 0; every key must be built by exactly one of them (console lines);
    build/, entries and leftovers are checked as above.
 
+5. With --edits N (issue 23): N builds of one recipe whose calibration file is rewritten at a
+   random time while the build runs, each checked: every quantize entry holds the output of
+   the content its key hashed, the next build equals a clean build of the new content, and a
+   build that fails names the file; then a source folder with a link out of the project must
+   be refused at load with nothing cached (:func:`edit_rounds`).
+
 Prints one line per round and a table of counts. Every doit process gets PYTHONPATH=<this
 checkout> (so a checkout's own ``tasks`` is what runs) and a TMPDIR of its own.
 """
@@ -52,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import random
 import re
@@ -65,6 +72,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import xxhash
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
@@ -474,6 +483,86 @@ def campaign(work: Path, model: Path, kills: int = 20, concurrent: int = 4, seed
     return counts, at_calls
 
 
+def edit_rounds(work: Path, model: Path, rounds: int, seed: int = 0, say=print) -> dict:
+    """Issue 23's kinds, checked: (1) ``rounds`` builds of one recipe from an empty cache, each
+    with its calibration file rewritten (content A -> B) at a time drawn uniformly from [0,
+    the reference build's time); then the build again. A round is right when every quantize
+    entry holds the output of the content its key hashed (its output digest equals a clean
+    build's of that content), and the second build's build/ equals a clean build of B, byte for
+    byte; a first build that failed naming the file counts as right too. (2) A link out of the
+    source folder: a load error naming it, nothing cached. Returns the counts."""
+    from conftest import Project
+
+    rng = random.Random(seed)
+    texts = {"A": None, "B": None}
+    out = {"rounds": 0, "right": 0, "failed_naming_the_file": 0, "wrong_outputs": 0, "link_out_refused": 0,
+           "failures": []}
+
+    def project(name: str) -> Project:
+        p = Project(work / name, model)
+        p.recipe("r")
+        return p
+
+    refs, seconds = {}, {}
+    for label in ("A", "B"):
+        p = project(f"edit-ref-{label}")
+        calib = p.root / "data" / "calib.txt"
+        texts["A"] = texts["A"] or calib.read_text()
+        texts["B"] = texts["A"].replace("cat", "dog").replace("storm", "breeze")
+        calib.write_text(texts[label])
+        t0 = time.time()
+        p.doit("run", "build:r")
+        seconds[label] = time.time() - t0
+        (key,) = p.entries("quantize")
+        refs[label] = json.loads((p.cache / "quantize" / key / "manifest.json").read_text())["output_digest"]
+        refs[label + "-build"] = _sha(p.root / "build")
+    digest_of = {xxhash.xxh3_128(texts[k].encode()).hexdigest(): k for k in ("A", "B")}
+    for i in range(1, rounds + 1):
+        p = project(f"edit-{i}")
+        calib = p.root / "data" / "calib.txt"
+        calib.write_text(texts["A"])
+        at = rng.uniform(0, seconds["A"])
+        proc = p.popen("run", "build:r")
+        time.sleep(at)
+        calib.write_text(texts["B"])
+        first = proc.communicate(timeout=600)[0]
+        out["rounds"] += 1
+        named = proc.returncode != 0 and "data/calib.txt: changed while the build ran" in first
+        wrong = []
+        for key in p.entries("quantize"):
+            m = json.loads((p.cache / "quantize" / key / "manifest.json").read_text())
+            content = digest_of.get(m["files"]["calibration"]["xxh3"])
+            if content is None or m["output_digest"] != refs[content]:
+                wrong.append(f"quantize/{key}: hashed {content}, output {m['output_digest'][:12]}")
+        second = p.doit("run", "build:r", check=False)
+        if second.code != 0 or _sha(p.root / "build") != refs["B-build"]:
+            wrong.append(f"the build after the edit differs from a clean build of B (exit {second.code})")
+        if proc.returncode != 0 and not named:
+            wrong.append(f"the first build failed without naming the file: {first[-300:]}")
+        say(f"edit {i}: rewritten at {at:.1f} s; first build {'failed naming the file' if named else 'exit %d' % proc.returncode}; "
+            f"{'WRONG: ' + '; '.join(wrong) if wrong else 'right'}")
+        out["failed_naming_the_file"] += named
+        out["wrong_outputs"] += bool(wrong)
+        out["right"] += not wrong
+        out["failures"] += wrong
+        _rm(p.root)
+    # a link out of the source folder
+    p = project("edit-link")
+    secret = work / "outside-secret.txt"
+    f = p.root / "models" / "tiny-bert" / "vocab.txt"
+    secret.write_bytes(f.read_bytes())
+    f.unlink()
+    f.symlink_to(secret)
+    r = p.doit("run", "build:r", "publish:r", check=False)
+    ok = r.code != 0 and "link out: vocab.txt -> " in r.output and not (p.cache / "download").exists() \
+        and not (p.root / "dist").exists()
+    out["link_out_refused"] = int(ok)
+    if not ok:
+        out["failures"].append(f"a link out of the source folder was not refused: {r.output[-300:]}")
+    say(f"link out of the source folder: {'refused at load, nothing cached' if ok else 'NOT REFUSED'}")
+    return out
+
+
 def summary(counts: Counts, kills: int, what: str = "SIGKILLs at random times") -> str:
     rows = [
         (what, counts.kills),
@@ -511,6 +600,8 @@ def main() -> None:
     ap.add_argument("--keep", metavar="DIR", help="work in DIR (created; must not exist) and keep it")
     ap.add_argument("--syscall-kills", action="store_true",
                     help="also SIGKILL at every rename(2) and link(2) of a build (strace -e inject)")
+    ap.add_argument("--edits", type=int, default=0,
+                    help="builds whose calibration file is rewritten while they run, and a link out (issue 23)")
     args = ap.parse_args()
 
     from conftest import make_tiny_bert
@@ -525,6 +616,7 @@ def main() -> None:
         model = make_tiny_bert(work / "tiny-bert")
         counts, at_calls = campaign(work, model, args.kills, args.concurrent, args.seed, args.recipes,
                                     None if args.syscall_kills else False)
+        edits = edit_rounds(work, model, args.edits, args.seed) if args.edits else None
     finally:
         if not args.keep:
             _rm(work)
@@ -534,9 +626,17 @@ def main() -> None:
         print(summary(counts, args.kills))
     if args.syscall_kills:
         print(summary(at_calls, at_calls.kills, "SIGKILLs at renames and links (strace)"))
-    for f in counts.failures + at_calls.failures:
+    if edits:
+        print("\n".join(f"{a:<46}  {b}" for a, b in [
+            ("data file rewritten while its build ran", edits["rounds"]),
+            ("  right (entry = its content's, next build = B's)", f"{edits['right']} / {edits['rounds']}"),
+            ("  of which the build failed naming the file", edits["failed_naming_the_file"]),
+            ("  wrong outputs", edits["wrong_outputs"]),
+            ("link out of a source folder refused", edits["link_out_refused"])]))
+    fails = counts.failures + at_calls.failures + (edits["failures"] if edits else [])
+    for f in fails:
         print(f"FAILED: {f}")
-    sys.exit(1 if counts.failures or at_calls.failures else 0)
+    sys.exit(1 if fails else 0)
 
 
 if __name__ == "__main__":
