@@ -179,6 +179,17 @@ def _folder_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file() and not f.is_symlink())
 
 
+#: free bytes under which a failed build is taken as the disk's fault (a stage writes far more)
+DISK_NEARLY_FULL = 1 << 20
+
+
+def _free_bytes(folder: Path) -> int:
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return 1 << 62
+
+
 def _disk_full(e: BaseException) -> bool:
     """Whether ``e`` (or an exception it was raised from) is a full disk or quota: an OSError
     with ENOSPC / EDQUOT, or a native library's message with the C library's ENOSPC text."""
@@ -474,7 +485,9 @@ class Cache:
                 _write_json(tmp / "manifest.json", manifest)
                 dest = self._commit(tmp, kind, key)
             except BaseException as e:
-                full = _disk_full(e)
+                # a library that met the full disk may fail later and otherwise (issue 23: protobuf's
+                # DecodeError reading a graph cut short): an error with the disk full is the disk
+                full = _disk_full(e) or (isinstance(e, Exception) and _free_bytes(tmp.parent) < DISK_NEARLY_FULL)
                 written = _folder_bytes(tmp) if full else 0
                 _rmtree(tmp)
                 if full:
