@@ -138,6 +138,33 @@ def test_two_parts_split_the_layers_and_still_match(llm_project):
     assert r["runtime"] == "genai" and r["metrics"]["genai_runner_agreement"] == 1.0, r["metrics"]
 
 
+def test_genai_and_the_runner_agree_on_a_phi3_with_head_dim_80(llm_project):
+    """Issue 23's case 6: a random Phi-3 with head_dim 80 (hidden 160, 2 heads, vocab 2048,
+    partial rotary 0.75 as the fixture) through compile and verify on the HTP simulator:
+    onnxruntime-genai and LLMRunner give the same tokens on every prompt (the report said one
+    prompt of six differed at token 3; not reproduced here, so this guards it)."""
+    import torch
+    from transformers import AutoTokenizer, Phi3Config, Phi3ForCausalLM
+
+    src = llm_project.root / ".fixtures" / "tiny-phi3"
+    cfg = json.loads((src / "config.json").read_text())
+    cfg.update(hidden_size=160, num_attention_heads=2, num_key_value_heads=2, vocab_size=2048)
+    for k in ("architectures", "transformers_version", "dtype"):
+        cfg.pop(k, None)
+    torch.manual_seed(0)
+    out = llm_project.root / "models" / "phi3-hd80"
+    Phi3ForCausalLM(Phi3Config(**cfg)).eval().save_pretrained(out)
+    AutoTokenizer.from_pretrained(src).save_pretrained(out)
+    llm_project.recipe("phi3-hd80", "extends: tiny-phi3-w8a16\nsource: {path: models/phi3-hd80}\n"
+                       "verify: {thresholds: {token_agreement: 0.1, logits_cosine_mean: 0.9, perplexity_ratio: 1.5, "
+                       "genai_runner_agreement: 1.0}}\n")  # random weights: near ties, so loose bars but genai = runner
+    llm_project.doit("run", "build:phi3-hd80")
+    r = _report(llm_project, "phi3-hd80")
+    assert json.loads((out / "config.json").read_text())["hidden_size"] // 2 == 80
+    assert r["runtime"] == "genai" and r["metrics"]["genai_runner_agreement"] == 1.0, r["metrics"]
+    assert all(s["genai_equals_runner"] and len(s["runner_tokens"]) == 16 for s in r["samples"]), r["samples"]
+
+
 def test_tiny_llm_builds_byte_identical_in_three_folders(llm_project, tmp_path):
     """tiny-qwen2-w8a16 built and published from empty caches in three folders, each in its
     own processes, gives the same bundle by sha256, every file: per-graph and weight-shared
