@@ -65,7 +65,7 @@ class StatCache:
         conn = getattr(self._local, "conn", None)
         if conn is None:
             try:
-                conn = self._open()
+                conn = self._open_waiting()
             except sqlite3.DatabaseError as e:  # not a database, or damaged: it is only a cache
                 if not damaged(e):
                     raise unwritable(self.db_path, e, "the stat cache") from None
@@ -73,6 +73,20 @@ class StatCache:
                 conn = self._open()
             self._local.conn = conn
         return conn
+
+    def _open_waiting(self) -> sqlite3.Connection:
+        """:meth:`_open`, waiting up to :data:`BUSY_WAIT` seconds while another process holds
+        the database (SQLITE_BUSY / SQLITE_LOCKED at the WAL switch)."""
+        import time
+
+        deadline = time.monotonic() + BUSY_WAIT
+        while True:
+            try:
+                return self._open()
+            except sqlite3.DatabaseError as e:
+                if not (busy(e) and time.monotonic() < deadline):
+                    raise
+                time.sleep(0.05)
 
     def _open(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.db_path, timeout=60)
@@ -92,9 +106,12 @@ class StatCache:
     def file_digest(self, path: Path) -> str:
         """Digest of ``path``, from the cache when its stat is unchanged. Raises OSError if
         the file cannot be read. A stat cache that turns out damaged is rebuilt (one warning)."""
+        import time
+
         path = Path(path).absolute()
         st = path.stat()
-        for attempt in (0, 1):
+        attempt, deadline = 0, time.monotonic() + BUSY_WAIT
+        while True:
             conn = self._conn()
             try:
                 row = conn.execute(
@@ -112,14 +129,17 @@ class StatCache:
                     )
                 return digest
             except sqlite3.DatabaseError as e:
+                if busy(e) and time.monotonic() < deadline:  # another process writes: wait for it
+                    time.sleep(0.05)
+                    continue
                 if not damaged(e):
                     raise unwritable(self.db_path, e, "the stat cache") from None
                 if attempt:
                     raise
+                attempt += 1
                 conn.close()
                 self._local.conn = None
                 reset_database(self.db_path, e, "the stat cache")
-        raise AssertionError("unreachable")
 
     def derived(self, what: str, digest: str, compute, reader: Path | None = None) -> str | None:
         """A text ``compute()`` derives from content with xxh3 ``digest`` (e.g. the imports of
@@ -155,6 +175,19 @@ class StoreUnwritable(Exception):
 
 #: SQLite's primary result codes for a file that is not (or no longer) a database
 SQLITE_DAMAGED = {11: "SQLITE_CORRUPT", 26: "SQLITE_NOTADB"}
+
+
+#: seconds a stat cache access waits while another process holds the database
+BUSY_WAIT = 60.0
+
+
+def busy(err: Exception) -> bool:
+    """Whether SQLite error ``err`` is another connection holding the database (SQLITE_BUSY,
+    SQLITE_LOCKED): wait and retry, it is neither damage nor a full disk."""
+    code = getattr(err, "sqlite_errorcode", None)
+    if code is None:
+        return "database is locked" in str(err)
+    return code & 0xFF in (5, 6)
 
 
 def damaged(err: Exception) -> bool:

@@ -142,3 +142,25 @@ def test_another_users_cache_and_an_unreadable_source_file_are_one_line(tiny_ber
                 "found 1 that are not: vocab.txt (uid 0, mode 0600)") in out, out
     finally:
         shutil.rmtree(top, ignore_errors=True)
+
+
+def test_a_stat_cache_another_process_holds_is_waited_for_not_refused(tmp_path):
+    """SQLITE_BUSY (another build writing) is neither damage nor a full disk: the access waits
+    and succeeds, nothing is moved aside (a concurrent build failed on it when BUSY was taken
+    for an unwritable store)."""
+    import threading
+    import time
+
+    from tasks import digest
+
+    db = tmp_path / "home" / "statcache.sqlite"
+    digest.StatCache(db).file_digest(Path(__file__))
+    holder = sqlite3.connect(db, timeout=0, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN EXCLUSIVE")
+    threading.Thread(target=lambda: (time.sleep(1.0), holder.execute("COMMIT")), daemon=True).start()
+    f = tmp_path / "x.txt"
+    f.write_text("x\n")
+    sc = digest.StatCache(db)
+    t0 = time.monotonic()
+    assert sc.file_digest(f) == digest.hash_file_uncached(f)
+    assert time.monotonic() - t0 >= 0.5 and not list(db.parent.glob("*.damaged-*"))
