@@ -846,11 +846,9 @@ def check_data_files(path: Path, r: Recipe, memo: dict | None = None) -> None:
             problems.append(("source.path", bad))
         elif (root() / r.source.path).is_dir():
             from .paths import allowed_dirs
-            from .sources import link_problem, unreadable_problem
+            from .sources import folder_problem
 
-            what = f"source.path {r.source.path!r}"
-            if bad := (link_problem(root() / r.source.path, allowed_dirs(), what)
-                       or unreadable_problem(root() / r.source.path, what)):
+            if bad := folder_problem(root() / r.source.path, allowed_dirs(), f"source.path {r.source.path!r}"):
                 problems.append(("source.path", bad))
     wanted = [("quantize.calibration.file", r.quantize.calibration, r.export.family == "encoder"),
               ("verify.data.file", r.verify.data, True)]

@@ -29,46 +29,40 @@ def source_files(folder: Path) -> list[Path]:
     return [f for f in list_files(folder) if not any(p in SKIPPED_PARTS for p in f.relative_to(folder).parts)]
 
 
-def link_problem(folder: Path, roots: list[Path], what: str) -> str:
-    """"" when every file of source folder ``folder`` resolves inside ``roots``, else the
-    message naming the first links out and where they point (``what``: the source as the
-    recipe names it)."""
-    from ..digest import links_out
-
-    bad = links_out(folder, roots, source_files(folder))
-    if not bad:
-        return ""
-    shown = "; ".join(f"{rel} -> {real}" for rel, real in bad[:3]) + (f" (and {len(bad) - 3} more)" if len(bad) > 3 else "")
-    return (f"expected every file of {what} to lie inside {', '.join(str(r) for r in roots)} once links are "
-            f"followed, found {len(bad)} link{'s' if len(bad) > 1 else ''} out: {shown}")
-
-
-def unreadable_problem(folder: Path, what: str) -> str:
-    """"" when this user can read every file of source folder ``folder``, else the message
-    naming the first files it cannot read, with their owner and mode (issue 23: a 0600 file of
-    another user was a PermissionError traceback in the download stage)."""
+def folder_problem(folder: Path, roots: list[Path], what: str) -> str:
+    """"" when every file of source folder ``folder`` resolves inside ``roots`` and this user
+    can read it, else the message naming the first links out and where they point, or the first
+    files it cannot read with their owner and mode (issue 23: a link out was copied into the
+    cache and shipped; a 0600 file of another user was a PermissionError traceback). ``what``:
+    the source as the recipe names it. One walk of the folder for both checks."""
     import os
 
-    bad = [f for f in source_files(folder) if not os.access(f, os.R_OK)]
-    if not bad:
-        return ""
-    shown = "; ".join(f"{f.relative_to(folder).as_posix()} (uid {f.stat().st_uid}, mode {f.stat().st_mode & 0o777:04o})"
-                      for f in bad[:3])
-    return f"expected every file of {what} to be readable by this user, found {len(bad)} that are not: {shown}"
+    from ..digest import links_out
+
+    files = source_files(folder)
+    if out := links_out(folder, roots, files):
+        shown = "; ".join(f"{rel} -> {real}" for rel, real in out[:3]) + (
+            f" (and {len(out) - 3} more)" if len(out) > 3 else "")
+        return (f"expected every file of {what} to lie inside {', '.join(str(r) for r in roots)} once links are "
+                f"followed, found {len(out)} link{'s' if len(out) > 1 else ''} out: {shown}")
+    if unread := [f for f in files if not os.access(f, os.R_OK)]:
+        shown = "; ".join(f"{f.relative_to(folder).as_posix()} (uid {f.stat().st_uid}, mode "
+                          f"{f.stat().st_mode & 0o777:04o})" for f in unread[:3])
+        return f"expected every file of {what} to be readable by this user, found {len(unread)} that are not: {shown}"
+    return ""
 
 
 def local_folder(params: dict) -> Path:
-    """The folder a ``path`` or ``package`` source names. Raises SourceError if absent, or
-    if a file in it is a link that resolves outside the project (and ``NPUBUILD_ALLOW_PATHS``)
-    for a path source, outside the package's folder for a package source (issue 23: such a
-    file would be copied into the cache and shipped)."""
+    """The folder a ``path`` or ``package`` source names. Raises SourceError if absent, if a
+    file in it is a link that resolves outside the project (and ``NPUBUILD_ALLOW_PATHS``) for a
+    path source, outside the package's folder for a package source, or if this user cannot read
+    a file of it (:func:`folder_problem`)."""
     p = _folder(params)
     if params.get("path") is not None:
-        bad = link_problem(p, paths.allowed_dirs(), f"source.path {params['path']!r}")
+        bad = folder_problem(p, paths.allowed_dirs(), f"source.path {params['path']!r}")
     else:
-        bad = link_problem(p, [p.resolve()], f"source package {params['package']!r}")
-    what = f"source.path {params['path']!r}" if params.get("path") is not None else f"source package {params['package']!r}"
-    if bad or (bad := unreadable_problem(p, what)):
+        bad = folder_problem(p, [p.resolve()], f"source package {params['package']!r}")
+    if bad:
         raise SourceError(bad)
     return p
 
