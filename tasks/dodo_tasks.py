@@ -35,7 +35,8 @@ def environment_problems() -> list[str]:
     """One line per setting of the environment npubuild cannot use, found before any task is
     made (issue 23: each was a 40-line traceback): a relative ``NPUBUILD_*`` folder, a relative
     ``NPUBUILD_ALLOW_PATHS`` entry, an ``NPUBUILD_REMOTE`` URL fsspec cannot open (unknown
-    scheme, backend not installed). Reads nothing from the network."""
+    scheme, backend not installed), a folder this user cannot write, an ``NPUBUILD_HOME`` disk
+    with less than :data:`HOME_MIN_FREE` free. Reads nothing from the network."""
     problems = []
     for where in (paths.root, paths.recipes_dir, paths.cache_dir, paths.build_dir, paths.state_dir,
                   paths.dist_dir, paths.catalog_dir, paths.allowed_dirs):
@@ -58,6 +59,8 @@ def environment_problems() -> list[str]:
             remote.from_env()
         except ValueError as e:
             problems.append(str(e))
+    if not problems and (bad := _home_problem()):
+        problems.append(bad)
     return problems
 
 
@@ -100,7 +103,7 @@ def _home_problem() -> str:
             f"NPUBUILD_HOME to another disk; nothing was changed")
 
 
-if _problems := environment_problems() or [p for p in [_home_problem()] if p]:
+if _problems := environment_problems():
     sys.stderr.write("".join(f"npubuild: {p}\n" for p in _problems))
     sys.exit(2)
 paths.state_dir().mkdir(parents=True, exist_ok=True)
@@ -356,10 +359,7 @@ DOIT_CONFIG["reporter"] = _console_reporter()
 
 def _uptodate(recipe: str, stage: str):
     def check(task, values):
-        try:
-            return engine.is_up_to_date(recipe, stage)
-        except _expected_errors():  # not up to date: the action runs and says it in one line
-            return False
+        return engine.is_up_to_date(recipe, stage)
 
     check.__name__ = f"cached_{stage}"
     return check

@@ -568,11 +568,11 @@ def is_up_to_date(recipe_name: str, stage: str) -> bool:
     """True when the stage's key can be computed and names an intact entry that passes its
     check. Used as the doit ``uptodate`` callable (evaluated after upstream tasks ran)."""
     t0 = time.time()
-    res = checking_resolver(recipe_name)
     try:
+        res = checking_resolver(recipe_name)
         e = res.entry(stage)
-    except Exception:  # not built, or the key cannot be computed (e.g. a missing source):
-        return False  # the action then runs and reports the error cleanly
+    except Exception:  # not built, or the key cannot be computed (e.g. a missing source, a stat
+        return False  # cache that cannot be written): the action then runs and reports the error cleanly
     if res.failures(stage, e):
         return False
     record(recipe_name, stage, e.key, res.material(stage), e)

@@ -35,13 +35,13 @@ def run(inputs, files, params, out: Path) -> dict:
     CPU}}} (the CPU is empty unless ``disable_cpu_ep_fallback`` is false). Raises qnn.NotOnNPU
     or onnxruntime's error."""
     src = inputs["model"]
-    info, compiles, nodes = _compile_graphs(src, out, params)
+    info, compiles, placed = _compile_graphs(src, out, params)
     sdk = sorted({n.get("ep_sdk_version", "?") for nodes in info.values() for n in nodes})
-    return {"graphs": info, "compiles": compiles, "qnn_sdk": sdk, "nodes": nodes}
+    return {"graphs": info, "compiles": compiles, "qnn_sdk": sdk, "nodes": placed}
 
 
 def _compile_graphs(src: Path, out: Path, params: dict) -> tuple[dict, dict, dict]:
-    info, compiles, nodes = {}, {}, {}
+    info, compiles, placed = {}, {}, {}
     for g in progress.bar(list_graphs(src), "graphs", unit="graph"):
         total = len(load_model(g, load_external_data=False).graph.node)  # a clear error for a corrupt input
         rel = g.relative_to(src)
@@ -52,5 +52,5 @@ def _compile_graphs(src: Path, out: Path, params: dict) -> tuple[dict, dict, dic
                                                                     params["disable_cpu_ep_fallback"]), ctx)
         info[rel.as_posix()] = qnn.ep_context_info(ctx)
         cpu = qnn.cpu_nodes(ctx)
-        nodes[rel.as_posix()] = {"htp": total - sum(cpu.values()), "cpu": cpu}
-    return info, compiles, nodes
+        placed[rel.as_posix()] = {"htp": total - sum(cpu.values()), "cpu": cpu}
+    return info, compiles, placed

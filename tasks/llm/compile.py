@@ -113,5 +113,5 @@ def run(inputs, files, params, out: Path) -> dict:
     from .memory import check_export_stage, weight_bits_of
 
     # the recipe's own bits (a w8a16 LLM was counted at 4 before: issue 22)
-    check_export_stage("compile", inputs["model"], weight_bits_of(inputs["model"], default=4))
+    check_export_stage("compile", inputs["model"], weight_bits_of(inputs["model"]))
     return compile_llm(inputs["model"], out, params)

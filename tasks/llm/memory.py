@@ -145,9 +145,9 @@ def check_stage(stage: str, config: dict, *, parts: int, seq_len: int, context_l
 QUANTIZED_AS = "quantize.json"
 
 
-def weight_bits_of(folder, default: int = 16) -> int:
+def weight_bits_of(folder, default: int = 4) -> int:
     """The weight bits a quantize output ``folder`` was made with (:data:`QUANTIZED_AS`), else
-    ``default`` (an export: fp32 graphs, counted at 16 bits as before quantize)."""
+    ``default`` (4: what the memory checks assumed before the file existed)."""
     import json
 
     f = Path(folder) / QUANTIZED_AS

@@ -231,7 +231,7 @@ def run(inputs, files, params, out: Path) -> dict:
     run's per-part figures}. Raises the memory check's error before work."""
     from .memory import available_bytes, check_export_stage, weight_bits_of
 
-    check_export_stage("verify", inputs["reference"], weight_bits_of(inputs["qdq"], default=4))
+    check_export_stage("verify", inputs["reference"], weight_bits_of(inputs["qdq"]))
     avail = available_bytes()
     report = verify_llm(inputs, files, params, budget_bytes=None if avail is None else avail // 2)
     run_info = report.pop("_run")
