@@ -1,7 +1,7 @@
 """Benchmark: LLMs with real model shapes through every stage (run by hand; prints, asserts nothing).
 
     .venv/bin/python benchmarks/bench_llm.py [--shape qwen2.5-0.5b] [--context 4096] [--parts 2] [--calib 4]
-    .venv/bin/python benchmarks/bench_llm.py --shape qwen2.5-7b [--parts-to-build 0,3] [--keep DIR]
+    .venv/bin/python benchmarks/bench_llm.py --shape qwen2.5-7b [--keep DIR]
 
 Both shapes use a random-weight checkpoint with the model's exact config.json (dims from the
 public config of Qwen/Qwen2.5-0.5B-Instruct and Qwen/Qwen2.5-7B-Instruct), bf16, sharded
@@ -13,23 +13,22 @@ vocabulary). A random model's tokens are meaningless: the point is time and memo
   stage by stage through the real ``doit`` CLI, each stage its own process.
 * ``qwen2.5-7b``: the recipe ``extends: qwen7b-int4`` and only swaps ``source`` for the local
   folder (context 4096, AR-128 + AR-1, 4 parts, w4a16, 16 calibration prompts, ``cpu-qdq``
-  verify). A whole 7 B build does not fit in one sitting on 2 cores, so ``--parts-to-build``
-  picks parts (default 0 and 3: the first holds the embedding, the last the LM head). The
-  stage code is called directly, for those parts only (export writes every part, since
-  calibration of part i runs the fp32 parts before it): export, calibration + quantize,
-  compile, and no verify (it needs every part). It says so in its output.
+  verify), built with ``doit build:bench`` (every part's export, calibrate, quantize and
+  compile, the bundle and verify; issue 22). A killed run resumes from the build cache: call
+  it again with the same ``--keep``. Then the stage x part table, from the cache manifests.
 
-Printed: wall time and peak RSS per stage and part. Peak RSS is the process tree's: every stage
-runs in its own child process, whose children (per-graph quantize, per-graph compile) report
-their own VmHWM; a row's peak is the largest of the stage process and its children while that
-part ran (``tasks.proc.child.run_python``; ``ru_maxrss`` of a (v)forked child can carry its parent's
-peak, so it is not used).
+Printed: wall time and peak RSS per stage and part. 0.5b: every stage runs in its own child
+process, whose children (per-graph quantize, per-graph compile) report their own VmHWM; a
+row's peak is the largest of the stage process and its children. 7b: each stage's manifest
+holds its process's peak (VmHWM reset at the stage's start, ``stage_peak_rss``) and its
+children's; the table prints both and their sum, an upper bound of the tree's peak.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -214,6 +213,10 @@ def _env(root: Path) -> dict:
 
 
 def bench_7b(a) -> None:
+    """The 7B shape through the real CLI: ``doit build:bench`` in a project at ``--keep``, every
+    part and verify; then the stage x part table from the cache manifests. A killed or
+    interrupted run resumes from the cache (run the same command again: built stages are cache
+    hits; the table always covers every stage of the recipe)."""
     root = Path(a.keep or tempfile.mkdtemp(prefix="bench7b-"))
     _project(root)
     (root / "recipes" / "bench.yaml").write_text(RECIPE_7B)
@@ -222,71 +225,39 @@ def bench_7b(a) -> None:
         subprocess.run([sys.executable, __file__, "--make", str(root / "model"), "--shape", a.shape], check=True)
         print(f"random {a.shape} checkpoint made in {time.perf_counter() - t0:.0f} s "
               f"({sum(p.stat().st_size for p in (root / 'model').glob('*.safetensors')) / 1e9:.1f} GB)")
-    parts = sorted(int(x) for x in a.parts_to_build.split(","))
-    env = _env(root)
-    spec = {"root": str(root), "parts": parts}
-    print(f"building parts {parts} of 4 (not verify: it needs every part); stage code called directly")
-    rows = []
-    for stage in a.stages.split(","):
-        code = f"import json, sys\nsys.path.insert(0, {str(REPO / 'benchmarks')!r})\n" \
-               f"from bench_llm import stage_7b\nprint('ROWS=' + json.dumps(stage_7b({stage!r}, {json.dumps(spec)!r})))\n"
-        secs, rc, out, peak = run_child(code, env)
-        if rc:
-            print(f"{stage} FAILED after {secs:.0f} s\n{out[-3000:]}")
-            break
-        got = json.loads(next(ln for ln in out.splitlines() if ln.startswith("ROWS="))[5:])
-        for r in got:
-            r["stage"] = stage
-        rows += got
-        print(f"{stage:<9} {secs:8.1f} s  stage process peak {(peak or 0) / 2**30:6.2f} GiB", flush=True)
-        for r in got:
-            print("    " + json.dumps(r), flush=True)
-    print("\n| stage | part | wall s | peak GiB (process tree) |\n|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['stage']} | {r['part']} | {r['seconds']:.0f} | {r['peak'] / 2**30:.2f} |")
-    _print_bins(root / "work" / "compile")
-    print(f"work folder: {root}")
+    env = {**os.environ, **_env(root), "NPUBUILD_PROGRESS": "0"}
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(root), "build:bench"],
+                       env=env)
+    print(f"doit build:bench exited {r.returncode} after {time.perf_counter() - t0:.0f} s (this call)")
+    print_table(root, "bench")
 
 
-def stage_7b(stage: str, spec: str) -> list[dict]:
-    """One stage of the 7B benchmark, in its own process; returns rows {part, seconds, peak}."""
-    from tasks.plan import expand
-    from tasks.recipe import load_recipe
-
-    spec = json.loads(spec)
-    root, parts = Path(spec["root"]), spec["parts"]
-    work = root / "work"
-    stages = {s.kind: s for s in expand(load_recipe(root / "recipes" / "bench.yaml"))}
-    ex, q = stages["export"].params, stages["quantize"].params
-    rows = []
-    if stage == "export":
-        from tasks.llm.export import export_llm
-
-        # every part: calibration of part i runs the fp32 parts before it
-        meter: list = []
-        export_llm(root / "model", work / "export", seq_len=ex["sequence_length"], context_len=ex["context_length"],
-                   parts=ex["parts"], meter=meter)
-        rows += [{"part": m["part"], "seconds": m["seconds"], "peak": m["peak_rss"]} for m in meter]
-    elif stage == "quantize":
-        from tasks.llm.quant import quantize_llm
-
-        info = quantize_llm(work / "export", root / "model", root / stages["quantize"].files["calibration"], q,
-                            work / "quantize", work=work / "calib", parts=set(parts))
-        for row in info["parts"]:
-            rows.append({"part": row["part"], "seconds": row["calibrate_s"] + row.get("quantize_s", 0),
-                         "calibrate_s": row["calibrate_s"], "quantize_s": row.get("quantize_s"),
-                         "peak": max(row["calibrate_peak_rss"] or 0, row.get("quantize_peak_rss") or 0)})
-    elif stage == "compile":
-        from tasks.llm.compile import compile_llm
-
-        (work / "compile").mkdir(parents=True, exist_ok=True)
-        for name in ("export.json", "config.json"):  # what the quantize stage copies beside its graphs
-            shutil.copyfile(work / "export" / name if name == "export.json" else root / "model" / name,
-                            work / "quantize" / name)
-        info = compile_llm(work / "quantize", work / "compile", stages["compile"].params, parts=set(parts))
-        for row in info["parts"]:
-            rows.append({"part": row["part"], "seconds": row["seconds"], "peak": row["peak_rss"]})
-    return rows
+def print_table(root: Path, recipe: str) -> None:
+    """The stage x part table of ``recipe``'s last build in ``root`` (``build/<recipe>/stages.json``
+    names each stage's entry): wall seconds of the build that made the entry, the stage
+    process's peak RSS, its largest child's (per-graph quantize / compile processes) and their
+    sum (an upper bound of the process tree's peak: the stage waits while its child runs)."""
+    st = json.loads((root / "build" / recipe / "stages.json").read_text())
+    print("\n| stage | part | wall s | stage GiB | child GiB | tree GiB (sum) |\n|---|---|---|---|---|---|")
+    total = 0.0
+    for name, row in st.items():
+        m = json.loads((Path(row["entry"]) / "manifest.json").read_text())
+        info, secs = m.get("info", {}), m.get("timings", {}).get("build_seconds", 0.0)
+        total += secs
+        kids = [v for prow in info.get("parts", []) if isinstance(prow, dict)
+                for k, v in prow.items() if k.endswith("peak_rss") and k != "calibrate_peak_rss" and isinstance(v, int)]
+        own = info.get("stage_peak_rss") or 0
+        child = max(kids, default=0)
+        stage, _, part = name.partition(".part")
+        print(f"| {stage} | {part or '-'} | {secs:.0f} | {own / 2**30:.2f} | {child / 2**30:.2f} | "
+              f"{(own + child) / 2**30:.2f} |")
+    print(f"stages' build time summed: {total:.0f} s ({total / 60:.1f} min)")
+    v = next((Path(r["entry"]) for n, r in st.items() if n.startswith("verify")), None)
+    if v is not None and (v / "out" / "verify.json").exists():
+        rep = json.loads((v / "out" / "verify.json").read_text())
+        print("verify:", rep["backend"], json.dumps(rep["metrics"]))
+    _print_bins(root / "cache" / "compile")
 
 
 def main() -> None:
@@ -295,11 +266,8 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--parts", type=int, default=2)
     ap.add_argument("--calib", type=int, default=4, help="calibration prompts (0.5b shape)")
-    ap.add_argument("--parts-to-build", default="0,3", help="7b shape: parts to quantize and compile")
-    ap.add_argument("--keep", help="work folder to use and keep (7b shape: reuses a made checkpoint; 0.5b: the "
-                                   "doit project, for later runs of single stages)")
-    ap.add_argument("--stages", default="export,quantize,compile",
-                    help="7b shape: stages to run (a later stage reuses the work folder of earlier runs)")
+    ap.add_argument("--keep", help="project folder to use and keep (7b shape: reuses a made checkpoint and the "
+                                   "build cache, so a second call resumes; 0.5b: the doit project)")
     ap.add_argument("--make", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.make:

@@ -53,8 +53,8 @@ class StageState:
 
     @property
     def target(self) -> str:
-        """The compile target of a compile or verify stage, else ""."""
-        return self.spec.params.get("target", "") if self.kind in ("compile", "verify") else ""
+        """The compile target of a compile, bundle or verify stage, else ""."""
+        return self.spec.params.get("target", "") if self.kind in ("compile", "bundle", "verify") else ""
 
 
 @dataclass(frozen=True)
@@ -119,8 +119,10 @@ def artifacts(state: BuildState) -> dict[str, Artifact]:
     of the kinds in ``tasks.stages.ARTIFACTS`` whose file names match its patterns, from the
     entries' manifests; an export's only at its top level (an LLM export's part folders hold
     graphs). With several targets, compile and verify files go under ``<target>/``. Raises
-    engine.NotReady naming the first such stage without an entry."""
-    many = len(state.of_kind("compile")) > 1
+    engine.NotReady naming the first such stage without an entry. An LLM's parts each have a
+    compile entry (``part{k}/``, ``shared/part{k}/``) and its ``bundle`` entry the files of the
+    whole model: their union is the bundle's layout."""
+    many = len({s.target for s in state.of_kind("compile")}) > 1
     out: dict[str, Artifact] = {}
     for st in state.stages.values():
         pats = ARTIFACTS.get(st.kind)

@@ -172,14 +172,15 @@ def architecture(download: Entry) -> dict | None:
     return {"model_type": cfg.get("model_type"), "architectures": cfg.get("architectures") or []}
 
 
-def parameter_count(export: Entry) -> int | None:
-    """Elements of the floating-point initializers of the export's fp32 ONNX graphs, unique
-    by initializer name across graphs (LLM prefill/decode graphs share weights). Reads the
-    graphs without their external data. None when the export has no ONNX file."""
+def parameter_count(*exports: Entry) -> int | None:
+    """Elements of the floating-point initializers of the exports' fp32 ONNX graphs (an
+    LLM's parts each have one), unique by initializer name across graphs (LLM prefill/decode
+    graphs share weights; layer names are global across parts). Reads the graphs without
+    their external data. None when the exports have no ONNX file."""
     import onnx
 
     seen: dict[str, int] = {}
-    graphs = sorted(p for p in export.out.rglob("*.onnx"))
+    graphs = sorted(p for export in exports for p in export.out.rglob("*.onnx"))
     for g in graphs:
         m = onnx.load(str(g), load_external_data=False)
         for t in m.graph.initializer:
@@ -195,7 +196,7 @@ def artifact_sizes(status: RecipeStatus) -> dict:
     """{target: {file: bytes}} of the compile entries' artifact files (:func:`tasks.buildstate.artifacts`)."""
     out: dict = {}
     for a in artifacts(status.build).values():
-        if a.kind == "compile":
+        if a.kind in ("compile", "bundle"):
             out.setdefault(a.target, {})[a.rel] = a.size
     return out
 
@@ -257,7 +258,7 @@ def catalog_row(name: str, recipe=None) -> dict:
         arts = artifact_sizes(st)
         sdks = sorted({v for s, e in ents.items() if e.kind == "compile"
                        for v in e.manifest.get("info", {}).get("qnn_sdk", [])})
-        row.update(architecture=architecture(ents["download"]), parameters=parameter_count(ents["export"]),
+        row.update(architecture=architecture(ents["download"]), parameters=parameter_count(*[e for e in ents.values() if e.kind == "export"]),
                    artifacts=arts, artifact_bytes=sum(sum(f.values()) for f in arts.values()),
                    verify=verify_results(st), tools=tool_versions(st), qnn_context_sdk=sdks)
         row["runs_on"] = runs_on(row)

@@ -8,6 +8,14 @@ Order: download -> export -> [prepatch] -> quantize -> [patch] -> compile -> ver
 holds the patch steps marked ``when: pre-quantize`` (rewrites that must precede calibration);
 either patch stage is left out when it has no steps. A recipe with several targets gets one
 compile and one verify stage per target, named ``compile@<target>`` and ``verify@<target>``.
+
+An LLM recipe (``export.family: llm``) with P parts is built part by part (issue 22; AI Hub
+compiles each "split" as a job of its own): per part k the stages ``export.part{k}``,
+[``prepatch.part{k}``], ``calibrate.part{k}`` (the fp32 part over the calibration schedule; it
+reads ``calibrate.part{k-1}``'s hidden states), ``quantize.part{k}``, [``patch.part{k}``] and
+``compile.part{k}[@target]``, each with its own key and cache entry; then one ``bundle[@target]``
+(``export.json`` of every part and ``genai_config.json``) and one ``verify[@target]`` that join
+the parts. ``build/<recipe>/`` is the union of the parts' compile entries and the bundle's.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # the schema is imported when a recipe is expanded, not for a stored plan
     from .recipe import Recipe  # (tasks/plancache.py)
 
-KINDS = ("download", "export", "patch", "quantize", "compile", "verify")
+KINDS = ("download", "export", "patch", "calibrate", "quantize", "compile", "bundle", "verify")
 
 
 @dataclass(frozen=True)
@@ -43,6 +51,11 @@ class StageSpec:
         """The doit task name, ``<stage>:<recipe>``."""
         return f"{self.name}:{self.recipe}"
 
+    @property
+    def part(self) -> int | None:
+        """The LLM part this stage builds (``params["part"]``), None for a whole-model stage."""
+        return self.params.get("part")
+
 
 def _patch_params(steps) -> dict:
     from . import patches
@@ -61,12 +74,14 @@ def expand(recipe: Recipe) -> list[StageSpec]:
     fam = r.export.family
     sections = {name: getattr(r, name).model_dump() for name in SECTIONS}
 
-    def params(name: str) -> dict:
-        return params_from(sections[name], SECTIONS[name], fam)
+    def params(name: str, kind: str | None = None) -> dict:
+        return params_from(sections[name], kind or SECTIONS[name], fam)
 
-    def files(name: str) -> dict:
-        return files_from(sections[name], SECTIONS[name], fam)
+    def files(name: str, kind: str | None = None) -> dict:
+        return files_from(sections[name], kind or SECTIONS[name], fam)
 
+    if fam == "llm":
+        return [replace(s, family=fam) for s in _expand_parts(r, params, files)]
     specs = [
         StageSpec(r.name, "download", "download", r.source.model_dump(exclude_none=True)),
         StageSpec(r.name, "export", "export", params("export"), {"source": "download"}),
@@ -92,3 +107,57 @@ def expand(recipe: Recipe) -> list[StageSpec]:
                                {"compiled": f"compile{suffix}", "qdq": model, "reference": "export",
                                 "source": "download"}, files("verify")))
     return [replace(s, family=fam) for s in specs]
+
+
+def part_name(stage: str, k: int, target_suffix: str = "") -> str:
+    """The name of part ``k``'s ``stage``: ``quantize.part2``, ``compile.part2@x-elite``."""
+    return f"{stage}.part{k}{target_suffix}"
+
+
+def _expand_parts(r: Recipe, params, files) -> list[StageSpec]:
+    """The per-part stage specs of an LLM recipe (module docstring), in build order: every
+    part's export first (they are independent), then per part calibrate -> quantize, then per
+    target the compiles, the bundle and the verify."""
+    P = r.export.parts
+    pre = [s for s in r.patches if s.when == "pre-quantize"]
+    post = [s for s in r.patches if s.when == "post-quantize"]
+    specs = [StageSpec(r.name, "download", "download", r.source.model_dump(exclude_none=True))]
+    specs += [StageSpec(r.name, part_name("export", k), "export", {**params("export"), "part": k},
+                      {"source": "download"}) for k in range(P)]
+    calib_params, quant_params = params("quantize", "calibrate"), params("quantize")
+    model = {}  # part -> the stage whose graphs the part's quantize reads
+    for k in range(P):
+        model[k] = part_name("export", k)
+        if pre:
+            specs.append(StageSpec(r.name, part_name("prepatch", k), "patch", _patch_params(pre), {"model": model[k]}))
+            model[k] = part_name("prepatch", k)
+        ups = {"model": model[k], "source": "download"}
+        if k:
+            ups["previous"] = part_name("calibrate", k - 1)
+        specs.append(StageSpec(r.name, part_name("calibrate", k), "calibrate", {**calib_params, "part": k}, ups,
+                               files("quantize", "calibrate")))
+        specs.append(StageSpec(r.name, part_name("quantize", k), "quantize", {**quant_params, "part": k},
+                               {"model": model[k], "calibration": part_name("calibrate", k)}))
+    qdq = {}
+    for k in range(P):
+        qdq[k] = part_name("quantize", k)
+        if post:
+            specs.append(StageSpec(r.name, part_name("patch", k), "patch", _patch_params(post), {"model": qdq[k]}))
+            qdq[k] = part_name("patch", k)
+    many = len(r.compile.targets) > 1
+    for t in r.compile.targets:
+        suffix = f"@{t}" if many else ""
+        for k in range(P):
+            specs.append(StageSpec(r.name, part_name("compile", k, suffix), "compile",
+                                   {"target": t, **params("compile"), "part": k}, {"model": qdq[k]}))
+        joined = {f"{role}.part{k}": up for k in range(P)
+                  for role, up in (("compiled", part_name("compile", k, suffix)), ("export", part_name("export", k)))}
+        specs.append(StageSpec(r.name, f"bundle{suffix}", "bundle", {"target": t, **params("compile", "bundle"), "parts": P},
+                               joined))
+        ins = {"bundle": f"bundle{suffix}", "source": "download"}
+        for k in range(P):
+            ins.update({f"compiled.part{k}": part_name("compile", k, suffix), f"qdq.part{k}": qdq[k],
+                        f"reference.part{k}": part_name("export", k)})
+        specs.append(StageSpec(r.name, f"verify{suffix}", "verify", {**params("verify"), "target": t, "task": r.task},
+                               ins, files("verify")))
+    return specs

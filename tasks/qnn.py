@@ -284,15 +284,16 @@ def cpu_nodes(ctx: Path) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def placement(folder: Path) -> dict:
-    """Where the compiled graphs under ``folder`` (every ``*_ctx.onnx``) run, as a fact read
+def placement(*folders: Path) -> dict:
+    """Where the compiled graphs under ``folders`` (every ``*_ctx.onnx``) run, as a fact read
     from them (issue 23): ``{"all_on_htp": bool, "cpu_nodes": {op type: count}}``, summed over
     the graphs. ``all_on_htp`` is True only when no graph has a node outside its EPContext
     nodes (compile with ``disable_cpu_ep_fallback: false`` can leave some on the CPU).
-    Raises FileNotFoundError when ``folder`` holds no EPContext model."""
-    graphs = sorted(Path(folder).rglob("*_ctx.onnx"))
+    Several folders: an LLM's parts, each compiled by a stage of its own. Raises
+    FileNotFoundError when the folders hold no EPContext model."""
+    graphs = sorted(g for folder in folders for g in Path(folder).rglob("*_ctx.onnx"))
     if not graphs:
-        raise FileNotFoundError(f"no compiled graph (*_ctx.onnx) in {folder}")
+        raise FileNotFoundError(f"no compiled graph (*_ctx.onnx) in {', '.join(map(str, folders))}")
     total: dict[str, int] = {}
     for g in graphs:
         for op, n in cpu_nodes(g).items():

@@ -128,7 +128,7 @@ class FeedStore:
         self._i = 0
 
     def add(self, feeds: dict) -> None:
-        np.savez_compressed(self.dir / f"{self.n:06d}.npz", **feeds)
+        save_npz(self.dir / f"{self.n:06d}.npz", feeds)
         self.n += 1
 
     def __len__(self):
@@ -155,19 +155,41 @@ class FeedStore:
         self._i = 0
 
 
+def save_npz(path, arrays: dict) -> None:
+    """``np.savez_compressed`` with fixed zip member times, so the same arrays give the same
+    bytes (numpy stamps each member with the current time; a calibration entry's output digest
+    enters its quantize key, so it must not change between two builds of the same inputs)."""
+    import zipfile
+
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        for name, a in arrays.items():
+            info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            with z.open(info, "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, np.asanyarray(a), allow_pickle=False)
+
+
 def _run_part(desc: dict, export_dir: Path, p: dict, sched: list[dict], work: Path, make_session,
-              record: bool, pad_id: int, embed_table, bar=None) -> dict:
+              record: bool, pad_id: int, embed_table, bar=None, *, prev: Path | None = None,
+              here: Path | None = None, feeds: Path | None = None) -> dict:
     """Run part ``p`` (fp32) over the whole schedule; see the module docstring. Returns
     {"prefill": FeedStore, "decode": FeedStore} (empty when not ``record``). ``bar``: a
-    progress bar (``tasks.progress.bar``), advanced once per prompt and graph."""
+    progress bar (``tasks.progress.bar``), advanced once per prompt and graph. ``prev``: the
+    folder of part i-1's hidden states (read, not changed), ``here``: where this part's go
+    (not written for the last part), ``feeds``: where the recorded feeds go (default: under
+    ``work``, and ``prev`` is removed once read)."""
     i, (lo, hi) = p["index"], p["layers"]
     last = i == len(desc["parts"]) - 1
     S, C = desc["seq_len"], desc["context_len"]
     layers = list(range(lo, hi))
-    prev, here, kv = work / "hidden" / f"part{i - 1}", work / "hidden" / f"part{i}", work / "kv" / f"part{i}"
-    for d in (here, kv):
+    consume = prev is None
+    prev = prev if prev is not None else work / "hidden" / f"part{i - 1}"
+    here = here if here is not None else work / "hidden" / f"part{i}"
+    kv = work / "kv" / f"part{i}"
+    for d in ((kv,) if last else (here, kv)):
         d.mkdir(parents=True, exist_ok=True)
-    stores = {k: FeedStore(work / "feeds" / f"part{i}" / k) for k in ("prefill", "decode")}
+    feeds = feeds if feeds is not None else work / "feeds" / f"part{i}"
+    stores = {k: FeedStore(feeds / k) for k in ("prefill", "decode")}
     for kind in ("prefill", "decode"):
         g = PartGraph(make_session(export_dir / p[kind]["path"]))
         first, Sg = g.first_input, g.S
@@ -197,7 +219,8 @@ def _run_part(desc: dict, export_dir: Path, p: dict, sched: list[dict], work: Pa
                 bar.update()
         del g  # the part's session (and its mapped weights) go before the next graph
     shutil.rmtree(kv, ignore_errors=True)
-    shutil.rmtree(prev, ignore_errors=True)  # part i-1's outputs are consumed
+    if consume:
+        shutil.rmtree(prev, ignore_errors=True)  # part i-1's outputs are consumed
     return stores
 
 
@@ -299,3 +322,54 @@ def collect_ranges(model_path, feeds):
     return TensorsData(CalibrationMethod.MinMax,
                        {t: TensorData(lowest=np.array([lo[t]], np.float32), highest=np.array([hi[t]], np.float32))
                         for t in names})
+
+
+# ---- the calibrate stage, the LLM implementation (the contract: tasks/stages/__init__.py)
+#
+# calibrate (LLM parts only, issue 22): part k's fp32 graphs run over the teacher-forced
+# calibration schedule (:func:`schedule`, from the recipe's ``quantize.calibration`` file),
+# reading part k-1's hidden states from ``calibrate.part{k-1}``'s entry. Writes the feeds that
+# ``quantize.part{k}`` calibrates on (``feeds/{prefill,decode}/NNNNNN.npz``) and this part's
+# hidden states for part k+1 (``hidden/{prefill,decode}_{prompt}_{call}.npy``, not for the
+# last part). Same inputs, same bytes (:func:`save_npz`).
+
+VERSION = 1
+TOOLS = ("onnxruntime", "onnx", "transformers", "tokenizers", "numpy")
+#: the recipe keys of its section (``quantize``) this implementation reads
+PARAMS = ("calibration.samples",)
+#: recipe keys naming the project files it reads -> their role in ``run(files=...)``
+FILES = {"calibration.file": "calibration"}
+
+
+def run(inputs, files, params, out: Path) -> dict:
+    """Calibrate part ``params["part"]`` of the LLM export in ``inputs["model"]`` (see above).
+    ``inputs["previous"]``: ``calibrate.part{k-1}``'s output (k > 0), ``inputs["source"]``:
+    the HF folder (tokenizer). Returns {"feeds": {"prefill": n, "decode": n}, "seconds",
+    "peak_rss" (bytes, this process)}. Raises ValueError when the text is too short for the
+    schedule, the memory check's error before work."""
+    import tempfile
+    import time
+
+    from .. import progress
+    from .memory import check_export_stage, peak_rss, peak_rss_reset
+    from .sessions import cpu_session
+
+    src, k = Path(inputs["model"]), params["part"]
+    check_export_stage("calibrate", src, part=k)
+    desc = json.loads((src / "export.json").read_text())
+    ids, eos = text_ids(inputs["source"], files["calibration"])
+    sched = schedule(ids, desc["seq_len"], desc["context_len"], n_prompts=params["calibration"]["samples"])
+    embed = np.load(src / desc["embed_file"], mmap_mode="r") if desc.get("embed_file") and k == 0 else None
+    t0 = time.perf_counter()
+    peak_rss_reset()
+    bar = progress.bar(what=f"calibration part {k} (graph x prompt)", total=2 * len(sched), unit="prompt")
+    work = Path(tempfile.mkdtemp(prefix="calib-"))
+    try:
+        stores = _run_part(desc, src, desc["parts"][k], sched, work, cpu_session, True, eos, embed, bar,
+                           prev=Path(inputs["previous"]) / "hidden" if k else work / "none",
+                           here=out / "hidden", feeds=out / "feeds")
+    finally:
+        bar.close()
+        shutil.rmtree(work, ignore_errors=True)
+    return {"feeds": {g: len(st) for g, st in stores.items()}, "prompts": len(sched),
+            "seconds": time.perf_counter() - t0, "peak_rss": peak_rss()}

@@ -35,23 +35,22 @@ def _run(fn, *args, cwd=None, **kwargs) -> int:
     return r.peak_rss or 0
 
 
-def compile_llm(src: Path, out: Path, params: dict, parts=None) -> dict:
+def compile_llm(src: Path, out: Path, params: dict, parts=None, bundle: bool = True) -> dict:
     """Compile every part of the QDQ export in ``src`` into ``out`` for ``params["target"]``,
     one graph per child process (one part's QDQ graph in memory at a time).
-    ``parts``: indices to compile (default all; benchmarks build chosen parts).
+    ``parts``: indices to compile (default all; the ``compile.part{k}`` stage compiles one).
+    ``bundle``: also write ``export.json``, the embedding file and ``genai_config.json``
+    (:func:`write_bundle`; the build's ``bundle`` stage does it once for every part).
     Returns per part: binary sizes (bytes), the shared/single size ratio, ``seconds`` and
     ``peak_rss`` (bytes, the largest compile process of the part). Raises RuntimeError with
     the child's output when a compile fails (e.g. a node not on HTP)."""
     from . import qnn as llm_qnn
     import time
 
-    from .genai import bundle_files, write_genai_config
-
     target = get_target(params["target"]).name  # a KeyError listing the targets, before any child starts
     desc = json.loads((src / "export.json").read_text())
-    shutil.copyfile(src / "export.json", out / "export.json")
-    if desc.get("embed_file"):
-        shutil.copyfile(src / desc["embed_file"], out / desc["embed_file"])
+    if bundle:
+        write_bundle(desc, src, out, params)
     from .. import progress
 
     todo = [p for p in desc["parts"] if parts is None or p["index"] in parts]
@@ -77,11 +76,24 @@ def compile_llm(src: Path, out: Path, params: dict, parts=None) -> dict:
         row.update(seconds=time.perf_counter() - t0, peak_rss=max(peaks))
         sizes.append(row)
     bar.close()
+    return {"parts": sizes, "qnn_sdk": sorted({_sdk(c) for c in out.rglob("*_ctx.onnx")})}
+
+
+def write_bundle(desc: dict, embed_dir: Path, out: Path, params: dict) -> None:
+    """What a bundle holds beside the parts' binaries: ``export.json`` (``desc``, every part's
+    graph I/O, what LLMRunner reads), the host-side embedding table (``embed: separate``,
+    copied from ``embed_dir``) and ``genai_config.json`` for onnxruntime-genai (only when
+    part 0 takes ``input_ids``: genai's pipeline starts from them), naming the weight-shared
+    binaries when ``params["weight_sharing"]``, else the per-graph ones."""
+    from .genai import bundle_files, write_genai_config
+
+    (out / "export.json").write_text(json.dumps(desc, indent=1))
+    if desc.get("embed_file"):
+        shutil.copyfile(Path(embed_dir) / desc["embed_file"], out / desc["embed_file"])
     shared = params.get("weight_sharing", True)
-    if desc["embed"] == "part0":  # genai's pipeline starts from input_ids (tasks/llm/genai.py)
+    if desc["embed"] == "part0":
         write_genai_config(desc, out / "genai_config.json", bundle_files(desc, "shared" if shared else ""),
                            provider_options=provider_options(params["target"]))
-    return {"parts": sizes, "qnn_sdk": sorted({_sdk(c) for c in out.rglob("*_ctx.onnx")})}
 
 
 def _sdk(ctx: Path) -> str:
@@ -97,7 +109,7 @@ def _sdk(ctx: Path) -> str:
 # both into one weight-shared binary, each compile in its own process (``tasks/llm/compile.py``);
 # ``genai_config.json`` for onnxruntime-genai (``tasks/llm/genai.py``).
 
-VERSION = 1
+VERSION = 2  # 2: one part per stage (issue 22)
 TOOLS = ("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "onnx")
 #: the recipe keys of its section this implementation reads (the stage params, so the key,
 #: hold exactly these; a key only the other family reads is a load error: tasks/stages)
@@ -107,11 +119,12 @@ key_extra = target_key_extra
 
 
 def run(inputs, files, params, out: Path) -> dict:
-    """Compile every part of ``inputs["model"]`` for ``params["target"]``. Returns the per-part
-    rows (wall time, peak RSS, binary sizes, shared/single ratio). Raises the memory check's
-    error before work, qnn.NotOnNPU or onnxruntime's error."""
+    """Compile part ``params["part"]`` of ``inputs["model"]`` for ``params["target"]`` into
+    ``out/part{k}/`` (per-graph binaries) and ``out/shared/part{k}/`` (weight-shared). Returns
+    the part's row (wall time, peak RSS, binary sizes, shared/single ratio). Raises the memory
+    check's error before work, RuntimeError with the compile child's output."""
     from .memory import check_export_stage, weight_bits_of
 
     # the recipe's own bits (a w8a16 LLM was counted at 4 before: issue 22)
-    check_export_stage("compile", inputs["model"], weight_bits_of(inputs["model"]))
-    return compile_llm(inputs["model"], out, params)
+    check_export_stage("compile", inputs["model"], weight_bits_of(inputs["model"]), part=params["part"])
+    return compile_llm(inputs["model"], out, params, parts={params["part"]}, bundle=False)

@@ -513,8 +513,9 @@ def export_llm(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 409
             embedding and LM head counted in layers (:func:`tasks.llm.parts.split_for`).
         embed: ``"part0"`` (token embedding Gather inside part 0, ``input_ids`` int32 in) or
             ``"separate"`` (part 0 takes ``inputs_embeds``; embedding table saved as .npy).
-        only_parts: optional set of part indices to write (benchmarks); ``export.json`` still
-            describes every part.
+        only_parts: optional set of part indices to write (the ``export.part{k}`` stage writes
+            one); ``export.json`` still describes every part, with ``weight_bytes`` for the
+            written ones; ``embed_tokens.npy`` is written with part 0.
         max_tensor_elements: the embedding table and LM head are split into column chunks of
             at most this many elements (:data:`MAX_TENSOR_ELEMENTS`).
         meter: optional list; gets one ``{"part", "seconds", "peak_rss"}`` per written part
@@ -560,7 +561,8 @@ def export_llm(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 409
             "exporter": "tasks.llm.export (onnx.helper, weights streamed from safetensors)", "parts": []}
     desc.update(special_tokens(ckpt.config))
     if embed == "separate":
-        np.save(out_dir / "embed_tokens.npy", embedding_table(ckpt))
+        if only_parts is None or 0 in only_parts:  # part 0 takes inputs_embeds
+            np.save(out_dir / "embed_tokens.npy", embedding_table(ckpt))
         desc["embed_file"] = "embed_tokens.npy"
     from .. import progress
 
@@ -604,7 +606,7 @@ def export_llm(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 409
 #
 # The estimated peak memory is checked before any work (``tasks/llm/memory.py``).
 
-VERSION = 1
+VERSION = 2  # 2: one part per stage (``params["part"]``, issue 22)
 TOOLS = ("torch", "transformers", "onnx", "numpy", "safetensors")
 #: the recipe keys of its section this implementation reads (the stage params, so the key,
 #: hold exactly these; a key only the other family reads is a load error: tasks/stages)
@@ -612,10 +614,12 @@ PARAMS = ("sequence_length", "decode_length", "context_length", "parts", "embedd
 
 
 def run(inputs, files, params, out: Path) -> dict:
-    """Export the checkpoint in ``inputs["source"]`` into ``out``. Returns {"llm": export.json's
-    description, "parts": per-part wall time and peak RSS}. Raises MemoryError-like
-    ``tasks.llm.memory`` errors before work when the part cannot fit, ValueError for an
-    unsupported family or activation."""
+    """Export part ``params["part"]`` of the checkpoint in ``inputs["source"]`` into ``out``:
+    ``part{k}/{prefill,decode}.onnx`` + ``part{k}/weights.data``, ``export.json`` (every part's
+    graph I/O; this part's ``weight_bytes``) and the tokenizer and config files. Returns
+    {"llm": export.json's description, "parts": the part's wall time and peak RSS}. Raises
+    ``tasks.llm.memory.NotEnoughMemory`` before work when the part cannot fit, ValueError for
+    an unsupported family or activation."""
     from ..sources.facts import check_vocabulary
     from .memory import check_stage
 
@@ -627,6 +631,6 @@ def run(inputs, files, params, out: Path) -> dict:
     meter: list = []
     info = export_llm(src, out, seq_len=params["sequence_length"], context_len=params["context_length"],
                       parts=params["parts"], embed={"first-part": "part0", "host": "separate"}[params["embedding"]],
-                      meter=meter)
+                      meter=meter, only_parts={params["part"]})
     copy_tokenizer(src, out)
     return {"llm": info, "parts": meter}

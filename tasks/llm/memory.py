@@ -76,8 +76,9 @@ def part_params(config: dict, lo: int, hi: int, first: bool, last: bool, embed_i
 
 
 def estimates(config: dict, ranges: list[tuple[int, int]], seq_len: int, context_len: int,
-              embed_in_part: bool = True, weight_bits: int = 4) -> dict:
-    """Estimated peak bytes per LLM stage: ``{stage: (bytes, part index)}``, the largest part's.
+              embed_in_part: bool = True, weight_bits: int = 4, only: int | None = None) -> dict:
+    """Estimated peak bytes per LLM stage: ``{stage: (bytes, part index)}``, the largest part's
+    (``only``: part ``only``'s, for a stage that builds one part).
 
     - export: the largest tensor in float32 and its transpose (one tensor at a time).
     - quantize: onnxruntime's quantizer holds the part's float32 weights once, plus the
@@ -88,6 +89,8 @@ def estimates(config: dict, ranges: list[tuple[int, int]], seq_len: int, context
       table) x 8: the weight-shared compile holds both graphs, each with the QNN HTP prepare's
       copies. Measured (benchmarks/README.md): Qwen2.5-7B part 0, 1.9 GB QDQ graph, shared
       compile 15.6 GiB, single-graph compiles 5.2 GiB; Qwen2.5-0.5B part 0, 3.70 GiB.
+    - calibrate: one fp32 part (mapped) + one call's activations + a prompt's KV cache twice
+      (the fp32 run of the quantize estimate, without the quantizer).
     - verify: one fp32 part (mapped) + one QDQ part + the KV caches of the verify prompts.
     """
     H = config["num_attention_heads"]
@@ -96,15 +99,17 @@ def estimates(config: dict, ranges: list[tuple[int, int]], seq_len: int, context
     kvh = config.get("num_key_value_heads") or H
     V = config["vocab_size"]
     out = {"export": (BASE + 2 * 4 * max(V * D, D * config["intermediate_size"]), 0)}
-    best = {"quantize": (0, 0), "compile": (0, 0), "verify": (0, 0)}
+    best = {"calibrate": (0, 0), "quantize": (0, 0), "compile": (0, 0), "verify": (0, 0)}
     for i, (lo, hi) in enumerate(ranges):
+        if only is not None and i != only:
+            continue
         n = part_params(config, lo, hi, i == 0, i == len(ranges) - 1, embed_in_part)
         table = V * D if (i == 0 and embed_in_part) else 0
         layers = hi - lo
         kv = layers * 2 * kvh * context_len * d * 4
         act = 4 * H * seq_len * context_len * 4 + 2 * kv
         qdq = (n - table) * weight_bits // 8 + table * 2
-        cand = {"quantize": BASE + 4 * n + 2 * n + act, "compile": BASE + 8 * qdq,
+        cand = {"calibrate": BASE + 4 * n + act, "quantize": BASE + 4 * n + 2 * n + act, "compile": BASE + 8 * qdq,
                 "verify": BASE + 4 * n + qdq + 6 * kv + act}
         for k, v in cand.items():
             if v > best[k][0]:
@@ -124,7 +129,7 @@ def check(stage: str, estimate: int, part: int, *, recipe_keys: str) -> None:
 
 
 def check_stage(stage: str, config: dict, *, parts: int, seq_len: int, context_len: int,
-                embed_in_part: bool = True, weight_bits: int = 4) -> int:
+                embed_in_part: bool = True, weight_bits: int = 4, part: int | None = None) -> int:
     """Estimate ``stage``'s peak for this model and export shape and :func:`check` it; returns
     the estimate in bytes. ``weight_bits``: of the quantized weights (``tasks/precisions.py``;
     4 where the stage does not know the recipe's precision: compile and verify, issue 22). Raises :class:`NotEnoughMemory` (naming ``export.parts``,
@@ -133,7 +138,7 @@ def check_stage(stage: str, config: dict, *, parts: int, seq_len: int, context_l
     from .parts import split_for
 
     ranges = split_for(config, parts, embed_in_part)
-    est, part = estimates(config, ranges, seq_len, context_len, embed_in_part, weight_bits)[stage]
+    est, part = estimates(config, ranges, seq_len, context_len, embed_in_part, weight_bits, part)[stage]
     check(stage, est, part, recipe_keys=f"export.parts (now {parts}: more parts, smaller parts), "
                                         f"export.context_length (now {context_len}) or "
                                         f"export.sequence_length (now {seq_len})")
@@ -154,9 +159,10 @@ def weight_bits_of(folder, default: int = 4) -> int:
     return int(json.loads(f.read_text())["weight_bits"]) if f.is_file() else default
 
 
-def check_export_stage(stage: str, export_dir, weight_bits: int = 4) -> int:
+def check_export_stage(stage: str, export_dir, weight_bits: int = 4, part: int | None = None) -> int:
     """:func:`check_stage` for a stage whose input is an export (or a copy of one): the model
-    config and the export shape are read from ``export_dir`` (``config.json``, ``export.json``)."""
+    config and the export shape are read from ``export_dir`` (``config.json``, ``export.json``).
+    ``part``: the one part the stage builds (default: the largest part)."""
     import json
 
     export_dir = Path(export_dir)
@@ -164,7 +170,7 @@ def check_export_stage(stage: str, export_dir, weight_bits: int = 4) -> int:
     cfg = json.loads((export_dir / "config.json").read_text(encoding="utf-8"))
     return check_stage(stage, cfg, parts=len(desc["parts"]), seq_len=desc["seq_len"],
                        context_len=desc["context_len"], embed_in_part=desc["embed"] == "part0",
-                       weight_bits=weight_bits)
+                       weight_bits=weight_bits, part=part)
 
 
 # What a non-LLM stage asks of a cluster worker: the encoders built here (MiniLM-sized) peak
@@ -198,21 +204,22 @@ def plan_estimate(specs: dict, stage: str) -> int:
     it) of its model, download as BASE); encoders: :data:`ENCODER_BYTES`. Raises what
     :func:`source_config` raises for an LLM whose config cannot be read."""
     spec = specs[stage]
-    ex = specs["export"].params
-    if specs["export"].family != "llm":
+    if spec.family != "llm":
         return ENCODER_BYTES
-    if spec.kind == "download":
+    if spec.kind in ("download", "bundle"):
         return BASE
+    by_kind = {s.kind: s for s in specs.values()}
+    ex = by_kind["export"].params
     from .parts import split_for
 
-    cfg = source_config(specs["download"].params)
+    cfg = source_config(by_kind["download"].params)
     from ..precisions import get as get_precision
 
-    bits = get_precision(specs["quantize"].params["precision"]).weight_bits
+    bits = get_precision(by_kind["quantize"].params["precision"]).weight_bits
     embed_in_part = ex.get("embedding", "first-part") == "first-part"
     est = estimates(cfg, split_for(cfg, ex["parts"], embed_in_part), ex["sequence_length"],
-                    ex["context_length"], embed_in_part, bits)
+                    ex["context_length"], embed_in_part, bits, spec.part)
     kind = spec.kind
     if kind == "patch":
-        kind = "quantize" if spec.inputs.get("model") in ("export",) else "compile"
+        kind = "quantize" if specs[spec.inputs["model"]].kind == "export" else "compile"
     return est[kind][0]

@@ -115,67 +115,43 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
     return out_path
 
 
-def quantize_llm(src, model_dir, calib_text, params: dict, out, work=None, parts=None) -> dict:
-    """The quantize stage for ``family: llm``, one part at a time.
-
-    For each part in order: run the fp32 part over the calibration schedule
-    (:func:`tasks.llm.calib.collect_calibration_feeds`: real KV caches and hidden states, spilled
-    to ``work``), then quantize its prefill and decode graphs, each in a child process (so each
-    graph's memory is returned and measured), then delete the part's feeds. QDQ graphs go under
-    ``out`` with the export's relative paths. ``params``: the quantize stage params (precision
-    w8a16 | w4a16 | w8a8, per_channel, calibration.samples = prompts, overrides with weight_bits
-    8 = MatMul name fragments kept at uint8). ``parts``: indices to quantize (default all;
-    benchmarks build chosen parts); the fp32 parts before them still run.
-
-    Returns {"graphs": {graph path: {"quantize_linear", "dequantize_linear",
-    "calibration_feeds"}}, "parts": [{"part", "calibrate_s", "calibrate_peak_rss",
-    "quantize_s", "quantize_peak_rss"}]} (peaks in bytes: this process's VmHWM during the part's
-    fp32 run, the largest child's VmHWM). Raises RuntimeError with the child's output when a
-    graph fails to quantize.
-    """
-    import json
+def quantize_part(src, p: dict, feeds, params: dict, out, work) -> tuple[dict, int]:
+    """Quantize part ``p`` (an ``export.json`` part row) of the fp32 export in ``src`` into
+    ``out`` (same relative paths): its prefill then its decode graph, each in a child process
+    (so each graph's memory is returned and measured). ``feeds``: the folder of the part's
+    calibration feeds (``prefill/``, ``decode/``: :class:`tasks.llm.calib.FeedStore`), read
+    only. ``params``: the quantize stage params (precision, per_channel, block_size, rounding,
+    embedding_bits, overrides with weight_bits 8 = MatMul name patterns kept at uint8).
+    ``work``: a scratch folder (removed). Returns ({graph path: {"quantize_linear",
+    "dequantize_linear", "calibration_feeds", and for 4-bit weights "block_wise_weights",
+    "int4_weights", "tables_8bit"}}, the largest child's peak RSS in bytes). Raises
+    RuntimeError with the child's output when a graph fails to quantize."""
     import shutil
-    import tempfile
-    import time
 
     import onnx
 
     from ..precisions import get as get_precision
-    from .calib import collect_calibration_feeds
-    from .memory import peak_rss, peak_rss_reset
     from ..proc.child import run_function
     from .calib import FeedStore
 
-    src, out = Path(src), Path(out)
-    work = Path(work) if work else Path(tempfile.mkdtemp(prefix=".calib-", dir=out.parent))
-    desc = json.loads((src / "export.json").read_text())
+    src, out, work, feeds = Path(src), Path(out), Path(work), Path(feeds)
     prec = get_precision(params["precision"])
     weight, act = prec.weight_type, prec.activation_type
     keep = tuple(o["pattern"] for o in params.get("overrides", []) if o["weight_bits"] == 8)
-    report, rows = {}, []
-    clock = {"t": time.perf_counter()}
-    peak_rss_reset()
-
-    def quantize_part(i: int, stores: dict | None) -> None:
-        row = {"part": i, "calibrate_s": time.perf_counter() - clock["t"], "calibrate_peak_rss": peak_rss()}
-        rows.append(row)
-        if stores is None:  # fp32 run only (its outputs feed the next part)
-            peak_rss_reset()
-            clock["t"] = time.perf_counter()
-            return
-        t = time.perf_counter()
-        peaks = []
-        p = desc["parts"][i]
-        staged = stage_part(src, p, work / "fp32")
+    report, peaks = {}, []
+    i = p["index"]
+    staged = stage_part(src, p, work / "fp32")
+    try:
         for g in ("prefill", "decode"):
             rel = p[g]["path"]
             # GPTQ (prefill first): the decode graph's inputs join the prefill's Hessians, and
             # decode then takes prefill's codes (one set of weights for the shared binary)
             other = p["decode"]["path"]
-            more = ([(str(staged / Path(other).name), FeedStore(stores["decode"].dir))]
+            more = ([(str(staged / Path(other).name), FeedStore(feeds / "decode"))]
                     if g == "prefill" and params.get("rounding") == "gptq" else ())
+            store = FeedStore(feeds / g)
             r = run_function(
-                quantize_qdq, str(staged / Path(rel).name), str(out / rel), FeedStore(stores[g].dir),
+                quantize_qdq, str(staged / Path(rel).name), str(out / rel), store,
                 weight_type=weight, activation_type=act, per_channel=params["per_channel"], keep_8bit=keep,
                 work=str(work / "q" / g), block_size=params.get("block_size"),
                 rounding=params.get("rounding", "nearest"), embedding_bits=params.get("embedding_bits", 16),
@@ -186,25 +162,64 @@ def quantize_llm(src, model_dir, calib_text, params: dict, out, work=None, parts
             qm = onnx.load(str(out / rel), load_external_data=False)
             ops = [n.op_type for n in qm.graph.node]
             report[rel] = {"quantize_linear": ops.count("QuantizeLinear"),
-                           "dequantize_linear": ops.count("DequantizeLinear"), "calibration_feeds": len(stores[g])}
+                           "dequantize_linear": ops.count("DequantizeLinear"), "calibration_feeds": len(store)}
             if weight == "int4":  # what tasks.weights.reencode wrote: LPBQ weights, 8-bit tables
                 from ..weights import gather_tables_8bit
 
-                inits = {i.name: i.data_type for i in qm.graph.initializer}
+                inits = {t.name: t.data_type for t in qm.graph.initializer}
                 report[rel].update(
                     block_wise_weights=sum(n.endswith("_bint") for n in inits),
                     int4_weights=sum(t == onnx.TensorProto.INT4 and n.endswith("_quantized") for n, t in inits.items()),
                     tables_8bit=gather_tables_8bit(qm))
-            shutil.rmtree(stores[g].dir, ignore_errors=True)
+    finally:
         shutil.rmtree(staged, ignore_errors=True)
         shutil.rmtree(work / "codes" / f"part{i}", ignore_errors=True)
-        row.update(quantize_s=time.perf_counter() - t, quantize_peak_rss=max(peaks))
+    return report, max(peaks)
+
+
+def quantize_llm(src, model_dir, calib_text, params: dict, out, work=None, parts=None) -> dict:
+    """Every part of an LLM export in one call (tests and benchmarks; the build runs one part
+    per stage: ``calibrate.part{k}`` then ``quantize.part{k}``): for each part in order, run
+    the fp32 part over the calibration schedule (:func:`tasks.llm.calib.collect_calibration_feeds`,
+    spilled to ``work``), then :func:`quantize_part`, then delete the part's feeds.
+    ``params``: the quantize params plus ``calibration.samples`` (prompts). ``parts``: indices
+    to quantize (default all); the fp32 parts before them still run.
+
+    Returns {"graphs": {graph path: ...}, "parts": [{"part", "calibrate_s",
+    "calibrate_peak_rss", "quantize_s", "quantize_peak_rss"}]} (peaks in bytes: this process's
+    VmHWM during the part's fp32 run, the largest child's VmHWM). Raises RuntimeError with the
+    child's output when a graph fails to quantize.
+    """
+    import json
+    import shutil
+    import tempfile
+    import time
+
+    from .calib import collect_calibration_feeds
+    from .memory import peak_rss, peak_rss_reset
+
+    src, out = Path(src), Path(out)
+    work = Path(work) if work else Path(tempfile.mkdtemp(prefix=".calib-", dir=out.parent))
+    desc = json.loads((src / "export.json").read_text())
+    report, rows = {}, []
+    clock = {"t": time.perf_counter()}
+    peak_rss_reset()
+
+    def on_part(i: int, stores: dict | None) -> None:
+        row = {"part": i, "calibrate_s": time.perf_counter() - clock["t"], "calibrate_peak_rss": peak_rss()}
+        rows.append(row)
+        if stores is not None:
+            t = time.perf_counter()
+            got, peak = quantize_part(src, desc["parts"][i], stores["prefill"].dir.parent, params, out, work)
+            report.update(got)
+            shutil.rmtree(stores["prefill"].dir.parent, ignore_errors=True)
+            row.update(quantize_s=time.perf_counter() - t, quantize_peak_rss=peak)
         peak_rss_reset()
         clock["t"] = time.perf_counter()
 
     try:
         collect_calibration_feeds(model_dir, src, calib_text, work, n_prompts=params["calibration"]["samples"],
-                                  on_part=quantize_part, parts=parts)
+                                  on_part=on_part, parts=parts)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return {"graphs": report, "parts": rows}
@@ -218,30 +233,37 @@ def quantize_llm(src, model_dir, calib_text, params: dict, out, work=None, parts
 # graphs (``tasks/llm/quant.py``, ``tasks/llm/calib.py``). Calibration prompts are the recipe's
 # ``calibration.file`` paragraphs (``samples`` of them).
 
-VERSION = 2  # 2: block-wise int4 (LPBQ), GPTQ, 8-bit tables, lm_head int4 with blocks (issue 21)
-TOOLS = ("onnxruntime", "onnx", "transformers", "tokenizers", "numpy")
+VERSION = 3  # 3: one part per stage, feeds from calibrate.part{k} (issue 22); 2: LPBQ, GPTQ (issue 21)
+TOOLS = ("onnxruntime", "onnx", "numpy")
 #: the recipe keys of its section this implementation reads (the stage params, so the key,
-#: hold exactly these; a key only the other family reads is a load error: tasks/stages)
-PARAMS = ("precision", "per_channel", "block_size", "rounding", "embedding_bits", "calibration.samples",
-          "overrides")
-#: recipe keys naming the project files it reads -> their role in ``run(files=...)``
-FILES = {"calibration.file": "calibration"}
+#: hold exactly these; a key only the other family reads is a load error: tasks/stages);
+#: ``calibration`` is read by the ``calibrate`` stage (tasks/llm/calib.py)
+PARAMS = ("precision", "per_channel", "block_size", "rounding", "embedding_bits", "overrides")
 
 
 def run(inputs, files, params, out: Path) -> dict:
-    """Quantize every part of the LLM export in ``inputs["model"]`` into ``out``. Returns the
-    per-part report (calibration and quantize wall time and peak RSS) and the prompt count.
-    Raises the memory check's error before work when a part cannot fit."""
+    """Quantize part ``params["part"]`` of the LLM export in ``inputs["model"]`` into ``out``
+    with the feeds of ``inputs["calibration"]`` (``calibrate.part{k}``), and copy the
+    export's other files (``export.json``, tokenizer, config) beside it, with
+    ``quantize.json`` (precision, weight bits). Returns {"graphs": per-graph counts,
+    "parts": [{"part", "quantize_s", "quantize_peak_rss"}]}. Raises the memory check's error
+    before work when the part cannot fit."""
     import json
+    import tempfile
+    import time
 
     from .memory import QUANTIZED_AS, check_export_stage
     from ..precisions import get as get_precision
 
-    src = inputs["model"]
+    src, k = Path(inputs["model"]), params["part"]
     bits = get_precision(params["precision"]).weight_bits
-    check_export_stage("quantize", src, bits)
-    report = quantize_llm(src, inputs["source"], files["calibration"], params, out)
+    check_export_stage("quantize", src, bits, part=k)
+    desc = json.loads((src / "export.json").read_text())
+    t0 = time.perf_counter()
+    graphs, peak = quantize_part(src, desc["parts"][k], inputs["calibration"] / "feeds", params, out,
+                                 Path(tempfile.mkdtemp(prefix="quantize-")))
     copy_rest(src, out)
     (out / QUANTIZED_AS).write_text(json.dumps({"precision": params["precision"], "weight_bits": bits}, sort_keys=True)
                                     + "\n")
-    return {**report, "calibration_prompts": params["calibration"]["samples"]}
+    return {"graphs": graphs, "parts": [{"part": k, "quantize_s": time.perf_counter() - t0,
+                                         "quantize_peak_rss": peak}]}

@@ -203,7 +203,8 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
             # how it ran on this machine (manifest info, not verify.json: it varies with memory)
             "_run": {"parts_resident": resident, "part_loads": {"reference": fp32.loads, "compiled": got.loads}},
             "shared_binaries": shared_binary_report(inputs["compiled"]),
-            **qnn.placement(inputs["compiled"])}  # where the compiled graphs run (issue 23)
+            # where the compiled graphs run (issue 23), read from every part's compile entry
+            **qnn.placement(*inputs.get("compiled_parts", [inputs["compiled"]]))}
 
 
 # ---- the verify stage, the LLM implementation (the contract: tasks/stages/__init__.py)
@@ -213,7 +214,7 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
 # ``verify.runtime``) against the fp32 export graphs: token agreement, prefill logits cosine,
 # perplexity ratio (``tasks/llm/verify.py``); judged by the shared :func:`check`.
 
-VERSION = 2  # 2: all_on_htp and cpu_nodes read from the compiled graphs (issue 23)
+VERSION = 3  # 3: the parts' entries joined (issue 22); 2: all_on_htp and cpu_nodes read from the compiled graphs
 TOOLS = ("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "transformers", "tokenizers", "numpy", "torch",
          "onnxruntime-genai")
 #: the recipe keys of its section this implementation reads (the stage params, so the key,
@@ -226,13 +227,52 @@ key_extra = common.target_key_extra  # the target as the session sees it
 check = common.check  # verify.json against the thresholds
 
 
+def joined_views(inputs: dict, tmp: Path) -> dict:
+    """The parts' entries seen as the whole-model folders :func:`verify_llm` reads: for each
+    side (``reference`` = the fp32 exports, ``qdq`` = the quantized (patched) parts,
+    ``compiled``) a folder under ``tmp`` holding the bundle's ``export.json`` (and host-side
+    embedding table), part 0's ``config.json`` and quantize.json, and ``part{k}`` (and, for
+    ``compiled``, ``shared/part{k}``) as symbolic links into part k's entry. Returns
+    {"reference", "qdq", "compiled": Path, "compiled_parts": [entry folders], "source",
+    "bundle"}."""
+    import json
+    import os
+
+    bundle = Path(inputs["bundle"])
+    desc = json.loads((bundle / "export.json").read_text())
+    P = len(desc["parts"])
+    views = {"source": inputs["source"], "bundle": bundle,
+             "compiled_parts": [Path(inputs[f"compiled.part{k}"]) for k in range(P)]}
+    for side in ("reference", "qdq", "compiled"):
+        v = Path(tmp) / side
+        (v / "shared").mkdir(parents=True)
+        for f in ["export.json"] + ([desc["embed_file"]] if desc.get("embed_file") else []):
+            os.symlink(bundle / f, v / f)
+        for k in range(P):
+            entry = Path(inputs[f"{side}.part{k}"])
+            os.symlink(entry / f"part{k}", v / f"part{k}", target_is_directory=True)
+            if (entry / "shared" / f"part{k}").is_dir():
+                os.symlink(entry / "shared" / f"part{k}", v / "shared" / f"part{k}", target_is_directory=True)
+            for f in ("config.json", "quantize.json"):
+                if k == 0 and (entry / f).is_file():
+                    os.symlink(entry / f, v / f)
+        views[side] = v
+    return views
+
+
 def run(inputs, files, params, out: Path) -> dict:
-    """Generate, measure, write ``out/verify.json``. Returns {"backend", "samples", and the
-    run's per-part figures}. Raises the memory check's error before work."""
+    """Generate, measure, write ``out/verify.json``, from the parts' entries
+    (``reference.part{k}``, ``qdq.part{k}``, ``compiled.part{k}``, the ``bundle``:
+    :func:`joined_views`). Returns {"backend", "samples", and the run's per-part figures}.
+    Raises the memory check's error before work."""
+    import tempfile
+
     from .memory import available_bytes, check_export_stage, weight_bits_of
 
-    check_export_stage("verify", inputs["reference"], weight_bits_of(inputs["qdq"]))
-    avail = available_bytes()
-    report = verify_llm(inputs, files, params, budget_bytes=None if avail is None else avail // 2)
+    with tempfile.TemporaryDirectory(prefix="verify-parts-") as tmp:
+        views = joined_views(inputs, Path(tmp))
+        check_export_stage("verify", views["reference"], weight_bits_of(views["qdq"]))
+        avail = available_bytes()
+        report = verify_llm(views, files, params, budget_bytes=None if avail is None else avail // 2)
     run_info = report.pop("_run")
     return {**common.write_report(out, report), **run_info}

@@ -33,6 +33,7 @@ ARTIFACTS = {
     "compile": ("*_ctx.onnx", "*.bin", "genai_config.json", "export.json", "*.npy"),
     "export": ("tokenizer*", "vocab*", "merges.txt", "special_tokens_map.json", "config.json",
                "generation_config.json", "added_tokens.json"),
+    "bundle": ("export.json", "genai_config.json", "*.npy"),
     "verify": ("verify.json",),
 }
 
@@ -41,8 +42,10 @@ IMPLEMENTATIONS = {
     "download": {None: "tasks.sources.download"},
     "export": {"encoder": "tasks.encoder.export", "llm": "tasks.llm.export"},
     "patch": {None: "tasks.patches.stage"},
+    "calibrate": {"llm": "tasks.llm.calib"},  # LLM parts: the fp32 part over the calibration schedule
     "quantize": {"encoder": "tasks.encoder.quantize", "llm": "tasks.llm.quant"},
     "compile": {"encoder": "tasks.encoder.compile", "llm": "tasks.llm.compile"},
+    "bundle": {"llm": "tasks.llm.bundle"},  # LLM parts joined: export.json, genai_config.json
     "verify": {"encoder": "tasks.encoder.verify", "llm": "tasks.llm.verify"},
 }
 #: the model families (``export.family``)
@@ -73,6 +76,9 @@ def modules_of(kind: str) -> list:
 
 #: recipe section -> the stage kind whose implementations declare its keys
 SECTIONS = {"export": "export", "quantize": "quantize", "compile": "compile", "verify": "verify"}
+#: recipe section -> every stage kind whose implementations read keys of it (an LLM's
+#: ``quantize.calibration`` is read by its ``calibrate`` stages)
+SECTION_KINDS = {"quantize": ("quantize", "calibrate"), "compile": ("compile", "bundle")}
 
 
 def _pick(data: dict, path: str):
@@ -138,11 +144,13 @@ def readers(section: str, path: str) -> set[str]:
     """The families whose implementation of ``section``'s stage kind declares recipe key
     ``path`` (in ``PARAMS`` or ``FILES``): empty for a key the plan wires itself
     (``export.family``, ``compile.targets``)."""
-    kind = SECTIONS[section]
     out = set()
-    for family in FAMILIES:
-        params, files = declared(kind, family)
-        keys = set(params) | set(files)
-        if path in keys or any(k.startswith(path + ".") for k in keys):
-            out.add(family)
+    for kind in SECTION_KINDS.get(section, (SECTIONS[section],)):
+        for family in FAMILIES:
+            if family not in IMPLEMENTATIONS[kind]:
+                continue
+            params, files = declared(kind, family)
+            keys = set(params) | set(files)
+            if path in keys or any(k.startswith(path + ".") for k in keys):
+                out.add(family)
     return out
