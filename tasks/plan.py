@@ -115,41 +115,39 @@ def part_name(stage: str, k: int, target_suffix: str = "") -> str:
 
 
 def _expand_parts(r: Recipe, params, files) -> list[StageSpec]:
-    """The per-part stage specs of an LLM recipe (module docstring), in build order: every
-    part's export first (they are independent), then per part calibrate -> quantize, then per
-    target the compiles, the bundle and the verify."""
+    """The per-part stage specs of an LLM recipe (module docstring), in build order: part by
+    part (export, calibrate, quantize, each target's compile), then per target the bundle and
+    the verify. doit runs them in this order, so a build stopped in part k leaves parts before
+    k whole; a cluster runs every stage whose upstreams are there (exports of all parts at once)."""
     P = r.export.parts
     pre = [s for s in r.patches if s.when == "pre-quantize"]
     post = [s for s in r.patches if s.when == "post-quantize"]
     specs = [StageSpec(r.name, "download", "download", r.source.model_dump(exclude_none=True))]
-    specs += [StageSpec(r.name, part_name("export", k), "export", {**params("export"), "part": k},
-                      {"source": "download"}) for k in range(P)]
     calib_params, quant_params = params("quantize", "calibrate"), params("quantize")
-    model = {}  # part -> the stage whose graphs the part's quantize reads
-    for k in range(P):
-        model[k] = part_name("export", k)
+    many = len(r.compile.targets) > 1
+    suffixes = [f"@{t}" if many else "" for t in r.compile.targets]
+    qdq = {}  # part -> the stage whose QDQ graphs the part's compile reads
+    for k in range(P):  # part by part, so a build stopped in part k has parts < k whole
+        model = part_name("export", k)
+        specs.append(StageSpec(r.name, model, "export", {**params("export"), "part": k}, {"source": "download"}))
         if pre:
-            specs.append(StageSpec(r.name, part_name("prepatch", k), "patch", _patch_params(pre), {"model": model[k]}))
-            model[k] = part_name("prepatch", k)
-        ups = {"model": model[k], "source": "download"}
+            specs.append(StageSpec(r.name, part_name("prepatch", k), "patch", _patch_params(pre), {"model": model}))
+            model = part_name("prepatch", k)
+        ups = {"model": model, "source": "download"}
         if k:
             ups["previous"] = part_name("calibrate", k - 1)
         specs.append(StageSpec(r.name, part_name("calibrate", k), "calibrate", {**calib_params, "part": k}, ups,
                                files("quantize", "calibrate")))
         specs.append(StageSpec(r.name, part_name("quantize", k), "quantize", {**quant_params, "part": k},
-                               {"model": model[k], "calibration": part_name("calibrate", k)}))
-    qdq = {}
-    for k in range(P):
+                               {"model": model, "calibration": part_name("calibrate", k)}))
         qdq[k] = part_name("quantize", k)
         if post:
             specs.append(StageSpec(r.name, part_name("patch", k), "patch", _patch_params(post), {"model": qdq[k]}))
             qdq[k] = part_name("patch", k)
-    many = len(r.compile.targets) > 1
-    for t in r.compile.targets:
-        suffix = f"@{t}" if many else ""
-        for k in range(P):
+        for t, suffix in zip(r.compile.targets, suffixes):
             specs.append(StageSpec(r.name, part_name("compile", k, suffix), "compile",
                                    {"target": t, **params("compile"), "part": k}, {"model": qdq[k]}))
+    for t, suffix in zip(r.compile.targets, suffixes):
         joined = {f"{role}.part{k}": up for k in range(P)
                   for role, up in (("compiled", part_name("compile", k, suffix)), ("export", part_name("export", k)))}
         specs.append(StageSpec(r.name, f"bundle{suffix}", "bundle", {"target": t, **params("compile", "bundle"), "parts": P},

@@ -96,14 +96,14 @@ def test_stage_refuses_a_build_that_does_not_fit(tmp_path):
     shutil.copyfile(REPO / "recipes" / "tiny-qwen2-w8a16.yaml", proj.root / "recipes" / "tiny-qwen2-w8a16.yaml")
     shutil.copytree(tiny_model("qwen2"), proj.root / ".fixtures" / "tiny-qwen2")
     proj.env["NPUBUILD_MEMORY_GB"] = "0.5"
-    run = proj.doit("run", "export:tiny-qwen2-w8a16", check=False)
+    run = proj.doit("run", "export.part0:tiny-qwen2-w8a16", check=False)
     assert run.code != 0
     log = run.log()
     assert "export: part 0 needs about" in log and "0.5 GiB is available" in log, log
     assert "export.parts (now 1" in log and "export.context_length (now 64)" in log, log
     assert proj.entries("export") == []
     proj.env["NPUBUILD_MEMORY_GB"] = "4"
-    assert proj.doit("run", "export:tiny-qwen2-w8a16").ran() == ["export:tiny-qwen2-w8a16"]
+    assert proj.doit("run", "export.part0:tiny-qwen2-w8a16").ran() == ["export.part0:tiny-qwen2-w8a16"]
 
 
 def test_big_tables_are_split_exactly(tmp_path):
