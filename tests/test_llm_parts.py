@@ -1,0 +1,118 @@
+"""LLM parts as stages of their own (issue 22), through the real doit CLI on the tiny trained
+Qwen2 (4 layers) split into 3 parts: each part's export, calibrate, quantize and compile has
+its own key and entry; a killed build resumes by part; a change to one part rebuilds only
+what reads it; another target shares every part stage up to compile."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO, Project
+from llm_fixtures import tiny_model
+from test_llm_recipes import DATA
+
+PARTS_RECIPE = """\
+extends: tiny-qwen2-w8a16
+description: tiny trained Qwen2 in 3 parts
+export: {parts: 3}
+verify: {data: {samples: 2}, max_new_tokens: 8}
+"""
+
+
+@pytest.fixture
+def parts_project(tmp_path, tiny_bert) -> Project:
+    proj = Project(tmp_path / "proj", tiny_bert)
+    for rel in DATA:
+        (proj.root / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(REPO / rel, proj.root / rel)
+    shutil.copyfile(REPO / "recipes" / "tiny-qwen2-w8a16.yaml", proj.root / "recipes" / "tiny-qwen2-w8a16.yaml")
+    shutil.copytree(tiny_model("qwen2"), proj.root / ".fixtures" / "tiny-qwen2")
+    proj.recipe("tiny3", PARTS_RECIPE)
+    return proj
+
+
+def _stages(proj: Project, recipe: str) -> dict:
+    return json.loads((proj.root / "build" / recipe / "stages.json").read_text())
+
+
+def test_parts_are_stages_with_their_own_entries(parts_project):
+    proj = parts_project
+    listed = subprocess.run([sys.executable, "-m", "doit", "list", "--all", "-f", str(REPO / "dodo.py"), "-d",
+                             str(proj.root)], env=proj.env, capture_output=True, text=True, check=True).stdout
+    for k in range(3):
+        for s in ("export", "calibrate", "quantize", "compile"):
+            assert f"{s}.part{k}:tiny3" in listed, listed
+    run = proj.doit("run", "build:tiny3")
+    want = ["download"] + [f"{s}.part{k}" for k in range(3) for s in ("export", "calibrate", "quantize", "compile")] \
+        + ["bundle", "verify"]
+    assert run.ran() == sorted(f"{s}:tiny3" for s in want), run.log()
+    # one entry per part and kind; the bundle joins the parts' binaries into one layout
+    assert [len(proj.entries(k)) for k in ("export", "calibrate", "quantize", "compile", "bundle")] == [3, 3, 3, 3, 1]
+    b = proj.root / "build" / "tiny3"
+    desc = json.loads((b / "export.json").read_text())
+    assert [p["layers"] for p in desc["parts"]] == [[0, 1], [1, 3], [3, 4]]  # the embedding weighs in part 0
+    assert all(p["weight_bytes"] > 0 for p in desc["parts"])  # each from its own part's export
+    for k in range(3):
+        assert (b / "shared" / f"part{k}" / "prefill_ctx.onnx").is_file() and (b / f"part{k}" / "decode_ctx.onnx").is_file()
+    # calibrate.part1 read part 0's hidden states; the last part writes none
+    st = _stages(proj, "tiny3")
+    cal = [proj.cache / "calibrate" / st[f"calibrate.part{k}"]["key"] / "out" for k in range(3)]
+    assert len(list((cal[0] / "hidden").glob("*.npy"))) > 0 and not (cal[2] / "hidden").exists()
+    m1 = json.loads((cal[1].parent / "manifest.json").read_text())
+    assert m1["inputs"]["previous"]["key"] == st["calibrate.part0"]["key"]
+    r = json.loads((b / "verify.json").read_text())
+    # the HTP simulator, through onnxruntime-genai's pipeline of the 3 parts' 6 graphs
+    assert r["metrics"]["token_agreement"] >= 0.9 and r["metrics"]["logits_cosine_mean"] >= 0.999, r["metrics"]
+    assert r["metrics"]["genai_runner_agreement"] == 1.0, r["metrics"]
+    assert len(r["shared_binaries"]) == 3 and r["all_on_htp"] is True
+
+    # a part's lost quantize entry: only that stage runs again, and its output is the same
+    # bytes, so compile.part1 and everything after it are up to date (early cut-off)
+    q1 = proj.cache / "quantize" / st["quantize.part1"]["key"]
+    subprocess.run(["chmod", "-R", "u+w", str(q1)], check=True)
+    subprocess.run(["rm", "-rf", str(q1)], check=True)
+    again = proj.doit("run", "build:tiny3")
+    assert again.ran() == ["quantize.part1:tiny3"], again.log()
+
+    # the same model for another target shares every part stage before compile
+    proj.recipe("tiny3-8gen3", "extends: tiny3\ncompile: {targets: [8gen3]}\n")
+    other = proj.doit("run", "build:tiny3-8gen3")
+    assert other.ran() == sorted([f"compile.part{k}:tiny3-8gen3" for k in range(3)]
+                                 + ["bundle:tiny3-8gen3", "verify:tiny3-8gen3"]), other.log()
+    # explain shows each part's stage with its key
+    out = proj.doit("run", "explain:tiny3").tasks["explain:tiny3"]["out"]
+    assert all(f"quantize.part{k}" in out for k in range(3)), out
+
+
+def test_a_build_killed_in_part_2s_quantize_resumes_with_part_2(parts_project):
+    """SIGKILL to the doit process group while quantize.part2 runs (its calibrate has just
+    finished), then a rebuild: parts 0 and 1 are cache hits; part 2's quantize and compile, the
+    bundle and verify are built, and no leftovers of the killed stage are taken for an entry."""
+    proj = parts_project
+    proj.doit("run", "calibrate.part2:tiny3")  # every export and calibration first (fast)
+    assert proj.entries("quantize") == []
+    p = proj.popen("run", "build:tiny3", start_new_session=True)
+    seen, t0 = [], time.time()
+    for line in p.stdout:
+        seen.append(line)
+        if line.startswith("quantize.part2:tiny3") or time.time() - t0 > 600:
+            break
+        if line.startswith("compile.part1:tiny3"):
+            time.sleep(2)  # quantize.part2 (about 7 s here) is running
+            os.killpg(p.pid, signal.SIGKILL)
+            break
+    p.wait()
+    assert p.returncode == -signal.SIGKILL, "".join(seen)
+    assert not any(ln.startswith("quantize.part2:tiny3") for ln in seen), "".join(seen)
+    assert len(proj.entries("quantize")) == 2 and len(proj.entries("compile")) == 2
+    run = proj.doit("run", "build:tiny3")
+    assert run.ran() == ["bundle:tiny3", "compile.part2:tiny3", "quantize.part2:tiny3", "verify:tiny3"], run.log()
+    assert len(proj.entries("quantize")) == 3
