@@ -269,3 +269,33 @@ def test_tool_and_file_differences_are_named(project, monkeypatch):
     assert diffs[1] == (f'files differs: {{"calibration": "{"0" * 32}"}} (client) vs '
                         f'{{"calibration": "{mine["files"]["calibration"]}"}} (worker)')
     assert len(diffs) == 2
+
+
+def test_cluster_spreads_an_llms_parts(tmp_path, tiny_bert, cluster):
+    """Issue 22: a 4-part tiny LLM through ``doit cluster`` with 2 workers (one thread each):
+    the parts' exports, quantizes and compiles are independent stages, built by both workers;
+    build/ is byte-identical to a local build; the stage count is the plan's."""
+    from test_llm_parts import parts_project_at
+
+    url = (tmp_path / "remote").as_uri()
+    client = parts_project_at(tmp_path / "client", tiny_bert, "tiny4", parts=4)
+    local = parts_project_at(tmp_path / "local", tiny_bert, "tiny4", parts=4)
+    client.env["NPUBUILD_REMOTE"] = url
+    a = cluster.add_worker("A", _worker_env(client, "A", url, tmp_path), memory=3 * GiB)
+    b = cluster.add_worker("B", _worker_env(client, "B", url, tmp_path), memory=3 * GiB)
+    run, out = _cluster_run(client, cluster, "tiny4")
+    stages = 1 + 4 * 4 + 2  # download, 4 x (export, calibrate, quantize, compile), bundle, verify
+    assert f"{stages} stages of 1 recipe(s): {stages} distinct stage(s) to build" in out, out
+    built = a.built() + b.built()
+    assert len(built) == len(set(built)) == stages, (a.log(), b.log())
+    by = {}  # (kind, part) -> worker
+    for k, m in _remote_manifests(url).items():
+        m = json.loads(m)
+        by[(k.split("/")[0], m["params"].get("part"))] = m["builder"]["name"]
+    part_stages = {w for (kind, part), w in by.items() if part is not None}
+    print("built by:", {f"{kind}.part{part}": w for (kind, part), w in sorted(by.items(), key=str)})
+    assert part_stages == {"A", "B"}, by  # stages of different parts on different workers
+    assert {by[("export", k)] for k in range(4)} == {"A", "B"}, by  # the 4 exports need nothing but the download
+    assert {kind for kind, _ in by} == {"download", "export", "calibrate", "quantize", "compile", "bundle", "verify"}
+    local.doit("run", "build:tiny4")
+    _same_build(_build_files(client, "tiny4"), _build_files(local, "tiny4"))

@@ -21,22 +21,28 @@ from test_llm_recipes import DATA
 
 PARTS_RECIPE = """\
 extends: tiny-qwen2-w8a16
-description: tiny trained Qwen2 in 3 parts
-export: {parts: 3}
-verify: {data: {samples: 2}, max_new_tokens: 8}
+description: tiny trained Qwen2 in {parts} parts
+export: {{parts: {parts}}}
+verify: {{data: {{samples: 2}}, max_new_tokens: 8}}
 """
 
 
-@pytest.fixture
-def parts_project(tmp_path, tiny_bert) -> Project:
-    proj = Project(tmp_path / "proj", tiny_bert)
+def parts_project_at(root, tiny_bert, name: str = "tiny3", parts: int = 3) -> Project:
+    """A project with the tiny trained Qwen2, its data files, ``tiny-qwen2-w8a16`` and recipe
+    ``name`` extending it with ``parts`` parts (2 verify prompts of 8 tokens)."""
+    proj = Project(root, tiny_bert)
     for rel in DATA:
         (proj.root / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(REPO / rel, proj.root / rel)
     shutil.copyfile(REPO / "recipes" / "tiny-qwen2-w8a16.yaml", proj.root / "recipes" / "tiny-qwen2-w8a16.yaml")
     shutil.copytree(tiny_model("qwen2"), proj.root / ".fixtures" / "tiny-qwen2")
-    proj.recipe("tiny3", PARTS_RECIPE)
+    proj.recipe(name, PARTS_RECIPE.format(parts=parts))
     return proj
+
+
+@pytest.fixture
+def parts_project(tmp_path, tiny_bert) -> Project:
+    return parts_project_at(tmp_path / "proj", tiny_bert)
 
 
 def _stages(proj: Project, recipe: str) -> dict:

@@ -27,9 +27,11 @@ def _fs(url):
 
 def _remote_manifests(url) -> dict[str, bytes]:
     """{"kind/key": manifest.json bytes} of every visible remote entry."""
+    from tasks.plan import KINDS as ALL_KINDS
+
     fs, root = _fs(url)
     out = {}
-    for kind in KINDS:
+    for kind in ALL_KINDS:
         if not fs.exists(f"{root}/{kind}"):
             continue
         for d in fs.ls(f"{root}/{kind}", detail=False):
