@@ -9,18 +9,17 @@ safetensors (``model-0000k-of-0000n.safetensors`` + index, as on the Hub), writt
 a time (bounded memory), and the tiny fixtures' tokenizer (its ids are < 1024, valid in the big
 vocabulary). A random model's tokens are meaningless: the point is time and memory.
 
-* ``qwen2.5-0.5b``: a recipe (w4a16, ``parts`` 2, AR-128 + AR-1, ``cpu-qdq`` verify) built
-  stage by stage through the real ``doit`` CLI, each stage its own process.
+* ``qwen2.5-0.5b``: a recipe (``--precision``, default w4a16; ``--parts``, default 2; AR-128 +
+  AR-1 over ``--context``; ``cpu-qdq`` verify).
 * ``qwen2.5-7b``: the recipe ``extends: qwen7b-int4`` and only swaps ``source`` for the local
   folder (context 4096, AR-128 + AR-1, 4 parts, w4a16, 16 calibration prompts, ``cpu-qdq``
   verify), built with ``doit build:bench`` (every part's export, calibrate, quantize and
   compile, the bundle and verify; issue 22). A killed run resumes from the build cache: call
   it again with the same ``--keep``. Then the stage x part table, from the cache manifests.
 
-Printed: wall time and peak RSS per stage and part. 0.5b: every stage runs in its own child
-process, whose children (per-graph quantize, per-graph compile) report their own VmHWM; a
-row's peak is the largest of the stage process and its children. 7b: each stage's manifest
-holds its process's peak (VmHWM reset at the stage's start, ``stage_peak_rss``) and its
+Printed: wall time and peak RSS per stage and part, both shapes built with ``doit build:``
+(``--memory-gb`` sets NPUBUILD_MEMORY_GB, the memory budget). Each stage's manifest holds its
+process's peak (VmHWM reset at the stage's start, ``stage_peak_rss``) and its
 children's; the table prints both and their sum, an upper bound of the tree's peak.
 """
 
@@ -54,9 +53,8 @@ task: text-generation
 source: {{path: model}}
 export: {{family: llm, sequence_length: 128, context_length: {context}, parts: {parts}}}
 quantize:
-  precision: w4a16
+  precision: {precision}
   calibration: {{file: tasks/llm/data/tiny-corpus.txt, samples: {calib}}}
-  overrides: [{{pattern: lm_head, weight_bits: 8}}]
 verify:
   backend: cpu-qdq
   data: {{file: recipes/data/prompts-tiny.txt, samples: 2}}
@@ -137,61 +135,31 @@ def _write_shard(out: Path, k: int, tensors: dict, save_file) -> None:
         tensors[name] = None  # keep the name (for the index), drop the memory
 
 
-def run_child(code: str, env: dict, timeout: float = 48 * 3600) -> tuple[float, int, str, int | None]:
-    """Run ``code`` in a child python with ``env`` added; return (seconds, returncode, output,
-    the child's own peak RSS in bytes). Its children's peaks come from the rows it returns."""
-    from tasks.proc.child import run_python
-
-    t0 = time.perf_counter()
-    r = run_python(code, timeout=timeout, env=env)
-    return time.perf_counter() - t0, r.returncode, r.tail(), r.peak_rss
-
-
 def bench_05b(a) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(a.keep or tmp)
-        if a.keep:
-            print(f"project kept in {root}")
-        _project(root)
-        (root / "recipes" / "bench.yaml").write_text(RECIPE_05B.format(context=a.context, parts=a.parts, calib=a.calib))
+    """The 0.5b shape through ``doit build:bench`` (every part's stages, bundle, verify) in a
+    project at ``--keep`` (else a temporary one), then the stage x part table."""
+    root = Path(a.keep or tempfile.mkdtemp(prefix="bench05b-"))
+    print(f"project in {root}")
+    _project(root)
+    (root / "recipes" / "bench.yaml").write_text(RECIPE_05B.format(context=a.context, parts=a.parts, calib=a.calib,
+                                                                   precision=a.precision))
+    if not (root / "model" / "model.safetensors.index.json").exists():
         t0 = time.perf_counter()
         subprocess.run([sys.executable, __file__, "--make", str(root / "model"), "--shape", a.shape], check=True)
         print(f"random {a.shape} checkpoint made in {time.perf_counter() - t0:.0f} s")
-        env = _env(root)
-        print(f"{'stage':<10} {'wall s':>8} {'peak RSS GiB':>13}  (context {a.context}, parts {a.parts}, w4a16, "
-              f"{a.calib} calibration prompts)")
-        for stage in ("download", "export", "quantize", "compile", "verify"):
-            code = (f"import sys\nsys.argv = ['doit', '-f', {str(REPO / 'dodo.py')!r}, '-d', {str(root)!r}, "
-                    f"'{stage}:bench']\nfrom doit.__main__ import main\nrc = main()\n"
-                    "import tasks.llm.qnn as q, sys\nsys.exit(rc)\n")
-            secs, rc, out, peak = run_child(code, env)
-            kids = _child_peaks(root, stage)
-            tree = max([peak or 0, *kids])
-            print(f"{stage:<10} {secs:8.1f} {tree / 2**30:13.2f}{'  FAILED' if rc else ''}", flush=True)
-            if rc:
-                print(out[-3000:])
-                break
-            _print_parts(root, stage)
-        _print_bins(root / "cache" / "compile")
+    _build_and_print(root, a)
 
 
-def _child_peaks(root: Path, stage: str) -> list[int]:
-    """Peaks (bytes) of the per-graph child processes that a stage recorded in its manifest."""
-    out = []
-    for m in (root / "cache" / stage).glob("*/manifest.json"):
-        info = json.loads(m.read_text()).get("info", {})
-        for row in info.get("parts", []):
-            out += [v for k, v in row.items() if k.endswith("peak_rss") and isinstance(v, int)]
-    return out
-
-
-def _print_parts(root: Path, stage: str) -> None:
-    for m in sorted((root / "cache" / stage).glob("*/manifest.json")):
-        for row in json.loads(m.read_text()).get("info", {}).get("parts", []):
-            cells = [f"{k}={v / 2**30:.2f}GiB" if k.endswith("peak_rss") and isinstance(v, int) else
-                     f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
-                     for k, v in row.items() if not isinstance(v, dict)]
-            print("    " + " ".join(cells))
+def _build_and_print(root: Path, a) -> None:
+    env = {**os.environ, **_env(root), "NPUBUILD_PROGRESS": "0"}
+    if a.memory_gb:
+        env["NPUBUILD_MEMORY_GB"] = str(a.memory_gb)
+    print(f"memory budget: {a.memory_gb or 'none'} (NPUBUILD_MEMORY_GB)")
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(root), "build:bench"],
+                       env=env)
+    print(f"doit build:bench exited {r.returncode} after {time.perf_counter() - t0:.0f} s (this call)")
+    print_table(root, "bench")
 
 
 def _print_bins(folder: Path) -> None:
@@ -225,12 +193,7 @@ def bench_7b(a) -> None:
         subprocess.run([sys.executable, __file__, "--make", str(root / "model"), "--shape", a.shape], check=True)
         print(f"random {a.shape} checkpoint made in {time.perf_counter() - t0:.0f} s "
               f"({sum(p.stat().st_size for p in (root / 'model').glob('*.safetensors')) / 1e9:.1f} GB)")
-    env = {**os.environ, **_env(root), "NPUBUILD_PROGRESS": "0"}
-    t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(root), "build:bench"],
-                       env=env)
-    print(f"doit build:bench exited {r.returncode} after {time.perf_counter() - t0:.0f} s (this call)")
-    print_table(root, "bench")
+    _build_and_print(root, a)
 
 
 def print_table(root: Path, recipe: str) -> None:
@@ -266,6 +229,8 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--parts", type=int, default=2)
     ap.add_argument("--calib", type=int, default=4, help="calibration prompts (0.5b shape)")
+    ap.add_argument("--precision", default="w4a16", help="0.5b shape: quantize.precision")
+    ap.add_argument("--memory-gb", type=float, help="NPUBUILD_MEMORY_GB for the build (the memory budget)")
     ap.add_argument("--keep", help="project folder to use and keep (7b shape: reuses a made checkpoint and the "
                                    "build cache, so a second call resumes; 0.5b: the doit project)")
     ap.add_argument("--make", help=argparse.SUPPRESS)

@@ -211,4 +211,7 @@ def print_explain(recipe_name: str, verbose: bool = True) -> None:
             print(f"    fails: {f}")
     r = remote.from_env()
     print(f"    remote cache: {r.display if r else 'none (NPUBUILD_REMOTE unset)'}")
+    from .llm.memory import budget_line
+
+    print(f"    memory budget: {budget_line()}")
     sys.stdout.flush()

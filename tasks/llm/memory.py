@@ -44,6 +44,22 @@ def available_bytes() -> int | None:
     return _proc_bytes("/proc/meminfo", "MemAvailable")
 
 
+def budget_line() -> str:
+    """How ``doit explain`` states the memory budget (issue 22 item 6): the user's
+    ``NPUBUILD_MEMORY_GB``, which every LLM stage's estimate is checked against and which
+    decides whether the LLM verify keeps every part resident (when the fp32 weights fit in half
+    of it), else that there is none and what stands in for it (``MemAvailable``, which varies
+    with what else runs)."""
+    env = os.environ.get("NPUBUILD_MEMORY_GB")
+    if env:
+        return (f"{float(env):g} GiB (NPUBUILD_MEMORY_GB): LLM stages whose estimate exceeds it stop before work; "
+                f"LLM verify keeps every part resident only when the fp32 weights fit in {float(env) / 2:g} GiB")
+    avail = available_bytes()
+    now = f", {avail / GiB:.1f} GiB now" if avail is not None else ""
+    return (f"none set (NPUBUILD_MEMORY_GB): stages are checked against the memory available{now}, "
+            "which changes with what else runs; set NPUBUILD_MEMORY_GB for a peak you can plan for")
+
+
 def peak_rss() -> int | None:
     """This process's peak resident set size in bytes (VmHWM) since start or the last
     :func:`peak_rss_reset`; None where ``/proc`` is absent."""
