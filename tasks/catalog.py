@@ -34,6 +34,8 @@ Output (:func:`write_catalog`, in :func:`tasks.paths.catalog_dir`):
   ``batch_size``      export batch size (int)
   ``sequence_length`` tokens per call: encoder input length, or LLM prefill length (int)
   ``context_length``  LLM KV-cache length (int); null for encoders
+  ``parts``           LLM parts (int: each built by stages of its own, ``quantize.part{k}``...;
+                      their keys are in ``stage_keys``); null for encoders
   ``source``          ``kind`` (hf/path/package) and ``repo``/``revision``/``path``/``package``
                       from the recipe; once built also ``commit`` (hf: the resolved 40-hex
                       commit), ``package_version`` and ``content_digest`` (xxh3 of a local
@@ -248,6 +250,7 @@ def catalog_row(name: str, recipe=None) -> dict:
         "family": ex.family, "precision": recipe.quantize.precision, "targets": list(recipe.compile.targets),
         "batch_size": ex.batch_size, "sequence_length": ex.sequence_length,
         "context_length": ex.context_length if ex.family == "llm" else None,
+        "parts": ex.parts if ex.family == "llm" else None,
         "stage_keys": st.stage_keys,
         "source": source_info(recipe, st.entries.get("download")),
         "architecture": None, "parameters": None, "artifacts": None, "artifact_bytes": None,
@@ -329,6 +332,7 @@ COLUMNS = [  # (header, cell text, sort value, numeric)
     ("Runs on", lambda r: r["runs_on"] or "", lambda r: r["runs_on"] or "", False),
     ("Seq len", lambda r: str(r["sequence_length"]), lambda r: r["sequence_length"], True),
     ("Context", lambda r: str(r["context_length"] or ""), lambda r: r["context_length"] or 0, True),
+    ("Parts", lambda r: str(r["parts"] or ""), lambda r: r["parts"] or 0, True),
     ("Artifacts", lambda r: _human_bytes(r["artifact_bytes"]), lambda r: r["artifact_bytes"] or 0, True),
     ("Verify", _metrics_summary, _metrics_summary, False),
     ("QNN SDK", lambda r: (r["tools"] or {}).get("qnn-sdk", ""), lambda r: (r["tools"] or {}).get("qnn-sdk", ""), False),

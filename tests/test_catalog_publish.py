@@ -246,7 +246,7 @@ def test_catalog_lists_every_recipe_with_its_state(proj):
     assert t8["architecture"] == {"model_type": "bert", "architectures": ["BertModel"]}
     assert 900_000 < t8["parameters"] < 1_100_000  # 30522x32 word embeddings + 2 tiny layers
     assert t8["precision"] == "w8a16" and t8["targets"] == ["x-elite"] and t8["sequence_length"] == 16
-    assert t8["context_length"] is None
+    assert t8["context_length"] is None and t8["parts"] is None
     built = proj.root / "build" / "t8"
     assert t8["artifacts"]["x-elite"] == {f: (built / f).stat().st_size for f in ("model_ctx.onnx", "model_ctx_qnn.bin")}
     assert t8["verify"]["x-elite"]["metrics"]["pooled_cosine_mean"] > 0.9 and t8["verify"]["x-elite"]["failures"] == []

@@ -49,23 +49,48 @@ def _stages(proj: Project, recipe: str) -> dict:
     return json.loads((proj.root / "build" / recipe / "stages.json").read_text())
 
 
-def test_parts_are_stages_with_their_own_entries(parts_project):
+def test_parts_are_stages_resume_by_part_and_are_shared(parts_project):
+    """Through the doit CLI: ``doit list`` shows every part's stages; a build SIGKILLed (the
+    whole process group) while quantize.part2 runs resumes with part 2: parts 0 and 1 are
+    cache hits, and exactly part 2's quantize and compile, the bundle and verify are built. Then
+    the entries, the joined bundle and verify; a lost entry rebuilds one stage; another target
+    shares every part stage before compile."""
     proj = parts_project
     listed = subprocess.run([sys.executable, "-m", "doit", "list", "--all", "-f", str(REPO / "dodo.py"), "-d",
                              str(proj.root)], env=proj.env, capture_output=True, text=True, check=True).stdout
     for k in range(3):
         for s in ("export", "calibrate", "quantize", "compile"):
             assert f"{s}.part{k}:tiny3" in listed, listed
+
+    first = proj.doit("run", "calibrate.part2:tiny3")  # every export and calibration first (fast)
+    assert first.ran() == sorted(["download:tiny3"] + [f"{s}.part{k}:tiny3" for k in range(3)
+                                                       for s in ("export", "calibrate")]), first.log()
+    p = proj.popen("run", "build:tiny3", start_new_session=True)
+    seen, t0 = [], time.time()
+    for line in p.stdout:
+        seen.append(line)
+        if line.startswith("quantize.part2:tiny3") or time.time() - t0 > 600:
+            break
+        if line.startswith("compile.part1:tiny3"):
+            time.sleep(2)  # quantize.part2 (about 7 s here) is running
+            os.killpg(p.pid, signal.SIGKILL)
+            break
+    p.wait()
+    assert p.returncode == -signal.SIGKILL, "".join(seen)
+    assert not any(ln.startswith("quantize.part2:tiny3") for ln in seen), "".join(seen)
+    assert len(proj.entries("quantize")) == 2 and len(proj.entries("compile")) == 2
     run = proj.doit("run", "build:tiny3")
-    want = ["download"] + [f"{s}.part{k}" for k in range(3) for s in ("export", "calibrate", "quantize", "compile")] \
-        + ["bundle", "verify"]
-    assert run.ran() == sorted(f"{s}:tiny3" for s in want), run.log()
+    assert run.ran() == ["bundle:tiny3", "compile.part2:tiny3", "quantize.part2:tiny3", "verify:tiny3"], run.log()
+
     # one entry per part and kind; the bundle joins the parts' binaries into one layout
     assert [len(proj.entries(k)) for k in ("export", "calibrate", "quantize", "compile", "bundle")] == [3, 3, 3, 3, 1]
     b = proj.root / "build" / "tiny3"
     desc = json.loads((b / "export.json").read_text())
     assert [p["layers"] for p in desc["parts"]] == [[0, 1], [1, 3], [3, 4]]  # the embedding weighs in part 0
     assert all(p["weight_bytes"] > 0 for p in desc["parts"])  # each from its own part's export
+    assert desc["parts"][0]["prefill"]["inputs"][0]["name"] == "input_ids"
+    assert desc["parts"][1]["prefill"]["inputs"][0]["name"] == "hidden_states_0"
+    assert desc["parts"][2]["prefill"]["outputs"][0]["name"] == "logits"
     for k in range(3):
         assert (b / "shared" / f"part{k}" / "prefill_ctx.onnx").is_file() and (b / f"part{k}" / "decode_ctx.onnx").is_file()
     # calibrate.part1 read part 0's hidden states; the last part writes none
@@ -74,6 +99,9 @@ def test_parts_are_stages_with_their_own_entries(parts_project):
     assert len(list((cal[0] / "hidden").glob("*.npy"))) > 0 and not (cal[2] / "hidden").exists()
     m1 = json.loads((cal[1].parent / "manifest.json").read_text())
     assert m1["inputs"]["previous"]["key"] == st["calibrate.part0"]["key"]
+    for k in range(3):  # each part's weight-shared binary is < 0.7 x its two single-graph binaries
+        row, = json.loads((proj.cache / "compile" / st[f"compile.part{k}"]["key"] / "manifest.json").read_text())["info"]["parts"]
+        assert row["part"] == k and row["shared_ratio"] < 0.7, row
     r = json.loads((b / "verify.json").read_text())
     # the HTP simulator, through onnxruntime-genai's pipeline of the 3 parts' 6 graphs
     assert r["metrics"]["token_agreement"] >= 0.9 and r["metrics"]["logits_cosine_mean"] >= 0.999, r["metrics"]
@@ -96,29 +124,3 @@ def test_parts_are_stages_with_their_own_entries(parts_project):
     # explain shows each part's stage with its key
     out = proj.doit("run", "explain:tiny3").tasks["explain:tiny3"]["out"]
     assert all(f"quantize.part{k}" in out for k in range(3)), out
-
-
-def test_a_build_killed_in_part_2s_quantize_resumes_with_part_2(parts_project):
-    """SIGKILL to the doit process group while quantize.part2 runs (its calibrate has just
-    finished), then a rebuild: parts 0 and 1 are cache hits; part 2's quantize and compile, the
-    bundle and verify are built, and no leftovers of the killed stage are taken for an entry."""
-    proj = parts_project
-    proj.doit("run", "calibrate.part2:tiny3")  # every export and calibration first (fast)
-    assert proj.entries("quantize") == []
-    p = proj.popen("run", "build:tiny3", start_new_session=True)
-    seen, t0 = [], time.time()
-    for line in p.stdout:
-        seen.append(line)
-        if line.startswith("quantize.part2:tiny3") or time.time() - t0 > 600:
-            break
-        if line.startswith("compile.part1:tiny3"):
-            time.sleep(2)  # quantize.part2 (about 7 s here) is running
-            os.killpg(p.pid, signal.SIGKILL)
-            break
-    p.wait()
-    assert p.returncode == -signal.SIGKILL, "".join(seen)
-    assert not any(ln.startswith("quantize.part2:tiny3") for ln in seen), "".join(seen)
-    assert len(proj.entries("quantize")) == 2 and len(proj.entries("compile")) == 2
-    run = proj.doit("run", "build:tiny3")
-    assert run.ran() == ["bundle:tiny3", "compile.part2:tiny3", "quantize.part2:tiny3", "verify:tiny3"], run.log()
-    assert len(proj.entries("quantize")) == 3

@@ -122,27 +122,6 @@ def test_an_llm_threshold_fails_the_build_and_stays_out_of_the_verify_key(llm_pr
     assert key[:16] in strict and "fails: logits_cosine_mean" in strict, strict
 
 
-def test_two_parts_split_the_layers_and_still_match(llm_project):
-    """parts: 2: part 0 holds layers 0-1, part 1 layers 2-3, the final norm and lm_head; each
-    part has its own weight-shared binary, and generation still matches, through
-    onnxruntime-genai's pipeline of four graphs (part 0's hidden states handed to part 1 by name)."""
-    llm_project.recipe("tiny-qwen2-2parts", "extends: tiny-qwen2-w8a16\nexport: {parts: 2}\n")
-    llm_project.doit("run", "download:tiny-qwen2-w8a16")
-    run = llm_project.doit("run", "build:tiny-qwen2-2parts")
-    assert "download:tiny-qwen2-2parts" not in run.ran()  # same source as tiny-qwen2-w8a16
-    export = json.loads((llm_project.root / "build" / "tiny-qwen2-2parts" / "export.json").read_text())
-    assert [p["layers"] for p in export["parts"]] == [[0, 2], [2, 4]]
-    assert export["parts"][0]["prefill"]["inputs"][0]["name"] == "input_ids"
-    assert export["parts"][1]["prefill"]["inputs"][0]["name"] == "hidden_states_0"
-    assert export["parts"][1]["prefill"]["outputs"][0]["name"] == "logits"
-    parts = _compile_info(llm_project, "tiny-qwen2-2parts")["parts"]
-    assert [p["part"] for p in parts] == [0, 1] and all(p["shared_ratio"] < 0.7 for p in parts), parts
-    r = _report(llm_project, "tiny-qwen2-2parts")
-    assert len(r["shared_binaries"]) == 2
-    assert r["metrics"]["token_agreement"] >= 0.9 and r["metrics"]["logits_cosine_mean"] >= 0.999, r["metrics"]
-    assert r["runtime"] == "genai" and r["metrics"]["genai_runner_agreement"] == 1.0, r["metrics"]
-
-
 def test_genai_and_the_runner_agree_on_a_phi3_with_head_dim_80(llm_project):
     """Issue 23's case 6: a random Phi-3 with head_dim 80 (hidden 160, 2 heads, vocab 2048,
     partial rotary 0.75 as the fixture) through compile and verify on the HTP simulator:
