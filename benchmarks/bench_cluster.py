@@ -1,6 +1,12 @@
 """Cluster build vs one local process (run by hand; prints figures, asserts nothing).
 
     .venv/bin/python benchmarks/bench_cluster.py [--recipes 4] [--workers 2]
+    .venv/bin/python benchmarks/bench_cluster.py --llm 4 [--workers 2]
+
+``--llm P``: instead, one LLM recipe, the tiny trained Qwen2 (``scripts/tiny_llm.py qwen2``)
+in P parts, each part's export / calibrate / quantize / compile a stage of its own (issue 22);
+the cold cluster run then prints its timeline: per worker, each stage it built with its start
+and end (seconds from the first start, from the remote manifests' build times).
 
 N tiny-BERT recipes (the tests' model) that share download, export and prepatch and differ in
 precision and calibration sample count (and, past 10, verify sample count), so each has its
@@ -42,6 +48,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--recipes", type=int, default=4)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--llm", type=int, default=0, help="one tiny LLM recipe in this many parts")
     args = ap.parse_args()
 
     from conftest import TINY_RECIPE, Project, make_tiny_bert
@@ -51,10 +58,16 @@ def main() -> None:
         tmp = Path(tmp)
         model = make_tiny_bert(tmp / "tiny-bert")
         url = (tmp / "remote").as_uri()
-        local, client = Project(tmp / "local", model), Project(tmp / "client", model)
-        names = [f"bench-{i:02d}" for i in range(args.recipes)]
+        if args.llm:
+            from test_llm_parts import parts_project_at
+
+            names = [f"tiny{args.llm}"]
+            local, client = (parts_project_at(tmp / n, model, names[0], args.llm) for n in ("local", "client"))
+        else:
+            local, client = Project(tmp / "local", model), Project(tmp / "client", model)
+            names = [f"bench-{i:02d}" for i in range(args.recipes)]
         for p in (local, client):
-            for i, n in enumerate(names):  # 10 distinct quantize stages, then verify sample counts
+            for i, n in enumerate(names if not args.llm else []):  # 10 distinct quantize stages, then verify samples
                 text = TINY_RECIPE.format(precision=("w8a16", "w4a16")[i % 2], targets="[x-elite]", backend="cpu-qdq")
                 p.recipe(n, text.replace("samples: 4", f"samples: {2 + (i // 2) % 5}")
                          .replace("samples: 3", f"samples: {3 + (i // 10) % 4}"))
@@ -63,7 +76,7 @@ def main() -> None:
         t0 = time.time()
         alone = local.doit("run", *(f"build:{n}" for n in names))
         t_local = time.time() - t0
-        print(f"{args.recipes} recipes, 1 local process: {t_local:.1f} s, {len(alone.ran())} stages built")
+        print(f"{len(names)} recipe(s), 1 local process: {t_local:.1f} s, {len(alone.ran())} stages built")
 
         cluster = DaskCluster(tmp / "dask")
         try:
@@ -82,7 +95,9 @@ def main() -> None:
                 built = {w.name: len(w.built()) - before[w.name] for w in workers}
                 before = {w.name: len(w.built()) for w in workers}
                 worker_pulls = sum(_pulled(Path(w.env["NPUBUILD_CACHE"])) for w in workers) if label.startswith("cold") else 0
-                print(f"{args.recipes} recipes, {args.workers}-worker cluster, {label}: {wall:.1f} s "
+                if label.startswith("cold"):
+                    _timeline(url)
+                print(f"{len(names)} recipe(s), {args.workers}-worker cluster, {label}: {wall:.1f} s "
                       f"({counts.get('stages')} stages, {counts.get('submitted')} submitted); remote misses "
                       f"(built by workers) {counts.get('built')} {built}; remote hits: {counts.get('on_remote')} "
                       f"found before submitting, {worker_pulls} pulled by workers (upstream), "
@@ -91,6 +106,32 @@ def main() -> None:
             cluster.stop()
         differ = [f"{n}/{rel}" for n in names for rel, data in _files(local, n).items() if _files(client, n).get(rel) != data]
         print(f"build/ byte-identical to the local build: {not differ}" + (f" (differ: {', '.join(differ)})" if differ else ""))
+
+
+def _timeline(url: str) -> None:
+    """Per worker, the stages it built (from the remote manifests: builder, build time, end
+    time), with start and end in seconds from the first start."""
+    from tasks.plan import KINDS
+    from test_remote_build import _fs
+
+    fs, root = _fs(url)
+    rows = []
+    for kind in KINDS:
+        if fs.exists(f"{root}/{kind}"):
+            for d in fs.ls(f"{root}/{kind}", detail=False):
+                try:
+                    m = json.loads(fs.cat_file(f"{d.rstrip('/')}/manifest.json"))
+                except FileNotFoundError:
+                    continue
+                end, secs = m["timings"]["finished"], m["timings"]["build_seconds"]
+                part = m["params"].get("part")
+                rows.append((end - secs, end, m["builder"].get("name", "?"), kind + ("" if part is None else f".part{part}")))
+    if not rows:
+        return
+    t0 = min(r[0] for r in rows)
+    print("timeline (s from the first start):")
+    for start, end, worker, stage in sorted(rows):
+        print(f"  {worker:<3} {start - t0:7.1f} -> {end - t0:7.1f}  {stage}")
 
 
 def _files(p, recipe: str) -> dict:

@@ -208,11 +208,14 @@ def print_table(root: Path, recipe: str) -> None:
         m = json.loads((Path(row["entry"]) / "manifest.json").read_text())
         info, secs = m.get("info", {}), m.get("timings", {}).get("build_seconds", 0.0)
         total += secs
-        kids = [v for prow in info.get("parts", []) if isinstance(prow, dict)
+        rows = info.get("parts") if isinstance(info.get("parts"), list) else []  # the bundle's is a count
+        kids = [v for prow in rows if isinstance(prow, dict)
                 for k, v in prow.items() if k.endswith("peak_rss") and k != "calibrate_peak_rss" and isinstance(v, int)]
-        own = info.get("stage_peak_rss") or 0
-        child = max(kids, default=0)
         stage, _, part = name.partition(".part")
+        # export and calibrate measure their own part too (from the part's start): the larger
+        own = max([info.get("stage_peak_rss") or 0, info.get("peak_rss") or 0]
+                  + ([] if stage in ("quantize", "compile") else kids))
+        child = max(kids, default=0) if stage in ("quantize", "compile") else 0  # the others run in-process
         print(f"| {stage} | {part or '-'} | {secs:.0f} | {own / 2**30:.2f} | {child / 2**30:.2f} | "
               f"{(own + child) / 2**30:.2f} |")
     print(f"stages' build time summed: {total:.0f} s ({total / 60:.1f} min)")
