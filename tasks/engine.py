@@ -26,7 +26,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from . import digest, paths, plancache, remote, tools
-from .proc import interrupt
+from .proc import interrupt, rss
 from .cache import Cache, Entry
 from .plan import StageSpec, expand
 
@@ -467,11 +467,9 @@ def build_spec(spec: StageSpec, upstream: dict[str, Entry], cache: Cache,
                       flush=True)
                 # the stage reads copies of its data files, checked against the key (issue 23)
                 read = digest.snapshot(files, material["files"], spec.files, Path(tempfile.mkdtemp(prefix="inputs-")))
-                from .llm.memory import peak_rss, peak_rss_reset
-
-                peak_rss_reset()  # this process's peak from here: the stage's own (children report theirs)
+                rss.peak_rss_reset()  # this process's peak from here: the stage's own (children report theirs)
                 info = mod.run({r: e.out for r, e in upstream.items()}, read, spec.params, out) or {}
-                if (peak := peak_rss()) is not None:
+                if (peak := rss.peak_rss()) is not None:
                     info = {**info, "stage_peak_rss": peak}
                 if check := getattr(mod, "check_read", None):  # e.g. a source folder's copy vs its key
                     check(out, material, spec.params)

@@ -93,7 +93,7 @@ def test_no_stage_module_branches_on_the_family():
 
     impls = [*(REPO / "tasks" / "stages").glob("*.py"), *(REPO / "tasks" / "encoder").glob("*.py"),
              REPO / "tasks" / "sources" / "download.py", REPO / "tasks" / "patches" / "stage.py",
-             *(REPO / "tasks" / "llm" / f"{m}.py" for m in ("export", "calib", "quant", "compile", "bundle", "verify"))]
+             *(REPO / "tasks" / "llm" / f"{m}.py" for m in ("export", "calibrate", "quant", "compile", "bundle", "verify"))]
     for f in sorted(impls):
         tree = ast.parse(f.read_text())
         reads = [n for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value == "family"]

@@ -95,20 +95,22 @@ def test_no_family_imports_the_other_familys_code_and_stages_imports_no_family()
 def test_each_stages_params_are_exactly_what_its_implementation_declares(monkeypatch):
     """Issue 24: the plan only wires; a stage's params are the recipe keys its family's
     implementation declares (``PARAMS``; nested ones nested), plus what the plan wires in
-    (``target`` for compile and verify, ``task`` for verify), its files what ``FILES`` names."""
+    (``target`` for compile and verify, ``task`` for verify; an LLM part stage's ``part``, the
+    bundle's ``target`` and ``parts``), its files what ``FILES`` names."""
     monkeypatch.setenv("NPUBUILD_ROOT", str(REPO))
     from tasks.plan import expand
     from tasks.recipe import load_recipe
     from tasks.stages import module_for
 
-    wired = {"compile": {"target"}, "verify": {"target", "task"}}
+    wired = {"compile": {"target"}, "verify": {"target", "task"}, "bundle": {"target", "parts"}}
     for name in ("minilm-l6-w4a16", "tiny-qwen2-w4a16"):
         for spec in expand(load_recipe(REPO / "recipes" / f"{name}.yaml")):
             if spec.kind in ("download", "patch"):
                 continue
             mod = module_for(spec.kind, spec.family)
             top = {p.split(".")[0] for p in mod.PARAMS}
-            assert set(spec.params) == top | wired.get(spec.kind, set()), (name, spec.kind, sorted(spec.params))
+            part = {"part"} if spec.part is not None else set()
+            assert set(spec.params) == top | wired.get(spec.kind, set()) | part, (name, spec.kind, sorted(spec.params))
             for p in mod.PARAMS:
                 if "." in p:
                     outer, inner = p.split(".")
@@ -143,6 +145,8 @@ def test_declared_params_read_from_source_equal_the_modules_own():
         if None in impls:
             continue
         for family in FAMILIES:
+            if family not in impls:  # calibrate and bundle: LLM parts only
+                continue
             mod = module_for(kind, family)
             assert declared(kind, family) == (tuple(mod.PARAMS), dict(getattr(mod, "FILES", {}))), (kind, family)
             assert mod.PARAMS, (kind, family)

@@ -541,7 +541,7 @@ def export_llm(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 409
 
     import onnx
 
-    from .memory import peak_rss, peak_rss_reset
+    from ..proc.rss import peak_rss, peak_rss_reset
 
     if embed not in ("part0", "separate"):
         raise ValueError(f"embed must be 'part0' or 'separate', got {embed!r}")

@@ -16,23 +16,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..proc.rss import proc_bytes as _proc_bytes
+
 GiB = 1 << 30
 BASE = int(0.8 * GiB)  # Python + torch/onnxruntime/transformers imports, measured: 0.6-0.8 GiB
 
 
 class NotEnoughMemory(RuntimeError):
     """A stage's estimated peak exceeds the memory available; the message says what to change."""
-
-
-def _proc_bytes(path: str, field: str) -> int | None:
-    """A ``<field>: <n> kB`` line of a Linux /proc file, in bytes; None where it is absent."""
-    try:
-        for ln in Path(path).read_text().splitlines():
-            if ln.startswith(field + ":"):
-                return int(ln.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 def available_bytes() -> int | None:
@@ -58,21 +49,6 @@ def budget_line() -> str:
     now = f", {avail / GiB:.1f} GiB now" if avail is not None else ""
     return (f"none set (NPUBUILD_MEMORY_GB): stages are checked against the memory available{now}, "
             "which changes with what else runs; set NPUBUILD_MEMORY_GB for a peak you can plan for")
-
-
-def peak_rss() -> int | None:
-    """This process's peak resident set size in bytes (VmHWM) since start or the last
-    :func:`peak_rss_reset`; None where ``/proc`` is absent."""
-    return _proc_bytes("/proc/self/status", "VmHWM")
-
-
-def peak_rss_reset() -> None:
-    """Reset this process's peak RSS (VmHWM) so :func:`peak_rss` measures from now on
-    (Linux ``/proc/self/clear_refs`` value 5, since Linux 4.0). A no-op elsewhere."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        pass
 
 
 def part_params(config: dict, lo: int, hi: int, first: bool, last: bool, embed_in_part: bool) -> int:

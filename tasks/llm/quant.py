@@ -196,7 +196,7 @@ def quantize_llm(src, model_dir, calib_text, params: dict, out, work=None, parts
     import time
 
     from .calib import collect_calibration_feeds
-    from .memory import peak_rss, peak_rss_reset
+    from ..proc.rss import peak_rss, peak_rss_reset
 
     src, out = Path(src), Path(out)
     work = Path(work) if work else Path(tempfile.mkdtemp(prefix=".calib-", dir=out.parent))

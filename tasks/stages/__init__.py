@@ -2,7 +2,7 @@
 implementations chosen once when a recipe is planned (:data:`IMPLEMENTATIONS`,
 ``StageSpec.family``), so no stage branches on the family inside. Each model family is a
 folder of its implementations (``tasks/encoder/<kind>.py``; ``tasks/llm/``: ``export``,
-``calib`` (kind ``calibrate``), ``quant``, ``compile``, ``bundle``, ``verify``: an LLM's
+``calibrate``, ``quant``, ``compile``, ``bundle``, ``verify``: an LLM's
 stages each build one part, ``params["part"]``, and ``bundle`` and ``verify`` join the
 parts: ``tasks/plan.py``); ``download`` (``tasks/sources/download.py``) and
 ``patch`` (``tasks/patches/stage.py``) serve every family. ``common.py`` here is what several
@@ -44,7 +44,7 @@ IMPLEMENTATIONS = {
     "download": {None: "tasks.sources.download"},
     "export": {"encoder": "tasks.encoder.export", "llm": "tasks.llm.export"},
     "patch": {None: "tasks.patches.stage"},
-    "calibrate": {"llm": "tasks.llm.calib"},  # LLM parts: the fp32 part over the calibration schedule
+    "calibrate": {"llm": "tasks.llm.calibrate"},  # LLM parts: the fp32 part over the calibration schedule
     "quantize": {"encoder": "tasks.encoder.quantize", "llm": "tasks.llm.quant"},
     "compile": {"encoder": "tasks.encoder.compile", "llm": "tasks.llm.compile"},
     "bundle": {"llm": "tasks.llm.bundle"},  # LLM parts joined: export.json, genai_config.json

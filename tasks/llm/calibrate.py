@@ -1,0 +1,60 @@
+"""The calibrate stage, the LLM implementation (the contract: tasks/stages/__init__.py; issue 22).
+
+Part k's fp32 graphs run over the teacher-forced calibration schedule
+(:func:`tasks.llm.calib.schedule`, from the recipe's ``quantize.calibration`` file), reading
+part k-1's hidden states from ``calibrate.part{k-1}``'s entry. Writes the feeds that
+``quantize.part{k}`` calibrates on (``feeds/{prefill,decode}/NNNNNN.npz``) and this part's
+hidden states for part k+1 (``hidden/{prefill,decode}_{prompt}_{call}.npy``, not for the
+last part). Same inputs, same bytes (:func:`tasks.llm.calib.save_npz`).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+VERSION = 1
+TOOLS = ("onnxruntime", "onnx", "transformers", "tokenizers", "numpy")
+#: the recipe keys of its section (``quantize``) this implementation reads
+PARAMS = ("calibration.samples",)
+#: recipe keys naming the project files it reads -> their role in ``run(files=...)``
+FILES = {"calibration.file": "calibration"}
+
+
+def run(inputs, files, params, out: Path) -> dict:
+    """Calibrate part ``params["part"]`` of the LLM export in ``inputs["model"]`` (see above).
+    ``inputs["previous"]``: ``calibrate.part{k-1}``'s output (k > 0), ``inputs["source"]``:
+    the HF folder (tokenizer). Returns {"feeds": {"prefill": n, "decode": n}, "seconds",
+    "peak_rss" (bytes, this process)}. Raises ValueError when the text is too short for the
+    schedule, the memory check's error before work."""
+    import tempfile
+    import time
+
+    import numpy as np
+
+    from .. import progress
+    from ..proc.rss import peak_rss, peak_rss_reset
+    from .calib import _run_part, schedule, text_ids
+    from .memory import check_export_stage
+    from .sessions import cpu_session
+
+    src, k = Path(inputs["model"]), params["part"]
+    check_export_stage("calibrate", src, part=k)
+    desc = json.loads((src / "export.json").read_text())
+    ids, eos = text_ids(inputs["source"], files["calibration"])
+    sched = schedule(ids, desc["seq_len"], desc["context_len"], n_prompts=params["calibration"]["samples"])
+    embed = np.load(src / desc["embed_file"], mmap_mode="r") if desc.get("embed_file") and k == 0 else None
+    t0 = time.perf_counter()
+    peak_rss_reset()
+    bar = progress.bar(what=f"calibration part {k} (graph x prompt)", total=2 * len(sched), unit="prompt")
+    work = Path(tempfile.mkdtemp(prefix="calib-"))
+    try:
+        stores = _run_part(desc, src, desc["parts"][k], sched, work, cpu_session, True, eos, embed, bar,
+                           prev=Path(inputs["previous"]) / "hidden" if k else work / "none",
+                           here=out / "hidden", feeds=out / "feeds")
+    finally:
+        bar.close()
+        shutil.rmtree(work, ignore_errors=True)
+    return {"feeds": {g: len(st) for g, st in stores.items()}, "prompts": len(sched),
+            "seconds": time.perf_counter() - t0, "peak_rss": peak_rss()}
