@@ -186,7 +186,7 @@ def _run_part(desc: dict, export_dir: Path, p: dict, sched: list[dict], work: Pa
     prev = prev if prev is not None else work / "hidden" / f"part{i - 1}"
     here = here if here is not None else work / "hidden" / f"part{i}"
     kv = work / "kv" / f"part{i}"
-    for d in ((kv,) if last else (here, kv)):
+    for d in ((kv,) if last and not consume else (here, kv)):  # a stage's last part writes no hidden/
         d.mkdir(parents=True, exist_ok=True)
     feeds = feeds if feeds is not None else work / "feeds" / f"part{i}"
     stores = {k: FeedStore(feeds / k) for k in ("prefill", "decode")}
