@@ -169,26 +169,21 @@ def save_npz(path, arrays: dict) -> None:
                 np.lib.format.write_array(f, np.asanyarray(a), allow_pickle=False)
 
 
-def _run_part(desc: dict, export_dir: Path, p: dict, sched: list[dict], work: Path, make_session,
-              record: bool, pad_id: int, embed_table, bar=None, *, prev: Path | None = None,
-              here: Path | None = None, feeds: Path | None = None) -> dict:
+def run_part(desc: dict, export_dir: Path, p: dict, sched: list[dict], work: Path, make_session,
+             record: bool, pad_id: int, embed_table, bar=None, *, prev: Path, here: Path, feeds: Path) -> dict:
     """Run part ``p`` (fp32) over the whole schedule; see the module docstring. Returns
-    {"prefill": FeedStore, "decode": FeedStore} (empty when not ``record``). ``bar``: a
-    progress bar (``tasks.progress.bar``), advanced once per prompt and graph. ``prev``: the
-    folder of part i-1's hidden states (read, not changed), ``here``: where this part's go
-    (not written for the last part), ``feeds``: where the recorded feeds go (default: under
-    ``work``, and ``prev`` is removed once read)."""
+    {"prefill": FeedStore, "decode": FeedStore} in ``feeds`` (empty when not ``record``).
+    ``prev``: the folder of part i-1's hidden states (read only; unused for part 0), ``here``:
+    where this part's go (created; nothing is written for the last part), ``work``: scratch
+    for the prompts' KV caches (removed). ``bar``: a progress bar (``tasks.progress.bar``),
+    advanced once per prompt and graph."""
     i, (lo, hi) = p["index"], p["layers"]
     last = i == len(desc["parts"]) - 1
     S, C = desc["seq_len"], desc["context_len"]
     layers = list(range(lo, hi))
-    consume = prev is None
-    prev = prev if prev is not None else work / "hidden" / f"part{i - 1}"
-    here = here if here is not None else work / "hidden" / f"part{i}"
     kv = work / "kv" / f"part{i}"
-    for d in ((kv,) if last and not consume else (here, kv)):  # a stage's last part writes no hidden/
+    for d in ((kv,) if last else (here, kv)):
         d.mkdir(parents=True, exist_ok=True)
-    feeds = feeds if feeds is not None else work / "feeds" / f"part{i}"
     stores = {k: FeedStore(feeds / k) for k in ("prefill", "decode")}
     for kind in ("prefill", "decode"):
         g = PartGraph(make_session(export_dir / p[kind]["path"]))
@@ -219,8 +214,6 @@ def _run_part(desc: dict, export_dir: Path, p: dict, sched: list[dict], work: Pa
                 bar.update()
         del g  # the part's session (and its mapped weights) go before the next graph
     shutil.rmtree(kv, ignore_errors=True)
-    if consume:
-        shutil.rmtree(prev, ignore_errors=True)  # part i-1's outputs are consumed
     return stores
 
 
@@ -263,7 +256,12 @@ def collect_calibration_feeds(model_dir, export_dir, text_path, work, *, n_promp
                        unit="prompt")
     for p in desc["parts"]:
         keep = parts is None or p["index"] in parts
-        stores = _run_part(desc, export_dir, p, sched, work, make_session, keep, eos, embed, bar)
+        i = p["index"]
+        hidden = work / "hidden"
+        (hidden / f"part{i}").mkdir(parents=True, exist_ok=True)
+        stores = run_part(desc, export_dir, p, sched, work, make_session, keep, eos, embed, bar,
+                          prev=hidden / f"part{i - 1}", here=hidden / f"part{i}", feeds=work / "feeds" / f"part{i}")
+        shutil.rmtree(hidden / f"part{i - 1}", ignore_errors=True)  # part i-1's outputs are consumed
         if on_part is not None:
             on_part(p["index"], stores if keep else None)
         for k in out:

@@ -25,17 +25,15 @@ FILES = {"calibration.file": "calibration"}
 def run(inputs, files, params, out: Path) -> dict:
     """Calibrate part ``params["part"]`` of the LLM export in ``inputs["model"]`` (see above).
     ``inputs["previous"]``: ``calibrate.part{k-1}``'s output (k > 0), ``inputs["source"]``:
-    the HF folder (tokenizer). Returns {"feeds": {"prefill": n, "decode": n}, "seconds",
-    "peak_rss" (bytes, this process)}. Raises ValueError when the text is too short for the
+    the HF folder (tokenizer). Returns {"feeds": {"prefill": n, "decode": n}, "prompts": n}
+    (the engine records the stage's time and peak RSS). Raises ValueError when the text is too short for the
     schedule, the memory check's error before work."""
     import tempfile
-    import time
 
     import numpy as np
 
     from .. import progress
-    from ..proc.rss import peak_rss, peak_rss_reset
-    from .calib import _run_part, schedule, text_ids
+    from .calib import run_part, schedule, text_ids
     from .memory import check_export_stage
     from .sessions import cpu_session
 
@@ -45,16 +43,13 @@ def run(inputs, files, params, out: Path) -> dict:
     ids, eos = text_ids(inputs["source"], files["calibration"])
     sched = schedule(ids, desc["seq_len"], desc["context_len"], n_prompts=params["calibration"]["samples"])
     embed = np.load(src / desc["embed_file"], mmap_mode="r") if desc.get("embed_file") and k == 0 else None
-    t0 = time.perf_counter()
-    peak_rss_reset()
     bar = progress.bar(what=f"calibration part {k} (graph x prompt)", total=2 * len(sched), unit="prompt")
     work = Path(tempfile.mkdtemp(prefix="calib-"))
     try:
-        stores = _run_part(desc, src, desc["parts"][k], sched, work, cpu_session, True, eos, embed, bar,
-                           prev=Path(inputs["previous"]) / "hidden" if k else work / "none",
-                           here=out / "hidden", feeds=out / "feeds")
+        stores = run_part(desc, src, desc["parts"][k], sched, work, cpu_session, True, eos, embed, bar,
+                          prev=Path(inputs["previous"]) / "hidden" if k else work / "none",
+                          here=out / "hidden", feeds=out / "feeds")
     finally:
         bar.close()
         shutil.rmtree(work, ignore_errors=True)
-    return {"feeds": {g: len(st) for g, st in stores.items()}, "prompts": len(sched),
-            "seconds": time.perf_counter() - t0, "peak_rss": peak_rss()}
+    return {"feeds": {g: len(st) for g, st in stores.items()}, "prompts": len(sched)}

@@ -124,7 +124,8 @@ def check_stage(stage: str, config: dict, *, parts: int, seq_len: int, context_l
                 embed_in_part: bool = True, weight_bits: int = 4, part: int | None = None) -> int:
     """Estimate ``stage``'s peak for this model and export shape and :func:`check` it; returns
     the estimate in bytes. ``weight_bits``: of the quantized weights (``tasks/precisions.py``;
-    4 where the stage does not know the recipe's precision: compile and verify, issue 22). Raises :class:`NotEnoughMemory` (naming ``export.parts``,
+    compile and verify read them from the quantize output: :func:`weight_bits_of`, issue 22).
+    ``part``: the one part the stage builds (default: the largest part's estimate). Raises :class:`NotEnoughMemory` (naming ``export.parts``,
     ``export.context_length``, ``export.sequence_length`` with their values) or ValueError
     for a bad ``parts``."""
     from .parts import split_for

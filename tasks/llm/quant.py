@@ -122,7 +122,8 @@ def quantize_part(src, p: dict, feeds, params: dict, out, work) -> tuple[dict, i
     calibration feeds (``prefill/``, ``decode/``: :class:`tasks.llm.calib.FeedStore`), read
     only. ``params``: the quantize stage params (precision, per_channel, block_size, rounding,
     embedding_bits, overrides with weight_bits 8 = MatMul name patterns kept at uint8).
-    ``work``: a scratch folder (removed). Returns ({graph path: {"quantize_linear",
+    ``work``: a scratch folder (the part's fp32 copy and GPTQ codes in it are removed; the
+    caller owns the folder). Returns ({graph path: {"quantize_linear",
     "dequantize_linear", "calibration_feeds", and for 4-bit weights "block_wise_weights",
     "int4_weights", "tables_8bit"}}, the largest child's peak RSS in bytes). Raises
     RuntimeError with the child's output when a graph fails to quantize."""

@@ -253,9 +253,10 @@ def joined_views(inputs: dict, tmp: Path) -> dict:
             os.symlink(entry / f"part{k}", v / f"part{k}", target_is_directory=True)
             if (entry / "shared" / f"part{k}").is_dir():
                 os.symlink(entry / "shared" / f"part{k}", v / "shared" / f"part{k}", target_is_directory=True)
-            for f in ("config.json", "quantize.json"):
-                if k == 0 and (entry / f).is_file():
-                    os.symlink(entry / f, v / f)
+        first = Path(inputs[f"{side}.part0"])
+        for f in ("config.json", "quantize.json"):
+            if (first / f).is_file():
+                os.symlink(first / f, v / f)
         views[side] = v
     return views
 
