@@ -127,6 +127,10 @@ def _expand_parts(r: Recipe, params, files) -> list[StageSpec]:
     many = len(r.compile.targets) > 1
     suffixes = [f"@{t}" if many else "" for t in r.compile.targets]
     qdq = {}  # part -> the stage whose QDQ graphs the part's compile reads
+    # one binary per graph too: what ships without weight sharing, and what verify runs on the
+    # x86_64 HTP simulator, which crashes loading a weight-shared binary (NOTES-qnn.md); a
+    # weight-shared recipe verified on cpu-qdq (the 7B) compiles only the binary it ships
+    per_graph = not r.compile.weight_sharing or r.verify.backend == "htp"
     for k in range(P):  # part by part, so a build stopped in part k has parts < k whole
         model = part_name("export", k)
         specs.append(StageSpec(r.name, model, "export", {**params("export"), "part": k}, {"source": "download"}))
@@ -146,7 +150,8 @@ def _expand_parts(r: Recipe, params, files) -> list[StageSpec]:
             qdq[k] = part_name("patch", k)
         for t, suffix in zip(r.compile.targets, suffixes):
             specs.append(StageSpec(r.name, part_name("compile", k, suffix), "compile",
-                                   {"target": t, **params("compile"), "part": k}, {"model": qdq[k]}))
+                                   {"target": t, **params("compile"), "part": k, "per_graph": per_graph},
+                                   {"model": qdq[k]}))
     for t, suffix in zip(r.compile.targets, suffixes):
         joined = {f"{role}.part{k}": up for k in range(P)
                   for role, up in (("compiled", part_name("compile", k, suffix)), ("export", part_name("export", k)))}

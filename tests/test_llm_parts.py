@@ -121,6 +121,21 @@ def test_parts_are_stages_resume_by_part_and_are_shared(parts_project):
     other = proj.doit("run", "build:tiny3-8gen3")
     assert other.ran() == sorted([f"compile.part{k}:tiny3-8gen3" for k in range(3)]
                                  + ["bundle:tiny3-8gen3", "verify:tiny3-8gen3"]), other.log()
+    # verified on cpu-qdq (the 7B's way), a weight-shared part compiles only the binary it ships
+    proj.recipe("tiny3-cpu", "extends: tiny3\nverify: {backend: cpu-qdq}\n")
+    cpu = proj.doit("run", "build:tiny3-cpu")
+    assert cpu.ran() == sorted([f"compile.part{k}:tiny3-cpu" for k in range(3)]
+                               + ["bundle:tiny3-cpu", "verify:tiny3-cpu"]), cpu.log()
+    st = _stages(proj, "tiny3-cpu")
+    for k in range(3):
+        out = proj.cache / "compile" / st[f"compile.part{k}"]["key"] / "out"
+        assert sorted(p.name for p in out.iterdir()) == ["shared"], list(out.iterdir())
+        assert sorted(p.name for p in (out / "shared" / f"part{k}").glob("*.onnx")) == ["decode_ctx.onnx", "prefill_ctx.onnx"]
+    cb = proj.root / "build" / "tiny3-cpu"
+    assert not any((cb / f"part{k}").exists() for k in range(3)) and (cb / "genai_config.json").is_file()
+    rc = json.loads((cb / "verify.json").read_text())
+    assert rc["backend"] == "cpu-qdq" and len(rc["shared_binaries"]) == 3 and rc["all_on_htp"] is True, rc
+    assert rc["metrics"]["token_agreement"] >= 0.9, rc["metrics"]
     # explain shows each part's stage with its key
     out = proj.doit("run", "explain:tiny3").tasks["explain:tiny3"]["out"]
     assert all(f"quantize.part{k}" in out for k in range(3)), out

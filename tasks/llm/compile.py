@@ -5,8 +5,11 @@ Per part ``i`` the stage writes:
 - ``shared/part{i}/{prefill,decode}_ctx.onnx`` + one context binary holding both graphs with
   HTP weight sharing (``enable_htp_weight_sharing=1``, ``ep.share_ep_contexts=1``, the last
   with ``ep.stop_share_ep_contexts=1``): the artifact to ship (``weight_sharing: true``);
-- ``part{i}/{prefill,decode}_ctx.onnx`` + one binary per graph: what verify runs on the
-  x86_64 HTP simulator, which crashes loading a two-graph binary (NOTES-qnn.md, reproduced).
+- ``part{i}/{prefill,decode}_ctx.onnx`` + one binary per graph: what ships without weight
+  sharing, and what verify runs on the x86_64 HTP simulator, which crashes loading a two-graph
+  binary (NOTES-qnn.md, reproduced); made only when one of the two needs them (``per_graph``,
+  set by the plan: ``tasks/plan.py``), so a weight-shared LLM verified on ``cpu-qdq`` (the 7B)
+  compiles one binary per part, not three.
 
 Every compile runs in a fresh process (a second compile in one process writes other tensor ids
 into the binary; see tasks/qnn.py ``compile_in_subprocess``). Also ``export.json`` (the graphs'
@@ -41,7 +44,10 @@ def compile_llm(src: Path, out: Path, params: dict, parts=None, bundle: bool = T
     ``parts``: indices to compile (default all; the ``compile.part{k}`` stage compiles one).
     ``bundle``: also write ``export.json``, the embedding file and ``genai_config.json``
     (:func:`write_bundle`; the build's ``bundle`` stage does it once for every part).
-    Returns per part: binary sizes (bytes), the shared/single size ratio, ``seconds`` and
+    ``params["per_graph"]`` (default True): also one binary per graph beside the weight-shared
+    one (always without ``weight_sharing``).
+    Returns per part: binary sizes (bytes; ``single_bytes`` only with per-graph binaries), the
+    shared/single size ratio (with both), ``seconds`` and
     ``peak_rss`` (bytes, the largest compile process of the part). Raises RuntimeError with
     the child's output when a compile fails (e.g. a node not on HTP)."""
     from . import qnn as llm_qnn
@@ -54,7 +60,9 @@ def compile_llm(src: Path, out: Path, params: dict, parts=None, bundle: bool = T
     from .. import progress
 
     todo = [p for p in desc["parts"] if parts is None or p["index"] in parts]
-    bar = progress.bar(what="graphs", total=len(todo) * (3 if params.get("weight_sharing", True) else 2), unit="graph")
+    sharing = params.get("weight_sharing", True)
+    per_graph = params.get("per_graph", True) or not sharing
+    bar = progress.bar(what="graphs", total=len(todo) * (2 * per_graph + sharing), unit="graph")
     sizes = []
     for p in todo:
         i = p["index"]
@@ -62,17 +70,20 @@ def compile_llm(src: Path, out: Path, params: dict, parts=None, bundle: bool = T
         pre, dec = (str(src / p[g]["path"]) for g in ("prefill", "decode"))
         here = Path(pre).parent  # the child's working folder: graph names from relative paths
         single = out / f"part{i}"
-        for g, path in (("prefill", pre), ("decode", dec)):
-            peaks.append(_run(llm_qnn.compile_single, path, str(single), cwd=here, name=g, target=target))
-            bar.update()
-        row = {"part": i, "single_bytes": {g: sum(b.stat().st_size for b in single.glob(f"{g}_ctx*.bin"))
-                                           for g in ("prefill", "decode")}}
-        if params.get("weight_sharing", True):
+        row = {"part": i}
+        if per_graph:
+            for g, path in (("prefill", pre), ("decode", dec)):
+                peaks.append(_run(llm_qnn.compile_single, path, str(single), cwd=here, name=g, target=target))
+                bar.update()
+            row["single_bytes"] = {g: sum(b.stat().st_size for b in single.glob(f"{g}_ctx*.bin"))
+                                   for g in ("prefill", "decode")}
+        if sharing:
             shared = out / "shared" / f"part{i}"
             peaks.append(_run(llm_qnn.compile_shared, pre, dec, str(shared), target, cwd=here))
             bar.update()
             row["shared_bytes"] = sum(b.stat().st_size for b in shared.glob("*.bin"))
-            row["shared_ratio"] = row["shared_bytes"] / sum(row["single_bytes"].values())
+            if per_graph:
+                row["shared_ratio"] = row["shared_bytes"] / sum(row["single_bytes"].values())
         row.update(seconds=time.perf_counter() - t0, peak_rss=max(peaks))
         sizes.append(row)
     bar.close()
@@ -109,11 +120,11 @@ def _sdk(ctx: Path) -> str:
 # both into one weight-shared binary, each compile in its own process (``tasks/llm/compile.py``);
 # ``genai_config.json`` for onnxruntime-genai (``tasks/llm/genai.py``).
 
-VERSION = 2  # 2: one part per stage (issue 22)
+VERSION = 2  # 2: one part per stage, per-graph binaries only where needed (issue 22)
 TOOLS = ("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "onnx")
 #: the recipe keys of its section this implementation reads (the stage params, so the key,
 #: hold exactly these; a key only the other family reads is a load error: tasks/stages)
-PARAMS = ("weight_sharing",)
+PARAMS = ("weight_sharing",)  # and ``per_graph``, ``part``, ``target``, wired by the plan
 KEY_EXCLUDE = ("target",)  # the name; the key holds what it resolves to (key_extra)
 key_extra = target_key_extra
 

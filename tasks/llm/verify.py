@@ -250,7 +250,8 @@ def joined_views(inputs: dict, tmp: Path) -> dict:
             os.symlink(bundle / f, v / f)
         for k in range(P):
             entry = Path(inputs[f"{side}.part{k}"])
-            os.symlink(entry / f"part{k}", v / f"part{k}", target_is_directory=True)
+            if (entry / f"part{k}").is_dir():  # a weight-shared compile without per-graph binaries has none
+                os.symlink(entry / f"part{k}", v / f"part{k}", target_is_directory=True)
             if (entry / "shared" / f"part{k}").is_dir():
                 os.symlink(entry / "shared" / f"part{k}", v / "shared" / f"part{k}", target_is_directory=True)
         first = Path(inputs[f"{side}.part0"])
