@@ -40,8 +40,6 @@ onnxruntime-qnn 2.7.0).
 
 from __future__ import annotations
 
-import re
-
 from .proc import lazy
 
 np = lazy.module("numpy")
@@ -51,6 +49,14 @@ onnx = lazy.module("onnx")
 LPBQ_SCALE_MAX = 16
 GPTQ_DAMP = 0.1
 INT4_MIN, INT4_MAX = -8, 7
+#: what onnxruntime's quantizer is asked to write for a MatMul weight that :func:`reencode`
+#: makes block-wise (LPBQ), so replaces whole: symmetric int8 per-tensor, a placeholder
+#: that is cheap to make. Asked for int4 per-channel, onnxruntime packs the codes in a Python
+#: loop per byte (``quant_utils.pack_bytes_to_4bit``) and computes each channel's scale in
+#: another: 53 + 13 s of a 170 s quantize of a Qwen2.5-7B-shaped slab's prefill graph
+#: (cProfile, 2026-12-03; benchmarks/README "quantize time"). The re-encoded model is the same
+#: bytes either way (tests/test_int4.py).
+LPBQ_PLACEHOLDER = {"quant_type": "int8", "symmetric": True}
 
 
 def int4_tensor(name: str, codes):
@@ -240,22 +246,17 @@ def encode_int4(model, wname: str, W, block: int | None, codes=None) -> dict:
     [K, N] chosen by :func:`gptq` (default: round to nearest). The weight's initializers are
     onnxruntime's ``<w>_quantized`` / ``_scale`` / ``_zero_point``. Returns {"scales": S [K, N]
     broadcastable} for callers that choose codes. Raises ValueError when K % block != 0."""
-    from onnx import helper, numpy_helper
+    from onnx import numpy_helper
 
     K, N = W.shape
-    inits = {i.name: i for i in model.graph.initializer}
-    q, s, z = wname + "_quantized", wname + "_scale", wname + "_zero_point"
-    dq = _weight_dq(model, q)
+    s, z = wname + "_scale", wname + "_zero_point"
     if block is None:
         S = (np.abs(W).max(0) / (INT4_MAX + 0.5)).astype(np.float32)
         S[S == 0] = 1e-12
         if codes is None:
             codes = np.clip(np.round(W / S), INT4_MIN, INT4_MAX)
-        inits[s].CopyFrom(numpy_helper.from_array(S, s))
-        inits[q].CopyFrom(int4_tensor(q, codes))
-        inits[z].CopyFrom(int4_tensor(z, np.zeros(N, np.int8)))
-        del dq.attribute[:]
-        dq.attribute.append(helper.make_attribute("axis", 1))
+        _set_encoding(model, wname, None, [numpy_helper.from_array(S, s), int4_tensor(wname + "_quantized", codes),
+                                           int4_tensor(z, np.zeros(N, np.int8))])
         return {"scales": S}
     if K % block:
         raise ValueError(f"{wname}: expected in-features divisible by quantize.block_size {block}, found {K}")
@@ -263,13 +264,41 @@ def encode_int4(model, wname: str, W, block: int | None, codes=None) -> dict:
     S = np.repeat(bint.astype(np.float32) * pc, block, axis=0)
     if codes is None:
         codes = np.clip(np.round(W / S), INT4_MIN, INT4_MAX)
-    inits[q].CopyFrom(int4_tensor(q, codes))
+    _set_encoding(model, wname, block, [
+        int4_tensor(wname + "_quantized", codes), numpy_helper.from_array(bint, wname + "_bint"),
+        numpy_helper.from_array(pc, wname + "_pc"), numpy_helper.from_array(np.zeros(N, np.uint8), wname + "_pc_zero_point"),
+        int4_tensor(z, np.zeros((K // block, N), np.int8))])
+    return {"scales": S}
+
+
+def _encoding_names(wname: str, block: int | None) -> list[str]:
+    """The initializers of weight ``wname``'s int4 encoding, in the order :func:`_set_encoding` takes them."""
+    if block is None:
+        return [wname + "_scale", wname + "_quantized", wname + "_zero_point"]
+    return [wname + t for t in ("_quantized", "_bint", "_pc", "_pc_zero_point", "_zero_point")]
+
+
+def _set_encoding(model, wname: str, block: int | None, tensors: list) -> None:
+    """Give weight ``wname`` of the QDQ ``model`` (onnxruntime's ``<w>_quantized`` / ``_scale``
+    / ``_zero_point`` and their DequantizeLinear) the int4 encoding ``tensors`` (TensorProtos
+    named by :func:`_encoding_names`), in place: per-channel (``block`` None; the three
+    initializers replaced where they are) or LPBQ (the codes replaced, the scale and zero
+    point removed, the block-scale tensors appended and their DequantizeLinear inserted)."""
+    from onnx import helper
+
+    inits = {i.name: i for i in model.graph.initializer}
+    q, s, z = wname + "_quantized", wname + "_scale", wname + "_zero_point"
+    dq = _weight_dq(model, q)
+    if block is None:
+        for t in tensors:
+            inits[t.name].CopyFrom(t)
+        del dq.attribute[:]
+        dq.attribute.append(helper.make_attribute("axis", 1))
+        return
+    inits[q].CopyFrom(tensors[0])
     model.graph.initializer.remove(inits[s])
     model.graph.initializer.remove(inits[z])
-    model.graph.initializer.extend([
-        numpy_helper.from_array(bint, wname + "_bint"), numpy_helper.from_array(pc, wname + "_pc"),
-        numpy_helper.from_array(np.zeros(N, np.uint8), wname + "_pc_zero_point"),
-        int4_tensor(z, np.zeros((K // block, N), np.int8))])
+    model.graph.initializer.extend(tensors[1:])
     nodes = list(model.graph.node)
     model.graph.node.insert(nodes.index(dq), helper.make_node(
         "DequantizeLinear", [wname + "_bint", wname + "_pc", wname + "_pc_zero_point"], [s], axis=1,
@@ -277,7 +306,6 @@ def encode_int4(model, wname: str, W, block: int | None, codes=None) -> dict:
     dq.domain = ""  # onnx's own DequantizeLinear (opset 21) has block_size
     del dq.attribute[:]
     dq.attribute.extend([helper.make_attribute("axis", 0), helper.make_attribute("block_size", block)])
-    return {"scales": S}
 
 
 def set_codes(model, wname: str, codes) -> None:
@@ -287,9 +315,10 @@ def set_codes(model, wname: str, codes) -> None:
 
 
 def int4_weights(qdq, fp32_inits: dict) -> list[str]:
-    """Names of the MatMul weights ``qdq`` holds as int4 (onnxruntime's ``<w>_quantized``
-    initializers feeding a MatMul through their DequantizeLinear; not Gather tables an
-    override made int4) whose fp32 values are in ``fp32_inits``, in graph order."""
+    """Names of the MatMul weights ``qdq`` holds as int4, or as the int8 placeholders of
+    :data:`LPBQ_PLACEHOLDER` (onnxruntime's ``<w>_quantized`` initializers feeding a MatMul
+    through their DequantizeLinear; not Gather tables an override made int4) whose fp32
+    values are in ``fp32_inits``, in graph order."""
     inits = {i.name: i for i in qdq.graph.initializer}
     matmul_in = {n.input[1] for n in qdq.graph.node if n.op_type == "MatMul" and len(n.input) > 1}
     out = []
@@ -297,7 +326,8 @@ def int4_weights(qdq, fp32_inits: dict) -> list[str]:
         if n.op_type == "DequantizeLinear" and n.input[0].endswith("_quantized") and n.output[0] in matmul_in:
             t = inits.get(n.input[0])
             w = n.input[0][: -len("_quantized")]
-            if t is not None and t.data_type == onnx.TensorProto.INT4 and len(t.dims) == 2 and w in fp32_inits:
+            if t is not None and t.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.INT8) and len(t.dims) == 2 \
+                    and w in fp32_inits:
                 out.append(w)
     return out
 
@@ -351,19 +381,21 @@ def narrow_gather_tables(qdq, min_rows: int = 1024) -> list[str]:
     return done
 
 
-def reencode(fp32_path, qdq_path, feeds, block: int | None, rounding: str, tables: bool, codes_dir=None,
-             more=()) -> dict:
+def reencode(fp32_path, qdq_path, feeds, block: int | None, rounding: str, tables: bool, more=(),
+             same_as=None) -> dict:
     """Re-encode the int4 MatMul weights of the QDQ model at ``qdq_path`` in place: LPBQ blocks
     of ``block`` rows (None: per-channel), codes by ``rounding`` (``nearest`` | ``gptq`` on
     ``feeds``, the calibration feed dicts of the fp32 graph, iterated once more); with
     ``tables`` the Gather tables go to 8 bits (:func:`narrow_gather_tables`). ``fp32_path``: the
     fp32 graph the QDQ model was quantized from; its weights are read one at a time (external
-    data included), and held all at once only for GPTQ's Hessians. ``codes_dir``: GPTQ codes
-    are saved there by weight name, and a weight whose codes are already there takes them
-    (an LLM part's decode graph takes its prefill graph's codes, so the two graphs keep equal
-    weights and the weight-shared binary stores them once). Saved with external data above
-    2 GB. ``more``: (fp32 graph path, feeds) of other graphs that use the same weights (an LLM
-    part's decode graph): their inputs join the Hessians, rows weighted equally.
+    data included), and held all at once only for GPTQ's Hessians. Saved with external data
+    above 2 GB. ``more``: (fp32 graph path, feeds) of other graphs that use the same weights (an
+    LLM part's decode graph): their inputs join the Hessians, rows weighted equally.
+    ``same_as``: (fp32 path, re-encoded QDQ path) of a graph with the same weights (an LLM
+    part's prefill graph, for its decode graph): each weight's encoding is taken from it as it
+    is (no fp32 read, no scale search, no GPTQ), so the two graphs hold the same bytes, which
+    the weight-shared binary stores once; raises ValueError when a weight's fp32 data is not
+    the same (file, offset, length) in both fp32 graphs.
     Returns {"int4_weights": n, "block_size", "rounding", "tables_8bit": [names]}; {} without
     reading anything when nothing is asked (no block, round to nearest, no tables)."""
     from pathlib import Path
@@ -387,8 +419,12 @@ def reencode(fp32_path, qdq_path, feeds, block: int | None, rounding: str, table
             raise ValueError(f"{fp32_path.name}: expected MatMul in-features divisible by quantize.block_size {block}, "
                              f"found {len(bad)} weights that are not: {', '.join(bad[:6])}"
                              + (" ..." if len(bad) > 6 else ""))
-    saved = (lambda w: Path(codes_dir) / (re.sub(r"[^A-Za-z0-9_.-]", "_", w) + ".npy")) if codes_dir else None
-    todo = {w for w in names if rounding == "gptq" and not (saved and saved(w).is_file())}
+    if same_as is not None and names:
+        _take_encodings(q, fp, names, block, *same_as)
+        names_done = set(names)
+    else:
+        names_done = set()
+    todo = {w for w in names if rounding == "gptq" and w not in names_done}
     H, rows = {}, 0
     for path, fs in ((fp32_path, feeds), *more) if todo else ():
         h, n = hessians(onnx.load(str(path)), fs, todo)
@@ -397,16 +433,33 @@ def reencode(fp32_path, qdq_path, feeds, block: int | None, rounding: str, table
             H[w] = H[w] + x if w in H else x
     H = {w: x / max(rows, 1) for w, x in H.items()}
     for w in names:
+        if w in names_done:
+            continue
         W = numpy_helper.to_array(fp[w], base_dir=str(fp32_path.parent)).astype(np.float32)
         enc = encode_int4(q, w, W, block)  # scales fixed, codes rounded to nearest
-        if rounding == "gptq":
-            codes = gptq(W, H.pop(w), enc["scales"]) if w in todo else np.load(saved(w))
-            if saved and w in todo:
-                saved(w).parent.mkdir(parents=True, exist_ok=True)
-                np.save(saved(w), codes)
-            set_codes(q, w, codes)
+        if w in todo:
+            set_codes(q, w, gptq(W, H.pop(w), enc["scales"]))
     narrowed = narrow_gather_tables(q) if tables else []
     for loc in old_data:  # every weight is in memory now; the re-encoded model may fit inline
         (qdq_path.parent / loc).unlink(missing_ok=True)
     save_model(q, qdq_path)
     return {"int4_weights": len(names), "block_size": block, "rounding": rounding, "tables_8bit": narrowed}
+
+
+def _take_encodings(q, fp: dict, names: list[str], block: int | None, other_fp32, other_qdq) -> None:
+    """Give the weights ``names`` of the QDQ model ``q`` the encodings the re-encoded QDQ model
+    at ``other_qdq`` holds for them (:func:`reencode` ``same_as``), after checking that each
+    weight's fp32 data in ``fp`` (``q``'s fp32 graph's initializers) is the same file range as in
+    ``other_fp32``. Raises ValueError naming the first weight that differs or is missing."""
+    def where(t):
+        return sorted((e.key, e.value) for e in t.external_data if e.key in ("location", "offset", "length")) \
+            or t.raw_data
+
+    ofp = {i.name: i for i in onnx.load(str(other_fp32), load_external_data=False).graph.initializer}
+    for w in names:
+        if w not in ofp or where(ofp[w]) != where(fp[w]):
+            raise ValueError(f"{other_fp32}: expected the same fp32 data for weight {w} as the graph being "
+                             f"re-encoded, found {'none' if w not in ofp else 'other data'}")
+    other = {i.name: i for i in onnx.load(str(other_qdq)).graph.initializer}
+    for w in names:
+        _set_encoding(q, w, block, [other[n] for n in _encoding_names(w, block)])

@@ -32,7 +32,7 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
                  activation_type: str = "uint16", per_channel: bool = True,
                  matmul_per_channel: bool = True, keep_8bit: tuple = (), work=None,
                  block_size: int | None = None, rounding: str = "nearest", embedding_bits: int = 16,
-                 codes_dir=None, more=()) -> Path:
+                 more=(), same_as=None) -> Path:
     """Quantize ``fp32_path`` (one exported graph) to a QDQ model at ``out_path``.
 
     Args:
@@ -55,9 +55,13 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
         work: scratch folder (default: a temporary one beside ``out_path``).
         block_size, rounding, embedding_bits: the recipe's ``quantize`` params for 4-bit
             weights, applied after onnxruntime's quantizer by :func:`tasks.weights.reencode`
-            (LPBQ blocks, GPTQ codes on ``feeds``, an 8-bit embedding table).
-        codes_dir, more: GPTQ codes shared by a part's graphs, and the other graph's (path,
-            feeds) whose inputs join the Hessians (:func:`tasks.weights.reencode`).
+            (LPBQ blocks, GPTQ codes on ``feeds``, an 8-bit embedding table). With
+            ``block_size`` onnxruntime writes :data:`tasks.weights.LPBQ_PLACEHOLDER` codes for
+            the weights the re-encode replaces (its own int4 packing is a Python loop).
+        more, same_as: the other graph's (path, feeds) whose inputs join the GPTQ Hessians,
+            and (fp32 path, re-encoded QDQ path) of a graph with the same weights whose
+            encodings this one takes (an LLM part's decode graph takes its prefill's:
+            :func:`tasks.weights.reencode`).
 
     Calibration: MinMax ranges streamed over ``feeds`` (:func:`tasks.llm.calib.collect_ranges`,
     memory independent of the number of feeds), handed to onnxruntime's ``quantize_static`` as
@@ -90,6 +94,11 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
             keep_8bit = ("lm_head", *keep_8bit)
         if matmul_per_channel or four_bit:
             overrides.update(matmul_weight_overrides(model, weight_type, keep_8bit=keep_8bit))
+        if four_bit and block_size:  # every int4 MatMul weight is made block-wise after: placeholders
+            from ..weights import LPBQ_PLACEHOLDER
+
+            ph = [{**LPBQ_PLACEHOLDER, "quant_type": qtype(LPBQ_PLACEHOLDER["quant_type"])}]
+            overrides.update({w: ph for w, o in overrides.items() if o[0]["quant_type"] == qtype(weight_type)})
         weight_bytes = sum(i.ByteSize() if not i.external_data else
                            int(next(e.value for e in i.external_data if e.key == "length"))
                            for i in model.graph.initializer)
@@ -109,7 +118,7 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
         if four_bit:
             from ..weights import reencode
 
-            reencode(src, out_path, feeds, block_size, rounding, embedding_bits == 8, codes_dir, more)
+            reencode(src, out_path, feeds, block_size, rounding, embedding_bits == 8, more, same_as)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out_path
@@ -122,8 +131,8 @@ def quantize_part(src, p: dict, feeds, params: dict, out, work) -> tuple[dict, i
     calibration feeds (``prefill/``, ``decode/``: :class:`tasks.llm.calib.FeedStore`), read
     only. ``params``: the quantize stage params (precision, per_channel, block_size, rounding,
     embedding_bits, overrides with weight_bits 8 = MatMul name patterns kept at uint8).
-    ``work``: a scratch folder (the part's fp32 copy and GPTQ codes in it are removed; the
-    caller owns the folder). Returns ({graph path: {"quantize_linear",
+    ``work``: a scratch folder (the part's fp32 copy in it is removed; the caller owns the
+    folder). Returns ({graph path: {"quantize_linear",
     "dequantize_linear", "calibration_feeds", and for 4-bit weights "block_wise_weights",
     "int4_weights", "tables_8bit"}}, the largest child's peak RSS in bytes). Raises
     RuntimeError with the child's output when a graph fails to quantize."""
@@ -140,23 +149,24 @@ def quantize_part(src, p: dict, feeds, params: dict, out, work) -> tuple[dict, i
     weight, act = prec.weight_type, prec.activation_type
     keep = tuple(o["pattern"] for o in params.get("overrides", []) if o["weight_bits"] == 8)
     report, peaks = {}, []
-    i = p["index"]
     staged = stage_part(src, p, work / "fp32")
     try:
         for g in ("prefill", "decode"):
             rel = p[g]["path"]
-            # GPTQ (prefill first): the decode graph's inputs join the prefill's Hessians, and
-            # decode then takes prefill's codes (one set of weights for the shared binary)
-            other = p["decode"]["path"]
-            more = ([(str(staged / Path(other).name), FeedStore(feeds / "decode"))]
+            # prefill first; with GPTQ the decode graph's inputs join its Hessians. The decode
+            # graph then takes the prefill's int4 encodings as they are (the same weights: one
+            # set of weights for the shared binary, and no second scale search)
+            pre = p["prefill"]["path"]
+            more = ([(str(staged / Path(p["decode"]["path"]).name), FeedStore(feeds / "decode"))]
                     if g == "prefill" and params.get("rounding") == "gptq" else ())
+            same_as = (str(staged / Path(pre).name), str(out / pre)) if g == "decode" else None
             store = FeedStore(feeds / g)
             r = run_function(
                 quantize_qdq, str(staged / Path(rel).name), str(out / rel), store,
                 weight_type=weight, activation_type=act, per_channel=params["per_channel"], keep_8bit=keep,
                 work=str(work / "q" / g), block_size=params.get("block_size"),
                 rounding=params.get("rounding", "nearest"), embedding_bits=params.get("embedding_bits", 16),
-                codes_dir=str(work / "codes" / f"part{i}"), more=more, timeout=24 * 3600, forward=True)
+                more=more, same_as=same_as, timeout=24 * 3600, forward=True)
             if r.returncode != 0:
                 raise RuntimeError(f"quantizing {rel} failed (exit {r.returncode}):\n{r.tail(2000)}")
             peaks.append(r.peak_rss or 0)
@@ -174,7 +184,6 @@ def quantize_part(src, p: dict, feeds, params: dict, out, work) -> tuple[dict, i
                     tables_8bit=gather_tables_8bit(qm))
     finally:
         shutil.rmtree(staged, ignore_errors=True)
-        shutil.rmtree(work / "codes" / f"part{i}", ignore_errors=True)
     return report, max(peaks)
 
 
