@@ -49,14 +49,6 @@ onnx = lazy.module("onnx")
 LPBQ_SCALE_MAX = 16
 GPTQ_DAMP = 0.1
 INT4_MIN, INT4_MAX = -8, 7
-#: what onnxruntime's quantizer is asked to write for a MatMul weight that :func:`reencode`
-#: makes block-wise (LPBQ), so replaces whole: symmetric int8 per-tensor, a placeholder
-#: that is cheap to make. Asked for int4 per-channel, onnxruntime packs the codes in a Python
-#: loop per byte (``quant_utils.pack_bytes_to_4bit``) and computes each channel's scale in
-#: another: 53 + 13 s of a 170 s quantize of a Qwen2.5-7B-shaped slab's prefill graph
-#: (cProfile, 2026-12-03; benchmarks/README "quantize time"). The re-encoded model is the same
-#: bytes either way (tests/test_int4.py).
-LPBQ_PLACEHOLDER = {"quant_type": "int8", "symmetric": True}
 
 
 def int4_tensor(name: str, codes):
@@ -315,10 +307,9 @@ def set_codes(model, wname: str, codes) -> None:
 
 
 def int4_weights(qdq, fp32_inits: dict) -> list[str]:
-    """Names of the MatMul weights ``qdq`` holds as int4, or as the int8 placeholders of
-    :data:`LPBQ_PLACEHOLDER` (onnxruntime's ``<w>_quantized`` initializers feeding a MatMul
-    through their DequantizeLinear; not Gather tables an override made int4) whose fp32
-    values are in ``fp32_inits``, in graph order."""
+    """Names of the MatMul weights ``qdq`` holds as int4 (onnxruntime's ``<w>_quantized``
+    initializers feeding a MatMul through their DequantizeLinear; not Gather tables an
+    override made int4) whose fp32 values are in ``fp32_inits``, in graph order."""
     inits = {i.name: i for i in qdq.graph.initializer}
     matmul_in = {n.input[1] for n in qdq.graph.node if n.op_type == "MatMul" and len(n.input) > 1}
     out = []
@@ -326,8 +317,7 @@ def int4_weights(qdq, fp32_inits: dict) -> list[str]:
         if n.op_type == "DequantizeLinear" and n.input[0].endswith("_quantized") and n.output[0] in matmul_in:
             t = inits.get(n.input[0])
             w = n.input[0][: -len("_quantized")]
-            if t is not None and t.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.INT8) and len(t.dims) == 2 \
-                    and w in fp32_inits:
+            if t is not None and t.data_type == onnx.TensorProto.INT4 and len(t.dims) == 2 and w in fp32_inits:
                 out.append(w)
     return out
 

@@ -245,3 +245,21 @@ def test_reencode_leaves_no_stale_external_data(tmp_path):
     assert info["int4_weights"] == 1 and sorted(p.name for p in tmp_path.iterdir()) == ["fp.onnx", "q.onnx"]
     m = onnx.load(str(tmp_path / "q.onnx"))
     assert sum(i.name.endswith("_bint") for i in m.graph.initializer) == 1
+
+
+def test_fast_int4_packing_is_onnxruntimes_packing():
+    """:func:`tasks.quantconfig.pack_int4` (used inside onnxruntime's quantizer: its own packing
+    is a Python loop per byte) gives the bytes onnxruntime's ``pack_bytes_to_4bit`` gives, odd
+    and even lengths, signed and unsigned codes; the context restores onnxruntime's function."""
+    from onnxruntime.quantization import base_quantizer, quant_utils
+
+    from tasks.quantconfig import fast_int4_packing, pack_int4
+
+    ort_pack = quant_utils.pack_bytes_to_4bit
+    rng = np.random.default_rng(0)
+    for n in (0, 1, 2, 7, 1000, 1001):
+        for codes in (rng.integers(-8, 8, n).astype(np.int8), rng.integers(0, 16, n).astype(np.uint8)):
+            assert pack_int4(codes.tobytes()) == ort_pack(codes.tobytes()), n
+    with fast_int4_packing():
+        assert quant_utils.pack_bytes_to_4bit is pack_int4 and base_quantizer.pack_bytes_to_4bit is pack_int4
+    assert quant_utils.pack_bytes_to_4bit is ort_pack and base_quantizer.pack_bytes_to_4bit is ort_pack

@@ -93,17 +93,14 @@ def test_w4a16_weights_and_htp_prefill(qwen2_qdq, tmp_path):
         assert cos > 0.98, cos
 
 
-def test_lpbq_placeholders_and_the_decode_graph_taking_prefills_encodings(qwen2_qdq, tmp_path, monkeypatch):
-    """With ``block_size`` onnxruntime writes int8 placeholders for the weights the LPBQ
-    re-encode replaces (its int4 packing is a Python loop: 53 s of a 170 s 7B-slab quantize):
-    the result is the same bytes as with onnxruntime's int4 per-channel codes. The decode graph
-    taking the prefill's encodings (``same_as``) is the same bytes as encoding its own, and the
-    two graphs hold equal weight tensors; a graph with other fp32 data is refused."""
+def test_decode_graph_takes_the_prefills_int4_encodings(qwen2_qdq, tmp_path):
+    """A part's decode graph taking the prefill's LPBQ encodings (``same_as``) is the same bytes
+    as encoding its own, and the two graphs hold equal weight tensors; a graph whose fp32
+    weights are other data is refused."""
     import hashlib
 
     import onnx
 
-    from tasks import weights
     from tasks.llm import quant
 
     ex, feeds = tiny_export("qwen2"), qwen2_qdq["feeds"]
@@ -116,22 +113,13 @@ def test_lpbq_placeholders_and_the_decode_graph_taking_prefills_encodings(qwen2_
         return hashlib.sha256(p.read_bytes()).hexdigest()
 
     pre = q("prefill", "pre.onnx")
-    dec_own = q("decode", "dec_own.onnx")
     dec = q("decode", "dec.onnx", same_as=(ex / "part0" / "prefill.onnx", pre))
-    assert sha(dec) == sha(dec_own)
-    m = onnx.load(str(pre))
-    ph = [i for i in m.graph.initializer if i.data_type == onnx.TensorProto.INT8]
-    assert not ph  # no placeholder is left
-    enc = {i.name: i.raw_data for i in m.graph.initializer if i.name.endswith(("_bint", "_quantized"))}
+    assert sha(dec) == sha(q("decode", "dec_own.onnx"))
+    enc = {i.name: i.raw_data for i in onnx.load(str(pre)).graph.initializer if i.name.endswith(("_bint", "_quantized"))}
     got = {i.name: i.raw_data for i in onnx.load(str(dec)).graph.initializer if i.name in enc}
     assert len(enc) > 20 and got == enc
-    # onnxruntime's own int4 per-channel codes first (what it did before the placeholders)
-    monkeypatch.setattr(weights, "LPBQ_PLACEHOLDER", {"quant_type": "int4", "symmetric": True, "axis": 1})
-    assert sha(q("prefill", "pre_ort_int4.onnx")) == sha(pre)
-    # the same_as graph must read the same fp32 weights
     other = tmp_path / "other"
     other.mkdir()
-    fp = onnx.load(str(ex / "part0" / "prefill.onnx"))
-    onnx.save(fp, str(other / "prefill.onnx"))  # weights inline: not the decode graph's file ranges
+    onnx.save(onnx.load(str(ex / "part0" / "prefill.onnx")), str(other / "prefill.onnx"))  # weights inline
     with pytest.raises(ValueError, match="expected the same fp32 data for weight"):
         q("decode", "dec_bad.onnx", same_as=(other / "prefill.onnx", pre))

@@ -131,7 +131,7 @@ def quantize_graph(src: Path, dst: Path, feeds: list[dict], params: dict) -> dic
 
     from .. import weights
     from ..precisions import OVERRIDE_TYPES, get as get_precision
-    from ..quantconfig import matching_weights, qtype
+    from ..quantconfig import fast_int4_packing, matching_weights, qtype
 
     p = get_precision(params["precision"])
     four = p.weight_bits == 4
@@ -158,7 +158,8 @@ def quantize_graph(src: Path, dst: Path, feeds: list[dict], params: dict) -> dic
         big = pre.stat().st_size > 2 * 1024**3
         if big:
             cfg.use_external_data_format = True
-        quantize(str(pre), str(dst), cfg)
+        with fast_int4_packing():  # onnxruntime's own int4 packing is a Python loop per byte
+            quantize(str(pre), str(dst), cfg)
         if four:
             info.update(weights.reencode(pre, dst, feeds, params.get("block_size"), params.get("rounding", "nearest"),
                                          params.get("embedding_bits", 16) == 8))

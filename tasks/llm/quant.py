@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..stages.common import copy_rest
-from ..quantconfig import matmul_weight_overrides, qtype
+from ..quantconfig import fast_int4_packing, matmul_weight_overrides, qtype
 from .layout import ROPE_TABLES
 
 def stage_part(export_dir, part: dict, work) -> Path:
@@ -55,9 +55,7 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
         work: scratch folder (default: a temporary one beside ``out_path``).
         block_size, rounding, embedding_bits: the recipe's ``quantize`` params for 4-bit
             weights, applied after onnxruntime's quantizer by :func:`tasks.weights.reencode`
-            (LPBQ blocks, GPTQ codes on ``feeds``, an 8-bit embedding table). With
-            ``block_size`` onnxruntime writes :data:`tasks.weights.LPBQ_PLACEHOLDER` codes for
-            the weights the re-encode replaces (its own int4 packing is a Python loop).
+            (LPBQ blocks, GPTQ codes on ``feeds``, an 8-bit embedding table).
         more, same_as: the other graph's (path, feeds) whose inputs join the GPTQ Hessians,
             and (fp32 path, re-encoded QDQ path) of a graph with the same weights whose
             encodings this one takes (an LLM part's decode graph takes its prefill's:
@@ -94,11 +92,6 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
             keep_8bit = ("lm_head", *keep_8bit)
         if matmul_per_channel or four_bit:
             overrides.update(matmul_weight_overrides(model, weight_type, keep_8bit=keep_8bit))
-        if four_bit and block_size:  # every int4 MatMul weight is made block-wise after: placeholders
-            from ..weights import LPBQ_PLACEHOLDER
-
-            ph = [{**LPBQ_PLACEHOLDER, "quant_type": qtype(LPBQ_PLACEHOLDER["quant_type"])}]
-            overrides.update({w: ph for w, o in overrides.items() if o[0]["quant_type"] == qtype(weight_type)})
         weight_bytes = sum(i.ByteSize() if not i.external_data else
                            int(next(e.value for e in i.external_data if e.key == "length"))
                            for i in model.graph.initializer)
@@ -107,14 +100,15 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
             model, None, activation_type=qtype(activation_type),
             weight_type=qtype(default_wt), per_channel=per_channel, init_overrides=overrides or None)
         del model
-        quantize_static(
-            str(src), str(out_path), None, quant_format=cfg.quant_format,
-            op_types_to_quantize=cfg.op_types_to_quantize, per_channel=cfg.per_channel,
-            reduce_range=cfg.reduce_range, activation_type=cfg.activation_type,
-            weight_type=cfg.weight_type, nodes_to_quantize=cfg.nodes_to_quantize,
-            nodes_to_exclude=cfg.nodes_to_exclude, calibrate_method=cfg.calibrate_method,
-            use_external_data_format=weight_bytes > 2 * 1024**3, extra_options=cfg.extra_options,
-            calibration_cache_path=str(ranges_path))
+        with fast_int4_packing():
+            quantize_static(
+                str(src), str(out_path), None, quant_format=cfg.quant_format,
+                op_types_to_quantize=cfg.op_types_to_quantize, per_channel=cfg.per_channel,
+                reduce_range=cfg.reduce_range, activation_type=cfg.activation_type,
+                weight_type=cfg.weight_type, nodes_to_quantize=cfg.nodes_to_quantize,
+                nodes_to_exclude=cfg.nodes_to_exclude, calibrate_method=cfg.calibrate_method,
+                use_external_data_format=weight_bytes > 2 * 1024**3, extra_options=cfg.extra_options,
+                calibration_cache_path=str(ranges_path))
         if four_bit:
             from ..weights import reencode
 
