@@ -36,7 +36,8 @@ def environment_problems() -> list[str]:
     made (issue 23: each was a 40-line traceback): a relative ``NPUBUILD_*`` folder, a relative
     ``NPUBUILD_ALLOW_PATHS`` entry, an ``NPUBUILD_REMOTE`` URL fsspec cannot open (unknown
     scheme, backend not installed), a folder this user cannot write, an ``NPUBUILD_HOME`` disk
-    with less than :data:`HOME_MIN_FREE` free. Reads nothing from the network."""
+    with less than :data:`HOME_MIN_FREE` free, an ``NPUBUILD_LOCK_TIMEOUT`` or
+    ``NPUBUILD_MEMORY_GB`` that is not a number in range. Reads nothing from the network."""
     problems = []
     for where in (paths.root, paths.recipes_dir, paths.cache_dir, paths.build_dir, paths.state_dir,
                   paths.dist_dir, paths.catalog_dir, paths.allowed_dirs):
@@ -52,6 +53,14 @@ def environment_problems() -> list[str]:
                 problems.append(bad)
         except ValueError:
             pass  # said above
+    from .cache import lock_timeout
+    from .llm.memory import budget_gib
+
+    for check in (lock_timeout, budget_gib):  # numbers: NPUBUILD_LOCK_TIMEOUT, NPUBUILD_MEMORY_GB
+        try:
+            check()
+        except ValueError as e:
+            problems.append(str(e))
     if os.environ.get("NPUBUILD_REMOTE"):
         from . import remote
 
@@ -270,10 +279,11 @@ def _expected_errors() -> tuple:
 
     from .cache import DiskFull, LockTimeout
     from .digest import InputChanged, StoreUnwritable
+    from .llm.memory import NotEnoughMemory
     from .recipe import RecipeError
 
     return (engine.StageFailed, SourceError, NotOnNPU, GraphError, RecipeError, FileNotFoundError, ValueError,
-            DiskFull, LockTimeout, InputChanged, StoreUnwritable)
+            DiskFull, LockTimeout, InputChanged, StoreUnwritable, NotEnoughMemory)
 
 
 def _stage_action(recipe: str, stage: str):
@@ -432,12 +442,30 @@ def _remove_dead_links(root: Path) -> list[str]:
     return gone
 
 
+def _remove_old_artifacts(root: Path, rels) -> None:
+    """Remove the files ``rels`` (paths relative to ``root``, an earlier build's artifacts) and
+    the folders they leave empty, up to ``root``."""
+    root_r = root.resolve()
+    for rel in sorted(rels):
+        p = root / rel
+        if root_r not in p.resolve().parents:  # an artifacts.json edited by hand: never outside
+            continue
+        p.unlink(missing_ok=True)
+        d = p.parent
+        while d != root and d.is_dir() and not any(d.iterdir()):
+            d.rmdir()
+            d = d.parent
+
+
 def materialize(recipe: str, res: engine.Resolver | None = None) -> dict:
     """Fill ``build/<recipe>/`` with links to the recipe's artifacts in the cache: context
     binaries and EPContext models, tokenizer/config files and ``verify.json`` (one
     sub-folder per target when there are several). Writes ``artifacts.json``:
     {file: "<kind>/<key>/out/<path>"}, the cache file each one is. ``res``: the Resolver to
-    use (a cluster build passes one that pulls only the artifacts' stage kinds)."""
+    use (a cluster build passes one that pulls only the artifacts' stage kinds). Files an
+    earlier build linked (its ``artifacts.json``) that this one does not are removed, so the
+    folder holds exactly what ``artifacts.json`` lists (a tester found a 3-part build's
+    ``part2/`` left beside a 2-part rebuild); files npubuild did not put there are left."""
     from .buildstate import artifacts, build_state
 
     res = res or engine.Resolver(recipe)
@@ -445,12 +473,17 @@ def materialize(recipe: str, res: engine.Resolver | None = None) -> dict:
     root = paths.build_dir() / recipe
     root.mkdir(parents=True, exist_ok=True)
     _remove_dead_links(root)
+    try:
+        before = set(json.loads((root / "artifacts.json").read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        before = set()
     listing = {}
     for rel, a in arts.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         _link(a.path, root / rel)
         listing[rel] = f"{a.kind}/{a.key}/out/{a.rel}"
     (root / "artifacts.json").write_text(json.dumps(listing, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    _remove_old_artifacts(root, before - set(listing))
     try:
         shown = root.relative_to(Path.cwd())  # doit runs in the project folder: build/<recipe>
     except ValueError:

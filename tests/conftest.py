@@ -97,6 +97,7 @@ class Project:
     def doit(self, *args: str, check: bool = True) -> "Run":
         """Run ``doit <args> -r json``; return the tasks that executed / were up to date."""
         report = self.root / f".report-{os.getpid()}.json"
+        report.unlink(missing_ok=True)  # a run that stops before doit writes one must not show the last one
         p = subprocess.run([sys.executable, "-m", "doit", *args[:1], "-f", str(REPO / "dodo.py"), "-d",
                             str(self.root), "-r", "json", "-o", str(report), *args[1:]],
                            env=self.env, capture_output=True, text=True)

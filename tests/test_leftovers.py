@@ -96,6 +96,24 @@ def test_sigkill_while_linking_build_folder_leaves_no_temp_link(project):
     assert sorted(f.name for f in out.iterdir()) == sorted([*listed, "artifacts.json", "stages.json"])
 
 
+def test_build_folder_holds_only_this_builds_artifacts(project):
+    """A rebuild that links fewer files (2 targets -> 1: one sub-folder per target before, none
+    after) removes what the earlier build linked and this one does not, and only that: a file
+    the user put there stays (a tester found a 3-part LLM's part2/ left beside a 2-part rebuild)."""
+    project.recipe("t8", targets="[x-elite, 8gen3]")
+    project.doit("run", "build:t8")
+    out = project.root / "build" / "t8"
+    assert (out / "8gen3" / "model_ctx.onnx").is_file()
+    (out / "notes.txt").write_text("mine")
+    project.recipe("t8")
+    project.doit("run", "build:t8")
+    listed = json.loads((out / "artifacts.json").read_text())
+    assert not any(r.startswith(("8gen3/", "x-elite/")) for r in listed)
+    files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    assert files == sorted([*listed, "artifacts.json", "stages.json", "notes.txt"]), files
+    assert not (out / "8gen3").exists() and not (out / "x-elite").exists()
+
+
 def test_temp_files_of_a_stage_live_in_its_cache_temp_folder(tmp_path):
     """What a stage makes with ``tempfile`` (the fold-constants patch's ``fold-constants-*``,
     QNN probes) lands in its cache temp folder, removed with it, not in the system temp dir."""
@@ -248,3 +266,32 @@ def test_full_disk_is_one_line_naming_the_folder(project, size, stage):
     assert line.startswith(f"{stage}:t8  DiskFull: {project.cache / '.tmp'}: no space left on its device while "
                            f"building {stage}/"), line
     assert "MB free there (it had written" in line and "set NPUBUILD_CACHE to a larger disk" in line
+
+
+PARENT_OF_A_SLEEPER = """
+import sys
+sys.path.insert(0, {repo!r})
+from tasks.proc.child import run_python
+run_python("import os, time, pathlib; pathlib.Path({pidfile!r}).write_text(str(os.getpid())); time.sleep(300)")
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_child_dies_with_its_parent(tmp_path):
+    """A stage process killed alone (SIGKILL to its pid, not its group) takes its child with it:
+    a tester's plain ``kill -9`` of doit left a quantize child writing on beside the next build."""
+    from tasks.proc.processes import process_state
+
+    pidfile = tmp_path / "child.pid"
+    p = subprocess.Popen([sys.executable, "-c", PARENT_OF_A_SLEEPER.format(repo=str(REPO), pidfile=str(pidfile))])
+    t0 = time.time()
+    while not pidfile.exists() and time.time() - t0 < 60:
+        time.sleep(0.1)
+    child = int(pidfile.read_text())
+    assert process_state(child) == "running"
+    p.kill()
+    p.wait()
+    t0 = time.time()
+    while process_state(child) != "gone" and time.time() - t0 < 10:
+        time.sleep(0.1)
+    assert process_state(child) == "gone"

@@ -99,11 +99,29 @@ def test_stage_refuses_a_build_that_does_not_fit(tmp_path):
     run = proj.doit("run", "export.part0:tiny-qwen2-w8a16", check=False)
     assert run.code != 0
     log = run.log()
-    assert "export: part 0 needs about" in log and "0.5 GiB is available" in log, log
-    assert "export.parts (now 1" in log and "export.context_length (now 64)" in log, log
+    # one line, no traceback (testers saw 20 lines), and the advice that can help here
+    assert "Traceback" not in log and "PythonAction Error" not in log, log
+    assert ("export: part 0 needs about 0.8 GiB, 0.5 GiB is available (NPUBUILD_MEMORY_GB); the budget is below "
+            "the 0.8 GiB any stage takes (Python and its libraries): raise NPUBUILD_MEMORY_GB") in log, log
     assert proj.entries("export") == []
+    for bad in ("abc", "0", "-1", "nan", "inf", "1e400"):  # refused before any task runs, one line
+        proj.env["NPUBUILD_MEMORY_GB"] = bad
+        for args in (("run", "build:tiny-qwen2-w8a16"), ("run", "explain:tiny-qwen2-w8a16")):
+            r = proj.doit(*args, check=False)
+            assert r.code == 2 and r.log().strip() == \
+                f"npubuild: NPUBUILD_MEMORY_GB: expected a number of GiB > 0, found {bad!r}", r.log()
     proj.env["NPUBUILD_MEMORY_GB"] = "4"
     assert proj.doit("run", "export.part0:tiny-qwen2-w8a16").ran() == ["export.part0:tiny-qwen2-w8a16"]
+
+
+def test_not_enough_memory_names_the_recipe_keys_that_lower_it(monkeypatch):
+    from tasks.llm import memory
+
+    monkeypatch.setenv("NPUBUILD_MEMORY_GB", "2")
+    with pytest.raises(memory.NotEnoughMemory, match=r"quantize: part 3 needs about 3.0 GiB, 2.0 GiB is available "
+                                                     r"\(NPUBUILD_MEMORY_GB\); to lower it change export.parts \(now 4\)"):
+        memory.check("quantize", 3 * memory.GiB, 3, recipe_keys="export.parts (now 4)")
+    memory.check("quantize", 2 * memory.GiB, 3, recipe_keys="export.parts (now 4)")  # fits: nothing raised
 
 
 def test_big_tables_are_split_exactly(tmp_path):

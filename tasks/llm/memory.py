@@ -26,12 +26,31 @@ class NotEnoughMemory(RuntimeError):
     """A stage's estimated peak exceeds the memory available; the message says what to change."""
 
 
+def budget_gib() -> float | None:
+    """The user's memory budget, ``NPUBUILD_MEMORY_GB`` (GiB), or None when unset. Raises
+    ValueError naming the variable for a value that is not a finite number > 0 (checked when
+    doit starts: :func:`tasks.dodo_tasks.environment_problems`)."""
+    import math
+
+    env = os.environ.get("NPUBUILD_MEMORY_GB", "").strip()
+    if not env:
+        return None
+    try:
+        v = float(env)
+    except ValueError:
+        v = math.nan
+    if not (math.isfinite(v) and v > 0):
+        raise ValueError(f"NPUBUILD_MEMORY_GB: expected a number of GiB > 0, found {env!r}")
+    return v
+
+
 def available_bytes() -> int | None:
     """Memory a stage may use: ``NPUBUILD_MEMORY_GB`` (GiB, float) if set, else Linux's
-    ``MemAvailable``; None when neither is known (then nothing is checked)."""
-    env = os.environ.get("NPUBUILD_MEMORY_GB")
-    if env:
-        return int(float(env) * GiB)
+    ``MemAvailable``; None when neither is known (then nothing is checked). Raises ValueError
+    for a budget that is not a number > 0 (:func:`budget_gib`)."""
+    gib = budget_gib()
+    if gib is not None:
+        return int(gib * GiB)
     return _proc_bytes("/proc/meminfo", "MemAvailable")
 
 
@@ -41,13 +60,13 @@ def budget_line() -> str:
     decides whether the LLM verify keeps every part resident (when the fp32 weights fit in half
     of it), else that there is none and what stands in for it (``MemAvailable``, which varies
     with what else runs)."""
-    env = os.environ.get("NPUBUILD_MEMORY_GB")
-    if env:
-        return (f"{float(env):g} GiB (NPUBUILD_MEMORY_GB): LLM stages whose estimate exceeds it stop before work; "
-                f"LLM verify keeps every part resident only when the fp32 weights fit in {float(env) / 2:g} GiB")
+    gib = budget_gib()
+    if gib is not None:
+        return (f"{gib:g} GiB (NPUBUILD_MEMORY_GB): LLM stages whose estimate exceeds it stop before work; "
+                f"LLM verify keeps every part resident only when the fp32 weights fit in {gib / 2:g} GiB")
     avail = available_bytes()
     now = f", {avail / GiB:.1f} GiB now" if avail is not None else ""
-    return (f"none set (NPUBUILD_MEMORY_GB): stages are checked against the memory available{now}, "
+    return (f"none set (NPUBUILD_MEMORY_GB): LLM stages are checked against the memory available{now}, "
             "which changes with what else runs; set NPUBUILD_MEMORY_GB for a peak you can plan for")
 
 
@@ -115,9 +134,12 @@ def check(stage: str, estimate: int, part: int, *, recipe_keys: str) -> None:
     the stage, the part, both figures and ``recipe_keys`` (what to change)."""
     avail = available_bytes()
     if avail is not None and estimate > avail:
+        src = "NPUBUILD_MEMORY_GB" if budget_gib() is not None else "MemAvailable now"
+        fix = (f"the budget is below the {BASE / GiB:.1f} GiB any stage takes (Python and its libraries): raise "
+               f"NPUBUILD_MEMORY_GB" if avail <= BASE else f"to lower it change {recipe_keys}")
         raise NotEnoughMemory(
             f"{stage}: part {part} needs about {estimate / GiB:.1f} GiB, {avail / GiB:.1f} GiB is available "
-            f"(NPUBUILD_MEMORY_GB or MemAvailable); to lower it change {recipe_keys}")
+            f"({src}); {fix}")
 
 
 def check_stage(stage: str, config: dict, *, parts: int, seq_len: int, context_len: int,

@@ -12,6 +12,9 @@ counters, so each graph compiles in a new process), the LLM quantize and compile
 memory at a time, and a peak that belongs to that graph) and the benchmarks. Imports nothing
 of either family, so both sit above it.
 
+A child dies with the process that started it (Linux ``PR_SET_PDEATHSIG``): a stage's
+process killed alone must not leave its quantize or compile running beside the next build.
+
 A child reports its own peak RSS (``VmHWM`` from ``/proc/self/status``, read at exit; Linux
 only, None elsewhere): ``ru_maxrss`` of a child started by (v)fork + exec can report the
 parent's peak instead (measured here while writing issue 8's benchmark).
@@ -28,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _PEAK = "NPUBUILD_PEAK_RSS="
+_PARENT = "NPUBUILD_PARENT_PID"  # the pid a child checks its parent against (it dies with it)
 _REPORT_PEAK = (
     "import atexit, sys\n"
     "def _npubuild_peak():\n"
@@ -42,7 +46,19 @@ _REPORT_PEAK = (
     "def _npubuild_quiet(t, v, tb, _d=sys.excepthook):\n"
     "    if not issubclass(t, KeyboardInterrupt):\n"
     "        _d(t, v, tb)\n"
-    "sys.excepthook = _npubuild_quiet\n")
+    "sys.excepthook = _npubuild_quiet\n"
+    # dies with its parent (Linux PR_SET_PDEATHSIG): a doit process killed alone left a 7B
+    # quantize child running beside the next build (a tester found the orphan writing into
+    # the dead build's temp folder); and ends at once if the parent was gone before this line
+    "import os as _o\n"
+    "if sys.platform.startswith('linux'):\n"
+    "    try:\n"
+    "        import ctypes, signal\n"
+    "        ctypes.CDLL(None).prctl(1, signal.SIGKILL)\n"
+    "    except (OSError, AttributeError):\n"
+    "        pass\n"
+    f"    if str(_o.getppid()) != _o.environ.get('{_PARENT}', str(_o.getppid())):\n"
+    "        _o._exit(137)\n")
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding tasks/ (this file: tasks/proc/child.py)
 
 
@@ -109,6 +125,7 @@ def _run(argv, payload: bytes | None, cwd, env, timeout, forward) -> Result:
     full = dict(os.environ, **(env or {}))
     full.setdefault("PYTHONIOENCODING", "utf-8")  # the pipe's bytes are decoded as UTF-8 below (Windows: cp1252)
     full["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), full.get("PYTHONPATH")]))
+    full[_PARENT] = str(os.getpid())
     with subprocess.Popen(argv, stdin=subprocess.PIPE if payload is not None else subprocess.DEVNULL,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full,
                           cwd=None if cwd is None else str(cwd)) as p:
