@@ -9,8 +9,9 @@ safetensors (``model-0000k-of-0000n.safetensors`` + index, as on the Hub), writt
 a time (bounded memory), and the tiny fixtures' tokenizer (its ids are < 1024, valid in the big
 vocabulary). A random model's tokens are meaningless: the point is time and memory.
 
-* ``qwen2.5-0.5b``: a recipe (``--precision``, default w4a16; ``--parts``, default 2; AR-128 +
-  AR-1 over ``--context``; ``cpu-qdq`` verify).
+* ``qwen2.5-0.5b`` and ``qwen2-0.86b`` (issue 22's 0.86 B model: ``--shape qwen2-0.86b --parts 4
+  --context 256 --precision w8a16 --memory-gb 4``): a recipe (``--precision``, default w4a16;
+  ``--parts``, default 2; AR-128 + AR-1 over ``--context``; ``cpu-qdq`` verify).
 * ``qwen2.5-7b``: the recipe ``extends: qwen7b-int4`` and only swaps ``source`` for the local
   folder (context 4096, AR-128 + AR-1, 4 parts, w4a16, 16 calibration prompts, ``cpu-qdq``
   verify), built with ``doit build:bench`` (every part's export, calibrate, quantize and
@@ -43,6 +44,11 @@ SHAPES = {
     "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                          num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
                          rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, shard_gb=0.5),
+    # issue 22's "random 0.86 B Qwen2" (its config was not kept): 28 layers of 1024 x 5632,
+    # untied embedding and LM head of 151936 rows, 0.862 B parameters
+    "qwen2-0.86b": dict(hidden_size=1024, intermediate_size=5632, num_hidden_layers=28, num_attention_heads=16,
+                        num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
+                        rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False, shard_gb=1.0),
     "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
                        num_key_value_heads=4, vocab_size=152064, max_position_embeddings=32768,
                        rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False, shard_gb=4.0),

@@ -230,12 +230,14 @@ def runs_on(row: dict) -> str | None:
 
 def tool_versions(status: RecipeStatus, names=CATALOG_TOOLS) -> dict:
     """{tool: version} for ``names`` ({tool: stage kind}) as recorded in the manifests of the
-    entries of that kind; several distinct versions are joined with ", "; "unknown" if none."""
+    entries of that kind; several distinct versions are joined with ", "; "not used" when
+    entries of that kind exist and none records the tool (an LLM's export runs no optimum),
+    "unknown" when there is no such entry (not built)."""
     out = {}
     for tool, kind in names.items():
-        vals = sorted({e.manifest.get("tools", {}).get(tool) for e in status.entries.values() if e.kind == kind}
-                      - {None})
-        out[tool] = ", ".join(vals) if vals else "unknown"
+        ents = [e for e in status.entries.values() if e.kind == kind]
+        vals = sorted({e.manifest.get("tools", {}).get(tool) for e in ents} - {None})
+        out[tool] = ", ".join(vals) if vals else "not used" if ents else "unknown"
     return out
 
 

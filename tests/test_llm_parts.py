@@ -136,6 +136,10 @@ def test_parts_are_stages_resume_by_part_and_are_shared(parts_project):
     rc = json.loads((cb / "verify.json").read_text())
     assert rc["backend"] == "cpu-qdq" and len(rc["shared_binaries"]) == 3 and rc["all_on_htp"] is True, rc
     assert rc["metrics"]["token_agreement"] >= 0.9, rc["metrics"]
+    # the catalog row: 3 parts, verified; an LLM's export runs no optimum ("not used", was "unknown")
+    proj.doit("run", "catalog")
+    row = {r["name"]: r for r in json.loads((proj.root / "catalog" / "catalog.json").read_text())["recipes"]}["tiny3"]
+    assert row["parts"] == 3 and row["state"] == "verified" and row["tools"]["optimum"] == "not used", row
     # explain shows each part's stage with its key
     out = proj.doit("run", "explain:tiny3").tasks["explain:tiny3"]["out"]
     assert all(f"quantize.part{k}" in out for k in range(3)), out
