@@ -186,7 +186,9 @@ def explain(recipe_name: str) -> list[dict]:
         elif not e and st.key and engine.failed_log_path(recipe_name, name).is_file():
             row["log"] = f"{engine.failed_log_path(recipe_name, name)} (last failed or stopped build)"
         if st.status == "stale":
-            row["changes"] = [_named(c, spec.files) for c in _diff(last[name]["material"], st.material)]
+            row["changes"] = [_named(c, spec.files) for c in _diff(last[name]["material"], st.material)] or [
+                f"nothing in its key: the entry {spec.kind}/{st.key[:12]} the last build made or used is gone "
+                "from the cache (deleted, `doit gc --apply`, or damaged and moved to .damaged/)"]
         elif st.status in ("blocked", "unknown"):
             row["changes"] = [st.problem]
         if st.failures:
@@ -210,8 +212,8 @@ def print_explain(recipe_name: str, verbose: bool = True) -> None:
         for f in row.get("fails", []):
             print(f"    fails: {f}")
     r = remote.from_env()
-    print(f"    remote cache: {r.display if r else 'none (NPUBUILD_REMOTE unset)'}")
+    print(f"remote cache: {r.display if r else 'none (NPUBUILD_REMOTE unset)'}")
     from .llm.memory import budget_line
 
-    print(f"    memory budget: {budget_line()}")
+    print(f"memory budget: {budget_line()}")
     sys.stdout.flush()

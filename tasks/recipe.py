@@ -521,18 +521,20 @@ class Recipe(_Strict):
 
         if self.verify.runtime != "genai":
             return self
-        e, bad = self.export, []
+        e, bad = self.export, []  # (what runtime genai needs, what the recipe has)
         if e.family != "llm":
-            bad.append("an LLM (export.family: llm)")
+            bad.append(("an LLM (export.family: llm)", f"export.family: {e.family}"))
         else:
             if e.embedding != "first-part":
-                bad.append("export.embedding: first-part")
+                bad.append(("export.embedding: first-part", f"export.embedding: {e.embedding}"))
             if e.context_length % e.sequence_length:
-                bad.append(f"export.context_length a multiple of export.sequence_length ({e.sequence_length})")
+                bad.append((f"export.context_length a multiple of export.sequence_length ({e.sequence_length})",
+                            f"export.context_length: {e.context_length}"))
         if importlib.util.find_spec("onnxruntime_genai") is None:
-            bad.append("the onnxruntime-genai package (pip install onnxruntime-genai==0.18.0)")
+            bad.append(("the onnxruntime-genai package (pip install onnxruntime-genai==0.18.0)", "not installed"))
         if bad:
-            _raise_at([(("verify", "runtime"), f"expected {', '.join(bad)} for runtime genai, found 'genai'", "genai")])
+            _raise_at([(("verify", "runtime"), f"expected {', '.join(b[0] for b in bad)} for runtime genai, found "
+                        f"{', '.join(b[1] for b in bad)}", "genai")])
         return self
 
     @field_validator("name")

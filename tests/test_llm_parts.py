@@ -113,6 +113,8 @@ def test_parts_are_stages_resume_by_part_and_are_shared(parts_project):
     q1 = proj.cache / "quantize" / st["quantize.part1"]["key"]
     subprocess.run(["chmod", "-R", "u+w", str(q1)], check=True)
     subprocess.run(["rm", "-rf", str(q1)], check=True)
+    said = proj.doit("run", "explain:tiny3").tasks["explain:tiny3"]["out"]
+    assert f"changed: nothing in its key: the entry quantize/{st['quantize.part1']['key'][:12]} the last build" in said, said
     again = proj.doit("run", "build:tiny3")
     assert again.ran() == ["quantize.part1:tiny3"], again.log()
 

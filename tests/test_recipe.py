@@ -275,11 +275,12 @@ def test_genai_runtime_is_checked_at_load(tmp_path):
     assert r.verify.runtime == "genai" and [s for s in expand(r) if s.kind == "verify"][0].params["runtime"] == "genai"
     assert "runtime" not in [s for s in expand(load_recipe(write(tmp_path, "enc", GOOD))) if s.kind == "verify"][0].params
     for name, text, why in [
-            ("enc2", GOOD.replace("verify:\n", "verify:\n  runtime: genai\n"), "an LLM"),
+            ("enc2", GOOD.replace("verify:\n", "verify:\n  runtime: genai\n"), "an LLM.*found export.family: encoder"),
             ("host", llm.replace("context_length: 64}", "context_length: 64, embedding: host}")
-             .replace("verify:\n", "verify:\n  runtime: genai\n"), "export.embedding: first-part"),
+             .replace("verify:\n", "verify:\n  runtime: genai\n"),
+             "export.embedding: first-part for runtime genai, found export.embedding: host"),  # not 'genai'
             ("odd", llm.replace("context_length: 64", "context_length: 60").replace("verify:\n", "verify:\n  runtime: genai\n"),
-             "a multiple of export.sequence_length")]:
+             "a multiple of export.sequence_length .* found export.context_length: 60")]:
         with pytest.raises(RecipeError, match=rf"verify.runtime: expected .*{why}"):
             load_recipe(write(tmp_path, name, text))
 
