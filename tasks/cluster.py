@@ -253,6 +253,30 @@ def build(recipes: list[str] | None, scheduler: str | None, link=None, log=print
     return out
 
 
+def chain_lengths(nodes: dict) -> dict:
+    """{node id: the number of stages on the longest chain from it to the end of the plan,
+    itself included}: its Dask priority, so a free worker takes the stage with the longest
+    chain still behind it (list scheduling by upward rank). An LLM's calibrations form the
+    longest chain (calibrate.part{k} reads part k-1's), so each runs as soon as its input is
+    there, ahead of an earlier part's quantize or compile (benchmarks/README: without it the
+    scheduler ran part 0's compile before part 2's calibration)."""
+    below: dict[str, list[str]] = {nid: [] for nid in nodes}
+    for nid, n in nodes.items():
+        for u in n["ups"].values():
+            if u in below:
+                below[u].append(nid)
+    out: dict[str, int] = {}
+
+    def length(nid: str) -> int:
+        if nid not in out:
+            out[nid] = 1 + max((length(d) for d in below[nid]), default=0)
+        return out[nid]
+
+    for nid in nodes:
+        length(nid)
+    return out
+
+
 def _run(nodes: dict, done: dict, scheduler: str, log, timeout: float | None) -> dict:
     from distributed import Client, as_completed
 
@@ -276,11 +300,12 @@ def _run(nodes: dict, done: dict, scheduler: str, log, timeout: float | None) ->
                 f"with `dask worker {scheduler} --resources {RESOURCE}=<bytes>` (README, Cluster builds)")
         run = uuid.uuid4().hex[:8]
         futs, names = {}, {}
+        rank = chain_lengths(nodes)
         for nid, n in nodes.items():
             ups = {role: futs[u] if u in futs else done[u] for role, u in n["ups"].items()}
             spec = n["spec"]
             f = client.submit(build_on_worker, spec, ups, n["expected"], key=f"{spec.kind}-{nid[:16]}-{run}",
-                              resources={RESOURCE: n["memory"]}, retries=0)
+                              resources={RESOURCE: n["memory"]}, retries=0, priority=rank[nid])
             futs[nid], names[f.key] = f, nid
         results, errors = {}, {}
         for f in as_completed(list(futs.values()), timeout=timeout):

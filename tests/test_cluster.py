@@ -299,3 +299,21 @@ def test_cluster_spreads_an_llms_parts(tmp_path, tiny_bert, cluster):
     assert {kind for kind, _ in by} == {"download", "export", "calibrate", "quantize", "compile", "bundle", "verify"}
     local.doit("run", "build:tiny4")
     _same_build(_build_files(client, "tiny4"), _build_files(local, "tiny4"))
+
+
+def test_longest_chain_first():
+    """A stage's priority is the length of the longest chain behind it: with a 2-part LLM's
+    shape, part 1's calibration (the chain to verify through calibrate.part1, quantize.part1,
+    compile.part1) comes before part 0's quantize and compile, which the scheduler ran first
+    before (benchmarks/README, the cluster's LLM timeline)."""
+    from tasks.cluster import chain_lengths
+
+    ups = {"download": {}, "export.part0": {"s": "download"}, "export.part1": {"s": "download"},
+           "calibrate.part0": {"m": "export.part0"}, "calibrate.part1": {"m": "export.part1", "p": "calibrate.part0"},
+           "quantize.part0": {"c": "calibrate.part0"}, "quantize.part1": {"c": "calibrate.part1"},
+           "compile.part0": {"m": "quantize.part0"}, "compile.part1": {"m": "quantize.part1"},
+           "bundle": {"a": "compile.part0", "b": "compile.part1"}, "verify": {"b": "bundle", "s": "download"}}
+    rank = chain_lengths({n: {"ups": u} for n, u in ups.items()})
+    assert rank == {"download": 8, "export.part0": 7, "export.part1": 6, "calibrate.part0": 6, "calibrate.part1": 5,
+                    "quantize.part0": 4, "quantize.part1": 4, "compile.part0": 3, "compile.part1": 3, "bundle": 2,
+                    "verify": 1}
