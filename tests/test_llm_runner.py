@@ -155,3 +155,30 @@ def test_part_stream_one_part_at_a_time_equals_the_runner(embed):
     runner.prefill_logits(prompts[0])
     np.testing.assert_allclose(lf[0][1], runner.step(5), atol=1e-5)
     np.testing.assert_allclose(lf[0][2], runner.step(6), atol=1e-5)
+
+
+@pytest.mark.parametrize("embed", ["part0", "separate"])
+def test_part_stream_score_is_teacher_forcing_in_prefill_windows(embed):
+    """``score`` (perplexity's logits through the prefill graphs, a window of S tokens at a
+    time, each part loaded once) gives the logits that step-by-step teacher forcing gives, over
+    more than one window; fewer than 2 tokens is an error."""
+    from tasks.llm.runner import PartStream
+    from tasks.metrics import perplexity
+
+    ex = tiny_export("llama", parts=2, embed=embed)
+    desc = json.loads((ex / "export.json").read_text())
+    _, tok = _hf("llama")
+    ids = tok(LONG)["input_ids"][: desc["context_len"] - 1]
+    assert len(ids) > desc["seq_len"]  # two windows at least
+    embed_table = np.load(ex / desc["embed_file"]) if desc["embed_file"] else None
+    path = lambda i, kind: ex / desc["parts"][i][kind]["path"]
+    s = PartStream(desc, path, cpu, resident=1, embed_table=embed_table)
+    rows = s.score(ids)
+    assert rows.shape == (len(ids) - 1, desc["vocab_size"] if "vocab_size" in desc else rows.shape[1])
+    assert s.loads == 2  # each part's prefill graph once
+    _, steps = PartStream(desc, path, cpu, resident=2, embed_table=embed_table).run([ids[:1]], len(ids) - 1,
+                                                                                   forced=[ids[1:]])
+    np.testing.assert_allclose(rows, np.stack(steps[0]), atol=2e-4)
+    assert abs(perplexity(rows, ids[1:]) / perplexity(steps[0], ids[1:]) - 1) < 1e-4
+    with pytest.raises(ValueError, match="expected at least 2 tokens"):
+        s.score(ids[:1])

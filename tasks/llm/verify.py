@@ -177,9 +177,8 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
     if "perplexity_text" in files:
         ids = tok(Path(files["perplexity_text"]).read_text(encoding="utf-8"))["input_ids"]
         ids = ids[: min(len(ids), desc["context_len"] - 1, 64)]
-        _, lc = got.run([ids[:1]], len(ids) - 1, forced=[ids[1:]], progress=f"{params['backend']} perplexity steps")
-        _, lr = fp32.run([ids[:1]], len(ids) - 1, forced=[ids[1:]], progress="fp32 perplexity steps")
-        p_c, p_r = perplexity(lc[0], ids[1:]), perplexity(lr[0], ids[1:])
+        # teacher forced through the prefill graphs: one pass per part and side (PartStream.score)
+        p_c, p_r = perplexity(got.score(ids), ids[1:]), perplexity(fp32.score(ids), ids[1:])
         metrics.update(perplexity=p_c, perplexity_fp32=p_r, perplexity_ratio=p_c / p_r,
                        perplexity_tokens=len(ids) - 1)
     runtime = params.get("runtime", "runner")
@@ -214,7 +213,7 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
 # ``verify.runtime``) against the fp32 export graphs: token agreement, prefill logits cosine,
 # perplexity ratio (``tasks/llm/verify.py``); judged by the shared :func:`check`.
 
-VERSION = 3  # 3: the parts' entries joined (issue 22); 2: all_on_htp and cpu_nodes read from the compiled graphs
+VERSION = 4  # 4: perplexity through the prefill graphs; 3: the parts' entries joined (issue 22); 2: all_on_htp and cpu_nodes read from the compiled graphs
 TOOLS = ("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "transformers", "tokenizers", "numpy", "torch",
          "onnxruntime-genai")
 #: the recipe keys of its section this implementation reads (the stage params, so the key,
