@@ -163,6 +163,7 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
         got = stream(Path(inputs["qdq"]), ".onnx", cpu_session)
         ran = "QDQ graphs on the CPU EP (quantization only)"
     ref_tokens, ref_logits = fp32.run(prompts, K, progress=f"fp32 steps ({len(prompts)} prompts)")
+    fp32.close()  # one side's sessions at a time
     got_tokens, got_logits = got.run(prompts, K, progress=f"{params['backend']} steps ({len(prompts)} prompts)")
     rows = []
     for txt, rt, rl, gt, gl in zip(texts, ref_tokens, ref_logits, got_tokens, got_logits):
@@ -178,7 +179,10 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
         ids = tok(Path(files["perplexity_text"]).read_text(encoding="utf-8"))["input_ids"]
         ids = ids[: min(len(ids), desc["context_len"] - 1, 64)]
         # teacher forced through the prefill graphs: one pass per part and side (PartStream.score)
-        p_c, p_r = perplexity(got.score(ids), ids[1:]), perplexity(fp32.score(ids), ids[1:])
+        p_c = perplexity(got.score(ids), ids[1:])
+        got.close()
+        p_r = perplexity(fp32.score(ids), ids[1:])
+        fp32.close()
         metrics.update(perplexity=p_c, perplexity_fp32=p_r, perplexity_ratio=p_c / p_r,
                        perplexity_tokens=len(ids) - 1)
     runtime = params.get("runtime", "runner")
