@@ -212,8 +212,8 @@ def print_explain(recipe_name: str, verbose: bool = True) -> None:
         for f in row.get("fails", []):
             print(f"    fails: {f}")
     r = remote.from_env()
-    print(f"remote cache: {r.display if r else 'none (NPUBUILD_REMOTE unset)'}")
+    print(f"    remote cache: {r.display if r else 'none (NPUBUILD_REMOTE unset)'}")
     from .llm.memory import budget_line
 
-    print(f"memory budget: {budget_line()}")
+    print(f"    memory budget: {budget_line()}")
     sys.stdout.flush()

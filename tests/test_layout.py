@@ -95,8 +95,8 @@ def test_no_family_imports_the_other_familys_code_and_stages_imports_no_family()
 def test_each_stages_params_are_exactly_what_its_implementation_declares(monkeypatch):
     """Issue 24: the plan only wires; a stage's params are the recipe keys its family's
     implementation declares (``PARAMS``; nested ones nested), plus what the plan wires in
-    (``target`` for compile and verify, ``task`` for verify; an LLM part stage's ``part``, the
-    bundle's ``target`` and ``parts``), its files what ``FILES`` names."""
+    (``target`` for compile and verify, ``task`` for verify; an LLM part stage's ``part``, an
+    LLM part compile's ``per_graph``, the bundle's ``target`` and ``parts``), its files what ``FILES`` names."""
     monkeypatch.setenv("NPUBUILD_ROOT", str(REPO))
     from tasks.plan import expand
     from tasks.recipe import load_recipe
@@ -109,7 +109,7 @@ def test_each_stages_params_are_exactly_what_its_implementation_declares(monkeyp
                 continue
             mod = module_for(spec.kind, spec.family)
             top = {p.split(".")[0] for p in mod.PARAMS}
-            part = {"part"} if spec.part is not None else set()
+            part = set() if spec.part is None else {"part", "per_graph"} if spec.kind == "compile" else {"part"}
             assert set(spec.params) == top | wired.get(spec.kind, set()) | part, (name, spec.kind, sorted(spec.params))
             for p in mod.PARAMS:
                 if "." in p:
