@@ -31,6 +31,9 @@ for k, p in enumerate(desc["parts"]):
         del g
     f, q = outs["fp32"], outs["qdq"]
     rows = [cos(f[t], q[t]) for t in range(S)]
-    print(f"part {k}: out {f.shape}, cosine whole {cos(f, q):.5f}, per row mean {np.mean(rows):.5f} min {np.min(rows):.5f}, "
+    # what the part adds to the residual stream (its output minus its input hidden state): a
+    # later part's output is mostly its input passed through, so its whole cosine flatters it
+    inc = "" if k == 0 or f.shape != x[0].shape else f", added cosine {cos(f - x[0], q - x[0]):.5f}"
+    print(f"part {k}: out {f.shape}, cosine whole {cos(f, q):.5f}{inc}, per row mean {np.mean(rows):.5f} min {np.min(rows):.5f}, "
           f"fp32 row std {f.std(axis=-1).mean():.4g} mean|.| {np.abs(f).mean():.4g}", flush=True)
     x = f[None]  # the next part reads the fp32 output
