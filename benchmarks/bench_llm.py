@@ -21,7 +21,9 @@ vocabulary). A random model's tokens are meaningless: the point is time and memo
 Printed: wall time and peak RSS per stage and part, both shapes built with ``doit build:``
 (``--memory-gb`` sets NPUBUILD_MEMORY_GB, the memory budget). Each stage's manifest holds its
 process's peak (VmHWM reset at the stage's start, ``stage_peak_rss``) and its
-children's; the table prints both and their sum, an upper bound of the tree's peak.
+children's; the table prints both and their sum, an upper bound of the tree's peak, and the
+tree's peak sampled once a second while the stage ran (``benchmarks/treerss.py``: VmRSS summed
+over doit and its children; stages built by this call).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
+from treerss import TreeSampler  # noqa: E402  (benchmarks/, the script's own folder)
 
 # config.json of Qwen/Qwen2.5-0.5B-Instruct and Qwen/Qwen2.5-7B-Instruct (public, Hub)
 SHAPES = {
@@ -164,10 +167,14 @@ def _build_and_print(root: Path, a) -> None:
         env["NPUBUILD_MEMORY_GB"] = str(a.memory_gb)
     print(f"memory budget: {a.memory_gb or 'none'} (NPUBUILD_MEMORY_GB)")
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(root), "build:bench"],
-                       env=env)
-    print(f"doit build:bench exited {r.returncode} after {time.perf_counter() - t0:.0f} s (this call)")
-    print_table(root, "bench")
+    r = subprocess.Popen([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(root), "build:bench"],
+                         env=env)
+    sampler = TreeSampler(r.pid, 1.0)
+    r.wait()
+    sampler.stop()
+    print(f"doit build:bench exited {r.returncode} after {time.perf_counter() - t0:.0f} s (this call); "
+          f"process tree peak {sampler.peak / 2**30:.2f} GiB (VmRSS summed over doit and its children, sampled 1/s)")
+    print_table(root, "bench", sampler)
 
 
 def _print_bins(folder: Path) -> None:
@@ -204,13 +211,15 @@ def bench_7b(a) -> None:
     _build_and_print(root, a)
 
 
-def print_table(root: Path, recipe: str) -> None:
+def print_table(root: Path, recipe: str, sampler: "TreeSampler | None" = None) -> None:
     """The stage x part table of ``recipe``'s last build in ``root`` (``build/<recipe>/stages.json``
     names each stage's entry): wall seconds of the build that made the entry, the stage
     process's peak RSS, its largest child's (per-graph quantize / compile processes) and their
-    sum (an upper bound of the process tree's peak: the stage waits while its child runs)."""
+    sum (an upper bound of the process tree's peak: the stage waits while its child runs);
+    with ``sampler``, the tree's sampled peak while the stage ran (stages this call built)."""
     st = json.loads((root / "build" / recipe / "stages.json").read_text())
-    print("\n| stage | part | wall s | stage GiB | child GiB | tree GiB (sum) |\n|---|---|---|---|---|---|")
+    print("\n| stage | part | wall s | stage GiB | child GiB | tree GiB (sum) | tree GiB (sampled) |\n"
+          "|---|---|---|---|---|---|---|")
     total = 0.0
     for name, row in st.items():
         m = json.loads((Path(row["entry"]) / "manifest.json").read_text())
@@ -224,8 +233,10 @@ def print_table(root: Path, recipe: str) -> None:
         own = max([info.get("stage_peak_rss") or 0, info.get("peak_rss") or 0]
                   + ([] if stage in ("quantize", "compile") else kids))
         child = max(kids, default=0) if stage in ("quantize", "compile") else 0  # the others run in-process
+        t = m.get("timings", {})
+        seen = sampler.peak_between(t["finished"] - secs, t["finished"]) if sampler and "finished" in t else None
         print(f"| {stage} | {part or '-'} | {secs:.0f} | {own / 2**30:.2f} | {child / 2**30:.2f} | "
-              f"{(own + child) / 2**30:.2f} |")
+              f"{(own + child) / 2**30:.2f} | {'-' if seen is None else f'{seen / 2**30:.2f}'} |")
     print(f"stages' build time summed: {total:.0f} s ({total / 60:.1f} min)")
     v = next((Path(r["entry"]) for n, r in st.items() if n.startswith("verify")), None)
     if v is not None and (v / "out" / "verify.json").exists():

@@ -57,7 +57,6 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -65,10 +64,11 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO)]
+from treerss import TreeSampler  # noqa: E402  (benchmarks/, the script's own folder)
+
 RECIPE = "minilm-l6-w8a16"
 OLIVE = "0.13.0"
 BAR = 0.5
-PAGE = os.sysconf("SC_PAGE_SIZE")
 
 USER_SCRIPT = '''
 from olive.data.registry import Registry
@@ -166,46 +166,16 @@ def olive_config(tmp: Path, recipe: dict) -> dict:
     }
 
 
-def tree_rss(root: int) -> int:
-    """Bytes of VmRSS summed over ``root`` and its descendants (from /proc)."""
-    kids: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    kids.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(d))
-            except (OSError, IndexError, ValueError):
-                pass
-    total, todo = 0, [root]
-    while todo:
-        p = todo.pop()
-        try:
-            with open(f"/proc/{p}/statm") as f:
-                total += int(f.read().split()[1]) * PAGE
-        except (OSError, IndexError, ValueError):
-            pass
-        todo += kids.get(p, [])
-    return total
-
-
 def timed(cmd: list[str], log: Path, **kw) -> tuple[float, int, int]:
     """Run ``cmd`` (stdout + stderr to ``log``): wall seconds, exit code, sampled peak tree RSS."""
-    peak, done = [0], threading.Event()
     with open(log, "w") as out:
         t0 = time.perf_counter()
         p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, **kw)
-
-        def sample():
-            while not done.wait(0.1):
-                peak[0] = max(peak[0], tree_rss(p.pid))
-
-        th = threading.Thread(target=sample, daemon=True)
-        th.start()
+        sampler = TreeSampler(p.pid, 0.1)
         rc = p.wait()
         secs = time.perf_counter() - t0
-    done.set()
-    th.join()
-    return secs, rc, peak[0]
+    sampler.stop()
+    return secs, rc, sampler.peak
 
 
 def tail(log: Path, n: int = 15) -> str:

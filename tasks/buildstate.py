@@ -121,8 +121,12 @@ def artifacts(state: BuildState) -> dict[str, Artifact]:
     graphs). With several targets, compile and verify files go under ``<target>/``. Raises
     engine.NotReady naming the first such stage without an entry. An LLM's parts each have a
     compile entry (``part{k}/``, ``shared/part{k}/``) and its ``bundle`` entry the files of the
-    whole model: their union is the bundle's layout."""
-    many = len({s.target for s in state.of_kind("compile")}) > 1
+    whole model: their union is the bundle's layout. With several targets an LLM's tokenizer
+    files go into every ``<target>/`` (beside its ``genai_config.json``: onnxruntime-genai's
+    ``og.Tokenizer`` reads them from the model's folder)."""
+    targets = sorted({s.target for s in state.of_kind("compile")})
+    many = len(targets) > 1
+    llm = bool(state.of_kind("bundle"))
     out: dict[str, Artifact] = {}
     for st in state.stages.values():
         pats = ARTIFACTS.get(st.kind)
@@ -130,12 +134,19 @@ def artifacts(state: BuildState) -> dict[str, Artifact]:
             continue
         if st.entry is None:
             raise engine.NotReady(st.problem or f"{st.task} has no cache entry")
-        sub = f"{st.target}/" if st.target and many else ""
+        if not many:
+            subs = [""]
+        elif st.target:
+            subs = [f"{st.target}/"]
+        else:  # an export's files: the model's tokenizer and config
+            subs = [f"{t}/" for t in targets] if llm else [""]
         for rel, meta in sorted(st.entry.manifest["outputs"].items()):
             if st.kind == "export" and "/" in rel:
                 continue
             if any(fnmatch(Path(rel).name, p) for p in pats):
-                out[sub + rel] = Artifact(st.name, st.kind, st.entry.key, rel, st.entry.out / rel, meta["size"], st.target)
+                for sub in subs:
+                    out[sub + rel] = Artifact(st.name, st.kind, st.entry.key, rel, st.entry.out / rel, meta["size"],
+                                              st.target)
     return dict(sorted(out.items()))
 
 

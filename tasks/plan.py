@@ -11,8 +11,9 @@ compile and one verify stage per target, named ``compile@<target>`` and ``verify
 
 An LLM recipe (``export.family: llm``) with P parts is built part by part (issue 22; AI Hub
 compiles each "split" as a job of its own): per part k the stages ``export.part{k}``,
-[``prepatch.part{k}``], ``calibrate.part{k}`` (the fp32 part over the calibration schedule; it
-reads ``calibrate.part{k-1}``'s hidden states), ``quantize.part{k}``, [``patch.part{k}``] and
+[``prepatch.part{k}``], ``calibrate.part{k}`` (the fp32 part over the calibration schedule; part 0
+reads the calibration file, part k > 0 takes the schedule and the hidden states of
+``calibrate.part{k-1}``), ``quantize.part{k}``, [``patch.part{k}``] and
 ``compile.part{k}[@target]``, each with its own key and cache entry; then one ``bundle[@target]``
 (``export.json`` of every part and ``genai_config.json``) and one ``verify[@target]`` that join
 the parts. ``build/<recipe>/`` is the union of the parts' compile entries and the bundle's.
@@ -137,11 +138,11 @@ def _expand_parts(r: Recipe, params, files) -> list[StageSpec]:
         if pre:
             specs.append(StageSpec(r.name, part_name("prepatch", k), "patch", _patch_params(pre), {"model": model}))
             model = part_name("prepatch", k)
-        ups = {"model": model, "source": "download"}
-        if k:
-            ups["previous"] = part_name("calibrate", k - 1)
+        # part 0 draws the calibration schedule from the text (tokenizer + file); later parts
+        # take it with part k-1's hidden states, so one chain has one schedule (tasks/llm/calibrate.py)
+        ups = {"model": model, "previous": part_name("calibrate", k - 1)} if k else {"model": model, "source": "download"}
         specs.append(StageSpec(r.name, part_name("calibrate", k), "calibrate", {**calib_params, "part": k}, ups,
-                               files("quantize", "calibrate")))
+                               {} if k else files("quantize", "calibrate")))
         specs.append(StageSpec(r.name, part_name("quantize", k), "quantize", {**quant_params, "part": k},
                                {"model": model, "calibration": part_name("calibrate", k)}))
         qdq[k] = part_name("quantize", k)

@@ -409,12 +409,11 @@ def reencode(fp32_path, qdq_path, feeds, block: int | None, rounding: str, table
             raise ValueError(f"{fp32_path.name}: expected MatMul in-features divisible by quantize.block_size {block}, "
                              f"found {len(bad)} weights that are not: {', '.join(bad[:6])}"
                              + (" ..." if len(bad) > 6 else ""))
+    own = names  # the weights encoded here; with same_as, none: each takes the other graph's
     if same_as is not None and names:
         _take_encodings(q, fp, names, block, *same_as)
-        names_done = set(names)
-    else:
-        names_done = set()
-    todo = {w for w in names if rounding == "gptq" and w not in names_done}
+        own = []
+    todo = {w for w in own if rounding == "gptq"}
     H, rows = {}, 0
     for path, fs in ((fp32_path, feeds), *more) if todo else ():
         h, n = hessians(onnx.load(str(path)), fs, todo)
@@ -422,9 +421,7 @@ def reencode(fp32_path, qdq_path, feeds, block: int | None, rounding: str, table
         for w, x in h.items():
             H[w] = H[w] + x if w in H else x
     H = {w: x / max(rows, 1) for w, x in H.items()}
-    for w in names:
-        if w in names_done:
-            continue
+    for w in own:
         W = numpy_helper.to_array(fp[w], base_dir=str(fp32_path.parent)).astype(np.float32)
         enc = encode_int4(q, w, W, block)  # scales fixed, codes rounded to nearest
         if w in todo:

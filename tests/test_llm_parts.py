@@ -123,6 +123,18 @@ def test_parts_are_stages_resume_by_part_and_are_shared(parts_project):
     other = proj.doit("run", "build:tiny3-8gen3")
     assert other.ran() == sorted([f"compile.part{k}:tiny3-8gen3" for k in range(3)]
                                  + ["bundle:tiny3-8gen3", "verify:tiny3-8gen3"]), other.log()
+    # both targets in one recipe: every stage is one of the two builds' (cache hits), and each
+    # target's folder holds what onnxruntime-genai loads from one folder, the tokenizer included
+    proj.recipe("tiny3-both", "extends: tiny3\ncompile: {targets: [x-elite, 8gen3]}\n")
+    both = proj.doit("run", "build:tiny3-both")
+    assert both.ran() == [], both.log()
+    from transformers import AutoTokenizer
+    want = AutoTokenizer.from_pretrained(str(proj.root / ".fixtures" / "tiny-qwen2"))("a cat sat")["input_ids"]
+    for t in ("x-elite", "8gen3"):
+        folder = proj.root / "build" / "tiny3-both" / t
+        assert (folder / "genai_config.json").is_file() and (folder / "shared" / "part2" / "prefill_ctx.onnx").is_file()
+        assert AutoTokenizer.from_pretrained(str(folder))("a cat sat")["input_ids"] == want
+    assert not (proj.root / "build" / "tiny3-both" / "genai_config.json").exists()
     # verified on cpu-qdq (the 7B's way), a weight-shared part compiles only the binary it ships
     proj.recipe("tiny3-cpu", "extends: tiny3\nverify: {backend: cpu-qdq}\n")
     cpu = proj.doit("run", "build:tiny3-cpu")
@@ -145,3 +157,45 @@ def test_parts_are_stages_resume_by_part_and_are_shared(parts_project):
     # explain shows each part's stage with its key
     out = proj.doit("run", "explain:tiny3").tasks["explain:tiny3"]["out"]
     assert all(f"quantize.part{k}" in out for k in range(3)), out
+
+
+def test_calibration_parts_after_the_first_take_its_schedule_not_the_file(parts_project, tmp_path, tiny_bert):
+    """The calibration file is rewritten after calibrate.part0 committed its entry, while the
+    build goes on to part 1 (through the doit CLI). Part 1 takes part 0's schedule with its
+    hidden states, not the file: its key and entry are those of a build of the old content in
+    an empty cache (before, part 1 hashed the new file under an old chain), the two parts' schedules
+    are one, and the next build, with the new content, rebuilds the chain from part 0."""
+    proj = parts_project
+    calib = proj.root / "tasks" / "llm" / "data" / "tiny-corpus.txt"
+    old = calib.read_text()
+    new = "\n".join(reversed(old.splitlines())) + "\n"  # other windows, the same length
+    p = proj.popen("run", "calibrate.part0:tiny3", "quantize.part0:tiny3", "calibrate.part1:tiny3")
+    deadline = time.time() + 300
+    while not proj.entries("calibrate"):
+        assert p.poll() is None and time.time() < deadline, p.communicate()[0]
+        time.sleep(0.01)
+    calib.write_text(new)  # quantize.part0 and export.part1 are still to run
+    out = p.communicate(timeout=600)[0]
+    assert p.returncode == 0, out
+    keys = proj.entries("calibrate")
+    assert len(keys) == 2, out
+    cal = {k: proj.cache / "calibrate" / k for k in keys}
+    m = {k: json.loads((d / "manifest.json").read_text()) for k, d in cal.items()}
+    (k0,) = [k for k in keys if "previous" not in m[k]["inputs"]]
+    (k1,) = [k for k in keys if k != k0]
+    assert set(m[k1]["inputs"]) == {"model", "previous"} and not m[k1].get("files"), m[k1]
+    assert m[k1]["inputs"]["previous"]["key"] == k0 and set(m[k0]["inputs"]) == {"model", "source"}
+    assert (cal[k1] / "out" / "schedule.json").read_bytes() == (cal[k0] / "out" / "schedule.json").read_bytes()
+
+    calib.write_text(old)  # the old content in an empty cache: the same keys, the same bytes
+    fresh = parts_project_at(tmp_path / "fresh", tiny_bert)
+    fresh.doit("run", "calibrate.part1:tiny3")
+    assert fresh.entries("calibrate") == keys
+    for k in keys:
+        got = json.loads((fresh.cache / "calibrate" / k / "manifest.json").read_text())["output_digest"]
+        assert got == m[k]["output_digest"]
+
+    calib.write_text(new)  # the new content: the whole chain again, under new keys
+    run = proj.doit("run", "calibrate.part1:tiny3")
+    assert run.ran() == ["calibrate.part0:tiny3", "calibrate.part1:tiny3"], run.log()
+    assert len(set(proj.entries("calibrate")) - set(keys)) == 2

@@ -1,11 +1,15 @@
 """The calibrate stage, the LLM implementation (the contract: tasks/stages/__init__.py; issue 22).
 
 Part k's fp32 graphs run over the teacher-forced calibration schedule
-(:func:`tasks.llm.calib.schedule`, from the recipe's ``quantize.calibration`` file), reading
-part k-1's hidden states from ``calibrate.part{k-1}``'s entry. Writes the feeds that
-``quantize.part{k}`` calibrates on (``feeds/{prefill,decode}/NNNNNN.npz``) and this part's
-hidden states for part k+1 (``hidden/{prefill,decode}_{prompt}_{call}.npy``, not for the
-last part). Same inputs, same bytes (:func:`tasks.llm.calib.save_npz`).
+(:func:`tasks.llm.calib.schedule`), reading part k-1's hidden states from
+``calibrate.part{k-1}``'s entry. Only part 0 reads the recipe's ``quantize.calibration`` file
+(and the tokenizer): it writes the schedule it drew (``schedule.json``) and every later part
+takes it from its ``previous`` entry, so the parts of one chain share one schedule even when
+the file is edited while the build runs (the plan gives parts > 0 neither the file nor the
+source). Writes the feeds that ``quantize.part{k}`` calibrates on
+(``feeds/{prefill,decode}/NNNNNN.npz``) and this part's hidden states for part k+1
+(``hidden/{prefill,decode}_{prompt}_{call}.npy``, not for the last part). Same inputs, same
+bytes (:func:`tasks.llm.calib.save_npz`).
 """
 
 from __future__ import annotations
@@ -14,20 +18,23 @@ import json
 import shutil
 from pathlib import Path
 
-VERSION = 1
+VERSION = 2
 TOOLS = ("onnxruntime", "onnx", "transformers", "tokenizers", "numpy")
 #: the recipe keys of its section (``quantize``) this implementation reads
 PARAMS = ("calibration.samples",)
-#: recipe keys naming the project files it reads -> their role in ``run(files=...)``
+#: recipe keys naming the project files it reads -> their role in ``run(files=...)`` (part 0 only)
 FILES = {"calibration.file": "calibration"}
+#: part 0's schedule, carried along the chain: {"eos": int, "calls": [{"prompt", "decode", "keep"}]}
+SCHEDULE = "schedule.json"
 
 
 def run(inputs, files, params, out: Path) -> dict:
     """Calibrate part ``params["part"]`` of the LLM export in ``inputs["model"]`` (see above).
-    ``inputs["previous"]``: ``calibrate.part{k-1}``'s output (k > 0), ``inputs["source"]``:
-    the HF folder (tokenizer). Returns {"feeds": {"prefill": n, "decode": n}, "prompts": n}
-    (the engine records the stage's time and peak RSS). Raises ValueError when the text is too short for the
-    schedule, the memory check's error before work."""
+    Part 0: ``inputs["source"]``, the HF folder (tokenizer), and ``files["calibration"]``;
+    part k > 0: ``inputs["previous"]``, ``calibrate.part{k-1}``'s output. Returns
+    {"feeds": {"prefill": n, "decode": n}, "prompts": n} (the engine records the stage's time
+    and peak RSS). Raises ValueError when the text is too short for the schedule, the memory
+    check's error before work."""
     import tempfile
 
     import numpy as np
@@ -40,8 +47,14 @@ def run(inputs, files, params, out: Path) -> dict:
     src, k = Path(inputs["model"]), params["part"]
     check_export_stage("calibrate", src, part=k)
     desc = json.loads((src / "export.json").read_text())
-    ids, eos = text_ids(inputs["source"], files["calibration"])
-    sched = schedule(ids, desc["seq_len"], desc["context_len"], n_prompts=params["calibration"]["samples"])
+    if k == 0:
+        ids, eos = text_ids(inputs["source"], files["calibration"])
+        sched = schedule(ids, desc["seq_len"], desc["context_len"], n_prompts=params["calibration"]["samples"])
+    else:
+        drawn = json.loads((Path(inputs["previous"]) / SCHEDULE).read_text())
+        eos, sched = drawn["eos"], drawn["calls"]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / SCHEDULE).write_text(json.dumps({"eos": eos, "calls": sched}, sort_keys=True, separators=(",", ":")))
     embed = np.load(src / desc["embed_file"], mmap_mode="r") if desc.get("embed_file") and k == 0 else None
     bar = progress.bar(what=f"calibration part {k} (graph x prompt)", total=2 * len(sched), unit="prompt")
     work = Path(tempfile.mkdtemp(prefix="calib-"))

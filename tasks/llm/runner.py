@@ -273,6 +273,17 @@ class PartStream:
         self._open[key] = PartGraph(self.make_session(str(self.graph_path(i, kind))))
         return self._open[key]
 
+    def _caches(self) -> list["KVCache"]:
+        """One empty KV cache per part (a sequence's, for every part)."""
+        return [KVCache(range(*p["layers"]), self.desc["num_kv_heads"], self.C, self.desc["head_dim"])
+                for p in self.parts]
+
+    def _inputs(self, blocks: list[list[int]], width: int) -> list:
+        """Part 0's inputs for token windows ``blocks``, each padded to ``width``: int32 ids
+        [1, width], or float32 [1, width, D] rows of the host-side table (``embed_table``)."""
+        ids = [block_ids(blk, width, self.pad_id) for blk in blocks]
+        return ids if self.embed_table is None else [np.asarray(self.embed_table[x], np.float32) for x in ids]
+
     def close(self) -> None:
         """Drop every open session (a finished stream must not hold a part's weights while
         another stream runs: the LLM verify runs the fp32 side, then the compiled side)."""
@@ -290,11 +301,7 @@ class PartStream:
         if len(ids) > self.C:
             raise ValueError(f"expected at most the context length {self.C} tokens, found {len(ids)}")
         blocks = prompt_windows(ids, self.S)
-        caches = [KVCache(range(*p["layers"]), self.desc["num_kv_heads"], self.C, self.desc["head_dim"])
-                  for p in self.parts]
-        xs = [block_ids(blk, self.S, self.pad_id) for blk in blocks]
-        if self.embed_table is not None:
-            xs = [np.asarray(self.embed_table[x], np.float32) for x in xs]
+        caches, xs = self._caches(), self._inputs(blocks, self.S)
         for i in range(len(self.parts)):
             g = self._graph(i, "prefill")
             for k, blk in enumerate(blocks):
@@ -314,8 +321,7 @@ class PartStream:
         from .. import progress as _progress
 
         B = len(prompts)
-        caches = [[KVCache(range(*p["layers"]), self.desc["num_kv_heads"], self.C, self.desc["head_dim"])
-                   for p in self.parts] for _ in range(B)]
+        caches = [self._caches() for _ in range(B)]
         tokens = [[] for _ in range(B)]
         logits = [[] for _ in range(B)]
         for j in (_progress.bar(range(steps), progress, unit="step") if progress else range(steps)):
@@ -325,11 +331,7 @@ class PartStream:
                 blocks = [prompt_windows(p, self.S) for p in prompts]
             else:
                 blocks = [[[tokens[b][-1] if forced is None else forced[b][j - 1]]] for b in range(B)]
-            xs = []
-            for b in range(B):
-                ids = [block_ids(blk, Sg, self.pad_id) for blk in blocks[b]]
-                xs.append(ids if self.embed_table is None else
-                          [np.asarray(self.embed_table[x], np.float32) for x in ids])
+            xs = [self._inputs(blocks[b], Sg) for b in range(B)]
             for i, p in enumerate(self.parts):
                 g = self._graph(i, kind)
                 for b in range(B):
