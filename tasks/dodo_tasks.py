@@ -507,11 +507,15 @@ def _build_uptodate(recipe: str):
             return False
         res = engine.checking_resolver(recipe)
         try:
-            keys = {f"{s.kind}/{res.key(n)}" for n, s in res.specs.items()}
+            keys = {n: f"{s.kind}/{res.key(n)}" for n, s in res.specs.items()}
         except Exception:
             return False
+        linked = {"/".join(v.split("/")[:2]) for v in want.values()}
+        # every compile entry links its binaries: one missing means the layout changed (a
+        # target added: the old target's stages keep their keys, the folder gets sub-folders)
+        compiled = {k for n, k in keys.items() if res.specs[n].kind == "compile"}
         cache = paths.cache_dir()
-        return {"/".join(v.split("/")[:2]) for v in want.values()} <= keys and \
+        return compiled <= linked <= set(keys.values()) and \
             all(_same(p.parent / f, cache / src) for f, src in want.items())
 
     return check

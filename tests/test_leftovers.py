@@ -112,6 +112,15 @@ def test_build_folder_holds_only_this_builds_artifacts(project):
     files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
     assert files == sorted([*listed, "artifacts.json", "stages.json", "notes.txt"]), files
     assert not (out / "8gen3").exists() and not (out / "x-elite").exists()
+    # and back (1 -> 2 targets): the one-target stages are all in the new plan, under the same
+    # keys, yet the folder's layout changes, so build:t8 is not up to date (a tester found it was)
+    project.recipe("t8", targets="[x-elite, 8gen3]")
+    run = project.doit("run", "build:t8")
+    assert run.tasks["build:t8"]["result"] == "success", run.log()
+    listed = json.loads((out / "artifacts.json").read_text())
+    assert {r.split("/")[0] for r in listed if "/" in r} == {"8gen3", "x-elite"}, listed
+    assert (out / "8gen3" / "model_ctx.onnx").is_file() and not (out / "model_ctx.onnx").exists()
+    assert project.doit("run", "build:t8").tasks["build:t8"]["result"] == "up-to-date"
 
 
 def test_temp_files_of_a_stage_live_in_its_cache_temp_folder(tmp_path):
