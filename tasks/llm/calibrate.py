@@ -40,6 +40,7 @@ def run(inputs, files, params, out: Path) -> dict:
     import numpy as np
 
     from .. import progress
+    from ..digest import canonical_json
     from .calib import run_part, schedule, text_ids
     from .memory import check_export_stage
     from .sessions import cpu_session
@@ -53,8 +54,7 @@ def run(inputs, files, params, out: Path) -> dict:
     else:
         drawn = json.loads((Path(inputs["previous"]) / SCHEDULE).read_text())
         eos, sched = drawn["eos"], drawn["calls"]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / SCHEDULE).write_text(json.dumps({"eos": eos, "calls": sched}, sort_keys=True, separators=(",", ":")))
+    (out / SCHEDULE).write_text(canonical_json({"eos": eos, "calls": sched}))
     embed = np.load(src / desc["embed_file"], mmap_mode="r") if desc.get("embed_file") and k == 0 else None
     bar = progress.bar(what=f"calibration part {k} (graph x prompt)", total=2 * len(sched), unit="prompt")
     work = Path(tempfile.mkdtemp(prefix="calib-"))
