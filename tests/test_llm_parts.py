@@ -199,3 +199,47 @@ def test_calibration_parts_after_the_first_take_its_schedule_not_the_file(parts_
     run = proj.doit("run", "calibrate.part1:tiny3")
     assert run.ran() == ["calibrate.part0:tiny3", "calibrate.part1:tiny3"], run.log()
     assert len(set(proj.entries("calibrate")) - set(keys)) == 2
+
+
+def test_calibration_disk_estimate_and_a_calibration_that_cannot_fit(parts_project):
+    """The calibrate stage's disk estimate (``tasks.llm.calib.disk_bytes``, from the schedule
+    alone) against what the 3 parts' entries hold, built through the doit CLI: never below,
+    and within 2x (the estimate also counts the removed scratch KV caches). Then a recipe
+    asking for 100,000 calibration prompts with the cache on a 64 MiB tmpfs: calibrate.part0
+    stops before work with one DiskFull line naming the key and the figures, and leaves no
+    calibrate entry (it used to fill the disk minutes in)."""
+    from tasks.llm.calib import disk_bytes
+
+    proj = parts_project
+    proj.doit("run", "calibrate.part2:tiny3")
+    st = _stages(proj, "tiny3")
+    desc = json.loads((proj.cache / "export" / st["export.part0"]["key"] / "out" / "export.json").read_text())
+    for k in range(3):
+        out = proj.cache / "calibrate" / st[f"calibrate.part{k}"]["key"] / "out"
+        sched = json.loads((out / "schedule.json").read_text())["calls"]
+        held = sum(f.stat().st_size for f in out.rglob("*") if f.is_file() and f.name != "schedule.json")
+        est = disk_bytes(desc, sched, k)
+        assert held <= est <= 2 * held, (k, held, est)
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs for the cache needs root")
+    huge = proj.root / "huge"
+    huge.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(huge)], capture_output=True)
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        proj.recipe("many", "extends: tiny3\nquantize: {calibration: {samples: 100000}}\n")
+        env = dict(proj.env, NPUBUILD_CACHE=str(huge))
+        t0 = time.time()
+        p = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(proj.root), "run",
+                            "calibrate.part0:many"], env=env, capture_output=True, text=True, timeout=600)
+        took = time.time() - t0
+        assert p.returncode != 0, p.stdout + p.stderr
+        line = [ln for ln in (p.stdout + p.stderr).splitlines() if "DiskFull" in ln]
+        assert len(line) == 1 and "quantize.calibration.samples" in line[0] and "parts 0-2" in line[0] and f"({huge})" in line[0], p.stdout + p.stderr
+        assert "Traceback" not in p.stdout + p.stderr
+        assert not (huge / "calibrate").is_dir() or not any((huge / "calibrate").iterdir())
+        assert took < 120, took  # the download and export of the tiny model, then the check
+    finally:
+        subprocess.run(["umount", str(huge)], check=False)

@@ -217,6 +217,48 @@ def run_part(desc: dict, export_dir: Path, p: dict, sched: list[dict], work: Pat
     return stores
 
 
+def disk_bytes(desc: dict, sched: list[dict], part: int) -> int:
+    """Estimated bytes :func:`run_part` writes for part ``part`` of the export ``desc``
+    (``export.json``) over the schedule ``sched`` (:func:`schedule`), at their most (just before
+    the scratch is removed): the kept feeds (``.npz`` compressed: every input in full except
+    the past K/V buffers, counted by their written slots, since the empty ones compress to
+    almost nothing), the hidden states for the next part (``.npy``, every call; none for the
+    last part) and the prompts' KV caches in the scratch folder (:meth:`KVCache.save`, written
+    slots only). The slots are known from the schedule alone: a prompt of L tokens fills
+    ``ceil(L/S) * S`` slots (its last window is padded), decode step t then ``max(that, L+t)``.
+    Counts written data uncompressed, so it is at least what deflate makes of it: the tiny
+    Qwen2 in 3 parts, 1.12-1.13x what the entries hold, scratch included
+    (tests/test_llm_parts.py); Qwen2.5-7B's shape at 16 prompts (S=128, C=4096), 0.37-0.52 GB
+    a part where its entries held about 0.28 GB (benchmarks/README.md, issue 22)."""
+    p = desc["parts"][part]
+    S, C = desc["seq_len"], desc["context_len"]
+    last = part == len(desc["parts"]) - 1
+    itemsize = {"float32": 4, "int32": 4, "int64": 8, "float16": 2}
+
+    def nbytes(t):
+        return int(np.prod(t["shape"])) * itemsize.get(t["dtype"], 4)
+
+    def graph(kind):
+        g = p[kind]
+        kv = ("past_key_", "past_value_")
+        slot = sum(nbytes(t) // t["shape"][2] for t in g["inputs"]  # [1, Hkv, C, d]: bytes per slot, all layers
+                   if t["name"].startswith(kv))
+        rest = sum(nbytes(t) for t in g["inputs"] if not t["name"].startswith(kv))
+        out = 0 if last else sum(nbytes(t) + 128 for t in g["outputs"] if not t["name"].startswith("present_"))
+        return slot, rest, out
+
+    (slot, rest_p, out_p), (_, rest_d, out_d) = graph("prefill"), graph("decode")
+    total = 0
+    for pr in sched:
+        L, steps = len(pr["prompt"]), len(pr["decode"])
+        w = -(-L // S)
+        total += sum(rest_p + min(c * S, C) * slot for c in range(w))  # prefill feeds: every window
+        total += sum(rest_d + min(max(w * S, L + t), C) * slot for t in pr["keep"] if t < steps)
+        total += w * out_p + steps * out_d  # hidden states
+        total += min(w * S, C) * slot  # the prompt's scratch KV cache
+    return total
+
+
 def collect_calibration_feeds(model_dir, export_dir, text_path, work, *, n_prompts: int = 8,
                               decode_steps: int = 24, decode_keep: int = 4, seed: int = 0,
                               make_session=None, parts=None, on_part=None) -> dict:

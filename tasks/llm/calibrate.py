@@ -15,6 +15,7 @@ bytes (:func:`tasks.llm.calib.save_npz`).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -34,7 +35,8 @@ def run(inputs, files, params, out: Path) -> dict:
     part k > 0: ``inputs["previous"]``, ``calibrate.part{k-1}``'s output. Returns
     {"feeds": {"prefill": n, "decode": n}, "prompts": n} (the engine records the stage's time
     and peak RSS). Raises ValueError when the text is too short for the schedule, the memory
-    check's error before work."""
+    check's error before work, :class:`tasks.cache.DiskFull` before work when the calibration of
+    this part and the later ones cannot fit on the cache's disk (:func:`check_disk`)."""
     import tempfile
 
     import numpy as np
@@ -54,6 +56,7 @@ def run(inputs, files, params, out: Path) -> dict:
     else:
         drawn = json.loads((Path(inputs["previous"]) / SCHEDULE).read_text())
         eos, sched = drawn["eos"], drawn["calls"]
+    check_disk(desc, sched, k, out)
     (out / SCHEDULE).write_text(canonical_json({"eos": eos, "calls": sched}))
     embed = np.load(src / desc["embed_file"], mmap_mode="r") if desc.get("embed_file") and k == 0 else None
     bar = progress.bar(what=f"calibration part {k} (graph x prompt)", total=2 * len(sched), unit="prompt")
@@ -66,3 +69,29 @@ def run(inputs, files, params, out: Path) -> dict:
         bar.close()
         shutil.rmtree(work, ignore_errors=True)
     return {"feeds": {g: len(st) for g, st in stores.items()}, "prompts": len(sched)}
+
+
+def check_disk(desc: dict, sched: list[dict], k: int, out: Path) -> int:
+    """Refuse, before work, a calibration that cannot fit on the disk of ``out`` (the stage's
+    folder in the cache): part ``k``'s and every later part's entry, each estimated from the
+    schedule by :func:`tasks.llm.calib.disk_bytes` (their entries stay in the cache, and every
+    later part's is as large as the schedule makes it). Returns the estimate in bytes. Raises
+    :class:`tasks.cache.DiskFull` naming the parts, both figures and
+    ``quantize.calibration.samples`` (a full disk used to show up minutes in, as a failed
+    write; issue 22)."""
+    from ..cache import DiskFull
+    from .calib import disk_bytes
+
+    last = len(desc["parts"]) - 1
+    need = sum(disk_bytes(desc, sched, j) for j in range(k, last + 1))
+    free = shutil.disk_usage(out).free
+    if need > free:
+        which = f"part {k}" if k == last else f"parts {k}-{last}"
+        disk = out.resolve()
+        while not os.path.ismount(disk) and disk != disk.parent:
+            disk = disk.parent
+        raise DiskFull(f"the calibration of {which} writes about {need / 1e9:.2f} GB "
+                       f"({len(sched)} prompts: quantize.calibration.samples) to the cache's disk ({disk}), "
+                       f"which has {free / 1e9:.2f} GB free; lower quantize.calibration.samples, free space "
+                       f"or set NPUBUILD_CACHE to a larger disk")
+    return need

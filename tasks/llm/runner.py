@@ -100,16 +100,28 @@ class KVCache:
             self.k[l], self.v[l] = res[f"present_key_{l}"], res[f"present_value_{l}"]
 
     def save(self, path) -> None:
-        """Write the cache to ``path`` (.npz)."""
-        np.savez(path, n=np.int64(self.n), **{f"k{l}": a for l, a in self.k.items()},
-                 **{f"v{l}": a for l, a in self.v.items()})
+        """Write the cache to ``path`` (.npz, uncompressed), each buffer cut after its last slot
+        that is not all zeros (slots past the prefill's last window are never written: a 7B
+        part's buffers at C=4096 are 128 MiB, their written slots a few MiB); :meth:`load`
+        puts the zeros back, so the round trip is exact, leftover slots included."""
+        def cut(a):
+            used = np.flatnonzero(a.any(axis=(0, 1, 3)))
+            return a[:, :, :used[-1] + 1 if used.size else 0]
+
+        np.savez(path, n=np.int64(self.n), **{f"k{l}": cut(a) for l, a in self.k.items()},
+                 **{f"v{l}": cut(a) for l, a in self.v.items()})
 
     def load(self, path) -> None:
         """Restore a cache written by :meth:`save` (same layers and shapes)."""
+        def full(a, like):
+            out = np.zeros_like(like)
+            out[:, :, :a.shape[2]] = a
+            return out
+
         with np.load(path) as z:
             self.n = int(z["n"])
-            self.k = {l: z[f"k{l}"].copy() for l in self.k}
-            self.v = {l: z[f"v{l}"].copy() for l in self.v}
+            self.k = {l: full(z[f"k{l}"], a) for l, a in self.k.items()}
+            self.v = {l: full(z[f"v{l}"], a) for l, a in self.v.items()}
 
 
 class LLMRunner:
