@@ -39,3 +39,14 @@ def perplexity(logits_rows: list[np.ndarray], targets: list[int]) -> float:
         m = lg.max()
         nll.append(m + np.log(np.exp(lg - m).sum()) - lg[t])
     return float(np.exp(np.mean(nll)))
+
+
+def apart(a: float, b: float, decimals: int = 1, most: int = 6) -> tuple[str, str]:
+    """``a`` and ``b`` printed with the fewest decimals (at least ``decimals``, at most
+    ``most``) at which the two strings differ, so a message comparing them never shows two
+    equal figures for unequal values ("needs 0.8 GiB, 0.8 GiB is available"; found by a tester,
+    issue 22). Equal values print equal."""
+    d = decimals
+    while d < most and a != b and f"{a:.{d}f}" == f"{b:.{d}f}":
+        d += 1
+    return f"{a:.{d}f}", f"{b:.{d}f}"

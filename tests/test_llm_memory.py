@@ -124,6 +124,30 @@ def test_not_enough_memory_names_the_recipe_keys_that_lower_it(monkeypatch):
     memory.check("quantize", 2 * memory.GiB, 3, recipe_keys="export.parts (now 4)")  # fits: nothing raised
 
 
+def test_export_check_names_its_part_and_that_no_recipe_key_lowers_it(monkeypatch):
+    """The export holds one tensor at a time, so its estimate is per part (a 7B's middle part
+    holds no 545 M-element table) and no recipe key lowers it; figures that round alike get
+    the decimals that tell them apart (testers saw "part 0" for part 1, advice to change
+    export.parts, and "needs 0.8 GiB, 0.8 GiB is available")."""
+    from tasks.llm import memory
+    from tasks.metrics import apart
+
+    cfg = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+               num_key_value_heads=4, vocab_size=152064)
+    monkeypatch.setenv("NPUBUILD_MEMORY_GB", "2")
+    mid = memory.check_stage("export", cfg, parts=4, seq_len=128, context_len=4096, part=1)
+    assert mid == memory.BASE + 6 * 3584 * 18944
+    with pytest.raises(memory.NotEnoughMemory) as e:
+        memory.check_stage("export", cfg, parts=4, seq_len=128, context_len=4096, part=3)
+    assert str(e.value) == ("export: part 3 needs about 3.8 GiB, 2.0 GiB is available (NPUBUILD_MEMORY_GB); "
+                            "no recipe key lowers it: raise NPUBUILD_MEMORY_GB")
+    monkeypatch.setenv("NPUBUILD_MEMORY_GB", f"{mid / memory.GiB - 0.001}")
+    with pytest.raises(memory.NotEnoughMemory, match=r"part 1 needs about 1\.179 GiB, 1\.178 GiB is available"):
+        memory.check_stage("export", cfg, parts=4, seq_len=128, context_len=4096, part=1)
+    assert apart(0.80012, 0.801) == ("0.800", "0.801") and apart(0.99996, 0.99999, 4) == ("0.99996", "0.99999")
+    assert apart(3.0, 3.0) == ("3.0", "3.0") and apart(1.23, 0.5) == ("1.2", "0.5")
+
+
 def test_big_tables_are_split_exactly(tmp_path):
     """Above the element limit the embedding table and LM head become column chunks (Gather /
     MatMul per chunk, then Concat): same fp32 logits, and no weight tensor over the limit."""

@@ -627,7 +627,7 @@ def run(inputs, files, params, out: Path) -> dict:
     check_vocabulary(src)
     check_stage("export", json.loads((src / "config.json").read_text(encoding="utf-8")), parts=params["parts"],
                 seq_len=params["sequence_length"], context_len=params["context_length"],
-                embed_in_part=params["embedding"] == "first-part")
+                embed_in_part=params["embedding"] == "first-part", part=params["part"])
     meter: list = []
     info = export_llm(src, out, seq_len=params["sequence_length"], context_len=params["context_length"],
                       parts=params["parts"], embed={"first-part": "part0", "host": "separate"}[params["embedding"]],

@@ -91,7 +91,13 @@ def estimates(config: dict, ranges: list[tuple[int, int]], seq_len: int, context
     """Estimated peak bytes per LLM stage: ``{stage: (bytes, part index)}``, the largest part's
     (``only``: part ``only``'s, for a stage that builds one part).
 
-    - export: the largest tensor in float32 and its transpose (one tensor at a time).
+    - export: the part's largest tensor (the embedding table in part 0, where a host-side
+      lookup's ``.npy`` is written too, and the LM head in the last part; else the MLP's
+      ``hidden x intermediate``) at 6 bytes per element: the float32 copy and what writing it
+      adds. Measured: Qwen2.5-7B parts 0 and 3 (545 M-element tables) 3.09-3.51 GiB, parts
+      1-2 1.21-1.23 GiB (estimated: 3.85 and 1.18); Qwen2.5-0.5B parts 0 and 3 1.35-1.38 GiB
+      (1.56), parts 1-2 0.42 (0.82) (benchmarks/README.md, issue 22). Was 8 bytes per element
+      of the model's largest tensor for every part: 4.9 GiB for each 7B part (a tester).
     - quantize: onnxruntime's quantizer holds the part's float32 weights once, plus the
       quantized copies (<= 2 bytes per weight: 16-bit Gather tables), plus one call's
       activations: the attention scores [1, H, S, C] float32 a few times over and the part's
@@ -109,37 +115,44 @@ def estimates(config: dict, ranges: list[tuple[int, int]], seq_len: int, context
     d = config.get("head_dim") or D // H
     kvh = config.get("num_key_value_heads") or H
     V = config["vocab_size"]
-    out = {"export": (BASE + 2 * 4 * max(V * D, D * config["intermediate_size"]), 0)}
-    best = {"calibrate": (0, 0), "quantize": (0, 0), "compile": (0, 0), "verify": (0, 0)}
+    best = {"export": (0, 0), "calibrate": (0, 0), "quantize": (0, 0), "compile": (0, 0), "verify": (0, 0)}
     for i, (lo, hi) in enumerate(ranges):
         if only is not None and i != only:
             continue
+        largest = V * D if i in (0, len(ranges) - 1) else D * max(config["intermediate_size"], H * d)
         n = part_params(config, lo, hi, i == 0, i == len(ranges) - 1, embed_in_part)
         table = V * D if (i == 0 and embed_in_part) else 0
         layers = hi - lo
         kv = layers * 2 * kvh * context_len * d * 4
         act = 4 * H * seq_len * context_len * 4 + 2 * kv
         qdq = (n - table) * weight_bits // 8 + table * 2
-        cand = {"calibrate": BASE + 4 * n + act, "quantize": BASE + 4 * n + 2 * n + act, "compile": BASE + 8 * qdq,
+        cand = {"export": BASE + 6 * largest, "calibrate": BASE + 4 * n + act,
+                "quantize": BASE + 4 * n + 2 * n + act, "compile": BASE + 8 * qdq,
                 "verify": BASE + 4 * n + qdq + 6 * kv + act}
         for k, v in cand.items():
             if v > best[k][0]:
                 best[k] = (v, i)
-    out.update(best)
-    return out
+    return best
 
 
-def check(stage: str, estimate: int, part: int, *, recipe_keys: str) -> None:
+def check(stage: str, estimate: int, part: int, *, recipe_keys: str | None) -> None:
     """Raise :class:`NotEnoughMemory` when ``estimate`` exceeds :func:`available_bytes`, naming
-    the stage, the part, both figures and ``recipe_keys`` (what to change)."""
+    the stage, the part, both figures (with the decimals that tell them apart) and
+    ``recipe_keys`` (what to change; None: no recipe key lowers it, so more memory is the fix)."""
+    from ..metrics import apart
+
     avail = available_bytes()
     if avail is not None and estimate > avail:
         src = "NPUBUILD_MEMORY_GB" if budget_gib() is not None else "MemAvailable now"
-        fix = (f"the budget is below the {BASE / GiB:.1f} GiB any stage takes (Python and its libraries): raise "
-               f"NPUBUILD_MEMORY_GB" if avail <= BASE else f"to lower it change {recipe_keys}")
-        raise NotEnoughMemory(
-            f"{stage}: part {part} needs about {estimate / GiB:.1f} GiB, {avail / GiB:.1f} GiB is available "
-            f"({src}); {fix}")
+        more = "raise NPUBUILD_MEMORY_GB" if src == "NPUBUILD_MEMORY_GB" else "free memory or use a larger machine"
+        if avail <= BASE:
+            fix = f"the budget is below the {BASE / GiB:.1f} GiB any stage takes (Python and its libraries): {more}"
+        elif recipe_keys is None:
+            fix = f"no recipe key lowers it: {more}"
+        else:
+            fix = f"to lower it change {recipe_keys}"
+        need, have = apart(estimate / GiB, avail / GiB)
+        raise NotEnoughMemory(f"{stage}: part {part} needs about {need} GiB, {have} GiB is available ({src}); {fix}")
 
 
 def check_stage(stage: str, config: dict, *, parts: int, seq_len: int, context_len: int,
@@ -148,15 +161,17 @@ def check_stage(stage: str, config: dict, *, parts: int, seq_len: int, context_l
     the estimate in bytes. ``weight_bits``: of the quantized weights (``tasks/precisions.py``;
     compile and verify read them from the quantize output: :func:`weight_bits_of`, issue 22).
     ``part``: the one part the stage builds (default: the largest part's estimate). Raises :class:`NotEnoughMemory` (naming ``export.parts``,
-    ``export.context_length``, ``export.sequence_length`` with their values) or ValueError
+    ``export.context_length``, ``export.sequence_length`` with their values; for export, whose
+    peak follows the model's largest tensor, that no recipe key lowers it) or ValueError
     for a bad ``parts``."""
     from .parts import split_for
 
     ranges = split_for(config, parts, embed_in_part)
     est, part = estimates(config, ranges, seq_len, context_len, embed_in_part, weight_bits, part)[stage]
-    check(stage, est, part, recipe_keys=f"export.parts (now {parts}: more parts, smaller parts), "
-                                        f"export.context_length (now {context_len}) or "
-                                        f"export.sequence_length (now {seq_len})")
+    # the export holds one tensor at a time: its size is the model's, not the recipe's
+    check(stage, est, part, recipe_keys=None if stage == "export" else
+          f"export.parts (now {parts}: more parts, smaller parts), export.context_length (now {context_len}) or "
+          f"export.sequence_length (now {seq_len})")
     return est
 
 

@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 from .. import digest, qnn
+from ..metrics import apart
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
                    "merges.txt", "vocab.json", "config.json", "generation_config.json", "tokenizer.model",
@@ -89,5 +90,6 @@ def check(out: Path, manifest: dict, params: dict) -> list[str]:
                 pick = min if direction == "min" else max
                 w = pick(range(len(samples)), key=lambda i: samples[i][per_sample])
                 worst = f"; worst sample #{w} ({per_sample}={samples[w][per_sample]:.4f}): {samples[w].get('text', '')!r}"
-            fails.append(f"{name} = {value:.4f}{' (not a number: the compiled model gave NaN/inf)' if not math.isfinite(value) else ''}, threshold {'>=' if direction == 'min' else '<='} {bar}{worst}")
+            shown = apart(value, float(bar), 4)[0] if math.isfinite(value) else f"{value}"
+            fails.append(f"{name} = {shown}{' (not a number: the compiled model gave NaN/inf)' if not math.isfinite(value) else ''}, threshold {'>=' if direction == 'min' else '<='} {bar}{worst}")
     return fails
