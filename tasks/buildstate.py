@@ -153,7 +153,9 @@ def artifacts(state: BuildState) -> dict[str, Artifact]:
 # ------------------------------------------------------------ explain
 
 
-def _diff(old, new, prefix="") -> list[str]:
+def diff(old, new, prefix="") -> list[str]:
+    """What changed between two JSON values, one line per changed leaf: ``a.b: 8 -> 12``,
+    ``a.c: added 3``, ``a.d: removed (was 3)``; [] when equal."""
     if isinstance(old, dict) and isinstance(new, dict):
         out = []
         for k in sorted(set(old) | set(new)):
@@ -163,7 +165,7 @@ def _diff(old, new, prefix="") -> list[str]:
             elif k not in new:
                 out.append(f"{p}: removed (was {json.dumps(old[k])})")
             else:
-                out += _diff(old[k], new[k], p)
+                out += diff(old[k], new[k], p)
         return out
     return [] if old == new else [f"{prefix}: {json.dumps(old)} -> {json.dumps(new)}"]
 
@@ -197,7 +199,7 @@ def explain(recipe_name: str) -> list[dict]:
         elif not e and st.key and engine.failed_log_path(recipe_name, name).is_file():
             row["log"] = f"{engine.failed_log_path(recipe_name, name)} (last failed or stopped build)"
         if st.status == "stale":
-            row["changes"] = [_named(c, spec.files) for c in _diff(last[name]["material"], st.material)] or [
+            row["changes"] = [_named(c, spec.files) for c in diff(last[name]["material"], st.material)] or [
                 f"nothing in its key: the entry {spec.kind}/{st.key[:12]} the last build made or used is gone "
                 "from the cache (deleted, `doit gc --apply`, or damaged and moved to .damaged/)"]
         elif st.status in ("blocked", "unknown"):

@@ -745,7 +745,10 @@ def _check_bundle_action(path: str, public_key: str, cert_chain: str):
 
     if not path:
         return TaskFailed("give the bundle folder: doit check_bundle --path dist/<recipe>")
-    ok = publish.print_check(path, public_key or None, _paths_list(cert_chain))
+    try:
+        ok = publish.print_check(path, public_key or None, _paths_list(cert_chain))
+    except publish.PublishError as e:
+        return TaskFailed(str(e))
     return True if ok else TaskFailed(f"{path}: bundle does not match its manifest (or its signature)")
 
 

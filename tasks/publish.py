@@ -369,8 +369,9 @@ def _print_ops(plan: dict, dest, hub_repo) -> None:
     for rel, v in plan["files"].items():
         size = len(v) if isinstance(v, bytes) else v.stat().st_size
         print(f"[dry-run]   {rel} ({size} bytes)")
-    print(f"[dry-run] would write {plan['archive']} (entry mtime {plan['mtime']}, "
-          f"{plan['manifest']['archive_mtime']['from']})")
+    got = plan["manifest"]["archive_mtime"]["from"]
+    print(f"[dry-run] would write {plan['archive']} (every entry's mtime {plan['mtime']}: "
+          + ("the source has no commit time; SOURCE_DATE_EPOCH sets one)" if got == "unknown (0)" else f"{got})"))
     if dest:
         print(f"[dry-run] would copy {plan['folder'].name}/ and {plan['archive'].name} to {Path(dest).absolute()}/")
     if hub_repo:
@@ -606,13 +607,10 @@ def verify_signature(folder: str | Path, public_key: str | Path | None = None, c
 
 def print_check(folder: str | Path, public_key: str | Path | None = None, cert_chain: list | None = None) -> bool:
     """:func:`check_bundle` with one line per problem; True when the bundle is intact (and its
-    signature, if any, verifies)."""
-    try:
-        res = check_bundle(folder, public_key, cert_chain)
-        n = len(read_manifest(folder)["files"])
-    except PublishError as e:
-        print(e)
-        return False
+    signature, if any, verifies). Raises PublishError when there is no bundle to check (no or
+    a malformed manifest, a key without a signature): one message, not a problem count."""
+    res = check_bundle(folder, public_key, cert_chain)
+    n = len(read_manifest(folder)["files"])
     for what in ("mismatch", "missing", "extra", "signature"):
         for item in res.get(what, []):
             print(f"{what.upper()} {item}")
@@ -660,12 +658,22 @@ def reproduce(recipe: str, keep: bool = False) -> bool:
 
     Returns True when everything is identical. The temp folder is removed unless something
     differs or ``keep``. Raises PublishError when there is no published bundle to compare
-    with, or when the rebuild fails."""
+    with, when the recipe now resolves to something else than the published one (naming
+    what changed: a rebuild would be another bundle), or when the rebuild fails."""
     old = paths.dist_dir() / recipe
     if not (old / "manifest.json").exists():
         raise PublishError(f"no published bundle at {old} to compare with: run `doit publish:{recipe}` first")
     old_manifest = read_manifest(old)
     recheck_published(old, old_manifest)
+    from .buildstate import diff
+
+    changed = diff(old_manifest.get("resolved_recipe"), catalog.catalog_recipes()[recipe].model_dump(mode="json"))
+    if changed:  # a rebuild would be another bundle: say so, not "DIFFERS" per file (a tester)
+        raise PublishError(f"{old / 'manifest.json'}: published (build {old_manifest.get('build_key')}) from another "
+                           f"recipe than {recipe} resolves to now: {'; '.join(changed[:5])}"
+                           f"{f' (and {len(changed) - 5} more)' if len(changed) > 5 else ''}; a rebuild would not "
+                           f"be that bundle: restore the recipe to reproduce it, or `doit publish:{recipe}` to "
+                           f"publish what it gives now")
     old_archive = paths.dist_dir() / f"{recipe}-{old_manifest['build_key']}.tar.gz"
     tmp = Path(tempfile.mkdtemp(prefix=f"npubuild-reproduce-{recipe}-"))
     env = dict(os.environ, NPUBUILD_ROOT=str(paths.root()), NPUBUILD_RECIPES=str(paths.recipes_dir()),
@@ -703,6 +711,10 @@ def reproduce(recipe: str, keep: bool = False) -> bool:
     old_v = {t: v["metrics"] for t, v in old_manifest.get("verify", {}).items()}
     new_v = {t: v["metrics"] for t, v in new_manifest.get("verify", {}).items()}
     print(f"verify metrics {'identical' if old_v == new_v else 'DIFFER'} (published vs rebuilt)")
+    rekeyed = sorted(st for st, v in old_manifest.get("stages", {}).items()
+                     if v.get("key") != new_manifest.get("stages", {}).get(st, {}).get("key"))
+    if not same and rekeyed:
+        print(f"stage keys that differ (their code, tools or data files changed since publishing): {', '.join(rekeyed)}")
     for rel in sorted(set(new_manifest["files"]) - set(old_manifest["files"])):
         same = False
         print(f"DIFFERS    {rel}  only in the rebuild")

@@ -197,6 +197,25 @@ def test_reproduce_task_reports_every_file(proj):
     assert run.code == 0 and "DIFFERS" not in out and "known" not in out
 
 
+def test_reproduce_refuses_a_recipe_changed_since_publishing(proj):
+    """The recipe's calibration samples changed after publishing: reproduce says so in one
+    line naming the change, before rebuilding anything (a tester saw 20 DIFFERS lines for a
+    bundle that was simply another build's)."""
+    path = proj.root / "recipes" / "t8.yaml"
+    text = path.read_text()
+    try:
+        path.write_text(text.replace("samples: 4", "samples: 5", 1))
+        run = proj.doit("run", "reproduce:t8", check=False)
+    finally:
+        path.write_text(text)
+    log = run.log()
+    assert run.code != 0 and "DIFFERS" not in log and "Traceback" not in log, log
+    build_key = json.loads((_bundle(proj) / "manifest.json").read_text())["build_key"]
+    assert (f"manifest.json: published (build {build_key}) from another recipe than t8 resolves to now: "
+            f"quantize.calibration.samples: 4 -> 5; a rebuild would not be that bundle") in log, log
+    assert "[reproduce:t8] doit build:t8" not in log  # refused before any rebuild
+
+
 def test_archive_mtime_from_source_date_epoch(proj, tmp_path):
     env = dict(proj.env, SOURCE_DATE_EPOCH="1700000000", NPUBUILD_DIST=str(tmp_path / "dist"))
     other = Project.__new__(Project)
@@ -392,6 +411,8 @@ def test_publish_to_a_folder_and_dry_run(proj, tmp_path):
     assert "would call HfApi.upload_folder(repo_id='me/tiny'" in out
     assert "would call HfApi.create_tag(repo_id='me/tiny'" in out and "tag='npubuild-" in out
     assert "would copy t8/" in out and "[dry-run]   model_ctx_qnn.bin" in out
+    # a package source has no commit time: the archive's mtime is 0, said as such (was "unknown (0)")
+    assert "(every entry's mtime 0: the source has no commit time; SOURCE_DATE_EPOCH sets one)" in out, out
     assert not (tmp_path / "dry").exists() and tree_sums(proj.root / "dist") == before
     proj.doit("run", "publish:t8", "--dest", str(tmp_path / "shelf"))
     assert tree_sums(tmp_path / "shelf" / "t8") == tree_sums(_bundle(proj))

@@ -73,6 +73,7 @@ def test_malformed_bundle_manifest_is_one_message(proj, tmp_path, files, words):
     if isinstance(files, list):  # and through the command line, once
         run = proj.doit("run", "check_bundle", "--path", str(b), check=False)
         assert run.code != 0 and words in run.log() and "Traceback" not in run.log()
+        assert "does not match its manifest (or its signature)" not in run.log()  # one message, not two
 
 
 def test_oversized_bundle_manifest_is_refused_unread(proj, tmp_path):

@@ -154,6 +154,10 @@ def test_parts_are_stages_resume_by_part_and_are_shared(parts_project):
     proj.doit("run", "catalog")
     row = {r["name"]: r for r in json.loads((proj.root / "catalog" / "catalog.json").read_text())["recipes"]}["tiny3"]
     assert row["parts"] == 3 and row["state"] == "verified" and row["tools"]["optimum"] == "not used", row
+    # the model's parameters as transformers counts them (tied head once), not the graphs'
+    # initializers (rotary and mask tables, the tied head's copy: 2.57 M, a tester)
+    from transformers import AutoModelForCausalLM
+    assert row["parameters"] == AutoModelForCausalLM.from_pretrained(str(proj.root / ".fixtures" / "tiny-qwen2")).num_parameters()
     # explain shows each part's stage with its key
     out = proj.doit("run", "explain:tiny3").tasks["explain:tiny3"]["out"]
     assert all(f"quantize.part{k}" in out for k in range(3)), out
