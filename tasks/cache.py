@@ -53,15 +53,24 @@ from .remote import Rejected, Remote, RemoteError, warn
 
 
 def _rmtree(path: Path) -> None:
-    def onexc(func, p, exc):  # read-only files (Windows) and read-only dirs
-        os.chmod(p, stat.S_IWRITE | stat.S_IREAD | stat.S_IEXEC)
-        func(p)
+    """Remove ``path`` and what is in it: read-only files and folders too (the cache's files
+    are read-only; Windows will not unlink them otherwise), and what another process removes
+    at the same time is taken as removed (two doit processes that start together both clean
+    the same dead build's temp folder; a tester saw the slower one fail a stage)."""
+    def onexc(func, p, exc):
+        if isinstance(exc, FileNotFoundError):
+            return
+        try:
+            os.chmod(p, stat.S_IWRITE | stat.S_IREAD | stat.S_IEXEC)
+            func(p)
+        except FileNotFoundError:
+            pass
 
     if path.exists():
         if sys.version_info >= (3, 12):
             shutil.rmtree(path, onexc=onexc)
         else:
-            shutil.rmtree(path, onerror=lambda f, p, e: onexc(f, p, e))
+            shutil.rmtree(path, onerror=lambda f, p, e: onexc(f, p, e[1]))
 
 
 def _write_json(path: Path, obj) -> None:

@@ -304,3 +304,23 @@ def test_a_child_dies_with_its_parent(tmp_path):
     while process_state(child) != "gone" and time.time() - t0 < 10:
         time.sleep(0.1)
     assert process_state(child) == "gone"
+
+
+def test_two_processes_removing_one_dead_temp_folder_both_succeed(tmp_path):
+    """Every doit process removes the temp folders of dead builds when it starts; two that
+    start together remove the same folder, and the one that finds a file already gone must
+    go on (a tester's concurrent resumes failed a stage with FileNotFoundError). Two real
+    processes, 20,000 files, three rounds."""
+    code = ("import sys, time; from pathlib import Path; from tasks.cache import _rmtree\n"
+            "t = float(sys.argv[2])\nwhile time.time() < t: pass\n_rmtree(Path(sys.argv[1]))\n")
+    for round_ in range(3):
+        d = tmp_path / f"dead{round_}" / "out"
+        d.mkdir(parents=True)
+        for i in range(20000):
+            (d / f"f{i}").touch()
+        start = f"{time.time() + 1.5}"
+        ps = [subprocess.Popen([sys.executable, "-c", code, str(d.parent), start], cwd=REPO,
+                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        errs = [p.communicate(timeout=120)[1] for p in ps]
+        assert [p.returncode for p in ps] == [0, 0], errs
+        assert not d.parent.exists()
