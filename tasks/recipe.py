@@ -183,7 +183,27 @@ def read_yaml(path: Path) -> dict:
         data = {}
     if not isinstance(data, dict):
         raise RecipeError(path, [("", f"expected a mapping at the top level, found {type(data).__name__}")])
+    nul = _with_nul(data)
+    if nul:  # no path, pattern or name holds one; the OS refuses it (a tester's "x\u0000" stopped every command)
+        raise RecipeError(path, [(k, f"expected text without NUL characters, found {v!r}") for k, v in nul])
     return data
+
+
+def _with_nul(value, prefix: str = "") -> list[tuple[str, str]]:
+    """(key path, text) of every key or text value in ``value`` holding a NUL character."""
+    out = []
+    if isinstance(value, dict):
+        for k, v in value.items():
+            p = f"{prefix}.{k}" if prefix else str(k)
+            if isinstance(k, str) and "\0" in k:
+                out.append((p, k))
+            out += _with_nul(v, p)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            out += _with_nul(v, f"{prefix}[{i}]")
+    elif isinstance(value, str) and "\0" in value:
+        out.append((prefix, value))
+    return out
 
 
 def _parse_cached(raw: bytes, text: str):
