@@ -482,8 +482,13 @@ def materialize(recipe: str, res: engine.Resolver | None = None) -> dict:
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         _link(a.path, root / rel)
         listing[rel] = f"{a.kind}/{a.key}/out/{a.rel}"
-    (root / "artifacts.json").write_text(json.dumps(listing, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    # the old files go while the old listing still names them, then the new listing in one
+    # rename: a build killed in between leaves a listing that names every file it left (a
+    # tester killed it after the write: a removed part's binaries stayed for good)
     _remove_old_artifacts(root, before - set(listing))
+    tmp = root / f".artifacts.json.{os.getpid()}.tmp"  # a dead one is removed (_remove_dead_links)
+    tmp.write_text(json.dumps(listing, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, root / "artifacts.json")
     try:
         shown = root.relative_to(Path.cwd())  # doit runs in the project folder: build/<recipe>
     except ValueError:

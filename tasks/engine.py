@@ -627,9 +627,12 @@ def record(recipe_name: str, stage: str, key: str, material: dict, entry: Entry)
     locks = paths.state_dir() / "locks"
     locks.mkdir(parents=True, exist_ok=True)
     with FileLock(str(locks / f"state-{recipe_name}.lock")):
-        st = read_state(recipe_name, fresh=True)
+        # rows of stages the recipe no longer has (a part removed) go: explain has nothing to
+        # say of them, and gc would keep their entries as the last build's (a tester)
+        names = plan(recipe_name)
+        st = {k: v for k, v in read_state(recipe_name, fresh=True).items() if k in names}
         st[stage] = row
-        tmp = p.with_suffix(".tmp")
+        tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")  # a dead build's is removed with its temp links
         tmp.write_text(json.dumps(st, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         tmp.replace(p)
         _STATES.pop(recipe_name, None)

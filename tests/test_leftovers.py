@@ -123,6 +123,50 @@ def test_build_folder_holds_only_this_builds_artifacts(project):
     assert project.doit("run", "build:t8").tasks["build:t8"]["result"] == "up-to-date"
 
 
+KILL_IN_REMOVAL = """\
+import os, signal, sys
+sys.path.insert(0, {repo!r})
+unlink = os.unlink
+
+
+def killing_unlink(path, *a, **kw):  # SIGKILL at the first removal of an earlier build's file
+    if "/build/" in str(path) and "/8gen3/" in str(path):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return unlink(path, *a, **kw)
+
+
+os.unlink = killing_unlink
+from tasks.dodo_tasks import materialize
+materialize({recipe!r})
+"""
+
+
+def test_sigkill_while_removing_an_earlier_builds_files_leaves_none_for_good(project):
+    """2 targets -> 1, killed at the first removal of the 2-target build's files: the next
+    build still removes them all (a tester killed it after artifacts.json named only the new
+    files: the old part's binaries stayed, and every later build was up to date)."""
+    project.recipe("t8", targets="[x-elite, 8gen3]")
+    project.doit("run", "build:t8")
+    project.recipe("t8")
+    project.doit("run", "verify:t8")  # every stage of the 1-target plan, not build/
+    p = subprocess.Popen([sys.executable, "-c", KILL_IN_REMOVAL.format(repo=str(REPO), recipe="t8")], env=project.env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=project.root)
+    said = p.communicate(timeout=300)[0]
+    assert p.returncode == -signal.SIGKILL, said
+    out = project.root / "build" / "t8"
+    assert (out / "8gen3").is_dir()
+    run = project.doit("run", "build:t8")
+    assert run.tasks["build:t8"]["result"] == "success", run.log()
+    listed = json.loads((out / "artifacts.json").read_text())
+    files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    assert files == sorted([*listed, "artifacts.json", "stages.json"]), files
+    assert not (out / "8gen3").exists()
+    # stages.json keeps rows of this plan's stages only (the 2-target plan's per-target stages
+    # stayed, and gc kept their entries as the last build's: a tester)
+    rows = sorted(json.loads((out / "stages.json").read_text()))
+    assert rows == ["compile", "download", "export", "prepatch", "quantize", "verify"], rows
+
+
 def test_temp_files_of_a_stage_live_in_its_cache_temp_folder(tmp_path):
     """What a stage makes with ``tempfile`` (the fold-constants patch's ``fold-constants-*``,
     QNN probes) lands in its cache temp folder, removed with it, not in the system temp dir."""
