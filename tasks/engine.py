@@ -468,7 +468,15 @@ def build_spec(spec: StageSpec, upstream: dict[str, Entry], cache: Cache,
                 # the stage reads copies of its data files, checked against the key (issue 23)
                 read = digest.snapshot(files, material["files"], spec.files, Path(tempfile.mkdtemp(prefix="inputs-")))
                 rss.peak_rss_reset()  # this process's peak from here: the stage's own (children report theirs)
-                info = mod.run({r: e.out for r, e in upstream.items()}, read, spec.params, out) or {}
+                try:
+                    info = mod.run({r: e.out for r, e in upstream.items()}, read, spec.params, out) or {}
+                except ValueError as e:  # a data file's problem names the file the recipe names, not the copy
+                    if e.args and isinstance(e.args[0], str):
+                        msg = e.args[0]
+                        for role, copy in read.items():
+                            msg = msg.replace(str(copy), spec.files[role])
+                        e.args = (msg, *e.args[1:])
+                    raise
                 if (peak := rss.peak_rss()) is not None:
                     info = {**info, "stage_peak_rss": peak}
                 if check := getattr(mod, "check_read", None):  # e.g. a source folder's copy vs its key

@@ -104,12 +104,12 @@ def test_stage_refuses_a_build_that_does_not_fit(tmp_path):
     assert ("export: part 0 needs about 0.8 GiB, 0.5 GiB is available (NPUBUILD_MEMORY_GB); the budget is below "
             "the 0.8 GiB any stage takes (Python and its libraries): raise NPUBUILD_MEMORY_GB") in log, log
     assert proj.entries("export") == []
-    for bad in ("abc", "0", "-1", "nan", "inf", "1e400"):  # refused before any task runs, one line
+    for bad in ("abc", "0", "-1", "nan", "inf", "1e400", "1e300", "1_0"):  # refused before any task runs, one line
         proj.env["NPUBUILD_MEMORY_GB"] = bad
         for args in (("run", "build:tiny-qwen2-w8a16"), ("run", "explain:tiny-qwen2-w8a16")):
             r = proj.doit(*args, check=False)
             assert r.code == 2 and r.log().strip() == \
-                f"npubuild: NPUBUILD_MEMORY_GB: expected a number of GiB > 0, found {bad!r}", r.log()
+                f"npubuild: NPUBUILD_MEMORY_GB: expected a number of GiB > 0 and at most 1048576, found {bad!r}", r.log()
     proj.env["NPUBUILD_MEMORY_GB"] = "4"
     assert proj.doit("run", "export.part0:tiny-qwen2-w8a16").ran() == ["export.part0:tiny-qwen2-w8a16"]
 

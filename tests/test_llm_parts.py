@@ -241,9 +241,24 @@ def test_calibration_disk_estimate_and_a_calibration_that_cannot_fit(parts_proje
         took = time.time() - t0
         assert p.returncode != 0, p.stdout + p.stderr
         line = [ln for ln in (p.stdout + p.stderr).splitlines() if "DiskFull" in ln]
-        assert len(line) == 1 and "quantize.calibration.samples" in line[0] and "parts 0-2" in line[0] and f"({huge})" in line[0], p.stdout + p.stderr
+        assert len(line) == 1 and "quantize.calibration.samples" in line[0] and "of part 0 writes about" in line[0] and f"({huge})" in line[0], p.stdout + p.stderr
         assert "Traceback" not in p.stdout + p.stderr
         assert not (huge / "calibrate").is_dir() or not any((huge / "calibrate").iterdir())
         assert took < 120, took  # the download and export of the tiny model, then the check
     finally:
         subprocess.run(["umount", str(huge)], check=False)
+
+
+def test_calibration_text_too_short_names_the_key_the_file_and_the_counts(parts_project):
+    """A calibration file too short for one prompt and its decode steps: one line naming
+    quantize.calibration.file, the file and the tokens expected and found (a tester saw only
+    "text too short or context too small for calibration")."""
+    proj = parts_project
+    (proj.root / "data" / "short.txt").write_text("hello\n")
+    proj.recipe("short", "extends: tiny3\nquantize: {calibration: {file: data/short.txt}}\n")
+    run = proj.doit("run", "calibrate.part0:short", check=False)
+    log = run.log()
+    assert run.code != 0 and "Traceback" not in log, log
+    line, = [ln for ln in log.splitlines() if "quantize.calibration.file" in ln]
+    assert "data/short.txt" in line and "expected at least" in line and "tokens of text" in line, line
+    assert proj.entries("calibrate") == []

@@ -107,8 +107,12 @@ def schedule(ids: list[int], S: int, C: int, *, n_prompts: int = 8, decode_steps
     out = []
     for k in range(n_prompts):
         L = min(lengths[k % len(lengths)], max_prompt)
-        if L < 1 or len(ids) < L + decode_steps + 1:
-            raise ValueError("text too short or context too small for calibration")
+        if L < 1:
+            raise ValueError(f"expected a context of more than {max(S, decode_steps + 1)} tokens for a calibration "
+                             f"prompt and {decode_steps} decode steps, found {C}")
+        if len(ids) < L + decode_steps + 1:
+            raise ValueError(f"expected at least {L + decode_steps + 1} tokens of text (a {L}-token prompt and "
+                             f"{decode_steps} decode steps), found {len(ids)}")
         start = rng.randrange(0, len(ids) - L - decode_steps)
         out.append({"prompt": ids[start:start + L], "decode": ids[start + L:start + L + decode_steps],
                     "keep": keep})

@@ -35,8 +35,8 @@ def run(inputs, files, params, out: Path) -> dict:
     part k > 0: ``inputs["previous"]``, ``calibrate.part{k-1}``'s output. Returns
     {"feeds": {"prefill": n, "decode": n}, "prompts": n} (the engine records the stage's time
     and peak RSS). Raises ValueError when the text is too short for the schedule, the memory
-    check's error before work, :class:`tasks.cache.DiskFull` before work when the calibration of
-    this part and the later ones cannot fit on the cache's disk (:func:`check_disk`)."""
+    check's error before work, :class:`tasks.cache.DiskFull` before work when this part's
+    calibration cannot fit on the cache's disk (:func:`check_disk`)."""
     import tempfile
 
     import numpy as np
@@ -52,7 +52,10 @@ def run(inputs, files, params, out: Path) -> dict:
     desc = json.loads((src / "export.json").read_text())
     if k == 0:
         ids, eos = text_ids(inputs["source"], files["calibration"])
-        sched = schedule(ids, desc["seq_len"], desc["context_len"], n_prompts=params["calibration"]["samples"])
+        try:
+            sched = schedule(ids, desc["seq_len"], desc["context_len"], n_prompts=params["calibration"]["samples"])
+        except ValueError as e:  # name the recipe key and the file (a tester saw the bare reason)
+            raise ValueError(f"quantize.calibration.file ({files['calibration']}): {e}") from None
     else:
         drawn = json.loads((Path(inputs["previous"]) / SCHEDULE).read_text())
         eos, sched = drawn["eos"], drawn["calls"]
@@ -72,26 +75,25 @@ def run(inputs, files, params, out: Path) -> dict:
 
 
 def check_disk(desc: dict, sched: list[dict], k: int, out: Path) -> int:
-    """Refuse, before work, a calibration that cannot fit on the disk of ``out`` (the stage's
-    folder in the cache): part ``k``'s and every later part's entry, each estimated from the
-    schedule by :func:`tasks.llm.calib.disk_bytes` (their entries stay in the cache, and every
-    later part's is as large as the schedule makes it). Returns the estimate in bytes. Raises
-    :class:`tasks.cache.DiskFull` naming the parts, both figures and
-    ``quantize.calibration.samples`` (a full disk used to show up minutes in, as a failed
-    write; issue 22)."""
+    """Refuse, before work, a calibration of part ``k`` that cannot fit on the disk of ``out``
+    (the stage's folder in the cache), estimated from the schedule by
+    :func:`tasks.llm.calib.disk_bytes`. This part only: the later parts' entries may be in the
+    cache already (a tester rebuilt part 0 alone and was refused for parts 1-2's bytes).
+    Returns the estimate in bytes. Raises :class:`tasks.cache.DiskFull` naming the part, both
+    figures and ``quantize.calibration.samples`` (a full disk used to show up minutes in, as a
+    failed write; issue 22)."""
     from ..cache import DiskFull
+    from ..metrics import apart
     from .calib import disk_bytes
 
-    last = len(desc["parts"]) - 1
-    need = sum(disk_bytes(desc, sched, j) for j in range(k, last + 1))
+    need = disk_bytes(desc, sched, k)
     free = shutil.disk_usage(out).free
     if need > free:
-        which = f"part {k}" if k == last else f"parts {k}-{last}"
         disk = out.resolve()
         while not os.path.ismount(disk) and disk != disk.parent:
             disk = disk.parent
-        raise DiskFull(f"the calibration of {which} writes about {need / 1e9:.2f} GB "
-                       f"({len(sched)} prompts: quantize.calibration.samples) to the cache's disk ({disk}), "
-                       f"which has {free / 1e9:.2f} GB free; lower quantize.calibration.samples, free space "
-                       f"or set NPUBUILD_CACHE to a larger disk")
+        n, f = apart(need / 1e9, free / 1e9, 2)
+        raise DiskFull(f"the calibration of part {k} writes about {n} GB ({len(sched)} prompts: "
+                       f"quantize.calibration.samples) to the cache's disk ({disk}), which has {f} GB free; "
+                       f"lower quantize.calibration.samples, free space or set NPUBUILD_CACHE to a larger disk")
     return need

@@ -26,6 +26,10 @@ class NotEnoughMemory(RuntimeError):
     """A stage's estimated peak exceeds the memory available; the message says what to change."""
 
 
+#: the largest budget taken (GiB): 1e300 passed as a number and overflowed every stage (a tester)
+MAX_BUDGET_GIB = 1 << 20
+
+
 def budget_gib() -> float | None:
     """The user's memory budget, ``NPUBUILD_MEMORY_GB`` (GiB), or None when unset. Raises
     ValueError naming the variable for a value that is not a finite number > 0 (checked when
@@ -36,11 +40,11 @@ def budget_gib() -> float | None:
     if not env:
         return None
     try:
-        v = float(env)
+        v = float(env) if "_" not in env else math.nan  # Python's float() reads "1_0" as 10
     except ValueError:
         v = math.nan
-    if not (math.isfinite(v) and v > 0):
-        raise ValueError(f"NPUBUILD_MEMORY_GB: expected a number of GiB > 0, found {env!r}")
+    if not (math.isfinite(v) and 0 < v <= MAX_BUDGET_GIB):
+        raise ValueError(f"NPUBUILD_MEMORY_GB: expected a number of GiB > 0 and at most {MAX_BUDGET_GIB}, found {env!r}")
     return v
 
 
