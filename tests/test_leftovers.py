@@ -368,3 +368,23 @@ def test_two_processes_removing_one_dead_temp_folder_both_succeed(tmp_path):
         errs = [p.communicate(timeout=120)[1] for p in ps]
         assert [p.returncode for p in ps] == [0, 0], errs
         assert not d.parent.exists()
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (writes to it fail with ENOSPC)")
+def test_a_child_that_meets_a_full_disk_says_one_line_and_the_parent_raises_enospc(tmp_path):
+    """A stage's child process (the LLM quantize and compile, the encoder compile) that meets a
+    full disk: no traceback on its stderr (the console shows a stage's stderr; a tester saw 18
+    lines before the DiskFull line), and the parent gets an OSError with ENOSPC, which the
+    cache reports as its one DiskFull line. The kernel's ENOSPC, from /dev/full; any other
+    error keeps its traceback."""
+    import errno
+
+    from tasks.proc.child import run_function
+
+    src = tmp_path / "src.bin"
+    src.write_bytes(b"x" * 100_000)
+    with pytest.raises(OSError) as e:
+        run_function(shutil.copyfile, str(src), "/dev/full")
+    assert e.value.errno == errno.ENOSPC and "No space left on device" in str(e.value), e.value
+    r = run_function(shutil.copyfile, str(tmp_path / "missing"), str(tmp_path / "x"))
+    assert r.returncode == 1 and "Traceback" in r.stderr and "FileNotFoundError" in r.stderr

@@ -108,7 +108,9 @@ def run_function(fn, *args, cwd=None, env: dict | None = None, timeout: float | 
                  forward: bool = False, **kwargs) -> Result:
     """Call ``fn(*args, **kwargs)`` in a child process (``python -m tasks.proc.child``), as
     :func:`run_python` runs code: same environment, ``cwd``, ``timeout`` and ``forward``, the
-    same :class:`Result` (exit code 1 and the traceback on stderr when ``fn`` raises).
+    same :class:`Result` (exit code 1 and the traceback on stderr when ``fn`` raises). Raises
+    OSError (ENOSPC) when ``fn`` met a full disk or quota: the child says so in one line, with
+    no traceback (:data:`DISK_FULL_EXIT`).
 
     ``fn`` must be a module-level function (it is pickled by reference: module and name) and
     ``args`` / ``kwargs`` picklable (paths, numbers, dicts, :class:`tasks.llm.calib.FeedStore`).
@@ -146,6 +148,10 @@ def _run(argv, payload: bytes | None, cwd, env, timeout, forward) -> Result:
         else:
             err.append(ln)
     r = Result(p.returncode, stdout, "".join(err), peak)
+    if payload is not None and r.returncode == DISK_FULL_EXIT:
+        import errno
+
+        raise OSError(errno.ENOSPC, f"no space left on device in a child process ({r.stdout.strip()[-300:]})")
     if forward:
         sys.stdout.write(r.stdout)
         sys.stdout.flush()
@@ -177,11 +183,25 @@ def write_trace(who: str, modules, task: str | None = None) -> None:
         pass
 
 
+#: a child's exit code for "the disk is full" (its OSError's line on stdout, no traceback):
+#: the parent raises an OSError with ENOSPC, which the cache reports as one DiskFull line
+DISK_FULL_EXIT = 28
+
+
 def _main() -> None:  # python -m tasks.proc.child: the child side of run_function
+    import errno
+
     exec(_REPORT_PEAK, {})
     fn, args, kwargs = pickle.load(sys.stdin.buffer)
     try:
         fn(*args, **kwargs)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        # a full disk is not a bug: one line (a tester saw an 18-line traceback from the LLM
+        # quantize child on the console before the DiskFull line)
+        print(f"{type(e).__name__}: {e}", flush=True)
+        sys.exit(DISK_FULL_EXIT)
     finally:
         write_trace("child", list(sys.modules))
 
