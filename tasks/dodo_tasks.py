@@ -112,7 +112,23 @@ def _home_problem() -> str:
             f"NPUBUILD_HOME to another disk; nothing was changed")
 
 
-if _problems := environment_problems():
+THREAD_MODE = ("-P thread: npubuild runs stages in processes: use `doit -n N` without `-P thread` (a stage "
+               "redirects its process's stdout/stderr into its log, and the exporters are not "
+               "thread-safe: concurrent exports failed in thread mode)")
+
+
+def thread_mode(argv: list[str]) -> bool:
+    """Whether a doit command line asks for thread-parallel tasks (``-P thread``, ``-Pthread``,
+    ``--parallel-type thread``, ``--parallel-type=thread``): refused when doit starts, as a
+    no-op too (a tester's no-op passed and a stale build failed at its first stage)."""
+    for i, a in enumerate(argv):
+        nxt = argv[i + 1] if i + 1 < len(argv) else ""
+        if a in ("-P", "--parallel-type") and nxt == "thread" or a in ("-Pthread", "--parallel-type=thread"):
+            return True
+    return False
+
+
+if _problems := environment_problems() + ([THREAD_MODE] if thread_mode(sys.argv[1:]) else []):
     sys.stderr.write("".join(f"npubuild: {p}\n" for p in _problems))
     sys.exit(2)
 paths.state_dir().mkdir(parents=True, exist_ok=True)
@@ -292,9 +308,7 @@ def _stage_action(recipe: str, stage: str):
     from doit.exceptions import TaskFailed
 
     if threading.current_thread() is not threading.main_thread():
-        return TaskFailed("npubuild runs stages in processes: use `doit -n N` without `-P thread` (a stage "
-                          "redirects its process's stdout/stderr into its log, and the exporters are not "
-                          "thread-safe: concurrent exports failed in thread mode)")
+        return TaskFailed(THREAD_MODE)
     try:
         return engine.run_stage(recipe, stage)
     except _expected_errors() as e:  # the notes name the stage's log (engine.run_stage)

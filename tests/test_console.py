@@ -181,6 +181,12 @@ def test_thread_mode_is_refused_with_a_clear_error(project):
     assert r.returncode != 0
     assert "npubuild runs stages in processes: use `doit -n N` without `-P thread`" in r.stdout + r.stderr
     assert "download:th  not run" not in r.stdout and not any((project.cache).glob("*/*/manifest.json"))
+    # refused when doit starts, in every spelling, before any task (a no-op passed before: a tester)
+    for args in (["-Pthread"], ["--parallel-type", "thread"], ["--parallel-type=thread"]):
+        r = doit(project, "run", "-n", "2", *args, "build:th")
+        said = r.stderr.strip()
+        assert r.returncode == 2 and r.stdout == "" and "\n" not in said, r.stdout + r.stderr
+        assert said.startswith("npubuild: -P thread: npubuild runs stages in processes: use `doit -n N` without `-P thread`"), said
 
 
 def test_interrupt_is_remembered_and_kills_children_at_once():
