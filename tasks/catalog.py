@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -189,11 +190,7 @@ def parameter_count(download: Entry, *exports: Entry) -> int | None:
         total = 0
         for f in shards:
             with safe_open(str(f), framework="numpy") as st:
-                for name in st.keys():
-                    n = 1
-                    for d in st.get_slice(name).get_shape():
-                        n *= d
-                    total += n
+                total += sum(math.prod(st.get_slice(name).get_shape()) for name in st.keys())
         return total
     import onnx
 
@@ -203,10 +200,7 @@ def parameter_count(download: Entry, *exports: Entry) -> int | None:
         m = onnx.load(str(g), load_external_data=False)
         for t in m.graph.initializer:
             if t.data_type in _FLOAT_TYPES and t.name not in seen:
-                n = 1
-                for d in t.dims:
-                    n *= d
-                seen[t.name] = n
+                seen[t.name] = math.prod(t.dims)
     return sum(seen.values()) if graphs else None
 
 

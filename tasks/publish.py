@@ -55,7 +55,7 @@ import tempfile
 from pathlib import Path
 
 from . import catalog, digest, paths
-from .buildstate import artifacts
+from .buildstate import artifacts, diff
 from .stages import ARTIFACTS
 
 MANIFEST_SCHEMA = 1
@@ -665,8 +665,6 @@ def reproduce(recipe: str, keep: bool = False) -> bool:
         raise PublishError(f"no published bundle at {old} to compare with: run `doit publish:{recipe}` first")
     old_manifest = read_manifest(old)
     recheck_published(old, old_manifest)
-    from .buildstate import diff
-
     changed = diff(old_manifest.get("resolved_recipe"), catalog.catalog_recipes()[recipe].model_dump(mode="json"))
     if changed:  # a rebuild would be another bundle: say so, not "DIFFERS" per file (a tester)
         raise PublishError(f"{old / 'manifest.json'}: published (build {old_manifest.get('build_key')}) from another "

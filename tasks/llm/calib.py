@@ -237,10 +237,8 @@ def disk_bytes(desc: dict, sched: list[dict], part: int) -> int:
     p = desc["parts"][part]
     S, C = desc["seq_len"], desc["context_len"]
     last = part == len(desc["parts"]) - 1
-    itemsize = {"float32": 4, "int32": 4, "int64": 8, "float16": 2}
-
-    def nbytes(t):
-        return int(np.prod(t["shape"])) * itemsize.get(t["dtype"], 4)
+    def nbytes(t):  # export.json's dtypes are numpy's names
+        return int(np.prod(t["shape"])) * np.dtype(t["dtype"]).itemsize
 
     def graph(kind):
         g = p[kind]
