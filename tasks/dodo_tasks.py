@@ -294,12 +294,13 @@ def _expected_errors() -> tuple:
     from .sources import SourceError
 
     from .cache import DiskFull, LockTimeout
+    from .context_binary import Mismatch, ReadError
     from .digest import InputChanged, StoreUnwritable
     from .llm.memory import NotEnoughMemory
     from .recipe import RecipeError
 
     return (engine.StageFailed, SourceError, NotOnNPU, GraphError, RecipeError, FileNotFoundError, ValueError,
-            DiskFull, LockTimeout, InputChanged, StoreUnwritable, NotEnoughMemory)
+            DiskFull, LockTimeout, InputChanged, StoreUnwritable, NotEnoughMemory, Mismatch, ReadError)
 
 
 def _stage_action(recipe: str, stage: str):

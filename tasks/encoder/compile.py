@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import progress, qnn
+from .. import context_binary, progress, qnn
 from ..graphs import list_graphs, load_model
 from ..stages.common import target_key_extra
+from ..targets import get as get_target
 
-VERSION = 7  # 6: compiled once, again only for the racy padding variant (issue 12); 7: nodes per EP in the manifest
+VERSION = 8  # 8: every binary read back (tasks/context_binary.py)
 TOOLS = ("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "onnx")
 #: the recipe keys of its section this implementation reads (the stage params, so the key,
 #: hold exactly these; a key only the other family reads is a load error: tasks/stages)
@@ -32,12 +33,37 @@ def run(inputs, files, params, out: Path) -> dict:
     checked by tests building in three folders).
     Returns {"graphs": {graph: EPContext info}, "compiles": {graph: n}, "qnn_sdk", "nodes":
     {graph: {"htp": count of the QDQ graph's nodes QNN took, "cpu": {op type: count} left on the
-    CPU}}} (the CPU is empty unless ``disable_cpu_ep_fallback`` is false). Raises qnn.NotOnNPU
-    or onnxruntime's error."""
+    CPU}}, "binaries": {binary: figures}} (the CPU is empty unless ``disable_cpu_ep_fallback`` is
+    false). Every context binary is read back (:func:`tasks.context_binary.check_models`): its
+    graph holds the QDQ graph's inputs and outputs and the binary is for the target's SoC.
+    Raises qnn.NotOnNPU or onnxruntime's error, context_binary.Mismatch."""
     src = inputs["model"]
     info, compiles, placed = _compile_graphs(src, out, params)
     sdk = sorted({n.get("ep_sdk_version", "?") for nodes in info.values() for n in nodes})
-    return {"graphs": info, "compiles": compiles, "qnn_sdk": sdk, "nodes": placed}
+    return {"graphs": info, "compiles": compiles, "qnn_sdk": sdk, "nodes": placed,
+            "binaries": read_back(out, params["target"], qdq=src)}
+
+
+def compiled_models(qdq: Path) -> dict[str, Path]:
+    """{EPContext model path relative to the compile output: the QDQ graph it is compiled from}
+    for every graph of the QDQ folder ``qdq`` (what the plan makes: ``<g>.onnx`` ->
+    ``<g>_ctx.onnx``)."""
+    out = {}
+    for g in list_graphs(qdq):
+        rel = g.relative_to(qdq)
+        out[(rel.parent / f"{rel.stem}_ctx.onnx").as_posix()] = g
+    return out
+
+
+def read_back(compiled: Path, target: str, qdq: Path) -> dict:
+    """Read back every context binary of an encoder's compile output ``compiled`` and check it
+    against the graphs compiled from ``qdq`` and the SoC of ``target``
+    (:func:`tasks.context_binary.check_models`). Returns {binary: figures} (bytes, SDK build
+    id, SoC model, per graph weight / shared weight / spill-fill / I/O bytes). Raises
+    context_binary.Mismatch, one line per difference."""
+    models = compiled_models(qdq)
+    found = context_binary.check_models(compiled, sorted(models), get_target(target).soc_model, qdq=models)
+    return {rel: b.figures() for rel, b in sorted(found.items())}
 
 
 def _compile_graphs(src: Path, out: Path, params: dict) -> tuple[dict, dict, dict]:

@@ -15,6 +15,10 @@ Metrics, per sample and aggregated (``verify.json``):
 - ``max_abs_error``: max |compiled - fp32| over the real tokens;
 - ``top1_agreement``: share of real tokens whose argmax over the last axis agrees.
 
+Before measuring, every context binary that ships is read back (``binaries``: its graph's
+inputs and outputs against the QDQ graph's, the SoC model against the target's, and its
+figures: weight, spill-fill and I/O bytes, QNN SDK build id; ``tasks/context_binary.py``).
+
 Thresholds are not part of the key (``KEY_EXCLUDE``): they judge a result, they don't change
 it. :func:`check` (``tasks/stages/common.py``, shared with the LLM verify) fails the build with
 the metric, the threshold and the worst sample.
@@ -32,12 +36,13 @@ from ..datafiles import read_lines
 from ..metrics import cosine
 from ..proc.scrubbing import sample_text
 from ..stages import common
+from .compile import read_back
 from .quantize import encoder_feeds
 
 np = lazy.module("numpy")
 onnx = lazy.module("onnx")
 
-VERSION = 2  # 2: all_on_htp and cpu_nodes read from the compiled graphs, every backend (issue 23)
+VERSION = 3  # 3: every context binary read back and its figures reported
 TOOLS = ("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "transformers", "tokenizers", "numpy")
 #: the recipe keys of its section this implementation reads (the stage params, so the key,
 #: hold exactly these; a key only the other family reads is a load error: tasks/stages)
@@ -134,6 +139,8 @@ def _htp_child(first: int, ctx: str, target: str, work: str, count: int, step: i
 
 
 def _verify_encoder(inputs, files, params) -> dict:
+    # the shipped binaries read back first: graphs, I/O, SoC, figures (tasks/context_binary.py)
+    binaries = read_back(inputs["compiled"], params["target"], qdq=inputs["qdq"])
     d = params["data"]
     texts = read_lines(files["data"], d["samples"])
     ref_model = inputs["reference"] / "model.onnx"
@@ -157,4 +164,5 @@ def _verify_encoder(inputs, files, params) -> dict:
             samples.append(s)
     return {"backend": params["backend"], "target": params["target"], "output": out_name,
             "sequence_length": d["max_length"], "metrics": _aggregate(samples), "samples": samples,
+            "binaries": binaries,
             **placement}

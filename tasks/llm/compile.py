@@ -120,7 +120,7 @@ def _sdk(ctx: Path) -> str:
 # both into one weight-shared binary, each compile in its own process (``tasks/llm/compile.py``);
 # ``genai_config.json`` for onnxruntime-genai (``tasks/llm/genai.py``).
 
-VERSION = 2  # 2: one part per stage, per-graph binaries only where needed (issue 22)
+VERSION = 3  # 3: every binary read back (tasks/context_binary.py)
 TOOLS = ("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "onnx")
 #: the recipe keys of its section this implementation reads (the stage params, so the key,
 #: hold exactly these; a key only the other family reads is a load error: tasks/stages)
@@ -132,10 +132,53 @@ key_extra = target_key_extra
 def run(inputs, files, params, out: Path) -> dict:
     """Compile part ``params["part"]`` of ``inputs["model"]`` for ``params["target"]`` into
     ``out/part{k}/`` (per-graph binaries) and ``out/shared/part{k}/`` (weight-shared). Returns
-    the part's row (wall time, peak RSS, binary sizes, shared/single ratio). Raises the memory
-    check's error before work, RuntimeError with the compile child's output."""
+    the part's row (wall time, peak RSS, binary sizes, shared/single ratio) and ``binaries``
+    ({binary: figures}, :func:`read_back`). Raises the memory check's error before work,
+    RuntimeError with the compile child's output, context_binary.Mismatch when a binary is not
+    what was planned."""
     from .memory import check_export_stage, weight_bits_of
 
     # the recipe's own bits (a w8a16 LLM was counted at 4 before: issue 22)
     check_export_stage("compile", inputs["model"], weight_bits_of(inputs["model"]), part=params["part"])
-    return compile_llm(inputs["model"], out, params, parts={params["part"]}, bundle=False)
+    info = compile_llm(inputs["model"], out, params, parts={params["part"]}, bundle=False)
+    desc = json.loads((Path(inputs["model"]) / "export.json").read_text())
+    return {**info, "binaries": read_back(out, desc, [params["part"]], params, qdq_dir=inputs["model"])}
+
+
+def planned_models(k: int, per_graph: bool, sharing: bool) -> list[str]:
+    """The EPContext models compile makes for part ``k`` (paths relative to its output): the
+    prefill and decode graphs each in a binary of its own (``part{k}/``, with ``per_graph``)
+    and both in one weight-shared binary (``shared/part{k}/``, with ``sharing``)."""
+    folders = ([f"part{k}"] if per_graph or not sharing else []) + ([f"shared/part{k}"] if sharing else [])
+    return [f"{d}/{g}_ctx.onnx" for d in folders for g in ("prefill", "decode")]
+
+
+def read_back(compiled: Path, desc: dict, parts: list[int], params: dict, qdq_dir: Path | None = None,
+              declared: dict | None = None) -> dict:
+    """Read back the context binaries of ``parts`` under ``compiled`` and check them
+    (:func:`tasks.context_binary.check_models`): every planned model (:func:`planned_models`)
+    and its binary, each binary holding exactly its models' graphs, every input and output as
+    the export declared it (``desc``, ``export.json``: name and shape) and, with ``qdq_dir``, as
+    the QDQ graph had it (name, dtype, shape); the SoC model of ``params["target"]``;
+    ``declared`` adds a runtime config's tensors ({model: Declared}). Returns {binary: figures}.
+    Raises context_binary.Mismatch, one line per difference."""
+    from .. import context_binary
+
+    sharing = params.get("weight_sharing", True)
+    per_graph = params.get("per_graph", True)
+    models, qdq, said = [], {}, {}
+    for k in parts:
+        row = desc["parts"][k]
+        for rel in planned_models(k, per_graph, sharing):
+            g = "prefill" if rel.endswith("prefill_ctx.onnx") else "decode"
+            models.append(rel)
+            if qdq_dir is not None:
+                qdq[rel] = Path(qdq_dir) / row[g]["path"]
+            exported = context_binary.Declared({t["name"]: tuple(t["shape"]) for t in row[g]["inputs"]},
+                                               {t["name"]: tuple(t["shape"]) for t in row[g]["outputs"]}, "export.json")
+            said[rel] = [exported, *([declared[rel]] if declared and rel in declared else [])]
+    for rel, d in (declared or {}).items():  # a model the runtime config names that the plan did not make
+        said.setdefault(rel, [d])
+    found = context_binary.check_models(compiled, models, get_target(params["target"]).soc_model,
+                                        qdq=qdq or None, declared=said)
+    return {rel: b.figures() for rel, b in sorted(found.items())}

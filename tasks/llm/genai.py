@@ -138,6 +138,35 @@ def write_genai_config(desc: dict, out_path, model_files: dict, **kw) -> dict:
     return cfg
 
 
+def declared_tensors(config: dict, source: str = "genai_config.json") -> dict:
+    """What a ``genai_config.json`` (``config``, the parsed dict) says of each compiled model
+    genai will load: {pipeline entry's ``filename``: :class:`tasks.context_binary.Declared`}
+    with every input and output the entry names, and the shapes genai feeds or expects for
+    those it manages: ``input_ids`` [1, S] on prompt entries and [1, 1] on token entries
+    (S = ``sliding_window.window_size``), ``logits`` [1, S or 1, ``vocab_size``], each layer's
+    KV buffer [1, ``num_key_value_heads``, ``context_length``, ``head_size``] (genai shares one
+    buffer for past and present: module docstring)."""
+    from ..context_binary import Declared
+
+    m = config["model"]
+    dec = m["decoder"]
+    S = dec.get("sliding_window", {}).get("window_size")
+    kv = (1, dec["num_key_value_heads"], m["context_length"], dec["head_size"])
+    patterns = [dec["inputs"].get("past_key_names"), dec["inputs"].get("past_value_names"),
+                dec["outputs"].get("present_key_names"), dec["outputs"].get("present_value_names")]
+    kv_names = {p % layer for p in patterns if p for layer in range(dec["num_hidden_layers"])}
+    out = {}
+    for entry in dec["pipeline"]:
+        (name, e), = entry.items()
+        rows = S if e.get("run_on_prompt", True) and not e.get("run_on_token_gen", True) else 1
+        shapes = {dec["inputs"].get("input_ids", "input_ids"): (1, rows) if S else None,
+                  dec["outputs"].get("logits", "logits"): (1, rows, m["vocab_size"]) if S else None,
+                  **{n: kv for n in kv_names}}
+        out[e["filename"]] = Declared({n: shapes.get(n) for n in e.get("inputs", [])},
+                                      {n: shapes.get(n) for n in e.get("outputs", [])}, f"{source} ({name})")
+    return out
+
+
 def register_qnn() -> str:
     """Register onnxruntime-qnn's plugin EP library with onnxruntime-genai (once per process;
     genai has its own ORT environment, separate from ``onnxruntime``'s). Returns the EP name."""

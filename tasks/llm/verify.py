@@ -26,9 +26,12 @@ runtime ran under ``"runtime"``.
 
 Shared (weight-shared) binaries: on x86_64 loading a context binary that holds two graphs
 crashes the HTP simulator (NOTES-qnn.md; reproduced by tasks/llm/qnn.load_shared_probe),
-so verify runs the per-graph binaries compiled from the same QDQ graphs and checks the shipped
-shared binary separately: the graphs it holds, their inputs/outputs, its size. ``verify.json``
-says which it did under ``"ran"``.
+so verify runs the per-graph binaries compiled from the same QDQ graphs (``verify.json``
+``"ran"``). Before it runs anything, every binary, the shipped weight-shared ones included, is
+read back (:func:`read_back_bundle`, ``tasks/context_binary.py``): its graphs, every input and
+output against the export, the QDQ graphs and ``genai_config.json``, its SoC; its figures
+(weight, shared weight, spill-fill and I/O bytes, SDK build id) go to ``verify.json``
+``"binaries"``.
 """
 
 from __future__ import annotations
@@ -48,25 +51,45 @@ def _prompts(files, params, tok) -> tuple[list[str], list[list[int]]]:
     return texts, [tok(t)["input_ids"] for t in texts]
 
 
-def shared_binary_report(compiled: Path) -> list[dict]:
-    """For each part's weight-shared binary: the EPContext models that reference it, their
-    graph inputs/outputs (name, dtype, shape) and the binary's size in bytes."""
-    import onnx
+def read_back_bundle(views: dict, params: dict) -> dict:
+    """Read back every context binary of the joined parts (``views["compiled"]``, the shipped
+    weight-shared binaries and the per-graph ones) and check them against the export
+    (``export.json``), the QDQ graphs (``views["qdq"]``), the SoC of ``params["target"]`` and
+    the bundle's ``genai_config.json``: every model and tensor it names is in a binary, with the
+    shapes genai feeds (:func:`tasks.llm.genai.declared_tensors`), and its QNN ``soc_model`` is
+    the target's. Returns {binary: figures} (``tasks/context_binary.py``). Raises
+    context_binary.Mismatch, one line per difference."""
+    import json
 
-    out = []
-    for d in sorted(p for p in (compiled / "shared").glob("part*") if p.is_dir()):
-        graphs, bins = [], set()
-        for ctx in sorted(d.glob("*_ctx.onnx")):
-            m = onnx.load(str(ctx), load_external_data=False)
-            io = lambda vs: [{"name": v.name, "dtype": onnx.TensorProto.DataType.Name(v.type.tensor_type.elem_type),
-                              "shape": [x.dim_value for x in v.type.tensor_type.shape.dim]} for v in vs]
-            for n in m.graph.node:
-                if n.op_type == "EPContext":
-                    bins |= {a.s.decode() for a in n.attribute if a.name == "ep_cache_context"}
-            graphs.append({"model": ctx.name, "inputs": io(m.graph.input), "outputs": io(m.graph.output)})
-        out.append({"part": d.name, "binaries": sorted(bins), "graphs": graphs,
-                    "bytes": sum((d / b).stat().st_size for b in bins)})
-    return out
+    from .. import context_binary
+    from ..targets import get as get_target
+    from .compile import read_back
+    from .genai import declared_tensors
+
+    compiled = Path(views["compiled"])
+    desc = json.loads((compiled / "export.json").read_text())
+    parts = list(range(len(desc["parts"])))
+    declared, lines = {}, []
+    config = Path(views["bundle"]) / "genai_config.json"
+    if config.is_file():
+        cfg = json.loads(config.read_text())
+        declared = declared_tensors(cfg)
+        want = str(get_target(params["target"]).soc_model)
+        for opts in cfg["model"]["decoder"].get("session_options", {}).get("provider_options", []):
+            said = opts.get("qnn", {}).get("soc_model")
+            if said is not None and str(said) != want:
+                lines.append(f"genai_config.json, provider_options qnn.soc_model: expected {want} "
+                             f"({params['target']}), found {said}")
+    flags = {"target": params["target"],
+             "per_graph": any((compiled / f"part{k}").is_dir() for k in parts),
+             "weight_sharing": any((compiled / "shared" / f"part{k}").is_dir() for k in parts)}
+    try:
+        found = read_back(compiled, desc, parts, flags, qdq_dir=views.get("qdq"), declared=declared)
+    except context_binary.Mismatch as e:
+        raise context_binary.Mismatch(lines + e.lines) from None
+    if lines:
+        raise context_binary.Mismatch(lines)
+    return found
 
 
 def resident_parts(export_dir: Path, budget_bytes: int | None) -> int:
@@ -139,6 +162,7 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
     from .runner import PartStream
     from .sessions import cpu_session
 
+    binaries = read_back_bundle(inputs, params)  # what ships, read back before anything runs
     model_dir, ref_dir = inputs["source"], Path(inputs["reference"])
     desc = json.loads((ref_dir / "export.json").read_text())
     tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
@@ -205,7 +229,7 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
             "samples": rows, "max_new_tokens": K, "reference": "fp32 export graphs (CPU EP)",
             # how it ran on this machine (manifest info, not verify.json: it varies with memory)
             "_run": {"parts_resident": resident, "part_loads": {"reference": fp32.loads, "compiled": got.loads}},
-            "shared_binaries": shared_binary_report(inputs["compiled"]),
+            "binaries": binaries,
             # where the compiled graphs run (issue 23), read from every part's compile entry
             **qnn.placement(*inputs.get("compiled_parts", [inputs["compiled"]]))}
 
@@ -217,7 +241,7 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
 # ``verify.runtime``) against the fp32 export graphs: token agreement, prefill logits cosine,
 # perplexity ratio (``tasks/llm/verify.py``); judged by the shared :func:`check`.
 
-VERSION = 4  # 4: perplexity through the prefill graphs; 3: the parts' entries joined (issue 22); 2: all_on_htp and cpu_nodes read from the compiled graphs
+VERSION = 5  # 5: every context binary read back (tasks/context_binary.py)
 TOOLS = ("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "transformers", "tokenizers", "numpy", "torch",
          "onnxruntime-genai")
 #: the recipe keys of its section this implementation reads (the stage params, so the key,
