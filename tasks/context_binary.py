@@ -369,7 +369,8 @@ def _declared_lines(where: str, said: dict, found: tuple[Tensor, ...], what: str
 
 
 def check_models(root: Path, models: list[str], soc_model: int | None, qdq: dict[str, Path] | None = None,
-                 declared: dict[str, list[Declared]] | None = None) -> dict[str, ContextBinary]:
+                 declared: dict[str, list[Declared]] | None = None,
+                 somewhere: list[Declared] | None = None) -> dict[str, ContextBinary]:
     """Read back every context binary that the EPContext models ``models`` (paths relative to
     ``root``: every compiled model the plan made) reference, and check them:
 
@@ -379,7 +380,10 @@ def check_models(root: Path, models: list[str], soc_model: int | None, qdq: dict
     - ``qdq`` ({model: the QDQ model it was compiled from}): the compiled model's graph inputs
       and outputs are the QDQ graph's (what the ONNX graph said before compile);
     - ``declared`` ({model: [:class:`Declared`]}): every tensor a runtime config (or the
-      export's description) names for that model is in its graph in the binary, with its shape.
+      export's description) names for that model is in its graph in the binary, with its shape;
+    - ``somewhere`` ([:class:`Declared`]): every tensor named is an input (output) of at least
+      one of ``models``' graphs, with its shape (a runtime's KV names for every layer, which
+      live in the part that holds the layer).
 
     Returns {binary path relative to ``root``: what was read}. Raises Mismatch listing every
     difference (a planned model missing is one), ReadError for a binary libQnnSystem cannot
@@ -429,6 +433,18 @@ def check_models(root: Path, models: list[str], soc_model: int | None, qdq: dict
             where = f"{rel_bin}, graph {gname} ({rel})"
             lines += _declared_lines(where, d.inputs, g.inputs, "input", d.source) + \
                 _declared_lines(where, d.outputs, g.outputs, "output", d.source)
+    graphs = [found[b].graph(n) for b, n in graph_of.values() if b in found and found[b].graph(n)]
+    for d in somewhere or []:
+        for what, said in (("input", d.inputs), ("output", d.outputs)):
+            have = {t.name: t for g in graphs for t in (g.inputs if what == "input" else g.outputs)}
+            for n, shape in sorted(said.items()):
+                t = have.get(n)
+                if t is None:
+                    lines.append(f"{what} {n}: expected in a graph (named by {d.source}), found in none of "
+                                 f"{', '.join(sorted(b for b in found))}")
+                elif shape is not None and tuple(t.shape) != tuple(shape):
+                    lines.append(f"{what} {n}: expected shape {list(shape)} ({d.source}), found {list(t.shape)}")
     if lines:
+        print("npubuild: context binaries read back, differences:\n  " + "\n  ".join(lines), flush=True)  # the stage's log
         raise Mismatch(lines)
     return found

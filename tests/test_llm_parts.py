@@ -106,7 +106,15 @@ def test_parts_are_stages_resume_by_part_and_are_shared(parts_project):
     # the HTP simulator, through onnxruntime-genai's pipeline of the 3 parts' 6 graphs
     assert r["metrics"]["token_agreement"] >= 0.9 and r["metrics"]["logits_cosine_mean"] >= 0.999, r["metrics"]
     assert r["metrics"]["genai_runner_agreement"] == 1.0, r["metrics"]
-    assert len(r["shared_binaries"]) == 3 and r["all_on_htp"] is True
+    assert r["all_on_htp"] is True
+    # every binary read back: per part the weight-shared one (both graphs, weights shared) and
+    # the two per-graph ones, all for x-elite's SoC (60)
+    assert sorted(r["binaries"]) == sorted(f"{d}part{k}/{g}_ctx_qnn.bin" for k in range(3)
+                                           for d, g in (("", "prefill"), ("", "decode"), ("shared/", "prefill"))), r["binaries"]
+    for k in range(3):
+        shared = r["binaries"][f"shared/part{k}/prefill_ctx_qnn.bin"]
+        assert shared["soc_model"] == 60 and len(shared["graphs"]) == 2, shared
+        assert all(g["shared_weight_bytes"] > 0 for g in shared["graphs"].values()), shared
 
     # a part's lost quantize entry: only that stage runs again, and its output is the same
     # bytes, so compile.part1 and everything after it are up to date (early cut-off)
@@ -148,7 +156,8 @@ def test_parts_are_stages_resume_by_part_and_are_shared(parts_project):
     cb = proj.root / "build" / "tiny3-cpu"
     assert not any((cb / f"part{k}").exists() for k in range(3)) and (cb / "genai_config.json").is_file()
     rc = json.loads((cb / "verify.json").read_text())
-    assert rc["backend"] == "cpu-qdq" and len(rc["shared_binaries"]) == 3 and rc["all_on_htp"] is True, rc
+    assert rc["backend"] == "cpu-qdq" and rc["all_on_htp"] is True, rc
+    assert sorted(rc["binaries"]) == [f"shared/part{k}/prefill_ctx_qnn.bin" for k in range(3)], rc["binaries"]
     assert rc["metrics"]["token_agreement"] >= 0.9, rc["metrics"]
     # the catalog row: 3 parts, verified; an LLM's export runs no optimum ("not used", was "unknown")
     proj.doit("run", "catalog")

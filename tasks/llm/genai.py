@@ -138,23 +138,28 @@ def write_genai_config(desc: dict, out_path, model_files: dict, **kw) -> dict:
     return cfg
 
 
-def declared_tensors(config: dict, source: str = "genai_config.json") -> dict:
+def declared_tensors(config: dict, source: str = "genai_config.json") -> tuple[dict, list]:
     """What a ``genai_config.json`` (``config``, the parsed dict) says of each compiled model
     genai will load: {pipeline entry's ``filename``: :class:`tasks.context_binary.Declared`}
     with every input and output the entry names, and the shapes genai feeds or expects for
     those it manages: ``input_ids`` [1, S] on prompt entries and [1, 1] on token entries
     (S = ``sliding_window.window_size``), ``logits`` [1, S or 1, ``vocab_size``], each layer's
     KV buffer [1, ``num_key_value_heads``, ``context_length``, ``head_size``] (genai shares one
-    buffer for past and present: module docstring)."""
+    buffer for past and present: module docstring). Second: the tensors genai looks for in
+    some graph, as one ``Declared``: every layer's KV names from ``past_key_names`` /
+    ``past_value_names`` (inputs) and ``present_key_names`` / ``present_value_names`` (outputs),
+    ``%d`` = the layer (``num_hidden_layers``)."""
     from ..context_binary import Declared
 
     m = config["model"]
     dec = m["decoder"]
     S = dec.get("sliding_window", {}).get("window_size")
     kv = (1, dec["num_key_value_heads"], m["context_length"], dec["head_size"])
-    patterns = [dec["inputs"].get("past_key_names"), dec["inputs"].get("past_value_names"),
-                dec["outputs"].get("present_key_names"), dec["outputs"].get("present_value_names")]
-    kv_names = {p % layer for p in patterns if p for layer in range(dec["num_hidden_layers"])}
+    layers = range(dec["num_hidden_layers"])
+    past = {p % i for p in (dec["inputs"].get("past_key_names"), dec["inputs"].get("past_value_names")) if p for i in layers}
+    present = {p % i for p in (dec["outputs"].get("present_key_names"), dec["outputs"].get("present_value_names"))
+               if p for i in layers}
+    kv_names = past | present
     out = {}
     for entry in dec["pipeline"]:
         (name, e), = entry.items()
@@ -164,7 +169,8 @@ def declared_tensors(config: dict, source: str = "genai_config.json") -> dict:
                   **{n: kv for n in kv_names}}
         out[e["filename"]] = Declared({n: shapes.get(n) for n in e.get("inputs", [])},
                                       {n: shapes.get(n) for n in e.get("outputs", [])}, f"{source} ({name})")
-    return out
+    kv = Declared({n: kv for n in past}, {n: kv for n in present}, f"{source} (KV cache names)")
+    return out, [kv]
 
 
 def register_qnn() -> str:

@@ -69,11 +69,11 @@ def read_back_bundle(views: dict, params: dict) -> dict:
     compiled = Path(views["compiled"])
     desc = json.loads((compiled / "export.json").read_text())
     parts = list(range(len(desc["parts"])))
-    declared, lines = {}, []
+    declared, somewhere, lines = {}, [], []
     config = Path(views["bundle"]) / "genai_config.json"
     if config.is_file():
         cfg = json.loads(config.read_text())
-        declared = declared_tensors(cfg)
+        declared, somewhere = declared_tensors(cfg)
         want = str(get_target(params["target"]).soc_model)
         for opts in cfg["model"]["decoder"].get("session_options", {}).get("provider_options", []):
             said = opts.get("qnn", {}).get("soc_model")
@@ -84,7 +84,7 @@ def read_back_bundle(views: dict, params: dict) -> dict:
              "per_graph": any((compiled / f"part{k}").is_dir() for k in parts),
              "weight_sharing": any((compiled / "shared" / f"part{k}").is_dir() for k in parts)}
     try:
-        found = read_back(compiled, desc, parts, flags, qdq_dir=views.get("qdq"), declared=declared)
+        found = read_back(compiled, desc, parts, flags, qdq_dir=views.get("qdq"), declared=declared, somewhere=somewhere)
     except context_binary.Mismatch as e:
         raise context_binary.Mismatch(lines + e.lines) from None
     if lines:
