@@ -128,3 +128,22 @@ def tiny_export(arch: str, seq_len: int = SEQ_LEN, context_len: int = CONTEXT_LE
     target = CACHE / f"export-{arch}-{h.hexdigest()[:16]}"
     return _locked_build(target, lambda d: export.export_llm(
         mdir, d, seq_len=seq_len, context_len=context_len, parts=parts, embed=embed))
+
+
+def random_phi3_hd80(out: Path) -> Path:
+    """Issue 32 item 2's model: a *random* (seeded, untrained) Phi-3 with head_dim 80 (hidden
+    160, 2 heads, 2 layers, vocab 2048, pad 0 / bos 1 / eos 2 as the report wrote it), saved to
+    ``out`` with the tiny Qwen2 fixture's tokenizer files. Random weights give near ties
+    between the top logits, which is what exposed genai's CPU sessions computing other numbers
+    than LLMRunner's (``tasks/llm/sessions.py``). Returns ``out``."""
+    import torch
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    torch.manual_seed(1234)
+    Phi3ForCausalLM(Phi3Config(vocab_size=2048, hidden_size=160, intermediate_size=320, num_hidden_layers=2,
+                               num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=1024,
+                               pad_token_id=0, bos_token_id=1, eos_token_id=2)).save_pretrained(out)
+    src = tiny_model("qwen2")
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copyfile(src / f, Path(out) / f)
+    return Path(out)

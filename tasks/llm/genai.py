@@ -24,7 +24,12 @@ where genai reads it (onnxruntime-genai ``src/``; behaviour checked against the 
 - ``decoder.session_options.provider_options``: ``[{"qnn": {...}}]`` (genai maps "qnn" to its
   QNN provider, adds ``ep.share_ep_contexts=1`` and appends the plugin EP's devices when the
   library was registered, ``qnn/session_options.cpp``); other keys of ``session_options``
-  become session config entries (``config.cpp`` ``SessionOptions_Element``).
+  become session config entries (``config.cpp`` ``SessionOptions_Element``). With no provider
+  options (the CPU EP: ``verify.backend: cpu-qdq``) they are :data:`tasks.llm.sessions.CPU_CONFIG`,
+  LLMRunner's: with onnxruntime's defaults genai computed a QDQ graph's weight MatMuls with
+  int8-quantized activations (fused ``MatMulNBits``, accuracy level 4) and LLMRunner in fp32,
+  1e-2 apart in logits, which flipped near ties (a random Phi-3: genai = LLMRunner on 5 of 6
+  prompts; with these entries the two give the same logits, bit for bit).
 - ``logits`` [1, S, V] of the prefill graph: genai takes the row of the last real token
   (``models/logits.cpp``).
 """
@@ -53,7 +58,8 @@ def genai_config(desc: dict, model_files: dict, *, provider_options: dict | None
         model_files: {stage name (:func:`stage_name`): graph path, relative to the config's
             folder}, one for every part's prefill and decode graph.
         provider_options: QNN provider options (strings), or None for the CPU EP.
-        session_config: extra session config entries (e.g. ``session.disable_cpu_ep_fallback``).
+        session_config: extra session config entries (e.g. ``session.disable_cpu_ep_fallback``);
+            with ``provider_options=None`` they go over :data:`tasks.llm.sessions.CPU_CONFIG`.
 
     Raises ValueError for an export genai cannot drive (separate embedding table; an old
     layout; C not a multiple of S, since padded prompt windows must fit the cache).
@@ -78,7 +84,10 @@ def genai_config(desc: dict, model_files: dict, *, provider_options: dict | None
                 "run_on_prompt": g == "prefill",
                 "run_on_token_gen": g == "decode",
             }})
-    so = {"log_id": "npubuild", **{k: str(v) for k, v in (session_config or {}).items()}}
+    from .sessions import CPU_CONFIG
+
+    base = CPU_CONFIG if provider_options is None else {}  # the CPU EP computes as LLMRunner's sessions
+    so = {"log_id": "npubuild", **{k: str(v) for k, v in {**base, **(session_config or {})}.items()}}
     if provider_options is not None:
         so["provider_options"] = [{"qnn": {k: str(v) for k, v in provider_options.items()}}]
     return {

@@ -8,6 +8,21 @@ With pre-packing off (``session.disable_prepacking``) and the session made from 
 session on the file. Measured here on a 1 GiB MatMul weight (onnxruntime 1.32): default session
 peak 2.05 GiB (1.0 GiB anonymous); pre-packing off, 1.06 GiB, all of it file-backed; handing
 ``numpy.memmap`` arrays to ``SessionOptions.add_external_initializers`` copied them (2.07 GiB).
+
+The same entries (:data:`CPU_CONFIG`) also fix how a QDQ graph's weight MatMuls compute. At
+``ORT_ENABLE_EXTENDED`` and above onnxruntime fuses ``DequantizeLinear`` (8- or 4-bit constant
+weight) + ``MatMul`` into ``com.microsoft.MatMulNBits`` whose ``accuracy_level`` is the session
+entry ``session.qdq_matmulnbits_accuracy_level``, "If not provided, default is 4"
+(onnxruntime ``include/onnxruntime/core/session/onnxruntime_session_options_config_keys.h``),
+and level 4 computes with the activations quantized to int8 (``MatMulNBits`` schema,
+``docs/ContribOperators.md``) - not what a w8a16 QDQ graph says. Measured (onnxruntime 1.32,
+a random 2-layer Phi-3's w8a16 QDQ graphs): with default session options the logits are 1e-2
+from the unfused graph (``ORT_ENABLE_BASIC``: DequantizeLinear + fp32 MatMul) at the first
+prefill and flip a near tie at decode step 3; at level 1 (fp32), or with pre-packing off
+(unpacked, ``MatMulNBits`` "dequantize[s] B first and then compute[s] float gemm":
+``contrib_ops/cpu/quantization/matmul_nbits.cc`` ``ComputeBUnpacked``), they are the unfused
+graph's to 1e-4. onnxruntime-genai's sessions start from onnxruntime's defaults, so genai gets
+these entries too, or it computes other numbers than LLMRunner on the same QDQ graphs.
 """
 
 from __future__ import annotations
@@ -15,15 +30,21 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+#: session config entries of every CPU session an LLM stage runs (:func:`cpu_session`), and of
+#: onnxruntime-genai's CPU sessions on the same graphs (:func:`tasks.llm.genai.genai_config`),
+#: so that both compute the same numbers (module docstring)
+CPU_CONFIG = {"session.disable_prepacking": "1", "session.qdq_matmulnbits_accuracy_level": "1"}
+
 
 def cpu_session(model, *, threads: int | None = None):
     """A CPU ``onnxruntime.InferenceSession`` on the ONNX file ``model`` (a path), weights
-    mapped from its external data, MatMul pre-packing off. Raises onnxruntime's errors (e.g.
-    a missing external data file)."""
+    mapped from its external data, MatMul pre-packing off, fused QDQ weight MatMuls in fp32
+    (:data:`CPU_CONFIG`). Raises onnxruntime's errors (e.g. a missing external data file)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
-    so.add_session_config_entry("session.disable_prepacking", "1")
+    for k, v in CPU_CONFIG.items():
+        so.add_session_config_entry(k, v)
     if threads:
         so.intra_op_num_threads = threads
     return ort.InferenceSession(str(model), sess_options=so, providers=["CPUExecutionProvider"])
