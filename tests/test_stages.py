@@ -267,3 +267,29 @@ def test_offline_hub_and_7b_recipes_expand_and_show_their_plan(project):
     assert keys["qwen7b-int4"]["download"] == keys["qwen7b-int8"]["download"] != "-" * 16
     build = project.doit("run", "build:qwen7b-int4", check=False)
     assert build.code != 0 and "cannot get Hub model 'Qwen/Qwen2.5-7B-Instruct'" in build.tasks["download:qwen7b-int4"]["error"]
+
+
+def test_cpu_qdq_sessions_compute_the_qdq_graph_as_written(project):
+    """The CPU EP session that judges a QDQ graph (encoder ``cpu-qdq`` verify) computes its weight
+    MatMuls in fp32 as the graph says: equal to the same graph with no fusion
+    (``ORT_ENABLE_BASIC``: DequantizeLinear + fp32 MatMul) to 1e-4. onnxruntime's default session
+    fuses them into MatMulNBits at accuracy level 4 (int8 activations), which is further off."""
+    import onnxruntime as ort
+
+    project.recipe("enc")
+    project.doit("run", "quantize:enc")
+    (key,) = project.entries("quantize")
+    model = project.cache / "quantize" / key / "out" / "model.onnx"
+    ours = qnn.cpu_session(model)
+    rng = np.random.RandomState(0)
+    shape = lambda i: [d if isinstance(d, int) else 16 for d in i.shape]
+    feed = {i.name: (rng.randint(1, 100, size=shape(i)) if i.name == "input_ids" else
+                     np.ones(shape(i)) if i.name == "attention_mask" else np.zeros(shape(i)))
+            .astype(np.int64 if "int64" in i.type else np.int32) for i in ours.get_inputs()}
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    plain = ort.InferenceSession(str(model), sess_options=so, providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    fused = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    got = ours.run(None, feed)[0]
+    assert np.abs(got - plain).max() < 1e-4, np.abs(got - plain).max()
+    assert np.abs(fused - plain).max() > 10 * max(np.abs(got - plain).max(), 1e-6), np.abs(fused - plain).max()

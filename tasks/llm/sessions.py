@@ -30,10 +30,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..qnn import QDQ_MATMUL_FP32
+
 #: session config entries of every CPU session an LLM stage runs (:func:`cpu_session`), and of
 #: onnxruntime-genai's CPU sessions on the same graphs (:func:`tasks.llm.genai.genai_config`),
 #: so that both compute the same numbers (module docstring)
-CPU_CONFIG = {"session.disable_prepacking": "1", "session.qdq_matmulnbits_accuracy_level": "1"}
+CPU_CONFIG = {"session.disable_prepacking": "1", **QDQ_MATMUL_FP32}
 
 
 def cpu_session(model, *, threads: int | None = None):
