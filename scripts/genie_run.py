@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 DEFAULT_PROMPTS = ["The old lighthouse", "To plant a tree,", "Every morning the farmer",
-                   "A purple dog walked into the bakery and"]
+                   "A purple dog walked into the bakery and",
+                   "The teacher wrote a question on the board. Every morning the farmer"]
 
 
 def build(model_dir: Path, out: Path, seq: int, ctx: int, parts: int, sanitize: bool) -> dict:
@@ -107,6 +108,7 @@ def main() -> None:
     ap.add_argument("--no-sanitize", action="store_true")
     ap.add_argument("--skip-build", action="store_true")
     ap.add_argument("--prompt", action="append")
+    ap.add_argument("--dump", help="Genie debug folder: dump-tensors + dump-specs there (relative to OUT/bundle)")
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT / "tests"))
     from llm_fixtures import hf_reference, tiny_model
@@ -130,7 +132,8 @@ def main() -> None:
     host = [cpu.generate(i, a.new) for i in ids]
     poisoned = GenieHostLoop(a.out / "export", lambda p: ort.InferenceSession(p, providers=["CPUExecutionProvider"]),
                              fill=7e34).generate(ids[0], a.new)
-    create, rows, rc, err = run_genie(a.out / "bundle", ids, a.new, a.log_level, a.out / "genie.log")
+    create, rows, rc, err = run_genie(a.out / "bundle", ids, a.new, a.log_level, a.out / "genie.log",
+                                   {"path": a.dump, "dump-tensors": True, "dump-specs": True} if a.dump else None)
     per = []
     for p, i, h, c, g in zip(prompts, ids, hf, host, rows + [None] * (len(ids) - len(rows))):
         gt = g["tokens"] if g else None

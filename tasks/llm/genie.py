@@ -192,7 +192,7 @@ def export_genie(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 4
     Returns (and writes as ``genie_export.json``) ``{"model_type", "seq_len", "context_len",
     "num_layers", "num_kv_heads", "num_heads", "head_dim", "rotary_dim", "hidden_size",
     "vocab_size", "rope_theta", "io_layout", "sanitize_past", "eos_token_id", "bos_token_id",
-    "pad_token_id", "parts": [{"index", "layers", "prompt": {"path", "graph", "inputs", "outputs"},
+    "pad_token_id", "genie_bos_token" (:func:`prepended_bos`), "parts": [{"index", "layers", "prompt": {"path", "graph", "inputs", "outputs"},
     "token": {...}}]}``. Raises ValueError for an unsupported family, a ``rope_scaling`` config
     or bad sizes.
     """
@@ -234,8 +234,21 @@ def export_genie(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 4
                            "outputs": [{"name": n, "shape": s, "dtype": t} for n, s, t in outs]}
         desc["parts"].append(pdesc)
     copy_tokenizer(Path(model_dir), out_dir)
+    desc["genie_bos_token"] = prepended_bos(out_dir)
     (out_dir / "genie_export.json").write_text(json.dumps(desc, indent=1))
     return desc
+
+
+def prepended_bos(tokenizer_dir) -> int:
+    """The token id the HF tokenizer in ``tokenizer_dir`` puts before every text (its BOS when
+    ``tokenizer("a")`` starts with it), else -1. Genie prepends its ``bos-token`` to the first
+    query of a dialog (text and token queries alike; seen in its tensor dumps), so the config
+    gets this value: -1 ("unset") for Qwen2, whose tokenizer adds nothing."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    ids = tok("a")["input_ids"]
+    return int(ids[0]) if tok.bos_token_id is not None and ids and ids[0] == tok.bos_token_id else -1
 
 
 # ---------------------------------------------------------------- host loop (reference, any EP)
@@ -329,12 +342,13 @@ def genie_config(desc: dict, ctx_bins: list[str], *, tokenizer: str = "tokenizer
     """``genie_config.json`` (a ``dialog`` of type basic; schema: Genie's embedded
     ``urn:genie:schema:dialog``) for a :func:`export_genie` description and its compiled
     binaries ``ctx_bins`` (paths as Genie opens them: relative to its working folder).
-    Sampler greedy (``top-k`` 1, ``greedy``); context size = CL; ``kv-dim`` = head_dim;
+    Sampler greedy (``top-k`` 1, ``greedy``); context size = CL; ``bos-token``: what the HF
+    tokenizer prepends (:func:`prepended_bos`, -1 = none), so Genie's token sequence is HF's; ``kv-dim`` = head_dim;
     ``pos-id-dim`` = rotary_dim / 2; ``rope-theta`` from the HF config (Genie reads an int)."""
     cfg = {"dialog": {
         "version": 1, "type": "basic",
         "context": {"version": 1, "size": desc["context_len"], "n-vocab": desc["vocab_size"],
-                    "bos-token": desc["bos_token_id"], "eos-token": desc["eos_token_id"]},
+                    "bos-token": desc["genie_bos_token"], "eos-token": desc["eos_token_id"]},
         "sampler": {"version": 1, "seed": 42, "temp": 0.8, "top-k": 1, "top-p": 1.0, "greedy": True},
         "tokenizer": {"version": 1, "path": tokenizer},
         "engine": {"version": 1, "n-threads": n_threads,
