@@ -32,7 +32,7 @@ DEFAULT_PROMPTS = ["The old lighthouse", "To plant a tree,", "Every morning the 
 def build(model_dir: Path, out: Path, seq: int, ctx: int, parts: int, sanitize: bool) -> dict:
     """Export to ``out/export``, compile each graph into ``out/bundle`` (``*_ctx.onnx`` kept in
     ``out/export``), write the two config files; returns the export description + ``ctx_bins``."""
-    from tasks.llm.genie import export_genie, genie_config, htp_backend_ext_config
+    from tasks.llm.genie import export_genie, genie_config, htp_backend_ext_config, rename_graph
     from tasks.qnn import compile_in_subprocess
     from tasks.targets import DEFAULT_TARGET, get
 
@@ -47,12 +47,13 @@ def build(model_dir: Path, out: Path, seq: int, ctx: int, parts: int, sanitize: 
     for kind in ("prompt", "token"):  # Genie groups graphs by (AR, CL); order in ctx-bins: part order
         for p in desc["parts"]:
             src = exp / p[kind]["path"]
-            ctx_path = src.with_name(f"{kind}_ctx.onnx")
+            ctx_path = src.with_name(f"{src.stem}_ctx.onnx")
             ctx_path.unlink(missing_ok=True)
             compile_in_subprocess(src, ctx_path, DEFAULT_TARGET)
-            b = ctx_path.with_name(f"{kind}_ctx_qnn.bin")
+            b = ctx_path.with_name(f"{src.stem}_ctx_qnn.bin")
             name = f"{p[kind]['graph']}.bin"
             shutil.copyfile(b, bundle / name)
+            rename_graph(bundle / name, p[kind]["graph"])  # Genie orders splits by the name
             bins.append(name)
     desc["compile_seconds"] = time.perf_counter() - t
     desc["ctx_bins"] = bins
@@ -74,13 +75,15 @@ def genie_child(spec: str) -> None:
         c = json.loads(cfg)
         c["dialog"]["debug"] = s["debug"]
         cfg = json.dumps(c)
-    with GenieDialog(cfg, log_level=s["log_level"], log=lines.append) as d:
-        print(json.dumps({"create_seconds": d.create_seconds}), flush=True)
-        for ids in s["prompts"]:
-            toks, status, secs = d.generate(ids, s["new"])
-            print(json.dumps({"tokens": toks, "status": status, "seconds": secs}), flush=True)
-    if s.get("log_file"):
-        Path(s["log_file"]).write_text("\n".join(lines) + "\n")
+    try:
+        with GenieDialog(cfg, log_level=s["log_level"], log=lines.append) as d:
+            print(json.dumps({"create_seconds": d.create_seconds}), flush=True)
+            for ids in s["prompts"]:
+                toks, status, secs = d.generate(ids, s["new"])
+                print(json.dumps({"tokens": toks, "status": status, "seconds": secs}), flush=True)
+    finally:
+        if s.get("log_file"):
+            Path(s["log_file"]).write_text("\n".join(lines) + "\n")
 
 
 def run_genie(bundle: Path, prompts_ids, new: int, log_level, log_file=None, debug=None, timeout=1800):

@@ -48,23 +48,25 @@ def test_genie_graphs_ignore_leftovers_in_the_cache(qwen2, tmp_path):
         assert (poisoned == hf[2]) is sanitize
 
 
-@pytest.mark.parametrize("seq,ctx,n_prompts", [(16, 64, 3), (4, 16, 2)])
-def test_genie_on_htp_simulator_generates_fp32_tokens(qwen2, tmp_path, seq, ctx, n_prompts):
+@pytest.mark.parametrize("seq,ctx,n_prompts,parts", [(16, 64, 3, 1), (4, 16, 2, 1), (16, 64, 3, 2)])
+def test_genie_on_htp_simulator_generates_fp32_tokens(qwen2, tmp_path, seq, ctx, n_prompts, parts):
     """Export -> one context binary per graph -> genie_config.json -> GenieDialog_tokenQuery on
     the HTP simulator: the same 8 greedy tokens as transformers on every prompt (one prompt
     takes two AR-16 chunks), at Genie log level 2 (the level an earlier toy model failed at).
     AR-4 / CL-16: the configuration where Genie's uncleared first-prefill ``past_key_0_in`` held
     leftovers up to 3e35 and the unsanitized graphs gave wrong tokens from the first one (at log
-    levels none, 1 and 2); the sanitized graphs must not care."""
+    levels none, 1 and 2); the sanitized graphs must not care. 2 parts: 4 binaries, the splits
+    ordered by the graph names :func:`tasks.llm.genie.rename_graph` writes."""
     import json
 
     import genie_run
 
     model, ids, hf = qwen2
     ids, hf = ids[:n_prompts], hf[:n_prompts]
-    genie_run.build(model, tmp_path, seq, ctx, 1, True)
+    genie_run.build(model, tmp_path, seq, ctx, parts, True)
     cfg = json.loads((tmp_path / "bundle" / "genie_config.json").read_text())["dialog"]
-    assert cfg["engine"]["model"]["binary"]["ctx-bins"] == [f"prompt_ar{seq}_cl{ctx}_1_of_1.bin", f"token_ar1_cl{ctx}_1_of_1.bin"]
+    assert cfg["engine"]["model"]["binary"]["ctx-bins"] == [
+        f"{k}_ar{s}_cl{ctx}_{i}_of_{parts}.bin" for k, s in (("prompt", seq), ("token", 1)) for i in range(1, parts + 1)]
     assert cfg["context"]["bos-token"] == -1 and cfg["engine"]["backend"]["QnnHtp"]["pos-id-dim"] == 16
     create, rows, rc, err = genie_run.run_genie(tmp_path / "bundle", ids, 8, 2, timeout=600)
     assert rc == 0, err

@@ -35,8 +35,11 @@ outputs
   - per layer l: ``past_key_{l}_out`` [Hkv, 1, d, S] and ``past_value_{l}_out`` [Hkv, 1, S, d]:
     this call's new entries only (Genie copies the first n_process of them into its cache).
 
-Graph names: ``prompt_ar{S}_cl{C}_{i+1}_of_{N}`` / ``token_ar1_cl{C}_{i+1}_of_{N}`` (AI Hub's;
-Genie itself reads AR and CL from the tensors above and uses the names only as a fallback).
+Graph names: ``prompt_ar{S}_cl{C}_{i+1}_of_{N}`` / ``token_ar1_cl{C}_{i+1}_of_{N}`` (AI Hub's).
+Genie reads AR and CL from the tensors above, but orders the N splits of one (AR, CL) by the
+``_{i}_of_{N}`` in the graph name: a compiled binary must carry that name (:func:`rename_graph`;
+onnxruntime names graphs after a hash of the model path, so the ONNX files are named after the
+graphs to keep the names apart).
 
 ``sanitize_past`` (default True): the past K/V are multiplied by 0/1 per slot, taken from the
 mask (``keep = Relu(1 + mask[row 0, :P] / 1000)``), before attention. Genie does not clear its
@@ -179,7 +182,7 @@ def build_graph(dims: dict, lo: int, hi: int, first: bool, last: bool, S: int, C
 def export_genie(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 4096, parts: int = 1,
                  sanitize_past: bool = True) -> dict:
     """Export ``model_dir`` (a HF decoder folder of :mod:`tasks.llm.families`, safetensors) to
-    ``out_dir/part{i}/{prompt,token}.onnx`` in Genie's layout (module docstring), one part and one
+    ``out_dir/part{i}/{graph name}.onnx`` (:func:`graph_name`) in Genie's layout (module docstring), one part and one
     tensor at a time like :func:`tasks.llm.export.export_llm` (the same ``part{i}/weights.data``
     writer; both graphs of a part reference it), plus the tokenizer files and ``genie_export.json``.
 
@@ -227,9 +230,13 @@ def export_genie(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 4
         pdesc = {"index": i, "layers": [lo, hi]}
         for kind, S in (("prompt", seq_len), ("token", 1)):
             m = build_graph(dims, lo, hi, first, last, S, context_len, weights, has_bias, i, len(ranges), sanitize_past)
-            onnx.save(m, str(pdir / f"{kind}.onnx"))
+            # the file name makes the compiled graph's name: onnxruntime names it after a hash of
+            # the path as given (tasks/qnn.py), and Genie keys graphs by name: two parts' graphs
+            # both compiled from "prompt.onnx" got one name, and GenieDialog_create failed with
+            # "<name> : input_ids - Tensor not found" (status -1)
+            onnx.save(m, str(pdir / f"{m.graph.name}.onnx"))
             ins, outs = io_spec(dims, lo, hi, first, last, S, context_len, i)
-            pdesc[kind] = {"path": f"part{i}/{kind}.onnx", "graph": m.graph.name,
+            pdesc[kind] = {"path": f"part{i}/{m.graph.name}.onnx", "graph": m.graph.name,
                            "inputs": [{"name": n, "shape": s, "dtype": t} for n, s, t in ins],
                            "outputs": [{"name": n, "shape": s, "dtype": t} for n, s, t in outs]}
         desc["parts"].append(pdesc)
@@ -249,6 +256,33 @@ def prepended_bos(tokenizer_dir) -> int:
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     ids = tok("a")["input_ids"]
     return int(ids[0]) if tok.bos_token_id is not None and ids and ids[0] == tok.bos_token_id else -1
+
+
+def rename_graph(bin_path, name: str) -> str:
+    """Give the one graph in context binary ``bin_path`` the name ``name``, in place; returns the
+    old name. A workaround: onnxruntime's QNN EP names a compiled graph
+    ``QNNExecutionProvider_QNNExecutionProvider_<hash of the model path>_1_0`` (no option sets
+    it; ``ep.context_node_name_prefix`` did not), and Genie orders the splits of one (AR, CL) by
+    ``<prefix>_<i>_of_<N>`` in the graph name, putting other names after them in string order
+    (its log: "does not follow the expected split naming"); with ORT's names part 1's prompt
+    graph came first and GenieDialog_create failed ("logits - Tensor not found"). The name is
+    stored as plain bytes (3 times in our binaries); it is replaced by ``name`` left-padded with
+    ``_`` to the same length, so no offset in the binary moves. Checked on the x86_64 simulator
+    (QnnContext_createFromBinary accepts it, 2-part tokens = transformers); not on a device.
+    Raises ValueError when the binary does not hold exactly one ORT graph name or ``name`` is
+    longer than it."""
+    import re
+
+    p = Path(bin_path)
+    data = p.read_bytes()
+    names = set(re.findall(rb"QNNExecutionProvider_QNNExecutionProvider_\d+_\d+_\d+", data))
+    if len(names) != 1:
+        raise ValueError(f"{p}: expected one onnxruntime graph name, found {sorted(names)}")
+    old = names.pop()
+    if len(name) > len(old):
+        raise ValueError(f"graph name {name!r} is longer than {old.decode()!r}")
+    p.write_bytes(data.replace(old, name.encode().rjust(len(old), b"_")))
+    return old.decode()
 
 
 # ---------------------------------------------------------------- host loop (reference, any EP)
