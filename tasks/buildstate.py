@@ -185,7 +185,8 @@ def explain(recipe_name: str) -> list[dict]:
     its log (the local entry's ``log.txt``, or the last failed or stopped build's), for a
     failed one the check's findings (``fails``), and, for a stale stage,
     what changed in its key material since the recipe's last build; for a blocked or unknown
-    one, why."""
+    one, why; for a built verify, how each runtime the bundle serves was checked
+    (``runtimes``: :func:`tasks.stages.common.runtimes_checked`)."""
     res = engine.Resolver(recipe_name, pull=False)
     last = engine.read_state(recipe_name)
     rows = []
@@ -206,6 +207,10 @@ def explain(recipe_name: str) -> list[dict]:
             row["changes"] = [st.problem]
         if st.failures:
             row["fails"] = list(st.failures)
+        if e and spec.kind == "verify" and (e.out / "verify.json").is_file():
+            from .stages.common import runtimes_checked
+
+            row["runtimes"] = runtimes_checked(json.loads((e.out / "verify.json").read_text(encoding="utf-8")))
         rows.append(row)
     return rows
 
@@ -224,6 +229,8 @@ def print_explain(recipe_name: str, verbose: bool = True) -> None:
             print(f"    changed: {c}")
         for f in row.get("fails", []):
             print(f"    fails: {f}")
+        for rt, how in row.get("runtimes", {}).items():
+            print(f"    serves {rt}: {how}")
     r = remote.from_env()
     print(f"    remote cache: {r.display if r else 'none (NPUBUILD_REMOTE unset)'}")
     from .llm.memory import budget_line

@@ -79,6 +79,7 @@ from pathlib import Path
 from . import engine, paths, qnn
 from .buildstate import BuildState, artifacts, build_state
 from .cache import Entry
+from .stages.common import runtimes_checked
 
 SCHEMA_VERSION = 1
 STATES = ("verified", "verify-failed", "stale", "not-built")
@@ -214,8 +215,10 @@ def artifact_sizes(status: RecipeStatus) -> dict:
 
 
 def verify_results(status: RecipeStatus) -> dict:
-    """{target: {"backend", "runtime", "metrics", "thresholds", "failures"}} from each verify
-    entry; ``runtime`` (LLMs) is what generated on the compiled graphs: "runner" (LLMRunner) or
+    """{target: {"backend", "runtime", "metrics", "thresholds", "failures", "cpu_nodes", "runs_on",
+    "binaries" (each context binary read back: bytes, SDK build id, SoC, per graph weight /
+    shared weight / spill-fill / I/O bytes), "runtimes" (how each runtime served was checked:
+    :func:`tasks.stages.common.runtimes_checked`)}} from each verify entry; ``runtime`` (LLMs) is what generated on the compiled graphs: "runner" (LLMRunner) or
     "genai" (onnxruntime-genai), None for encoders."""
     out = {}
     for s in status.build.of_kind("verify"):
@@ -223,7 +226,8 @@ def verify_results(status: RecipeStatus) -> dict:
         cpu = report.get("cpu_nodes", {})
         out[s.target] = {"backend": report.get("backend"), "runtime": report.get("runtime"),
                          "metrics": report.get("metrics", {}), "thresholds": s.spec.params.get("thresholds", {}),
-                         "failures": list(s.failures), "cpu_nodes": cpu, "runs_on": qnn.runs_on(cpu)}
+                         "failures": list(s.failures), "cpu_nodes": cpu, "runs_on": qnn.runs_on(cpu),
+                         "binaries": report.get("binaries", {}), "runtimes": runtimes_checked(report)}
     return out
 
 

@@ -258,6 +258,24 @@ def model_card(recipe, row: dict, short: str) -> str:
             bar = v["thresholds"].get(name)
             shown = f"{val:.6f}" if isinstance(val, float) else str(val)
             lines.append(f"| {target} | {_ran(v)} | {name} | {shown} | {'' if bar is None else bar} |")
+    lines += ["", "## Checked before shipping", "",
+              "What ran here (on the x86_64 HTP simulator or the CPU) and what was only read back. No speed "
+              "figure comes from the simulator, and nothing here loads a weight-shared binary: a device does.", ""]
+    for target, v in sorted(row["verify"].items()):
+        for rt, how in v.get("runtimes", {}).items():
+            lines.append(f"- {target}, {rt}: {how}.")
+    lines += ["", "Context binaries as read back by libQnnSystem (bytes; *weights*: each graph's own, summed; "
+              "*shared weights*: what the graphs of a weight-shared binary hold once between them):", "",
+              "| target | binary | graphs | size | weights | shared weights | spill-fill | I/O | QNN SDK |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for target, v in sorted(row["verify"].items()):
+        for rel, b in sorted(v.get("binaries", {}).items()):
+            gs = b["graphs"].values()
+            total = lambda k: sum(g[k] or 0 for g in gs)
+            lines.append(f"| {target} | {rel} | {len(b['graphs'])} | {b['bytes']} | {total('weight_bytes')} | "
+                         f"{max((g['shared_weight_bytes'] or 0 for g in gs), default=0)} | "
+                         f"{max((g['spill_fill_bytes'] or 0 for g in gs), default=0)} | {total('io_bytes')} | "
+                         f"{b['sdk_build_id']} |")
     lines += ["", "## Stage keys", "", "| stage | key |", "|---|---|",
               *(f"| {s} | `{k}` |" for s, k in row["stage_keys"].items()), "",
               "`manifest.json` lists the sha256 of every file; `doit check_bundle --path <folder>` checks them.", ""]
