@@ -26,6 +26,7 @@ judged.
 from __future__ import annotations
 
 import ctypes as C
+import mmap
 import os
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
@@ -225,15 +226,31 @@ def read(path: Path | str) -> ContextBinary:
     libQnnSystem refuses it (not a context binary, truncated) or reports a binary info
     version other than 3 (QNN >= 2.2x)."""
     path = Path(path)
-    data = path.read_bytes()
     fns = _functions(str(library_path()))
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            raise ReadError(f"{path.name}: empty file, not a QNN context binary")
+        # mapped, not read: a 7B part's binary is ~1.3 GB; libQnnSystem pages in what it parses.
+        # ACCESS_COPY gives the writable buffer ctypes needs; nothing is written.
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    try:
+        buf = (C.c_char * size).from_buffer(mm)
+        try:
+            return _parse(fns, path, C.addressof(buf), size)
+        finally:
+            del buf
+    finally:
+        mm.close()
+
+
+def _parse(fns: _SystemFunctions, path: Path, address: int, size: int) -> ContextBinary:
     handle = C.c_void_p()
     if fns.systemContextCreate(C.byref(handle)) != 0:
         raise ReadError("libQnnSystem: systemContextCreate failed")
     try:
-        buf = C.create_string_buffer(data, len(data))
-        info, size = C.POINTER(_BinaryInfo)(), C.c_uint64()
-        err = fns.systemContextGetBinaryInfo(handle, buf, len(data), C.byref(info), C.byref(size))
+        info, info_size = C.POINTER(_BinaryInfo)(), C.c_uint64()
+        err = fns.systemContextGetBinaryInfo(handle, address, size, C.byref(info), C.byref(info_size))
         if err or not info:
             raise ReadError(f"{path.name}: not a QNN context binary libQnnSystem can read (error {err})")
         if info.contents.version != 3:
@@ -246,9 +263,10 @@ def read(path: Path | str) -> ContextBinary:
                 raise ReadError(f"{path.name}: graph info version {g.version}; this reader knows 1-3")
             v = g.v
             htp = _htp_figures(v.graphBlobInfo, v.graphBlobInfoSize) if g.version == 3 else {}
-            graphs.append(Graph(v.graphName.decode(), _tensors(v.graphInputs, v.numGraphInputs, fns.systemTensorGetMemoryFootprint),
-                                _tensors(v.graphOutputs, v.numGraphOutputs, fns.systemTensorGetMemoryFootprint), **htp))
-        return ContextBinary(str(path), (b.buildId or b"").decode(), int(b.socModel), len(data), tuple(graphs))
+            footprint = fns.systemTensorGetMemoryFootprint
+            graphs.append(Graph(v.graphName.decode(), _tensors(v.graphInputs, v.numGraphInputs, footprint),
+                                _tensors(v.graphOutputs, v.numGraphOutputs, footprint), **htp))
+        return ContextBinary(str(path), (b.buildId or b"").decode(), int(b.socModel), size, tuple(graphs))
     finally:
         fns.systemContextFree(handle)
 
