@@ -373,16 +373,17 @@ class Declared:
     source: str
 
 
-def _declared_lines(where: str, said: dict, found: tuple[Tensor, ...], what: str, source: str) -> list[str]:
-    have = {t.name: t for t in found}
+def _declared_lines(where: str, said: dict, have: dict[str, Tensor], what: str, source: str,
+                    missing: str) -> list[str]:
+    """Lines for the tensors ``said`` ({name: shape or None}) that ``have`` ({name: Tensor})
+    lacks (``found {missing}``) or holds with another shape; ``where`` prefixes each line."""
     lines = []
-    for name, shape in said.items():
+    for name, shape in sorted(said.items()):
         t = have.get(name)
         if t is None:
-            lines.append(f"{where}, {what} {name}: expected (named by {source}), found no such tensor "
-                         f"(the graph's {what}s: {', '.join(sorted(have)) or 'none'})")
+            lines.append(f"{where}{what} {name}: expected (named by {source}), found {missing}")
         elif shape is not None and tuple(t.shape) != tuple(shape):
-            lines.append(f"{where}, {what} {name}: expected shape {list(shape)} ({source}), found {list(t.shape)}")
+            lines.append(f"{where}{what} {name}: expected shape {list(shape)} ({source}), found {list(t.shape)}")
     return lines
 
 
@@ -448,20 +449,16 @@ def check_models(root: Path, models: list[str], soc_model: int | None, qdq: dict
             g = found[rel_bin].graph(gname)
             if g is None:
                 continue  # already a line from check()
-            where = f"{rel_bin}, graph {gname} ({rel})"
-            lines += _declared_lines(where, d.inputs, g.inputs, "input", d.source) + \
-                _declared_lines(where, d.outputs, g.outputs, "output", d.source)
+            for what, said, have in (("input", d.inputs, g.inputs), ("output", d.outputs, g.outputs)):
+                lines += _declared_lines(f"{rel_bin}, graph {gname} ({rel}), ", said, {t.name: t for t in have}, what,
+                                         d.source, f"no such tensor (the graph's {what}s: "
+                                                   f"{', '.join(sorted(t.name for t in have)) or 'none'})")
     graphs = [found[b].graph(n) for b, n in graph_of.values() if b in found and found[b].graph(n)]
     for d in somewhere or []:
         for what, said in (("input", d.inputs), ("output", d.outputs)):
             have = {t.name: t for g in graphs for t in (g.inputs if what == "input" else g.outputs)}
-            for n, shape in sorted(said.items()):
-                t = have.get(n)
-                if t is None:
-                    lines.append(f"{what} {n}: expected in a graph (named by {d.source}), found in none of "
-                                 f"{', '.join(sorted(b for b in found))}")
-                elif shape is not None and tuple(t.shape) != tuple(shape):
-                    lines.append(f"{what} {n}: expected shape {list(shape)} ({d.source}), found {list(t.shape)}")
+            lines += _declared_lines("", said, have, what, d.source,
+                                     f"in none of the graphs of {', '.join(sorted(found))}")
     if lines:
         print("npubuild: context binaries read back, differences:\n  " + "\n  ".join(lines), flush=True)  # the stage's log
         raise Mismatch(lines)

@@ -142,8 +142,9 @@ def test_tampered_bundles_fail_verify_with_one_line_each(tmp_path, tiny_bert):
         (out / "genai_config.json").write_text(cfg.replace('"past_key_%d"', '"past_keys_%d"'))
     _reseal(bundle, rename)
     (line,) = _failure(proj, "tampered")
-    assert line.startswith("Mismatch: input past_keys_0: expected in a graph (named by genai_config.json (KV cache "
-                           "names)), found in none of shared/part0/prefill_ctx_qnn.bin, shared/part1/prefill_ctx_qnn.bin"), line
+    assert line.startswith("Mismatch: input past_keys_0: expected (named by genai_config.json (KV cache names)), "
+                           "found in none of the graphs of shared/part0/prefill_ctx_qnn.bin, "
+                           "shared/part1/prefill_ctx_qnn.bin"), line
     _reseal(bundle, lambda out: (out / "genai_config.json").write_text(cfg))
     proj.doit("run", "build:tampered")
 
