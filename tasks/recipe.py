@@ -42,6 +42,12 @@ class RecipeError(Exception):
         super().__init__("\n".join(lines))
 
 
+class UnsupportedModel(RecipeError):
+    """A valid recipe whose model the LLM export does not implement (its ``model_type`` or a
+    feature of it, :func:`tasks.llm.families.unsupported`): the recipe is skipped with this
+    one-line reason, the catalog lists it as ``unsupported``, and ``doit list`` still exits 0."""
+
+
 # ---------------------------------------------------------------- YAML loading
 
 MAX_RECIPE_BYTES = 1_000_000  # a recipe is a page of YAML; bigger files are refused unread
@@ -953,15 +959,23 @@ def check_source_config(path: Path, r: Recipe) -> None:
     (``hidden_act``), ``export.parts`` at most its
     ``num_hidden_layers``; ``export.context_length`` (LLM) or ``export.sequence_length``
     (encoder) at most ``max_position_embeddings``. Raises RecipeError with the key paths."""
-    from .llm.families import ACTIVATIONS, SUPPORTED
+    from .llm.families import ACTIVATIONS, SUPPORTED, unsupported
 
     f = source_config_path(r.source)
-    if f is None:
-        return
-    try:
-        cfg = json.loads(f.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise RecipeError(path, [("source", f"expected a readable JSON config.json, found {f} ({e})")]) from None
+    if f is None:  # not local: the facts kept in the repo (recipes/models/), when there are any
+        from .sources.model_facts import facts_dir, find
+
+        plancache.note(facts_dir())
+        hit = find(r.source.hf, r.source.revision) if r.source.hf else None
+        if hit is None:
+            return
+        f, cfg = hit[0], dict(hit[1]["config"])
+        plancache.note(f)
+    else:
+        try:
+            cfg = json.loads(f.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise RecipeError(path, [("source", f"expected a readable JSON config.json, found {f} ({e})")]) from None
     problems = []
     if not isinstance(cfg, dict):
         raise RecipeError(path, [("source", f"expected a JSON object in {f}, found {type(cfg).__name__}")])
@@ -973,9 +987,11 @@ def check_source_config(path: Path, r: Recipe) -> None:
     limit = cfg.get("max_position_embeddings")
     if r.export.family == "llm":
         mt = cfg.get("model_type")
-        if mt not in SUPPORTED:
-            problems.append(("export.family", f"expected a model_type the LLM export supports "
-                                              f"({', '.join(SUPPORTED)}), found {mt!r} in {f.name}"))
+        if mt not in SUPPORTED or unsupported(cfg):
+            why = "; ".join(unsupported(cfg))
+            raise UnsupportedModel(path, [("export.family", f"expected a model the LLM export supports "
+                                                            f"({', '.join(SUPPORTED)}; tasks/llm/families.py), found "
+                                                            f"model_type {mt!r} in {f.name}" + (f" with {why}" if why else ""))])
         act = cfg.get("hidden_act", "silu")
         if act not in ACTIVATIONS:
             problems.append(("export.family", f"expected an MLP activation the LLM export writes "
