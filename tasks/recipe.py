@@ -977,6 +977,7 @@ def check_source_config(path: Path, r: Recipe) -> None:
         except (OSError, ValueError) as e:
             raise RecipeError(path, [("source", f"expected a readable JSON config.json, found {f} ({e})")]) from None
     problems = []
+    unsupported_model = False
     if not isinstance(cfg, dict):
         raise RecipeError(path, [("source", f"expected a JSON object in {f}, found {type(cfg).__name__}")])
     if cfg.get("auto_map"):
@@ -987,11 +988,12 @@ def check_source_config(path: Path, r: Recipe) -> None:
     limit = cfg.get("max_position_embeddings")
     if r.export.family == "llm":
         mt = cfg.get("model_type")
-        if mt not in SUPPORTED or unsupported(cfg):
-            why = "; ".join(unsupported(cfg))
-            raise UnsupportedModel(path, [("export.family", f"expected a model the LLM export supports "
-                                                            f"({', '.join(SUPPORTED)}; tasks/llm/families.py), found "
-                                                            f"model_type {mt!r} in {f.name}" + (f" with {why}" if why else ""))])
+        why = "; ".join(unsupported(cfg))
+        if mt not in SUPPORTED or why:
+            unsupported_model = True
+            problems.append(("export.family", f"expected a model_type the LLM export supports "
+                                              f"({', '.join(SUPPORTED)}), found {mt!r} in {f.name}"
+                                              + (f" with {why} (not in tasks/llm/families.py)" if why else "")))
         act = cfg.get("hidden_act", "silu")
         if act not in ACTIVATIONS:
             problems.append(("export.family", f"expected an MLP activation the LLM export writes "
@@ -1016,8 +1018,8 @@ def check_source_config(path: Path, r: Recipe) -> None:
         if isinstance(n, int) and n % bs:
             problems.append(("quantize.block_size", f"expected a block size that divides the model's in-features, "
                                                     f"found {bs} with {key} {n} in {f.name}"))
-    if problems:
-        raise RecipeError(path, problems)
+    if problems:  # a model not implemented, and nothing else wrong: UnsupportedModel (the catalog lists it)
+        raise (UnsupportedModel if unsupported_model and len(problems) == 1 else RecipeError)(path, problems)
 
 
 def tokenizer_problems(folder: Path) -> list[tuple[str, str]]:
