@@ -231,6 +231,10 @@ def print_explain(recipe_name: str, verbose: bool = True) -> None:
             print(f"    fails: {f}")
         for rt, how in row.get("runtimes", {}).items():
             print(f"    serves {rt}: {how}")
+    from .llm.figures import plan_lines
+
+    for line in plan_lines(engine.recipes()[recipe_name]):
+        print(f"    {line}")
     r = remote.from_env()
     print(f"    remote cache: {r.display if r else 'none (NPUBUILD_REMOTE unset)'}")
     from .llm.memory import budget_line

@@ -12,6 +12,8 @@ States (:func:`recipe_status`):
 ``stale``          some stage has no entry for its current key, but ``build/<recipe>/stages.json``
                    records a complete earlier build (every verify stage recorded)
 ``not-built``      some stage has no entry and no complete build was ever recorded here
+``unsupported``    a valid recipe of a model the LLM export does not implement
+                   (:class:`tasks.recipe.UnsupportedModel`); ``reason`` says what
 =================  ==========================================================================
 
 Abstract recipes (templates, ``abstract: true``) are left out, as from the doit tasks.
@@ -60,6 +62,17 @@ Output (:func:`write_catalog`, in :func:`tasks.paths.catalog_dir`):
                       ``optimum``, ``transformers``: version str} as recorded in the entries'
                       manifests (several values joined by ", " if targets differ)
   ``qnn_context_sdk`` built only: SDK versions written into the EPContext nodes (list of str)
+  ``parameters_estimate``  LLMs: parameters from the model's config (int; a tied head once), known
+                      before a build (the download's config.json, a local source's, or the
+                      facts kept in ``recipes/models/``); null when none is readable
+  ``device``          LLMs: {target: on-device figures}: ``bundle_bytes`` (read back from
+                      verify.json once built, else estimated) and ``bundle_bytes_from``,
+                      ``kv_cache_bytes``, ``memory_bytes`` (+ ``memory_includes``, ``memory_note``:
+                      the runtime's own is not included), ``bytes_per_token``,
+                      ``dram_gbps`` + ``dram_source``, ``decode_tokens_per_s_ceiling``,
+                      ``npu_tops`` + ``npu_source``, ``prefill_ops``,
+                      ``first_token_s_lower_bound``, ``note`` (they are ceilings);
+                      formulas: :mod:`tasks.llm.figures`. null for encoders
   ==================  =======================================================================
 
   Built-only fields are null for ``stale`` and ``not-built`` rows.
@@ -82,7 +95,7 @@ from .cache import Entry
 from .stages.common import runtimes_checked
 
 SCHEMA_VERSION = 1
-STATES = ("verified", "verify-failed", "stale", "not-built")
+STATES = ("verified", "verify-failed", "stale", "not-built", "unsupported")
 CATALOG_TOOLS = {"qnn-sdk": "compile", "onnxruntime": "compile", "onnxruntime-qnn": "compile",
                  "optimum": "export", "transformers": "export"}  # tool -> stage kind that records it
 _FLOAT_TYPES = {1, 10, 11, 16}  # onnx.TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16
@@ -281,13 +294,54 @@ def catalog_row(name: str, recipe=None) -> dict:
                    artifacts=arts, artifact_bytes=sum(sum(f.values()) for f in arts.values()),
                    verify=verify_results(st), tools=tool_versions(st), qnn_context_sdk=sdks)
         row["runs_on"] = runs_on(row)
+    row.update(_device(recipe, st, row))
+    return row
+
+
+def _device(recipe, st: RecipeStatus | None, row: dict) -> dict:
+    """``parameters_estimate`` and ``device`` (per target, :func:`tasks.llm.figures.device_figures`)
+    of an LLM row; nulls for an encoder or a model whose config cannot be read offline."""
+    if recipe.export.family != "llm":
+        return {"parameters_estimate": None, "device": None}
+    from .llm.figures import device_figures, parameters, recipe_config
+
+    dl = st.entries.get("download") if st is not None else None
+    cfg, _ = recipe_config(recipe, dl.out if dl is not None else None)
+    if cfg is None:
+        return {"parameters_estimate": None, "device": None}
+    verify = row.get("verify") or {}
+    return {"parameters_estimate": parameters(cfg),
+            "device": {t: device_figures(cfg, recipe, t, (verify.get(t) or {}).get("binaries"))
+                       for t in recipe.compile.targets}}
+
+
+def unsupported_row(stem: str, err) -> dict:
+    """The row of a recipe file whose model is unsupported (:class:`tasks.recipe.UnsupportedModel`):
+    state ``unsupported``, ``reason`` its one line, the recipe's own fields, the rest null."""
+    from .recipe import load_recipe
+
+    recipe = load_recipe(Path(err.file))
+    ex = recipe.export
+    row = {"name": recipe.name, "state": "unsupported", "reason": err.problems[0][1], "failures": [],
+           "description": recipe.description, "license": recipe.license, "task": recipe.task, "family": ex.family,
+           "precision": recipe.quantize.precision, "targets": list(recipe.compile.targets),
+           "batch_size": ex.batch_size, "sequence_length": ex.sequence_length,
+           "context_length": ex.context_length if ex.family == "llm" else None,
+           "parts": ex.parts if ex.family == "llm" else None, "stage_keys": {},
+           "source": source_info(recipe, None), "architecture": None, "parameters": None, "artifacts": None,
+           "artifact_bytes": None, "verify": None, "tools": None, "qnn_context_sdk": None, "runs_on": None}
+    row.update(_device(recipe, None, row))
     return row
 
 
 def catalog_rows() -> list[dict]:
     """Every non-abstract recipe's row, sorted by name. Raises RecipeError for an invalid
     recipe file (the catalog is then not written)."""
-    return [catalog_row(n, r) for n, r in catalog_recipes().items()]
+    from .recipe import UnsupportedModel
+
+    rows = [catalog_row(n, r) for n, r in catalog_recipes().items()]
+    rows += [unsupported_row(stem, e) for stem, e in engine.recipe_errors().items() if isinstance(e, UnsupportedModel)]
+    return sorted(rows, key=lambda r: r["name"])
 
 
 # ------------------------------------------------------------ rendering
@@ -350,6 +404,11 @@ COLUMNS = [  # (header, cell text, sort value, numeric)
     ("Context", lambda r: str(r["context_length"] or ""), lambda r: r["context_length"] or 0, True),
     ("Parts", lambda r: str(r["parts"] or ""), lambda r: r["parts"] or 0, True),
     ("Artifacts", lambda r: _human_bytes(r["artifact_bytes"]), lambda r: r["artifact_bytes"] or 0, True),
+    ("Bundle", lambda r: _per_target(r, "bundle_bytes", _human_bytes), lambda r: _first(r, "bundle_bytes"), True),
+    ("KV cache", lambda r: _per_target(r, "kv_cache_bytes", _human_bytes), lambda r: _first(r, "kv_cache_bytes"), True),
+    ("Memory on device", lambda r: _per_target(r, "memory_bytes", _human_bytes), lambda r: _first(r, "memory_bytes"), True),
+    ("Decode ceiling", lambda r: _per_target(r, "decode_tokens_per_s_ceiling", _tps), lambda r: _first(r, "decode_tokens_per_s_ceiling"), True),
+    ("First token >=", lambda r: _per_target(r, "first_token_s_lower_bound", _ms), lambda r: _first(r, "first_token_s_lower_bound"), True),
     ("Verify", _metrics_summary, _metrics_summary, False),
     ("QNN SDK", lambda r: (r["tools"] or {}).get("qnn-sdk", ""), lambda r: (r["tools"] or {}).get("qnn-sdk", ""), False),
     ("onnxruntime / -qnn", lambda r: " / ".join((r["tools"] or {}).get(t, "") for t in ("onnxruntime", "onnxruntime-qnn"))
@@ -358,6 +417,31 @@ COLUMNS = [  # (header, cell text, sort value, numeric)
      if r["tools"] else "", lambda r: (r["tools"] or {}).get("transformers", ""), False),
     ("Verify key", lambda r: _verify_key(r), lambda r: _verify_key(r), False),
 ]
+
+
+def _tps(v) -> str:
+    return "unknown" if v is None else f"{v:.1f} tok/s"
+
+
+def _ms(v) -> str:
+    return "unknown" if v is None else f"{v * 1000:.0f} ms"
+
+
+def _per_target(row: dict, key: str, fmt) -> str:
+    """``key`` of the row's on-device figures, formatted, per target when there are several."""
+    dev = row.get("device") or {}
+    vals = {t: fmt(f.get(key)) for t, f in sorted(dev.items())}
+    if not vals:
+        return ""
+    if len(set(vals.values())) == 1 and len(vals) > 1 or len(vals) == 1:
+        return next(iter(vals.values())) if len(vals) == 1 else "; ".join(f"{t}: {v}" for t, v in vals.items())
+    return "; ".join(f"{t}: {v}" for t, v in vals.items())
+
+
+def _first(row: dict, key: str) -> float:
+    dev = row.get("device") or {}
+    vals = [f.get(key) for _, f in sorted(dev.items()) if f.get(key) is not None]
+    return vals[0] if vals else 0
 
 
 def _verify_key(row: dict) -> str:
@@ -457,6 +541,25 @@ def render_html(rows: list[dict]) -> str:
     return "".join(out)
 
 
+#: the terminal table's columns (``doit catalog``, as ``ollama list`` prints): header, cell
+TABLE = [("NAME", lambda r: r["name"]), ("STATE", lambda r: r["state"]),
+         ("PARAMS", lambda r: _human_count(r["parameters"] or r.get("parameters_estimate"))),
+         ("PRECISION", lambda r: r["precision"]),
+         ("BUNDLE", lambda r: _per_target(r, "bundle_bytes", _human_bytes) or _human_bytes(r["artifact_bytes"])),
+         ("MEMORY", lambda r: _per_target(r, "memory_bytes", _human_bytes)),
+         ("DECODE CEILING", lambda r: "; ".join(f"{t} {_tps(f.get('decode_tokens_per_s_ceiling'))}"
+                                                for t, f in sorted((r.get("device") or {}).items())))]
+
+
+def terminal_table(rows: list[dict]) -> str:
+    """The catalog as a plain-text table, one row per recipe, columns padded to their widest
+    cell (:data:`TABLE`: name, state, parameters (counted once built, else from the config),
+    precision, bundle size, memory on the device, decode ceiling per target)."""
+    cells = [[h for h, _ in TABLE]] + [[str(f(r)) for _, f in TABLE] for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(TABLE))]
+    return "\n".join("  ".join(c[i].ljust(widths[i]) for i in range(len(TABLE))).rstrip() for c in cells)
+
+
 def write_catalog(out_dir: Path | None = None) -> dict[str, Path]:
     """Write catalog.json, README.md and index.html into ``out_dir`` (default
     :func:`tasks.paths.catalog_dir`). Returns {file name: path}. Each file is written to a
@@ -473,7 +576,9 @@ def write_catalog(out_dir: Path | None = None) -> dict[str, Path]:
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(out_dir / fname)
         written[fname] = out_dir / fname
+    print(terminal_table(rows))
     for r in rows:
-        print(f"{r['name']:<32} {r['state']:<14} {r['reason'] or '; '.join(r['failures'])}")
-    print(f"catalog: {len(rows)} recipes -> {out_dir}")
+        if r["reason"] or r["failures"]:
+            print(f"{r['name']}: {r['reason'] or '; '.join(r['failures'])}")
+    print(f"catalog: {len(rows)} recipes -> {out_dir} (decode and first-token figures are ceilings: catalog.json 'note')")
     return written

@@ -244,7 +244,12 @@ def _invalid() -> dict:
     for stem, e in errs.items():
         if stem not in _warned:
             _warned.add(stem)
-            print(f"npubuild: invalid recipe, skipped\n{e}", file=sys.stderr)
+            from .recipe import UnsupportedModel
+
+            if isinstance(e, UnsupportedModel):  # a valid recipe of a model not implemented: one line
+                print(f"npubuild: {e.file}: unsupported model, skipped: {e.problems[0][1]}", file=sys.stderr)
+            else:
+                print(f"npubuild: invalid recipe, skipped\n{e}", file=sys.stderr)
     return errs
 
 
@@ -268,7 +273,9 @@ def _list_fails_on_invalid_recipes() -> None:
         except BrokenPipeError:  # `doit list --all | head`: the reader left, so do we, without a traceback
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (and no second error at exit)
             return 1
-        errs = engine.recipe_errors()
+        from .recipe import UnsupportedModel
+
+        errs = {k: e for k, e in engine.recipe_errors().items() if not isinstance(e, UnsupportedModel)}
         if errs:
             print(f"npubuild: {len(errs)} invalid recipe file(s), each with a failing build:<stem> task: "
                   f"{', '.join(f'{s}.yaml' for s in sorted(errs))}", file=sys.stderr)

@@ -42,6 +42,12 @@ class RecipeError(Exception):
         super().__init__("\n".join(lines))
 
 
+class UnsupportedModel(RecipeError):
+    """A valid recipe whose model the LLM export does not implement (its ``model_type`` or a
+    feature of it, :func:`tasks.llm.families.unsupported`): the recipe is skipped with this
+    one-line reason, the catalog lists it as ``unsupported``, and ``doit list`` still exits 0."""
+
+
 # ---------------------------------------------------------------- YAML loading
 
 MAX_RECIPE_BYTES = 1_000_000  # a recipe is a page of YAML; bigger files are refused unread
@@ -953,16 +959,25 @@ def check_source_config(path: Path, r: Recipe) -> None:
     (``hidden_act``), ``export.parts`` at most its
     ``num_hidden_layers``; ``export.context_length`` (LLM) or ``export.sequence_length``
     (encoder) at most ``max_position_embeddings``. Raises RecipeError with the key paths."""
-    from .llm.families import ACTIVATIONS, SUPPORTED
+    from .llm.families import ACTIVATIONS, SUPPORTED, unsupported
 
     f = source_config_path(r.source)
-    if f is None:
-        return
-    try:
-        cfg = json.loads(f.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise RecipeError(path, [("source", f"expected a readable JSON config.json, found {f} ({e})")]) from None
+    if f is None:  # not local: the facts kept in the repo (recipes/models/), when there are any
+        from .sources.model_facts import facts_dir, find
+
+        plancache.note(facts_dir())
+        hit = find(r.source.hf, r.source.revision) if r.source.hf else None
+        if hit is None:
+            return
+        f, cfg = hit[0], dict(hit[1]["config"])
+        plancache.note(f)
+    else:
+        try:
+            cfg = json.loads(f.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise RecipeError(path, [("source", f"expected a readable JSON config.json, found {f} ({e})")]) from None
     problems = []
+    unsupported_model = False
     if not isinstance(cfg, dict):
         raise RecipeError(path, [("source", f"expected a JSON object in {f}, found {type(cfg).__name__}")])
     if cfg.get("auto_map"):
@@ -973,9 +988,12 @@ def check_source_config(path: Path, r: Recipe) -> None:
     limit = cfg.get("max_position_embeddings")
     if r.export.family == "llm":
         mt = cfg.get("model_type")
-        if mt not in SUPPORTED:
+        why = "; ".join(unsupported(cfg))
+        if mt not in SUPPORTED or why:
+            unsupported_model = True
             problems.append(("export.family", f"expected a model_type the LLM export supports "
-                                              f"({', '.join(SUPPORTED)}), found {mt!r} in {f.name}"))
+                                              f"({', '.join(SUPPORTED)}), found {mt!r} in {f.name}"
+                                              + (f" with {why} (not in tasks/llm/families.py)" if why else "")))
         act = cfg.get("hidden_act", "silu")
         if act not in ACTIVATIONS:
             problems.append(("export.family", f"expected an MLP activation the LLM export writes "
@@ -1000,8 +1018,8 @@ def check_source_config(path: Path, r: Recipe) -> None:
         if isinstance(n, int) and n % bs:
             problems.append(("quantize.block_size", f"expected a block size that divides the model's in-features, "
                                                     f"found {bs} with {key} {n} in {f.name}"))
-    if problems:
-        raise RecipeError(path, problems)
+    if problems:  # a model not implemented, and nothing else wrong: UnsupportedModel (the catalog lists it)
+        raise (UnsupportedModel if unsupported_model and len(problems) == 1 else RecipeError)(path, problems)
 
 
 def tokenizer_problems(folder: Path) -> list[tuple[str, str]]:

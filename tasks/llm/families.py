@@ -119,6 +119,34 @@ SUPPORTED = tuple(FAMILIES)
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 
 
+#: config keys of features the graph does not implement -> what they are (Gemma 2: ``Gemma2Attention``
+#: caps attention logits with ``tanh(x / c) * c``, ``Gemma2ForCausalLM`` caps the final logits, and
+#: every other layer attends only to the last ``sliding_window`` positions; transformers 4.57
+#: ``models/gemma2/modeling_gemma2.py``)
+UNSUPPORTED_FEATURES = {
+    "attn_logit_softcapping": "attention-logit soft-capping",
+    "final_logit_softcapping": "final-logit soft-capping",
+    "sliding_window": "sliding-window attention layers",
+}
+
+
+def unsupported(config: dict) -> list[str]:
+    """What of a HF config the LLM export does not implement, one phrase each with its key and
+    value (e.g. ``attention-logit soft-capping (attn_logit_softcapping 50.0)``); [] when
+    nothing. Qwen2's ``sliding_window`` counts only with ``use_sliding_window: true`` (its
+    configs carry the key with the feature off)."""
+    out = []
+    for key, what in UNSUPPORTED_FEATURES.items():
+        v = config.get(key)
+        if v in (None, False, 0):
+            continue
+        if key == "sliding_window" and (config.get("model_type") in ("qwen2", "qwen3", "phi3", "llama")
+                                        and not config.get("use_sliding_window", False)):
+            continue
+        out.append(f"{what} ({key} {v})")
+    return out
+
+
 def family(model_type: str) -> Family:
     """The :class:`Family` of ``model_type``. Raises ValueError naming the supported families
     for any other."""

@@ -214,12 +214,18 @@ ENCODER_BYTES = 2 * GiB
 
 def source_config(download_params: dict) -> dict:
     """The model's ``config.json`` from a download stage's params, without building anything:
-    a local folder's (``path``/``package``) or the Hub's single file (``hf_hub_download``,
-    from the local Hub cache when ``HF_HUB_OFFLINE=1``). Raises OSError / the Hub's errors
+    a local folder's (``path``/``package``), the facts kept in the repo for a Hub model at its
+    revision (``recipes/models/``: :mod:`tasks.sources.model_facts`), or the Hub's single file
+    (``hf_hub_download``, from the local Hub cache when ``HF_HUB_OFFLINE=1``). Raises OSError / the Hub's errors
     when it cannot be read."""
     import json
 
     if download_params.get("hf"):
+        from ..sources.model_facts import config_of
+
+        kept = config_of(download_params["hf"], download_params.get("revision"))
+        if kept is not None:  # the facts kept in the repo (recipes/models/): no Hub needed
+            return kept
         from huggingface_hub import hf_hub_download
 
         f = hf_hub_download(download_params["hf"], "config.json", revision=download_params.get("revision"))

