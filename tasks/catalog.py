@@ -577,8 +577,8 @@ def write_catalog(out_dir: Path | None = None) -> dict[str, Path]:
         tmp.replace(out_dir / fname)
         written[fname] = out_dir / fname
     print(terminal_table(rows))
-    for r in rows:
-        if r["reason"] or r["failures"]:
+    for r in rows:  # why a recipe is not usable as it stands; "not built" needs no reason
+        if (r["reason"] or r["failures"]) and r["state"] != "not-built":
             print(f"{r['name']}: {r['reason'] or '; '.join(r['failures'])}")
     print(f"catalog: {len(rows)} recipes -> {out_dir} (decode and first-token figures are ceilings: catalog.json 'note')")
     return written
