@@ -38,7 +38,9 @@ Output (:func:`write_catalog`, in :func:`tasks.paths.catalog_dir`):
   ``context_length``  LLM KV-cache length (int); null for encoders
   ``parts``           LLM parts (int: each built by stages of its own, ``quantize.part{k}``...;
                       their keys are in ``stage_keys``); null for encoders
-  ``source``          ``kind`` (hf/path/package) and ``repo``/``revision``/``path``/``package``
+  ``shape_build``     true for a shape build (random weights of the model's exact config:
+                      ``tasks/sources/shape.py``): its verify figures are not the model's quality
+  ``source``          ``kind`` (hf/shape/path/package) and ``repo``/``revision``/``path``/``package``
                       from the recipe; once built also ``commit`` (hf: the resolved 40-hex
                       commit), ``package_version`` and ``content_digest`` (xxh3 of a local
                       folder) from the download entry's manifest
@@ -282,6 +284,9 @@ def catalog_row(name: str, recipe=None) -> dict:
         "parts": ex.parts if ex.family == "llm" else None,
         "stage_keys": st.stage_keys,
         "source": source_info(recipe, st.entries.get("download")),
+        # random weights of the model's exact config (tasks/sources/shape.py): its figures are time,
+        # memory and the cost of quantizing a random network, never the model's quality
+        "shape_build": recipe.source.shape,
         "architecture": None, "parameters": None, "artifacts": None, "artifact_bytes": None,
         "verify": None, "tools": None, "qnn_context_sdk": None, "runs_on": None,
     }
@@ -384,8 +389,9 @@ def _arch(row: dict) -> str:
 
 def _source(row: dict) -> str:
     s = row["source"]
-    if s["kind"] == "hf":
-        return f"{s['repo']}@{(s.get('commit') or s.get('revision') or '')[:12]}"
+    if s["kind"] in ("hf", "shape"):
+        at = f"{s['repo']}@{(s.get('commit') or s.get('revision') or '')[:12]}"
+        return at if s["kind"] == "hf" else f"random weights in the shape of {at}"
     if s["kind"] == "package":
         return f"{s['package']}" + (f"=={s['package_version']}" if s.get("package_version") else "")
     return s.get("path", "")
@@ -542,7 +548,7 @@ def render_html(rows: list[dict]) -> str:
 
 
 #: the terminal table's columns (``doit catalog``, as ``ollama list`` prints): header, cell
-TABLE = [("NAME", lambda r: r["name"]), ("STATE", lambda r: r["state"]),
+TABLE = [("NAME", lambda r: r["name"]), ("STATE", lambda r: r["state"] + (" (shape)" if r.get("shape_build") else "")),
          ("PARAMS", lambda r: _human_count(r["parameters"] or r.get("parameters_estimate"))),
          ("PRECISION", lambda r: r["precision"]),
          ("BUNDLE", lambda r: _per_target(r, "bundle_bytes", _human_bytes) or _human_bytes(r["artifact_bytes"])),

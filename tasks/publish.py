@@ -233,6 +233,9 @@ def model_card(recipe, row: dict, short: str) -> str:
               recipe.quantize.precision, *recipe.compile.targets])
     if src["kind"] == "hf":
         origin = f"[{src['repo']}](https://huggingface.co/{src['repo']}) at commit `{src.get('commit')}`"
+    elif src["kind"] == "shape":
+        origin = (f"**random weights** in the exact configuration of [{src['repo']}](https://huggingface.co/{src['repo']}) "
+                  f"at commit `{src.get('revision')}` (a shape build: its verify figures are not the model's quality)")
     elif src["kind"] == "package":
         origin = f"the Python package `{src['package']}` {src.get('package_version', '')} (folder `{src.get('subdir', '')}`)"
     else:

@@ -279,6 +279,10 @@ class Source(_Strict):
     path: Optional[str] = Field(None, description="local folder, relative to the project root")
     package: Optional[str] = Field(None, description="importable package that ships a model folder")
     subdir: str = Field("", description="folder inside the package (package only)")
+    shape: bool = Field(False, description="hf only: a shape build, random weights of the model's kept config "
+                                           "(recipes/models/) instead of the Hub's (tasks/sources/shape.py)")
+    tokenizer: Optional[str] = Field(None, description="shape only: folder of tokenizer files, relative to the project root")
+    seed: int = Field(0, ge=0, description="shape only: the random weights' seed")
 
     @model_validator(mode="after")
     def _one_kind(self):
@@ -294,11 +298,16 @@ class Source(_Strict):
             raise ValueError("'revision' and 'allow_patterns' apply to hf sources only")
         if self.subdir and self.package is None:
             raise ValueError("'subdir' applies to package sources only")
+        if self.shape and (self.hf is None or self.tokenizer is None):
+            raise ValueError("expected 'hf', 'revision' and 'tokenizer' with 'shape: true' (random weights of the Hub "
+                             f"model's kept config), found {'no tokenizer' if self.hf else 'no hf'}")
+        if not self.shape and (self.tokenizer is not None or self.seed):
+            raise ValueError("'tokenizer' and 'seed' apply to shape builds only (shape: true)")
         return self
 
     @property
     def kind(self) -> str:
-        return "hf" if self.hf else "path" if self.path else "package"
+        return "shape" if self.shape else "hf" if self.hf else "path" if self.path else "package"
 
 
 class ExportCfg(_Strict):

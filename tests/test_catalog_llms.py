@@ -102,11 +102,20 @@ def test_explain_offline_prints_parts_and_estimates(tmp_path):
     assert "disk estimate (GB): checkpoint " in out and "on x-elite: memory " in out and "decode ceiling " in out
 
 
-def test_gemma2_load_error_is_one_line(tmp_path):
+def test_gemma2_is_unsupported_in_one_line_where_asked(tmp_path):
+    """The gemma-2 recipe loads as unsupported: ``doit list`` exits 0 and says so in one line,
+    another recipe's command says nothing of it, its build fails with one line naming what
+    gemma-2 needs."""
     run = _doit(tmp_path, "list")
-    assert run.returncode == 0 or "gemma2" not in run.stderr.split("invalid recipe file(s)")[-1]
     line = [ln for ln in run.stderr.splitlines() if "gemma2-2b-w4a16" in ln]
-    assert len(line) == 1 and "unsupported model" in line[0] and "attn_logit_softcapping 50.0" in line[0]
+    assert run.returncode == 0 and len(line) == 1 and "unsupported model" in line[0], run.stderr
+    assert "attn_logit_softcapping 50.0" in line[0]
+    run = _doit(tmp_path, "explain:tiny-qwen2-w8a16")
+    assert "gemma2" not in run.stdout + run.stderr
+    run = _doit(tmp_path, "build:gemma2-2b-w4a16")
+    assert run.returncode != 0
+    line = [ln for ln in (run.stdout + run.stderr).splitlines() if "gemma2" in ln and "soft-capping" in ln]
+    assert len(line) == 1 and "attn_logit_softcapping 50.0" in line[0], run.stdout + run.stderr
 
 
 def test_unpinned_revision_refused_in_one_line():

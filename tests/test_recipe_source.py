@@ -97,7 +97,7 @@ def test_doit_list_names_the_unknown_family_in_one_line(project):
     assert "phi.yaml: unsupported model, skipped: expected a model_type" in lines[0]
     assert "build" in out  # the valid recipe's tasks are still listed
     run = project.doit("run", "build:phi", check=False)
-    assert run.code != 0 and "'gemma3'" in run.output
+    assert run.code != 0 and "'gemma3'" in run.log()
 
 
 @pytest.mark.parametrize("block, bad", [(32, None), (64, "hidden_size 96"), (128, "hidden_size 96")])

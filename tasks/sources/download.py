@@ -166,6 +166,10 @@ def key_extra(params: dict) -> dict:
     """hf: the resolved commit; path/package: the digest of the folder's files the stage
     copies (:func:`tasks.sources.source_files`; the same as ``digest.tree_digest`` for a folder
     without ``.git`` or ``__pycache__``)."""
+    if params.get("shape"):
+        from .shape import key_material
+
+        return key_material(params)
     if params.get("hf"):
         return {"commit": resolve_revision(params["hf"], params["revision"])}
     listing = _listing(local_folder(params))
@@ -231,7 +235,15 @@ def _copy_tree(src: Path, out: Path) -> list[str]:
 
 def run(inputs, files, params, out: Path) -> dict:
     """Copy the source's files into ``out``. Returns {"source": kind, "commit"?: sha,
-    "files": count}. Raises SourceError."""
+    "files": count}; a shape build writes its random checkpoint instead (tasks/sources/shape.py).
+    Raises SourceError."""
+    if params.get("shape"):
+        from .model_facts import check_download
+        from .shape import write_checkpoint
+
+        info = write_checkpoint(out, params)
+        check_download(out, params["hf"], params["revision"])  # what was written is the kept config
+        return info
     if params.get("hf"):
         from huggingface_hub import snapshot_download
 
