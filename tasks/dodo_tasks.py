@@ -298,7 +298,7 @@ def _expected_errors() -> tuple:
     from .llm.memory import NotEnoughMemory
     from .recipe import RecipeError
 
-    return (engine.StageFailed, SourceError, NotOnNPU, GraphError, RecipeError, FileNotFoundError, ValueError,
+    return (engine.StageFailed, engine.UpstreamUnusable, SourceError, NotOnNPU, GraphError, RecipeError, FileNotFoundError, ValueError,
             DiskFull, LockTimeout, InputChanged, StoreUnwritable, NotEnoughMemory)
 
 

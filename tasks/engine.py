@@ -39,6 +39,34 @@ class NotReady(Exception):
     """An upstream stage has no cache entry yet, so this stage's key cannot be computed."""
 
 
+class UpstreamUnusable(Exception):
+    """A stage failed reading the files of an upstream cache entry (the error names a path in
+    it): the message names the entry and how to drop it, so the next build rebuilds it."""
+
+
+def _names_entry(err: BaseException, upstream: dict[str, Entry]) -> Entry | None:
+    """The entry of ``upstream`` whose folder ``err``, or an error it was raised from, names
+    (its message or its ``filename``), when ``err`` is not one of ours (``tasks.*``: those
+    say what is wrong themselves) and not an interrupt, a full disk or a ``ValueError`` other
+    than an OSError (a recipe's value the entry does not fit: rebuilding it would not help)."""
+    from .cache import _disk_full
+
+    if isinstance(err, KeyboardInterrupt) or _disk_full(err) or type(err).__module__.startswith("tasks."):
+        return None
+    if isinstance(err, ValueError) and not isinstance(err, OSError):
+        return None
+    seen, texts = set(), []
+    e = err
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        texts += [str(e), str(getattr(e, "filename", "") or "")]
+        e = e.__cause__ or e.__context__
+    for entry in upstream.values():
+        if any(str(entry.path) + os.sep in t or t.endswith(str(entry.path)) for t in texts):
+            return entry
+    return None
+
+
 def remote_key(manifest: dict) -> str:
     """The stage key recomputed from a manifest's ``material`` (what a remote entry is checked
     against before it is used). Raises KeyError when the manifest has no key material."""
@@ -534,6 +562,15 @@ def run_stage(recipe_name: str, stage: str) -> dict:
             for note in getattr(e, "__notes__", ()):  # the kept log's path (build_spec)
                 ki.add_note(note)
             raise ki from e
+        if not stopped and (bad := _names_entry(e, upstream)):
+            up = next(res.specs[n].task for r, n in spec.inputs.items() if upstream[r] is bad)
+            first = " ".join(ln.strip() for ln in str(e).splitlines() if ln.strip())
+            err = UpstreamUnusable(f"{spec.task} cannot use upstream entry {bad.kind}/{bad.key} ({bad.path}), "
+                                   f"built by {up} [{type(e).__name__}: {first}]: drop it (`rm -rf {bad.path}`) "
+                                   f"and build again, {up} rebuilds it")
+            for note in getattr(e, "__notes__", ()):
+                err.add_note(note)
+            raise err from None
         raise
     kept.unlink(missing_ok=True)
     record(recipe_name, stage, key, material, entry)
