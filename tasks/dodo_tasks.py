@@ -339,7 +339,7 @@ def _console_reporter():
                 super().execute_task(task)
 
         def _write_failure(self, result, write_exception=True):
-            from doit.exceptions import UnmetDependency
+            from doit.exceptions import TaskFailed, UnmetDependency
 
             fail, name = result["exception"], result["task"].name
             causes = self._causes
@@ -354,7 +354,7 @@ def _console_reporter():
                 if recipe and all(self._recipe_of(r) == recipe for r in roots):
                     return  # the recipe's own failure was its one line (issue 23: ~15 lines a recipe)
                 self.write(f"{name}  not run: {' '.join(roots)} failed\n")
-            elif name in _STAGE_TASKS and hasattr(fail, "get_msg"):
+            elif name in _STAGE_TASKS and hasattr(fail, "get_msg") or type(fail) is TaskFailed:
                 causes[name] = (name,)
                 self.write(f"{name}  {fail.get_msg().strip()}\n")  # without doit's "TaskFailed - taskid" line
             else:
@@ -408,19 +408,23 @@ def task_stages():
 # ------------------------------------------------------------ build/<recipe>/
 
 
-def _link(src: Path, dest: Path) -> None:
-    """Hard-link ``src`` to ``dest`` (no copy, no symlink: works on NTFS too), else copy it
-    with its mtime. The cache files are read-only, so the link cannot be edited by mistake.
-    A process killed between the link and the rename leaves the temp link: see
-    :func:`_remove_dead_links`."""
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")  # then one atomic rename: safe
-    tmp.unlink(missing_ok=True)                             # against a concurrent materialize
+def _temp_name(dest: Path) -> Path:
+    return dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+
+
+def _stage_link(src: Path, dest: Path) -> Path:
+    """Hard-link ``src`` beside ``dest`` under a temp name (no copy, no symlink: works on NTFS
+    too), else copy it there with its mtime; returns the temp path, which the caller renames
+    onto ``dest`` (one atomic rename: safe against a concurrent materialize). The cache files
+    are read-only, so the link cannot be edited by mistake. A process killed before the
+    rename leaves the temp link: see :func:`_remove_dead_links`."""
+    tmp = _temp_name(dest)
+    tmp.unlink(missing_ok=True)
     try:
         os.link(src, tmp)
     except OSError:
         shutil.copy2(src, tmp)
-    os.replace(tmp, dest)
-    tmp.unlink(missing_ok=True)  # rename() between two links of one file leaves the source
+    return tmp
 
 
 def _same(a: Path, b: Path) -> bool:
@@ -482,26 +486,40 @@ def materialize(recipe: str, res: engine.Resolver | None = None) -> dict:
     ``part2/`` left beside a 2-part rebuild); files npubuild did not put there are left."""
     from .buildstate import artifacts, build_state
 
+    from . import outputs
+
     res = res or engine.Resolver(recipe)
     arts = artifacts(build_state(res))
     root = paths.build_dir() / recipe
-    root.mkdir(parents=True, exist_ok=True)
+    made = [d for d in (root, *root.parents) if not d.exists()][::-1]  # removed again if nothing lands
+    with outputs.full_disk_is(paths.build_dir(), f"build/{recipe}/", "NPUBUILD_BUILD", made):
+        root.mkdir(parents=True, exist_ok=True)
     _remove_dead_links(root)
     try:
         before = set(json.loads((root / "artifacts.json").read_text(encoding="utf-8")))
     except (OSError, ValueError):
         before = set()
-    listing = {}
-    for rel, a in arts.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        _link(a.path, root / rel)
-        listing[rel] = f"{a.kind}/{a.key}/out/{a.rel}"
+    listing, staged, cleanup = {}, [], list(made)
+    # every file is written under a temp name first, and renamed into place only once all are:
+    # a full disk (files are copied where hard links cannot be made) leaves the folder as it was
+    with outputs.full_disk_is(root, f"the artifacts of {recipe}", "NPUBUILD_BUILD", cleanup):
+        for rel, a in arts.items():
+            dest = root / rel
+            cleanup += [d for d in (dest.parent, *dest.parent.parents) if not d.exists() and root in d.parents][::-1]
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            cleanup.append(_temp_name(dest))
+            staged.append((_stage_link(a.path, dest), dest))
+            listing[rel] = f"{a.kind}/{a.key}/out/{a.rel}"
+        tmp = root / f".artifacts.json.{os.getpid()}.tmp"  # a dead one is removed (_remove_dead_links)
+        cleanup.append(tmp)
+        tmp.write_text(json.dumps(listing, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    for staged_tmp, dest in staged:
+        os.replace(staged_tmp, dest)
+        staged_tmp.unlink(missing_ok=True)  # rename() between two links of one file leaves the source
     # the old files go while the old listing still names them, then the new listing in one
     # rename: a build killed in between leaves a listing that names every file it left (a
     # tester killed it after the write: a removed part's binaries stayed for good)
     _remove_old_artifacts(root, before - set(listing))
-    tmp = root / f".artifacts.json.{os.getpid()}.tmp"  # a dead one is removed (_remove_dead_links)
-    tmp.write_text(json.dumps(listing, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     os.replace(tmp, root / "artifacts.json")
     try:
         shown = root.relative_to(Path.cwd())  # doit runs in the project folder: build/<recipe>
@@ -509,6 +527,15 @@ def materialize(recipe: str, res: engine.Resolver | None = None) -> dict:
         shown = root
     print(f"{'build:' + recipe:<{engine.task_width(recipe)}}  {len(listing)} artifacts in {shown}")
     return {"artifacts": len(listing)}
+
+
+def _materialize_action(recipe: str):
+    """:func:`materialize` as ``build:<recipe>``'s action: an error that explains itself (a full
+    build disk: DiskFull) is its one line, as a stage's is."""
+    try:
+        return materialize(recipe)
+    except _expected_errors() as e:
+        return _fail(f"{type(e).__name__}: {e}")
 
 
 def _print_explain(recipe: str) -> None:
@@ -550,7 +577,7 @@ def task_build():
         yield {
             "name": name,
             "doc": f"build {name} (all stages) into build/{name}/",
-            "actions": [(materialize, [name])],
+            "actions": [(_materialize_action, [name])],
             "task_dep": [s.task for s in specs.values()],
             "uptodate": [_build_uptodate(name)],
             "verbosity": 2,
@@ -698,8 +725,12 @@ def task_cluster():
 
 def _catalog_action():
     from . import catalog
+    from .cache import DiskFull
 
-    catalog.write_catalog()
+    try:
+        catalog.write_catalog()
+    except DiskFull as e:
+        return _fail(f"DiskFull: {e}")
 
 
 def task_catalog():
@@ -712,12 +743,15 @@ def _publish_action(recipe: str, dest: str, hub_repo: str, dry_run: bool, sign: 
     from doit.exceptions import TaskFailed
 
     from . import publish
+    from .cache import DiskFull
 
     try:
         publish.publish(recipe, dest=dest or None, hub_repo=hub_repo or None, dry_run=dry_run, sign=sign or None,
                         signing_cert=signing_cert or None, cert_chain=_paths_list(cert_chain))
     except publish.PublishError as e:
         return TaskFailed(str(e))
+    except DiskFull as e:
+        return TaskFailed(f"DiskFull: {e}")
 
 
 def task_publish():

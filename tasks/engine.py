@@ -512,9 +512,13 @@ def build_spec(spec: StageSpec, upstream: dict[str, Entry], cache: Cache,
                 return info
         except BaseException as e:
             if kept_log is not None and log.exists():
-                kept_log.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(log, kept_log)
-                e.add_note(f"log: {kept_log}")
+                try:
+                    kept_log.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(log, kept_log)
+                    e.add_note(f"log: {kept_log}")
+                except OSError as copy_error:  # a full or read-only home: the stage's own error stays the news
+                    kept_log.unlink(missing_ok=True)
+                    e.add_note(f"log: not kept at {kept_log} ({os.strerror(copy_error.errno or 0)})")
             raise
         finally:
             if tracing:
@@ -664,6 +668,8 @@ def record(recipe_name: str, stage: str, key: str, material: dict, entry: Entry)
     Writes nothing when ``stages.json`` already says so (a no-op build writes no state)."""
     from filelock import FileLock
 
+    from . import outputs
+
     row = json.loads(json.dumps({"key": key, "kind": entry.kind, "entry": str(entry.path), "material": material}))
     if read_state(recipe_name).get(stage) == row:
         return
@@ -677,7 +683,7 @@ def record(recipe_name: str, stage: str, key: str, material: dict, entry: Entry)
         names = plan(recipe_name)
         st = {k: v for k, v in read_state(recipe_name, fresh=True).items() if k in names}
         st[stage] = row
-        tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")  # a dead build's is removed with its temp links
-        tmp.write_text(json.dumps(st, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        tmp.replace(p)
+        # a temp file and one rename (a dead build's temp file is removed with its temp links); a
+        # full disk is one DiskFull line and leaves the file as it was
+        outputs.write_text(p, json.dumps(st, indent=2, sort_keys=True) + "\n", "NPUBUILD_BUILD")
         _STATES.pop(recipe_name, None)

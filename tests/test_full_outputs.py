@@ -1,0 +1,109 @@
+"""The folders npubuild writes outside the cache (build/, dist/, catalog/) on a real small file
+system (a tmpfs: the kernel's ENOSPC): a full disk is one DiskFull line naming the folder, and
+the previous contents stay whole, with no temp file left. Through the real doit CLI."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+from conftest import TINY_RECIPE
+from test_console import doit as console
+
+TRACEBACK = "Traceback (most recent call last)"
+
+
+@pytest.fixture
+def small_fs():
+    """mount(path, size): a tmpfs of ``size`` at ``path`` (needs root), unmounted afterwards."""
+    mounted = []
+
+    def mount(path, size: str):
+        path.mkdir(parents=True, exist_ok=True)
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True).returncode:
+            pytest.skip("mounting a tmpfs needs root")
+        mounted.append(path)
+
+    yield mount
+    for p in reversed(mounted):
+        subprocess.run(["umount", "-l", str(p)], capture_output=True)
+
+
+def _fill(folder, leave: int = 0):
+    """Fill the file system of ``folder`` up to ``leave`` bytes free; returns the filler."""
+    filler = folder / "filler"
+    free = shutil.disk_usage(folder).free - leave
+    with open(filler, "wb") as f:
+        try:
+            f.write(b"\0" * max(free, 0))
+            f.flush()
+        except OSError:
+            pass
+    return filler
+
+
+def _contents(folder) -> dict:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _one_line(run, prefix: str) -> str:
+    out = run.stdout + run.stderr
+    assert run.returncode != 0 and TRACEBACK not in out, out
+    lines = [ln for ln in out.splitlines() if "DiskFull" in ln]
+    assert len(lines) == 1 and lines[0].startswith(prefix), out
+    return lines[0]
+
+
+def test_a_full_build_folder_is_one_line_and_leaves_the_previous_build_whole(project, small_fs):
+    build = project.root / "build"
+    small_fs(build, "6m")  # another file system than the cache: files are copied, not linked
+    project.recipe("r")
+    project.doit("run", "build:r")
+    before = _contents(build / "r")
+    assert "model_ctx.onnx" in before and "artifacts.json" in before
+
+    # a changed verify: build:r links its artifacts anew, and the disk has room for stages.json only
+    project.recipe("r", TINY_RECIPE.format(precision="w8a16", targets="[x-elite]", backend="cpu-qdq")
+                   .replace("samples: 3", "samples: 2"))
+    filler = _fill(build, leave=256 << 10)
+    line = _one_line(console(project, "run", "build:r"), "build:r  DiskFull: ")
+    assert line.startswith(f"build:r  DiskFull: {build / 'r'}: no space left on its device while writing the "
+                           f"artifacts of r (0."), line
+    assert line.endswith(" MB free); its previous contents are whole; free space or set NPUBUILD_BUILD to a "
+                         "larger disk"), line
+    after = _contents(build / "r")
+    assert {k: v for k, v in after.items() if k != "stages.json"} == \
+        {k: v for k, v in before.items() if k != "stages.json"}
+    assert not [p for p in build.rglob("*.tmp")]
+
+    # the stage's record (build/r/stages.json) on a disk with no room at all
+    filler.unlink()
+    _fill(build)
+    project.recipe("r", TINY_RECIPE.format(precision="w8a16", targets="[x-elite]", backend="cpu-qdq")
+                   .replace("samples: 3", "samples: 1"))
+    state = (build / "r" / "stages.json").read_bytes()
+    line = _one_line(console(project, "run", "build:r"), "verify:r  DiskFull: ")
+    assert line.startswith(f"verify:r  DiskFull: {build / 'r'}: no space left on its device while writing "
+                           f"stages.json ("), line
+    assert (build / "r" / "stages.json").read_bytes() == state and not [p for p in build.rglob("*.tmp")]
+
+    (build / "filler").unlink()
+    project.doit("run", "build:r")
+    assert _contents(build / "r")["verify.json"] != before["verify.json"]
+
+
+def test_a_full_catalog_folder_is_one_line_and_leaves_the_previous_catalog_whole(project, small_fs):
+    catalog = project.root / "catalog"
+    small_fs(catalog, "1m")
+    project.recipe("r")
+    project.doit("run", "catalog")
+    before = _contents(catalog)
+    assert sorted(before) == ["README.md", "catalog.json", "index.html"]
+    project.recipe("r2")
+    _fill(catalog)
+    line = _one_line(console(project, "run", "catalog"), "catalog  DiskFull: ")
+    assert line.startswith(f"catalog  DiskFull: {catalog}: no space left on its device while writing the "
+                           f"catalog (0.0 MB free); its previous contents are whole"), line
+    assert {k: v for k, v in _contents(catalog).items() if k != "filler"} == before
