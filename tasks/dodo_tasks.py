@@ -35,9 +35,13 @@ def environment_problems() -> list[str]:
     """One line per setting of the environment npubuild cannot use, found before any task is
     made (issue 23: each was a 40-line traceback): a relative ``NPUBUILD_*`` folder, a relative
     ``NPUBUILD_ALLOW_PATHS`` entry, an ``NPUBUILD_REMOTE`` URL fsspec cannot open (unknown
-    scheme, backend not installed), a folder this user cannot write, an ``NPUBUILD_HOME`` disk
+    scheme, backend not installed), a cache, build or home folder this user cannot write
+    (:func:`tasks.outputs.unwritable`: read-only file system, mode, owner; dist/ and catalog/
+    are checked by the tasks that write them), an ``NPUBUILD_HOME`` disk
     with less than :data:`HOME_MIN_FREE` free, an ``NPUBUILD_LOCK_TIMEOUT`` or
     ``NPUBUILD_MEMORY_GB`` that is not a number in range. Reads nothing from the network."""
+    from . import outputs
+
     problems = []
     for where in (paths.root, paths.recipes_dir, paths.cache_dir, paths.build_dir, paths.state_dir,
                   paths.dist_dir, paths.catalog_dir, paths.allowed_dirs):
@@ -49,7 +53,7 @@ def environment_problems() -> list[str]:
     for name, where in (("NPUBUILD_CACHE", paths.cache_dir), ("NPUBUILD_BUILD", paths.build_dir),
                         ("NPUBUILD_HOME", paths.state_dir)):
         try:
-            if bad := _unwritable(name, where()):
+            if bad := outputs.unwritable(name, where()):
                 problems.append(bad)
         except ValueError:
             pass  # said above
@@ -71,26 +75,6 @@ def environment_problems() -> list[str]:
     if not problems and (bad := _home_problem()):
         problems.append(bad)
     return problems
-
-
-def _unwritable(name: str, folder: Path) -> str:
-    """"" when this user can create files in ``folder`` and in each folder directly under it
-    (a cache's kinds), or when it does not exist yet; else the message naming the folder, its
-    owner and mode (issue 23: a cache another user made under umask 022 failed every stage with
-    a PermissionError)."""
-    if not folder.is_dir():
-        return ""
-    try:
-        subs = [d for d in folder.iterdir() if d.is_dir() and not d.name.startswith(".")]
-    except OSError:
-        subs = []
-    for d in [folder, *subs]:
-        if not os.access(d, os.W_OK | os.X_OK):
-            st = d.stat()
-            return (f"{name} {folder}: {d} is not writable by this user (uid {getattr(os, 'getuid', lambda: '?')()}; it belongs to uid "
-                    f"{st.st_uid}, mode {st.st_mode & 0o777:04o}): use a folder of your own (set {name}) or ask its "
-                    f"owner to make it group-writable")
-    return ""
 
 
 #: the room NPUBUILD_HOME needs to start a run: doit's database and the stat cache write there,
@@ -724,9 +708,11 @@ def task_cluster():
 
 
 def _catalog_action():
-    from . import catalog
+    from . import catalog, outputs
     from .cache import DiskFull
 
+    if bad := outputs.unwritable("NPUBUILD_CATALOG", paths.catalog_dir()):
+        return _fail(bad)
     try:
         catalog.write_catalog()
     except DiskFull as e:
@@ -742,9 +728,11 @@ def _publish_action(recipe: str, dest: str, hub_repo: str, dry_run: bool, sign: 
                     cert_chain: str):
     from doit.exceptions import TaskFailed
 
-    from . import publish
+    from . import outputs, publish
     from .cache import DiskFull
 
+    if not dry_run and (bad := outputs.unwritable("NPUBUILD_DIST", paths.dist_dir())):
+        return TaskFailed(bad)
     try:
         publish.publish(recipe, dest=dest or None, hub_repo=hub_repo or None, dry_run=dry_run, sign=sign or None,
                         signing_cert=signing_cert or None, cert_chain=_paths_list(cert_chain))

@@ -107,3 +107,35 @@ def test_a_full_catalog_folder_is_one_line_and_leaves_the_previous_catalog_whole
     assert line.startswith(f"catalog  DiskFull: {catalog}: no space left on its device while writing the "
                            f"catalog (0.0 MB free); its previous contents are whole"), line
     assert {k: v for k, v in _contents(catalog).items() if k != "filler"} == before
+
+
+@pytest.mark.parametrize("name, sub", [("NPUBUILD_CACHE", "cache"), ("NPUBUILD_HOME", "home"),
+                                       ("NPUBUILD_BUILD", "not-yet/build")])
+def test_a_read_only_file_system_is_named_as_such(project, small_fs, name, sub):
+    """A folder npubuild writes on a read-only mount (as root: os.access fails there too): the
+    line says read-only file system and where it is mounted, not permissions or owner; a
+    folder not made yet is judged by the folder it would be made in."""
+    ro = project.root / "ro"
+    small_fs(ro, "1m")
+    (ro / "cache" / "download").mkdir(parents=True)
+    (ro / "home").mkdir()
+    subprocess.run(["mount", "-o", "remount,ro", str(ro)], check=True)
+    project.recipe("r")
+    env = dict(project.env, **{name: str(ro / sub)})
+    run = console(project, "run", "build:r", env=env)
+    where = str(ro / sub) if sub != "not-yet/build" else f"{ro} (where it would be made)"
+    assert run.returncode == 2 and run.stdout == "", run.stdout + run.stderr
+    assert run.stderr == (f"npubuild: {name} {ro / sub}: {where} is on a read-only file system (mounted at {ro}): "
+                          f"use a folder on a writable file system (set {name})\n")
+
+
+def test_dist_and_catalog_on_a_read_only_file_system_are_named_as_such(project, small_fs):
+    ro = project.root / "ro"
+    small_fs(ro, "1m")
+    subprocess.run(["mount", "-o", "remount,ro", str(ro)], check=True)
+    project.recipe("r")
+    env = dict(project.env, NPUBUILD_CATALOG=str(ro / "catalog"))
+    run = console(project, "run", "catalog", env=env)
+    assert run.returncode != 0 and TRACEBACK not in run.stdout + run.stderr
+    assert f"catalog  NPUBUILD_CATALOG {ro / 'catalog'}: {ro} (where it would be made) is on a read-only file " \
+           f"system (mounted at {ro})" in run.stdout + run.stderr
