@@ -392,11 +392,13 @@ class Cache:
         """The remote entry (kind, key) from its checked manifest alone, nothing downloaded
         (``origin="remote"``); None without a remote, when absent, or when its manifest is
         rejected or unreadable (reported on stderr)."""
-        if self.remote is None:
+        if self.remote is None or (kind, key) in self.remote.rejected:
             return None
         try:
             m = self.remote.peek(kind, key, self.key_of)
         except (Rejected, RemoteError) as e:
+            if isinstance(e, Rejected):
+                self.remote.rejected.add((kind, key))
             if not getattr(e, "repeated", False):
                 warn(str(e))
             return None
@@ -417,6 +419,8 @@ class Cache:
         return dest
 
     def _pull(self, kind: str, key: str) -> Entry | None:  # caller holds the key's lock
+        if (kind, key) in self.remote.rejected:  # said once, when it was rejected
+            return None
         tmp = self._tmp(kind, key)
         try:
             m = self.remote.pull(kind, key, tmp / "out", self.key_of)
@@ -427,6 +431,7 @@ class Cache:
             dest = self._commit(tmp, kind, key)
         except Rejected as e:
             _rmtree(tmp)
+            self.remote.rejected.add((kind, key))
             warn(f"{e}; rejected, building {kind}/{key} locally (remote {self.remote.display})")
             return None
         except RemoteError as e:

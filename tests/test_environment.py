@@ -28,6 +28,12 @@ TRACEBACK = "Traceback (most recent call last)"
     ("NPUBUILD_ALLOW_PATHS", "data", "npubuild: NPUBUILD_ALLOW_PATHS entry 'data' is not an absolute path"),
     ("NPUBUILD_REMOTE", "foo://x", "npubuild: NPUBUILD_REMOTE=foo://x: cannot open it with fsspec (ValueError: "
                                    "Protocol not known: foo"),
+    ("NPUBUILD_REMOTE", "relpath2", "npubuild: NPUBUILD_REMOTE='relpath2': expected an absolute path or "
+                                    "file:///absolute/path (doit changes into the dodo.py folder), found the relative "
+                                    "path 'relpath2'"),
+    ("NPUBUILD_REMOTE", "file://relative/path", "npubuild: NPUBUILD_REMOTE='file://relative/path': expected an "
+                                                "absolute path or file:///absolute/path (doit changes into the dodo.py "
+                                                "folder), found the relative path 'relative/path'"),
 ])
 def test_an_unusable_setting_is_one_line_before_anything_runs(project, name, value, want):
     project.recipe("r")
@@ -38,6 +44,7 @@ def test_an_unusable_setting_is_one_line_before_anything_runs(project, name, val
     assert p.returncode == 2 and TRACEBACK not in out, out
     assert out.splitlines() == [out.splitlines()[0]] and out.startswith(want), out
     assert not project.cache.exists() and not (project.root / "build").exists()
+    assert sorted(p.name for p in project.root.iterdir()) == ["data", "models", "recipes"]
 
 
 def _unshare_ok() -> bool:
