@@ -139,3 +139,21 @@ def test_dist_and_catalog_on_a_read_only_file_system_are_named_as_such(project, 
     assert run.returncode != 0 and TRACEBACK not in run.stdout + run.stderr
     assert f"catalog  NPUBUILD_CATALOG {ro / 'catalog'}: {ro} (where it would be made) is on a read-only file " \
            f"system (mounted at {ro})" in run.stdout + run.stderr
+
+
+def test_a_full_dist_folder_is_one_line_and_leaves_the_previous_bundle_whole(project, small_fs):
+    dist = project.root / "dist"
+    small_fs(dist, "6m")
+    project.recipe("r")
+    project.doit("run", "build:r", "publish:r")
+    before = _contents(dist)
+    assert "r/manifest.json" in before and [k for k in before if k.endswith(".tar.gz")]
+    project.recipe("r", TINY_RECIPE.format(precision="w8a16", targets="[x-elite]", backend="cpu-qdq")
+                   .replace("samples: 3", "samples: 2"))
+    project.doit("run", "build:r")
+    _fill(dist)
+    line = _one_line(console(project, "run", "publish:r"), "publish:r  DiskFull: ")
+    assert line.startswith(f"publish:r  DiskFull: {dist}: no space left on its device while writing the bundle "
+                           f"of r (0.0 MB free); its previous contents are whole"), line
+    assert {k: v for k, v in _contents(dist).items() if k != "filler"} == before
+    assert sorted(p.name for p in dist.iterdir()) == sorted({k.split("/")[0] for k in before} | {"filler"})
