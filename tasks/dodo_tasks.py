@@ -197,6 +197,43 @@ def _check_doit_db(path: Path) -> None:
 
 
 _check_doit_db(paths.state_dir() / "doit.sqlite3")
+
+
+def _doit_db_full_is_one_line() -> None:
+    """doit writes its database once, when the run ends (``SqliteDB.dump``, one transaction): on
+    a home whose disk filled meanwhile that was a traceback after the run's own lines. It is one
+    DiskFull line instead; the transaction is rolled back, so the database stays as it was
+    (doit re-checks this run's tasks next time: their results are in the cache)."""
+    import sqlite3
+
+    from doit.dependency import SqliteDB
+
+    from . import outputs
+
+    plain = SqliteDB.dump
+    if getattr(plain, "npubuild", False):
+        return
+
+    def dump(self):
+        try:
+            plain(self)
+        except sqlite3.OperationalError as e:
+            if (getattr(e, "sqlite_errorcode", 0) or 0) & 0xFF != 13 and "disk is full" not in str(e):  # SQLITE_FULL
+                raise
+            try:
+                self._conn.rollback()
+                self._conn.close()
+            except sqlite3.Error:
+                pass
+            self._dirty = set()
+            err = outputs.disk_full(paths.state_dir(), "doit's database doit.sqlite3", "NPUBUILD_HOME")
+            sys.stderr.write(f"npubuild: DiskFull: {err}\n")
+
+    dump.npubuild = True
+    SqliteDB.dump = dump
+
+
+_doit_db_full_is_one_line()
 DOIT_CONFIG = {
     "backend": "sqlite3",  # the only doit backend that supports concurrent access
     "dep_file": str(paths.state_dir() / "doit.sqlite3"),

@@ -4,7 +4,9 @@ the previous contents stay whole, with no temp file left. Through the real doit 
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
 
 import pytest
@@ -157,3 +159,29 @@ def test_a_full_dist_folder_is_one_line_and_leaves_the_previous_bundle_whole(pro
                            f"of r (0.0 MB free); its previous contents are whole"), line
     assert {k: v for k, v in _contents(dist).items() if k != "filler"} == before
     assert sorted(p.name for p in dist.iterdir()) == sorted({k.split("/")[0] for k in before} | {"filler"})
+
+
+def test_a_home_that_fills_during_a_run_is_one_line_and_keeps_doits_database(project, small_fs):
+    """The home's disk fills once the stages ran (after the start's free-space check): doit's
+    database, written when the run ends, is one DiskFull line and stays as it was."""
+    home = project.root / ".npubuild"
+    small_fs(home, "8m")
+    project.recipe("r")
+    project.doit("run", "download:r")
+    db = (home / "doit.sqlite3").read_bytes()
+    p = project.popen("run", "build:r")
+    out = []
+    for ln in p.stdout:
+        out.append(ln)
+        if ln.startswith("verify:r"):  # the last stage's line: doit writes its database after build:r
+            os.kill(p.pid, signal.SIGSTOP)  # paused while the disk fills
+            _fill(home)
+            os.kill(p.pid, signal.SIGCONT)
+            break
+    out.append(p.communicate(timeout=300)[0])
+    out = "".join(out)
+    assert TRACEBACK not in out, out
+    assert [ln for ln in out.splitlines() if "doit.sqlite3" in ln] == [
+        f"npubuild: DiskFull: {home}: no space left on its device while writing doit's database doit.sqlite3 "
+        f"(0.0 MB free); its previous contents are whole; free space or set NPUBUILD_HOME to a larger disk"], out
+    assert (home / "doit.sqlite3").read_bytes() == db
