@@ -569,9 +569,9 @@ def run_stage(recipe_name: str, stage: str) -> dict:
         if not stopped and (bad := _names_entry(e, upstream)):
             up = next(res.specs[n].task for r, n in spec.inputs.items() if upstream[r] is bad)
             first = " ".join(ln.strip() for ln in str(e).splitlines() if ln.strip())
-            err = UpstreamUnusable(f"{spec.task} cannot use upstream entry {bad.kind}/{bad.key} ({bad.path}), "
-                                   f"built by {up} [{type(e).__name__}: {first}]: drop it (`rm -rf {bad.path}`) "
-                                   f"and build again, {up} rebuilds it")
+            err = UpstreamUnusable(f"upstream entry {bad.kind}/{bad.key} ({bad.path}), built by {up}, cannot be "
+                                   f"used [{type(e).__name__}: {first}]: drop it (`rm -rf {bad.path}`) and build "
+                                   f"again; {up} rebuilds it")
             for note in getattr(e, "__notes__", ()):
                 err.add_note(note)
             raise err from None

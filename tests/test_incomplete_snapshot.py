@@ -101,9 +101,9 @@ def test_a_stage_failing_on_an_upstream_entry_names_it_and_how_to_drop_it(tmp_pa
     out = run.stdout + run.stderr
     assert run.returncode != 0 and "Traceback" not in out
     line = next(ln for ln in out.splitlines() if ln.startswith("export:r  UpstreamUnusable"))
-    assert line.startswith(f"export:r  UpstreamUnusable: export:r cannot use upstream entry download/{key} ({entry}), "
-                           f"built by download:r [OSError: ")
-    assert line.endswith(f"]: drop it (`rm -rf {entry}`) and build again, download:r rebuilds it")
+    assert line.startswith(f"export:r  UpstreamUnusable: upstream entry download/{key} ({entry}), built by "
+                           f"download:r, cannot be used [OSError: ")
+    assert line.endswith(f"]: drop it (`rm -rf {entry}`) and build again; download:r rebuilds it")
     shutil.rmtree(entry)
     assert p.doit("run", "build:r").ran() == ["compile:r", "download:r", "export:r", "prepatch:r", "quantize:r",
                                              "verify:r"]
