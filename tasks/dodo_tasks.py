@@ -523,7 +523,8 @@ def materialize(recipe: str, res: engine.Resolver | None = None) -> dict:
     listing, staged, cleanup = {}, [], list(made)
     # every file is written under a temp name first, and renamed into place only once all are:
     # a full disk (files are copied where hard links cannot be made) leaves the folder as it was
-    with outputs.full_disk_is(root, f"the artifacts of {recipe}", "NPUBUILD_BUILD", cleanup):
+    need = sum(a.path.stat().st_size for a in arts.values())  # where they are copies, not links
+    with outputs.full_disk_is(root, f"the artifacts of {recipe} as copies", "NPUBUILD_BUILD", cleanup, need):
         for rel, a in arts.items():
             dest = root / rel
             cleanup += [d for d in (dest.parent, *dest.parent.parents) if not d.exists() and root in d.parents][::-1]

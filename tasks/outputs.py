@@ -15,19 +15,21 @@ from pathlib import Path
 from .cache import DiskFull, _disk_full
 
 
-def disk_full(folder: Path, what: str, setting: str) -> DiskFull:
-    """The one-line error for a full disk under ``folder`` while writing ``what``; ``setting``
-    names the variable that moves the folder (``NPUBUILD_BUILD``, ...)."""
+def disk_full(folder: Path, what: str, setting: str, need: int | None = None) -> DiskFull:
+    """The one-line error for a full disk under ``folder`` while writing ``what`` (``need``
+    bytes, when known); ``setting`` names the variable that moves the folder
+    (``NPUBUILD_BUILD``, ...)."""
     try:
         free = f"{shutil.disk_usage(folder).free / 1e6:.1f} MB free"
     except OSError:
         free = "free space unknown"
-    return DiskFull(f"{folder}: no space left on its device while writing {what} ({free}); its previous contents "
-                    f"are whole; free space or set {setting} to a larger disk")
+    size = f"{need / 1e6:.1f} MB, " if need is not None else ""
+    return DiskFull(f"{folder}: no space left on its device while writing {what} ({size}{free}); its previous "
+                    f"contents are whole; free space or set {setting} to a larger disk")
 
 
 @contextmanager
-def full_disk_is(folder: Path, what: str, setting: str, cleanup=()):
+def full_disk_is(folder: Path, what: str, setting: str, cleanup=(), need: int | None = None):
     """Turn an ENOSPC / EDQUOT raised in the block into :func:`disk_full`'s DiskFull, after
     removing the paths of ``cleanup`` (a list the block may append to: its temp files and
     folders). Other errors also remove them, and propagate."""
@@ -44,7 +46,7 @@ def full_disk_is(folder: Path, what: str, setting: str, cleanup=()):
                 except OSError:
                     pass
         if _disk_full(e):
-            raise disk_full(folder, what, setting) from None
+            raise disk_full(folder, what, setting, need) from None
         raise
 
 

@@ -4,6 +4,7 @@ the previous contents stay whole, with no temp file left. Through the real doit 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -71,8 +72,9 @@ def test_a_full_build_folder_is_one_line_and_leaves_the_previous_build_whole(pro
                    .replace("samples: 3", "samples: 2"))
     filler = _fill(build, leave=256 << 10)
     line = _one_line(console(project, "run", "build:r"), "build:r  DiskFull: ")
+    need = sum((project.cache / src).stat().st_size for src in json.loads(before["artifacts.json"]).values())
     assert line.startswith(f"build:r  DiskFull: {build / 'r'}: no space left on its device while writing the "
-                           f"artifacts of r (0."), line
+                           f"artifacts of r as copies ({need / 1e6:.1f} MB, 0."), line
     assert line.endswith(" MB free); its previous contents are whole; free space or set NPUBUILD_BUILD to a "
                          "larger disk"), line
     after = _contents(build / "r")
