@@ -1,12 +1,17 @@
 """A download entry holds a complete model folder only: a local Hugging Face cache snapshot that
 lacks files (an interrupted download; huggingface_hub issue 3371) is one line naming them and
-no entry, so once the snapshot is completed the same build succeeds. A stage that fails
+no entry, so once the snapshot is completed the same build succeeds; online, a file whose bytes
+differ from the Hub's listing (size, sha256) is refused the same way. A stage that fails
 reading an upstream entry names that entry and how to drop it. Through the real doit CLI, on
-the tiny BERT (fake local Hub cache, HF_HUB_OFFLINE=1)."""
+the tiny BERT (fake local Hub cache; offline, or a local stand-in of the Hub's model API)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from conftest import TINY_RECIPE, Project
 from test_console import doit as console
@@ -107,3 +112,70 @@ def test_a_stage_failing_on_an_upstream_entry_names_it_and_how_to_drop_it(tmp_pa
     shutil.rmtree(entry)
     assert p.doit("run", "build:r").ran() == ["compile:r", "download:r", "export:r", "prepatch:r", "quantize:r",
                                              "verify:r"]
+
+
+class _HubListing(BaseHTTPRequestHandler):
+    """The Hub's model API as huggingface_hub reads it for a download: GET
+    /api/models/<repo>/revision/<rev> (``model_info``; with ``?blobs=true`` the files' sizes,
+    git blob ids and LFS sha256). ``server.files``: {name: bytes} as the Hub has them."""
+
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        path, _, query = self.path.partition("?")
+        self.server.calls.append(self.path)
+        if not path.startswith(f"/api/models/{REPO}/revision/"):
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        siblings = []
+        for name, data in sorted(self.server.files.items()):
+            row = {"rfilename": name}
+            if "blobs=true" in query.lower():
+                row.update(size=len(data), blobId=hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest())
+                if name.endswith(".safetensors"):
+                    row["lfs"] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
+            siblings.append(row)
+        body = json.dumps({"id": REPO, "modelId": REPO, "sha": COMMIT, "siblings": siblings, "private": False,
+                           "tags": [], "downloads": 0, "likes": 0}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def test_online_a_snapshot_file_that_differs_from_the_hubs_listing_is_one_line_and_no_entry(tmp_path, tiny_bert):
+    """Online, huggingface_hub takes a file of a commit that is in its cache as it is (no
+    request): a blob damaged in place (same size) is caught against the Hub's sha256."""
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _HubListing)
+    srv.files, srv.calls = {f.name: f.read_bytes() for f in tiny_bert.iterdir()}, []
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        p = Project(tmp_path / "proj", tiny_bert)
+        hub, snap = _snapshot(tmp_path, tiny_bert, set())
+        blob = (snap / "model.safetensors").resolve()
+        data = bytearray(blob.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        blob.write_bytes(bytes(data))
+        p.env.update(HF_HUB_CACHE=str(hub), HF_HUB_OFFLINE="0", HF_ENDPOINT=f"http://127.0.0.1:{srv.server_port}",
+                     NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost", HF_HUB_DISABLE_TELEMETRY="1")
+        p.recipe("r", HF_RECIPE)
+        run = console(p, "run", "download:r")
+        out = run.stdout + run.stderr
+        assert run.returncode != 0 and "Traceback" not in out, out
+        assert p.entries("download") == []
+        want = hashlib.sha256(srv.files["model.safetensors"]).hexdigest()
+        assert [ln for ln in out.splitlines() if ln.startswith("download:r  SourceError")] == [
+            f"download:r  SourceError: Hub model '{REPO}' at commit {COMMIT}: the snapshot {snap} differs from the "
+            f"Hub's file listing in 1 file: model.safetensors (sha256 {hashlib.sha256(data).hexdigest()}, the Hub "
+            f"lists {want}); nothing was cached: download it again (`hf download {REPO} --revision {COMMIT} "
+            f"--force-download`) and build again"], out
+        assert any("blobs=" in c for c in srv.calls), srv.calls
+        blob.write_bytes(srv.files["model.safetensors"])  # repaired: the same build succeeds
+        assert console(p, "run", "download:r").returncode == 0 and len(p.entries("download")) == 1
+    finally:
+        srv.shutdown()
+        srv.server_close()

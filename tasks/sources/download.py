@@ -342,9 +342,12 @@ def incomplete(folder: Path, params: dict, commit: str) -> list[str]:
 
 
 def _incomplete_message(repo: str, commit: str, folder: Path, bad: list[str]) -> str:
-    where = ("the local Hugging Face cache's snapshot" if _offline() else "the snapshot") + f" {folder}"
-    fix = (f"fetch {'it' if len(bad) == 1 else 'them'} with the Hub reachable (`hf download {repo} --revision {commit}`) and build again"
-           if _offline() else "build again (huggingface_hub fetches what is missing or differs; "
-                              f"`hf download {repo} --revision {commit} --force-download` replaces damaged files)")
-    return scrub(f"Hub model {repo!r} at commit {commit}: {where} is incomplete, missing {len(bad)} "
-                 f"file{'s' if len(bad) > 1 else ''}: {'; '.join(bad)}; nothing was cached: {fix}")
+    n = f"{len(bad)} file{'s' if len(bad) > 1 else ''}"
+    it = "it" if len(bad) == 1 else "them"
+    if _offline():
+        return scrub(f"Hub model {repo!r} at commit {commit}: the local Hugging Face cache's snapshot {folder} is "
+                     f"incomplete, missing {n}: {'; '.join(bad)}; nothing was cached: fetch {it} with the Hub "
+                     f"reachable (`hf download {repo} --revision {commit}`) and build again")
+    return scrub(f"Hub model {repo!r} at commit {commit}: the snapshot {folder} differs from the Hub's file listing "
+                 f"in {n}: {'; '.join(bad)}; nothing was cached: download {it} again (`hf download {repo} "
+                 f"--revision {commit} --force-download`) and build again")
