@@ -613,6 +613,7 @@ def checking_resolver(recipe_name: str) -> "Resolver":
     k = (id(_load()), recipe_name)
     if k not in _CHECKING:
         _CHECKING[k] = Resolver(recipe_name)
+        _CHECKING[k].cache.defer_rejections = True  # the stage that then runs says it (tasks/cache.py)
     return _CHECKING[k]
 
 

@@ -142,9 +142,10 @@ class Remote:
         # the first read / write error of this process, after which reads / writes fail fast
         # (an unreachable server costs its retries once; read-only credentials still pull)
         self.down: dict[str, str] = {}
-        # (kind, key) of the entries rejected in this process: not downloaded or reported again
-        # (a doit command asks for an entry in its up-to-date check and again in the stage)
-        self.rejected: set[tuple[str, str]] = set()
+        # (kind, key) of the entries rejected in this process -> the message, until it is said
+        # (then None): not downloaded or said again (a doit command asks for an entry in its
+        # up-to-date check and again in the stage: tasks/cache.py says it once)
+        self.rejected: dict[tuple[str, str], str | None] = {}
 
     def _unavailable(self, what: str, e: BaseException, op: str = "read") -> RemoteError:
         self.down[op] = f"{self.display}: {what}: {type(e).__name__}: {e}"
