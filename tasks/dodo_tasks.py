@@ -340,7 +340,10 @@ def _console_reporter():
     """doit's console reporter, made to print one line per stage (issue 13): a stage task that
     runs prints its own line when done (``engine.run_stage``: key, built / FAILED, seconds), so
     doit's ".  <task>" line is dropped for it and for ``build:<recipe>`` (which prints its own);
-    an up-to-date stage gets the same line as a cache hit instead of "-- <task>"."""
+    an up-to-date stage gets the same line as a cache hit instead of "-- <task>". A task that
+    fails with a message of ours (TaskFailed: a stage's error, a full disk under build/, dist/
+    or catalog/, publish's refusals) is one ``<task>  <message>`` line, without doit's
+    "TaskFailed - taskid:" line; an exception doit caught keeps its traceback."""
     from doit.reporter import ConsoleReporter
 
     class Reporter(ConsoleReporter):
