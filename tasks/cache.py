@@ -278,6 +278,10 @@ class Cache:
         self.remote = remote
         self.key_of = key_of
         self.on_quarantine = on_quarantine  # (kind, key) -> what was marked (for the message)
+        # a remote entry this cache rejects is said by the next cache that looks it up and does
+        # not defer: doit's up-to-date checks defer, so the stage that then builds it says it (in
+        # its own output, which doit's JSON reporter keeps; the checks' output it does not)
+        self.defer_rejections = False
 
     def entry_path(self, kind: str, key: str) -> Path:
         return self.root / kind / key
@@ -394,10 +398,16 @@ class Cache:
         rejected or unreadable (reported on stderr)."""
         if self.remote is None:
             return None
+        if (kind, key) in self.remote.rejected:
+            self._say_rejected(kind, key)
+            return None
         try:
             m = self.remote.peek(kind, key, self.key_of)
         except (Rejected, RemoteError) as e:
-            if not getattr(e, "repeated", False):
+            if isinstance(e, Rejected):
+                self.remote.rejected[(kind, key)] = str(e)
+                self._say_rejected(kind, key)
+            elif not e.repeated:
                 warn(str(e))
             return None
         return Entry(kind, key, self.entry_path(kind, key), m, "remote") if m else None
@@ -416,7 +426,18 @@ class Cache:
         os.replace(tmp, dest)
         return dest
 
+    def _say_rejected(self, kind: str, key: str) -> None:
+        """Say, once per process, why the remote entry (kind, key) was rejected; not while
+        :attr:`defer_rejections` (the next lookup by a cache that does not defer says it)."""
+        msg = self.remote.rejected.get((kind, key))
+        if msg is not None and not self.defer_rejections:
+            self.remote.rejected[(kind, key)] = None
+            warn(f"{msg}; rejected, building {kind}/{key} locally (remote {self.remote.display})")
+
     def _pull(self, kind: str, key: str) -> Entry | None:  # caller holds the key's lock
+        if (kind, key) in self.remote.rejected:  # not downloaded again; said once
+            self._say_rejected(kind, key)
+            return None
         tmp = self._tmp(kind, key)
         try:
             m = self.remote.pull(kind, key, tmp / "out", self.key_of)
@@ -427,7 +448,8 @@ class Cache:
             dest = self._commit(tmp, kind, key)
         except Rejected as e:
             _rmtree(tmp)
-            warn(f"{e}; rejected, building {kind}/{key} locally (remote {self.remote.display})")
+            self.remote.rejected[(kind, key)] = str(e)
+            self._say_rejected(kind, key)
             return None
         except RemoteError as e:
             _rmtree(tmp)

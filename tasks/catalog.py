@@ -88,6 +88,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -568,18 +569,26 @@ def terminal_table(rows: list[dict]) -> str:
 
 def write_catalog(out_dir: Path | None = None) -> dict[str, Path]:
     """Write catalog.json, README.md and index.html into ``out_dir`` (default
-    :func:`tasks.paths.catalog_dir`). Returns {file name: path}. Each file is written to a
-    temp name and renamed, so a reader never sees half a file."""
+    :func:`tasks.paths.catalog_dir`). Returns {file name: path}. The files are written under
+    temp names and renamed once all three are, so a reader never sees half a file, and a full
+    disk is one DiskFull error that leaves the previous files whole."""
+    from . import outputs
+
     out_dir = Path(out_dir or paths.catalog_dir())
-    out_dir.mkdir(parents=True, exist_ok=True)
+    with outputs.full_disk_is(out_dir.parent, f"{out_dir.name}/", "NPUBUILD_CATALOG"):
+        out_dir.mkdir(parents=True, exist_ok=True)
     rows = catalog_rows()
     docs = {"catalog.json": json.dumps({"schema_version": SCHEMA_VERSION, "recipes": rows}, indent=2,
                                        sort_keys=True) + "\n",
             "README.md": render_markdown(rows), "index.html": render_html(rows)}
-    written = {}
-    for fname, text in docs.items():
-        tmp = out_dir / f".{fname}.tmp"
-        tmp.write_text(text, encoding="utf-8")
+    written, tmps = {}, []
+    # all three under temp names first, renamed only once all are written: a full disk leaves
+    # the previous three as they were (one DiskFull line)
+    with outputs.full_disk_is(out_dir, "the catalog", "NPUBUILD_CATALOG", tmps):
+        for fname, text in docs.items():
+            tmps.append(out_dir / f".{fname}.{os.getpid()}.tmp")
+            tmps[-1].write_text(text, encoding="utf-8")
+    for tmp, fname in zip(tmps, docs):
         tmp.replace(out_dir / fname)
         written[fname] = out_dir / fname
     print(terminal_table(rows))

@@ -35,9 +35,13 @@ def environment_problems() -> list[str]:
     """One line per setting of the environment npubuild cannot use, found before any task is
     made (issue 23: each was a 40-line traceback): a relative ``NPUBUILD_*`` folder, a relative
     ``NPUBUILD_ALLOW_PATHS`` entry, an ``NPUBUILD_REMOTE`` URL fsspec cannot open (unknown
-    scheme, backend not installed), a folder this user cannot write, an ``NPUBUILD_HOME`` disk
+    scheme, backend not installed), a cache, build or home folder this user cannot write
+    (:func:`tasks.outputs.unwritable`: read-only file system, mode, owner; dist/ and catalog/
+    are checked by the tasks that write them), an ``NPUBUILD_HOME`` disk
     with less than :data:`HOME_MIN_FREE` free, an ``NPUBUILD_LOCK_TIMEOUT`` or
     ``NPUBUILD_MEMORY_GB`` that is not a number in range. Reads nothing from the network."""
+    from . import outputs
+
     problems = []
     for where in (paths.root, paths.recipes_dir, paths.cache_dir, paths.build_dir, paths.state_dir,
                   paths.dist_dir, paths.catalog_dir, paths.allowed_dirs):
@@ -49,7 +53,7 @@ def environment_problems() -> list[str]:
     for name, where in (("NPUBUILD_CACHE", paths.cache_dir), ("NPUBUILD_BUILD", paths.build_dir),
                         ("NPUBUILD_HOME", paths.state_dir)):
         try:
-            if bad := _unwritable(name, where()):
+            if bad := outputs.unwritable(name, where()):
                 problems.append(bad)
         except ValueError:
             pass  # said above
@@ -71,26 +75,6 @@ def environment_problems() -> list[str]:
     if not problems and (bad := _home_problem()):
         problems.append(bad)
     return problems
-
-
-def _unwritable(name: str, folder: Path) -> str:
-    """"" when this user can create files in ``folder`` and in each folder directly under it
-    (a cache's kinds), or when it does not exist yet; else the message naming the folder, its
-    owner and mode (issue 23: a cache another user made under umask 022 failed every stage with
-    a PermissionError)."""
-    if not folder.is_dir():
-        return ""
-    try:
-        subs = [d for d in folder.iterdir() if d.is_dir() and not d.name.startswith(".")]
-    except OSError:
-        subs = []
-    for d in [folder, *subs]:
-        if not os.access(d, os.W_OK | os.X_OK):
-            st = d.stat()
-            return (f"{name} {folder}: {d} is not writable by this user (uid {getattr(os, 'getuid', lambda: '?')()}; it belongs to uid "
-                    f"{st.st_uid}, mode {st.st_mode & 0o777:04o}): use a folder of your own (set {name}) or ask its "
-                    f"owner to make it group-writable")
-    return ""
 
 
 #: the room NPUBUILD_HOME needs to start a run: doit's database and the stat cache write there,
@@ -213,6 +197,43 @@ def _check_doit_db(path: Path) -> None:
 
 
 _check_doit_db(paths.state_dir() / "doit.sqlite3")
+
+
+def _doit_db_full_is_one_line() -> None:
+    """doit writes its database once, when the run ends (``SqliteDB.dump``, one transaction): on
+    a home whose disk filled meanwhile that was a traceback after the run's own lines. It is one
+    DiskFull line instead; the transaction is rolled back, so the database stays as it was
+    (doit re-checks this run's tasks next time: their results are in the cache)."""
+    import sqlite3
+
+    from doit.dependency import SqliteDB
+
+    from . import outputs
+
+    plain = SqliteDB.dump
+    if getattr(plain, "npubuild", False):
+        return
+
+    def dump(self):
+        try:
+            plain(self)
+        except sqlite3.OperationalError as e:
+            if (getattr(e, "sqlite_errorcode", 0) or 0) & 0xFF != 13 and "disk is full" not in str(e):  # SQLITE_FULL
+                raise
+            try:
+                self._conn.rollback()
+                self._conn.close()
+            except sqlite3.Error:
+                pass
+            self._dirty = set()
+            err = outputs.disk_full(paths.state_dir(), "doit's database doit.sqlite3", "NPUBUILD_HOME")
+            sys.stderr.write(f"npubuild: DiskFull: {err}\n")
+
+    dump.npubuild = True
+    SqliteDB.dump = dump
+
+
+_doit_db_full_is_one_line()
 DOIT_CONFIG = {
     "backend": "sqlite3",  # the only doit backend that supports concurrent access
     "dep_file": str(paths.state_dir() / "doit.sqlite3"),
@@ -310,8 +331,9 @@ def _expected_errors() -> tuple:
     from .llm.memory import NotEnoughMemory
     from .recipe import RecipeError
 
-    return (engine.StageFailed, SourceError, NotOnNPU, GraphError, RecipeError, FileNotFoundError, ValueError,
-            DiskFull, LockTimeout, InputChanged, StoreUnwritable, NotEnoughMemory, Mismatch, ReadError)
+    return (engine.StageFailed, engine.UpstreamUnusable, SourceError, NotOnNPU, GraphError, RecipeError,
+            FileNotFoundError, ValueError, DiskFull, LockTimeout, InputChanged, StoreUnwritable, NotEnoughMemory,
+            Mismatch, ReadError)
 
 
 def _stage_action(recipe: str, stage: str):
@@ -331,7 +353,10 @@ def _console_reporter():
     """doit's console reporter, made to print one line per stage (issue 13): a stage task that
     runs prints its own line when done (``engine.run_stage``: key, built / FAILED, seconds), so
     doit's ".  <task>" line is dropped for it and for ``build:<recipe>`` (which prints its own);
-    an up-to-date stage gets the same line as a cache hit instead of "-- <task>"."""
+    an up-to-date stage gets the same line as a cache hit instead of "-- <task>". A task that
+    fails with a message of ours (TaskFailed: a stage's error, a full disk under build/, dist/
+    or catalog/, publish's refusals) is one ``<task>  <message>`` line, without doit's
+    "TaskFailed - taskid:" line; an exception doit caught keeps its traceback."""
     from doit.reporter import ConsoleReporter
 
     class Reporter(ConsoleReporter):
@@ -351,7 +376,7 @@ def _console_reporter():
                 super().execute_task(task)
 
         def _write_failure(self, result, write_exception=True):
-            from doit.exceptions import UnmetDependency
+            from doit.exceptions import TaskFailed, UnmetDependency
 
             fail, name = result["exception"], result["task"].name
             causes = self._causes
@@ -366,7 +391,7 @@ def _console_reporter():
                 if recipe and all(self._recipe_of(r) == recipe for r in roots):
                     return  # the recipe's own failure was its one line (issue 23: ~15 lines a recipe)
                 self.write(f"{name}  not run: {' '.join(roots)} failed\n")
-            elif name in _STAGE_TASKS and hasattr(fail, "get_msg"):
+            elif name in _STAGE_TASKS and hasattr(fail, "get_msg") or type(fail) is TaskFailed:
                 causes[name] = (name,)
                 self.write(f"{name}  {fail.get_msg().strip()}\n")  # without doit's "TaskFailed - taskid" line
             else:
@@ -420,19 +445,23 @@ def task_stages():
 # ------------------------------------------------------------ build/<recipe>/
 
 
-def _link(src: Path, dest: Path) -> None:
-    """Hard-link ``src`` to ``dest`` (no copy, no symlink: works on NTFS too), else copy it
-    with its mtime. The cache files are read-only, so the link cannot be edited by mistake.
-    A process killed between the link and the rename leaves the temp link: see
-    :func:`_remove_dead_links`."""
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")  # then one atomic rename: safe
-    tmp.unlink(missing_ok=True)                             # against a concurrent materialize
+def _temp_name(dest: Path) -> Path:
+    return dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+
+
+def _stage_link(src: Path, dest: Path) -> Path:
+    """Hard-link ``src`` beside ``dest`` under a temp name (no copy, no symlink: works on NTFS
+    too), else copy it there with its mtime; returns the temp path, which the caller renames
+    onto ``dest`` (one atomic rename: safe against a concurrent materialize). The cache files
+    are read-only, so the link cannot be edited by mistake. A process killed before the
+    rename leaves the temp link: see :func:`_remove_dead_links`."""
+    tmp = _temp_name(dest)
+    tmp.unlink(missing_ok=True)
     try:
         os.link(src, tmp)
     except OSError:
         shutil.copy2(src, tmp)
-    os.replace(tmp, dest)
-    tmp.unlink(missing_ok=True)  # rename() between two links of one file leaves the source
+    return tmp
 
 
 def _same(a: Path, b: Path) -> bool:
@@ -494,26 +523,41 @@ def materialize(recipe: str, res: engine.Resolver | None = None) -> dict:
     ``part2/`` left beside a 2-part rebuild); files npubuild did not put there are left."""
     from .buildstate import artifacts, build_state
 
+    from . import outputs
+
     res = res or engine.Resolver(recipe)
     arts = artifacts(build_state(res))
     root = paths.build_dir() / recipe
-    root.mkdir(parents=True, exist_ok=True)
+    made = [d for d in (root, *root.parents) if not d.exists()][::-1]  # removed again if nothing lands
+    with outputs.full_disk_is(paths.build_dir(), f"build/{recipe}/", "NPUBUILD_BUILD", made):
+        root.mkdir(parents=True, exist_ok=True)
     _remove_dead_links(root)
     try:
         before = set(json.loads((root / "artifacts.json").read_text(encoding="utf-8")))
     except (OSError, ValueError):
         before = set()
-    listing = {}
-    for rel, a in arts.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        _link(a.path, root / rel)
-        listing[rel] = f"{a.kind}/{a.key}/out/{a.rel}"
+    listing, staged, cleanup = {}, [], list(made)
+    # every file is written under a temp name first, and renamed into place only once all are:
+    # a full disk (files are copied where hard links cannot be made) leaves the folder as it was
+    need = sum(a.path.stat().st_size for a in arts.values())  # where they are copies, not links
+    with outputs.full_disk_is(root, f"the artifacts of {recipe} as copies", "NPUBUILD_BUILD", cleanup, need):
+        for rel, a in arts.items():
+            dest = root / rel
+            cleanup += [d for d in (dest.parent, *dest.parent.parents) if not d.exists() and root in d.parents][::-1]
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            cleanup.append(_temp_name(dest))
+            staged.append((_stage_link(a.path, dest), dest))
+            listing[rel] = f"{a.kind}/{a.key}/out/{a.rel}"
+        tmp = root / f".artifacts.json.{os.getpid()}.tmp"  # a dead one is removed (_remove_dead_links)
+        cleanup.append(tmp)
+        tmp.write_text(json.dumps(listing, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    for staged_tmp, dest in staged:
+        os.replace(staged_tmp, dest)
+        staged_tmp.unlink(missing_ok=True)  # rename() between two links of one file leaves the source
     # the old files go while the old listing still names them, then the new listing in one
     # rename: a build killed in between leaves a listing that names every file it left (a
     # tester killed it after the write: a removed part's binaries stayed for good)
     _remove_old_artifacts(root, before - set(listing))
-    tmp = root / f".artifacts.json.{os.getpid()}.tmp"  # a dead one is removed (_remove_dead_links)
-    tmp.write_text(json.dumps(listing, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     os.replace(tmp, root / "artifacts.json")
     try:
         shown = root.relative_to(Path.cwd())  # doit runs in the project folder: build/<recipe>
@@ -521,6 +565,15 @@ def materialize(recipe: str, res: engine.Resolver | None = None) -> dict:
         shown = root
     print(f"{'build:' + recipe:<{engine.task_width(recipe)}}  {len(listing)} artifacts in {shown}")
     return {"artifacts": len(listing)}
+
+
+def _materialize_action(recipe: str):
+    """:func:`materialize` as ``build:<recipe>``'s action: an error that explains itself (a full
+    build disk: DiskFull) is its one line, as a stage's is."""
+    try:
+        return materialize(recipe)
+    except _expected_errors() as e:
+        return _fail(f"{type(e).__name__}: {e}")
 
 
 def _print_explain(recipe: str) -> None:
@@ -562,7 +615,7 @@ def task_build():
         yield {
             "name": name,
             "doc": f"build {name} (all stages) into build/{name}/",
-            "actions": [(materialize, [name])],
+            "actions": [(_materialize_action, [name])],
             "task_dep": [s.task for s in specs.values()],
             "uptodate": [_build_uptodate(name)],
             "verbosity": 2,
@@ -709,9 +762,15 @@ def task_cluster():
 
 
 def _catalog_action():
-    from . import catalog
+    from . import catalog, outputs
+    from .cache import DiskFull
 
-    catalog.write_catalog()
+    if bad := outputs.unwritable("NPUBUILD_CATALOG", paths.catalog_dir()):
+        return _fail(bad)
+    try:
+        catalog.write_catalog()
+    except DiskFull as e:
+        return _fail(f"DiskFull: {e}")
 
 
 def task_catalog():
@@ -723,13 +782,18 @@ def _publish_action(recipe: str, dest: str, hub_repo: str, dry_run: bool, sign: 
                     cert_chain: str):
     from doit.exceptions import TaskFailed
 
-    from . import publish
+    from . import outputs, publish
+    from .cache import DiskFull
 
+    if not dry_run and (bad := outputs.unwritable("NPUBUILD_DIST", paths.dist_dir())):
+        return TaskFailed(bad)
     try:
         publish.publish(recipe, dest=dest or None, hub_repo=hub_repo or None, dry_run=dry_run, sign=sign or None,
                         signing_cert=signing_cert or None, cert_chain=_paths_list(cert_chain))
     except publish.PublishError as e:
         return TaskFailed(str(e))
+    except DiskFull as e:
+        return TaskFailed(f"DiskFull: {e}")
 
 
 def task_publish():

@@ -39,6 +39,34 @@ class NotReady(Exception):
     """An upstream stage has no cache entry yet, so this stage's key cannot be computed."""
 
 
+class UpstreamUnusable(Exception):
+    """A stage failed reading the files of an upstream cache entry (the error names a path in
+    it): the message names the entry and how to drop it, so the next build rebuilds it."""
+
+
+def _names_entry(err: BaseException, upstream: dict[str, Entry]) -> Entry | None:
+    """The entry of ``upstream`` whose folder ``err``, or an error it was raised from, names
+    (its message or its ``filename``), when ``err`` is not one of ours (``tasks.*``: those
+    say what is wrong themselves) and not an interrupt, a full disk or a ``ValueError`` other
+    than an OSError (a recipe's value the entry does not fit: rebuilding it would not help)."""
+    from .cache import _disk_full
+
+    if isinstance(err, KeyboardInterrupt) or _disk_full(err) or type(err).__module__.startswith("tasks."):
+        return None
+    if isinstance(err, ValueError) and not isinstance(err, OSError):
+        return None
+    seen, texts = set(), []
+    e = err
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        texts += [str(e), str(getattr(e, "filename", "") or "")]
+        e = e.__cause__ or e.__context__
+    for entry in upstream.values():
+        if any(str(entry.path) + os.sep in t or t.endswith(str(entry.path)) for t in texts):
+            return entry
+    return None
+
+
 def remote_key(manifest: dict) -> str:
     """The stage key recomputed from a manifest's ``material`` (what a remote entry is checked
     against before it is used). Raises KeyError when the manifest has no key material."""
@@ -484,9 +512,13 @@ def build_spec(spec: StageSpec, upstream: dict[str, Entry], cache: Cache,
                 return info
         except BaseException as e:
             if kept_log is not None and log.exists():
-                kept_log.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(log, kept_log)
-                e.add_note(f"log: {kept_log}")
+                try:
+                    kept_log.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(log, kept_log)
+                    e.add_note(f"log: {kept_log}")
+                except OSError as copy_error:  # a full or read-only home: the stage's own error stays the news
+                    kept_log.unlink(missing_ok=True)
+                    e.add_note(f"log: not kept at {kept_log} ({os.strerror(copy_error.errno or 0)})")
             raise
         finally:
             if tracing:
@@ -534,6 +566,15 @@ def run_stage(recipe_name: str, stage: str) -> dict:
             for note in getattr(e, "__notes__", ()):  # the kept log's path (build_spec)
                 ki.add_note(note)
             raise ki from e
+        if not stopped and (bad := _names_entry(e, upstream)):
+            up = next(res.specs[n].task for r, n in spec.inputs.items() if upstream[r] is bad)
+            first = " ".join(ln.strip() for ln in str(e).splitlines() if ln.strip())
+            err = UpstreamUnusable(f"upstream entry {bad.kind}/{bad.key} ({bad.path}), built by {up}, cannot be "
+                                   f"used [{type(e).__name__}: {first}]: drop it (`rm -rf {bad.path}`) and build "
+                                   f"again; {up} rebuilds it")
+            for note in getattr(e, "__notes__", ()):
+                err.add_note(note)
+            raise err from None
         raise
     kept.unlink(missing_ok=True)
     record(recipe_name, stage, key, material, entry)
@@ -572,6 +613,7 @@ def checking_resolver(recipe_name: str) -> "Resolver":
     k = (id(_load()), recipe_name)
     if k not in _CHECKING:
         _CHECKING[k] = Resolver(recipe_name)
+        _CHECKING[k].cache.defer_rejections = True  # the stage that then runs says it (tasks/cache.py)
     return _CHECKING[k]
 
 
@@ -627,6 +669,8 @@ def record(recipe_name: str, stage: str, key: str, material: dict, entry: Entry)
     Writes nothing when ``stages.json`` already says so (a no-op build writes no state)."""
     from filelock import FileLock
 
+    from . import outputs
+
     row = json.loads(json.dumps({"key": key, "kind": entry.kind, "entry": str(entry.path), "material": material}))
     if read_state(recipe_name).get(stage) == row:
         return
@@ -640,7 +684,7 @@ def record(recipe_name: str, stage: str, key: str, material: dict, entry: Entry)
         names = plan(recipe_name)
         st = {k: v for k, v in read_state(recipe_name, fresh=True).items() if k in names}
         st[stage] = row
-        tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")  # a dead build's is removed with its temp links
-        tmp.write_text(json.dumps(st, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        tmp.replace(p)
+        # a temp file and one rename (a dead build's temp file is removed with its temp links); a
+        # full disk is one DiskFull line and leaves the file as it was
+        outputs.write_text(p, json.dumps(st, indent=2, sort_keys=True) + "\n", "NPUBUILD_BUILD")
         _STATES.pop(recipe_name, None)

@@ -337,36 +337,41 @@ def plan_bundle(recipe: str) -> dict:
 # ------------------------------------------------------------ writing
 
 
-def write_bundle(plan: dict) -> Path:
-    """Write ``plan["files"]`` into ``plan["folder"]`` (replacing what was there). Returns
-    the folder. Files are copied (not linked), so the cache's read-only bits do not follow."""
-    folder = plan["folder"]
-    tmp = folder.with_name(f".{folder.name}.tmp")
-    for d in (tmp,):
-        if d.exists():
-            shutil.rmtree(d)
+def write_bundle(plan: dict, into: Path) -> Path:
+    """Write ``plan["files"]`` into the new folder ``into`` (what was there is removed first).
+    Returns it. Files are copied (not linked), so the cache's read-only bits do not follow."""
+    if into.exists():
+        shutil.rmtree(into)
     for rel, src in plan["files"].items():
-        dest = tmp / rel
+        dest = into / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
         if isinstance(src, Path):
             shutil.copyfile(src, dest)
         else:
             dest.write_bytes(src)
-    if folder.exists():
-        shutil.rmtree(folder)
-    tmp.replace(folder)
-    return folder
+    return into
 
 
 def write_archive(folder: Path, dest: Path, prefix: str, mtime: int) -> Path:
     """Deterministic ``.tar.gz`` of every file under ``folder``, as ``<prefix>/<rel>``:
     directory and file entries sorted by name, mtime ``mtime`` (seconds), uid/gid 0, empty
     uname/gname, mode 0755/0644, GNU format, gzip level 9 with header mtime 0 and no name.
-    Written to a temp file and renamed. Returns ``dest``."""
+    Written to a temp file and renamed (the temp file is removed if writing fails). Returns
+    ``dest``."""
     rels = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
     dirs = sorted({"/".join(r.split("/")[:i]) for r in rels for i in range(1, r.count("/") + 1)})
     entries = sorted([(d, True) for d in ["", *dirs]] + [(r, False) for r in rels])
     tmp = dest.with_name(f".{dest.name}.tmp")
+    try:
+        _write_tar(folder, tmp, prefix, mtime, entries)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    tmp.replace(dest)
+    return dest
+
+
+def _write_tar(folder: Path, tmp: Path, prefix: str, mtime: int, entries: list) -> None:
     with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as gz, \
             tarfile.open(fileobj=gz, mode="w", format=tarfile.GNU_FORMAT) as tar:
         for rel, is_dir in entries:
@@ -380,8 +385,6 @@ def write_archive(folder: Path, dest: Path, prefix: str, mtime: int) -> Path:
                 ti.type, ti.mode, ti.size = tarfile.REGTYPE, 0o644, p.stat().st_size
                 with open(p, "rb") as f:
                     tar.addfile(ti, f)
-    tmp.replace(dest)
-    return dest
 
 
 def _print_ops(plan: dict, dest, hub_repo) -> None:
@@ -454,9 +457,20 @@ def publish(recipe: str, dest: str | Path | None = None, hub_repo: str | None = 
         if sign:
             print(f"[dry-run] would sign {plan['folder']}/ with {sign} into {SIGNATURE} and {plan['archive'].name}.sig")
         return {"folder": plan["folder"], "archive": plan["archive"], "short": plan["short"], "dry_run": True}
-    plan["folder"].parent.mkdir(parents=True, exist_ok=True)
-    write_bundle(plan)
-    write_archive(plan["folder"], plan["archive"], recipe, plan["mtime"])
+    from . import outputs
+
+    # the folder and the archive are written under temp names, then renamed into place together:
+    # a full disk is one DiskFull line and leaves the previous bundle and archive whole
+    folder, dist = plan["folder"], plan["folder"].parent
+    tmp_folder, tmp_archive = folder.with_name(f".{folder.name}.tmp"), dist / f".{plan['archive'].name}.new"
+    with outputs.full_disk_is(dist, f"the bundle of {recipe}", "NPUBUILD_DIST", [tmp_folder, tmp_archive]):
+        dist.mkdir(parents=True, exist_ok=True)
+        write_bundle(plan, tmp_folder)
+        write_archive(tmp_folder, tmp_archive, recipe, plan["mtime"])
+    if folder.exists():
+        shutil.rmtree(folder)
+    tmp_folder.replace(folder)
+    tmp_archive.replace(plan["archive"])
     print(f"[publish:{recipe}] {plan['folder']} ({len(plan['files'])} files) and {plan['archive']} "
           f"(sha256 {sha256_file(plan['archive'])[:16]}...)")
     out = {"folder": plan["folder"], "archive": plan["archive"], "short": plan["short"]}

@@ -101,9 +101,26 @@ def _storage_options(protocol: str) -> dict:
     return {}
 
 
+def _relative_local(url: str) -> str | None:
+    """The path of local-folder URL ``url`` (``/abs``, ``file:///abs``, ``file://relative``,
+    ``local://x``, ``relpath``) when it is relative, else None: fsspec would take it from the
+    current folder, which under doit is the project's."""
+    import ntpath
+
+    rest = url
+    for scheme in ("file://", "local://", "file:", "local:"):
+        if url.startswith(scheme):
+            rest = url[len(scheme):]
+            break
+    if rest.startswith("localhost/"):
+        rest = rest[len("localhost"):]
+    return None if rest.startswith("/") or ntpath.isabs(rest) and ntpath.splitdrive(rest)[0] else rest
+
+
 class Remote:
     """One remote cache at an fsspec URL. Raises ValueError for a URL fsspec cannot open
-    (unknown protocol, or its backend package is not installed)."""
+    (unknown protocol, or its backend package is not installed) and for a local folder given
+    by a relative path (as for ``NPUBUILD_CACHE``)."""
 
     def __init__(self, url: str):
         import fsspec
@@ -112,6 +129,9 @@ class Remote:
         self.url = url
         self.display = redact(url)
         protocol = fsspec.utils.get_protocol(url)
+        if protocol in ("file", "local") and (rel := _relative_local(url)) is not None:
+            raise ValueError(f"{ENV}={self.display!r}: expected an absolute path or file:///absolute/path (doit "
+                             f"changes into the dodo.py folder), found the relative path {rel!r}")
         try:
             self.fs, root = fsspec.core.url_to_fs(url, **_storage_options(protocol))
         except (ImportError, ValueError) as e:
@@ -122,6 +142,10 @@ class Remote:
         # the first read / write error of this process, after which reads / writes fail fast
         # (an unreachable server costs its retries once; read-only credentials still pull)
         self.down: dict[str, str] = {}
+        # (kind, key) of the entries rejected in this process -> the message, until it is said
+        # (then None): not downloaded or said again (a doit command asks for an entry in its
+        # up-to-date check and again in the stage: tasks/cache.py says it once)
+        self.rejected: dict[tuple[str, str], str | None] = {}
 
     def _unavailable(self, what: str, e: BaseException, op: str = "read") -> RemoteError:
         self.down[op] = f"{self.display}: {what}: {type(e).__name__}: {e}"

@@ -28,6 +28,12 @@ TRACEBACK = "Traceback (most recent call last)"
     ("NPUBUILD_ALLOW_PATHS", "data", "npubuild: NPUBUILD_ALLOW_PATHS entry 'data' is not an absolute path"),
     ("NPUBUILD_REMOTE", "foo://x", "npubuild: NPUBUILD_REMOTE=foo://x: cannot open it with fsspec (ValueError: "
                                    "Protocol not known: foo"),
+    ("NPUBUILD_REMOTE", "relpath2", "npubuild: NPUBUILD_REMOTE='relpath2': expected an absolute path or "
+                                    "file:///absolute/path (doit changes into the dodo.py folder), found the relative "
+                                    "path 'relpath2'"),
+    ("NPUBUILD_REMOTE", "file://relative/path", "npubuild: NPUBUILD_REMOTE='file://relative/path': expected an "
+                                                "absolute path or file:///absolute/path (doit changes into the dodo.py "
+                                                "folder), found the relative path 'relative/path'"),
 ])
 def test_an_unusable_setting_is_one_line_before_anything_runs(project, name, value, want):
     project.recipe("r")
@@ -38,6 +44,7 @@ def test_an_unusable_setting_is_one_line_before_anything_runs(project, name, val
     assert p.returncode == 2 and TRACEBACK not in out, out
     assert out.splitlines() == [out.splitlines()[0]] and out.startswith(want), out
     assert not project.cache.exists() and not (project.root / "build").exists()
+    assert sorted(p.name for p in project.root.iterdir()) == ["data", "models", "recipes"]
 
 
 def _unshare_ok() -> bool:
@@ -164,3 +171,22 @@ def test_a_stat_cache_another_process_holds_is_waited_for_not_refused(tmp_path):
     t0 = time.monotonic()
     assert sc.file_digest(f) == digest.hash_file_uncached(f)
     assert time.monotonic() - t0 >= 0.5 and not list(db.parent.glob("*.damaged-*"))
+
+
+def test_setup_drops_pip_warnings_about_the_machines_locations_and_keeps_the_rest(tmp_path):
+    """scripts/setup.sh's pip: a "Location ... is ignored" warning for a location the machine's
+    pip configuration names (here a --find-links of pip's own: the same warning) is dropped;
+    one inside the project, pip's errors and its exit status are kept. Real pip, offline."""
+    text = (REPO / "scripts" / "setup.sh").read_text()
+    func = text[text.index("pip() {"):text.index("\n}\n", text.index("pip() {")) + 3]
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv" / "bin" / "python").symlink_to(sys.executable)
+    script = (f"set -euo pipefail\n{func}pip download -q --no-index --find-links file:///nonexistent-x "
+              f"--find-links \"file://$PWD/nonexistent-ours\" -d dl no-such-package-npubuild")
+    p = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and p.stdout == "", p
+    assert p.stderr.splitlines() == [
+        f"WARNING: Location 'file://{tmp_path}/nonexistent-ours' is ignored: it is neither a file nor a directory.",
+        "ERROR: Could not find a version that satisfies the requirement no-such-package-npubuild (from versions: "
+        "none)",
+        "ERROR: No matching distribution found for no-such-package-npubuild"], p.stderr

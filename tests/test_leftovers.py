@@ -75,8 +75,8 @@ materialize({recipe!r})
 
 
 def test_sigkill_while_linking_build_folder_leaves_no_temp_link(project):
-    """A SIGKILL inside ``build/<recipe>/``'s linking, after a file's temp link
-    (``.<name>.<pid>.tmp``) exists and before its rename (the campaign's window; found by
+    """A SIGKILL inside ``build/<recipe>/``'s linking, after the files' temp links
+    (``.<name>.<pid>.tmp``) exist and before the first rename (the campaign's window; found by
     injecting SIGKILL on that rename with strace): the next build removes the temp link."""
     project.recipe("t8")
     project.doit("run", "build:t8")
@@ -86,11 +86,12 @@ def test_sigkill_while_linking_build_folder_leaves_no_temp_link(project):
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=project.root)
     said = p.communicate(timeout=300)[0]
     assert p.returncode == -signal.SIGKILL, said
-    (left,) = [f.name for f in out.iterdir() if f.name.startswith(".")]  # what the kill left
-    assert left.startswith(".") and left.endswith(f".{p.pid}.tmp")
+    # what the kill left: every file's temp link and the new listing (all made before the first rename)
+    left = sorted(f.name for f in out.iterdir() if f.name.startswith("."))
+    assert len(left) == 9 and all(f.endswith(f".{p.pid}.tmp") for f in left), left  # 8 artifacts + the listing
     run = project.doit("run", "build:t8")
     assert run.tasks["build:t8"]["result"] == "success"
-    assert f"removed 1 temp link(s) of dead builds: {left}" in run.log()
+    assert f"removed 9 temp link(s) of dead builds: {', '.join(left)}" in run.log()
     assert [f.name for f in out.iterdir() if f.name.startswith(".")] == []
     listed = json.loads((out / "artifacts.json").read_text())
     assert sorted(f.name for f in out.iterdir()) == sorted([*listed, "artifacts.json", "stages.json"])

@@ -147,3 +147,28 @@ def test_push_publishes_entries_built_without_a_remote(tmp_path, tiny_bert):
     assert len(_remote_manifests(remote_url)) == 6
     assert b.doit("run", "build:t8").ran() == []
     assert _build_files(b, "t8") == _build_files(a, "t8")
+
+
+def test_a_rejected_remote_entry_is_said_once(tmp_path, tiny_bert):
+    """A remote entry that fails its check: one line for it in a build (the up-to-date check
+    and the stage each looked it up, and each said so), and the stage is built locally."""
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    a, b = (Project(tmp_path / n, tiny_bert) for n in "ab")
+    for p in (a, b):
+        p.env["NPUBUILD_REMOTE"] = remote.as_uri()
+        p.recipe("t8")
+    a.doit("run", "download:t8")
+    (key,) = a.entries("download")
+    m = json.loads((remote / "download" / key / "manifest.json").read_text())
+    target = remote / "download" / key / m["remote"]["data"] / "config.json"
+    target.chmod(0o644)
+    target.write_text(target.read_text().replace("{", "{ ", 1)[:-1])  # same size, other bytes
+    p = b.popen("run", "download:t8")
+    out = p.communicate(timeout=300)[0]
+    lines = [ln for ln in out.splitlines() if "; rejected, building" in ln]
+    assert p.returncode == 0 and lines == [f"npubuild: remote entry download/{key}: out/config.json: content differs "
+                                           f"from manifest.json (xxh3 {digest.file_digest(target)} != "
+                                           f"{m['outputs']['config.json']['xxh3']}); rejected, building download/{key} "
+                                           f"locally (remote {remote.as_uri()})"], out
+    assert b.entries("download") == [key]
