@@ -169,7 +169,8 @@ def _listing(folder: Path) -> dict[str, str]:
 def key_extra(params: dict) -> dict:
     """hf: the resolved commit; path/package: the digest of the folder's files the stage
     copies (:func:`tasks.sources.source_files`; the same as ``digest.tree_digest`` for a folder
-    without ``.git`` or ``__pycache__``)."""
+    without ``.git`` or ``__pycache__``); a shape build: the kept facts' and tokenizer files'
+    digests and the seed (:func:`tasks.sources.shape.key_material`)."""
     if params.get("shape"):
         from .shape import key_material
 
@@ -189,6 +190,14 @@ def check_read(out: Path, material: dict, params: dict) -> None:
     """After the copy: a local source's copy in ``out`` holds what the key hashed
     (``material["extra"]["content"]``), so an entry never holds a file edited while it was
     read (issue 23). Raises digest.InputChanged naming the files that differ now."""
+    if params.get("shape"):  # the facts and tokenizer files read are the ones the key hashed
+        from .shape import key_material
+
+        if key_material(params) != material.get("extra"):
+            raise digest.InputChanged(f"source.shape: the kept facts of {params['hf']!r} or the tokenizer folder "
+                                      f"{params.get('tokenizer')!r} changed while the build read them; nothing was "
+                                      "cached: build again")
+        return
     want = material.get("extra", {}).get("content")
     if want is None:
         return
