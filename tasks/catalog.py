@@ -12,6 +12,8 @@ States (:func:`recipe_status`):
 ``stale``          some stage has no entry for its current key, but ``build/<recipe>/stages.json``
                    records a complete earlier build (every verify stage recorded)
 ``not-built``      some stage has no entry and no complete build was ever recorded here
+``shape-built``    a shape build (random weights of the model's exact config) whose every stage
+                   has an entry: its verify figures are measured, never judged as quality
 ``unsupported``    a valid recipe of a model the LLM export does not implement
                    (:class:`tasks.recipe.UnsupportedModel`); ``reason`` says what
 =================  ==========================================================================
@@ -98,7 +100,7 @@ from .cache import Entry
 from .stages.common import runtimes_checked
 
 SCHEMA_VERSION = 1
-STATES = ("verified", "verify-failed", "stale", "not-built", "unsupported")
+STATES = ("verified", "verify-failed", "stale", "not-built", "shape-built", "unsupported")
 CATALOG_TOOLS = {"qnn-sdk": "compile", "onnxruntime": "compile", "onnxruntime-qnn": "compile",
                  "optimum": "export", "transformers": "export"}  # tool -> stage kind that records it
 _FLOAT_TYPES = {1, 10, 11, 16}  # onnx.TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16
@@ -277,7 +279,9 @@ def catalog_row(name: str, recipe=None) -> dict:
     st = recipe_status(name)
     ex = recipe.export
     row = {
-        "name": name, "state": st.state, "reason": st.reason, "failures": st.failures,
+        "name": name, "reason": st.reason, "failures": st.failures,
+        # a shape build is never a verified model, whatever its (random) verify measured
+        "state": "shape-built" if recipe.source.shape and st.state in ("verified", "verify-failed") else st.state,
         "description": recipe.description, "license": recipe.license, "task": recipe.task,
         "family": ex.family, "precision": recipe.quantize.precision, "targets": list(recipe.compile.targets),
         "batch_size": ex.batch_size, "sequence_length": ex.sequence_length,
@@ -549,7 +553,7 @@ def render_html(rows: list[dict]) -> str:
 
 
 #: the terminal table's columns (``doit catalog``, as ``ollama list`` prints): header, cell
-TABLE = [("NAME", lambda r: r["name"]), ("STATE", lambda r: r["state"] + (" (shape)" if r.get("shape_build") else "")),
+TABLE = [("NAME", lambda r: r["name"]), ("STATE", lambda r: r["state"]),
          ("PARAMS", lambda r: _human_count(r["parameters"] or r.get("parameters_estimate"))),
          ("PRECISION", lambda r: r["precision"]),
          ("BUNDLE", lambda r: _per_target(r, "bundle_bytes", _human_bytes) or _human_bytes(r["artifact_bytes"])),

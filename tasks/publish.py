@@ -115,6 +115,9 @@ def _verified_status(recipe: str) -> "catalog.RecipeStatus":
     if recipe not in recipes:
         raise PublishError(f"refusing to publish {recipe!r}: no such (non-abstract) recipe; "
                            f"known: {', '.join(recipes)}")
+    if recipes[recipe].source.shape:
+        raise PublishError(f"refusing to publish {recipe}: it is a shape build (source.shape: random weights in the "
+                           f"model's configuration), built for time and memory, not a model to ship")
     st = catalog.recipe_status(recipe)
     if st.state == "verify-failed":
         raise PublishError(f"refusing to publish {recipe}: its verify failed:\n  " + "\n  ".join(st.failures))

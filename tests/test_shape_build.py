@@ -67,4 +67,6 @@ def test_a_shape_build_builds_offline_reproducibly_and_is_marked(tmp_path, tiny_
     assert r["binaries"] and all(b["soc_model"] == 60 for b in r["binaries"].values())
     a.doit("run", "catalog")
     row, = [x for x in json.loads((a.root / "catalog" / "catalog.json").read_text())["recipes"] if x["name"] == "shape"]
-    assert row["shape_build"] is True and row["source"]["kind"] == "shape" and row["state"] == "verified"
+    assert row["shape_build"] is True and row["source"]["kind"] == "shape" and row["state"] == "shape-built"
+    run = a.doit("run", "publish:shape", check=False)  # random weights are never shipped
+    assert run.code != 0 and "refusing to publish shape: it is a shape build" in run.log()
