@@ -35,7 +35,8 @@ ARTIFACTS = {
     "compile": ("*_ctx.onnx", "*.bin", "genai_config.json", "export.json", "*.npy"),
     "export": ("tokenizer*", "vocab*", "merges.txt", "special_tokens_map.json", "config.json",
                "generation_config.json", "added_tokens.json"),
-    "bundle": ("export.json", "genai_config.json", "*.npy"),
+    "genie_compile": ("*.bin",),
+    "bundle": ("export.json", "genai_config.json", "*.npy", "genie_config.json", "htp_backend_ext_config.json"),
     "verify": ("verify.json",),
 }
 
@@ -47,7 +48,9 @@ IMPLEMENTATIONS = {
     "calibrate": {"llm": "tasks.llm.calibrate"},  # LLM parts: the fp32 part over the calibration schedule
     "quantize": {"encoder": "tasks.encoder.quantize", "llm": "tasks.llm.quant"},
     "compile": {"encoder": "tasks.encoder.compile", "llm": "tasks.llm.compile"},
-    "bundle": {"llm": "tasks.llm.bundle"},  # LLM parts joined: export.json, genai_config.json
+    "genie_quantize": {"llm": "tasks.llm.genie_quant"},  # LLM parts in Genie's layout, QDQ (bundle.runtimes: genie)
+    "genie_compile": {"llm": "tasks.llm.genie_compile"},  # ... their context binaries, named for Genie
+    "bundle": {"llm": "tasks.llm.bundle"},  # LLM parts joined: export.json, genai_config.json, genie_config.json
     "verify": {"encoder": "tasks.encoder.verify", "llm": "tasks.llm.verify"},
 }
 #: the model families (``export.family``)
