@@ -79,16 +79,14 @@ def write_genie(genie_desc: dict, tokenizer_dir: Path, out: Path, params: dict, 
     naming the file, Genie's status and its reason."""
     import shutil
 
-    from ..targets import get as get_target
     from .genie import genie_config, htp_backend_ext_config, parse_config
 
-    tgt = get_target(params["target"])
     sharing = params.get("weight_sharing", True)
     cfg = deep_merge(genie_config(genie_desc, ctx_bins), params.get("genie_config") or {})
     text = json.dumps(cfg, indent=1)
     (out / "genie_config.json").write_text(text + "\n")
     (out / "htp_backend_ext_config.json").write_text(
-        json.dumps(htp_backend_ext_config(tgt.soc_model, f"v{tgt.htp_arch}", sharing), indent=1) + "\n")
+        json.dumps(htp_backend_ext_config(params["target"], sharing), indent=1) + "\n")
     shutil.copyfile(Path(tokenizer_dir) / "tokenizer.json", out / "tokenizer.json")
     status, why = parse_config(text)
     if status != 0:
@@ -113,7 +111,6 @@ def run(inputs, files, params, out: Path) -> dict:
                 for b in (Path(inputs[f"compiled.part{k}"]) / sub / f"part{k}").glob("*.bin"))
     info = {"parts": P, "binary_bytes": total}
     if "genie" in params.get("runtimes", ()):
-        from ..targets import get as get_target
         from .genie import check_binaries, config_binaries
 
         entries = [Path(inputs[f"genie.part{k}"]) for k in range(P)]
@@ -126,7 +123,7 @@ def run(inputs, files, params, out: Path) -> dict:
         found = {}
         for rel, graphs in config_binaries(cfg, gdesc).items():
             where = next((e for e in entries if (e / rel).is_file()), entries[0])  # none: check_binaries says so
-            found.update(check_binaries(where, {rel: graphs}, gdesc, get_target(params["target"]).soc_model))
+            found.update(check_binaries(where, {rel: graphs}, gdesc, params["target"]))
         info["genie"] = {"ctx_bins": bins, "binaries": found,
                          "binary_bytes": sum(f["bytes"] for f in found.values())}
     return info

@@ -458,10 +458,14 @@ def genie_config(desc: dict, ctx_bins: list[str], *, tokenizer: str = "tokenizer
     return cfg
 
 
-def htp_backend_ext_config(soc_model: int, dsp_arch: str, weight_sharing: bool = False) -> dict:
-    """``htp_backend_ext_config.json``: one device, one core (burst), shared-buffer memory (AI
+def htp_backend_ext_config(target: str, weight_sharing: bool = False) -> dict:
+    """``htp_backend_ext_config.json`` for ``target`` (a name in ``tasks/targets.py``: its QNN
+    ``soc_model`` and ``v{htp_arch}``): one device, one core (burst), shared-buffer memory (AI
     Hub's ``create_genie_config`` fields)."""
-    return {"devices": [{"soc_model": soc_model, "dsp_arch": dsp_arch,
+    from ..targets import get as get_target
+
+    tgt = get_target(target)
+    return {"devices": [{"soc_model": tgt.soc_model, "dsp_arch": f"v{tgt.htp_arch}",
                          "cores": [{"core_id": 0, "perf_profile": "burst", "rpc_control_latency": 100}]}],
             "memory": {"mem_type": "shared_buffer"},
             "context": {"weight_sharing_enabled": weight_sharing}}
@@ -597,19 +601,21 @@ def expected_graph(desc: dict, name: str, source: str = "genie_export.json"):
     raise KeyError(f"{source}: no graph {name!r}")
 
 
-def check_binaries(root, plan: dict[str, list[str]], desc: dict, soc_model: int | None,
+def check_binaries(root, plan: dict[str, list[str]], desc: dict, target: str,
                    source: str = "genie_export.json") -> dict:
     """Read back the Genie context binaries ``plan`` names ({path relative to ``root``: graph
     names}) through libQnnSystem (:func:`tasks.context_binary.read`) and check each: it exists,
     holds exactly those graphs (a graph name as written by :func:`rename_graphs`, its ``_``
     padding stripped), each with the inputs and outputs ``desc`` (``genie_export.json``)
-    declares (name, dtype, shape), prepared for ``soc_model``. Returns {binary: figures, with
+    declares (name, dtype, shape), prepared for ``target``'s SoC model (``tasks/targets.py``). Returns {binary: figures, with
     ``"graph_names"``: the names as libQnnSystem read them}. Raises
     ``tasks.context_binary.Mismatch``, one line per difference."""
     from dataclasses import replace
 
     from .. import context_binary
+    from ..targets import get as get_target
 
+    soc = get_target(target).soc_model
     root, lines, found = Path(root), [], {}
     for rel, graphs in sorted(plan.items()):
         if not (root / rel).is_file():
@@ -617,7 +623,7 @@ def check_binaries(root, plan: dict[str, list[str]], desc: dict, soc_model: int 
             continue
         b = context_binary.read(root / rel)
         stripped = replace(b, graphs=tuple(replace(g, name=g.name.lstrip("_")) for g in b.graphs))
-        lines += context_binary.check(stripped, [expected_graph(desc, g, source) for g in graphs], soc_model,
+        lines += context_binary.check(stripped, [expected_graph(desc, g, source) for g in graphs], soc,
                                       label=rel)
         found[rel] = {**b.figures(), "graph_names": [g.name for g in b.graphs]}
     if lines:

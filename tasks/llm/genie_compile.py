@@ -106,5 +106,5 @@ def run(inputs, files, params, out: Path) -> dict:
             shutil.move(str(bins[0]), dest)
             renamed[rel] = rename_graphs(dest, dict(zip(old, graphs)))
     shutil.copyfile(src / "genie_export.json", out / "genie_export.json")  # every part's I/O, for bundle and verify
-    found = check_binaries(out, plan, desc, get_target(params["target"]).soc_model)
+    found = check_binaries(out, plan, desc, target)
     return {"binaries": found, "renamed": renamed, "seconds": time.perf_counter() - t0}

@@ -93,14 +93,13 @@ def read_back_bundle(views: dict, params: dict) -> dict:
         from .genie import check_binaries, config_binaries
         from .genie_compile import planned_binaries
 
-        soc = get_target(params["target"]).soc_model
         entries = views["genie_parts"]
         gdesc = json.loads((entries[0] / "genie_export.json").read_text())
         named = config_binaries(json.loads((Path(views["bundle"]) / "genie_config.json").read_text()), gdesc)
         for k, e in enumerate(entries):
             plan = {**planned_binaries(gdesc, k, flags["per_graph"], False),
                     **{rel: g for rel, g in named.items() if (e / rel).is_file()}}
-            found.update(check_binaries(e, plan, gdesc, soc))
+            found.update(check_binaries(e, plan, gdesc, params["target"]))
         missing = [rel for rel in named if not any((e / rel).is_file() for e in entries)]
         if missing:
             raise context_binary.Mismatch([f"{rel}: named by genie_config.json ctx-bins, found in no genie_compile "

@@ -2,9 +2,9 @@
 implementations chosen once when a recipe is planned (:data:`IMPLEMENTATIONS`,
 ``StageSpec.family``), so no stage branches on the family inside. Each model family is a
 folder of its implementations (``tasks/encoder/<kind>.py``; ``tasks/llm/``: ``export``,
-``calibrate``, ``quant``, ``compile``, ``bundle``, ``verify``: an LLM's
-stages each build one part, ``params["part"]``, and ``bundle`` and ``verify`` join the
-parts: ``tasks/plan.py``); ``download`` (``tasks/sources/download.py``) and
+``calibrate``, ``quant``, ``compile``, ``bundle``, ``verify``, and for ``bundle.runtimes: genie``
+``genie_quant``, ``genie_compile``: an LLM's stages each build one part, ``params["part"]``,
+and ``bundle`` and ``verify`` join the parts: ``tasks/plan.py``); ``download`` (``tasks/sources/download.py``) and
 ``patch`` (``tasks/patches/stage.py``) serve every family. ``common.py`` here is what several
 implementations share (it imports no family).
 Each implementation module has
