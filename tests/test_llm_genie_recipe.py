@@ -108,3 +108,28 @@ def test_genie_config_the_parser_refuses_fails_the_bundle_in_one_line(genie_proj
                                "config Genie's parser (GenieDialogConfig_createFromJson) accepts, found status -8: "
                                "at '/engine'"), lines[0]
     assert "'n-threadz'" in lines[0], lines[0]
+
+
+def test_two_parts_genie_bundle_orders_splits_and_agrees(genie_project):
+    """2 parts (2 prompts x 8 tokens): per part a weight-shared ``qwen2_part_{i}_of_2.bin`` in
+    the config, in part order; Genie (4 per-graph binaries, splits ordered by their patched
+    ``_{i}_of_2`` names) gives LLMRunner's tokens on both prompts."""
+    genie_project.recipe("tiny-qwen2-genie-p2", "extends: tiny-qwen2-genie\nexport: {parts: 2}\n"
+                                                "verify: {data: {samples: 2}, max_new_tokens: 8}\n")
+    genie_project.doit("run", "build:tiny-qwen2-genie-p2")
+    build = genie_project.root / "build" / "tiny-qwen2-genie-p2"
+    r = json.loads((build / "verify.json").read_text())
+    assert r["metrics"]["genie_runner_agreement"] == 1.0, r["metrics"]
+    assert [s["genie_tokens"] for s in r["samples"]] == [s["runner_tokens"] for s in r["samples"]]
+    assert all(len(s["genie_tokens"]) == 8 for s in r["samples"])
+    cfg = json.loads((build / "genie_config.json").read_text())["dialog"]
+    assert cfg["engine"]["model"]["binary"]["ctx-bins"] == ["genie/qwen2_part_1_of_2.bin", "genie/qwen2_part_2_of_2.bin"]
+    assert sorted(p.relative_to(build).as_posix() for p in (build / "genie").rglob("*.bin")) == [
+        "genie/part0/prompt_ar16_cl64_1_of_2.bin", "genie/part0/token_ar1_cl64_1_of_2.bin",
+        "genie/part1/prompt_ar16_cl64_2_of_2.bin", "genie/part1/token_ar1_cl64_2_of_2.bin",
+        "genie/qwen2_part_1_of_2.bin", "genie/qwen2_part_2_of_2.bin"]
+    from tasks import context_binary
+
+    last = {g.name.lstrip("_"): g for g in context_binary.read(build / "genie" / "qwen2_part_2_of_2.bin").graphs}
+    assert sorted(last) == ["prompt_ar16_cl64_2_of_2", "token_ar1_cl64_2_of_2"]
+    assert {t.name: t.shape for t in last["token_ar1_cl64_2_of_2"].inputs}["hidden_states_0"] == (1, 1, 192)

@@ -164,7 +164,8 @@ def _genie_generate(inputs: dict, prompts: list[list[int]], K: int) -> dict:
     """Greedy tokens of every prompt through Genie on the HTP simulator
     (:func:`tasks.llm.genie.generate_in_child`): the bundle's ``genie_config.json`` with its
     ``ctx-bins`` turned to the per-graph binaries (the simulator cannot load a two-graph
-    binary), in a temporary folder whose ``genie/part{k}`` link to the ``genie_compile.part{k}``
+    binary: Genie on the shipped ``qwen2_part_1_of_1.bin`` ended with SIGSEGV, exit -11, as
+    onnxruntime does on the genai shared binaries), in a temporary folder whose ``genie/part{k}`` link to the ``genie_compile.part{k}``
     entries (the bytes that ship without weight sharing, names patched as shipped), beside the
     bundle's ``htp_backend_ext_config.json`` and ``tokenizer.json``."""
     import json
