@@ -162,13 +162,13 @@ def _expand_parts(r: Recipe, params, files) -> list[StageSpec]:
         if genie:
             e = r.export
             specs.append(StageSpec(r.name, part_name("genie_quantize", k), "genie_quantize",
-                                   {**quant_params, "part": k, "export": {
+                                   {**params("quantize", "genie_quantize"), "part": k, "export": {
                                        "sequence_length": e.sequence_length, "context_length": e.context_length,
                                        "parts": P}},
                                    {"source": "download", "calibration": part_name("calibrate", 0)}))
             for t, suffix in zip(r.compile.targets, suffixes):
                 specs.append(StageSpec(r.name, part_name("genie_compile", k, suffix), "genie_compile",
-                                       {"target": t, "weight_sharing": r.compile.weight_sharing, "part": k,
+                                       {"target": t, **params("compile", "genie_compile"), "part": k,
                                         "per_graph": per_graph},
                                        {"model": part_name("genie_quantize", k)}))
     runtimes = {"runtimes": list(r.bundle.runtimes)} if genie else {}

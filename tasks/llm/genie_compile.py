@@ -36,8 +36,8 @@ from ..stages.common import target_key_extra
 
 VERSION = 1
 TOOLS = ("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "onnx")
-#: wired by the plan: ``weight_sharing`` (compile section), ``per_graph``, ``part``, ``target``
-PARAMS = ()
+#: the recipe keys of its section (``compile``) it reads; the plan adds ``per_graph``, ``part``, ``target``
+PARAMS = ("weight_sharing",)
 KEY_EXCLUDE = ("target",)  # the name; the key holds what it resolves to (key_extra)
 key_extra = target_key_extra
 

@@ -46,9 +46,9 @@ from pathlib import Path
 
 VERSION = 1
 TOOLS = ("onnxruntime", "onnx", "numpy", "transformers", "tokenizers")
-#: wired by the plan (tasks/plan.py): the quantize section's params, ``export`` (sequence_length,
-#: context_length, parts) and ``part``; no recipe key of its own
-PARAMS = ()
+#: the recipe keys of its section (``quantize``) it reads, as ``tasks/llm/quant.py`` does; the plan
+#: adds ``export`` (sequence_length, context_length, parts) and ``part``
+PARAMS = ("precision", "per_channel", "block_size", "rounding", "embedding_bits", "overrides")
 #: the calibration schedule calibrate.part0 drew (tasks/llm/calibrate.py SCHEDULE)
 SCHEDULE = "schedule.json"
 

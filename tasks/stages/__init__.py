@@ -83,7 +83,8 @@ def modules_of(kind: str) -> list:
 SECTIONS = {"export": "export", "quantize": "quantize", "compile": "compile", "verify": "verify"}
 #: recipe section -> every stage kind whose implementations read keys of it (an LLM's
 #: ``quantize.calibration`` is read by its ``calibrate`` stages)
-SECTION_KINDS = {"quantize": ("quantize", "calibrate"), "compile": ("compile", "bundle")}
+SECTION_KINDS = {"quantize": ("quantize", "calibrate", "genie_quantize"),
+                 "compile": ("compile", "bundle", "genie_compile")}
 
 
 def _pick(data: dict, path: str):
