@@ -24,6 +24,14 @@ compares against the fp32 tokens cut the same way). The logits metrics and the
 perplexity always come from LLMRunner (genai returns tokens). ``verify.json`` says which
 runtime ran under ``"runtime"``.
 
+``bundle.runtimes`` with ``genie`` (params ``runtimes``): every prompt is also generated through
+Genie (``GenieDialog_tokenQuery``, libGenie.so, HTP simulator) on the ``genie_compile.part{k}``
+per-graph binaries with the bundle's ``genie_config.json`` (:func:`_genie_generate`); per
+sample ``genie_tokens``, ``genie_status``, ``genie_equals_runner``, and
+``genie_runner_agreement``: the share of prompts whose Genie tokens equal LLMRunner's on the
+genai binaries, both cut before the first eos. The read-back covers the Genie binaries too
+(:func:`read_back_bundle`).
+
 Shared (weight-shared) binaries: on x86_64 loading a context binary that holds two graphs
 crashes the HTP simulator (NOTES-qnn.md; reproduced by tasks/llm/qnn.load_shared_probe),
 so verify runs the per-graph binaries compiled from the same QDQ graphs (``verify.json``
