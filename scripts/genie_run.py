@@ -34,7 +34,7 @@ def build(model_dir: Path, out: Path, seq: int, ctx: int, parts: int, sanitize: 
     ``out/export``), write the two config files; returns the export description + ``ctx_bins``."""
     from tasks.llm.genie import export_genie, genie_config, htp_backend_ext_config, rename_graph
     from tasks.qnn import compile_in_subprocess
-    from tasks.targets import DEFAULT_TARGET, get
+    from tasks.targets import DEFAULT_TARGET
 
     exp, bundle = out / "export", out / "bundle"
     shutil.rmtree(exp, ignore_errors=True)
@@ -58,8 +58,7 @@ def build(model_dir: Path, out: Path, seq: int, ctx: int, parts: int, sanitize: 
     desc["compile_seconds"] = time.perf_counter() - t
     desc["ctx_bins"] = bins
     shutil.copyfile(exp / "tokenizer.json", bundle / "tokenizer.json")
-    tgt = get(DEFAULT_TARGET)
-    (bundle / "htp_backend_ext_config.json").write_text(json.dumps(htp_backend_ext_config(tgt.soc_model, f"v{tgt.htp_arch}"), indent=1))
+    (bundle / "htp_backend_ext_config.json").write_text(json.dumps(htp_backend_ext_config(DEFAULT_TARGET), indent=1))
     (bundle / "genie_config.json").write_text(json.dumps(genie_config(desc, bins), indent=1))
     return desc
 

@@ -17,6 +17,10 @@ reads the calibration file, part k > 0 takes the schedule and the hidden states 
 ``compile.part{k}[@target]``, each with its own key and cache entry; then one ``bundle[@target]``
 (``export.json`` of every part and ``genai_config.json``) and one ``verify[@target]`` that join
 the parts. ``build/<recipe>/`` is the union of the parts' compile entries and the bundle's.
+With ``bundle.runtimes`` holding ``genie``, each part also gets ``genie_quantize.part{k}`` (its
+Genie-layout graphs, calibrated on ``calibrate.part0``'s schedule: tasks/llm/genie_quant.py)
+and ``genie_compile.part{k}[@target]``, and the bundle and verify read them (their params gain
+``runtimes``); a recipe without genie plans exactly the stages and params it had before.
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # the schema is imported when a recipe is expanded, not for a stored plan
     from .recipe import Recipe  # (tasks/plancache.py)
 
-KINDS = ("download", "export", "patch", "calibrate", "quantize", "compile", "bundle", "verify")
+KINDS = ("download", "export", "patch", "calibrate", "quantize", "compile", "genie_quantize", "genie_compile",
+         "bundle", "verify")
 
 
 @dataclass(frozen=True)
@@ -132,6 +137,7 @@ def _expand_parts(r: Recipe, params, files) -> list[StageSpec]:
     # x86_64 HTP simulator, which crashes loading a weight-shared binary (NOTES-qnn.md); a
     # weight-shared recipe verified on cpu-qdq (the 7B) compiles only the binary it ships
     per_graph = not r.compile.weight_sharing or r.verify.backend == "htp"
+    genie = "genie" in r.bundle.runtimes  # Genie-layout graphs per part too (tasks/llm/genie_quant.py)
     for k in range(P):  # part by part, so a build stopped in part k has parts < k whole
         model = part_name("export", k)
         specs.append(StageSpec(r.name, model, "export", {**params("export"), "part": k}, {"source": "download"}))
@@ -153,15 +159,31 @@ def _expand_parts(r: Recipe, params, files) -> list[StageSpec]:
             specs.append(StageSpec(r.name, part_name("compile", k, suffix), "compile",
                                    {"target": t, **params("compile"), "part": k, "per_graph": per_graph},
                                    {"model": qdq[k]}))
+        if genie:
+            e = r.export
+            specs.append(StageSpec(r.name, part_name("genie_quantize", k), "genie_quantize",
+                                   {**params("quantize", "genie_quantize"), "part": k, "export": {
+                                       "sequence_length": e.sequence_length, "context_length": e.context_length,
+                                       "parts": P}},
+                                   {"source": "download", "calibration": part_name("calibrate", 0)}))
+            for t, suffix in zip(r.compile.targets, suffixes):
+                specs.append(StageSpec(r.name, part_name("genie_compile", k, suffix), "genie_compile",
+                                       {"target": t, **params("compile", "genie_compile"), "part": k,
+                                        "per_graph": per_graph},
+                                       {"model": part_name("genie_quantize", k)}))
+    runtimes = {"runtimes": list(r.bundle.runtimes)} if genie else {}
+    overrides = {"genie_config": r.bundle.genie_config} if genie and r.bundle.genie_config else {}
     for t, suffix in zip(r.compile.targets, suffixes):
+        genie_ins = {f"genie.part{k}": part_name("genie_compile", k, suffix) for k in range(P)} if genie else {}
         joined = {f"{role}.part{k}": up for k in range(P)
                   for role, up in (("compiled", part_name("compile", k, suffix)), ("export", part_name("export", k)))}
-        specs.append(StageSpec(r.name, f"bundle{suffix}", "bundle", {"target": t, **params("compile", "bundle"), "parts": P},
-                               joined))
-        ins = {"bundle": f"bundle{suffix}", "source": "download"}
+        specs.append(StageSpec(r.name, f"bundle{suffix}", "bundle",
+                               {"target": t, **params("compile", "bundle"), "parts": P, **runtimes, **overrides},
+                               {**joined, **genie_ins}))
+        ins = {"bundle": f"bundle{suffix}", "source": "download", **genie_ins}
         for k in range(P):
             ins.update({f"compiled.part{k}": part_name("compile", k, suffix), f"qdq.part{k}": qdq[k],
                         f"reference.part{k}": part_name("export", k)})
-        specs.append(StageSpec(r.name, f"verify{suffix}", "verify", {**params("verify"), "target": t, "task": r.task},
-                               ins, files("verify")))
+        specs.append(StageSpec(r.name, f"verify{suffix}", "verify",
+                               {**params("verify"), "target": t, "task": r.task, **runtimes}, ins, files("verify")))
     return specs

@@ -458,6 +458,23 @@ class CompileCfg(_Strict):
         return v
 
 
+class BundleCfg(_Strict):
+    runtimes: list[Literal["genai", "genie"]] = Field(
+        default_factory=lambda: ["genai"],
+        description="llm: the runtimes the bundle serves: genai (genai_config.json, always) and genie (Genie-layout "
+                    "binaries, genie_config.json, htp_backend_ext_config.json: tasks/llm/genie.py)")
+    genie_config: Optional[dict[str, Any]] = Field(
+        None, description="llm, runtime genie: merged over the generated genie_config.json (e.g. {dialog: {engine: "
+                          "{n-threads: 4}}}); Genie's parser checks the result at bundle time")
+
+    @field_validator("runtimes")
+    @classmethod
+    def _runtimes(cls, v):
+        if "genai" not in v or len(set(v)) != len(v):
+            raise ValueError(f"expected distinct runtimes including genai (its config is in every LLM bundle), found {v}")
+        return v
+
+
 INF = math.inf
 # threshold name (tasks/stages/common.py THRESHOLDS) -> (what it is, low, low included, high):
 # checked at load, so a bar that always passes (a cosine of -5) or never can (1.5) is an error
@@ -474,13 +491,14 @@ THRESHOLD_RANGES = {
     "prefix_match_mean": ("a number of tokens up to verify.max_new_tokens", 0.0, True, None),
     "perplexity_ratio": ("a ratio of perplexities", 0.0, False, INF),
     "genai_runner_agreement": ("a share of prompts", 0.0, False, 1.0),
+    "genie_runner_agreement": ("a share of prompts", 0.0, False, 1.0),
 }
 
 
 # thresholds only an LLM verify measures (tasks/llm/verify.py); every other name is measured
 # only by the encoder verify (tasks/encoder/verify.py): the other family's bar is a load error
 LLM_THRESHOLDS = frozenset({"token_agreement", "prefix_match_mean", "logits_cosine_mean", "perplexity_ratio",
-                            "genai_runner_agreement"})
+                            "genai_runner_agreement", "genie_runner_agreement"})
 
 
 def _range_text(low: float, low_in: bool, high: float) -> str:
@@ -544,7 +562,31 @@ class Recipe(_Strict):
     quantize: QuantizeCfg
     patches: list[PatchStep] = Field(default_factory=list)
     compile: CompileCfg = Field(default_factory=CompileCfg)
+    bundle: BundleCfg = Field(default_factory=BundleCfg)
     verify: VerifyCfg
+
+    @model_validator(mode="after")
+    def _genie_runtime(self):
+        """``bundle.runtimes: [.., genie]`` needs what the Genie export writes and verify can run
+        (tasks/llm/genie.py): an LLM with its embedding in part 0 (Genie feeds ``input_ids``)
+        verified on the HTP simulator (verify runs Genie on the per-graph binaries);
+        ``bundle.genie_config`` only with genie."""
+        e, bad = self.export, []
+        if "genie" not in self.bundle.runtimes:
+            if self.bundle.genie_config is not None:
+                _raise_at([(("bundle", "genie_config"), "expected no genie_config without runtime genie in "
+                            f"bundle.runtimes, found {_found(self.bundle.genie_config)}", self.bundle.genie_config)])
+            return self
+        if e.family != "llm":
+            bad.append(("an LLM (export.family: llm)", f"export.family: {e.family}"))
+        elif e.embedding != "first-part":
+            bad.append(("export.embedding: first-part", f"export.embedding: {e.embedding}"))
+        if self.verify.backend != "htp":
+            bad.append(("verify.backend: htp (verify runs Genie on the simulator)", f"verify.backend: {self.verify.backend}"))
+        if bad:
+            _raise_at([(("bundle", "runtimes"), f"expected {', '.join(b[0] for b in bad)} for runtime genie, found "
+                        f"{', '.join(b[1] for b in bad)}", self.bundle.runtimes)])
+        return self
 
     @model_validator(mode="after")
     def _genai_runtime(self):

@@ -8,6 +8,12 @@ from its own export, and ``checkpoint_bytes_read`` summed over the parts), the h
 embedding table (``embedding: host``) and ``genai_config.json`` (``tasks/llm/compile.py``
 ``write_bundle``). ``build/<recipe>/`` links it beside the parts' compile entries: the
 same layout a whole-model compile wrote before the parts were stages.
+
+With ``runtimes`` holding ``genie`` (recipe ``bundle.runtimes``) it also writes Genie's files
+(:func:`write_genie`): ``genie_config.json`` naming the parts' Genie binaries
+(``genie_compile.part{k}``: ``genie/{model_type}_part_{i}_of_{N}.bin`` with weight sharing,
+else ``genie/part{k}/{graph}.bin``), ``htp_backend_ext_config.json`` and ``tokenizer.json``;
+Genie's own parser checks the config, and every binary it names is read back.
 """
 
 from __future__ import annotations
@@ -42,6 +48,54 @@ def joined_description(export_dirs: list[Path]) -> dict:
     return out
 
 
+class GenieConfigRefused(ValueError):
+    """Genie's parser (``GenieDialogConfig_createFromJson``) refused the bundle's genie_config.json."""
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    """``base`` with ``over`` merged in, dicts key by key, anything else replaced."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def genie_files(desc: dict, weight_sharing: bool) -> list[str]:
+    """The ``ctx-bins`` of ``genie_config.json``, relative to the bundle: the parts' weight-shared
+    binaries in part order, else every part's prompt graph then every part's token graph (Genie
+    groups graphs by AR and orders a group's splits by ``_{i}_of_{N}``)."""
+    from .genie_compile import shared_name
+
+    if weight_sharing:
+        return [f"genie/{shared_name(desc, k)}" for k in range(len(desc["parts"]))]
+    return [f"genie/part{p['index']}/{p[kind]['graph']}.bin" for kind in ("prompt", "token") for p in desc["parts"]]
+
+
+def write_genie(genie_desc: dict, tokenizer_dir: Path, out: Path, params: dict, ctx_bins: list[str]) -> dict:
+    """Write ``genie_config.json`` (:func:`tasks.llm.genie.genie_config` naming ``ctx_bins``,
+    with the recipe's ``bundle.genie_config`` merged over it), ``htp_backend_ext_config.json``
+    (the target's SoC model and DSP arch) and ``tokenizer.json`` into ``out``, then run Genie's
+    parser on the config. Returns the config. Raises :class:`GenieConfigRefused` in one line
+    naming the file, Genie's status and its reason."""
+    import shutil
+
+    from .genie import genie_config, htp_backend_ext_config, parse_config
+
+    sharing = params.get("weight_sharing", True)
+    cfg = deep_merge(genie_config(genie_desc, ctx_bins), params.get("genie_config") or {})
+    text = json.dumps(cfg, indent=1)
+    (out / "genie_config.json").write_text(text + "\n")
+    (out / "htp_backend_ext_config.json").write_text(
+        json.dumps(htp_backend_ext_config(params["target"], sharing), indent=1) + "\n")
+    shutil.copyfile(Path(tokenizer_dir) / "tokenizer.json", out / "tokenizer.json")
+    status, why = parse_config(text)
+    if status != 0:
+        merged = " (bundle.genie_config merged in)" if params.get("genie_config") else ""
+        raise GenieConfigRefused(f"genie_config.json{merged}: expected a config Genie's parser "
+                                 f"(GenieDialogConfig_createFromJson) accepts, found status {status}: {why}")
+    return cfg
+
+
 def run(inputs, files, params, out: Path) -> dict:
     """Write the bundle's own files for ``params["parts"]`` parts from ``inputs["export.part{k}"]``
     (the parts' exports; ``inputs["compiled.part{k}"]`` are the parts' binaries, which
@@ -55,4 +109,21 @@ def run(inputs, files, params, out: Path) -> dict:
     sub = "shared" if params.get("weight_sharing", True) else ""
     total = sum(b.stat().st_size for k in range(P)
                 for b in (Path(inputs[f"compiled.part{k}"]) / sub / f"part{k}").glob("*.bin"))
-    return {"parts": P, "binary_bytes": total}
+    info = {"parts": P, "binary_bytes": total}
+    if "genie" in params.get("runtimes", ()):
+        from .genie import check_binaries, config_binaries
+
+        entries = [Path(inputs[f"genie.part{k}"]) for k in range(P)]
+        # each part's genie_compile entry holds the whole model's description (every part's graphs)
+        gdesc = json.loads((entries[0] / "genie_export.json").read_text())
+        bins = genie_files(gdesc, params.get("weight_sharing", True))
+        cfg = write_genie(gdesc, inputs["export.part0"], out, params, bins)
+        # the binaries the config names, read back where they are (each part's entry; build/
+        # links them beside the config)
+        found = {}
+        for rel, graphs in config_binaries(cfg, gdesc).items():
+            where = next((e for e in entries if (e / rel).is_file()), entries[0])  # none: check_binaries says so
+            found.update(check_binaries(where, {rel: graphs}, gdesc, params["target"]))
+        info["genie"] = {"ctx_bins": bins, "binaries": found,
+                         "binary_bytes": sum(f["bytes"] for f in found.values())}
+    return info

@@ -180,7 +180,7 @@ def build_graph(dims: dict, lo: int, hi: int, first: bool, last: bool, S: int, C
 
 
 def export_genie(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 4096, parts: int = 1,
-                 sanitize_past: bool = True) -> dict:
+                 sanitize_past: bool = True, only_parts=None) -> dict:
     """Export ``model_dir`` (a HF decoder folder of :mod:`tasks.llm.families`, safetensors) to
     ``out_dir/part{i}/{graph name}.onnx`` (:func:`graph_name`) in Genie's layout (module docstring), one part and one
     tensor at a time like :func:`tasks.llm.export.export_llm` (the same ``part{i}/weights.data``
@@ -191,6 +191,8 @@ def export_genie(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 4
         context_len: CL of both graphs.
         parts: number of parts (:func:`tasks.llm.parts.split_for`, embedding in part 0).
         sanitize_past: zero the masked past slots in-graph (module docstring).
+        only_parts: indices of the parts whose graphs and weights are written (default all);
+            the description lists every part (names and I/O do not need the weights).
 
     Returns (and writes as ``genie_export.json``) ``{"model_type", "seq_len", "context_len",
     "num_layers", "num_kv_heads", "num_heads", "head_dim", "rotary_dim", "hidden_size",
@@ -223,20 +225,25 @@ def export_genie(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 4
             "sanitize_past": sanitize_past, **special_tokens(ckpt.config), "parts": []}
     for i, (lo, hi) in enumerate(ranges):
         first, last = i == 0, i == len(ranges) - 1
+        write = only_parts is None or i in only_parts
         pdir = out_dir / f"part{i}"
-        pdir.mkdir(exist_ok=True)
-        weights = write_part_weights(ckpt, lo, hi, embed=first, head=last, rope=(np.zeros((1, 1), np.float32),) * 2,
-                                     path=pdir / WEIGHTS_FILE)
-        pdesc = {"index": i, "layers": [lo, hi]}
+        if write:
+            pdir.mkdir(exist_ok=True)
+            weights = write_part_weights(ckpt, lo, hi, embed=first, head=last,
+                                         rope=(np.zeros((1, 1), np.float32),) * 2, path=pdir / WEIGHTS_FILE)
+        pdesc = {"index": i, "layers": [lo, hi], "weights": f"part{i}/{WEIGHTS_FILE}"}
         for kind, S in (("prompt", seq_len), ("token", 1)):
-            m = build_graph(dims, lo, hi, first, last, S, context_len, weights, has_bias, i, len(ranges), sanitize_past)
-            # the file name makes the compiled graph's name: onnxruntime names it after a hash of
-            # the path as given (tasks/qnn.py), and Genie keys graphs by name: two parts' graphs
-            # both compiled from "prompt.onnx" got one name, and GenieDialog_create failed with
-            # "<name> : input_ids - Tensor not found" (status -1)
-            onnx.save(m, str(pdir / f"{m.graph.name}.onnx"))
+            name = graph_name(kind, S, context_len, i, len(ranges))
+            if write:
+                m = build_graph(dims, lo, hi, first, last, S, context_len, weights, has_bias, i, len(ranges),
+                                sanitize_past)
+                # the file name makes the compiled graph's name: onnxruntime names it after a hash of
+                # the path as given (tasks/qnn.py), and Genie keys graphs by name: two parts' graphs
+                # both compiled from "prompt.onnx" got one name, and GenieDialog_create failed with
+                # "<name> : input_ids - Tensor not found" (status -1)
+                onnx.save(m, str(pdir / f"{name}.onnx"))
             ins, outs = io_spec(dims, lo, hi, first, last, S, context_len, i)
-            pdesc[kind] = {"path": f"part{i}/{m.graph.name}.onnx", "graph": m.graph.name,
+            pdesc[kind] = {"path": f"part{i}/{name}.onnx", "graph": name,
                            "inputs": [{"name": n, "shape": s, "dtype": t} for n, s, t in ins],
                            "outputs": [{"name": n, "shape": s, "dtype": t} for n, s, t in outs]}
         desc["parts"].append(pdesc)
@@ -285,6 +292,33 @@ def rename_graph(bin_path, name: str) -> str:
     return old.decode()
 
 
+def rename_graphs(bin_path, names: dict[str, str]) -> dict[str, str]:
+    """Give the graphs of context binary ``bin_path`` new names, in place: ``names`` maps each
+    onnxruntime graph name in it (the EPContext node's name in its ``_ctx.onnx``) to the new
+    one (a weight-shared binary holds two). Each is written as :func:`rename_graph` does:
+    ``_``-padded on the left to the old length, so no offset moves; the name libQnnSystem and
+    Genie read is that padded one (Genie takes the split from its ``_{i}_of_{N}`` end). Returns
+    {old: name as written}. Raises ValueError when an old name is not in the binary exactly
+    as often as the others' (every ORT name is stored the same number of times) or a new name
+    is longer than its old one."""
+    p = Path(bin_path)
+    data = p.read_bytes()
+    written, counts = {}, set()
+    for old, new in names.items():
+        o = old.encode()
+        counts.add(data.count(o))
+        if not data.count(o):
+            raise ValueError(f"{p}: expected graph name {old!r} in the binary, found it 0 times")
+        if len(new) > len(o):
+            raise ValueError(f"{p}: graph name {new!r} is longer than {old!r} ({len(new)} > {len(o)} bytes)")
+        written[old] = new.rjust(len(o), "_")
+        data = data.replace(o, written[old].encode())
+    if len(counts) != 1:
+        raise ValueError(f"{p}: expected every onnxruntime graph name the same number of times, found {sorted(counts)}")
+    p.write_bytes(data)
+    return written
+
+
 # ---------------------------------------------------------------- host loop (reference, any EP)
 
 def rope_half_tables(positions, rotary_dim: int, theta: float) -> tuple:
@@ -308,17 +342,43 @@ class GenieHostLoop:
         export_dir: a :func:`export_genie` folder.
         make_session: ``path -> onnxruntime.InferenceSession``.
         suffix: file suffix per graph (``".onnx"`` fp32 on CPU; ``"_ctx.onnx"`` compiled).
+        upto: run parts ``0 .. upto-1`` only (default all): what calibrating part ``upto-1``
+            needs (:meth:`teacher_forced`); only :meth:`generate` needs the last part.
     """
 
-    def __init__(self, export_dir, make_session, suffix: str = ".onnx", fill: float = 0.0):
+    def __init__(self, export_dir, make_session, suffix: str = ".onnx", fill: float = 0.0, upto: int | None = None):
         d = Path(export_dir)
         self.desc = json.loads((d / "genie_export.json").read_text())
         rel = lambda p: str(d / (p[:-len(".onnx")] + suffix))  # noqa: E731
-        self.prompt = [make_session(rel(p["prompt"]["path"])) for p in self.desc["parts"]]
-        self.token = [make_session(rel(p["token"]["path"])) for p in self.desc["parts"]]
+        parts = self.desc["parts"][:upto]
+        self.prompt = [make_session(rel(p["prompt"]["path"])) for p in parts]
+        self.token = [make_session(rel(p["token"]["path"])) for p in parts]
         self.S, self.C, self.fill = self.desc["seq_len"], self.desc["context_len"], float(fill)
 
-    def _call(self, sessions, S, tokens, n_past, cache):
+    def new_cache(self) -> dict:
+        """{layer: (keys [Hkv, 1, d, C], values [Hkv, 1, C, d])} float32, every slot ``fill``."""
+        D = self.desc
+        return {l: (np.full((D["num_kv_heads"], 1, D["head_dim"], self.C), self.fill, np.float32),
+                    np.full((D["num_kv_heads"], 1, self.C, D["head_dim"]), self.fill, np.float32))
+                for l in range(D["num_layers"])}
+
+    def teacher_forced(self, prompt_ids, next_ids, on_feed) -> None:
+        """Feed ``prompt_ids`` (prompt graph, chunks of S) then each of ``next_ids`` (token graph,
+        one call each) as Genie would if it generated them, through the parts this loop holds;
+        ``on_feed(kind, part, call, feeds)`` sees every call's feed dict of every part before it
+        runs (``kind``: ``"prompt"`` / ``"token"``, ``call``: the call's index within its kind).
+        The calibration schedule of :func:`tasks.llm.calib.schedule` run in Genie's layout."""
+        cache, n_past = self.new_cache(), 0
+        toks = [int(t) for t in prompt_ids]
+        for c, s in enumerate(range(0, len(toks), self.S)):
+            chunk = toks[s:s + self.S]
+            self._call(self.prompt, self.S, chunk, n_past, cache, lambda k, f, c=c: on_feed("prompt", k, c, f))
+            n_past += len(chunk)
+        for c, t in enumerate(next_ids):
+            self._call(self.token, 1, [int(t)], n_past, cache, lambda k, f, c=c: on_feed("token", k, c, f))
+            n_past += 1
+
+    def _call(self, sessions, S, tokens, n_past, cache, before=None):
         C, P, n = self.C, self.C - S, len(tokens)
         ids = np.zeros((1, S), np.int32)
         ids[0, :n] = tokens
@@ -336,26 +396,26 @@ class GenieHostLoop:
             for l in range(lo, hi):
                 feeds[f"past_key_{l}_in"] = np.ascontiguousarray(cache[l][0][..., :P])
                 feeds[f"past_value_{l}_in"] = np.ascontiguousarray(cache[l][1][:, :, :P])
+            if before is not None:
+                before(k, feeds)
             names = [o.name for o in sess.get_outputs()]
             res = dict(zip(names, sess.run(names, feeds)))
             for l in range(lo, hi):
                 cache[l][0][..., n_past:n_past + n] = res[f"past_key_{l}_out"][..., :n]
                 cache[l][1][:, :, n_past:n_past + n] = res[f"past_value_{l}_out"][:, :, :n]
             x = res[names[0]]
-        return x[0, 0, n - 1]
+        return x  # the last part's first output: logits [1, 1, S, V] or hidden_states [1, S, D]
 
     def generate(self, prompt_ids, max_new_tokens: int, eos: int | None = None) -> list[int]:
         """Greedy continuation of ``prompt_ids`` (at most ``max_new_tokens``; stops after ``eos``
         when given). Raises ValueError when prompt + new tokens exceed the context."""
-        D = self.desc
         if len(prompt_ids) + max_new_tokens > self.C - 1:
             raise ValueError(f"{len(prompt_ids)} + {max_new_tokens} tokens do not fit CL={self.C}")
-        cache = {l: (np.full((D["num_kv_heads"], 1, D["head_dim"], self.C), self.fill, np.float32),
-                     np.full((D["num_kv_heads"], 1, self.C, D["head_dim"]), self.fill, np.float32))
-                 for l in range(D["num_layers"])}
+        cache = self.new_cache()
         n_past, toks = 0, [int(t) for t in prompt_ids]
         for s in range(0, len(toks), self.S):
-            logits = self._call(self.prompt, self.S, toks[s:s + self.S], n_past, cache)
+            chunk = toks[s:s + self.S]
+            logits = self._call(self.prompt, self.S, chunk, n_past, cache)[0, 0, len(chunk) - 1]
             n_past += len(toks[s:s + self.S])
         out = []
         while len(out) < max_new_tokens:
@@ -363,7 +423,7 @@ class GenieHostLoop:
             out.append(t)
             if t == eos:
                 break
-            logits = self._call(self.token, 1, [t], n_past, cache)
+            logits = self._call(self.token, 1, [t], n_past, cache)[0, 0, 0]
             n_past += 1
         return out
 
@@ -398,10 +458,14 @@ def genie_config(desc: dict, ctx_bins: list[str], *, tokenizer: str = "tokenizer
     return cfg
 
 
-def htp_backend_ext_config(soc_model: int, dsp_arch: str, weight_sharing: bool = False) -> dict:
-    """``htp_backend_ext_config.json``: one device, one core (burst), shared-buffer memory (AI
+def htp_backend_ext_config(target: str, weight_sharing: bool = False) -> dict:
+    """``htp_backend_ext_config.json`` for ``target`` (a name in ``tasks/targets.py``: its QNN
+    ``soc_model`` and ``v{htp_arch}``): one device, one core (burst), shared-buffer memory (AI
     Hub's ``create_genie_config`` fields)."""
-    return {"devices": [{"soc_model": soc_model, "dsp_arch": dsp_arch,
+    from ..targets import get as get_target
+
+    tgt = get_target(target)
+    return {"devices": [{"soc_model": tgt.soc_model, "dsp_arch": f"v{tgt.htp_arch}",
                          "cores": [{"core_id": 0, "perf_profile": "burst", "rpc_control_latency": 100}]}],
             "memory": {"mem_type": "shared_buffer"},
             "context": {"weight_sharing_enabled": weight_sharing}}
@@ -516,3 +580,147 @@ class GenieDialog:
 
     def __exit__(self, *exc):
         self.close()
+
+
+# ---------------------------------------------------------------- checks (read-back, config parser)
+
+#: genie_export.json dtypes (numpy names) -> the ONNX names tasks.context_binary reports
+_ONNX_DTYPE = {"float32": "FLOAT", "int32": "INT32", "float16": "FLOAT16"}
+
+
+def expected_graph(desc: dict, name: str, source: str = "genie_export.json"):
+    """``tasks.context_binary.Expected`` for graph ``name`` of a :func:`export_genie` description:
+    its inputs and outputs (ONNX dtype name, shape). Raises KeyError for a name no part has."""
+    from ..context_binary import Expected
+
+    for p in desc["parts"]:
+        for kind in ("prompt", "token"):
+            if p[kind]["graph"] == name:
+                io = lambda ts: {t["name"]: (_ONNX_DTYPE[t["dtype"]], tuple(t["shape"])) for t in ts}  # noqa: E731
+                return Expected(name, io(p[kind]["inputs"]), io(p[kind]["outputs"]), source)
+    raise KeyError(f"{source}: no graph {name!r}")
+
+
+def check_binaries(root, plan: dict[str, list[str]], desc: dict, target: str,
+                   source: str = "genie_export.json") -> dict:
+    """Read back the Genie context binaries ``plan`` names ({path relative to ``root``: graph
+    names}) through libQnnSystem (:func:`tasks.context_binary.read`) and check each: it exists,
+    holds exactly those graphs (a graph name as written by :func:`rename_graphs`, its ``_``
+    padding stripped), each with the inputs and outputs ``desc`` (``genie_export.json``)
+    declares (name, dtype, shape), prepared for ``target``'s SoC model (``tasks/targets.py``). Returns {binary: figures, with
+    ``"graph_names"``: the names as libQnnSystem read them}. Raises
+    ``tasks.context_binary.Mismatch``, one line per difference."""
+    from dataclasses import replace
+
+    from .. import context_binary
+    from ..targets import get as get_target
+
+    soc = get_target(target).soc_model
+    root, lines, found = Path(root), [], {}
+    for rel, graphs in sorted(plan.items()):
+        if not (root / rel).is_file():
+            lines.append(f"{rel}: expected (Genie binary of graphs {', '.join(graphs)}), found no such file")
+            continue
+        b = context_binary.read(root / rel)
+        stripped = replace(b, graphs=tuple(replace(g, name=g.name.lstrip("_")) for g in b.graphs))
+        lines += context_binary.check(stripped, [expected_graph(desc, g, source) for g in graphs], soc,
+                                      label=rel)
+        found[rel] = {**b.figures(), "graph_names": [g.name for g in b.graphs]}
+    if lines:
+        print("npubuild: Genie context binaries read back, differences:\n  " + "\n  ".join(lines), flush=True)
+        raise context_binary.Mismatch(lines)
+    return found
+
+
+def config_binaries(config: dict, desc: dict) -> dict[str, list[str]]:
+    """{ctx-bins path: the graphs Genie will look for in it} of a ``genie_config.json``
+    (:func:`genie_config`): a per-part weight-shared binary (``*_part_{i}_of_{N}.bin``) holds
+    part i's prompt and token graphs, a per-graph binary (``{graph}.bin``) its graph. Raises
+    ValueError naming a ctx-bins entry that is neither."""
+    import re
+
+    parts = {i + 1: p for i, p in enumerate(desc["parts"])}
+    graphs = {p[k]["graph"]: p[k]["graph"] for p in desc["parts"] for k in ("prompt", "token")}
+    out = {}
+    for rel in config["dialog"]["engine"]["model"]["binary"]["ctx-bins"]:
+        stem = Path(rel).stem
+        m = re.fullmatch(r".*_part_(\d+)_of_(\d+)", stem)
+        if stem in graphs:
+            out[rel] = [stem]
+        elif m and int(m.group(2)) == len(parts) and int(m.group(1)) in parts:
+            p = parts[int(m.group(1))]
+            out[rel] = [p["prompt"]["graph"], p["token"]["graph"]]
+        else:
+            raise ValueError(f"genie_config.json, dialog.engine.model.binary.ctx-bins: expected {{graph}}.bin or "
+                             f"*_part_{{i}}_of_{len(parts)}.bin, found {rel!r}")
+    return out
+
+
+def _parse_child(text: str) -> None:
+    """Child side of :func:`parse_config`: prints ``STATUS <n>`` (libGenie prints its reason)."""
+    import ctypes as C
+
+    import onnxruntime_qnn
+
+    lib = C.CDLL(os.path.join(os.path.dirname(onnxruntime_qnn.__file__), "libGenie.so"))
+    lib.GenieDialogConfig_createFromJson.argtypes = [C.c_char_p, C.POINTER(C.c_void_p)]
+    lib.GenieDialogConfig_free.argtypes = [C.c_void_p]
+    h = C.c_void_p()
+    s = lib.GenieDialogConfig_createFromJson(text.encode(), C.byref(h))
+    if h.value:
+        lib.GenieDialogConfig_free(h)
+    print(f"\nSTATUS {s}", flush=True)
+
+
+def parse_config(text: str) -> tuple[int, str]:
+    """Genie's own parser on a ``genie_config.json`` text (``GenieDialogConfig_createFromJson``
+    of the wheel's ``libGenie.so``, schema ``urn:genie:schema:dialog``), in a child process
+    (libGenie prints its reason to the console). Returns (status: 0 accepted, e.g. -8 schema
+    error; the reason in one line, "" when accepted): e.g. ``at '/engine': ... validation failed
+    for additional property 'n-threadz'``."""
+    import re
+
+    from ..proc.child import run_function
+
+    r = run_function(_parse_child, text, timeout=300)
+    said = r.stdout + "\n" + r.stderr
+    m = re.search(r"^STATUS (-?\d+)$", said, re.M)
+    if r.returncode != 0 or m is None:
+        return -1, f"the parser's process ended with exit {r.returncode}: {r.tail(300)}"
+    status = int(m.group(1))
+    if status == 0:
+        return 0, ""
+    reasons = [ln.strip(" -") for ln in said.splitlines() if ln.strip().startswith("- at ")]
+    first = next((ln.strip() for ln in said.splitlines() if "Failed" in ln or "failed" in ln), "")
+    why = "; ".join(reasons) or first or "no reason printed"
+    why = re.sub(r"(at least one subschema has failed, but all of them are required to validate - )+", "", why)
+    return status, why
+
+
+def _dialog_child(config: str, prompts: list[list[int]], max_new_tokens: int) -> None:
+    """Child side of :func:`generate_in_child`: one JSON line per prompt."""
+    with GenieDialog(config) as d:
+        print(json.dumps({"create_seconds": d.create_seconds}), flush=True)
+        for ids in prompts:
+            toks, status, secs = d.generate(ids, max_new_tokens)
+            print(json.dumps({"tokens": toks, "status": status, "seconds": secs}), flush=True)
+
+
+def generate_in_child(folder, prompts: list[list[int]], max_new_tokens: int, timeout: float = 3600) -> dict:
+    """Greedy tokens of every prompt (token ids) through ``GenieDialog_tokenQuery`` on
+    ``folder/genie_config.json`` (paths in it relative to ``folder``), in a child process
+    working in ``folder`` (a crash in the QNN libraries stays there). Returns {"tokens": [[id]],
+    "status": [Genie status per prompt], "seconds": [per prompt], "create_seconds"}. Raises
+    RuntimeError with the child's output tail when it fails or answers fewer prompts."""
+    from ..proc.child import run_function
+
+    text = (Path(folder) / "genie_config.json").read_text()
+    r = run_function(_dialog_child, text, [[int(t) for t in p] for p in prompts], max_new_tokens, cwd=str(folder),
+                     timeout=timeout)
+    rows = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
+    got = [x for x in rows if "tokens" in x]
+    if r.returncode != 0 or len(got) != len(prompts):
+        raise RuntimeError(f"Genie on {folder}: expected {len(prompts)} answers, found {len(got)} "
+                           f"(exit {r.returncode}): {r.tail(1500)}")
+    return {"tokens": [x["tokens"] for x in got], "status": [x["status"] for x in got],
+            "seconds": [x["seconds"] for x in got], "create_seconds": rows[0].get("create_seconds")}

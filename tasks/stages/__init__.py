@@ -2,9 +2,9 @@
 implementations chosen once when a recipe is planned (:data:`IMPLEMENTATIONS`,
 ``StageSpec.family``), so no stage branches on the family inside. Each model family is a
 folder of its implementations (``tasks/encoder/<kind>.py``; ``tasks/llm/``: ``export``,
-``calibrate``, ``quant``, ``compile``, ``bundle``, ``verify``: an LLM's
-stages each build one part, ``params["part"]``, and ``bundle`` and ``verify`` join the
-parts: ``tasks/plan.py``); ``download`` (``tasks/sources/download.py``) and
+``calibrate``, ``quant``, ``compile``, ``bundle``, ``verify``, and for ``bundle.runtimes: genie``
+``genie_quant``, ``genie_compile``: an LLM's stages each build one part, ``params["part"]``,
+and ``bundle`` and ``verify`` join the parts: ``tasks/plan.py``); ``download`` (``tasks/sources/download.py``) and
 ``patch`` (``tasks/patches/stage.py``) serve every family. ``common.py`` here is what several
 implementations share (it imports no family).
 Each implementation module has
@@ -35,7 +35,8 @@ ARTIFACTS = {
     "compile": ("*_ctx.onnx", "*.bin", "genai_config.json", "export.json", "*.npy"),
     "export": ("tokenizer*", "vocab*", "merges.txt", "special_tokens_map.json", "config.json",
                "generation_config.json", "added_tokens.json"),
-    "bundle": ("export.json", "genai_config.json", "*.npy"),
+    "genie_compile": ("*.bin",),
+    "bundle": ("export.json", "genai_config.json", "*.npy", "genie_config.json", "htp_backend_ext_config.json"),
     "verify": ("verify.json",),
 }
 
@@ -47,7 +48,9 @@ IMPLEMENTATIONS = {
     "calibrate": {"llm": "tasks.llm.calibrate"},  # LLM parts: the fp32 part over the calibration schedule
     "quantize": {"encoder": "tasks.encoder.quantize", "llm": "tasks.llm.quant"},
     "compile": {"encoder": "tasks.encoder.compile", "llm": "tasks.llm.compile"},
-    "bundle": {"llm": "tasks.llm.bundle"},  # LLM parts joined: export.json, genai_config.json
+    "genie_quantize": {"llm": "tasks.llm.genie_quant"},  # LLM parts in Genie's layout, QDQ (bundle.runtimes: genie)
+    "genie_compile": {"llm": "tasks.llm.genie_compile"},  # ... their context binaries, named for Genie
+    "bundle": {"llm": "tasks.llm.bundle"},  # LLM parts joined: export.json, genai_config.json, genie_config.json
     "verify": {"encoder": "tasks.encoder.verify", "llm": "tasks.llm.verify"},
 }
 #: the model families (``export.family``)
@@ -80,7 +83,8 @@ def modules_of(kind: str) -> list:
 SECTIONS = {"export": "export", "quantize": "quantize", "compile": "compile", "verify": "verify"}
 #: recipe section -> every stage kind whose implementations read keys of it (an LLM's
 #: ``quantize.calibration`` is read by its ``calibrate`` stages)
-SECTION_KINDS = {"quantize": ("quantize", "calibrate"), "compile": ("compile", "bundle")}
+SECTION_KINDS = {"quantize": ("quantize", "calibrate", "genie_quantize"),
+                 "compile": ("compile", "bundle", "genie_compile")}
 
 
 def _pick(data: dict, path: str):

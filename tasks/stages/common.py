@@ -57,6 +57,8 @@ THRESHOLDS = {
     "perplexity_ratio": ("max", None, "LLM: perplexity(compiled) / perplexity(fp32)"),
     "genai_runner_agreement": ("min", None, "LLM, runtime genai: share of prompts where onnxruntime-genai's "
                                             "tokens equal LLMRunner's on the same graphs"),
+    "genie_runner_agreement": ("min", None, "LLM, runtime genie: share of prompts where Genie's tokens (its "
+                                            "graphs, on the simulator) equal LLMRunner's on the genai graphs"),
 }
 
 
