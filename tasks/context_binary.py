@@ -335,17 +335,20 @@ def _io_lines(where: str, expected: dict, found: tuple[Tensor, ...], what: str) 
     return lines
 
 
-def check(binary: ContextBinary, expected: list[Expected], soc_model: int | None = None,
+def check(binary: ContextBinary, expected: list[Expected], target: str | None = None,
           exact_graphs: bool = True, label: str | None = None) -> list[str]:
     """Differences between ``binary`` and the graphs it must hold: each graph of ``expected``
     present (by name) with every input and output of the same name, dtype and shape;
-    with ``exact_graphs``, no graph beside them; and the SoC model ``soc_model`` (the target's,
+    with ``exact_graphs``, no graph beside them; and the SoC model of ``target`` (a name in
     ``tasks/targets.py``). ``label``: how lines name the binary (default its file name).
     Returns one line per difference (empty: the binary is as planned)."""
+    from .targets import get as get_target
+
     name = label or Path(binary.path).name
     lines = []
+    soc_model = get_target(target).soc_model if target is not None else None
     if soc_model is not None and binary.soc_model != soc_model:
-        lines.append(f"{name}: SoC model expected {soc_model}, found {binary.soc_model} "
+        lines.append(f"{name}: SoC model expected {soc_model} ({target}), found {binary.soc_model} "
                      f"(the binary was prepared for another SoC)")
     for e in expected:
         g = binary.graph(e.name)
@@ -387,15 +390,15 @@ def _declared_lines(where: str, said: dict, have: dict[str, Tensor], what: str, 
     return lines
 
 
-def check_models(root: Path, models: list[str], soc_model: int | None, qdq: dict[str, Path] | None = None,
+def check_models(root: Path, models: list[str], target: str | None, qdq: dict[str, Path] | None = None,
                  declared: dict[str, list[Declared]] | None = None,
                  somewhere: list[Declared] | None = None) -> dict[str, ContextBinary]:
     """Read back every context binary that the EPContext models ``models`` (paths relative to
     ``root``: every compiled model the plan made) reference, and check them:
 
     - each planned model exists, and each binary holds exactly the graphs of the models that
-      reference it, with their inputs and outputs (name, dtype, shape) and ``soc_model``
-      (:func:`check`);
+      reference it, with their inputs and outputs (name, dtype, shape) and the target's SoC model
+      (:func:`check`), for the SoC of ``target`` (a name in ``tasks/targets.py``);
     - ``qdq`` ({model: the QDQ model it was compiled from}): the compiled model's graph inputs
       and outputs are the QDQ graph's (what the ONNX graph said before compile);
     - ``declared`` ({model: [:class:`Declared`]}): every tensor a runtime config (or the
@@ -438,7 +441,7 @@ def check_models(root: Path, models: list[str], soc_model: int | None, qdq: dict
             continue
         binary = read(path)
         found[rel_bin] = binary
-        lines += check(binary, expected, soc_model, label=rel_bin)
+        lines += check(binary, expected, target, label=rel_bin)
     for rel, said in sorted((declared or {}).items()):
         for d in said:
             if rel not in graph_of or graph_of[rel][0] not in found:

@@ -22,6 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .precisions import QDQ_MATMUL_FP32
 from .proc import lazy
 from .targets import get as get_target
 
@@ -317,15 +318,6 @@ def htp_session(ctx: Path, target: str, config: dict | None = None):
     import onnxruntime as ort
 
     return ort.InferenceSession(str(ctx), sess_options=session_options(target, config, not cpu_nodes(ctx)))
-
-
-#: session config entry that makes onnxruntime's CPU EP compute a QDQ graph's fused weight
-#: MatMuls (``DequantizeLinear`` of an 8/4-bit constant + ``MatMul`` -> ``MatMulNBits``) in fp32,
-#: as the graph says: unset, the accuracy level is 4 ("If not provided, default is 4",
-#: onnxruntime ``onnxruntime_session_options_config_keys.h``), which quantizes the activations to
-#: int8. Measured (onnxruntime 1.32): all-MiniLM-L6-v2's w8a16 QDQ graph, default vs level 1,
-#: max |difference| 0.084 in its output; a random Phi-3's logits 1e-2 apart (issue 32).
-QDQ_MATMUL_FP32 = {"session.qdq_matmulnbits_accuracy_level": "1"}
 
 
 def cpu_session(model: Path):

@@ -152,7 +152,7 @@ def test_tampered_bundles_fail_verify_with_one_line_each(tmp_path, tiny_bert):
     other = _entry(proj, "tampered", "compile.part0@8gen2") / "out/shared/part0/prefill_ctx_qnn.bin"
     put(c0, "shared/part0/prefill_ctx_qnn.bin", other.read_bytes())
     (line,) = _failure(proj, "tampered")
-    assert "shared/part0/prefill_ctx_qnn.bin: SoC model expected 60, found 43" in line, line
+    assert "shared/part0/prefill_ctx_qnn.bin: SoC model expected 60 (x-elite), found 43" in line, line
     put(c0, "shared/part0/prefill_ctx_qnn.bin", keep0)
 
     # restored: every stage is whole again and the build passes
@@ -178,7 +178,7 @@ def test_compile_refuses_a_binary_missing_from_the_plan(tmp_path, tiny_bert):
     shutil.copytree(compiled, copy)
     models = sorted(compiled_models(qdq))
     with pytest.raises(context_binary.Mismatch) as e:
-        context_binary.check_models(copy, models + ["other_ctx.onnx"], 43, qdq=compiled_models(qdq))
+        context_binary.check_models(copy, models + ["other_ctx.onnx"], "8gen2", qdq=compiled_models(qdq))
     assert e.value.lines[0] == "other_ctx.onnx: expected (the plan compiles it), found no such file"
-    assert e.value.lines[1].endswith("SoC model expected 43, found 60 (the binary was prepared for another SoC)")
+    assert e.value.lines[1].endswith("SoC model expected 43 (8gen2), found 60 (the binary was prepared for another SoC)")
     assert len(e.value.lines) == 2

@@ -15,7 +15,6 @@ from pathlib import Path
 from .. import context_binary, progress, qnn
 from ..graphs import list_graphs, load_model
 from ..stages.common import target_key_extra
-from ..targets import get as get_target
 
 VERSION = 8  # 8: every binary read back (tasks/context_binary.py)
 TOOLS = ("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "onnx")
@@ -62,7 +61,7 @@ def read_back(compiled: Path, target: str, qdq: Path) -> dict:
     id, SoC model, per graph weight / shared weight / spill-fill / I/O bytes). Raises
     context_binary.Mismatch, one line per difference."""
     models = compiled_models(qdq)
-    found = context_binary.check_models(compiled, sorted(models), get_target(target).soc_model, qdq=models)
+    found = context_binary.check_models(compiled, sorted(models), target, qdq=models)
     return {rel: b.figures() for rel, b in sorted(found.items())}
 
 

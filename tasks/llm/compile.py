@@ -180,6 +180,6 @@ def read_back(compiled: Path, desc: dict, parts: list[int], params: dict, qdq_di
             said[rel] = [exported, *([declared[rel]] if declared and rel in declared else [])]
     for rel, d in (declared or {}).items():  # a model the runtime config names that the plan did not make
         said.setdefault(rel, [d])
-    found = context_binary.check_models(compiled, models, get_target(params["target"]).soc_model,
+    found = context_binary.check_models(compiled, models, params["target"],
                                         qdq=qdq or None, declared=said, somewhere=somewhere)
     return {rel: b.figures() for rel, b in sorted(found.items())}

@@ -148,11 +148,17 @@ def recipe_config(recipe, download_out: Path | None = None) -> tuple[dict | None
     """(config, where it was read) of an LLM recipe's model without building anything: the
     download entry's ``config.json`` when given, a local source's, or the facts kept in the repo
     for a Hub model (``recipes/models/``); (None, why) when none can be read."""
-    from ..recipe import source_config_path
+    from ..sources import SourceError, local_folder
     from ..sources.model_facts import find
 
-    for f, where in ((download_out / "config.json" if download_out else None, "the download's config.json"),
-                     (source_config_path(recipe.source), "the source's config.json")):
+    src = recipe.source
+    files = [(download_out / "config.json" if download_out else None, "the download's config.json")]
+    if src.path is not None or src.package is not None:
+        try:
+            files.append((local_folder(src.model_dump(exclude_none=True)) / "config.json", "the source's config.json"))
+        except SourceError:
+            pass
+    for f, where in files:
         if f is not None and Path(f).is_file():
             try:
                 return json.loads(Path(f).read_text(encoding="utf-8")), where

@@ -613,9 +613,7 @@ def check_binaries(root, plan: dict[str, list[str]], desc: dict, target: str,
     from dataclasses import replace
 
     from .. import context_binary
-    from ..targets import get as get_target
 
-    soc = get_target(target).soc_model
     root, lines, found = Path(root), [], {}
     for rel, graphs in sorted(plan.items()):
         if not (root / rel).is_file():
@@ -623,7 +621,7 @@ def check_binaries(root, plan: dict[str, list[str]], desc: dict, target: str,
             continue
         b = context_binary.read(root / rel)
         stripped = replace(b, graphs=tuple(replace(g, name=g.name.lstrip("_")) for g in b.graphs))
-        lines += context_binary.check(stripped, [expected_graph(desc, g, source) for g in graphs], soc,
+        lines += context_binary.check(stripped, [expected_graph(desc, g, source) for g in graphs], target,
                                       label=rel)
         found[rel] = {**b.figures(), "graph_names": [g.name for g in b.graphs]}
     if lines:

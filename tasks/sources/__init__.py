@@ -11,10 +11,7 @@ import re
 from pathlib import Path
 
 from .. import paths
-
-
-class SourceError(Exception):
-    """The recipe's source cannot be found or fetched."""
+from .errors import SourceError  # noqa: F401  (the package's error, where callers import it)
 
 
 #: what a source folder holds that is not the model: never copied, never in the key

@@ -19,7 +19,7 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-from . import SourceError
+from .errors import SourceError
 
 #: the revision an hf source names when no public source pinned one: its download refuses
 UNPINNED = "unpinned"

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from . import SourceError
+from .errors import SourceError
 
 #: bytes per shard file (the Hub's checkpoints shard at 2-5 GB)
 SHARD_BYTES = 2 * 10**9

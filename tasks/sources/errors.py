@@ -1,0 +1,6 @@
+"""The error of a model source (``tasks/sources/``): a module of its own, imported by the recipe
+loader's checks without the rest of the package."""
+
+
+class SourceError(Exception):
+    """The recipe's source cannot be found or fetched."""
