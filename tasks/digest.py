@@ -46,12 +46,23 @@ def hash_file_uncached(path: Path) -> str:
         return hashlib.file_digest(f, xxhash.xxh3_128).hexdigest()
 
 
+#: a file whose mtime or ctime is this recent may still change without its stat changing (a
+#: second write within the file system's timestamp granularity: git's "racily clean" entries);
+#: FAT's 2 s granularity is the coarsest a project may sit on
+RACY_NS = 2_000_000_000
+
+
 class StatCache:
-    """Maps (absolute path, inode, size, mtime_ns) to the file's xxh3-128 digest.
+    """Maps (absolute path, inode, size, mtime_ns, ctime_ns) to the file's xxh3-128 digest.
 
     Kept in SQLite (WAL mode) so that several doit processes can share it. A file whose stat
-    changed is hashed again; a row never answers for a different stat. ``reads`` counts the
-    bytes actually read from disk by this instance (used by benchmarks and tests).
+    changed is hashed again; a row never answers for a different stat. The ctime is in the key
+    because a user can restore an mtime (``touch -r``, ``cp -p``) but not a ctime; and a digest
+    is not kept for a file changed less than :data:`RACY_NS` before it was read, nor for one
+    whose stat moved while it was read, since a second edit within the file system's timestamp
+    granularity (1 s on ext4 with 128-byte inodes, 2 s on FAT) keeps every stat field.
+    ``reads`` counts the bytes actually read from disk by this instance (used by benchmarks and
+    tests).
     """
 
     def __init__(self, db_path: Path):
@@ -93,8 +104,8 @@ class StatCache:
         try:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(
-                "CREATE TABLE IF NOT EXISTS stat (path TEXT PRIMARY KEY, inode INTEGER,"
-                " size INTEGER, mtime_ns INTEGER, digest TEXT)"
+                "CREATE TABLE IF NOT EXISTS stat2 (path TEXT PRIMARY KEY, inode INTEGER,"
+                " size INTEGER, mtime_ns INTEGER, ctime_ns INTEGER, digest TEXT)"
             )
             conn.execute("CREATE TABLE IF NOT EXISTS derived (what TEXT, digest TEXT, value TEXT,"
                          " PRIMARY KEY (what, digest))")
@@ -110,23 +121,26 @@ class StatCache:
 
         path = Path(path).absolute()
         st = path.stat()
+        key = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         attempt, deadline = 0, time.monotonic() + BUSY_WAIT
         while True:
             conn = self._conn()
             try:
                 row = conn.execute(
-                    "SELECT inode, size, mtime_ns, digest FROM stat WHERE path=?", (str(path),)
+                    "SELECT inode, size, mtime_ns, ctime_ns, digest FROM stat2 WHERE path=?", (str(path),)
                 ).fetchone()
-                if row and tuple(row[:3]) == (st.st_ino, st.st_size, st.st_mtime_ns):
+                if row and tuple(row[:4]) == key:
                     self.hits += 1
-                    return row[3]
+                    return row[4]
+                started = time.time_ns()
                 digest = hash_file_uncached(path)
                 self.bytes_read += st.st_size
-                with conn:
-                    conn.execute(
-                        "INSERT OR REPLACE INTO stat VALUES (?,?,?,?,?)",
-                        (str(path), st.st_ino, st.st_size, st.st_mtime_ns, digest),
-                    )
+                after = path.stat()
+                settled = max(st.st_mtime_ns, st.st_ctime_ns) <= started - RACY_NS and \
+                    (after.st_ino, after.st_size, after.st_mtime_ns, after.st_ctime_ns) == key
+                if settled:  # else hashed again next time: the file may still change unseen
+                    with conn:
+                        conn.execute("INSERT OR REPLACE INTO stat2 VALUES (?,?,?,?,?,?)", (str(path), *key, digest))
                 return digest
             except sqlite3.DatabaseError as e:
                 if busy(e) and time.monotonic() < deadline:  # another process writes: wait for it

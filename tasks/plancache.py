@@ -38,10 +38,11 @@ import os
 import sys
 from pathlib import Path
 
+from .digest import RACY_NS  # a load that read a file changed within it is not stored
+
 VERSION = 2
 PREFIX = "plans-"
 KEEP = 8
-RACY_NS = 2_000_000_000  # FAT's mtime granularity (2 s) is the coarsest a project may sit on
 ENV_PREFIXES = ("NPUBUILD_", "HF_", "HUGGINGFACE_", "XDG_")
 _NOTED: list | None = None  # [path, realpath, stat] rows of the load under way (see :func:`recording`)
 _UNCACHEABLE: list[str] = []

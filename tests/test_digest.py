@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import time
 
 import xxhash
 
-from tasks.digest import StatCache, canonical_json, digest_json, tree_digest
+from tasks.digest import RACY_NS, StatCache, canonical_json, digest_json, tree_digest
 
 
 def test_stat_cache_reads_an_unchanged_file_once(tmp_path):
     f = tmp_path / "weights.bin"
     data = os.urandom(3 * (1 << 20) + 7)
     f.write_bytes(data)
+    time.sleep(RACY_NS / 1e9 + 0.1)  # a file this fresh is hashed every time (racily clean)
     sc = StatCache(tmp_path / "sc.sqlite")
     d1 = sc.file_digest(f)
     assert d1 == xxhash.xxh3_128_hexdigest(data)
@@ -26,6 +29,51 @@ def test_stat_cache_reads_an_unchanged_file_once(tmp_path):
     st = f.stat()
     os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
     assert sc.file_digest(f) != d1 and sc.bytes_read == 2 * len(data)
+
+
+def test_stat_cache_never_answers_for_an_edit_that_kept_size_inode_and_mtime(tmp_path):
+    """A same-size edit in place with the old mtime put back (``touch -r``, ``cp -p``) changes
+    the ctime, which is in the key: hashed again (a stranger's wrong-bytes cache hit)."""
+    f = tmp_path / "calib.txt"
+    f.write_bytes(b"A" * 100)
+    time.sleep(RACY_NS / 1e9 + 0.1)
+    sc = StatCache(tmp_path / "sc.sqlite")
+    a = sc.file_digest(f)
+    assert sc.file_digest(f) == a and sc.hits == 1  # settled: kept
+    st = f.stat()
+    with open(f, "r+b") as h:  # same inode, same size
+        h.write(b"B" * 100)
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (f.stat().st_ino, f.stat().st_size, f.stat().st_mtime_ns) == (st.st_ino, st.st_size, st.st_mtime_ns)
+    assert sc.file_digest(f) == xxhash.xxh3_128_hexdigest(b"B" * 100)
+
+
+def test_stat_cache_keeps_no_digest_of_a_racily_clean_file(tmp_path):
+    """On a file system with 1-second timestamps (ext4 with 128-byte inodes, loop-mounted; FAT and
+    some network mounts alike) two same-size writes within one second keep every stat field,
+    ctime too: a digest taken right after the first must not answer for the second."""
+    img, mnt = tmp_path / "fs.img", tmp_path / "mnt"
+    mnt.mkdir()
+    subprocess.run(["truncate", "-s", "8M", str(img)], check=True)
+    subprocess.run(["mkfs.ext4", "-q", "-I", "128", "-F", str(img)], check=True)
+    subprocess.run(["mount", "-o", "loop", str(img), str(mnt)], check=True)
+    try:
+        f = mnt / "calib.txt"
+        sc = StatCache(tmp_path / "sc.sqlite")
+        for _ in range(20):  # both writes inside one second of the clock
+            t0 = time.time()
+            if t0 % 1 < 0.7:
+                break
+            time.sleep(0.05)
+        f.write_bytes(b"A" * 100)
+        a = sc.file_digest(f)
+        with open(f, "r+b") as h:
+            h.write(b"B" * 100)
+        assert int(t0) == int(time.time()), "the two writes fell in two seconds of the clock"
+        assert a == xxhash.xxh3_128_hexdigest(b"A" * 100) and f.stat().st_mtime_ns % 1_000_000_000 == 0  # 1 s stamps
+        assert sc.file_digest(f) == xxhash.xxh3_128_hexdigest(b"B" * 100)
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
 
 
 def test_canonical_json_and_tree_digest(tmp_path):
