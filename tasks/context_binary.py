@@ -307,14 +307,23 @@ def planned_graphs(root: Path, models: list[str]) -> dict[str, list[Expected]]:
     for rel in sorted(models):
         m = onnx.load(str(Path(root) / rel), load_external_data=False)
         typed = {**_onnx_io(m.graph.value_info), **_onnx_io(m.graph.input), **_onnx_io(m.graph.output)}
+        nodes = []
         for n in m.graph.node:
             if n.op_type != "EPContext":
                 continue
             attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
             ref = attrs.get("ep_cache_context", b"")
             ref = ref.decode() if isinstance(ref, bytes) else str(ref)
-            if int(attrs.get("embed_mode", 0)) != 0 or not ref:
+            nodes.append((n, int(attrs.get("embed_mode", 0)), ref))
+        # a graph QNN split into several partitions (nodes left on the CPU between them) has one
+        # main EPContext node naming the binary and others (main_context=0) whose graphs are in it
+        mains = {ref for _, embed, ref in nodes if embed == 0 and ref}
+        for n, embed, ref in nodes:
+            if embed != 0:
                 continue  # an embedded binary has no file of its own
+            ref = ref or (next(iter(mains)) if len(mains) == 1 else "")
+            if not ref:
+                continue
             binary = os.path.normpath(os.path.join(os.path.dirname(rel), ref)).replace(os.sep, "/")
             out.setdefault(binary, []).append(
                 Expected(n.name, {i: typed[i] for i in n.input if i in typed},
