@@ -347,7 +347,7 @@ def unsupported_row(stem: str, err) -> dict:
 def catalog_rows() -> list[dict]:
     """Every non-abstract recipe's row, sorted by name. Raises RecipeError for an invalid
     recipe file (the catalog is then not written)."""
-    from .recipe import UnsupportedModel
+    from .errors import UnsupportedModel
 
     rows = [catalog_row(n, r) for n, r in catalog_recipes().items()]
     rows += [unsupported_row(stem, e) for stem, e in engine.recipe_errors().items() if isinstance(e, UnsupportedModel)]

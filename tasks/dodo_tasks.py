@@ -265,7 +265,7 @@ def _invalid() -> dict:
     for stem, e in errs.items():
         if stem not in _warned:
             _warned.add(stem)
-            from .recipe import UnsupportedModel
+            from .errors import UnsupportedModel
 
             # a valid recipe of a model not implemented yet is said where it is asked for: its
             # build task fails with the reason, `doit list` (_list_fails_on_invalid_recipes) and
@@ -295,12 +295,14 @@ def _list_fails_on_invalid_recipes() -> None:
         except BrokenPipeError:  # `doit list --all | head`: the reader left, so do we, without a traceback
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (and no second error at exit)
             return 1
-        from .recipe import UnsupportedModel
+        errs = engine.recipe_errors()
+        if errs:  # (the recipe module, and pydantic with it, only when a stored plan did not serve)
+            from .errors import UnsupportedModel
 
-        for e in engine.recipe_errors().values():  # listed as unsupported, not invalid: one line each
-            if isinstance(e, UnsupportedModel):
-                print(f"npubuild: {e.file}: unsupported model, skipped: {e.problems[0][1]}", file=sys.stderr)
-        errs = {k: e for k, e in engine.recipe_errors().items() if not isinstance(e, UnsupportedModel)}
+            for e in errs.values():  # listed as unsupported, not invalid: one line each
+                if isinstance(e, UnsupportedModel):
+                    print(f"npubuild: {e.file}: unsupported model, skipped: {e.problems[0][1]}", file=sys.stderr)
+            errs = {k: e for k, e in errs.items() if not isinstance(e, UnsupportedModel)}
         if errs:
             print(f"npubuild: {len(errs)} invalid recipe file(s), each with a failing build:<stem> task: "
                   f"{', '.join(f'{s}.yaml' for s in sorted(errs))}", file=sys.stderr)

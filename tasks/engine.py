@@ -123,10 +123,16 @@ class RecipeSet:
             stored, self._plans = None, {}
         self.from_plan_cache = stored is not None
         if stored is None:
+            from .errors import UnsupportedModel
+
             with plancache.recording() as noted:
                 recipes, errors = self.full()
             stored = {n: {"abstract": r.abstract, "specs": None} for n, r in recipes.items()}
-            if not errors:
+            # a valid recipe of a model not implemented yet is stored with its one reason, so a
+            # folder holding one still gets the plan cache (the others are still loaded every time)
+            stored.update({n: {"abstract": False, "specs": None, "unsupported": [e.file, [list(p) for p in e.problems]]}
+                           for n, e in errors.items() if isinstance(e, UnsupportedModel)})
+            if all(isinstance(e, UnsupportedModel) for e in errors.values()):
                 try:
                     for n, r in recipes.items():
                         if not r.abstract:
@@ -136,7 +142,8 @@ class RecipeSet:
                     pass
                 else:
                     plancache.save(paths.state_dir(), sig, noted, stored)
-        self.abstract = {n: row["abstract"] for n, row in stored.items()}  # valid recipes only
+        self.abstract = {n: row["abstract"] for n, row in stored.items() if "unsupported" not in row}  # valid ones
+        self._unsupported = {n: row["unsupported"] for n, row in stored.items() if "unsupported" in row}
 
     def full(self) -> tuple[dict, dict]:
         """(recipes by name, {file stem: RecipeError}): every recipe file loaded and checked."""
@@ -147,7 +154,12 @@ class RecipeSet:
         return self._full
 
     def errors(self) -> dict:
-        return {} if self.from_plan_cache else self.full()[1]
+        """{file stem: RecipeError}; from the plan cache, its unsupported recipes' errors."""
+        if self.from_plan_cache:
+            from .errors import UnsupportedModel
+
+            return {n: UnsupportedModel(f, [tuple(p) for p in problems]) for n, (f, problems) in self._unsupported.items()}
+        return self.full()[1]
 
     def plan(self, recipe_name: str) -> dict[str, StageSpec]:
         if recipe_name not in self._plans:

@@ -23,29 +23,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from . import plancache
+from .errors import RecipeError, UnsupportedModel  # noqa: F401  (the loader's errors, importable from here)
 from .precisions import DEFAULT_PRECISION, FOUR_BIT, NAMES as PRECISION_NAMES
 from .targets import DEFAULT_TARGET
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
-
-
-class RecipeError(Exception):
-    """A recipe (or a set of recipes) is invalid. ``problems`` is a list of
-    ``(key_path, message)`` tuples; ``file`` the recipe file."""
-
-    def __init__(self, file: Path | str, problems: list[tuple[str, str]]):
-        self.file = str(file)
-        self.problems = problems
-        lines = [f"{self.file}: {len(problems)} problem(s)"]
-        lines += [f"  {path or '<top>'}: {msg}" for path, msg in problems]
-        super().__init__("\n".join(lines))
-
-
-class UnsupportedModel(RecipeError):
-    """A valid recipe whose model the LLM export does not implement (its ``model_type`` or a
-    feature of it, :func:`tasks.llm.families.unsupported`): the recipe is skipped with this
-    one-line reason, the catalog lists it as ``unsupported``, and ``doit list`` still exits 0."""
 
 
 # ---------------------------------------------------------------- YAML loading

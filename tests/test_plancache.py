@@ -224,3 +224,30 @@ def test_damaged_rows_count_as_absent(cached, damage):
     got = probe(project)
     assert not got["cached"] and got["plans"] == first["plans"]
     assert probe(project)["cached"]  # rewritten by that load
+
+
+def test_a_folder_with_an_unsupported_model_still_gets_the_plan_cache(project):
+    """A valid recipe of a model not implemented yet (the repo's gemma-2) is stored with its
+    reason: a later `doit list` uses the stored plan (no pydantic) and still says, in one line,
+    that the recipe is unsupported."""
+    project.recipe("a")
+    model = project.root / "models" / "g"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(json.dumps({"model_type": "gemma3", "num_hidden_layers": 2}))
+    (project.root / "recipes" / "g.yaml").write_text(
+        "source: {path: models/g}\nexport: {family: llm, sequence_length: 8, context_length: 32}\n"
+        "quantize: {calibration: {file: data/calib.txt, samples: 2}}\nverify: {data: {file: data/verify.txt, samples: 2}}\n")
+    _age(project.root)
+
+    def doit_list():
+        r = subprocess.run([sys.executable, "-m", "doit", "list", "-f", str(REPO / "dodo.py"), "-d", str(project.root)],
+                           env=dict(project.env, NPUBUILD_STATS="1"), capture_output=True, text=True, cwd=project.root)
+        assert r.returncode == 0, r.stderr
+        return r
+
+    first = doit_list()
+    assert re.search(r"npubuild-stats .* pydantic=1", first.stderr), first.stderr
+    again = doit_list()
+    assert re.search(r"npubuild-stats .* pydantic=0", again.stderr), again.stderr
+    line = [ln for ln in again.stderr.splitlines() if "g.yaml" in ln]
+    assert len(line) == 1 and "unsupported model" in line[0] and "'gemma3'" in line[0], again.stderr
