@@ -179,3 +179,23 @@ def test_online_a_snapshot_file_that_differs_from_the_hubs_listing_is_one_line_a
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_a_local_source_folder_that_is_not_a_model_is_one_line_and_no_entry(project):
+    """A ``source.path`` folder that is empty, or holds only links that point nowhere (a Hub
+    ``snapshots/<rev>/`` folder copied without its ``blobs/``), or lacks its weights: one line
+    naming what is missing, no download entry (it was cached as an empty entry, and export
+    failed with transformers' 3 KB message)."""
+    import os
+
+    folder = project.root / "models" / "x"
+    folder.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        os.symlink(project.root / "blobs" / name, folder / name)  # dangling
+    recipe = project.recipe("x")
+    recipe.write_text(recipe.read_text().replace("models/tiny-bert", "models/x"))
+    run = project.doit("run", "build:x", check=False)
+    assert run.code != 0
+    lines = [ln for ln in run.log().splitlines() if "expected a complete model folder" in ln]
+    assert len(lines) == 1 and "config.json" in lines[0] and "model.safetensors" in lines[0], run.log()
+    assert project.entries("download") == []

