@@ -198,7 +198,7 @@ def _load() -> RecipeSet:
     d = str(paths.recipes_dir())
     try:
         with os.scandir(d) as it:  # one stat per file, no Path objects: this runs per task
-            stamp = tuple(sorted(_scan_stat(e) for e in it if e.name.endswith(".yaml")))
+            stamp = tuple(sorted(_scan_stat(e) for e in it if e.name.endswith(".yaml") and not e.name.startswith(".")))
     except OSError:
         stamp = ()
     return _recipes_cached(d, stamp)

@@ -28,6 +28,7 @@ from .precisions import DEFAULT_PRECISION, FOUR_BIT, NAMES as PRECISION_NAMES
 from .targets import DEFAULT_TARGET
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
+MAX_NAME = 128  # characters of a recipe name: `.<name>-<key12>.tar.gz.<pid>.tmp` and the like stay under 255
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 
 
@@ -602,6 +603,9 @@ class Recipe(_Strict):
     def _name(cls, v):
         if not NAME_RE.fullmatch(v):
             raise ValueError(f"expected lowercase letters, digits, '.' and '-', found {v!r}")
+        if len(v) > MAX_NAME:
+            raise ValueError(f"expected at most {MAX_NAME} characters (the name is part of file names under build/, "
+                             f"dist/ and the home's locks, which a file system caps at 255), found {len(v)}")
         return v
 
 
@@ -780,7 +784,8 @@ def load_all(directory: Path | None = None, collect_errors: bool = False):
     from .paths import recipes_dir
 
     directory = Path(directory or recipes_dir())
-    files = sorted(directory.glob("*.yaml"))
+    # hidden files are an editor's or an OS's, not recipes: Emacs' `.#r.yaml` lock links, macOS' `._r.yaml`
+    files = sorted(f for f in directory.glob("*.yaml") if not f.name.startswith("."))
     stems = {f.stem: f for f in files}
     errors: dict[str, RecipeError] = {}
     loaded: dict[Path, Recipe] = {}

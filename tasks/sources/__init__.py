@@ -26,6 +26,14 @@ def source_files(folder: Path) -> list[Path]:
     return [f for f in list_files(folder) if not any(p in SKIPPED_PARTS for p in f.relative_to(folder).parts)]
 
 
+def _utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+        return True
+    except UnicodeEncodeError:  # undecodable bytes of the file system, kept as surrogates
+        return False
+
+
 def folder_problem(folder: Path, roots: list[Path], what: str) -> str:
     """"" when every file of source folder ``folder`` resolves inside ``roots`` and this user
     can read it, else the message naming the first links out and where they point, or the first
@@ -37,6 +45,10 @@ def folder_problem(folder: Path, roots: list[Path], what: str) -> str:
     from ..digest import links_out
 
     files = source_files(folder)
+    if odd := [f for f in files if not _utf8(str(f.relative_to(folder)))]:  # keys, manifests and logs are UTF-8
+        shown = "; ".join(repr(os.fsencode(f.relative_to(folder)))[1:] for f in odd[:3])
+        return (f"expected file names in UTF-8 in {what} ({folder}), found {len(odd)} that are not: {shown} "
+                "(rename or remove them)")
     if out := links_out(folder, roots, files):
         shown = "; ".join(f"{rel} -> {real}" for rel, real in out[:3]) + (
             f" (and {len(out) - 3} more)" if len(out) > 3 else "")
