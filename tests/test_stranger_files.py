@@ -37,3 +37,23 @@ def test_a_source_file_name_that_is_not_utf8_is_one_line_naming_it(project):
     lines = [ln for ln in run.log().splitlines() if "expected file names in UTF-8" in ln]
     assert run.code != 0 and lines and all("notes\\xff.txt" in ln for ln in lines), run.log()
     assert "UnicodeEncodeError" not in run.log() and project.entries("download") == []
+
+
+def test_a_cache_or_build_folder_inside_the_source_folder_is_one_line(project):
+    """NPUBUILD_CACHE or NPUBUILD_BUILD inside the source folder: the download would copy them
+    into themselves (a build that never converged, or InputChanged on every build). One line
+    naming the setting, no entry."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    project.recipe("r")
+    src = project.root / "models" / "tiny-bert"
+    for name, sub in (("NPUBUILD_CACHE", "cache"), ("NPUBUILD_BUILD", "out")):
+        env = dict(project.env, **{name: str(src / sub)})
+        p = subprocess.run([sys.executable, "-m", "doit", "run", "-f", str(REPO / "dodo.py"), "-d", str(project.root),
+                            "build:r"], env=env, capture_output=True, text=True)
+        said = [ln for ln in (p.stdout + p.stderr).splitlines() if f"found {name} (" in ln]
+        assert p.returncode != 0 and said and "inside it" in said[0], p.stdout + p.stderr
+        assert not (src / sub / "download").exists()

@@ -68,12 +68,31 @@ def local_folder(params: dict) -> Path:
     a file of it (:func:`folder_problem`)."""
     p = _folder(params)
     if params.get("path") is not None:
-        bad = folder_problem(p, paths.allowed_dirs(), f"source.path {params['path']!r}")
+        bad = inside_problem(p, f"source.path {params['path']!r}") or \
+            folder_problem(p, paths.allowed_dirs(), f"source.path {params['path']!r}")
     else:
         bad = folder_problem(p, [p.resolve()], f"source package {params['package']!r}")
     if bad:
         raise SourceError(bad)
     return p
+
+
+#: the folders npubuild writes, by the setting that moves each
+WRITTEN = {"NPUBUILD_CACHE": paths.cache_dir, "NPUBUILD_BUILD": paths.build_dir, "NPUBUILD_HOME": paths.state_dir,
+           "NPUBUILD_DIST": paths.dist_dir, "NPUBUILD_CATALOG": paths.catalog_dir}
+
+
+def inside_problem(folder: Path, what: str) -> str:
+    """"" unless a folder npubuild writes (:data:`WRITTEN`) lies inside source ``folder``: then
+    the message naming it (the download would copy the cache or the build into itself: a key
+    that never settles, or a source that changes while it is read, for ever)."""
+    src = Path(folder).resolve()
+    for name, where in WRITTEN.items():
+        w = Path(where()).resolve()
+        if w == src or src in w.parents:
+            return (f"expected {what} ({src}) to hold no folder npubuild writes, found {name} ({w}) inside it: "
+                    f"set {name} to a folder outside the source")
+    return ""
 
 
 def _folder(params: dict) -> Path:
