@@ -84,6 +84,21 @@ class LockTimeout(Exception):
     """A key lock stayed held by a stopped or dead holder for longer than the lock timeout."""
 
 
+class EntryUnreadable(Exception):
+    """A cache entry this user may not read (another user's, made under umask 077 in a shared
+    cache). It is not damage: it is neither used nor moved aside."""
+
+    def __init__(self, path: Path):
+        try:
+            st = Path(path).stat()
+            whose = f"it belongs to uid {st.st_uid}, mode {st.st_mode & 0o777:04o}"
+        except OSError:
+            whose = "its owner and mode cannot be read either"
+        super().__init__(f"{path}: this user (uid {os.getuid()}) cannot read this cache entry ({whose}); it is "
+                         "another user's: ask them to make the shared cache's entries group-readable (umask 002), "
+                         "or set NPUBUILD_CACHE to a cache of your own")
+
+
 class DiskFull(Exception):
     """The disk filled (ENOSPC / EDQUOT) while a stage wrote its cache entry."""
 
@@ -295,7 +310,14 @@ class Cache:
 
     def problems(self, kind: str, key: str, full: bool = False) -> list[str] | None:
         """None if no entry exists; else the list of ways the entry differs from its manifest
-        (empty = intact). ``full=True`` rehashes every output file (uncached)."""
+        (empty = intact). ``full=True`` rehashes every output file (uncached). Raises
+        EntryUnreadable for an entry this user may not read (not damage: nothing is moved)."""
+        try:
+            return self._problems(kind, key, full)
+        except PermissionError:
+            raise EntryUnreadable(self.entry_path(kind, key)) from None
+
+    def _problems(self, kind: str, key: str, full: bool) -> list[str] | None:
         path = self.entry_path(kind, key)
         mpath = path / "manifest.json"
         if not path.exists():
@@ -305,6 +327,8 @@ class Cache:
             listed = m.get("outputs", {})
             for meta in listed.values():
                 int(meta["size"]), str(meta["xxh3"])
+        except PermissionError:
+            raise  # another user's entry, not damage (problems)
         except (OSError, ValueError, AttributeError, KeyError, TypeError) as e:
             return [f"manifest.json unreadable or malformed: {type(e).__name__}: {e}"]
         out = []
@@ -318,6 +342,8 @@ class Cache:
             f = path / "out" / rel
             try:
                 st = f.stat()
+            except PermissionError:
+                raise
             except OSError:
                 out.append(f"{rel}: missing")
                 continue

@@ -327,7 +327,7 @@ def _expected_errors() -> tuple:
     from .qnn import NotOnNPU
     from .sources import SourceError
 
-    from .cache import DiskFull, LockTimeout
+    from .cache import DiskFull, EntryUnreadable, LockTimeout
     from .context_binary import Mismatch, ReadError
     from .digest import InputChanged, StoreUnwritable
     from .llm.memory import NotEnoughMemory
@@ -335,7 +335,7 @@ def _expected_errors() -> tuple:
 
     return (engine.StageFailed, engine.UpstreamUnusable, SourceError, NotOnNPU, GraphError, RecipeError,
             FileNotFoundError, ValueError, DiskFull, LockTimeout, InputChanged, StoreUnwritable, NotEnoughMemory,
-            Mismatch, ReadError)
+            Mismatch, ReadError, EntryUnreadable)
 
 
 def _stage_action(recipe: str, stage: str):

@@ -57,3 +57,27 @@ def test_a_cache_or_build_folder_inside_the_source_folder_is_one_line(project):
         said = [ln for ln in (p.stdout + p.stderr).splitlines() if f"found {name} (" in ln]
         assert p.returncode != 0 and said and "inside it" in said[0], p.stdout + p.stderr
         assert not (src / sub / "download").exists()
+
+
+def test_another_users_unreadable_entry_is_one_line_and_not_moved(project):
+    """A shared cache holding another user's entry made under umask 077: the build that cannot
+    read it says so in one line and moves nothing to .damaged/ (it was a PermissionError
+    traceback and the entry moved aside). The other user is this one without the capabilities
+    that let root read anything (setpriv drops CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER)."""
+    import stat
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    project.recipe("r")
+    project.doit("run", "download:r")
+    (entry,) = (project.cache / "download").iterdir()
+    os.chown(entry, 12345, 12345)
+    os.chmod(entry, stat.S_IRWXU)
+    p = subprocess.run(["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search,-fowner",
+                        sys.executable, "-m", "doit", "run", "-f", str(REPO / "dodo.py"), "-d", str(project.root),
+                        "build:r"], env=project.env, capture_output=True, text=True)
+    out = p.stdout + p.stderr
+    assert p.returncode != 0 and "cannot read this cache entry" in out and "uid 12345" in out, out
+    assert "Traceback" not in out and not (project.cache / ".damaged").exists() and entry.is_dir(), out
