@@ -364,6 +364,27 @@ def _linear(g: _Graph, scope: str, x: str, prefix: str, bias: bool) -> str:
     return g.op(scope, "Add", [y, g.w(prefix + ".bias")]) if bias else y
 
 
+def layer_tail(g: _Graph, s: str, p: str, x: str, o: str, dims: dict, eps: float, S: int,
+               out: str | None = None) -> str:
+    """The rest of decoder layer ``p`` (ONNX scope ``s``) after attention, for both graph layouts
+    (this module's and Genie's, :mod:`tasks.llm.genie`): the heads' outputs ``o``, rows of the
+    query heads in their order (H x S x d elements), back to [1, S, H*d], ``o_proj`` added to the
+    residual ``x`` [1, S, D], then the post-attention RMSNorm, the gated MLP (``dims["act"]``)
+    and its residual add. ``out``: the name of the layer's output (a part's hidden state), or a
+    generated one. Returns the output's name."""
+    H, d = dims["num_heads"], dims["head_dim"]
+    o = g.op(f"{s}/self_attn", "Reshape", [o, g.const(f"shape_h_{S}", [1, H, S, d])])
+    o = g.op(f"{s}/self_attn", "Transpose", [o], perm=[0, 2, 1, 3])
+    o = g.op(f"{s}/self_attn", "Reshape", [o, g.const(f"shape_o_{S}", [1, S, H * d])])
+    x = g.op(s, "Add", [x, _linear(g, f"{s}/self_attn/o_proj", o, f"{p}.self_attn.o_proj", False)])
+    h = _rmsnorm(g, f"{s}/post_attention_layernorm", x, f"{p}.post_attention_layernorm.weight", eps)
+    gate = _linear(g, f"{s}/mlp/gate_proj", h, f"{p}.mlp.gate_proj", False)
+    act = _activation(g, f"{s}/mlp/act", gate, dims["act"])
+    up = _linear(g, f"{s}/mlp/up_proj", h, f"{p}.mlp.up_proj", False)
+    down = _linear(g, f"{s}/mlp/down_proj", g.op(f"{s}/mlp", "Mul", [act, up]), f"{p}.mlp.down_proj", False)
+    return g.op(s, "Add", [x, down], out=out)
+
+
 def _rotate(g: _Graph, scope: str, t: str, cos: str, sin: str, half: int, out: str | None = None) -> str:
     hi = g.op(scope, "Slice", [t, g.const(f"s_{half}", [half]), g.const("s_max", [2**62]), g.const("axis_last", [-1])])
     lo = g.op(scope, "Slice", [t, g.const("s_0", [0]), g.const(f"s_{half}", [half]), g.const("axis_last", [-1])])
@@ -439,16 +460,7 @@ def build_graph(dims: dict, lo: int, hi: int, first: bool, last: bool, S: int, C
         scores = g.op(f"{s}/self_attn", "Mul", [g.op(f"{s}/self_attn", "MatMul", [qg, kt]), scale])
         probs = g.op(f"{s}/self_attn", "Softmax", [g.op(f"{s}/self_attn", "Add", [scores, mask])], axis=-1)
         o = g.op(f"{s}/self_attn", "MatMul", [probs, cache["value"]])
-        o = g.op(f"{s}/self_attn", "Reshape", [o, g.const(f"shape_h_{S}", [1, H, S, d])])
-        o = g.op(f"{s}/self_attn", "Transpose", [o], perm=[0, 2, 1, 3])
-        o = g.op(f"{s}/self_attn", "Reshape", [o, g.const(f"shape_o_{S}", [1, S, H * d])])
-        x = g.op(s, "Add", [x, _linear(g, f"{s}/self_attn/o_proj", o, f"{p}.self_attn.o_proj", False)])
-        h = _rmsnorm(g, f"{s}/post_attention_layernorm", x, f"{p}.post_attention_layernorm.weight", eps)
-        gate = _linear(g, f"{s}/mlp/gate_proj", h, f"{p}.mlp.gate_proj", False)
-        act = _activation(g, f"{s}/mlp/act", gate, dims["act"])
-        up = _linear(g, f"{s}/mlp/up_proj", h, f"{p}.mlp.up_proj", False)
-        down = _linear(g, f"{s}/mlp/down_proj", g.op(f"{s}/mlp", "Mul", [act, up]), f"{p}.mlp.down_proj", False)
-        x = g.op(s, "Add", [x, down], out=None if (l < hi - 1 or last) else hidden_name(part))
+        x = layer_tail(g, s, p, x, o, dims, eps, S, out=None if (l < hi - 1 or last) else hidden_name(part))
     if last:
         x = _rmsnorm(g, "model/norm", x, "model.norm.weight", eps)
         heads = _split_names(g, "lm_head.weight.T")

@@ -100,7 +100,7 @@ def build_graph(dims: dict, lo: int, hi: int, first: bool, last: bool, S: int, C
     """ONNX ModelProto of part ``part`` (layers ``lo..hi-1``) for AR-``S``, CL-``C`` in Genie's
     layout (module docstring). ``weights``: the part's external-data TensorProtos
     (:func:`tasks.llm.export.write_part_weights`)."""
-    from .export import _activation, _Graph, _linear, _rmsnorm, _rotate, _split_names, hidden_name
+    from .export import _Graph, _linear, _rmsnorm, _rotate, _split_names, hidden_name, layer_tail
 
     H, Hkv, d = dims["num_heads"], dims["num_kv_heads"], dims["head_dim"]
     grp, eps, rd, P = H // Hkv, dims["rms_eps"], dims["rotary_dim"], C - S
@@ -158,16 +158,7 @@ def build_graph(dims: dict, lo: int, hi: int, first: bool, last: bool, S: int, C
         scores = g.op(f"{s}/self_attn", "Mul", [g.op(f"{s}/self_attn", "MatMul", [qg, k_all]), scale])
         probs = g.op(f"{s}/self_attn", "Softmax", [g.op(f"{s}/self_attn", "Add", [scores, mask])], axis=-1)
         o = g.op(f"{s}/self_attn", "MatMul", [probs, v_all])  # [Hkv, 1, grp*S, d]
-        o = g.op(f"{s}/self_attn", "Reshape", [o, g.const(f"shape_h_{S}", [1, H, S, d])])
-        o = g.op(f"{s}/self_attn", "Transpose", [o], perm=[0, 2, 1, 3])
-        o = g.op(f"{s}/self_attn", "Reshape", [o, g.const(f"shape_o_{S}", [1, S, H * d])])
-        x = g.op(s, "Add", [x, _linear(g, f"{s}/self_attn/o_proj", o, f"{p}.self_attn.o_proj", False)])
-        h = _rmsnorm(g, f"{s}/post_attention_layernorm", x, f"{p}.post_attention_layernorm.weight", eps)
-        gate = _linear(g, f"{s}/mlp/gate_proj", h, f"{p}.mlp.gate_proj", False)
-        act = _activation(g, f"{s}/mlp/act", gate, dims["act"])
-        up = _linear(g, f"{s}/mlp/up_proj", h, f"{p}.mlp.up_proj", False)
-        down = _linear(g, f"{s}/mlp/down_proj", g.op(f"{s}/mlp", "Mul", [act, up]), f"{p}.mlp.down_proj", False)
-        x = g.op(s, "Add", [x, down], out=None if (l < hi - 1 or last) else hidden_name(part))
+        x = layer_tail(g, s, p, x, o, dims, eps, S, out=None if (l < hi - 1 or last) else hidden_name(part))
     if last:
         x = _rmsnorm(g, "model/norm", x, "model.norm.weight", eps)
         heads = _split_names(g, "lm_head.weight.T")
