@@ -6,13 +6,11 @@ the catalog marks the build as a shape build."""
 from __future__ import annotations
 
 import json
-import shutil
 
 from safetensors import safe_open
 
-from conftest import REPO, Project
-from llm_fixtures import tiny_model
-from test_llm_recipes import DATA
+from conftest import Project
+from test_llm_parts import parts_project_at
 
 COMMIT = "f" * 40
 FACTS = {"repo": "acme/tiny-llama-shape", "revision": COMMIT, "revision_source": "a test", "config_source": "a test",
@@ -29,12 +27,9 @@ verify: {{backend: cpu-qdq, runtime: runner, data: {{samples: 1}}, max_new_token
 
 
 def _project(root, tiny_bert) -> Project:
-    proj = Project(root, tiny_bert)
-    for rel in DATA:
-        (proj.root / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(REPO / rel, proj.root / rel)
-    shutil.copyfile(REPO / "recipes" / "tiny-qwen2-w8a16.yaml", proj.root / "recipes" / "tiny-qwen2-w8a16.yaml")
-    shutil.copytree(tiny_model("qwen2"), proj.root / ".fixtures" / "tiny-qwen2")
+    """The tiny-Qwen2 project of tests/test_llm_parts.py with kept facts of acme/tiny-llama-shape
+    and recipe ``shape``."""
+    proj = parts_project_at(root, tiny_bert, name="tiny1", parts=1)
     (proj.root / "recipes" / "models").mkdir()
     (proj.root / "recipes" / "models" / "tiny-llama-shape.json").write_text(json.dumps(FACTS))
     proj.recipe("shape", RECIPE)
