@@ -27,7 +27,7 @@ from . import engine, remote
 from .cache import Entry
 from .plan import StageSpec
 from .stagelog import LOG_NAME
-from .stages import ARTIFACTS
+from .stages import artifact_patterns
 
 STATUSES = ("local hit", "remote hit", "failed", "stale", "not built", "blocked", "unknown")
 
@@ -116,7 +116,7 @@ class Artifact:
 
 def artifacts(state: BuildState) -> dict[str, Artifact]:
     """{POSIX path in ``build/<recipe>/`` and in a published bundle: Artifact}: the outputs
-    of the kinds in ``tasks.stages.ARTIFACTS`` whose file names match its patterns, from the
+    of the kinds whose implementations declare ``artifacts``, the files matching those patterns, from the
     entries' manifests; an export's only at its top level (an LLM export's part folders hold
     graphs). With several targets, compile and verify files go under ``<target>/``. Raises
     engine.NotReady naming the first such stage without an entry. An LLM's parts each have a
@@ -129,7 +129,7 @@ def artifacts(state: BuildState) -> dict[str, Artifact]:
     llm = bool(state.of_kind("bundle"))
     out: dict[str, Artifact] = {}
     for st in state.stages.values():
-        pats = ARTIFACTS.get(st.kind)
+        pats = artifact_patterns(st.kind)
         if not pats:
             continue
         if st.entry is None:
@@ -192,7 +192,7 @@ def explain(recipe_name: str) -> list[dict]:
     rows = []
     for name, st in build_state(res, last).stages.items():
         spec = st.spec
-        row = {"stage": name, "task": spec.task, "kind": spec.kind, "impl": spec.module.__name__, "params": spec.params,
+        row = {"stage": name, "task": spec.task, "kind": spec.kind, "impl": spec.impl.module, "params": spec.params,
                "inputs": spec.inputs, "files": spec.files, "key": st.key, "status": st.status}
         e = st.entry
         if e and (e.path / LOG_NAME).is_file():

@@ -53,7 +53,7 @@ Output (:func:`write_catalog`, in :func:`tasks.paths.catalog_dir`):
                       safetensors tensors, else of the export's fp32 ONNX initializers,
                       unique by name across its graphs (:func:`parameter_count`)
   ``artifacts``       built only: {target: {file: bytes}} of the compile entries' artifact
-                      files (``tasks.stages.ARTIFACTS["compile"]``: ``*_ctx.onnx``, ``*.bin``,
+                      files (the compile implementations' ``artifacts``: ``*_ctx.onnx``, ``*.bin``,
                       ``genai_config.json``, ``export.json``)
   ``artifact_bytes``  built only: their total size in bytes (int)
   ``verify``          built only: {target: {``backend``, ``runtime`` (LLMs: "runner" or

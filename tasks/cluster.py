@@ -225,9 +225,9 @@ def build(recipes: list[str] | None, scheduler: str | None, link=None, log=print
         results.update(_run(nodes, done, scheduler, log, timeout))
     # the client's part: pull what build/ and the checks read, check, record, link (builds
     # nothing: a Resolver only fetches; the other stages' keys come from remote manifests)
-    from .stages import ARTIFACTS, modules_of
+    from .stages import artifact_patterns, implementations
 
-    wanted = frozenset(k for k in KINDS if k in ARTIFACTS or any(hasattr(m, "check") for m in modules_of(k)))
+    wanted = frozenset(k for k in KINDS if artifact_patterns(k) or any(st.check for st in implementations(k)))
     failed, pulled = [], 0
     for recipe in recipes:
         res = engine.Resolver(recipe, pull=wanted)

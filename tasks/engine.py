@@ -2,15 +2,16 @@
 
 The stage key (xxh3-128 of canonical JSON, :func:`key_material` + :func:`stage_key`) covers:
 
-- the stage kind and the ``VERSION`` of its module in ``tasks/stages/``;
-- its resolved params (minus the module's ``KEY_EXCLUDE``, e.g. verify thresholds, which
-  judge a result but do not change it);
+- the stage kind, and the module and ``version`` of its implementation (``STAGE``,
+  :class:`tasks.stages.contract.Stage`);
+- its resolved params (minus the implementation's ``key_exclude``, e.g. verify thresholds,
+  which judge a result but do not change it);
 - the output digests of its upstream entries and the content digests of the project files
   it reads, never their paths and never the recipe name, so two recipes whose stages agree
   share one entry; and since an upstream enters by its *output* digest, a rebuilt upstream
   with byte-identical output leaves its downstream up to date (early cut-off);
-- the versions of the tools in the module's ``TOOLS``;
-- whatever the module's optional ``key_extra(params)`` adds (a local source folder's digest,
+- the versions of the tools in the implementation's ``tools``;
+- whatever its optional ``key_extra(params)`` adds (a local source folder's digest,
   a Hub revision resolved to its commit).
 
 This module knows nothing of doit; ``tasks/dodo_tasks.py`` wraps it.
@@ -245,21 +246,20 @@ def project_file(rel: str) -> Path:
 def key_material(spec: StageSpec, upstream: dict[str, Entry]) -> dict:
     """Everything the key of ``spec`` is the hash of (a plain dict). ``upstream`` maps each
     role in ``spec.inputs`` to its committed entry."""
-    mod = spec.module
-    params = {k: v for k, v in spec.params.items() if k not in getattr(mod, "KEY_EXCLUDE", ())}
+    st = spec.impl
+    params = {k: v for k, v in spec.params.items() if k not in st.key_exclude}
     material = {
         "kind": spec.kind,
-        "impl": mod.__name__,  # the family's implementation of the kind (tasks.stages)
-        "version": mod.VERSION,
+        "impl": st.module,  # the family's implementation of the kind (tasks.stages)
+        "version": st.version,
         "params": params,
         "inputs": {role: upstream[role].output_digest for role in spec.inputs},
         "files": {role: digest.file_digest(project_file(rel)) for role, rel in spec.files.items()},
-        "tools": tools.versions(mod.TOOLS),
+        "tools": tools.versions(st.tools),
         "code": code_digest(spec),
     }
-    extra = getattr(mod, "key_extra", None)
-    if extra:
-        material["extra"] = extra(spec.params)
+    if st.key_extra:
+        material["extra"] = st.key_extra(spec.params)
     return material
 
 
@@ -350,7 +350,7 @@ def code_files(spec: StageSpec) -> dict[str, str]:
     sorted by name (what a cluster worker compares to name the module that differs). Worked
     out once per process for each stage implementation (and patch steps) and reused while the files'
     stats are unchanged (a plain ``os.stat`` each, no stat-cache query)."""
-    k = (spec.module.__name__, tuple(s["name"] for s in spec.params["steps"]) if spec.kind == "patch" else ())
+    k = (spec.impl.module, tuple(s["name"] for s in spec.params["steps"]) if spec.kind == "patch" else ())
     hit = _CODE_FILES.get(k)
     if hit is not None and _stamp(hit[1]) == hit[0]:
         return dict(hit[1])
@@ -360,9 +360,9 @@ def code_files(spec: StageSpec) -> dict[str, str]:
 
 
 def _code_files(spec: StageSpec) -> dict[str, str]:
-    mod = spec.module
-    names = set(code_modules(mod.__name__))
-    for dep in getattr(mod, "CODE_DEPS", ()):  # modules found by name at run time, not imported
+    st = spec.impl
+    names = set(code_modules(st.module))
+    for dep in st.code_deps:  # modules found by name at run time, not imported
         names.update(code_modules(dep))
     if spec.kind == "patch":
         from . import patches
@@ -376,7 +376,7 @@ def code_digest(spec: StageSpec) -> str:
     """xxh3 of the source files that implement ``spec``: every module of this package that its
     stage module imports, at any depth (:func:`code_modules`; the target table, the LLM
     helpers, ...) and, for a patch stage, each step's patch module (patches are found by name,
-    not imported). A hand-bumped ``VERSION`` or a hand-kept list of dependencies is easy to
+    not imported). A hand-bumped ``version`` or a hand-kept list of dependencies is easy to
     forget (both went stale here: issue 11); the import graph cannot be forgotten. Keyed by
     dotted module name (``tasks.llm.export`` and ``tasks.encoder.export`` are two files)."""
     return digest.digest_json(code_files(spec))
@@ -449,7 +449,7 @@ class Resolver:
 
     def failures(self, stage: str, entry: Entry) -> list[str]:
         spec = self.specs[stage]
-        check = getattr(spec.module, "check", None)
+        check = spec.impl.check
         return check(entry.out, entry.manifest, spec.params) if check else []
 
 
@@ -489,7 +489,7 @@ def build_spec(spec: StageSpec, upstream: dict[str, Entry], cache: Cache,
     from . import stagelog
     from .proc import child, heap
 
-    mod = spec.module
+    st = spec.impl
     material = material or key_material(spec, upstream)
     key = stage_key(material)
     files = {role: project_file(rel) for role, rel in spec.files.items()}
@@ -509,7 +509,7 @@ def build_spec(spec: StageSpec, upstream: dict[str, Entry], cache: Cache,
                 read = digest.snapshot(files, material["files"], spec.files, Path(tempfile.mkdtemp(prefix="inputs-")))
                 rss.peak_rss_reset()  # this process's peak from here: the stage's own (children report theirs)
                 try:
-                    info = mod.run({r: e.out for r, e in upstream.items()}, read, spec.params, out) or {}
+                    info = st.run({r: e.out for r, e in upstream.items()}, read, spec.params, out) or {}
                 except ValueError as e:  # a data file's problem names the file the recipe names, not the copy
                     if e.args and isinstance(e.args[0], str):
                         msg = e.args[0]
@@ -519,7 +519,7 @@ def build_spec(spec: StageSpec, upstream: dict[str, Entry], cache: Cache,
                     raise
                 if (peak := rss.peak_rss()) is not None:
                     info = {**info, "stage_peak_rss": peak}
-                if check := getattr(mod, "check_read", None):  # e.g. a source folder's copy vs its key
+                if check := st.check_read:  # e.g. a source folder's copy vs its key
                     check(out, material, spec.params)
                 return info
         except BaseException as e:
@@ -539,7 +539,7 @@ def build_spec(spec: StageSpec, upstream: dict[str, Entry], cache: Cache,
 
     base = {
         "material": material,  # lets a remote reader check that the entry is this key's
-        "stage_version": mod.VERSION, "code": material["code"], "params": spec.params, "tools": material["tools"],
+        "stage_version": st.version, "code": material["code"], "params": spec.params, "tools": material["tools"],
         "inputs": {r: {"kind": e.kind, "key": e.key, "output_digest": e.output_digest} for r, e in upstream.items()},
         "files": {r: {"path": spec.files[r], "xxh3": material["files"][r]} for r in files},
         "extra": material.get("extra", {}), "host": tools.host(), "built_for": spec.recipe,

@@ -12,7 +12,7 @@ np = lazy.module("numpy")
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
     """Cosine of two flattened arrays; NaN if either holds NaN/inf (a NaN never passes a
-    threshold: ``tasks.stages.common.check``), 0.0 if either is all zeros."""
+    threshold: ``tasks.stages.common.checker``), 0.0 if either is all zeros."""
     a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
     den = np.linalg.norm(a) * np.linalg.norm(b)
     if not np.isfinite(den):

@@ -46,11 +46,12 @@ class StageSpec:
     family: str = "encoder"  # the recipe's export.family: picks the implementation (tasks.stages)
 
     @property
-    def module(self):
-        """The stage module that builds this spec (``tasks.stages.module_for(kind, family)``)."""
-        from .stages import module_for
+    def impl(self):
+        """The implementation that builds this spec (``tasks.stages.implementation(kind, family)``:
+        a :class:`tasks.stages.contract.Stage`)."""
+        from .stages import implementation
 
-        return module_for(self.kind, self.family)
+        return implementation(self.kind, self.family)
 
     @property
     def task(self) -> str:
@@ -72,19 +73,20 @@ def _patch_params(steps) -> dict:
 def expand(recipe: Recipe) -> list[StageSpec]:
     """The stage specs of ``recipe`` in build order (upstream before downstream). Each stage's
     params and files are what its family's implementation declares it reads of its recipe
-    section (``PARAMS``, ``FILES``: :func:`tasks.stages.params_from`); this function only wires
+    section (its ``params`` and ``files``: :func:`tasks.stages.params_from`); this function only wires
     the stages together (roles, one compile and verify per target, the patch steps)."""
-    from .stages import SECTIONS, files_from, params_from
+    from .stages import files_from, params_from
+    from .stages.schema import SECTIONS
 
     r = recipe
     fam = r.export.family
     sections = {name: getattr(r, name).model_dump() for name in SECTIONS}
 
     def params(name: str, kind: str | None = None) -> dict:
-        return params_from(sections[name], kind or SECTIONS[name], fam)
+        return params_from(sections[name], kind or name, fam)
 
     def files(name: str, kind: str | None = None) -> dict:
-        return files_from(sections[name], kind or SECTIONS[name], fam)
+        return files_from(sections[name], kind or name, fam)
 
     if fam == "llm":
         return [replace(s, family=fam) for s in _expand_parts(r, params, files)]

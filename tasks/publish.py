@@ -56,7 +56,7 @@ from pathlib import Path
 
 from . import catalog, digest, paths
 from .buildstate import artifacts, diff
-from .stages import ARTIFACTS
+from .stages import artifact_patterns
 
 MANIFEST_SCHEMA = 1
 NOT_RECORDED = {
@@ -665,7 +665,7 @@ def print_check(folder: str | Path, public_key: str | Path | None = None, cert_c
 def recheck_published(folder: Path, manifest: dict) -> None:
     """Before a published bundle is compared with a rebuild: re-read every file of it against
     its manifest (:func:`check_bundle`, full sha256), and fully rehash the local cache entries
-    its artifacts came from (the manifest's ``stages`` of the kinds in ``ARTIFACTS``; entries
+    its artifacts came from (the manifest's ``stages`` of the kinds with artifacts; entries
     no longer in the cache are skipped), so that a difference is never blamed on the rebuild
     when the published side is damaged. A damaged entry is quarantined
     (``Cache.confirm_damage``). Raises PublishError naming the file, or the entry and file."""
@@ -678,7 +678,7 @@ def recheck_published(folder: Path, manifest: dict) -> None:
                            f"publish it again before comparing")
     cache = engine.cache()
     for stage, st in sorted(manifest.get("stages", {}).items()):
-        if not (isinstance(st, dict) and st.get("kind") in ARTIFACTS and isinstance(st.get("key"), str)):
+        if not (isinstance(st, dict) and artifact_patterns(str(st.get("kind"))) and isinstance(st.get("key"), str)):
             continue
         probs = cache.problems(st["kind"], st["key"], full=True)
         if probs:

@@ -20,12 +20,13 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, create_model, field_validator
 
 from . import plancache
 from .errors import RecipeError, UnsupportedModel  # noqa: F401  (the loader's errors, importable from here)
-from .precisions import DEFAULT_PRECISION, FOUR_BIT, NAMES as PRECISION_NAMES
-from .targets import DEFAULT_TARGET
+from .stages import implementation, schema
+from .stages.params import close
+from .stages.schema import Strict, found
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
 MAX_NAME = 128  # characters of a recipe name: `.<name>-<key12>.tar.gz.<pid>.tmp` and the like stay under 255
@@ -245,90 +246,11 @@ def deep_merge(base: dict, over: dict) -> dict:
 
 # ---------------------------------------------------------------- schema
 
-# Which family reads a param is declared by the stage implementations themselves (their
-# ``PARAMS`` / ``FILES``, tasks/stages): a stage's params hold exactly what it declares, and a
-# recipe that sets a key only the other family reads is a load error (issue 11, issue 24).
+# The stage sections are assembled from the stage implementations' declarations
+# (tasks/stages/schema.py); the top keys and the patch steps are defined here.
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-
-class Source(_Strict):
-    """Exactly one of ``hf``, ``path`` or ``package``."""
-
-    hf: Optional[str] = Field(None, description="Hub repo id, e.g. sentence-transformers/all-MiniLM-L6-v2")
-    revision: Optional[str] = Field(None, description="branch, tag or 40-hex commit (hf only)")
-    allow_patterns: Optional[list[str]] = None
-    path: Optional[str] = Field(None, description="local folder, relative to the project root")
-    package: Optional[str] = Field(None, description="importable package that ships a model folder")
-    subdir: str = Field("", description="folder inside the package (package only)")
-    shape: bool = Field(False, description="hf only: a shape build, random weights of the model's kept config "
-                                           "(recipes/models/) instead of the Hub's (tasks/sources/shape.py)")
-    tokenizer: Optional[str] = Field(None, description="shape only: folder of tokenizer files, relative to the project root")
-    seed: int = Field(0, ge=0, description="shape only: the random weights' seed")
-
-    @model_validator(mode="after")
-    def _one_kind(self):
-        given = [k for k in ("hf", "path", "package") if getattr(self, k) is not None]
-        if len(given) != 1:
-            raise ValueError(f"expected exactly one of hf, path, package; found {given or 'none'}")
-        if self.hf is not None:
-            if not re.match(r"^[\w.-]+(/[\w.-]+)?$", self.hf):
-                raise ValueError(f"expected a Hub repo id like 'org/name', found {self.hf!r}")
-            if self.revision is None:
-                raise ValueError("expected 'revision' (a commit, branch or tag) for an hf source")
-        elif self.revision is not None or self.allow_patterns is not None:
-            raise ValueError("'revision' and 'allow_patterns' apply to hf sources only")
-        if self.subdir and self.package is None:
-            raise ValueError("'subdir' applies to package sources only")
-        if self.shape and (self.hf is None or self.tokenizer is None):
-            raise ValueError("expected 'hf', 'revision' and 'tokenizer' with 'shape: true' (random weights of the Hub "
-                             f"model's kept config), found {'no tokenizer' if self.hf else 'no hf'}")
-        if not self.shape and (self.tokenizer is not None or self.seed):
-            raise ValueError("'tokenizer' and 'seed' apply to shape builds only (shape: true)")
-        return self
-
-    @property
-    def kind(self) -> str:
-        return "shape" if self.shape else "hf" if self.hf else "path" if self.path else "package"
-
-
-class ExportCfg(_Strict):
-    family: Literal["encoder", "llm"] = Field("encoder", description="encoder: one static graph; llm: prefill+decode")
-    task: Optional[str] = Field(None, description="optimum task; inferred when absent")
-    opset: int = Field(17, ge=13, le=23, description="the LLM export writes opset 21 itself")
-    batch_size: int = Field(1, description="sequences per call; 1 (the one value the stages feed)")
-    sequence_length: int = Field(128, ge=1, le=131_072, description="tokens per call (encoder), or prefill AR-N (llm)")
-    decode_length: int = Field(1, ge=1, le=1, description="llm: tokens per decode call (AR-1)")
-    context_length: int = Field(4096, ge=2, le=1_048_576, description="llm: KV cache length + current tokens")
-    parts: int = Field(1, ge=1, le=64, description="llm: number of parts the layers are split into")
-    embedding: Literal["first-part", "host"] = Field(
-        "first-part", description="llm: token embedding Gather inside part 0, or on the host (embed_tokens.npy)")
-    lm_head: Literal["last-part"] = Field("last-part", description="llm: final norm + LM head in the last part")
-    layout: Literal["genai-pipeline"] = Field(
-        "genai-pipeline", description="llm: graph I/O that onnxruntime-genai's decoder pipeline drives: int32 "
-                                      "input_ids, past_seq_len/total_seq_len, one [1,Hkv,C,d] KV buffer per layer "
-                                      "updated in the graph, all prefill logits (tasks/llm/export.py)")
-
-    @field_validator("batch_size")
-    @classmethod
-    def _one_sequence(cls, v):
-        if v != 1:  # issue 23: 2 was accepted here and failed in quantize with a traceback
-            raise ValueError(f"expected 1 (quantize and verify feed one sequence per call: "
-                             f"tasks/encoder/quantize.py encoder_feeds; the LLM graphs are batch 1), found {v}")
-        return v
-
-    @model_validator(mode="after")
-    def _lengths(self):
-        if self.family == "llm" and self.sequence_length >= self.context_length:
-            raise ValueError(
-                f"expected sequence_length < context_length, found {self.sequence_length} >= {self.context_length}"
-            )
-        return self
-
-
-class PatchStep(_Strict):
+class PatchStep(Strict):
     name: str
     params: dict[str, Any] = Field(default_factory=dict)
     when: Literal["pre-quantize", "post-quantize"] = "post-quantize"
@@ -363,178 +285,19 @@ class PatchStep(_Strict):
         return {k: float(x) if k in floats and type(x) is int else x for k, x in v.items()}
 
 
-class TextData(_Strict):
-    file: str = Field(description="text file, one sample per line, relative to the project root")
-    samples: int = Field(16, ge=1, le=100_000)
-    max_length: int = Field(128, ge=1, le=131_072, description="encoder: tokens per sample (padded/truncated); "
-                            "LLM prompts are whole paragraphs bounded by export.context_length")
+SECTION_MODELS = schema.section_models()  # the stage sections, from the implementations' declarations
+Source = implementation("download").whole[1]  # the source section, which the download stage takes whole
 
 
-class Override(_Strict):
-    pattern: str = Field(description="regex matched (re.search) against weight initializer names")
-    weight_bits: Literal[4, 8, 16] = 8
-
-    @field_validator("pattern")
-    @classmethod
-    def _regex(cls, v):
-        try:
-            re.compile(v)
-        except re.error as e:
-            raise ValueError(f"expected a regular expression, found {v!r} ({e})") from None
-        return v
+def _section_field(name: str):
+    """A recipe field holding section ``name``: required when a key in it is."""
+    model = SECTION_MODELS[name]
+    if any(f.is_required() for f in model.model_fields.values()):
+        return (model, Field())
+    return (model, Field(default_factory=model))
 
 
-class QuantizeCfg(_Strict):
-    precision: Literal[PRECISION_NAMES] = DEFAULT_PRECISION
-    per_channel: bool = True
-    block_size: Optional[Literal[16, 32, 64, 128]] = Field(
-        None, description="4-bit weights: null = per-channel, else rows of in-features per block (LPBQ, "
-        "tasks/weights.py); in-features must divide by it (checked at load against config.json)")
-    rounding: Literal["nearest", "gptq"] = Field(
-        "nearest", description="4-bit weights: round to nearest, or GPTQ on the calibration set (tasks/weights.py)")
-    embedding_bits: Literal[8, 16] = Field(
-        16, description="bits of Gather tables (the token embedding); 8 is taken with 4-bit weights only")
-    calibration: TextData
-    calibrate_method: Literal["MinMax", "Percentile"] = Field(
-        "MinMax", description="onnxruntime calibrator for encoders; LLMs use streaming MinMax (tasks/llm/calib.py)")
-    overrides: list[Override] = Field(default_factory=list)
-
-    @field_validator("calibrate_method", mode="before")
-    @classmethod
-    def _no_entropy(cls, v):
-        if v == "Entropy":
-            raise ValueError(
-                "expected MinMax or Percentile, found 'Entropy': through onnxruntime's quantize_static it gives "
-                "exactly MinMax's ranges (its entropy calibrator's 128 histogram bins equal its 128 quantized "
-                "bins, so the search has one candidate, the full range), so npubuild refuses it")
-        return v
-
-    @field_validator("block_size", "rounding", "embedding_bits")
-    @classmethod
-    def _four_bit_only(cls, v, info):
-        default = cls.model_fields[info.field_name].default
-        precision = info.data.get("precision")
-        if v != default and precision not in (None, FOUR_BIT):
-            raise ValueError(f"expected {json.dumps(default)} with precision {precision} (it applies to 4-bit "
-                             f"weights: precision {FOUR_BIT}; set it to null where it comes through extends), "
-                             f"found {json.dumps(v)}")
-        if v != default and info.field_name != "embedding_bits" and info.data.get("per_channel") is False:
-            raise ValueError(f"expected per_channel: true with {info.field_name} {json.dumps(v)} (block-wise and GPTQ "
-                             f"weights have scales per output channel), found per_channel: false")
-        return v
-
-
-class CompileCfg(_Strict):
-    targets: list[str] = Field(default_factory=lambda: [DEFAULT_TARGET], min_length=1)
-    disable_cpu_ep_fallback: bool = Field(True, description="encoder: allow no CPU node (LLM graphs always all on HTP)")
-    weight_sharing: bool = Field(True, description="llm: compile prefill+decode of a part into one binary")
-
-    @field_validator("targets")
-    @classmethod
-    def _known(cls, v):
-        from .targets import TARGETS
-
-        bad = [t for t in v if t not in TARGETS]
-        if bad:
-            raise ValueError(f"expected targets from {sorted(TARGETS)}, found unknown {bad}{_close(bad[0], TARGETS)}")
-        if len(set(v)) != len(v):
-            raise ValueError(f"expected distinct targets, found {v}")
-        return v
-
-
-class BundleCfg(_Strict):
-    runtimes: list[Literal["genai", "genie"]] = Field(
-        default_factory=lambda: ["genai"],
-        description="llm: the runtimes the bundle serves: genai (genai_config.json, always) and genie (Genie-layout "
-                    "binaries, genie_config.json, htp_backend_ext_config.json: tasks/llm/genie.py)")
-    genie_config: Optional[dict[str, Any]] = Field(
-        None, description="llm, runtime genie: merged over the generated genie_config.json (e.g. {dialog: {engine: "
-                          "{n-threads: 4}}}); Genie's parser checks the result at bundle time")
-
-    @field_validator("runtimes")
-    @classmethod
-    def _runtimes(cls, v):
-        if "genai" not in v or len(set(v)) != len(v):
-            raise ValueError(f"expected distinct runtimes including genai (its config is in every LLM bundle), found {v}")
-        return v
-
-
-INF = math.inf
-# threshold name (tasks/stages/common.py THRESHOLDS) -> (what it is, low, low included, high):
-# checked at load, so a bar that always passes (a cosine of -5) or never can (1.5) is an error
-# now, not after a full build. None as high: verify.max_new_tokens.
-THRESHOLD_RANGES = {
-    "pooled_cosine_mean": ("a cosine", 0.0, False, 1.0),
-    "pooled_cosine_min": ("a cosine", 0.0, False, 1.0),
-    "cosine_mean": ("a cosine", 0.0, False, 1.0),
-    "cosine_min": ("a cosine", 0.0, False, 1.0),
-    "logits_cosine_mean": ("a cosine", 0.0, False, 1.0),
-    "max_abs_error": ("an absolute error", 0.0, True, INF),
-    "top1_agreement": ("a share of tokens", 0.0, True, 1.0),
-    "token_agreement": ("a share of tokens", 0.0, True, 1.0),
-    "prefix_match_mean": ("a number of tokens up to verify.max_new_tokens", 0.0, True, None),
-    "perplexity_ratio": ("a ratio of perplexities", 0.0, False, INF),
-    "genai_runner_agreement": ("a share of prompts", 0.0, False, 1.0),
-    "genie_runner_agreement": ("a share of prompts", 0.0, False, 1.0),
-}
-
-
-# thresholds only an LLM verify measures (tasks/llm/verify.py); every other name is measured
-# only by the encoder verify (tasks/encoder/verify.py): the other family's bar is a load error
-LLM_THRESHOLDS = frozenset({"token_agreement", "prefix_match_mean", "logits_cosine_mean", "perplexity_ratio",
-                            "genai_runner_agreement", "genie_runner_agreement"})
-
-
-def _range_text(low: float, low_in: bool, high: float) -> str:
-    if high == INF:
-        return f"{'>=' if low_in else '>'} {low:g}"
-    return f"in {'[' if low_in else '('}{low:g}, {high:g}]"
-
-
-def _raise_at(problems: list[tuple[tuple, str, Any]]):
-    """Raise a ValidationError with one error per ``(loc below the field, message, input)``,
-    so each problem gets its own key path (e.g. ``verify.thresholds.cosine_min``)."""
-    from pydantic_core import InitErrorDetails, PydanticCustomError
-
-    raise ValidationError.from_exception_data("recipe", [
-        InitErrorDetails(type=PydanticCustomError("out_of_range", msg), loc=loc, input=value)
-        for loc, msg, value in problems])
-
-
-class VerifyCfg(_Strict):
-    backend: Literal["htp", "cpu-qdq"] = "htp"
-    runtime: Literal["runner", "genai"] = Field(
-        "runner", description="llm: what generates on the compiled graphs: our LLMRunner, or onnxruntime-genai "
-                              "driving them through genai_config.json (tasks/llm/genai.py)")
-    data: TextData
-    max_new_tokens: int = Field(16, ge=1, le=4096, description="llm: greedy tokens per prompt")
-    perplexity_text: Optional[str] = Field(None, description="llm: text file for perplexity vs fp32")
-    thresholds: dict[str, float] = Field(default_factory=dict)
-
-    @field_validator("thresholds")
-    @classmethod
-    def _known(cls, v, info):
-        """Known names, finite values, each in its range (THRESHOLD_RANGES)."""
-        from .stages.common import THRESHOLDS
-
-        bad = [k for k in v if k not in THRESHOLDS]
-        if bad:
-            raise ValueError(f"expected threshold names from {sorted(THRESHOLDS)}, found {bad}")
-        nan = [k for k, x in v.items() if not math.isfinite(x)]
-        if nan:
-            raise ValueError(f"expected finite thresholds, found {nan}")
-        out = []
-        for k, x in v.items():
-            what, low, low_in, high = THRESHOLD_RANGES[k]
-            high = info.data.get("max_new_tokens", INF) if high is None else high
-            if not (low <= x <= high) or (x == low and not low_in):
-                out.append(((k,), f"expected {what} {_range_text(low, low_in, high)}, found {x!r}", x))
-        if out:
-            _raise_at(out)
-        return v
-
-
-class Recipe(_Strict):
+class _RecipeTop(Strict):
     name: str
     extends: Optional[str] = None
     abstract: bool = Field(False, description="a template for other recipes; never built")
@@ -542,61 +305,7 @@ class Recipe(_Strict):
     license: str = "unknown"
     task: str = Field("feature-extraction", description="catalog task, e.g. feature-extraction, text-generation")
     source: Source
-    export: ExportCfg = Field(default_factory=ExportCfg)
-    quantize: QuantizeCfg
     patches: list[PatchStep] = Field(default_factory=list)
-    compile: CompileCfg = Field(default_factory=CompileCfg)
-    bundle: BundleCfg = Field(default_factory=BundleCfg)
-    verify: VerifyCfg
-
-    @model_validator(mode="after")
-    def _genie_runtime(self):
-        """``bundle.runtimes: [.., genie]`` needs what the Genie export writes and verify can run
-        (tasks/llm/genie.py): an LLM with its embedding in part 0 (Genie feeds ``input_ids``)
-        verified on the HTP simulator (verify runs Genie on the per-graph binaries);
-        ``bundle.genie_config`` only with genie."""
-        e, bad = self.export, []
-        if "genie" not in self.bundle.runtimes:
-            if self.bundle.genie_config is not None:
-                _raise_at([(("bundle", "genie_config"), "expected no genie_config without runtime genie in "
-                            f"bundle.runtimes, found {_found(self.bundle.genie_config)}", self.bundle.genie_config)])
-            return self
-        if e.family != "llm":
-            bad.append(("an LLM (export.family: llm)", f"export.family: {e.family}"))
-        elif e.embedding != "first-part":
-            bad.append(("export.embedding: first-part", f"export.embedding: {e.embedding}"))
-        if self.verify.backend != "htp":
-            bad.append(("verify.backend: htp (verify runs Genie on the simulator)", f"verify.backend: {self.verify.backend}"))
-        if bad:
-            _raise_at([(("bundle", "runtimes"), f"expected {', '.join(b[0] for b in bad)} for runtime genie, found "
-                        f"{', '.join(b[1] for b in bad)}", self.bundle.runtimes)])
-        return self
-
-    @model_validator(mode="after")
-    def _genai_runtime(self):
-        """``verify.runtime: genai`` needs what onnxruntime-genai can drive (tasks/llm/genai.py):
-        an LLM, the embedding in part 0 (genai's pipeline starts from input_ids), a context length
-        that is a multiple of the prefill length (padded prompt windows must fit the cache), and
-        the onnxruntime-genai package."""
-        import importlib.util
-
-        if self.verify.runtime != "genai":
-            return self
-        e, bad = self.export, []  # (what runtime genai needs, what the recipe has)
-        if e.family != "llm":
-            bad.append(("an LLM (export.family: llm)", f"export.family: {e.family}"))
-        else:
-            if e.embedding != "first-part":
-                bad.append(("export.embedding: first-part", f"export.embedding: {e.embedding}"))
-            if e.context_length % e.sequence_length:
-                bad.append((f"export.context_length a multiple of export.sequence_length ({e.sequence_length})",
-                            f"export.context_length: {e.context_length}"))
-        if importlib.util.find_spec("onnxruntime_genai") is None:
-            bad.append(("the onnxruntime-genai package (pip install onnxruntime-genai==0.18.0)", "not installed"))
-        if bad:
-            _raise_at([(("verify", "runtime"), f"expected {', '.join(b[0] for b in bad)} for runtime genai, found "
-                        f"{', '.join(b[1] for b in bad)}", "genai")])
-        return self
 
     @field_validator("name")
     @classmethod
@@ -607,6 +316,11 @@ class Recipe(_Strict):
             raise ValueError(f"expected at most {MAX_NAME} characters (the name is part of file names under build/, "
                              f"dist/ and the home's locks, which a file system caps at 255), found {len(v)}")
         return v
+
+
+#: a validated recipe: the top keys above and the stage sections (``export``, ``quantize``,
+#: ``compile``, ``bundle``, ``verify``) assembled from the stage implementations' params
+Recipe = create_model("Recipe", __base__=_RecipeTop, **{n: _section_field(n) for n in schema.SECTIONS})
 
 
 # ---------------------------------------------------------------- loading
@@ -620,26 +334,6 @@ def _fmt_loc(loc) -> str:
         else:
             out += ("." if out else "") + str(part)
     return out
-
-
-def _found(value) -> str:
-    """A value as the recipe writes it (YAML: ``true``, ``null``, ``{a: 1}``; a string quoted),
-    cut to 80 characters."""
-    if isinstance(value, str):
-        text = repr(value)
-    elif value is None or isinstance(value, (bool, dict, list)):
-        text = yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("\n...").strip()
-    else:
-        text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _close(word: str, options) -> str:
-    """"; did you mean 'x'?" for the closest of ``options`` to ``word`` (difflib ratio >= 0.6), else ""."""
-    import difflib
-
-    near = difflib.get_close_matches(str(word), sorted(options), n=1, cutoff=0.6)
-    return f"; did you mean {near[0]!r}?" if near else ""
 
 
 def _model_at(loc) -> type | None:
@@ -673,13 +367,13 @@ def _pydantic_problems(err: ValidationError) -> list[tuple[str, str]]:
             problems.append((loc, "expected a value, found nothing (required key)"))
         elif e["type"] == "extra_forbidden":
             parent = _model_at(e["loc"][:-1])
-            hint = _close(e["loc"][-1], parent.model_fields) if parent is not None else ""
-            problems.append((loc, f"expected no such key (unknown), found {_found(e['input'])}{hint}"))
+            hint = close(e["loc"][-1], parent.model_fields) if parent is not None else ""
+            problems.append((loc, f"expected no such key (unknown), found {found(e['input'])}{hint}"))
         else:
             msg = e["msg"].removeprefix("Value error, ")
             if "found" not in msg:
                 msg = msg.removeprefix("Input should be ")
-                msg = f"expected {msg[0].lower() + msg[1:]}; found {_found(e['input'])}"
+                msg = f"expected {msg[0].lower() + msg[1:]}; found {found(e['input'])}"
             if e["type"] in ("bool_type", "int_type", "float_type"):
                 msg += yaml11_hint(e["input"], "bool" if e["type"] == "bool_type" else "number")
             problems.append((loc, msg))
@@ -692,13 +386,13 @@ def _resolve_raw(path: Path, directory: Path, stack: tuple[Path, ...]) -> dict:
     if parent is None:
         return data
     if not isinstance(parent, str) or not NAME_RE.fullmatch(parent):
-        raise RecipeError(path, [("extends", f"expected a recipe name, found {_found(parent)}")])
+        raise RecipeError(path, [("extends", f"expected a recipe name, found {found(parent)}")])
     ppath = directory / f"{parent}.yaml"
     if ppath in stack or ppath == path:
         chain = " -> ".join(p.stem for p in (*stack, path, ppath))
         raise RecipeError(path, [("extends", f"expected no cycle, found {chain}")])
     if not ppath.exists():
-        hint = _close(parent, [p.stem for p in directory.glob("*.yaml")])
+        hint = close(parent, [p.stem for p in directory.glob("*.yaml")])
         raise RecipeError(path, [("extends", f"expected an existing recipe {ppath.name}, found none{hint}")])
     if len(stack) > 50:
         raise RecipeError(path, [("extends", f"expected at most 50 levels of extends, found more: {ppath.stem}")])
@@ -716,58 +410,20 @@ def load_recipe(path: Path) -> Recipe:
         r = Recipe.model_validate(raw)
     except ValidationError as e:
         raise RecipeError(path, _pydantic_problems(e)) from None
-    unused = params_of_other_family(r)
-    if unused:
-        raise RecipeError(path, unused)
+    problems = schema.family_problems(r) + preflight(r)
+    if problems:
+        raise RecipeError(path, problems)
     return r
 
 
-def params_of_other_family(r: Recipe) -> list[tuple[str, str]]:
-    """``(key path, message)`` for each param the recipe sets that only the *other* model
-    family's stage implementations read (their declared ``PARAMS`` / ``FILES``:
-    :func:`tasks.stages.readers`): such a key would be silently ignored by this recipe's
-    stages, so it is an error at load (issue 11)."""
-    from .stages import SECTIONS, readers
+def preflight(r: Recipe) -> list[tuple[str, str]]:
+    """``(key path, message)`` of what the recipe's stage implementations find they cannot build
+    (their ``preflight`` hooks), before any stage runs."""
+    from .stages import IMPLEMENTATIONS
 
     fam = r.export.family
-    out: list[tuple[str, str]] = []
-
-    def walk(obj: BaseModel, section: str, rel: str) -> None:
-        prefix = section + "." + rel
-        for name in sorted(obj.model_fields_set):
-            value = getattr(obj, name)
-            who = readers(section, rel + name)
-            owner = next(iter(who)) if len(who) == 1 else None
-            if owner and owner != fam:
-                why = type(obj).model_fields[name].description
-                out.append((prefix + name, f"expected no such key in {_a(fam)} recipe (export.family: {fam}): only "
-                                           f"{_a(owner)} recipe reads it" + (f" ({why})" if why else "")
-                                           + "; remove it (or set it to null where it comes through extends)"))
-            elif isinstance(value, BaseModel):
-                walk(value, section, f"{rel}{name}.")
-
-    for section in SECTIONS:
-        walk(getattr(r, section), section, "")
-    if fam == "llm":
-        for i, o in enumerate(r.quantize.overrides):
-            if o.weight_bits != 8:
-                out.append((f"quantize.overrides[{i}].weight_bits", f"expected 8 in an LLM recipe (its overrides keep "
-                                                                   f"MatMul weights at 8 bits), found {o.weight_bits}"))
-    elif r.quantize.calibration.file.endswith(".jsonl"):
-        out.append(("quantize.calibration.file", f"expected a text file with one sample per line for an encoder, found "
-                                                 f"{r.quantize.calibration.file!r} (.jsonl chat conversations are for "
-                                                 f"LLM recipes)"))
-    mine = sorted(n for n in THRESHOLD_RANGES if (n in LLM_THRESHOLDS) == (fam == "llm"))
-    for name in sorted(r.verify.thresholds):
-        if (name in LLM_THRESHOLDS) != (fam == "llm"):
-            out.append((f"verify.thresholds.{name}", f"expected a threshold {_a(fam)} verify measures ({', '.join(mine)}), "
-                                                     f"found {name!r}, which only {_a('llm' if fam != 'llm' else 'encoder')} "
-                                                     f"verify measures"))
-    return out
-
-
-def _a(family: str) -> str:
-    return {"llm": "an LLM", "encoder": "an encoder"}[family]
+    return [p for kind in IMPLEMENTATIONS if set(IMPLEMENTATIONS[kind]) & {None, fam}
+            for p in (implementation(kind, fam).preflight or (lambda _: []))(r)]
 
 
 def load_all(directory: Path | None = None, collect_errors: bool = False):

@@ -2,6 +2,7 @@
 targets (names, soc_model / htp_arch numbers, the default) in ``tasks/targets.py``; no other
 module of the package writes them in code (docstrings and comments may name them)."""
 import ast
+from pathlib import Path
 
 from conftest import REPO
 from test_keys import import_cycles, package_modules
@@ -93,29 +94,26 @@ def test_no_family_imports_the_other_familys_code_and_stages_imports_no_family()
 
 
 def test_each_stages_params_are_exactly_what_its_implementation_declares(monkeypatch):
-    """Issue 24: the plan only wires; a stage's params are the recipe keys its family's
-    implementation declares (``PARAMS``; nested ones nested), plus what the plan wires in
-    (``target`` for compile and verify, ``task`` for verify; an LLM part stage's ``part``, an
-    LLM part compile's ``per_graph``, the bundle's ``target`` and ``parts``), its files what ``FILES`` names."""
+    """The plan only wires; a stage's params are the recipe keys its family's implementation
+    lists (``STAGE.params``; nested ones nested) plus what the plan wires in (``STAGE.wired``:
+    ``target``, ``part``...), its files what ``STAGE.files`` names."""
     monkeypatch.setenv("NPUBUILD_ROOT", str(REPO))
     from tasks.plan import expand
     from tasks.recipe import load_recipe
-    from tasks.stages import module_for
 
-    wired = {"compile": {"target"}, "verify": {"target", "task"}, "bundle": {"target", "parts"}}
-    for name in ("minilm-l6-w4a16", "tiny-qwen2-w4a16"):
+    for name in ("minilm-l6-w4a16", "tiny-qwen2-w4a16", "qwen7b-int4"):
         for spec in expand(load_recipe(REPO / "recipes" / f"{name}.yaml")):
-            if spec.kind in ("download", "patch"):
+            st = spec.impl
+            if st.whole:
+                assert set(spec.params) <= set(st.whole[1].model_fields), (name, spec.kind)
                 continue
-            mod = module_for(spec.kind, spec.family)
-            top = {p.split(".")[0] for p in mod.PARAMS}
-            part = set() if spec.part is None else {"part", "per_graph"} if spec.kind == "compile" else {"part"}
-            assert set(spec.params) == top | wired.get(spec.kind, set()) | part, (name, spec.kind, sorted(spec.params))
-            for p in mod.PARAMS:
-                if "." in p:
-                    outer, inner = p.split(".")
-                    assert inner in spec.params[outer], (name, spec.kind, p)
-            assert set(spec.files) == set(getattr(mod, "FILES", {}).values()) - ({"perplexity_text"} - set(spec.files))
+            top = {p.path.split(".")[0] for p in st.params}
+            assert top <= set(spec.params) <= top | set(st.wired), (name, spec.kind, sorted(spec.params))
+            for p in st.params:
+                if "." in p.path:
+                    outer, inner = p.path.split(".")
+                    assert inner in spec.params[outer], (name, spec.kind, p.key)
+            assert set(spec.files) <= set(st.files.values()), (name, spec.kind, spec.files)
 
 
 def test_no_import_cycles_between_subfolders():
@@ -136,17 +134,80 @@ def test_no_import_cycles_between_subfolders():
     assert cycles == [], cycles
 
 
-def test_declared_params_read_from_source_equal_the_modules_own():
-    """``tasks.stages.declared`` reads ``PARAMS`` / ``FILES`` with ast (the recipe loader does not
-    import stage code); what it reads is what the imported module holds."""
-    from tasks.stages import FAMILIES, IMPLEMENTATIONS, declared, module_for
+def test_every_recipe_param_has_exactly_one_definition():
+    """Each recipe key of a stage section is one Param object (its type, default, range and
+    description in one place): no two objects define one key, every field of the assembled
+    sections is a declared Param and every declared Param a field, each with a description and
+    at least one family that reads it."""
+    from pydantic import BaseModel
 
-    for kind, impls in IMPLEMENTATIONS.items():
-        if None in impls:
-            continue
-        for family in FAMILIES:
-            if family not in impls:  # calibrate and bundle: LLM parts only
+    from tasks.recipe import SECTION_MODELS
+    from tasks.stages import implementations
+    from tasks.stages.params import PLAN_PARAMS
+    from tasks.stages.schema import declared, readers
+
+    listed = [*PLAN_PARAMS, *(p for st in implementations() for p in st.reads())]
+    by_key: dict = {}
+    for p in listed:
+        assert by_key.setdefault(p.key, p) is p, f"{p.key} defined twice"
+    assert sorted(by_key) == sorted(p.key for ps in declared().values() for p in ps)
+
+    def fields(model, prefix=""):
+        for name, f in model.model_fields.items():
+            if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel):  # a group: calibration, data
+                yield from fields(f.annotation, prefix + name + ".")
+            else:
+                yield prefix + name
+
+    assembled = sorted(f"{s}.{k}" for s, m in SECTION_MODELS.items() for k in fields(m))
+    assert assembled == sorted(by_key), set(assembled) ^ set(by_key)
+    for p in by_key.values():
+        assert p.description and readers(p), p.key
+    assert len(by_key) >= 30
+
+
+def test_every_param_an_implementation_reads_is_declared():
+    """Every ``params["x"]`` / ``params.get("x")`` (and ``params["x"]["y"]``) in the functions of a
+    stage implementation's module that its hooks reach (``run``, ``key_extra``, ``check``...,
+    and what they call in the module) names a key it declares: a recipe param it lists, a key
+    of the section it takes whole, or one the plan wires in. An undeclared read would see
+    nothing the key hashed."""
+    from importlib import import_module
+
+    from tasks.stages import implementations
+
+    def reads(tree):
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Constant):
+                inner = n.value
+                if isinstance(inner, ast.Name) and inner.id == "params":
+                    yield (n.slice.value,)
+                elif isinstance(inner, ast.Subscript) and isinstance(inner.value, ast.Name) \
+                        and inner.value.id == "params" and isinstance(inner.slice, ast.Constant):
+                    yield (inner.slice.value, n.slice.value)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "get" \
+                    and isinstance(n.func.value, ast.Name) and n.func.value.id == "params" \
+                    and n.args and isinstance(n.args[0], ast.Constant):
+                yield (n.args[0].value,)
+
+    count = 0
+    for st in implementations():
+        ok = {tuple(p.path.split(".")) for p in st.reads()} | {(w,) for w in st.wired}
+        ok |= {k[:1] for k in ok}
+        if st.whole:
+            ok |= {(k,) for k in st.whole[1].model_fields}
+        tree = ast.parse(Path(import_module(st.module).__file__).read_text(encoding="utf-8"))
+        funcs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+        todo = [f.__name__ for f in (st.run, st.key_extra, st.check, st.check_read, st.preflight)
+                if f is not None and f.__module__ == st.module]
+        seen: set = set()
+        while todo:
+            name = todo.pop()
+            if name in seen or name not in funcs:
                 continue
-            mod = module_for(kind, family)
-            assert declared(kind, family) == (tuple(mod.PARAMS), dict(getattr(mod, "FILES", {}))), (kind, family)
-            assert mod.PARAMS, (kind, family)
+            seen.add(name)
+            todo += [n.id for n in ast.walk(funcs[name]) if isinstance(n, ast.Name)]
+        for r in (r for name in sorted(seen) for r in reads(funcs[name])):
+            count += 1
+            assert r in ok, f"{st.module} reads params{''.join(f'[{k!r}]' for k in r)}, which STAGE does not declare"
+    assert count >= 30

@@ -91,7 +91,7 @@ BAD = {
                           "verify.thresholds", "pooled_cosine_mean"),
     "negative-samples": (GOOD.replace("{file: data/c.txt}", "{file: data/c.txt, samples: -3}"),
                          "quantize.calibration.samples", "greater than or equal to 1"),
-    "llm-lengths": (GOOD + "export: {family: llm, sequence_length: 128, context_length: 64}\n", "export",
+    "llm-lengths": (GOOD + "export: {family: llm, sequence_length: 128, context_length: 64}\n", "export.context_length",
                     "sequence_length < context_length"),
     "name-with-newline": (GOOD + 'name: "abc\\n"\n', "name", "lowercase"),
     "alias": (GOOD + "patches: &p [{name: mask-range}]\ndescription: *p\n", "", "anchors and aliases"),
@@ -280,7 +280,8 @@ def test_genai_runtime_is_checked_at_load(tmp_path):
     assert r.verify.runtime == "genai" and [s for s in expand(r) if s.kind == "verify"][0].params["runtime"] == "genai"
     assert "runtime" not in [s for s in expand(load_recipe(write(tmp_path, "enc", GOOD))) if s.kind == "verify"][0].params
     for name, text, why in [
-            ("enc2", GOOD.replace("verify:\n", "verify:\n  runtime: genai\n"), "an LLM.*found export.family: encoder"),
+            ("enc2", GOOD.replace("verify:\n", "verify:\n  runtime: genai\n"),
+             "no such key in an encoder recipe .export.family: encoder.: only an LLM recipe reads it"),
             ("host", llm.replace("context_length: 64}", "context_length: 64, embedding: host}")
              .replace("verify:\n", "verify:\n  runtime: genai\n"),
              "export.embedding: first-part for runtime genai, found export.embedding: host"),  # not 'genai'

@@ -126,11 +126,16 @@ def test_thresholds_in_range_ints_and_all_bad_reported_together(tmp_path):
                  "verify.thresholds.top1_agreement": "expected a valid number; found 'yes'"}
 
 
-def test_every_threshold_has_a_range():
-    from tasks.recipe import THRESHOLD_RANGES
-    from tasks.stages.common import THRESHOLDS
+def test_every_threshold_is_declared_once_with_a_range():
+    """The bars are declared by the verify that measures them (one table per implementation):
+    12 names, none twice, each a direction and a range whose low end is below its high."""
+    from tasks.stages import implementations
+    from tasks.stages.schema import thresholds
 
-    assert set(THRESHOLD_RANGES) == set(THRESHOLDS)
+    declared = [t for st in implementations("verify") for t in st.thresholds]
+    assert len(declared) == len({t.name for t in declared}) == len(thresholds()) == 12
+    for t in declared:
+        assert t.direction in ("min", "max") and (t.high is None or t.low < t.high), t
 
 
 # ------------------------------------------------------------ 3. one bad file is its own error

@@ -14,15 +14,11 @@ from pathlib import Path
 
 from .. import context_binary, progress, qnn
 from ..graphs import list_graphs, load_model
-from ..stages.common import target_key_extra
+from ..stages.common import COMPILE_ARTIFACTS, target_key_extra
+from ..stages.contract import Param, Stage
 
-VERSION = 8  # 8: every binary read back (tasks/context_binary.py)
-TOOLS = ("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "onnx")
-#: the recipe keys of its section this implementation reads (the stage params, so the key,
-#: hold exactly these; a key only the other family reads is a load error: tasks/stages)
-PARAMS = ("disable_cpu_ep_fallback",)
-KEY_EXCLUDE = ("target",)  # the name; the key holds what it resolves to (key_extra)
-key_extra = target_key_extra
+DISABLE_CPU_EP_FALLBACK = Param("compile", "disable_cpu_ep_fallback", bool, True,
+                                "no node may fall back to the CPU EP (false: allowed, and the card says npu+cpu)")
 
 
 def run(inputs, files, params, out: Path) -> dict:
@@ -79,3 +75,12 @@ def _compile_graphs(src: Path, out: Path, params: dict) -> tuple[dict, dict, dic
         cpu = qnn.cpu_nodes(ctx)
         placed[rel.as_posix()] = {"htp": total - sum(cpu.values()), "cpu": cpu}
     return info, compiles, placed
+
+
+STAGE = Stage(
+    kind="compile", family="encoder", module=__name__, version=8,  # 8: every binary read back
+    tools=("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "onnx"), run=run,
+    params=(DISABLE_CPU_EP_FALLBACK,), wired=("target",),
+    key_exclude=("target",),  # the name; the key holds what it resolves to (key_extra)
+    key_extra=target_key_extra, artifacts=COMPILE_ARTIFACTS,
+)

@@ -12,20 +12,30 @@ int64). Weights above 2 GB go to external data (protobuf's 2 GB limit).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 from .. import patches, progress
 from ..proc import lazy
 from ..graphs import load_model, save_model
-from ..stages.common import copy_tokenizer
+from ..stages.common import EXPORT_ARTIFACTS, copy_tokenizer
+from ..stages.contract import Param, Stage
+from ..stages.params import SEQUENCE_LENGTH
 
 onnx = lazy.module("onnx")
 
-VERSION = 1
-TOOLS = ("torch", "transformers", "optimum", "optimum-onnx", "onnx")
-#: the recipe keys of its section this implementation reads (the stage params, so the key,
-#: hold exactly these; a key only the other family reads is a load error: tasks/stages)
-PARAMS = ("task", "opset", "batch_size", "sequence_length")
-CODE_DEPS = ("tasks.patches.int64_to_int32",)  # found by name through the patch registry
+
+
+def _one_sequence(v, earlier):
+    if v != 1:
+        raise ValueError(f"expected 1 (quantize and verify feed one sequence per call: "
+                         f"tasks/encoder/quantize.py encoder_feeds; the LLM graphs are batch 1), found {v}")
+    return v
+
+
+TASK = Param("export", "task", Optional[str], None, "optimum task; inferred when absent")
+OPSET = Param("export", "opset", int, 17, "ONNX opset of the exported graph", limits={"ge": 13, "le": 23})
+BATCH_SIZE = Param("export", "batch_size", int, 1, "sequences per call; 1 (the one value the stages feed)",
+                   check=_one_sequence)
 
 def key_extra(params: dict) -> dict:
     return {"int64-to-int32": patches.get("int64-to-int32").version}
@@ -69,3 +79,12 @@ def run(inputs, files, params, out: Path) -> dict:
     info = _export_encoder(src, params, out)
     copy_tokenizer(src, out)
     return info
+
+
+STAGE = Stage(
+    kind="export", family="encoder", module=__name__, version=1,
+    tools=("torch", "transformers", "optimum", "optimum-onnx", "onnx"), run=run,
+    params=(TASK, OPSET, BATCH_SIZE, SEQUENCE_LENGTH), key_extra=key_extra,
+    code_deps=("tasks.patches.int64_to_int32",),  # found by name through the patch registry
+    artifacts=EXPORT_ARTIFACTS,
+)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import Literal
 
 from .. import progress
 from ..proc import lazy
@@ -25,20 +26,37 @@ from ..datafiles import read_lines
 from ..graphs import list_graphs, load_model
 from .inputs import ZERO_WHEN_ABSENT
 from ..stages.common import copy_rest
+from ..stages.contract import Param, Stage
+from ..stages.params import (BLOCK_SIZE, CALIBRATION_FILE, CALIBRATION_SAMPLES, EMBEDDING_BITS, OVERRIDES, PER_CHANNEL,
+                             PRECISION, ROUNDING)
 
 np = lazy.module("numpy")
 onnx = lazy.module("onnx")
 
-VERSION = 4  # 4: block-wise int4 (LPBQ), GPTQ, 8-bit tables, Gemm split at 4 bits (issue 21)
-TOOLS = ("onnxruntime", "onnx", "transformers", "tokenizers", "numpy")
-#: the recipe keys of its section this implementation reads (the stage params, so the key,
-#: hold exactly these; a key only the other family reads is a load error: tasks/stages)
-PARAMS = ("precision", "per_channel", "block_size", "rounding", "embedding_bits", "calibration.samples",
-          "calibration.max_length", "calibrate_method", "overrides")
-#: recipe keys naming the project files it reads -> their role in ``run(files=...)``
-FILES = {"calibration.file": "calibration"}
 
 
+def _no_entropy(v):
+    if v == "Entropy":
+        raise ValueError(
+            "expected MinMax or Percentile, found 'Entropy': through onnxruntime's quantize_static it gives "
+            "exactly MinMax's ranges (its entropy calibrator's 128 histogram bins equal its 128 quantized "
+            "bins, so the search has one candidate, the full range), so npubuild refuses it")
+    return v
+
+
+CALIBRATION_MAX_LENGTH = Param("quantize", "calibration.max_length", int, 128,
+                               "tokens per calibration sample (padded/truncated)", limits={"ge": 1, "le": 131_072})
+CALIBRATE_METHOD = Param("quantize", "calibrate_method", Literal["MinMax", "Percentile"], "MinMax",
+                         "onnxruntime's calibrator", before=_no_entropy)
+
+
+def preflight(recipe) -> list[tuple[str, str]]:
+    """A chat calibration set (``.jsonl``) is for LLMs; an encoder reads one sample per line."""
+    f = recipe.quantize.calibration.file
+    if f.endswith(".jsonl"):
+        return [("quantize.calibration.file", f"expected a text file with one sample per line for an encoder, found "
+                                              f"{f!r} (.jsonl chat conversations are for LLM recipes)")]
+    return []
 
 
 
@@ -187,3 +205,13 @@ def run(inputs, files, params, out: Path) -> dict:
     copy_rest(src, out)
     return {"graphs": report, "calibration_samples": len(texts)}
 
+
+
+STAGE = Stage(
+    kind="quantize", family="encoder", module=__name__,
+    version=4,  # 4: block-wise int4 (LPBQ), GPTQ, 8-bit tables, Gemm split at 4 bits
+    tools=("onnxruntime", "onnx", "transformers", "tokenizers", "numpy"), run=run,
+    params=(PRECISION, PER_CHANNEL, BLOCK_SIZE, ROUNDING, EMBEDDING_BITS, CALIBRATION_SAMPLES, CALIBRATION_MAX_LENGTH,
+            CALIBRATE_METHOD, OVERRIDES),
+    files={CALIBRATION_FILE: "calibration"}, preflight=preflight,
+)

@@ -19,13 +19,14 @@ Before measuring, every context binary that ships is read back (``binaries``: it
 inputs and outputs against the QDQ graph's, the SoC model against the target's, and its
 figures: weight, spill-fill and I/O bytes, QNN SDK build id; ``tasks/context_binary.py``).
 
-Thresholds are not part of the key (``KEY_EXCLUDE``): they judge a result, they don't change
+Thresholds are not part of the key (``key_exclude``): they judge a result, they don't change
 it. :func:`check` (``tasks/stages/common.py``, shared with the LLM verify) fails the build with
 the metric, the threshold and the worst sample.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -36,22 +37,29 @@ from ..datafiles import read_lines
 from ..metrics import cosine
 from ..proc.scrubbing import sample_text
 from ..stages import common
+from ..stages.contract import Param, Stage, Threshold
+from ..stages.params import BACKEND, DATA_FILE, DATA_SAMPLES, THRESHOLDS as THRESHOLDS_PARAM
 from .compile import read_back
 from .quantize import encoder_feeds
 
 np = lazy.module("numpy")
 onnx = lazy.module("onnx")
 
-VERSION = 3  # 3: every context binary read back and its figures reported
-TOOLS = ("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "transformers", "tokenizers", "numpy")
-#: the recipe keys of its section this implementation reads (the stage params, so the key,
-#: hold exactly these; a key only the other family reads is a load error: tasks/stages)
-PARAMS = ("backend", "data.samples", "data.max_length", "thresholds")
-#: recipe keys naming the project files it reads -> their role in ``run(files=...)``
-FILES = {"data.file": "data"}
-KEY_EXCLUDE = ("thresholds",)
-key_extra = common.target_key_extra  # the target as the session sees it
-check = common.check  # verify.json against the thresholds
+DATA_MAX_LENGTH = Param("verify", "data.max_length", int, 128, "tokens per sample (padded/truncated)",
+                        limits={"ge": 1, "le": 131_072})
+#: the bars this verify measures (``verify.thresholds``)
+THRESHOLDS = (
+    Threshold("pooled_cosine_mean", "min", "pooled_cosine", "mean over samples of the mean-pooled embedding cosine",
+              "a cosine", 0.0, False, 1.0),
+    Threshold("pooled_cosine_min", "min", "pooled_cosine", "worst sample's mean-pooled embedding cosine",
+              "a cosine", 0.0, False, 1.0),
+    Threshold("cosine_mean", "min", "cosine", "mean over samples of the output cosine", "a cosine", 0.0, False, 1.0),
+    Threshold("cosine_min", "min", "cosine", "worst sample's output cosine", "a cosine", 0.0, False, 1.0),
+    Threshold("max_abs_error", "max", "max_abs_error", "largest |compiled - fp32| over all samples",
+              "an absolute error", 0.0, True, math.inf),
+    Threshold("top1_agreement", "min", "top1_agreement", "share of tokens whose argmax agrees",
+              "a share of tokens", 0.0, True, 1.0),
+)
 
 
 def mean_pool(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -166,3 +174,13 @@ def _verify_encoder(inputs, files, params) -> dict:
             "sequence_length": d["max_length"], "metrics": _aggregate(samples), "samples": samples,
             "binaries": binaries,
             **placement}
+
+
+STAGE = Stage(
+    kind="verify", family="encoder", module=__name__, version=3,  # 3: every context binary read back
+    tools=("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "transformers", "tokenizers", "numpy"), run=run,
+    params=(BACKEND, DATA_SAMPLES, DATA_MAX_LENGTH, THRESHOLDS_PARAM), files={DATA_FILE: "data"},
+    wired=("target", "task"), key_exclude=("thresholds",),  # bars judge a result, they do not change it
+    key_extra=common.target_key_extra, check=common.checker(THRESHOLDS), thresholds=THRESHOLDS,
+    artifacts=common.VERIFY_ARTIFACTS,
+)

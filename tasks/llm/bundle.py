@@ -22,13 +22,32 @@ import json
 from pathlib import Path
 
 from ..stages.common import target_key_extra
+from ..stages.contract import Stage
+from .compile import WEIGHT_SHARING
 
-VERSION = 1
-TOOLS = ()
-#: the recipe keys of its section (``compile``) this implementation reads
-PARAMS = ("weight_sharing",)
-KEY_EXCLUDE = ("target",)  # the name; the key holds what it resolves to (key_extra)
-key_extra = target_key_extra
+
+def preflight(recipe) -> list[tuple[str, str]]:
+    """``bundle.runtimes: [.., genie]`` needs what the Genie export writes and verify can run
+    (tasks/llm/genie.py): the embedding in part 0 (Genie feeds ``input_ids``), verified on the
+    HTP simulator (verify runs Genie on the per-graph binaries); ``bundle.genie_config`` only
+    with genie."""
+    b = recipe.bundle
+    if "genie" not in b.runtimes:
+        if b.genie_config is not None:
+            from ..stages.schema import found
+
+            return [("bundle.genie_config", "expected no genie_config without runtime genie in bundle.runtimes, "
+                                            f"found {found(b.genie_config)}")]
+        return []
+    bad = []
+    if recipe.export.embedding != "first-part":
+        bad.append(("export.embedding: first-part", f"export.embedding: {recipe.export.embedding}"))
+    if recipe.verify.backend != "htp":
+        bad.append(("verify.backend: htp (verify runs Genie on the simulator)", f"verify.backend: {recipe.verify.backend}"))
+    if bad:
+        return [("bundle.runtimes", f"expected {', '.join(b[0] for b in bad)} for runtime genie, found "
+                                    f"{', '.join(b[1] for b in bad)}")]
+    return []
 
 
 def joined_description(export_dirs: list[Path]) -> dict:
@@ -127,3 +146,12 @@ def run(inputs, files, params, out: Path) -> dict:
         info["genie"] = {"ctx_bins": bins, "binaries": found,
                          "binary_bytes": sum(f["bytes"] for f in found.values())}
     return info
+
+
+STAGE = Stage(
+    kind="bundle", family="llm", module=__name__, version=1, tools=(), run=run,
+    params=(WEIGHT_SHARING,), wired=("target", "parts", "runtimes", "genie_config"),
+    key_exclude=("target",),  # the name; the key holds what it resolves to (key_extra)
+    key_extra=target_key_extra, preflight=preflight,
+    artifacts=("export.json", "genai_config.json", "*.npy", "genie_config.json", "htp_backend_ext_config.json"),
+)

@@ -19,12 +19,9 @@ import os
 import shutil
 from pathlib import Path
 
-VERSION = 2
-TOOLS = ("onnxruntime", "onnx", "transformers", "tokenizers", "numpy")
-#: the recipe keys of its section (``quantize``) this implementation reads
-PARAMS = ("calibration.samples",)
-#: recipe keys naming the project files it reads -> their role in ``run(files=...)`` (part 0 only)
-FILES = {"calibration.file": "calibration"}
+from ..stages.contract import Stage
+from ..stages.params import CALIBRATION_FILE, CALIBRATION_SAMPLES
+
 #: part 0's schedule, carried along the chain: {"eos": int, "calls": [{"prompt", "decode", "keep"}]}
 SCHEDULE = "schedule.json"
 
@@ -97,3 +94,11 @@ def check_disk(desc: dict, sched: list[dict], k: int, out: Path) -> int:
                        f"quantize.calibration.samples) to the cache's disk ({disk}), which has {f} GB free; "
                        f"lower quantize.calibration.samples, free space or set NPUBUILD_CACHE to a larger disk")
     return need
+
+
+STAGE = Stage(
+    kind="calibrate", family="llm", module=__name__, version=2,
+    tools=("onnxruntime", "onnx", "transformers", "tokenizers", "numpy"), run=run,
+    params=(CALIBRATION_SAMPLES,), files={CALIBRATION_FILE: "calibration"},  # the file: part 0 only
+    wired=("part",),
+)

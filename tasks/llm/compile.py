@@ -23,7 +23,8 @@ import json
 import shutil
 from pathlib import Path
 
-from ..stages.common import target_key_extra
+from ..stages.common import COMPILE_ARTIFACTS, target_key_extra
+from ..stages.contract import Param, Stage
 from ..qnn import provider_options
 from ..targets import get as get_target
 
@@ -120,13 +121,7 @@ def _sdk(ctx: Path) -> str:
 # both into one weight-shared binary, each compile in its own process (``tasks/llm/compile.py``);
 # ``genai_config.json`` for onnxruntime-genai (``tasks/llm/genai.py``).
 
-VERSION = 3  # 3: every binary read back (tasks/context_binary.py)
-TOOLS = ("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "onnx")
-#: the recipe keys of its section this implementation reads (the stage params, so the key,
-#: hold exactly these; a key only the other family reads is a load error: tasks/stages)
-PARAMS = ("weight_sharing",)  # and ``per_graph``, ``part``, ``target``, wired by the plan
-KEY_EXCLUDE = ("target",)  # the name; the key holds what it resolves to (key_extra)
-key_extra = target_key_extra
+WEIGHT_SHARING = Param("compile", "weight_sharing", bool, True, "compile prefill+decode of a part into one binary")
 
 
 def run(inputs, files, params, out: Path) -> dict:
@@ -183,3 +178,12 @@ def read_back(compiled: Path, desc: dict, parts: list[int], params: dict, qdq_di
     found = context_binary.check_models(compiled, models, params["target"],
                                         qdq=qdq or None, declared=said, somewhere=somewhere)
     return {rel: b.figures() for rel, b in sorted(found.items())}
+
+
+STAGE = Stage(
+    kind="compile", family="llm", module=__name__, version=3,  # 3: every binary read back
+    tools=("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "onnx"), run=run,
+    params=(WEIGHT_SHARING,), wired=("target", "part", "per_graph"),
+    key_exclude=("target",),  # the name; the key holds what it resolves to (key_extra)
+    key_extra=target_key_extra, artifacts=COMPILE_ARTIFACTS,
+)

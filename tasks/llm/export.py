@@ -83,10 +83,12 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from ..proc import lazy
-from ..stages.common import copy_tokenizer
+from ..stages.common import EXPORT_ARTIFACTS, copy_tokenizer
+from ..stages.contract import Param, Stage
+from ..stages.params import SEQUENCE_LENGTH
 
 from .layout import IO_LAYOUT, ROPE_TABLES
 
@@ -618,11 +620,19 @@ def export_llm(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 409
 #
 # The estimated peak memory is checked before any work (``tasks/llm/memory.py``).
 
-VERSION = 2  # 2: one part per stage (``params["part"]``, issue 22)
-TOOLS = ("torch", "transformers", "onnx", "numpy", "safetensors")
-#: the recipe keys of its section this implementation reads (the stage params, so the key,
-#: hold exactly these; a key only the other family reads is a load error: tasks/stages)
-PARAMS = ("sequence_length", "decode_length", "context_length", "parts", "embedding", "lm_head", "layout")
+
+
+DECODE_LENGTH = Param("export", "decode_length", int, 1, "tokens per decode call (AR-1)", limits={"ge": 1, "le": 1})
+CONTEXT_LENGTH = Param("export", "context_length", int, 4096, "KV cache length + current tokens",
+                       limits={"ge": 2, "le": 1_048_576})
+PARTS = Param("export", "parts", int, 1, "number of parts the layers are split into", limits={"ge": 1, "le": 64})
+EMBEDDING = Param("export", "embedding", Literal["first-part", "host"], "first-part",
+                  "token embedding Gather inside part 0, or on the host (embed_tokens.npy)")
+LM_HEAD = Param("export", "lm_head", Literal["last-part"], "last-part", "final norm + LM head in the last part")
+LAYOUT = Param("export", "layout", Literal["genai-pipeline"], "genai-pipeline",
+               "graph I/O that onnxruntime-genai's decoder pipeline drives: int32 input_ids, "
+               "past_seq_len/total_seq_len, one [1,Hkv,C,d] KV buffer per layer updated in the graph, all "
+               "prefill logits (tasks/llm/export.py)")
 
 
 def run(inputs, files, params, out: Path) -> dict:
@@ -646,3 +656,20 @@ def run(inputs, files, params, out: Path) -> dict:
                       meter=meter, only_parts={params["part"]})
     copy_tokenizer(src, out)
     return {"llm": info, "parts": meter}
+
+
+def preflight(recipe) -> list[tuple[str, str]]:
+    """The context holds the prefill window and more: sequence_length < context_length."""
+    e = recipe.export
+    if e.sequence_length >= e.context_length:
+        return [("export.context_length", f"expected sequence_length < context_length, found {e.sequence_length} "
+                                          f">= {e.context_length}")]
+    return []
+
+
+STAGE = Stage(
+    kind="export", family="llm", module=__name__, version=2,  # 2: one part per stage
+    tools=("torch", "transformers", "onnx", "numpy", "safetensors"), run=run,
+    params=(SEQUENCE_LENGTH, DECODE_LENGTH, CONTEXT_LENGTH, PARTS, EMBEDDING, LM_HEAD, LAYOUT), wired=("part",),
+    artifacts=EXPORT_ARTIFACTS, preflight=preflight,
+)

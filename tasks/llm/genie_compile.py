@@ -33,13 +33,8 @@ import tempfile
 from pathlib import Path
 
 from ..stages.common import target_key_extra
-
-VERSION = 1
-TOOLS = ("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "onnx")
-#: the recipe keys of its section (``compile``) it reads; the plan adds ``per_graph``, ``part``, ``target``
-PARAMS = ("weight_sharing",)
-KEY_EXCLUDE = ("target",)  # the name; the key holds what it resolves to (key_extra)
-key_extra = target_key_extra
+from ..stages.contract import Stage
+from .compile import WEIGHT_SHARING
 
 
 def shared_name(desc: dict, k: int) -> str:
@@ -108,3 +103,12 @@ def run(inputs, files, params, out: Path) -> dict:
     shutil.copyfile(src / "genie_export.json", out / "genie_export.json")  # every part's I/O, for bundle and verify
     found = check_binaries(out, plan, desc, target)
     return {"binaries": found, "renamed": renamed, "seconds": time.perf_counter() - t0}
+
+
+STAGE = Stage(
+    kind="genie_compile", family="llm", module=__name__, version=1,
+    tools=("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "onnx"), run=run,
+    params=(WEIGHT_SHARING,), wired=("target", "part", "per_graph"),
+    key_exclude=("target",),  # the name; the key holds what it resolves to (key_extra)
+    key_extra=target_key_extra, artifacts=("*.bin",),
+)

@@ -44,11 +44,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-VERSION = 1
-TOOLS = ("onnxruntime", "onnx", "numpy", "transformers", "tokenizers")
-#: the recipe keys of its section (``quantize``) it reads, as ``tasks/llm/quant.py`` does; the plan
-#: adds ``export`` (sequence_length, context_length, parts) and ``part``
-PARAMS = ("precision", "per_channel", "block_size", "rounding", "embedding_bits", "overrides")
+from ..stages.contract import Stage
+from .quant import QUANT_PARAMS
 #: the calibration schedule calibrate.part0 drew (tasks/llm/calibrate.py SCHEDULE)
 SCHEDULE = "schedule.json"
 
@@ -105,3 +102,11 @@ def run(inputs, files, params, out: Path) -> dict:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return {"graphs": graphs, "feeds": counts, "quantize_peak_rss": peak}
+
+
+STAGE = Stage(
+    kind="genie_quantize", family="llm", module=__name__, version=1,
+    tools=("onnxruntime", "onnx", "numpy", "transformers", "tokenizers"), run=run,
+    params=QUANT_PARAMS,  # as tasks/llm/quant.py reads them
+    wired=("part", "export"),  # export: sequence_length, context_length, parts
+)

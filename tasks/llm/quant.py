@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..stages.common import copy_rest
+from ..stages.contract import Stage
+from ..stages.params import BLOCK_SIZE, EMBEDDING_BITS, OVERRIDES, PER_CHANNEL, PRECISION, ROUNDING
 from ..quantconfig import fast_int4_packing, matmul_weight_overrides, qtype
 from .layout import ROPE_TABLES
 
@@ -237,12 +239,15 @@ def quantize_llm(src, model_dir, calib_text, params: dict, out, work=None, parts
 # graphs (``tasks/llm/quant.py``, ``tasks/llm/calib.py``). Calibration prompts are the recipe's
 # ``calibration.file`` paragraphs (``samples`` of them).
 
-VERSION = 3  # 3: one part per stage, feeds from calibrate.part{k} (issue 22); 2: LPBQ, GPTQ (issue 21)
-TOOLS = ("onnxruntime", "onnx", "numpy")
-#: the recipe keys of its section this implementation reads (the stage params, so the key,
-#: hold exactly these; a key only the other family reads is a load error: tasks/stages);
-#: ``calibration`` is read by the ``calibrate`` stage (tasks/llm/calib.py)
-PARAMS = ("precision", "per_channel", "block_size", "rounding", "embedding_bits", "overrides")
+#: the quantize params of an LLM part (``calibration`` is read by the ``calibrate`` stage)
+QUANT_PARAMS = (PRECISION, PER_CHANNEL, BLOCK_SIZE, ROUNDING, EMBEDDING_BITS, OVERRIDES)
+
+
+def preflight(recipe) -> list[tuple[str, str]]:
+    """An LLM's overrides keep MatMul weights at 8 bits, no other width."""
+    return [(f"quantize.overrides[{i}].weight_bits", f"expected 8 in an LLM recipe (its overrides keep MatMul weights "
+                                                    f"at 8 bits), found {o.weight_bits}")
+            for i, o in enumerate(recipe.quantize.overrides) if o.weight_bits != 8]
 
 
 def run(inputs, files, params, out: Path) -> dict:
@@ -271,3 +276,9 @@ def run(inputs, files, params, out: Path) -> dict:
                                     + "\n")
     return {"graphs": graphs, "parts": [{"part": k, "quantize_s": time.perf_counter() - t0,
                                          "quantize_peak_rss": peak}]}
+
+
+STAGE = Stage(
+    kind="quantize", family="llm", module=__name__, version=3,  # 3: one part per stage, feeds from calibrate
+    tools=("onnxruntime", "onnx", "numpy"), run=run, params=QUANT_PARAMS, wired=("part",), preflight=preflight,
+)

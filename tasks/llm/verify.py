@@ -44,10 +44,14 @@ output against the export, the QDQ graphs and ``genai_config.json``, its SoC; it
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+from typing import Literal, Optional
 
 from ..proc import lazy
 from ..stages import common
+from ..stages.contract import Param, Stage, Threshold
+from ..stages.params import BACKEND, DATA_FILE, DATA_SAMPLES, THRESHOLDS as THRESHOLDS_PARAM
 
 np = lazy.module("numpy")
 
@@ -304,17 +308,48 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
 # ``verify.runtime``) against the fp32 export graphs: token agreement, prefill logits cosine,
 # perplexity ratio (``tasks/llm/verify.py``); judged by the shared :func:`check`.
 
-VERSION = 5  # 5: every context binary read back (tasks/context_binary.py)
-TOOLS = ("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "transformers", "tokenizers", "numpy", "torch",
-         "onnxruntime-genai")
-#: the recipe keys of its section this implementation reads (the stage params, so the key,
-#: hold exactly these; a key only the other family reads is a load error: tasks/stages)
-PARAMS = ("backend", "runtime", "data.samples", "max_new_tokens", "thresholds")
-#: recipe keys naming the project files it reads -> their role in ``run(files=...)``
-FILES = {"data.file": "data", "perplexity_text": "perplexity_text"}
-KEY_EXCLUDE = ("thresholds",)
-key_extra = common.target_key_extra  # the target as the session sees it
-check = common.check  # verify.json against the thresholds
+RUNTIME = Param("verify", "runtime", Literal["runner", "genai"], "runner",
+                "what generates on the compiled graphs: our LLMRunner, or onnxruntime-genai driving them "
+                "through genai_config.json (tasks/llm/genai.py)")
+MAX_NEW_TOKENS = Param("verify", "max_new_tokens", int, 16, "greedy tokens per prompt", limits={"ge": 1, "le": 4096})
+PERPLEXITY_TEXT = Param("verify", "perplexity_text", Optional[str], None, "text file for perplexity vs fp32")
+#: the bars this verify measures (``verify.thresholds``)
+THRESHOLDS = (
+    Threshold("token_agreement", "min", "token_agreement", "share of greedy tokens equal to fp32's",
+              "a share of tokens", 0.0, True, 1.0),
+    Threshold("prefix_match_mean", "min", "prefix_match", "mean length of the matching greedy prefix",
+              "a number of tokens up to verify.max_new_tokens", 0.0, True, None),
+    Threshold("logits_cosine_mean", "min", "logits_cosine", "mean prefill logits cosine", "a cosine", 0.0, False, 1.0),
+    Threshold("perplexity_ratio", "max", None, "perplexity(compiled) / perplexity(fp32)", "a ratio of perplexities",
+              0.0, False, math.inf),
+    Threshold("genai_runner_agreement", "min", None, "runtime genai: share of prompts where onnxruntime-genai's "
+              "tokens equal LLMRunner's on the same graphs", "a share of prompts", 0.0, False, 1.0),
+    Threshold("genie_runner_agreement", "min", None, "runtime genie: share of prompts where Genie's tokens (its "
+              "graphs, on the simulator) equal LLMRunner's on the genai graphs", "a share of prompts", 0.0, False, 1.0),
+)
+
+
+def preflight(recipe) -> list[tuple[str, str]]:
+    """``verify.runtime: genai`` needs what onnxruntime-genai can drive (tasks/llm/genai.py): the
+    embedding in part 0 (genai's pipeline starts from input_ids), a context length that is a
+    multiple of the prefill length (padded prompt windows must fit the cache), and the
+    onnxruntime-genai package."""
+    import importlib.util
+
+    if recipe.verify.runtime != "genai":
+        return []
+    e, bad = recipe.export, []  # (what runtime genai needs, what the recipe has)
+    if e.embedding != "first-part":
+        bad.append(("export.embedding: first-part", f"export.embedding: {e.embedding}"))
+    if e.context_length % e.sequence_length:
+        bad.append((f"export.context_length a multiple of export.sequence_length ({e.sequence_length})",
+                    f"export.context_length: {e.context_length}"))
+    if importlib.util.find_spec("onnxruntime_genai") is None:
+        bad.append(("the onnxruntime-genai package (pip install onnxruntime-genai==0.18.0)", "not installed"))
+    if bad:
+        return [("verify.runtime", f"expected {', '.join(b[0] for b in bad)} for runtime genai, found "
+                                   f"{', '.join(b[1] for b in bad)}")]
+    return []
 
 
 def joined_views(inputs: dict, tmp: Path) -> dict:
@@ -370,3 +405,15 @@ def run(inputs, files, params, out: Path) -> dict:
         report = verify_llm(views, files, params, budget_bytes=None if avail is None else avail // 2)
     run_info = report.pop("_run")
     return {**common.write_report(out, report), **run_info}
+
+
+STAGE = Stage(
+    kind="verify", family="llm", module=__name__, version=5,  # 5: every context binary read back
+    tools=("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "transformers", "tokenizers", "numpy", "torch",
+           "onnxruntime-genai"), run=run,
+    params=(BACKEND, RUNTIME, DATA_SAMPLES, MAX_NEW_TOKENS, THRESHOLDS_PARAM),
+    files={DATA_FILE: "data", PERPLEXITY_TEXT: "perplexity_text"},
+    wired=("target", "task", "runtimes"), key_exclude=("thresholds",),  # bars judge a result, not change it
+    key_extra=common.target_key_extra, check=common.checker(THRESHOLDS), thresholds=THRESHOLDS,
+    preflight=preflight, artifacts=common.VERIFY_ARTIFACTS,
+)

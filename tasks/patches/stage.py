@@ -13,9 +13,7 @@ from pathlib import Path
 
 from .. import digest, patches
 from ..graphs import list_graphs, load_model, save_model
-
-VERSION = 1
-TOOLS = ("onnx", "onnxruntime")
+from ..stages.contract import Stage
 
 
 def run(inputs, files, params, out: Path) -> dict:
@@ -52,3 +50,7 @@ def run(inputs, files, params, out: Path) -> dict:
             (out / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(f, out / rel)
     return {"patches": report}
+
+
+STAGE = Stage(kind="patch", family=None, module=__name__, version=1, tools=("onnx", "onnxruntime"), run=run,
+              wired=("steps",))  # the recipe's ``patches`` (pre- or post-quantize) as the plan resolves them

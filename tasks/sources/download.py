@@ -33,14 +33,9 @@ from pathlib import Path
 
 from .. import digest, progress
 from ..proc.scrubbing import scrub
+from ..stages.contract import Stage
 from . import SourceError, local_folder, source_files
-
-VERSION = 1
-TOOLS = ("huggingface-hub",)
-# the content (a local folder's digest, the resolved Hub commit) is in key_extra; where it
-# came from, and a branch name, do not change the output
-KEY_EXCLUDE = ("path", "package", "subdir", "revision")
-
+from .schema import Source
 
 def _offline() -> bool:
     from huggingface_hub import constants
@@ -389,3 +384,13 @@ def _incomplete_message(repo: str, commit: str, folder: Path, bad: list[str]) ->
     return scrub(f"Hub model {repo!r} at commit {commit}: the snapshot {folder} differs from the Hub's file listing "
                  f"in {n}: {'; '.join(bad)}; nothing was cached: download {it} again (`hf download {repo} "
                  f"--revision {commit} --force-download`) and build again")
+
+
+STAGE = Stage(
+    kind="download", family=None, module=__name__, version=1, tools=("huggingface-hub",), run=run,
+    whole=("source", Source),
+    # the content (a local folder's digest, the resolved Hub commit) is in key_extra; where it
+    # came from, and a branch name, do not change the output
+    key_exclude=("path", "package", "subdir", "revision"),
+    key_extra=key_extra, check_read=check_read,
+)

@@ -1,46 +1,20 @@
-"""The stage contract: the kinds, what an implementation provides, and the table of
-implementations chosen once when a recipe is planned (:data:`IMPLEMENTATIONS`,
-``StageSpec.family``), so no stage branches on the family inside. Each model family is a
-folder of its implementations (``tasks/encoder/<kind>.py``; ``tasks/llm/``: ``export``,
-``calibrate``, ``quant``, ``compile``, ``bundle``, ``verify``, and for ``bundle.runtimes: genie``
-``genie_quant``, ``genie_compile``: an LLM's stages each build one part, ``params["part"]``,
-and ``bundle`` and ``verify`` join the parts: ``tasks/plan.py``); ``download`` (``tasks/sources/download.py``) and
-``patch`` (``tasks/patches/stage.py``) serve every family. ``common.py`` here is what several
-implementations share (it imports no family).
-Each implementation module has
+"""The stage implementations, found by kind and model family.
 
-- ``VERSION: int``  bumped on any change of behaviour (enters the stage key);
-- ``TOOLS: tuple[str, ...]``  tools whose versions enter the key (see ``tasks/tools.py``);
-- ``PARAMS: tuple[str, ...]``  the recipe keys of its section it reads (dotted below a
-  nested section: ``calibration.samples``): its params, the stage key's ``params``
-  (:func:`params_from`); ``FILES: dict[str, str]`` recipe keys that name project files -> their
-  role. A key that only the other family's implementation declares is a recipe load error
-  (:func:`readers`); ``download`` and ``patch`` take their whole section;
-- ``run(inputs: dict[str, Path], files: dict[str, Path], params: dict, out: Path) -> dict``
-  reads upstream outputs (``inputs``, by role) and project files, writes its outputs into
-  ``out`` and returns extra manifest info (JSON-able);
-- optional ``key_extra(params) -> dict``, ``check(out, manifest, params) -> list[str]``,
-  ``KEY_EXCLUDE`` and ``CODE_DEPS`` (modules the stage reaches by name, e.g. through the patch
-  registry; what it imports is found from its source: ``tasks.engine.code_modules``).
+A stage kind (:data:`tasks.plan.KINDS`) has one implementation per model family (``export.family``:
+``encoder`` or ``llm``), or one for every family: :data:`IMPLEMENTATIONS` names the module, whose
+``STAGE`` (:class:`tasks.stages.contract.Stage`) declares everything the engine, the plan and the
+recipe schema need: version, tools, the recipe params it reads, files, hooks, artifacts. The plan
+picks the implementation once (``StageSpec.family``), so no stage branches on the family inside.
+An LLM's stages each build one part (``params["part"]``); ``bundle`` and ``verify`` join the
+parts (``tasks/plan.py``). ``common.py`` here is what several implementations share, ``params.py``
+the recipe keys several families read, ``schema.py`` the recipe sections assembled from all of it.
 
 A stage never imports doit and never writes into the cache itself.
 """
 
-from functools import lru_cache
 from importlib import import_module
 
-# The outputs a user gets, per stage kind (fnmatch patterns on file names): linked into
-# build/<recipe>/ and copied into published bundles.
-ARTIFACTS = {
-    "compile": ("*_ctx.onnx", "*.bin", "genai_config.json", "export.json", "*.npy"),
-    "export": ("tokenizer*", "vocab*", "merges.txt", "special_tokens_map.json", "config.json",
-               "generation_config.json", "added_tokens.json"),
-    "genie_compile": ("*.bin",),
-    "bundle": ("export.json", "genai_config.json", "*.npy", "genie_config.json", "htp_backend_ext_config.json"),
-    "verify": ("verify.json",),
-}
-
-#: stage kind -> {model family (None: every family): dotted module name}
+#: stage kind -> {model family (None: every family): dotted module name holding ``STAGE``}
 IMPLEMENTATIONS = {
     "download": {None: "tasks.sources.download"},
     "export": {"encoder": "tasks.encoder.export", "llm": "tasks.llm.export"},
@@ -57,13 +31,6 @@ IMPLEMENTATIONS = {
 FAMILIES = ("encoder", "llm")
 
 
-@lru_cache(maxsize=None)
-def module_for(kind: str, family: str = "encoder"):
-    """The module implementing stage ``kind`` for models of ``family`` (``export.family`` of the
-    recipe: ``encoder`` or ``llm``). Raises KeyError for an unknown kind or family."""
-    return import_module(_module_name(kind, family))
-
-
 def _module_name(kind: str, family: str) -> str:
     if kind not in IMPLEMENTATIONS:
         raise KeyError(f"unknown stage kind {kind!r}; known: {', '.join(IMPLEMENTATIONS)}")
@@ -74,17 +41,16 @@ def _module_name(kind: str, family: str) -> str:
     return name
 
 
-def modules_of(kind: str) -> list:
-    """Every implementation module of stage ``kind``."""
-    return [import_module(n) for n in IMPLEMENTATIONS[kind].values()]
+def implementation(kind: str, family: str = "encoder"):
+    """The :class:`~tasks.stages.contract.Stage` of ``kind`` for models of ``family`` (its module
+    imported; Python keeps it). Raises KeyError for an unknown kind or family."""
+    return import_module(_module_name(kind, family)).STAGE
 
 
-#: recipe section -> the stage kind whose implementations declare its keys
-SECTIONS = {"export": "export", "quantize": "quantize", "compile": "compile", "verify": "verify"}
-#: recipe section -> every stage kind whose implementations read keys of it (an LLM's
-#: ``quantize.calibration`` is read by its ``calibrate`` stages)
-SECTION_KINDS = {"quantize": ("quantize", "calibrate", "genie_quantize"),
-                 "compile": ("compile", "bundle", "genie_compile")}
+def implementations(kind: str | None = None) -> list:
+    """Every implementation (of ``kind``), in :data:`IMPLEMENTATIONS` order."""
+    kinds = [kind] if kind else list(IMPLEMENTATIONS)
+    return [import_module(n).STAGE for k in kinds for n in IMPLEMENTATIONS[k].values()]
 
 
 def _pick(data: dict, path: str):
@@ -95,39 +61,16 @@ def _pick(data: dict, path: str):
     return data, True
 
 
-@lru_cache(maxsize=None)
-def declared(kind: str, family: str) -> tuple[tuple[str, ...], dict[str, str]]:
-    """``(PARAMS, FILES)`` of ``kind``'s ``family`` implementation, read from its source with
-    ``ast`` (literals only), not imported: the recipe loader asks before any stage runs, and an
-    encoder recipe's load need not import the LLM stages. Raises KeyError for an unknown kind
-    or family, ValueError when the module writes them as anything but literals."""
-    import ast
-    import importlib.util
-    from pathlib import Path
-
-    name = _module_name(kind, family)
-    tree = ast.parse(Path(importlib.util.find_spec(name).origin).read_text(encoding="utf-8"))
-    found = {}
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
-                and node.targets[0].id in ("PARAMS", "FILES"):
-            try:
-                found[node.targets[0].id] = ast.literal_eval(node.value)
-            except ValueError:
-                raise ValueError(f"{name}: expected {node.targets[0].id} as a literal (line {node.lineno})") from None
-    return tuple(found.get("PARAMS", ())), dict(found.get("FILES", {}))
-
-
 def params_from(section: dict, kind: str, family: str) -> dict:
     """The params of ``kind``'s ``family`` implementation from its recipe section (a plain dict,
-    the validated section dumped): the keys it declares in ``PARAMS``, nested ones kept nested
+    the validated section dumped): the keys it lists in ``params``, nested ones kept nested
     (``calibration.samples`` -> ``{"calibration": {"samples": ...}}``). Raises KeyError for an
     unknown kind or family."""
     out: dict = {}
-    for path in declared(kind, family)[0]:
-        value, found = _pick(section, path)
+    for p in implementation(kind, family).params:
+        value, found = _pick(section, p.path)
         if found:
-            *parents, leaf = path.split(".")
+            *parents, leaf = p.path.split(".")
             d = out
             for k in parents:
                 d = d.setdefault(k, {})
@@ -137,26 +80,18 @@ def params_from(section: dict, kind: str, family: str) -> dict:
 
 def files_from(section: dict, kind: str, family: str) -> dict[str, str]:
     """{role: project-relative path} of the files ``kind``'s ``family`` implementation reads,
-    from its recipe section (its ``FILES`` declaration; keys set to null are left out)."""
+    from its recipe section (its ``files``; keys set to null are left out)."""
     out = {}
-    for path, role in declared(kind, family)[1].items():
-        value, found = _pick(section, path)
+    for p, role in implementation(kind, family).files.items():
+        value, found = _pick(section, p.path)
         if found and value not in (None, ""):
             out[role] = value
     return out
 
 
-def readers(section: str, path: str) -> set[str]:
-    """The families whose implementation of ``section``'s stage kind declares recipe key
-    ``path`` (in ``PARAMS`` or ``FILES``): empty for a key the plan wires itself
-    (``export.family``, ``compile.targets``)."""
-    out = set()
-    for kind in SECTION_KINDS.get(section, (SECTIONS[section],)):
-        for family in FAMILIES:
-            if family not in IMPLEMENTATIONS[kind]:
-                continue
-            params, files = declared(kind, family)
-            keys = set(params) | set(files)
-            if path in keys or any(k.startswith(path + ".") for k in keys):
-                out.add(family)
-    return out
+def artifact_patterns(kind: str) -> tuple[str, ...]:
+    """The fnmatch patterns of the files a user gets of stage ``kind`` (every family's
+    implementation's ``artifacts``); () for a kind that gives none or is unknown."""
+    if kind not in IMPLEMENTATIONS:
+        return ()
+    return tuple(dict.fromkeys(p for st in implementations(kind) for p in st.artifacts))

@@ -9,6 +9,7 @@ import json
 import math
 import shutil
 from pathlib import Path
+from typing import Callable
 
 from .. import digest, qnn
 from ..metrics import apart
@@ -16,6 +17,17 @@ from ..metrics import apart
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
                    "merges.txt", "vocab.json", "config.json", "generation_config.json", "tokenizer.model",
                    "added_tokens.json")
+
+
+#: what a user gets (fnmatch patterns on file names; linked into build/<recipe>/ and copied into
+#: published bundles) of an export (either family): the tokenizer and config files
+EXPORT_ARTIFACTS = ("tokenizer*", "vocab*", "merges.txt", "special_tokens_map.json", "config.json",
+                    "generation_config.json", "added_tokens.json")
+
+#: ... of a compile: EPContext models, context binaries, and the LLM's runtime description
+COMPILE_ARTIFACTS = ("*_ctx.onnx", "*.bin", "genai_config.json", "export.json", "*.npy")
+#: ... of a verify: its report
+VERIFY_ARTIFACTS = ("verify.json",)
 
 
 def copy_tokenizer(src: Path, out: Path) -> list[str]:
@@ -43,25 +55,6 @@ def target_key_extra(params: dict) -> dict:
     editing the table makes binaries stale and two names for one SoC share entries (issue 11)."""
     return {"provider_options": qnn.provider_options(params["target"])}
 
-# name -> (direction, per-sample metric used to name the worst sample, description)
-THRESHOLDS = {
-    "pooled_cosine_mean": ("min", "pooled_cosine", "mean over samples of the mean-pooled embedding cosine"),
-    "pooled_cosine_min": ("min", "pooled_cosine", "worst sample's mean-pooled embedding cosine"),
-    "cosine_mean": ("min", "cosine", "mean over samples of the output cosine"),
-    "cosine_min": ("min", "cosine", "worst sample's output cosine"),
-    "max_abs_error": ("max", "max_abs_error", "largest |compiled - fp32| over all samples"),
-    "top1_agreement": ("min", "top1_agreement", "share of tokens whose argmax agrees"),
-    "token_agreement": ("min", "token_agreement", "LLM: share of greedy tokens equal to fp32's"),
-    "prefix_match_mean": ("min", "prefix_match", "LLM: mean length of the matching greedy prefix"),
-    "logits_cosine_mean": ("min", "logits_cosine", "LLM: mean prefill logits cosine"),
-    "perplexity_ratio": ("max", None, "LLM: perplexity(compiled) / perplexity(fp32)"),
-    "genai_runner_agreement": ("min", None, "LLM, runtime genai: share of prompts where onnxruntime-genai's "
-                                            "tokens equal LLMRunner's on the same graphs"),
-    "genie_runner_agreement": ("min", None, "LLM, runtime genie: share of prompts where Genie's tokens (its "
-                                            "graphs, on the simulator) equal LLMRunner's on the genai graphs"),
-}
-
-
 def write_report(out: Path, report: dict) -> dict:
     """Write ``out/verify.json`` (sorted keys, 2-space indent, a final newline: the same bytes
     for the same report) and return the manifest info every verify gives: backend and sample
@@ -70,31 +63,38 @@ def write_report(out: Path, report: dict) -> dict:
     return {"backend": report["backend"], "samples": len(report.get("samples", []))}
 
 
-def check(out: Path, manifest: dict, params: dict) -> list[str]:
-    """Failures of ``out/verify.json`` against ``params["thresholds"]``: one line per failed
-    threshold naming the metric, its value, the threshold and the worst sample. Where the
-    nodes run is reported (``all_on_htp``, ``cpu_nodes``), not judged here: compile refuses a
-    CPU node unless the recipe allows it (``compile.disable_cpu_ep_fallback: false``), and
-    the card and the catalog then say ``npu+cpu``."""
-    report = json.loads((out / "verify.json").read_text(encoding="utf-8"))
-    fails = []
-    for name, bar in sorted(params.get("thresholds", {}).items()):
-        direction, per_sample, _ = THRESHOLDS[name]
-        value = report["metrics"].get(name)
-        if value is None:
-            fails.append(f"{name}: not measured by this verify")
-            continue
-        bad = not math.isfinite(value) or (value < bar if direction == "min" else value > bar)
-        if bad:
-            worst = ""
-            samples = report.get("samples") or []
-            if per_sample and samples and per_sample in samples[0]:
-                pick = min if direction == "min" else max
-                w = pick(range(len(samples)), key=lambda i: samples[i][per_sample])
-                worst = f"; worst sample #{w} ({per_sample}={samples[w][per_sample]:.4f}): {samples[w].get('text', '')!r}"
-            shown = apart(value, float(bar), 4)[0] if math.isfinite(value) else f"{value}"
-            fails.append(f"{name} = {shown}{' (not a number: the compiled model gave NaN/inf)' if not math.isfinite(value) else ''}, threshold {'>=' if direction == 'min' else '<='} {bar}{worst}")
-    return fails
+def checker(thresholds: tuple) -> "Callable[[Path, dict, dict], list[str]]":
+    """The ``check`` hook of a verify implementation measuring ``thresholds``
+    (:class:`tasks.stages.contract.Threshold`): ``check(out, manifest, params)`` gives the
+    failures of ``out/verify.json`` against ``params["thresholds"]``, one line per failed bar
+    naming the metric, its value, the bar and the worst sample. Where the nodes run is reported
+    (``all_on_htp``, ``cpu_nodes``), not judged here: compile refuses a CPU node unless the
+    recipe allows it (``compile.disable_cpu_ep_fallback: false``), and the card and the catalog
+    then say ``npu+cpu``."""
+    table = {t.name: t for t in thresholds}
+
+    def check(out: Path, manifest: dict, params: dict) -> list[str]:
+        report = json.loads((out / "verify.json").read_text(encoding="utf-8"))
+        fails = []
+        for name, bar in sorted(params.get("thresholds", {}).items()):
+            direction, per_sample = table[name].direction, table[name].per_sample
+            value = report["metrics"].get(name)
+            if value is None:
+                fails.append(f"{name}: not measured by this verify")
+                continue
+            bad = not math.isfinite(value) or (value < bar if direction == "min" else value > bar)
+            if bad:
+                worst = ""
+                samples = report.get("samples") or []
+                if per_sample and samples and per_sample in samples[0]:
+                    pick = min if direction == "min" else max
+                    w = pick(range(len(samples)), key=lambda i: samples[i][per_sample])
+                    worst = f"; worst sample #{w} ({per_sample}={samples[w][per_sample]:.4f}): {samples[w].get('text', '')!r}"
+                shown = apart(value, float(bar), 4)[0] if math.isfinite(value) else f"{value}"
+                fails.append(f"{name} = {shown}{' (not a number: the compiled model gave NaN/inf)' if not math.isfinite(value) else ''}, threshold {'>=' if direction == 'min' else '<='} {bar}{worst}")
+        return fails
+
+    return check
 
 
 def runtimes_checked(report: dict) -> dict[str, str]:

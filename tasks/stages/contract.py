@@ -1,0 +1,125 @@
+"""The stage contract as data: what a stage implementation declares (:class:`Stage`), the recipe
+params it reads (:class:`Param`, each defined once) and the verify bars it can be judged by
+(:class:`Threshold`).
+
+Each implementation module (``tasks/encoder/quantize.py``, ``tasks/llm/quant.py``, ...) ends
+with one ``STAGE = Stage(...)``; :mod:`tasks.stages` finds it by the kind and the recipe's
+family, :mod:`tasks.stages.schema` assembles the recipe's sections from the declared params,
+the engine keys and runs a stage from its declaration alone. Nothing here imports a family.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+#: ``Param.default`` of a key the recipe must set
+REQUIRED = object()
+
+
+@dataclass(frozen=True, eq=False)
+class Param:
+    """One recipe key: ``<section>.<path>`` (``quantize.calibration.samples``). The object is
+    the key's one definition (type, default, range, description); implementations that read
+    the key list this object (``Stage.params``), so which families read it follows from them
+    (:func:`tasks.stages.schema.readers`). Equality is identity: two Params of one key are a
+    second definition, refused when the schema is assembled.
+
+    ``type``: the annotation pydantic validates (strict: a string is no int); ``limits``:
+    pydantic ``Field`` keywords (``ge``, ``le``, ``min_length``...); ``check(value, earlier)``:
+    an after-validator given the section's earlier values by name, returns the value or raises
+    ValueError (its message is the problem's text); ``before(value)``: the same, before type
+    checks; ``family``: the families that read the key when no implementation lists it (keys
+    the plan reads itself: ``export.family``, ``compile.targets``); ``after``: the section's
+    keys ``check`` reads (the key is validated after them)."""
+
+    section: str
+    path: str
+    type: Any
+    default: Any = REQUIRED
+    description: str = ""
+    limits: dict = field(default_factory=dict)
+    check: Callable[[Any, dict], Any] | None = None
+    before: Callable[[Any], Any] | None = None
+    family: tuple[str, ...] | None = None
+    after: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> str:
+        """``section.path``, as the recipe writes it and error messages name it."""
+        return f"{self.section}.{self.path}"
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """A verify bar a recipe may set (``verify.thresholds.<name>``), declared by the verify
+    implementation that measures it. ``direction``: ``min`` (the metric must be at least the
+    bar) or ``max``; ``per_sample``: the per-sample metric that names the worst sample (None:
+    none); ``what`` and the range ``[low, high]`` (``low_in``: low itself allowed; high None:
+    ``verify.max_new_tokens``) are checked at load, so a bar that always passes or never can
+    is an error before any build."""
+
+    name: str
+    direction: str
+    per_sample: str | None
+    description: str
+    what: str
+    low: float
+    low_in: bool
+    high: float | None
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage kind's implementation for one model family (``family`` None: every family).
+
+    - ``version`` enters the stage key; bumped on any change of behaviour.
+    - ``tools``: tools whose versions enter the key (:mod:`tasks.tools`).
+    - ``params``: the recipe keys it reads (their :class:`Param` definitions); the stage's
+      params, so its key, hold exactly these, nested as in the recipe (``calibration.samples``
+      -> ``{"calibration": {"samples": ...}}``). ``files``: {Param of a file key: role}: project
+      files it reads (digested into the key, passed as ``files[role]``).
+    - ``whole``: the recipe section it takes whole instead (``source`` for download, ``patches``
+      for patch), with its pydantic model.
+    - ``wired``: params the plan sets (``target``, ``part``...), not recipe keys.
+    - ``key_exclude``: params left out of the key (a target name, whose resolved options enter
+      through ``key_extra``; verify thresholds, which judge a result and do not change it).
+    - ``code_deps``: modules it reaches by name at run time (the patch registry), digested with
+      the modules it imports.
+    - ``artifacts``: fnmatch patterns of the outputs a user gets (linked into ``build/<recipe>/``,
+      copied into published bundles).
+    - ``thresholds``: the verify bars it measures (verify only).
+    - ``run(inputs, files, params, out) -> dict``: reads upstream outputs (``inputs`` by role)
+      and project files, writes into ``out``, returns extra manifest info (JSON-able).
+    - ``key_extra(params) -> dict``: more key material; ``check(out, manifest, params) ->
+      list[str]``: failures of a built entry (a failed check fails the stage; the entry stays);
+      ``check_read(inputs, params, upstream) -> None``: raises when what it read is not what the
+      key hashed (a source folder's copy); ``preflight(recipe) -> [(key path, message)]``: what
+      this implementation cannot build in a valid recipe, found at load (before any stage runs)."""
+
+    kind: str
+    family: str | None
+    module: str
+    version: int
+    tools: tuple[str, ...]
+    run: Callable[..., dict]
+    params: tuple[Param, ...] = ()
+    files: dict = field(default_factory=dict)
+    whole: tuple[str, Any] | None = None
+    wired: tuple[str, ...] = ()
+    key_exclude: tuple[str, ...] = ()
+    code_deps: tuple[str, ...] = ()
+    artifacts: tuple[str, ...] = ()
+    thresholds: tuple[Threshold, ...] = ()
+    key_extra: Callable[[dict], dict] | None = None
+    check: Callable[..., list] | None = None
+    check_read: Callable[..., None] | None = None
+    preflight: Callable[..., list] | None = None
+
+    def reads(self) -> tuple[Param, ...]:
+        """Every recipe key it reads: ``params`` and the keys of ``files``."""
+        return (*self.params, *self.files)

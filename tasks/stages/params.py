@@ -1,0 +1,176 @@
+"""The recipe keys that more than one family's implementations read, and the keys the plan reads
+itself, each defined once (:class:`tasks.stages.contract.Param`). A key one family alone reads
+is defined in that family's implementation module, beside its ``STAGE``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ..precisions import DEFAULT_PRECISION, FOUR_BIT, NAMES as PRECISION_NAMES
+from ..targets import DEFAULT_TARGET, TARGETS
+from .contract import REQUIRED, Param
+
+
+def close(word: str, options) -> str:
+    """"; did you mean 'x'?" for the closest of ``options`` to ``word`` (difflib ratio >= 0.6), else ""."""
+    import difflib
+
+    near = difflib.get_close_matches(str(word), sorted(options), n=1, cutoff=0.6)
+    return f"; did you mean {near[0]!r}?" if near else ""
+
+
+# ---------------------------------------------------------------- read by the plan
+
+def _one_of_each(v, earlier):
+    bad = [t for t in v if t not in TARGETS]
+    if bad:
+        raise ValueError(f"expected targets from {sorted(TARGETS)}, found unknown {bad}{close(bad[0], TARGETS)}")
+    if len(set(v)) != len(v):
+        raise ValueError(f"expected distinct targets, found {v}")
+    return v
+
+
+def _runtimes(v, earlier):
+    if "genai" not in v or len(set(v)) != len(v):
+        raise ValueError(f"expected distinct runtimes including genai (its config is in every LLM bundle), found {v}")
+    return v
+
+
+FAMILY = Param("export", "family", Literal["encoder", "llm"], "encoder",
+               "encoder: one static graph; llm: prefill+decode graphs per part (picks the stage implementations)",
+               family=("encoder", "llm"))
+TARGETS_PARAM = Param("compile", "targets", list[str], [DEFAULT_TARGET],
+                      "the SoCs to compile for (tasks/targets.py): one compile and verify stage each",
+                      limits={"min_length": 1}, check=_one_of_each, family=("encoder", "llm"))
+RUNTIMES = Param("bundle", "runtimes", list[Literal["genai", "genie"]], ["genai"],
+                 "the runtimes the bundle serves: genai (genai_config.json, always) and genie (Genie-layout "
+                 "binaries, genie_config.json, htp_backend_ext_config.json: tasks/llm/genie.py)",
+                 check=_runtimes, family=("llm",))
+GENIE_CONFIG = Param("bundle", "genie_config", Optional[dict[str, Any]], None,
+                     "runtime genie: merged over the generated genie_config.json (e.g. {dialog: {engine: "
+                     "{n-threads: 4}}}); Genie's parser checks the result at bundle time", family=("llm",))
+#: the keys the plan reads itself (tasks/plan.py), not a stage implementation
+PLAN_PARAMS = (FAMILY, TARGETS_PARAM, RUNTIMES, GENIE_CONFIG)
+
+# ---------------------------------------------------------------- export
+
+SEQUENCE_LENGTH = Param("export", "sequence_length", int, 128,
+                        "tokens per call (encoder), or the prefill length AR-N (llm)", limits={"ge": 1, "le": 131_072})
+
+# ---------------------------------------------------------------- quantize
+
+
+def _four_bit_only(param: str, default):
+    def check(v, earlier):
+        precision = earlier.get("precision")
+        if v != default and precision not in (None, FOUR_BIT):
+            raise ValueError(f"expected {json.dumps(default)} with precision {precision} (it applies to 4-bit "
+                             f"weights: precision {FOUR_BIT}; set it to null where it comes through extends), "
+                             f"found {json.dumps(v)}")
+        if v != default and param != "embedding_bits" and earlier.get("per_channel") is False:
+            raise ValueError(f"expected per_channel: true with {param} {json.dumps(v)} (block-wise and GPTQ "
+                             f"weights have scales per output channel), found per_channel: false")
+        return v
+    return check
+
+
+class Override(BaseModel):
+    """``quantize.overrides[i]``: weights whose initializer name matches ``pattern`` kept at
+    ``weight_bits``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    pattern: str = Field(description="regex matched (re.search) against weight initializer names")
+    weight_bits: Literal[4, 8, 16] = 8
+
+    @field_validator("pattern")
+    @classmethod
+    def _regex(cls, v):
+        try:
+            re.compile(v)
+        except re.error as e:
+            raise ValueError(f"expected a regular expression, found {v!r} ({e})") from None
+        return v
+
+
+PRECISION = Param("quantize", "precision", Literal[PRECISION_NAMES], DEFAULT_PRECISION,
+                  "weight and activation types (tasks/precisions.py)")
+PER_CHANNEL = Param("quantize", "per_channel", bool, True, "one weight scale per output channel")
+BLOCK_SIZE = Param("quantize", "block_size", Optional[Literal[16, 32, 64, 128]], None,
+                   "4-bit weights: null = per-channel, else rows of in-features per block (LPBQ, "
+                   "tasks/weights.py); in-features must divide by it (checked at load against config.json)",
+                   check=_four_bit_only("block_size", None), after=("precision", "per_channel"))
+ROUNDING = Param("quantize", "rounding", Literal["nearest", "gptq"], "nearest",
+                 "4-bit weights: round to nearest, or GPTQ on the calibration set (tasks/weights.py)",
+                 check=_four_bit_only("rounding", "nearest"), after=("precision", "per_channel"))
+EMBEDDING_BITS = Param("quantize", "embedding_bits", Literal[8, 16], 16,
+                       "bits of Gather tables (the token embedding); 8 is taken with 4-bit weights only",
+                       check=_four_bit_only("embedding_bits", 16), after=("precision", "per_channel"))
+CALIBRATION_FILE = Param("quantize", "calibration.file", str, REQUIRED,
+                         "the calibration set: a text file, one sample per line (LLMs: also .jsonl chat "
+                         "conversations), relative to the project root")
+CALIBRATION_SAMPLES = Param("quantize", "calibration.samples", int, 16, "calibration samples taken from the file",
+                            limits={"ge": 1, "le": 100_000})
+OVERRIDES = Param("quantize", "overrides", list[Override], [],
+                  "weights kept at other bit widths, by initializer name")
+
+# ---------------------------------------------------------------- verify
+
+BACKEND = Param("verify", "backend", Literal["htp", "cpu-qdq"], "htp",
+                "htp: the compiled binaries on the HTP simulator; cpu-qdq: the QDQ graphs on the CPU EP")
+DATA_FILE = Param("verify", "data.file", str, REQUIRED,
+                  "the verify set: a text file, one sample per line, relative to the project root")
+DATA_SAMPLES = Param("verify", "data.samples", int, 16, "verify samples taken from the file",
+                     limits={"ge": 1, "le": 100_000})
+
+
+def range_text(low: float, low_in: bool, high: float) -> str:
+    """``>= 0`` / ``in (0, 1]``: a threshold's range as error messages print it."""
+    if high == math.inf:
+        return f"{'>=' if low_in else '>'} {low:g}"
+    return f"in {'[' if low_in else '('}{low:g}, {high:g}]"
+
+
+def raise_at(problems: list[tuple[tuple, str, Any]]):
+    """Raise a ValidationError with one error per ``(loc below the field, message, input)``,
+    so each problem gets its own key path (e.g. ``verify.thresholds.cosine_min``)."""
+    from pydantic import ValidationError
+    from pydantic_core import InitErrorDetails, PydanticCustomError
+
+    raise ValidationError.from_exception_data("recipe", [
+        InitErrorDetails(type=PydanticCustomError("out_of_range", msg), loc=loc, input=value)
+        for loc, msg, value in problems])
+
+
+def _thresholds(v, earlier):
+    """Known names (declared by a verify implementation), finite values, each in its range."""
+    from . import implementations
+
+    known = {t.name: t for st in implementations("verify") for t in st.thresholds}
+    bad = [k for k in v if k not in known]
+    if bad:
+        raise ValueError(f"expected threshold names from {sorted(known)}, found {bad}")
+    nan = [k for k, x in v.items() if not math.isfinite(x)]
+    if nan:
+        raise ValueError(f"expected finite thresholds, found {nan}")
+    out = []
+    for k, x in v.items():
+        t = known[k]
+        high = earlier.get("max_new_tokens", math.inf) if t.high is None else t.high
+        if not (t.low <= x <= high) or (x == t.low and not t.low_in):
+            out.append(((k,), f"expected {t.what} {range_text(t.low, t.low_in, high)}, found {x!r}", x))
+    if out:
+        raise_at(out)
+    return v
+
+
+THRESHOLDS = Param("verify", "thresholds", dict[str, float], {},
+                   "bars the verify figures must meet, by name (each verify implementation declares the ones "
+                   "it measures); a failed bar fails the build", check=_thresholds,
+                   after=("max_new_tokens",))
