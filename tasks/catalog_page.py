@@ -25,8 +25,9 @@ What it shows, all from the catalog rows (:mod:`tasks.catalog`):
   the decode ceiling (tokens/s) and the first-token lower bound (:mod:`tasks.llm.figures`,
   read back once built, estimated before). The page says, beside both, that they are ceilings
   and bounds from published figures, not measurements.
-- **The catalog table** (``#catalog``): :data:`tasks.catalog.COLUMNS` plus links; every cell
-  carries its sort value in ``data-sort``; a click on a header sorts (both tables).
+- **The catalog table** (``#catalog``): :data:`tasks.catalog.COLUMNS` plus links (a recipe not
+  built shows its parameters from the config, ``~``); every cell carries its sort value in
+  ``data-sort``; a click on a header sorts (both tables).
 
 For tests and readers without eyes on the canvas, each chart's container holds what it drew:
 ``data-count`` (points drawn) and ``data-points`` (JSON ``[{name, target, series, x, y}]``,
@@ -251,6 +252,12 @@ def _bytes(n) -> str:
     return _human_bytes(n) if n is not None else "unknown"
 
 
+def _human_count(n) -> str:
+    from .catalog import _human_count as count
+
+    return count(n)
+
+
 def _device_rows(rows: list[dict]) -> list[tuple[dict, str, dict]]:
     return [(r, t, f) for r in rows for t, f in sorted((r.get("device") or {}).items())]
 
@@ -353,6 +360,9 @@ def render_page(rows: list[dict], published: dict | None = None) -> str:
             if head == "State":
                 why = r["reason"] or "; ".join(r["failures"])
                 cells.append(_td(text(r), sort(r), cls=r["state"], title=why or ""))
+            elif head == "Parameters" and r["parameters"] is None and r.get("parameters_estimate"):
+                cells.append(_td("~" + _human_count(r["parameters_estimate"]), r["parameters_estimate"],
+                                 title="from the model's config (not counted: not built)"))
             else:
                 cells.append(_td(text(r), sort(r)))
         links, lsort = _links_cell(r, published.get(r["name"]))

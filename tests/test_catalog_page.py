@@ -203,8 +203,11 @@ def test_columns_sort_and_links_resolve(page, chromium):
     index = proj.root / "catalog" / "index.html"
     _open(chromium, index)
     chromium.evaluate("[...document.querySelectorAll('#catalog th')].find(th => th.textContent === 'Parameters').click()")
-    params = [(rows[n]["parameters"] or 0) for n in _shown(chromium)]
-    assert params == sorted(params) and params[-1] == rows["tq8"]["parameters"] > rows["t8"]["parameters"] > 900_000
+    order = _shown(chromium)  # counted once built, else from the config (shown as ~7.62 B)
+    params = [rows[n]["parameters"] or rows[n]["parameters_estimate"] or 0 for n in order]
+    assert params == sorted(params) and order[-1] == "qwen7b-int4" and params[-1] == 7615616512, (order, params)
+    assert params[order.index("t8")] == rows["t8"]["parameters"] > 900_000
+    assert chromium.evaluate("document.getElementById('recipe-qwen7b-int4').cells[4].textContent") == "~7.62 B"
     chromium.evaluate("[...document.querySelectorAll('#device th')].find(th => th.textContent === 'Decode ceiling')"
                       ".click()")
     assert [n for n, _ in _shown(chromium, "device")] == [
