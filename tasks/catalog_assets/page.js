@@ -10,6 +10,7 @@
   });
   var byName = {};
   DATA.recipes.forEach(function (r) { byName[r.name] = r; });
+  var LABELLED = 12;  // a chart with at most this many points names each on the canvas
   var PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"];
 
   // ------------------------------------------------------------ the fragment: #family=llm&target=x-elite
@@ -158,6 +159,29 @@
       });
       el.dataset.count = String(pts.length);
       el.dataset.points = JSON.stringify(pts);
+      if (pts.length <= LABELLED) {  // few points: name them on the canvas
+        var ctx = u.ctx, px = uPlot.pxRatio;
+        ctx.save();
+        ctx.font = Math.round(11 * px) + "px system-ui, sans-serif";
+        ctx.fillStyle = "#333";
+        ctx.textAlign = "left";
+        ctx.textBaseline = "middle";
+        var taken = [];  // label boxes drawn: a label that would overlap one is left to the tooltip
+        var b = u.bbox, h = 13 * px;
+        pts.forEach(function (p) {
+          var label = p.name + (Object.keys(byName[p.name].targets).length > 1 ? " (" + p.target + ")" : "");
+          var w = ctx.measureText(label).width, cx = u.valToPos(p.x, "x", true), cy = u.valToPos(p.y, "y", true);
+          var spots = [[cx + 8 * px, cy], [cx - 8 * px - w, cy], [cx - w / 2, cy - h], [cx - w / 2, cy + h]];
+          var spot = spots.filter(function (s) {
+            return s[0] >= b.left && s[0] + w <= b.left + b.width && s[1] - h / 2 >= 0 && s[1] + h / 2 <= b.top + b.height &&
+              !taken.some(function (t) { return s[0] < t[0] + t[2] && t[0] < s[0] + w && Math.abs(s[1] - t[1]) < h; });
+          })[0];
+          if (!spot) return;
+          taken.push([spot[0], spot[1], w]);
+          ctx.fillText(label, spot[0], spot[1]);
+        });
+        ctx.restore();
+      }
     }
 
     function hover(u) {
