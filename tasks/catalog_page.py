@@ -19,7 +19,8 @@ What it shows, all from the catalog rows (:mod:`tasks.catalog`):
   read them back, ``device.<target>.bundle_bytes``; encoders: the compile artifacts, the
   EPContext model and its binary), log scale; y = a verify metric against fp32 (1 = identical),
   the row's first of :data:`QUALITY` unless the ``quality`` selector (``#quality=...``) names
-  one; one series per metric, verify-failed points hollow.
+  one; one series per metric, verify-failed points hollow. A chart of at most 12 points names
+  them beside the points; hovering a point shows its figures, clicking it marks its table row.
 - **Decode ceiling versus memory on the device** (``#device-chart``) and the table of on-device
   figures per LLM and target (``#device``): bundle bytes, KV-cache bytes, memory on the device,
   the decode ceiling (tokens/s) and the first-token lower bound (:mod:`tasks.llm.figures`,
@@ -40,7 +41,7 @@ bytes, sha256 19c8d4c6...), ``uPlot.min.css`` (1,857 bytes) and ``uPlot.LICENSE`
 copied into the page, as the license asks). Chosen because it is the smallest maintained library
 with scatter plots (``mode: 2``) and log axes, draws on a canvas with no dependencies, and is
 made for static pages; Chart.js 4.6.1 (MIT, ``chart.umd.min.js`` 210,082 bytes, 4.1 x) has
-built-in tooltips, which for a few dozen points are the 20 lines of ``page.js`` instead;
+built-in tooltips and labels, which for a few dozen points are some 50 lines of ``page.js`` here;
 Vega-Lite needs Vega (together several hundred kB). The page's own script and style are
 ``page.js`` and ``page.css`` beside it.
 
@@ -110,7 +111,7 @@ def shipped_bytes(row: dict, target: str) -> int | None:
 def page_data(rows: list[dict]) -> dict:
     """What the page's script works from: per recipe its facets (family, size, precision,
     state) and per target its runs-on kind, runtimes, shipped bytes, quality metrics and
-    on-device figures; plus the filters' options."""
+    on-device figures; plus the filter names and the quality metrics, in order."""
     recipes = []
     for r in rows:
         targets = {}
