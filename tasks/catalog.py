@@ -100,7 +100,8 @@ from .core import recipeset
 from .core.keys import NotReady
 from .core.resolve import Resolver
 from .core.session import Session
-from .core.state import BuildState, artifacts, build_state, read_state
+from .core.record import read_state
+from .core.state import BuildState, artifacts, build_state
 from .stages.common import runtimes_checked
 
 SCHEMA_VERSION = 1

@@ -37,7 +37,7 @@ from . import remote
 from .core import keys, recipeset, resolve
 from .core.run import build_spec, memory_estimate
 from .core.session import Session
-from .core.state import record
+from .core.record import record
 from .plan import KINDS
 
 ENV_SCHEDULER = "NPUBUILD_SCHEDULER"

@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 from . import paths
-from .core import recipeset, resolve, run, state
+from .core import recipeset, record, resolve, run
 from .core.session import Session
 from .proc import interrupt
 
@@ -530,9 +530,10 @@ def materialize(recipe: str, res: resolve.Resolver | None = None) -> dict:
     folder holds exactly what ``artifacts.json`` lists (a tester found a 3-part build's
     ``part2/`` left beside a 2-part rebuild); files npubuild did not put there are left."""
     from . import outputs
+    from .core.state import artifacts, build_state  # (not imported by a no-op build)
 
     res = res or resolve.Resolver(SESSION, recipe)
-    arts = state.artifacts(state.build_state(res))
+    arts = artifacts(build_state(res, record.read_state(SESSION, recipe)))
     root = paths.build_dir() / recipe
     made = [d for d in (root, *root.parents) if not d.exists()][::-1]  # removed again if nothing lands
     with outputs.full_disk_is(paths.build_dir(), f"build/{recipe}/", "NPUBUILD_BUILD", made):
@@ -653,7 +654,7 @@ def referenced_entries() -> set[tuple[str, str]]:
                 refs.add((spec.kind, res.key(stage)))
             except Exception:  # upstream not built or source unavailable
                 pass
-        for rec in state.read_state(SESSION, name).values():
+        for rec in record.read_state(SESSION, name).values():
             refs.add((rec.get("kind"), rec.get("key")))
     return refs
 

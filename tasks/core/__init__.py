@@ -7,6 +7,7 @@ calls (this package keeps no state of its own).
 - ``recipeset``: the recipes folder as a command sees it (plan cache, pinning);
 - ``resolve``: the local/remote cache, and keys and entries of one recipe's stages;
 - ``run``: building one stage (``build_spec``, ``run_stage``) and its console line;
-- ``state``: ``build/<recipe>/stages.json``, the typed build state and its artifacts;
+- ``record``: ``build/<recipe>/stages.json``, what a recipe's last build recorded;
+- ``state``: the typed build state of a recipe and its artifacts;
 - ``explain``: ``doit explain:<recipe>``.
 """

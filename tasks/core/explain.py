@@ -12,7 +12,8 @@ from . import recipeset
 from .resolve import Resolver
 from .run import failed_log_path
 from .session import Session
-from .state import build_state, diff, read_state
+from .record import read_state
+from .state import build_state, diff
 
 
 def _named(change: str, files: dict) -> str:

@@ -15,7 +15,7 @@ from . import recipeset
 from .keys import key_material, project_file, stage_key
 from .resolve import Resolver, checking_resolver
 from .session import Session
-from .state import record
+from .record import record
 
 
 class StageFailed(Exception):
@@ -212,7 +212,7 @@ def is_up_to_date(session: Session, recipe_name: str, stage: str) -> bool:
     check; then the stage is recorded (``stages.json``) and its console line's figures go to
     ``session.checked``. Used as the doit ``uptodate`` callable (evaluated after upstream
     tasks ran). A key that cannot be computed, or an entry not found, is False; raises what
-    :func:`tasks.core.state.record` raises (DiskFull)."""
+    :func:`tasks.core.record.record` raises (DiskFull)."""
     t0 = time.time()
     try:
         res = checking_resolver(session, recipe_name)

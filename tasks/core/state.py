@@ -1,6 +1,7 @@
-"""A recipe's build state: ``build/<recipe>/stages.json`` (each stage's last key and key
-material, read and recorded here), and the typed state of every stage now
-(:func:`build_state`) with :func:`artifacts`, the one listing of the files a build ships.
+"""A recipe's build state, typed: for each stage its spec, key, entry, status and the
+failures of its check (:func:`build_state`); and :func:`artifacts`, the one listing of the
+files a build ships. What the last build recorded (``build/<recipe>/stages.json``) is
+:mod:`tasks.core.record`; a no-op build never imports this module.
 
 Everything that reports on a build reads this: ``build/<recipe>/`` (tasks/dodo_tasks.py
 ``materialize``), ``doit explain`` (:mod:`tasks.core.explain`), the catalog (tasks/catalog.py
@@ -19,81 +20,16 @@ reason, e.g. a Hub source while offline).
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
 
-from .. import paths
 from ..cache import Entry
 from ..plan import StageSpec
 from ..stages import ARTIFACTS
-from . import recipeset
 from .keys import NotReady, stage_key
-from .session import Session
 
 STATUSES = ("local hit", "remote hit", "failed", "stale", "not built", "blocked", "unknown")
-
-
-# ------------------------------------------------------------ build/<recipe>/stages.json
-
-
-def state_path(recipe_name: str) -> Path:
-    """``build/<recipe>/stages.json``."""
-    return paths.build_dir() / recipe_name / "stages.json"
-
-
-def read_state(session: Session, recipe_name: str, fresh: bool = False) -> dict:
-    """``build/<recipe>/stages.json`` ({stage: {"key", "kind", "entry", "material"}}; {} when
-    absent). One that cannot be read is reported in one line and counts as empty; the next
-    stage of the recipe that runs rewrites it. While the recipe set is pinned, read once per
-    session (``fresh``: from the file; the result may then be changed), else the caller must
-    not change it."""
-    pinned = session.pinned is not None
-    if pinned and recipe_name in session.states and not fresh:
-        return session.states[recipe_name]
-    p = state_path(recipe_name)
-    try:
-        st = json.loads(p.read_text(encoding="utf-8"))
-        if isinstance(st, dict):
-            if pinned and not fresh:
-                session.states[recipe_name] = st
-            return st
-        err = f"expected a JSON object, found {type(st).__name__}"
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as e:
-        err = f"{type(e).__name__}: {e}"
-    print(f"npubuild: {p}: unreadable ({err}); ignored, rewritten by the next build of {recipe_name}",
-          file=sys.stderr)
-    return {}
-
-
-def record(session: Session, recipe_name: str, stage: str, key: str, material: dict, entry: Entry) -> None:
-    """Remember the last key and key material of a stage of this recipe (for explain).
-    Writes nothing when ``stages.json`` already says so (a no-op build writes no state).
-    Raises DiskFull (``tasks.cache``) when the file cannot be written for want of space."""
-    from filelock import FileLock
-
-    from .. import outputs
-
-    row = json.loads(json.dumps({"key": key, "kind": entry.kind, "entry": str(entry.path), "material": material}))
-    if read_state(session, recipe_name).get(stage) == row:
-        return
-    p = state_path(recipe_name)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    locks = paths.state_dir() / "locks"
-    locks.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(locks / f"state-{recipe_name}.lock")):
-        # rows of stages the recipe no longer has (a part removed) go: explain has nothing to
-        # say of them, and gc would keep their entries as the last build's (a tester)
-        names = recipeset.plan(session, recipe_name)
-        st = {k: v for k, v in read_state(session, recipe_name, fresh=True).items() if k in names}
-        st[stage] = row
-        # a temp file and one rename (a dead build's temp file is removed with its temp links); a
-        # full disk is one DiskFull line and leaves the file as it was
-        outputs.write_text(p, json.dumps(st, indent=2, sort_keys=True) + "\n", "NPUBUILD_BUILD")
-        session.states.pop(recipe_name, None)
 
 
 def diff(old, new, prefix="") -> list[str]:
@@ -159,13 +95,13 @@ class BuildState:
         return all(s.entry is not None for s in self.stages.values())
 
 
-def build_state(res, last: dict | None = None) -> BuildState:
+def build_state(res, last: dict) -> BuildState:
     """The state of ``res``'s recipe (``res``: a :class:`tasks.core.resolve.Resolver`) as
     ``res`` finds its entries (a build's Resolver pulls from the remote cache, explain's only
     peeks, the catalog's reads the local cache alone). ``last``: the recipe's
-    ``build/<recipe>/stages.json`` rows (default: read them), which tell "stale" from "not
-    built". Raises nothing of the stages' own: each one's problem is its state."""
-    last = read_state(res.session, res.recipe) if last is None else last
+    ``build/<recipe>/stages.json`` rows (:func:`tasks.core.record.read_state`), which tell
+    "stale" from "not built". Raises nothing of the stages' own: each one's problem is its
+    state."""
     stages = {}
     for name, spec in res.specs.items():
         try:
