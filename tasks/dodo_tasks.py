@@ -264,7 +264,6 @@ def _recipes() -> list[str]:
     return [n for n, abstract in recipeset.recipe_names(SESSION).items() if not abstract]
 
 
-
 def _invalid() -> dict:
     errs = recipeset.recipe_errors(SESSION)
     for stem, e in errs.items():
