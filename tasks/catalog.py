@@ -94,9 +94,14 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import engine, paths, qnn
-from .buildstate import BuildState, artifacts, build_state
+from . import paths, qnn
 from .cache import Entry
+from .core import recipeset
+from .core.keys import NotReady
+from .core.resolve import Resolver
+from .core.session import Session
+from .core.record import read_state
+from .core.state import BuildState, artifacts, build_state
 from .stages.common import runtimes_checked
 
 SCHEMA_VERSION = 1
@@ -106,7 +111,7 @@ CATALOG_TOOLS = {"qnn-sdk": "compile", "onnxruntime": "compile", "onnxruntime-qn
 _FLOAT_TYPES = {1, 10, 11, 16}  # onnx.TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16
 
 
-class _ReadOnlyResolver(engine.Resolver):
+class _ReadOnlyResolver(Resolver):
     """A Resolver that never quarantines: a damaged entry counts as missing and stays put."""
 
     def entry(self, stage: str) -> Entry:
@@ -114,23 +119,24 @@ class _ReadOnlyResolver(engine.Resolver):
         key = self.key(stage)
         probs = self.cache.problems(spec.kind, key)
         if probs is None:
-            raise engine.NotReady(f"{spec.task} has no cache entry for key {key[:12]}")
+            raise NotReady(f"{spec.task} has no cache entry for key {key[:12]}")
         if probs:
-            raise engine.NotReady(f"{spec.task}: cache entry {spec.kind}/{key} is damaged ({probs[0]})")
+            raise NotReady(f"{spec.task}: cache entry {spec.kind}/{key} is damaged ({probs[0]})")
         path = self.cache.entry_path(spec.kind, key)
         return Entry(spec.kind, key, path, json.loads((path / "manifest.json").read_text(encoding="utf-8")))
 
 
-def catalog_recipes() -> dict:
-    """{name: Recipe} of every non-abstract recipe, sorted by name. Raises RecipeError."""
-    return {n: r for n, r in sorted(engine.recipes().items()) if not r.abstract}
+def catalog_recipes(session: Session | None = None) -> dict:
+    """{name: Recipe} of every non-abstract recipe, sorted by name. ``session``: the command's
+    (default: a new one). Raises RecipeError."""
+    return {n: r for n, r in sorted(recipeset.recipes(session or Session()).items()) if not r.abstract}
 
 
 @dataclass(frozen=True)
 class RecipeStatus:
     """One recipe as the catalog and publish see it: ``state`` (one of STATES), ``reason``
     (the first stage without an entry, and why), ``failures`` (verify's, as "<task>: ..."),
-    and the typed build state it was judged from (tasks/buildstate.py)."""
+    and the typed build state it was judged from (tasks/core/state.py)."""
 
     state: str
     reason: str | None
@@ -147,16 +153,17 @@ class RecipeStatus:
         return self.build.entries
 
 
-def recipe_status(name: str) -> RecipeStatus:
+def recipe_status(name: str, session: Session | None = None) -> RecipeStatus:
     """State of one recipe from the local cache alone (no building, no fetching, no
     quarantining). ``reason`` names the first stage without an entry and why (no entry for its
     key, an upstream missing, a Hub source unavailable offline...); "stale" when the last
-    build recorded every verify stage, else "not-built". Raises KeyError for an unknown
-    recipe."""
+    build recorded every verify stage, else "not-built". ``session``: the command's (default: a
+    new one). Raises KeyError for an unknown recipe."""
     from .proc.scrubbing import scrub
 
-    last = engine.read_state(name)
-    b = build_state(_ReadOnlyResolver(name), last)
+    session = session or Session()
+    last = read_state(session, name)
+    b = build_state(_ReadOnlyResolver(session, name), last)
     reasons = [s.problem if s.status != "unknown" else f"{s.task}: {scrub(s.problem)}"
                for s in b.stages.values() if s.entry is None]
     failures = []
@@ -224,7 +231,7 @@ def parameter_count(download: Entry, *exports: Entry) -> int | None:
 
 
 def artifact_sizes(status: RecipeStatus) -> dict:
-    """{target: {file: bytes}} of the compile entries' artifact files (:func:`tasks.buildstate.artifacts`)."""
+    """{target: {file: bytes}} of the compile entries' artifact files (:func:`tasks.core.state.artifacts`)."""
     out: dict = {}
     for a in artifacts(status.build).values():
         if a.kind in ("compile", "bundle"):
@@ -273,10 +280,13 @@ def tool_versions(status: RecipeStatus, names=CATALOG_TOOLS) -> dict:
     return out
 
 
-def catalog_row(name: str, recipe=None) -> dict:
-    """One catalog row (schema in the module docstring) for recipe ``name``."""
-    recipe = recipe or engine.recipes()[name]
-    st = recipe_status(name)
+def catalog_row(name: str, recipe=None, session: Session | None = None) -> dict:
+    """One catalog row (schema in the module docstring) for recipe ``name`` (``recipe``: its
+    Recipe, default loaded). ``session``: the command's (default: a new one). Raises KeyError
+    for an unknown recipe."""
+    session = session or Session()
+    recipe = recipe or recipeset.recipes(session)[name]
+    st = recipe_status(name, session)
     ex = recipe.export
     row = {
         "name": name, "reason": st.reason, "failures": st.failures,
@@ -344,13 +354,15 @@ def unsupported_row(stem: str, err) -> dict:
     return row
 
 
-def catalog_rows() -> list[dict]:
-    """Every non-abstract recipe's row, sorted by name. Raises RecipeError for an invalid
-    recipe file (the catalog is then not written)."""
+def catalog_rows(session: Session | None = None) -> list[dict]:
+    """Every non-abstract recipe's row, sorted by name. ``session``: the command's (default: a
+    new one). Raises RecipeError for an invalid recipe file (the catalog is then not written)."""
     from .errors import UnsupportedModel
 
-    rows = [catalog_row(n, r) for n, r in catalog_recipes().items()]
-    rows += [unsupported_row(stem, e) for stem, e in engine.recipe_errors().items() if isinstance(e, UnsupportedModel)]
+    session = session or Session()
+    rows = [catalog_row(n, r, session) for n, r in catalog_recipes(session).items()]
+    rows += [unsupported_row(stem, e) for stem, e in recipeset.recipe_errors(session).items()
+             if isinstance(e, UnsupportedModel)]
     return sorted(rows, key=lambda r: r["name"])
 
 
@@ -499,18 +511,19 @@ def terminal_table(rows: list[dict]) -> str:
     return "\n".join("  ".join(c[i].ljust(widths[i]) for i in range(len(TABLE))).rstrip() for c in cells)
 
 
-def write_catalog(out_dir: Path | None = None) -> dict[str, Path]:
+def write_catalog(out_dir: Path | None = None, session: Session | None = None) -> dict[str, Path]:
     """Write catalog.json, README.md and index.html into ``out_dir`` (default
     :func:`tasks.paths.catalog_dir`). Returns {file name: path}. The files are written under
     temp names and renamed once all three are, so a reader never sees half a file, and a full
-    disk is one DiskFull error that leaves the previous files whole."""
+    disk is one DiskFull error that leaves the previous files whole. ``session``: the
+    command's (default: a new one)."""
     from . import outputs
     from .catalog_page import catalog_page
 
     out_dir = Path(out_dir or paths.catalog_dir())
     with outputs.full_disk_is(out_dir.parent, f"{out_dir.name}/", "NPUBUILD_CATALOG"):
         out_dir.mkdir(parents=True, exist_ok=True)
-    rows = catalog_rows()
+    rows = catalog_rows(session)
     docs = {"catalog.json": json.dumps({"schema_version": SCHEMA_VERSION, "recipes": rows}, indent=2,
                                        sort_keys=True) + "\n",
             "README.md": render_markdown(rows), "index.html": catalog_page(rows, out_dir)}

@@ -124,15 +124,17 @@ def test_publish_makes_bundle_manifest_card_and_archive(proj):
 
 def test_one_artifact_listing_for_build_folder_bundle_and_catalog(proj, monkeypatch):
     """build/<recipe>/, the published bundle and the catalog's artifact sizes all come from
-    tasks.buildstate.artifacts over one typed build state (issue 11)."""
+    tasks.core.state.artifacts over one typed build state (issue 11)."""
     for k, v in proj.env.items():
         if k.startswith("NPUBUILD_"):
             monkeypatch.setenv(k, v)
-    from tasks import catalog, engine
-    from tasks.buildstate import artifacts, build_state
+    from tasks import catalog
+    from tasks.core.session import Session
+    from tasks.core.record import read_state
+    from tasks.core.state import artifacts, build_state
 
-    engine._CHECKING.clear()
-    state = build_state(catalog._ReadOnlyResolver("t8"))
+    session = Session()
+    state = build_state(catalog._ReadOnlyResolver(session, "t8"), read_state(session, "t8"))
     assert [s.status for s in state.stages.values()] == ["local hit"] * 6 and state.complete
     arts = artifacts(state)
     built = {k: v for k, v in tree_sums(proj.root / "build" / "t8").items() if k not in ("artifacts.json", "stages.json")}
@@ -140,7 +142,7 @@ def test_one_artifact_listing_for_build_folder_bundle_and_catalog(proj, monkeypa
     assert built == shipped == {rel: sha256(a.path) for rel, a in arts.items()}
     assert catalog.artifact_sizes(catalog.recipe_status("t8")) == {
         "x-elite": {a.rel: a.path.stat().st_size for a in arts.values() if a.kind == "compile"}}
-    stale = build_state(catalog._ReadOnlyResolver("stale"))
+    stale = build_state(catalog._ReadOnlyResolver(session, "stale"), read_state(session, "stale"))
     assert [stale.stages[s].status for s in ("prepatch", "quantize", "compile", "verify")] == \
         ["local hit", "stale", "blocked", "blocked"]
     assert "quantize" in stale.stages["compile"].problem
