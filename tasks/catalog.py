@@ -81,32 +81,37 @@ Output (:func:`write_catalog`, in :func:`tasks.paths.catalog_dir`):
 
   Built-only fields are null for ``stale`` and ``not-built`` rows.
 - ``README.md``: the same as a Markdown table, for reading on a code host.
-- ``index.html``: a static page with a table sortable by clicking a column header (inline
-  CSS and JS, nothing fetched from the network).
+- ``index.html``: the page to choose models with (:mod:`tasks.catalog_page`): filters kept in
+  the URL fragment, a quality-versus-size chart, the on-device ceilings, sortable tables and
+  links to published bundles; one self-contained file, nothing fetched from the network.
 """
 
 from __future__ import annotations
 
-import html
 import json
 import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import engine, paths, qnn
-from .buildstate import BuildState, artifacts, build_state
+from . import paths, qnn
 from .cache import Entry
+from .core import recipeset
+from .core.keys import NotReady
+from .core.resolve import Resolver
+from .core.session import Session
+from .core.record import read_state
+from .core.state import BuildState, artifacts, build_state
+from .catalog_table import COLUMNS, human_bytes, human_count, per_target, tps
 from .stages.common import runtimes_checked
 
 SCHEMA_VERSION = 1
-STATES = ("verified", "verify-failed", "stale", "not-built", "shape-built", "unsupported")
 CATALOG_TOOLS = {"qnn-sdk": "compile", "onnxruntime": "compile", "onnxruntime-qnn": "compile",
                  "optimum": "export", "transformers": "export"}  # tool -> stage kind that records it
 _FLOAT_TYPES = {1, 10, 11, 16}  # onnx.TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16
 
 
-class _ReadOnlyResolver(engine.Resolver):
+class _ReadOnlyResolver(Resolver):
     """A Resolver that never quarantines: a damaged entry counts as missing and stays put."""
 
     def entry(self, stage: str) -> Entry:
@@ -114,23 +119,24 @@ class _ReadOnlyResolver(engine.Resolver):
         key = self.key(stage)
         probs = self.cache.problems(spec.kind, key)
         if probs is None:
-            raise engine.NotReady(f"{spec.task} has no cache entry for key {key[:12]}")
+            raise NotReady(f"{spec.task} has no cache entry for key {key[:12]}")
         if probs:
-            raise engine.NotReady(f"{spec.task}: cache entry {spec.kind}/{key} is damaged ({probs[0]})")
+            raise NotReady(f"{spec.task}: cache entry {spec.kind}/{key} is damaged ({probs[0]})")
         path = self.cache.entry_path(spec.kind, key)
         return Entry(spec.kind, key, path, json.loads((path / "manifest.json").read_text(encoding="utf-8")))
 
 
-def catalog_recipes() -> dict:
-    """{name: Recipe} of every non-abstract recipe, sorted by name. Raises RecipeError."""
-    return {n: r for n, r in sorted(engine.recipes().items()) if not r.abstract}
+def catalog_recipes(session: Session | None = None) -> dict:
+    """{name: Recipe} of every non-abstract recipe, sorted by name. ``session``: the command's
+    (default: a new one). Raises RecipeError."""
+    return {n: r for n, r in sorted(recipeset.recipes(session or Session()).items()) if not r.abstract}
 
 
 @dataclass(frozen=True)
 class RecipeStatus:
-    """One recipe as the catalog and publish see it: ``state`` (one of STATES), ``reason``
+    """One recipe as the catalog and publish see it: ``state`` (one of :data:`tasks.catalog_table.STATES`), ``reason``
     (the first stage without an entry, and why), ``failures`` (verify's, as "<task>: ..."),
-    and the typed build state it was judged from (tasks/buildstate.py)."""
+    and the typed build state it was judged from (tasks/core/state.py)."""
 
     state: str
     reason: str | None
@@ -147,16 +153,17 @@ class RecipeStatus:
         return self.build.entries
 
 
-def recipe_status(name: str) -> RecipeStatus:
+def recipe_status(name: str, session: Session | None = None) -> RecipeStatus:
     """State of one recipe from the local cache alone (no building, no fetching, no
     quarantining). ``reason`` names the first stage without an entry and why (no entry for its
     key, an upstream missing, a Hub source unavailable offline...); "stale" when the last
-    build recorded every verify stage, else "not-built". Raises KeyError for an unknown
-    recipe."""
+    build recorded every verify stage, else "not-built". ``session``: the command's (default: a
+    new one). Raises KeyError for an unknown recipe."""
     from .proc.scrubbing import scrub
 
-    last = engine.read_state(name)
-    b = build_state(_ReadOnlyResolver(name), last)
+    session = session or Session()
+    last = read_state(session, name)
+    b = build_state(_ReadOnlyResolver(session, name), last)
     reasons = [s.problem if s.status != "unknown" else f"{s.task}: {scrub(s.problem)}"
                for s in b.stages.values() if s.entry is None]
     failures = []
@@ -224,7 +231,7 @@ def parameter_count(download: Entry, *exports: Entry) -> int | None:
 
 
 def artifact_sizes(status: RecipeStatus) -> dict:
-    """{target: {file: bytes}} of the compile entries' artifact files (:func:`tasks.buildstate.artifacts`)."""
+    """{target: {file: bytes}} of the compile entries' artifact files (:func:`tasks.core.state.artifacts`)."""
     out: dict = {}
     for a in artifacts(status.build).values():
         if a.kind in ("compile", "bundle"):
@@ -273,10 +280,13 @@ def tool_versions(status: RecipeStatus, names=CATALOG_TOOLS) -> dict:
     return out
 
 
-def catalog_row(name: str, recipe=None) -> dict:
-    """One catalog row (schema in the module docstring) for recipe ``name``."""
-    recipe = recipe or engine.recipes()[name]
-    st = recipe_status(name)
+def catalog_row(name: str, recipe=None, session: Session | None = None) -> dict:
+    """One catalog row (schema in the module docstring) for recipe ``name`` (``recipe``: its
+    Recipe, default loaded). ``session``: the command's (default: a new one). Raises KeyError
+    for an unknown recipe."""
+    session = session or Session()
+    recipe = recipe or recipeset.recipes(session)[name]
+    st = recipe_status(name, session)
     ex = recipe.export
     row = {
         "name": name, "reason": st.reason, "failures": st.failures,
@@ -344,120 +354,19 @@ def unsupported_row(stem: str, err) -> dict:
     return row
 
 
-def catalog_rows() -> list[dict]:
-    """Every non-abstract recipe's row, sorted by name. Raises RecipeError for an invalid
-    recipe file (the catalog is then not written)."""
+def catalog_rows(session: Session | None = None) -> list[dict]:
+    """Every non-abstract recipe's row, sorted by name. ``session``: the command's (default: a
+    new one). Raises RecipeError for an invalid recipe file (the catalog is then not written)."""
     from .errors import UnsupportedModel
 
-    rows = [catalog_row(n, r) for n, r in catalog_recipes().items()]
-    rows += [unsupported_row(stem, e) for stem, e in engine.recipe_errors().items() if isinstance(e, UnsupportedModel)]
+    session = session or Session()
+    rows = [catalog_row(n, r, session) for n, r in catalog_recipes(session).items()]
+    rows += [unsupported_row(stem, e) for stem, e in recipeset.recipe_errors(session).items()
+             if isinstance(e, UnsupportedModel)]
     return sorted(rows, key=lambda r: r["name"])
 
 
 # ------------------------------------------------------------ rendering
-
-
-def _human_bytes(n) -> str:
-    if n is None:
-        return ""
-    for unit in ("B", "kB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-
-
-def _human_count(n) -> str:
-    if n is None:
-        return ""
-    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M" if n >= 1e6 else str(n)
-
-
-def _metrics_summary(row: dict) -> str:
-    """Thresholded metrics (else pooled_cosine_mean/cosine_mean), per target."""
-    if not row["verify"]:
-        return ""
-    parts = []
-    for target, v in sorted(row["verify"].items()):
-        names = sorted(v["thresholds"]) or [n for n in ("pooled_cosine_mean", "cosine_mean", "token_agreement")
-                                            if n in v["metrics"]][:1]
-        vals = ", ".join(f"{n}={v['metrics'][n]:.4f}" for n in names if isinstance(v["metrics"].get(n), (int, float)))
-        if v.get("runtime"):
-            vals += f" ({v['runtime']})"
-        parts.append(f"{target}: {vals}" if len(row["verify"]) > 1 else vals)
-    return "; ".join(parts)
-
-
-def _arch(row: dict) -> str:
-    a = row["architecture"]
-    return "" if not a else (a.get("model_type") or "") + (f" ({', '.join(a['architectures'])})" if a.get("architectures") else "")
-
-
-def _source(row: dict) -> str:
-    s = row["source"]
-    if s["kind"] in ("hf", "shape"):
-        at = f"{s['repo']}@{(s.get('commit') or s.get('revision') or '')[:12]}"
-        return at if s["kind"] == "hf" else f"random weights in the shape of {at}"
-    if s["kind"] == "package":
-        return f"{s['package']}" + (f"=={s['package_version']}" if s.get("package_version") else "")
-    return s.get("path", "")
-
-
-COLUMNS = [  # (header, cell text, sort value, numeric)
-    ("Recipe", lambda r: r["name"], lambda r: r["name"], False),
-    ("State", lambda r: r["state"], lambda r: STATES.index(r["state"]), True),
-    ("Source", _source, _source, False),
-    ("Architecture", _arch, _arch, False),
-    ("Parameters", lambda r: _human_count(r["parameters"]), lambda r: r["parameters"] or 0, True),
-    ("Precision", lambda r: r["precision"], lambda r: r["precision"], False),
-    ("Targets", lambda r: ", ".join(r["targets"]), lambda r: ", ".join(r["targets"]), False),
-    ("Runs on", lambda r: r["runs_on"] or "", lambda r: r["runs_on"] or "", False),
-    ("Seq len", lambda r: str(r["sequence_length"]), lambda r: r["sequence_length"], True),
-    ("Context", lambda r: str(r["context_length"] or ""), lambda r: r["context_length"] or 0, True),
-    ("Parts", lambda r: str(r["parts"] or ""), lambda r: r["parts"] or 0, True),
-    ("Artifacts", lambda r: _human_bytes(r["artifact_bytes"]), lambda r: r["artifact_bytes"] or 0, True),
-    ("Bundle", lambda r: _per_target(r, "bundle_bytes", _human_bytes), lambda r: _first(r, "bundle_bytes"), True),
-    ("KV cache", lambda r: _per_target(r, "kv_cache_bytes", _human_bytes), lambda r: _first(r, "kv_cache_bytes"), True),
-    ("Memory on device", lambda r: _per_target(r, "memory_bytes", _human_bytes), lambda r: _first(r, "memory_bytes"), True),
-    ("Decode ceiling", lambda r: _per_target(r, "decode_tokens_per_s_ceiling", _tps), lambda r: _first(r, "decode_tokens_per_s_ceiling"), True),
-    ("First token >=", lambda r: _per_target(r, "first_token_s_lower_bound", _ms), lambda r: _first(r, "first_token_s_lower_bound"), True),
-    ("Verify", _metrics_summary, _metrics_summary, False),
-    ("QNN SDK", lambda r: (r["tools"] or {}).get("qnn-sdk", ""), lambda r: (r["tools"] or {}).get("qnn-sdk", ""), False),
-    ("onnxruntime / -qnn", lambda r: " / ".join((r["tools"] or {}).get(t, "") for t in ("onnxruntime", "onnxruntime-qnn"))
-     if r["tools"] else "", lambda r: (r["tools"] or {}).get("onnxruntime", ""), False),
-    ("optimum / transformers", lambda r: " / ".join((r["tools"] or {}).get(t, "") for t in ("optimum", "transformers"))
-     if r["tools"] else "", lambda r: (r["tools"] or {}).get("transformers", ""), False),
-    ("Verify key", lambda r: _verify_key(r), lambda r: _verify_key(r), False),
-]
-
-
-def _tps(v) -> str:
-    return "unknown" if v is None else f"{v:.1f} tok/s"
-
-
-def _ms(v) -> str:
-    return "unknown" if v is None else f"{v * 1000:.0f} ms"
-
-
-def _per_target(row: dict, key: str, fmt) -> str:
-    """``key`` of the row's on-device figures, formatted, per target when there are several."""
-    dev = row.get("device") or {}
-    vals = {t: fmt(f.get(key)) for t, f in sorted(dev.items())}
-    if not vals:
-        return ""
-    if len(set(vals.values())) == 1 and len(vals) > 1 or len(vals) == 1:
-        return next(iter(vals.values())) if len(vals) == 1 else "; ".join(f"{t}: {v}" for t, v in vals.items())
-    return "; ".join(f"{t}: {v}" for t, v in vals.items())
-
-
-def _first(row: dict, key: str) -> float:
-    dev = row.get("device") or {}
-    vals = [f.get(key) for _, f in sorted(dev.items()) if f.get(key) is not None]
-    return vals[0] if vals else 0
-
-
-def _verify_key(row: dict) -> str:
-    keys = [k for s, k in sorted(row["stage_keys"].items()) if s.startswith("verify") and k]
-    return ", ".join(k[:12] for k in keys)
 
 
 def render_markdown(rows: list[dict]) -> str:
@@ -480,85 +389,13 @@ def render_markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-_HTML_HEAD = """<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<title>npubuild model catalog</title>
-<style>
-body { font-family: system-ui, sans-serif; margin: 1.5em; }
-table { border-collapse: collapse; font-size: 0.9em; }
-th, td { border: 1px solid #ccc; padding: 0.3em 0.5em; text-align: left; vertical-align: top; }
-th { background: #eee; cursor: pointer; user-select: none; white-space: nowrap; }
-th[aria-sort="ascending"]::after { content: " \\25B2"; }
-th[aria-sort="descending"]::after { content: " \\25BC"; }
-td.verified { background: #dfd; } td.verify-failed { background: #fdd; }
-td.stale { background: #ffd; } td.not-built { background: #eee; }
-</style>
-</head>
-<body>
-<h1>npubuild model catalog</h1>
-<p>Generated by <code>doit catalog</code> from recipes and the build cache. Click a column header to sort.</p>
-"""
-
-_HTML_SCRIPT = """<script>
-(function () {
-  var table = document.getElementById("catalog");
-  var heads = table.tHead.rows[0].cells;
-  function key(row, i, numeric) {
-    var v = row.cells[i].getAttribute("data-sort");
-    return numeric ? parseFloat(v) : v.toLowerCase();
-  }
-  Array.prototype.forEach.call(heads, function (th, i) {
-    th.addEventListener("click", function () {
-      var numeric = th.getAttribute("data-type") === "num";
-      var asc = th.getAttribute("aria-sort") !== "ascending";
-      Array.prototype.forEach.call(heads, function (h) { h.removeAttribute("aria-sort"); });
-      th.setAttribute("aria-sort", asc ? "ascending" : "descending");
-      var body = table.tBodies[0];
-      var rows = Array.prototype.slice.call(body.rows);
-      rows.sort(function (a, b) {
-        var x = key(a, i, numeric), y = key(b, i, numeric);
-        return (x < y ? -1 : x > y ? 1 : 0) * (asc ? 1 : -1);
-      });
-      rows.forEach(function (r) { body.appendChild(r); });
-    });
-  });
-})();
-</script>
-</body>
-</html>
-"""
-
-
-def render_html(rows: list[dict]) -> str:
-    """The catalog as one static HTML page: a table (id ``catalog``, one ``tbody`` row per
-    recipe, each cell's sort value in ``data-sort``) and an inline script that sorts it."""
-    esc = html.escape
-    out = [_HTML_HEAD, '<table id="catalog">\n<thead><tr>']
-    for head, _, _, numeric in COLUMNS:
-        out.append(f'<th data-type="{"num" if numeric else "text"}">{esc(head)}</th>')
-    out.append("</tr></thead>\n<tbody>\n")
-    for r in rows:
-        out.append(f'<tr id="recipe-{esc(r["name"])}">')
-        for head, text, sort, _ in COLUMNS:
-            cls = f' class="{esc(r["state"])}"' if head == "State" else ""
-            title = f' title="{esc(r["reason"] or "; ".join(r["failures"]))}"' if head == "State" and (
-                r["reason"] or r["failures"]) else ""
-            out.append(f'<td{cls}{title} data-sort="{esc(str(sort(r)))}">{esc(str(text(r)))}</td>')
-        out.append("</tr>\n")
-    out.append("</tbody>\n</table>\n")
-    out.append(_HTML_SCRIPT)
-    return "".join(out)
-
-
 #: the terminal table's columns (``doit catalog``, as ``ollama list`` prints): header, cell
 TABLE = [("NAME", lambda r: r["name"]), ("STATE", lambda r: r["state"]),
-         ("PARAMS", lambda r: _human_count(r["parameters"] or r.get("parameters_estimate"))),
+         ("PARAMS", lambda r: human_count(r["parameters"] or r.get("parameters_estimate"))),
          ("PRECISION", lambda r: r["precision"]),
-         ("BUNDLE", lambda r: _per_target(r, "bundle_bytes", _human_bytes) or _human_bytes(r["artifact_bytes"])),
-         ("MEMORY", lambda r: _per_target(r, "memory_bytes", _human_bytes)),
-         ("DECODE CEILING", lambda r: "; ".join(f"{t} {_tps(f.get('decode_tokens_per_s_ceiling'))}"
+         ("BUNDLE", lambda r: per_target(r, "bundle_bytes", human_bytes) or human_bytes(r["artifact_bytes"])),
+         ("MEMORY", lambda r: per_target(r, "memory_bytes", human_bytes)),
+         ("DECODE CEILING", lambda r: "; ".join(f"{t} {tps(f.get('decode_tokens_per_s_ceiling'))}"
                                                 for t, f in sorted((r.get("device") or {}).items())))]
 
 
@@ -571,20 +408,22 @@ def terminal_table(rows: list[dict]) -> str:
     return "\n".join("  ".join(c[i].ljust(widths[i]) for i in range(len(TABLE))).rstrip() for c in cells)
 
 
-def write_catalog(out_dir: Path | None = None) -> dict[str, Path]:
+def write_catalog(out_dir: Path | None = None, session: Session | None = None) -> dict[str, Path]:
     """Write catalog.json, README.md and index.html into ``out_dir`` (default
     :func:`tasks.paths.catalog_dir`). Returns {file name: path}. The files are written under
     temp names and renamed once all three are, so a reader never sees half a file, and a full
-    disk is one DiskFull error that leaves the previous files whole."""
+    disk is one DiskFull error that leaves the previous files whole. ``session``: the
+    command's (default: a new one)."""
     from . import outputs
+    from .catalog_page import catalog_page
 
     out_dir = Path(out_dir or paths.catalog_dir())
     with outputs.full_disk_is(out_dir.parent, f"{out_dir.name}/", "NPUBUILD_CATALOG"):
         out_dir.mkdir(parents=True, exist_ok=True)
-    rows = catalog_rows()
+    rows = catalog_rows(session)
     docs = {"catalog.json": json.dumps({"schema_version": SCHEMA_VERSION, "recipes": rows}, indent=2,
                                        sort_keys=True) + "\n",
-            "README.md": render_markdown(rows), "index.html": render_html(rows)}
+            "README.md": render_markdown(rows), "index.html": catalog_page(rows, out_dir)}
     written, tmps = {}, []
     # all three under temp names first, renamed only once all are written: a full disk leaves
     # the previous three as they were (one DiskFull line)

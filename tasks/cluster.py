@@ -8,7 +8,7 @@ stage spec, the (kind, key, output digest) of each upstream and the client's exp
 material (tool versions, code digest per module, data-file digests, ...); it refuses the stage,
 naming the difference, when its own differ (its outputs would have other keys); else it pulls
 the upstream entries from the remote, builds the stage into its own local cache with
-:func:`tasks.engine.build_spec` (the code a local build runs) and makes sure the entry is on
+:func:`tasks.core.run.build_spec` (the code a local build runs) and makes sure the entry is on
 the remote (files first, ``manifest.json`` last: a worker killed mid-push leaves no visible
 entry, and Dask reruns its task elsewhere). The client then pulls what ``build/<recipe>/``
 needs through the normal remote pull, applies the stages' checks (verify thresholds) and
@@ -17,11 +17,12 @@ links the artifacts: it builds nothing itself.
 Stages that several recipes share are submitted once (one Dask task per distinct stage: the
 task's identity is the key material with each pending upstream replaced by its task's
 identity). Every task asks for the Dask resource ``MEMORY`` (bytes) sized from the stage's
-estimate (:func:`tasks.engine.memory_estimate`), so workers must be started with
+estimate (:func:`tasks.core.run.memory_estimate`), so workers must be started with
 ``dask worker ... --resources MEMORY=<bytes>``; a stage no worker can hold is reported
 before anything is submitted.
 
-This module knows no stage kind: it plans with ``tasks.engine`` and builds specs.
+This module knows no stage kind: it plans with ``tasks.core`` and builds specs. The client's
+calls share the command's :class:`tasks.core.session.Session`; a worker makes one per stage.
 """
 
 from __future__ import annotations
@@ -32,7 +33,11 @@ import time
 import uuid
 from types import SimpleNamespace
 
-from . import engine, remote
+from . import remote
+from .core import keys, recipeset, resolve
+from .core.run import build_spec, memory_estimate
+from .core.session import Session
+from .core.record import record
 from .plan import KINDS
 
 ENV_SCHEDULER = "NPUBUILD_SCHEDULER"
@@ -68,8 +73,9 @@ def _worker_name() -> str:
         return f"pid {os.getpid()}"
 
 
-def _differences(spec, expected: dict, mine: dict) -> list[str]:
-    """What differs between the client's expected key material and this process's."""
+def _differences(session: Session, spec, expected: dict, mine: dict) -> list[str]:
+    """What differs between the client's expected key material and this process's (one line
+    each; [] when nothing does)."""
     want = expected["material"]
     out = []
     if want.get("tools") != mine.get("tools"):
@@ -78,7 +84,7 @@ def _differences(spec, expected: dict, mine: dict) -> list[str]:
             f"{n} {a.get(n, 'absent')} (client) vs {b.get(n, 'absent')} (worker)"
             for n in sorted(set(a) | set(b)) if a.get(n) != b.get(n)))
     if want.get("code") != mine.get("code"):
-        a, b = expected.get("modules") or {}, engine.code_files(spec)
+        a, b = expected.get("modules") or {}, keys.code_files(session, spec)
         out.append(f"code digest differs: {want.get('code')} (client) vs {mine.get('code')} (worker); modules: " +
                    ", ".join(f"{n} {a.get(n, 'absent')} (client) vs {b.get(n, 'absent')} (worker)"
                              for n in sorted(set(a) | set(b)) if a.get(n) != b.get(n)))
@@ -96,18 +102,19 @@ def build_on_worker(spec, upstream: dict, expected: dict) -> dict:
     (``material``) and code digest per module (``modules``). Returns {"kind", "key",
     "output_digest", "built", "origin", "worker", "pid", "seconds"}. Raises Refused (this
     worker's tools or code differ) or ClusterError (no remote, upstream missing)."""
+    session = Session()  # this stage's: a long-lived worker sees edits to recipes and code
     who = _worker_name()
     remote._remote.cache_clear()  # a fresh Remote per task: one network error does not stick to the worker
     r = remote.from_env()
     if r is None:
         raise ClusterError(f"worker {who}: NPUBUILD_REMOTE is unset on this worker; {NO_REMOTE}")
     pending = {role: SimpleNamespace(output_digest=u["output_digest"]) for role, u in upstream.items()}
-    material = engine.key_material(spec, pending)
-    diffs = _differences(spec, expected, material)
+    material = keys.key_material(session, spec, pending)
+    diffs = _differences(session, spec, expected, material)
     if diffs:
         raise Refused(f"worker {who} refuses {spec.task} ({spec.kind}): its outputs would have other keys; "
                       + "; ".join(diffs))
-    cache = engine.cache()
+    cache = resolve.cache(session)
     entries = {}
     for role, u in upstream.items():
         e = cache.fetch(u["kind"], u["key"])
@@ -116,8 +123,8 @@ def build_on_worker(spec, upstream: dict, expected: dict) -> dict:
                                f"this worker's cache nor on the remote {r.display}")
         entries[role] = e
     t0 = time.time()
-    print(f"[{spec.task}] building {spec.kind} {engine.stage_key(material)[:12]}", flush=True)  # begun (a kill test reads it)
-    key, material, entry, built = engine.build_spec(spec, entries, cache, material)
+    print(f"[{spec.task}] building {spec.kind} {keys.stage_key(material)[:12]}", flush=True)  # begun (a kill test reads it)
+    key, material, entry, built = build_spec(session, spec, entries, cache, material)
     if r.read_manifest(spec.kind, key) is None:  # its push failed (warned), or an older local entry
         cache.push(spec.kind, key, material)     # raises RemoteError: the client could not pull it
     print(f"npubuild-cluster: {spec.kind}/{key} {'built' if built else 'reused (' + entry.origin + ')'} "
@@ -141,31 +148,32 @@ def _gib(n: int) -> str:
     return f"{n / (1 << 30):.1f} GiB"
 
 
-def _memory(recipe: str, stage: str, spec) -> int:
+def _memory(session: Session, recipe: str, stage: str, spec) -> int:
     try:
-        return int(engine.memory_estimate(recipe, stage))
+        return int(memory_estimate(session, recipe, stage))
     except Exception as e:  # e.g. an LLM whose config.json is neither local nor in the Hub cache
         raise ClusterError(f"{spec.task}: cannot estimate its memory, which sizes its {RESOURCE} request "
                            f"({type(e).__name__}: {e})") from None
 
 
-def plan(recipes: list[str], log=print) -> tuple[dict, dict, dict]:
+def plan(session: Session, recipes: list[str], log=print) -> tuple[dict, dict, dict]:
     """The stages of ``recipes`` to build on the cluster, nothing submitted. Returns
     (nodes, done, stage_node): ``nodes`` {task id: {"spec", "ups" {role: task id}, "expected",
     "memory", "tasks" [doit task names]}} in build order, ``done`` {task id: result} for stages
     whose entry is on the remote already (a local-only entry is pushed first), and
     ``stage_node`` {(recipe, stage): task id}. A task id is the stage key when every upstream
-    is done, else the key material's digest with each pending upstream's task id."""
-    cache = engine.cache()
+    is done, else the key material's digest with each pending upstream's task id. Raises
+    ClusterError (a local entry that cannot be pushed, a memory estimate that fails)."""
+    cache = resolve.cache(session)
     nodes, done, stage_node = {}, {}, {}
     for recipe in recipes:
-        specs = engine.plan(recipe)
+        specs = recipeset.plan(session, recipe)
         for name, spec in specs.items():
             ups = {role: stage_node[(recipe, up)] for role, up in spec.inputs.items()}
             pend = {role: SimpleNamespace(output_digest=done[n]["output_digest"] if n in done else f"pending:{n}")
                     for role, n in ups.items()}
-            material = engine.key_material(spec, pend)
-            nid = engine.stage_key(material)
+            material = keys.key_material(session, spec, pend)
+            nid = keys.stage_key(material)
             stage_node[(recipe, name)] = nid
             if nid in nodes:
                 nodes[nid]["tasks"].append(spec.task)
@@ -190,13 +198,13 @@ def plan(recipes: list[str], log=print) -> tuple[dict, dict, dict]:
                     continue
             nodes[nid] = {"spec": spec, "ups": ups, "tasks": [spec.task],
                           "expected": {"material": {k: material.get(k) for k in COMPARED},
-                                       "modules": engine.code_files(spec)},
-                          "memory": _memory(recipe, name, spec)}
+                                       "modules": keys.code_files(session, spec)},
+                          "memory": _memory(session, recipe, name, spec)}
     return nodes, done, stage_node
 
 
 def build(recipes: list[str] | None, scheduler: str | None, link=None, log=print,
-          timeout: float | None = None) -> dict:
+          timeout: float | None = None, session: Session | None = None) -> dict:
     """Build the stale stages of ``recipes`` (default: every valid, non-abstract recipe) on
     the Dask cluster at ``scheduler`` (default ``$NPUBUILD_SCHEDULER``), then pull their
     entries that ``build/<recipe>/`` and the checks read (not, e.g., a download or a quantize
@@ -205,19 +213,21 @@ def build(recipes: list[str] | None, scheduler: str | None, link=None, log=print
     "submitted" (distinct stages sent to the cluster), "built", "reused" (a worker found the
     entry), "on_remote" (already there before), "pulled" (downloaded here), "seconds"}.
     Raises ClusterError naming what failed (no remote, no scheduler, no worker with enough
-    MEMORY, a refused or failed stage, a recipe whose check fails)."""
+    MEMORY, a refused or failed stage, a recipe whose check fails). ``session``: the
+    command's (default: a new one)."""
+    session = session or Session()
     t0 = time.time()
     if remote.from_env() is None:
         raise ClusterError(NO_REMOTE)
     scheduler = scheduler or os.environ.get(ENV_SCHEDULER, "")
     if not scheduler:
         raise ClusterError(f"give the Dask scheduler: --scheduler tcp://host:8786 (or {ENV_SCHEDULER})")
-    valid = {n for n, r in engine.recipes().items() if not r.abstract}
+    valid = {n for n, r in recipeset.recipes(session).items() if not r.abstract}
     recipes = list(recipes or sorted(valid))
     unknown = [r for r in recipes if r not in valid]
     if unknown:
         raise ClusterError(f"unknown recipe(s): {', '.join(unknown)} (known: {', '.join(sorted(valid))})")
-    nodes, done, stage_node = plan(recipes, log)
+    nodes, done, stage_node = plan(session, recipes, log)
     log(f"[cluster] {len(stage_node)} stages of {len(recipes)} recipe(s): {len(nodes)} distinct stage(s) to build "
         f"on {scheduler}, {len(done)} already cached")
     results = dict(done)
@@ -230,14 +240,14 @@ def build(recipes: list[str] | None, scheduler: str | None, link=None, log=print
     wanted = frozenset(k for k in KINDS if artifact_patterns(k) or any(st.check for st in implementations(k)))
     failed, pulled = [], 0
     for recipe in recipes:
-        res = engine.Resolver(recipe, pull=wanted)
+        res = resolve.Resolver(session, recipe, pull=wanted)
         for name, spec in res.specs.items():
             try:
                 e = res.entry(name)
-            except engine.NotReady as err:
+            except keys.NotReady as err:
                 raise ClusterError(f"{spec.task}: not on the remote after the cluster build ({err})") from None
             pulled += e.origin == "pulled"
-            engine.record(recipe, name, e.key, res.material(name), e)
+            record(session, recipe, name, e.key, res.material(name), e)
             bad = res.failures(name, e)
             if bad:
                 failed.append(f"{spec.task} failed:\n  " + "\n  ".join(bad) + f"\n  (details: {e.out})")

@@ -27,7 +27,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from . import engine, paths
+from . import paths
+from .core import recipeset, record, resolve, run
+from .core.session import Session
 from .proc import interrupt
 
 
@@ -244,27 +246,29 @@ DOIT_CONFIG = {
 }
 
 
+#: this doit command's Session (doit imports dodo.py once per command): the recipe set it pins,
+#: the entries, key material and up-to-date checks it works out once (tasks/core/session.py)
+SESSION = Session()
+
+
 def _recipe_stems() -> set[str]:
     """The stem of every recipe file, valid or not (abstract ones included)."""
-    return set(engine.recipe_names()) | set(engine.recipe_errors())
+    return set(recipeset.recipe_names(SESSION)) | set(recipeset.recipe_errors(SESSION))
 
 
 def _recipes() -> list[str]:
     """Names of the valid, non-abstract recipes. Invalid ones are reported on stderr and get a failing
     ``build:<stem>`` task (see :func:`task_build`), so they never block the others. The set
-    is pinned for the rest of the command (:func:`tasks.engine.pin_recipes`)."""
-    engine.pin_recipes()
-    return [n for n, abstract in engine.recipe_names().items() if not abstract]
-
-
-_warned = set()
+    is pinned for the rest of the command (:func:`tasks.core.recipeset.pin`)."""
+    recipeset.pin(SESSION)
+    return [n for n, abstract in recipeset.recipe_names(SESSION).items() if not abstract]
 
 
 def _invalid() -> dict:
-    errs = engine.recipe_errors()
+    errs = recipeset.recipe_errors(SESSION)
     for stem, e in errs.items():
-        if stem not in _warned:
-            _warned.add(stem)
+        if stem not in SESSION.warned:
+            SESSION.warned.add(stem)
             from .errors import UnsupportedModel
 
             # a valid recipe of a model not implemented yet is said where it is asked for: its
@@ -295,7 +299,7 @@ def _list_fails_on_invalid_recipes() -> None:
         except BrokenPipeError:  # `doit list --all | head`: the reader left, so do we, without a traceback
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (and no second error at exit)
             return 1
-        errs = engine.recipe_errors()
+        errs = recipeset.recipe_errors(SESSION)
         if errs:  # (the recipe module, and pydantic with it, only when a stored plan did not serve)
             from .errors import UnsupportedModel
 
@@ -333,7 +337,7 @@ def _expected_errors() -> tuple:
     from .llm.memory import NotEnoughMemory
     from .recipe import RecipeError
 
-    return (engine.StageFailed, engine.UpstreamUnusable, SourceError, NotOnNPU, GraphError, RecipeError,
+    return (run.StageFailed, run.UpstreamUnusable, SourceError, NotOnNPU, GraphError, RecipeError,
             FileNotFoundError, ValueError, DiskFull, LockTimeout, InputChanged, StoreUnwritable, NotEnoughMemory,
             Mismatch, ReadError, EntryUnreadable)
 
@@ -346,14 +350,14 @@ def _stage_action(recipe: str, stage: str):
     if threading.current_thread() is not threading.main_thread():
         return TaskFailed(THREAD_MODE)
     try:
-        return engine.run_stage(recipe, stage)
-    except _expected_errors() as e:  # the notes name the stage's log (engine.run_stage)
+        return run.run_stage(SESSION, recipe, stage)
+    except _expected_errors() as e:  # the notes name the stage's log (run.run_stage)
         return TaskFailed("\n".join([f"{type(e).__name__}: {e}", *getattr(e, "__notes__", ())]))
 
 
 def _console_reporter():
     """doit's console reporter, made to print one line per stage (issue 13): a stage task that
-    runs prints its own line when done (``engine.run_stage``: key, built / FAILED, seconds), so
+    runs prints its own line when done (``tasks.core.run.run_stage``: key, built / FAILED, seconds), so
     doit's ".  <task>" line is dropped for it and for ``build:<recipe>`` (which prints its own);
     an up-to-date stage gets the same line as a cache hit instead of "-- <task>". A task that
     fails with a message of ours (TaskFailed: a stage's error, a full disk under build/, dist/
@@ -406,10 +410,11 @@ def _console_reporter():
             return _STAGE_TASKS.get(task) or (task.split(":", 1)[1] if task.startswith("build:") else None)
 
         def skip_uptodate(self, task):
-            checked = engine.CHECKED.get(task.name)
+            checked = SESSION.checked.get(task.name)
             if task.name in _STAGE_TASKS and checked:
                 recipe = _STAGE_TASKS[task.name]
-                self.write(engine.line(task.name, checked[0], checked[2], checked[1], engine.task_width(recipe)) + "\n")
+                self.write(run.line(task.name, checked[0], checked[2], checked[1], run.task_width(SESSION, recipe))
+                           + "\n")
             else:
                 super().skip_uptodate(task)
 
@@ -422,7 +427,7 @@ DOIT_CONFIG["reporter"] = _console_reporter()
 
 def _uptodate(recipe: str, stage: str):
     def check(task, values):
-        return engine.is_up_to_date(recipe, stage)
+        return run.is_up_to_date(SESSION, recipe, stage)
 
     check.__name__ = f"cached_{stage}"
     return check
@@ -431,7 +436,7 @@ def _uptodate(recipe: str, stage: str):
 def task_stages():
     """One task per stage of every recipe; doit groups them by stage name."""
     for name in _recipes():
-        for spec in engine.plan(name).values():
+        for spec in recipeset.plan(SESSION, name).values():
             _STAGE_TASKS[spec.task] = name
             yield {
                 "basename": spec.name,
@@ -514,7 +519,7 @@ def _remove_old_artifacts(root: Path, rels) -> None:
             d = d.parent
 
 
-def materialize(recipe: str, res: engine.Resolver | None = None) -> dict:
+def materialize(recipe: str, res: resolve.Resolver | None = None) -> dict:
     """Fill ``build/<recipe>/`` with links to the recipe's artifacts in the cache: context
     binaries and EPContext models, tokenizer/config files and ``verify.json`` (one
     sub-folder per target when there are several). Writes ``artifacts.json``:
@@ -523,12 +528,11 @@ def materialize(recipe: str, res: engine.Resolver | None = None) -> dict:
     earlier build linked (its ``artifacts.json``) that this one does not are removed, so the
     folder holds exactly what ``artifacts.json`` lists (a tester found a 3-part build's
     ``part2/`` left beside a 2-part rebuild); files npubuild did not put there are left."""
-    from .buildstate import artifacts, build_state
-
     from . import outputs
+    from .core.state import artifacts, build_state  # (not imported by a no-op build)
 
-    res = res or engine.Resolver(recipe)
-    arts = artifacts(build_state(res))
+    res = res or resolve.Resolver(SESSION, recipe)
+    arts = artifacts(build_state(res, record.read_state(SESSION, recipe)))
     root = paths.build_dir() / recipe
     made = [d for d in (root, *root.parents) if not d.exists()][::-1]  # removed again if nothing lands
     with outputs.full_disk_is(paths.build_dir(), f"build/{recipe}/", "NPUBUILD_BUILD", made):
@@ -565,7 +569,7 @@ def materialize(recipe: str, res: engine.Resolver | None = None) -> dict:
         shown = root.relative_to(Path.cwd())  # doit runs in the project folder: build/<recipe>
     except ValueError:
         shown = root
-    print(f"{'build:' + recipe:<{engine.task_width(recipe)}}  {len(listing)} artifacts in {shown}")
+    print(f"{'build:' + recipe:<{run.task_width(SESSION, recipe)}}  {len(listing)} artifacts in {shown}")
     return {"artifacts": len(listing)}
 
 
@@ -579,9 +583,9 @@ def _materialize_action(recipe: str):
 
 
 def _print_explain(recipe: str) -> None:
-    from .buildstate import print_explain
+    from .core.explain import print_explain
 
-    print_explain(recipe)
+    print_explain(SESSION, recipe)
 
 
 def _build_uptodate(recipe: str):
@@ -591,7 +595,7 @@ def _build_uptodate(recipe: str):
             want = json.loads(p.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return False
-        res = engine.checking_resolver(recipe)
+        res = resolve.checking_resolver(SESSION, recipe)
         try:
             keys = {n: f"{s.kind}/{res.key(n)}" for n, s in res.specs.items()}
         except Exception:
@@ -613,7 +617,7 @@ def task_build():
         yield {"name": stem, "doc": f"INVALID recipe {stem}.yaml (run it to see why)",
                "actions": [(_fail, [str(err)])], "uptodate": [False], "verbosity": 2}
     for name in _recipes():
-        specs = engine.plan(name)
+        specs = recipeset.plan(SESSION, name)
         yield {
             "name": name,
             "doc": f"build {name} (all stages) into build/{name}/",
@@ -643,13 +647,13 @@ def referenced_entries() -> set[tuple[str, str]]:
     all recipes are, or not at all (README)."""
     refs = set()
     for name in _recipes():
-        res = engine.Resolver(name, pull=False)
+        res = resolve.Resolver(SESSION, name, pull=False)
         for stage, spec in res.specs.items():
             try:
                 refs.add((spec.kind, res.key(stage)))
             except Exception:  # upstream not built or source unavailable
                 pass
-        for rec in engine.read_state(name).values():
+        for rec in record.read_state(SESSION, name).values():
             refs.add((rec.get("kind"), rec.get("key")))
     return refs
 
@@ -666,7 +670,7 @@ def orphan_build_dirs() -> list[Path]:
 
 
 def gc(apply: bool) -> None:
-    victims = engine.cache().gc(referenced_entries(), apply=apply)
+    victims = resolve.cache(SESSION).gc(referenced_entries(), apply=apply)
     total = sum(s for _, s in victims)
     for rel, size in victims:
         print(f"{'removed' if apply else 'would remove'} {rel} ({size / 1e6:.1f} MB)")
@@ -689,10 +693,10 @@ def task_gc():
 
 
 def cache_verify() -> bool:
-    bad = engine.cache().verify()
+    bad = resolve.cache(SESSION).verify()
     for entry, probs in bad.items():
         print(f"DAMAGED {entry}: {'; '.join(probs)} (moved to cache/.damaged/; the next build rebuilds it)")
-    n = sum(1 for _ in engine.cache().entries())
+    n = sum(1 for _ in resolve.cache(SESSION).entries())
     print(f"{n} entries checked, {len(bad)} damaged")
     return not bad
 
@@ -710,7 +714,7 @@ def push(recipe: str):
 
     from .remote import Rejected, RemoteError
 
-    res = engine.Resolver(recipe, pull=False)
+    res = resolve.Resolver(SESSION, recipe, pull=False)
     if res.cache.remote is None:
         return TaskFailed("no remote cache: set NPUBUILD_REMOTE to an fsspec URL (README, Remote cache)")
     errors = 0
@@ -747,7 +751,7 @@ def _cluster_action(scheduler: str, recipes: list):
     from . import cluster
 
     try:
-        cluster.build(recipes, scheduler, link=materialize)
+        cluster.build(recipes, scheduler, link=materialize, session=SESSION)
     except (cluster.ClusterError, *_expected_errors()) as e:
         return TaskFailed(f"{type(e).__name__}: {e}")
 
@@ -770,7 +774,7 @@ def _catalog_action():
     if bad := outputs.unwritable("NPUBUILD_CATALOG", paths.catalog_dir()):
         return _fail(bad)
     try:
-        catalog.write_catalog()
+        catalog.write_catalog(session=SESSION)
     except DiskFull as e:
         return _fail(f"DiskFull: {e}")
 
@@ -791,7 +795,7 @@ def _publish_action(recipe: str, dest: str, hub_repo: str, dry_run: bool, sign: 
         return TaskFailed(bad)
     try:
         publish.publish(recipe, dest=dest or None, hub_repo=hub_repo or None, dry_run=dry_run, sign=sign or None,
-                        signing_cert=signing_cert or None, cert_chain=_paths_list(cert_chain))
+                        signing_cert=signing_cert or None, cert_chain=_paths_list(cert_chain), session=SESSION)
     except publish.PublishError as e:
         return TaskFailed(str(e))
     except DiskFull as e:
@@ -822,7 +826,7 @@ def _reproduce_action(recipe: str):
     from . import publish
 
     try:
-        same = publish.reproduce(recipe)
+        same = publish.reproduce(recipe, session=SESSION)
     except publish.PublishError as e:
         return TaskFailed(str(e))
     return True if same else TaskFailed(f"{recipe}: the rebuild is not byte-identical to dist/{recipe}/")

@@ -8,7 +8,7 @@ expanded plan is written to ``<NPUBUILD_HOME>/plans-<context>.json``, as DVC kee
 command uses it, without importing pydantic, only when all of these are unchanged (else it
 loads the recipes and rewrites it):
 
-- the recipes folder's ``*.yaml`` files (name, mtime, size: the stamp ``tasks.engine`` takes);
+- the recipes folder's ``*.yaml`` files (name, mtime, size: the stamp ``tasks.core.recipeset`` takes);
 - every file the load looked at, present or not (:func:`note`): recipe files and ``extends``
   parents, data files, a source folder, its ``config.json`` and ``tokenizer_config.json``, and
   for a ``package`` source the folders of ``sys.path`` and the package's own folder. Each as

@@ -55,7 +55,9 @@ import tempfile
 from pathlib import Path
 
 from . import catalog, digest, paths
-from .buildstate import artifacts, diff
+from .core.resolve import cache as cache_of
+from .core.session import Session
+from .core.state import artifacts, diff
 from .stages import artifact_patterns
 
 MANIFEST_SCHEMA = 1
@@ -109,16 +111,16 @@ def _sha256_bytes(data: bytes) -> str:
 # ------------------------------------------------------------ what goes in the bundle
 
 
-def _verified_status(recipe: str) -> "catalog.RecipeStatus":
+def _verified_status(session: Session, recipe: str) -> "catalog.RecipeStatus":
     """The catalog status of ``recipe``; raises PublishError unless it is ``verified``."""
-    recipes = catalog.catalog_recipes()
+    recipes = catalog.catalog_recipes(session)
     if recipe not in recipes:
         raise PublishError(f"refusing to publish {recipe!r}: no such (non-abstract) recipe; "
                            f"known: {', '.join(recipes)}")
     if recipes[recipe].source.shape:
         raise PublishError(f"refusing to publish {recipe}: it is a shape build (source.shape: random weights in the "
                            f"model's configuration), built for time and memory, not a model to ship")
-    st = catalog.recipe_status(recipe)
+    st = catalog.recipe_status(recipe, session)
     if st.state == "verify-failed":
         raise PublishError(f"refusing to publish {recipe}: its verify failed:\n  " + "\n  ".join(st.failures))
     if st.state == "stale":
@@ -141,21 +143,20 @@ def short_key(status: "catalog.RecipeStatus") -> str:
 
 
 def bundle_sources(status: "catalog.RecipeStatus") -> dict[str, Path]:
-    """{bundle-relative POSIX path: cache file} of the artifacts (:func:`tasks.buildstate.artifacts`,
+    """{bundle-relative POSIX path: cache file} of the artifacts (:func:`tasks.core.state.artifacts`,
     the listing ``build/<recipe>/`` links): EPContext models and context binaries, tokenizer and
     config files, ``verify.json``."""
     return {rel: a.path for rel, a in artifacts(status.build).items()}
 
 
-def shipped_digests(status: "catalog.RecipeStatus", sources: dict[str, Path]) -> dict[str, tuple[str, int]]:
+def shipped_digests(session: Session, status: "catalog.RecipeStatus",
+                    sources: dict[str, Path]) -> dict[str, tuple[str, int]]:
     """{bundle path: (sha256, size)} of the cache files ``sources`` ({bundle path: cache file},
     :func:`bundle_sources`), each read in full (never the stat cache) and checked against its
     cache entry's manifest (xxh3 and size): a file damaged in the cache with its size and mtime
     kept (invisible to a build's stat check) is never shipped. Raises PublishError naming the
     file and the entry, after quarantining the entry (``Cache.confirm_damage``: it is moved to
     ``cache/.damaged/`` and the ``build/`` folders that link to it are cleared)."""
-    from . import engine
-
     out = {}
     for rel, path in sources.items():
         e = next(e for e in status.entries.values() if path.is_relative_to(e.out))
@@ -164,7 +165,7 @@ def shipped_digests(status: "catalog.RecipeStatus", sources: dict[str, Path]) ->
         xxh3, sha = digest.xxh3_and_sha256(path)
         size = path.stat().st_size
         if (xxh3, size) != (want["xxh3"], want["size"]):
-            moved = engine.cache().confirm_damage(e.kind, e.key, [f"{inner}: content differs (xxh3)"])
+            moved = cache_of(session).confirm_damage(e.kind, e.key, [f"{inner}: content differs (xxh3)"])
             raise PublishError(f"refusing to publish {rel}: cache entry {e.kind}/{e.key} file {inner} does not match "
                                f"its manifest (xxh3 {xxh3[:16]}, manifest {want['xxh3'][:16]}; size {size}, manifest "
                                f"{want['size']}): the entry is damaged"
@@ -288,14 +289,15 @@ def model_card(recipe, row: dict, short: str) -> str:
     return str(ModelCard("\n".join(lines)))
 
 
-def build_manifest(recipe_name: str, status: "catalog.RecipeStatus", files: dict[str, tuple[str, int]], row: dict) -> dict:
+def build_manifest(session: Session, recipe_name: str, status: "catalog.RecipeStatus", files: dict[str, tuple[str, int]],
+                   row: dict) -> dict:
     """manifest.json content. ``files``: {rel path: (sha256, size)} of every bundle file but
     manifest.json. Keys: schema_version, recipe, build_key, files {rel: {sha256, size}},
     resolved_recipe (Recipe.model_dump), stages {stage: {kind, key, output_digest, tools}},
     tools (all stages' tools merged), source (kind, repo, commit, package_version...),
     build_platform (system, machine, python of the compile/verify hosts), verify
     {target: {backend, runtime, metrics, thresholds}}, qnn_context_sdk, archive_mtime, not_recorded."""
-    recipe = catalog.catalog_recipes()[recipe_name]
+    recipe = catalog.catalog_recipes(session)[recipe_name]
     ents = status.entries
     mtime, mfrom = archive_mtime(status)
     return {
@@ -317,19 +319,21 @@ def _dumps(obj) -> bytes:
     return (json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8")
 
 
-def plan_bundle(recipe: str) -> dict:
+def plan_bundle(recipe: str, session: Session | None = None) -> dict:
     """Everything publish writes, computed in memory (nothing written). Raises PublishError
     unless ``recipe`` is verified. Returns {"recipe", "short", "status", "files": {rel: Path
-    (cache file) | bytes}, "manifest": dict, "folder": Path, "archive": Path, "mtime": int}."""
-    st = _verified_status(recipe)
-    r = catalog.catalog_recipes()[recipe]
-    row = catalog.catalog_row(recipe, r)
+    (cache file) | bytes}, "manifest": dict, "folder": Path, "archive": Path, "mtime": int}.
+    ``session``: the command's (default: a new one)."""
+    session = session or Session()
+    st = _verified_status(session, recipe)
+    r = catalog.catalog_recipes(session)[recipe]
+    row = catalog.catalog_row(recipe, r, session)
     short = short_key(st)
     files: dict = dict(bundle_sources(st))
-    sums = shipped_digests(st, files)
+    sums = shipped_digests(session, st, files)
     files["README.md"] = model_card(r, row, short).encode("utf-8")
     sums["README.md"] = (_sha256_bytes(files["README.md"]), len(files["README.md"]))
-    manifest = build_manifest(recipe, st, sums, row)
+    manifest = build_manifest(session, recipe, st, sums, row)
     files["manifest.json"] = _dumps(manifest)
     dist = paths.dist_dir()
     return {"recipe": recipe, "short": short, "status": st, "files": dict(sorted(files.items())),
@@ -444,7 +448,8 @@ def push_to_hub(plan: dict, repo_id: str, endpoint: str | None = None, token: st
 
 def publish(recipe: str, dest: str | Path | None = None, hub_repo: str | None = None, dry_run: bool = False,
             endpoint: str | None = None, token: str | None = None, sign: str | Path | None = None,
-            signing_cert: str | Path | None = None, cert_chain: list | None = None) -> dict:
+            signing_cert: str | Path | None = None, cert_chain: list | None = None,
+            session: Session | None = None) -> dict:
     """Publish a verified recipe: write ``dist/<recipe>/`` and ``dist/<recipe>-<short>.tar.gz``,
     then copy both to ``dest`` and/or push the bundle to Hub repo ``hub_repo``. With
     ``dry_run`` only print the operations. With ``sign`` (a PEM private key; with
@@ -453,8 +458,9 @@ def publish(recipe: str, dest: str | Path | None = None, hub_repo: str | None = 
     the signature is also written beside it as ``<archive>.sig`` (put it into the unpacked
     folder as :data:`SIGNATURE` to check it). Returns {"folder", "archive", "short",
     "signature"?, "hub"?}. Raises PublishError (not verified, stale, not built; a cache file
-    that does not match its entry's manifest; signing failed; a failed target)."""
-    plan = plan_bundle(recipe)
+    that does not match its entry's manifest; signing failed; a failed target). ``session``:
+    the command's (default: a new one)."""
+    plan = plan_bundle(recipe, session)
     if dry_run:
         _print_ops(plan, dest, hub_repo)
         if sign:
@@ -662,21 +668,19 @@ def print_check(folder: str | Path, public_key: str | Path | None = None, cert_c
 # ------------------------------------------------------------ reproducing
 
 
-def recheck_published(folder: Path, manifest: dict) -> None:
+def recheck_published(session: Session, folder: Path, manifest: dict) -> None:
     """Before a published bundle is compared with a rebuild: re-read every file of it against
     its manifest (:func:`check_bundle`, full sha256), and fully rehash the local cache entries
     its artifacts came from (the manifest's ``stages`` of the kinds with artifacts; entries
     no longer in the cache are skipped), so that a difference is never blamed on the rebuild
     when the published side is damaged. A damaged entry is quarantined
     (``Cache.confirm_damage``). Raises PublishError naming the file, or the entry and file."""
-    from . import engine
-
     res = check_bundle(folder)
     bad = [f"{w} {item}" for w in ("mismatch", "missing", "extra") for item in res[w]]
     if bad:
         raise PublishError(f"{folder}: the published bundle does not match its manifest.json ({'; '.join(bad[:5])}); "
                            f"publish it again before comparing")
-    cache = engine.cache()
+    cache = cache_of(session)
     for stage, st in sorted(manifest.get("stages", {}).items()):
         if not (isinstance(st, dict) and artifact_patterns(str(st.get("kind"))) and isinstance(st.get("key"), str)):
             continue
@@ -688,7 +692,7 @@ def recheck_published(folder: Path, manifest: dict) -> None:
                                + "; rebuild and publish again before comparing")
 
 
-def reproduce(recipe: str, keep: bool = False) -> bool:
+def reproduce(recipe: str, keep: bool = False, session: Session | None = None) -> bool:
     """Rebuild ``recipe`` from an empty temporary cache (``doit build:<recipe>`` then
     ``doit publish:<recipe>`` in subprocesses with NPUBUILD_CACHE/BUILD/HOME/DIST in a temp
     folder) and compare every published file (manifest.json and the archive included) with
@@ -697,13 +701,15 @@ def reproduce(recipe: str, keep: bool = False) -> bool:
     Returns True when everything is identical. The temp folder is removed unless something
     differs or ``keep``. Raises PublishError when there is no published bundle to compare
     with, when the recipe now resolves to something else than the published one (naming
-    what changed: a rebuild would be another bundle), or when the rebuild fails."""
+    what changed: a rebuild would be another bundle), or when the rebuild fails. ``session``:
+    the command's (default: a new one)."""
+    session = session or Session()
     old = paths.dist_dir() / recipe
     if not (old / "manifest.json").exists():
         raise PublishError(f"no published bundle at {old} to compare with: run `doit publish:{recipe}` first")
     old_manifest = read_manifest(old)
-    recheck_published(old, old_manifest)
-    changed = diff(old_manifest.get("resolved_recipe"), catalog.catalog_recipes()[recipe].model_dump(mode="json"))
+    recheck_published(session, old, old_manifest)
+    changed = diff(old_manifest.get("resolved_recipe"), catalog.catalog_recipes(session)[recipe].model_dump(mode="json"))
     if changed:  # a rebuild would be another bundle: say so, not "DIFFERS" per file (a tester)
         raise PublishError(f"{old / 'manifest.json'}: published (build {old_manifest.get('build_key')}) from another "
                            f"recipe than {recipe} resolves to now: {'; '.join(changed[:5])}"

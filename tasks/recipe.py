@@ -12,7 +12,6 @@ Files are parsed with YAML 1.2 core-schema scalars (:class:`_Core12Resolver`); o
 
 from __future__ import annotations
 
-import math
 import json
 import re
 import stat

@@ -106,15 +106,17 @@ def _train_missing_in_parallel() -> None:
 def export_code(module: str) -> dict:
     """{dotted name: file} of every module of ``tasks`` that ``module`` runs (what
     :func:`tiny_export`'s cache key hashes)."""
-    from tasks import engine
+    from tasks.core import keys
+    from tasks.core.session import Session
 
-    return {name: engine._module_file(name) for name in engine.code_modules(module)}
+    session = Session()
+    return {name: keys.module_file(session, name) for name in keys.code_modules(session, module)}
 
 
 def tiny_export(arch: str, seq_len: int = SEQ_LEN, context_len: int = CONTEXT_LEN, parts: int = 1,
                 embed: str = "part0") -> Path:
     """Cached export of the fixture, keyed by the fixture dir, the params and the source of
-    every module the export runs (``tasks.engine.code_modules``: export.py and what it imports,
+    every module the export runs (``tasks.core.keys.code_modules``: export.py and what it imports,
     checkpoint.py, families.py, parts.py, ...: the same set the export stage's key holds)."""
     import hashlib
 

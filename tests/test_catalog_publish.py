@@ -124,15 +124,17 @@ def test_publish_makes_bundle_manifest_card_and_archive(proj):
 
 def test_one_artifact_listing_for_build_folder_bundle_and_catalog(proj, monkeypatch):
     """build/<recipe>/, the published bundle and the catalog's artifact sizes all come from
-    tasks.buildstate.artifacts over one typed build state (issue 11)."""
+    tasks.core.state.artifacts over one typed build state (issue 11)."""
     for k, v in proj.env.items():
         if k.startswith("NPUBUILD_"):
             monkeypatch.setenv(k, v)
-    from tasks import catalog, engine
-    from tasks.buildstate import artifacts, build_state
+    from tasks import catalog
+    from tasks.core.session import Session
+    from tasks.core.record import read_state
+    from tasks.core.state import artifacts, build_state
 
-    engine._CHECKING.clear()
-    state = build_state(catalog._ReadOnlyResolver("t8"))
+    session = Session()
+    state = build_state(catalog._ReadOnlyResolver(session, "t8"), read_state(session, "t8"))
     assert [s.status for s in state.stages.values()] == ["local hit"] * 6 and state.complete
     arts = artifacts(state)
     built = {k: v for k, v in tree_sums(proj.root / "build" / "t8").items() if k not in ("artifacts.json", "stages.json")}
@@ -140,7 +142,7 @@ def test_one_artifact_listing_for_build_folder_bundle_and_catalog(proj, monkeypa
     assert built == shipped == {rel: sha256(a.path) for rel, a in arts.items()}
     assert catalog.artifact_sizes(catalog.recipe_status("t8")) == {
         "x-elite": {a.rel: a.path.stat().st_size for a in arts.values() if a.kind == "compile"}}
-    stale = build_state(catalog._ReadOnlyResolver("stale"))
+    stale = build_state(catalog._ReadOnlyResolver(session, "stale"), read_state(session, "stale"))
     assert [stale.stages[s].status for s in ("prepatch", "quantize", "compile", "verify")] == \
         ["local hit", "stale", "blocked", "blocked"]
     assert "quantize" in stale.stages["compile"].problem
@@ -286,20 +288,28 @@ def test_catalog_lists_every_recipe_with_its_state(proj):
 
 
 class _TableParser(HTMLParser):
+    """The header and rows of ``table#catalog``; ``net``: what the page would load (``src``
+    attributes, ``<link>`` elements); ``links``: the ``href`` of its anchors."""
+
     def __init__(self):
         super().__init__()
-        self.heads, self.rows, self.net, self.scripts = [], [], [], 0
-        self._where, self._cell, self._row = None, None, None
+        self.heads, self.rows, self.net, self.links, self.scripts = [], [], [], [], 0
+        self._where, self._cell, self._row, self._table = None, None, None, None
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
-        for k in ("src", "href"):
-            if a.get(k):
-                self.net.append((tag, a[k]))
+        if a.get("src"):
+            self.net.append((tag, a["src"]))
         if tag == "link":
             self.net.append((tag, a))
+        if a.get("href"):
+            (self.links if tag == "a" else self.net).append(a["href"])
         if tag == "script":
             self.scripts += 1
+        if tag == "table":
+            self._table = a.get("id")
+        if self._table != "catalog":
+            return
         if tag in ("thead", "tbody"):
             self._where = tag
         elif tag == "tr" and self._where == "tbody":
@@ -312,6 +322,8 @@ class _TableParser(HTMLParser):
             self._cell[1] += data
 
     def handle_endtag(self, tag):
+        if tag == "table":
+            self._table = None
         if tag in ("td", "th") and self._cell is not None:
             (self.heads if self._where == "thead" else self._row).append(self._cell)
             self._cell = None
@@ -335,7 +347,11 @@ def test_catalog_html_parses_to_one_row_per_recipe(proj):
     params = heads.index("Parameters")
     t8 = next(r for r in p.rows if r[0][1] == "t8")
     assert int(t8[params][0]) > 900_000
-    assert p.net == [] and p.scripts == 1 and "http://" not in page and "https://" not in page
+    # nothing loaded (scripts and styles inline); links only to the source's Hub card or PyPI page and,
+    # once published, the bundle under dist/ (t8: published by the fixture)
+    assert p.net == [] and p.scripts >= 1 and "http://" not in page, (p.net, p.scripts)
+    assert all(u.startswith(("https://huggingface.co/", "https://pypi.org/project/", "../dist/")) for u in p.links), p.links
+    assert {"../dist/t8/README.md", "../dist/t8/"} <= set(p.links), p.links
 
 
 def test_catalog_page_screenshot(proj, tmp_path):

@@ -117,7 +117,8 @@ def test_two_workers_build_each_stage_once(tmp_path, tiny_bert, cluster):
 def test_worker_with_other_code_refuses(tmp_path, tiny_bert, cluster):
     """A worker whose tasks/encoder/export.py differs (a copy of the package with one edited
     line, first on its PYTHONPATH) refuses the export stage, naming the module and both digests."""
-    from tasks import engine
+    from tasks.core import keys
+    from tasks.core.session import Session
     from tasks.plan import StageSpec
 
     url = (tmp_path / "remote").as_uri()
@@ -137,7 +138,7 @@ def test_worker_with_other_code_refuses(tmp_path, tiny_bert, cluster):
     assert run.code != 0
     assert "worker E (tcp://127.0.0.1:" in out and "refuses export:r8 (export): its outputs would have other keys" in out, out
     assert f"modules: tasks.encoder.export {ours} (client) vs {theirs} (worker)" in out, out
-    assert f"code digest differs: {engine.code_digest(StageSpec('r8', 'export', 'export', {}))} (client)" in out
+    assert f"code digest differs: {keys.code_digest(Session(), StageSpec('r8', 'export', 'export', {}))} (client)" in out
     # the download stage (its code is the same) was built and pushed; nothing else
     assert sorted(k.split("/")[0] for k in _remote_manifests(url)) == ["download"]
     assert not (client.root / "build" / "r8").exists()
@@ -148,7 +149,7 @@ def test_killed_worker_mid_push(tmp_path, tiny_bert, cluster):
     sitecustomize on its PYTHONPATH makes fsspec's put_file sleep after each file, so the kill
     lands there): its data folder stays without manifest, invisible; Dask reruns the stage on
     worker B, which builds it, pushes it, and the build completes."""
-    from tasks.engine import remote_key
+    from tasks.core.keys import remote_key
     from tasks.remote import Remote
 
     url = (tmp_path / "remote").as_uri()
@@ -253,18 +254,21 @@ def test_cluster_needs_a_remote(project):
 def test_tool_and_file_differences_are_named(project, monkeypatch):
     """What a worker compares (tasks/cluster.py ``_differences``), on the real key material of
     a stage: another onnxruntime version or another calibration file is named with both values."""
-    from tasks import cluster, engine
+    from tasks import cluster
+    from tasks.core import keys, recipeset
+    from tasks.core.session import Session
 
     project.recipe("r8")
     monkeypatch.setenv("NPUBUILD_ROOT", str(project.root))
     monkeypatch.setenv("NPUBUILD_CACHE", str(project.cache))
-    spec = engine.plan("r8")["quantize"]
-    mine = engine.key_material(spec, {r: type("U", (), {"output_digest": "d"})() for r in spec.inputs})
-    expected = {"material": {k: mine.get(k) for k in cluster.COMPARED}, "modules": engine.code_files(spec)}
-    assert cluster._differences(spec, expected, mine) == []
+    session = Session()
+    spec = recipeset.plan(session, "r8")["quantize"]
+    mine = keys.key_material(session, spec, {r: type("U", (), {"output_digest": "d"})() for r in spec.inputs})
+    expected = {"material": {k: mine.get(k) for k in cluster.COMPARED}, "modules": keys.code_files(session, spec)}
+    assert cluster._differences(session, spec, expected, mine) == []
     expected["material"]["tools"] = dict(mine["tools"], onnxruntime="1.31.0")
     expected["material"]["files"] = {"calibration": "0" * 32}
-    diffs = cluster._differences(spec, expected, mine)
+    diffs = cluster._differences(session, spec, expected, mine)
     assert diffs[0] == f"tool versions differ: onnxruntime 1.31.0 (client) vs {mine['tools']['onnxruntime']} (worker)"
     assert diffs[1] == (f'files differs: {{"calibration": "{"0" * 32}"}} (client) vs '
                         f'{{"calibration": "{mine["files"]["calibration"]}"}} (worker)')

@@ -84,13 +84,14 @@ def test_a_stage_failing_on_an_upstream_entry_names_it_and_how_to_drop_it(tmp_pa
     """A download entry without weights (as builds before the completeness check could leave):
     export fails in one line naming the entry, and the command to drop it; once dropped, the
     build succeeds."""
-    from tasks import engine
+    from tasks.core.resolve import Resolver
+    from tasks.core.session import Session
 
     p = Project(tmp_path / "proj", tiny_bert)
     p.recipe("r")
     for k in ("NPUBUILD_ROOT", "NPUBUILD_CACHE", "NPUBUILD_BUILD", "NPUBUILD_HOME"):
         monkeypatch.setenv(k, p.env[k])
-    res = engine.Resolver("r", pull=False)
+    res = Resolver(Session(), "r", pull=False)
     key = res.key("download")
     src = p.root / "models" / "tiny-bert"
 

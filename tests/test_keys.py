@@ -10,7 +10,8 @@ from conftest import REPO
 
 PROBE = r"""
 import json, sys
-from tasks import engine
+from tasks.core import keys
+from tasks.core.session import Session
 from tasks.plan import StageSpec
 from tasks.stages import implementation
 
@@ -19,25 +20,25 @@ spec = StageSpec("r", stage, stage, {"target": "x-elite"}, family=family)
 def key():
     st = implementation(stage, family)
     extra = st.key_extra(spec.params) if stage in ("compile", "verify") else None
-    return engine.code_digest(spec), extra
+    return keys.code_digest(Session(), spec), extra
 base = key()
 changed, unchanged = [], []
-for name in engine.code_modules(implementation(stage, family).module):
-    f = engine._module_file(name)
+for name in keys.code_modules(Session(), implementation(stage, family).module):
+    f = keys.module_file(Session(), name)
     text = f.read_text()
     f.write_text(text + "\n# an edit\n")
     (changed if key()[0] != base[0] else unchanged).append(name)
     f.write_text(text)
-t = engine._module_file("tasks.targets")
+t = keys.module_file(Session(), "tasks.targets")
 text = t.read_text()
 t.write_text(text.replace('Target("x-elite", 60, 73,', 'Target("x-elite", 61, 73,'))
 import importlib, tasks.targets, tasks.qnn
 importlib.reload(tasks.targets); importlib.reload(tasks.qnn)
 importlib.reload(tasks.stages.common)
 st = importlib.reload(importlib.import_module(implementation(stage, family).module)).STAGE
-after = (engine.code_digest(spec), st.key_extra(spec.params) if stage in ("compile", "verify") else None)
+after = (keys.code_digest(Session(), spec), st.key_extra(spec.params) if stage in ("compile", "verify") else None)
 t.write_text(text)
-print(json.dumps({"modules": list(engine.code_modules(implementation(stage, family).module)), "changed": changed,
+print(json.dumps({"modules": list(keys.code_modules(Session(), implementation(stage, family).module)), "changed": changed,
                   "unchanged": unchanged, "extra_before": base[1], "extra_after": after[1],
                   "code_after_target_edit_differs": after[0] != base[0]}))
 """
@@ -76,8 +77,12 @@ def test_each_family_hashes_its_own_implementation_only():
     """A stage kind has one module per family (tasks.stages.IMPLEMENTATIONS), chosen in plan:
     an encoder stage's key holds no LLM code and the reverse, so editing the LLM export leaves
     every encoder key alone; ``tasks/llm/export.py`` counts under its own dotted name."""
-    from tasks.engine import code_modules
+    from tasks.core import keys
+    from tasks.core.session import Session
     from tasks.stages import IMPLEMENTATIONS, implementation
+
+    def code_modules(name):
+        return keys.code_modules(Session(), name)
 
     for kind in ("export", "quantize", "compile", "verify"):
         enc = code_modules(implementation(kind, "encoder").module)
@@ -134,9 +139,11 @@ def import_cycles(graph: dict) -> list[list[str]]:
 
 
 def test_no_import_cycles():
-    from tasks.engine import direct_imports
+    from tasks.core.keys import direct_imports
+    from tasks.core.session import Session
 
-    graph = {m: direct_imports(m) for m in package_modules()}
+    session = Session()
+    graph = {m: direct_imports(session, m) for m in package_modules()}
     cycles = import_cycles(graph)
     assert len(graph) > 40 and sum(map(len, graph.values())) > 60  # the graph was really read
     assert cycles == [], cycles
@@ -153,11 +160,13 @@ def test_editing_the_llm_compiler_changes_the_llm_compile_key(tmp_path):
 
 TRACED = r"""
 import json, sys
-from tasks import engine
+from tasks.core import keys, recipeset
+from tasks.core.session import Session
+session = Session()
 out = {}
 for recipe in sys.argv[1:]:
-    for spec in engine.plan(recipe).values():
-        out[spec.task] = sorted(engine.code_files(spec))
+    for spec in recipeset.plan(session, recipe).values():
+        out[spec.task] = sorted(keys.code_files(session, spec))
 print(json.dumps(out))
 """
 

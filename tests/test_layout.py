@@ -11,6 +11,14 @@ from tasks.precisions import NAMES
 from tasks.targets import DEFAULT_TARGET, TARGETS
 
 
+def direct_imports(name: str) -> frozenset[str]:
+    """:func:`tasks.core.keys.direct_imports` of ``name`` (a session of its own)."""
+    from tasks.core.keys import direct_imports
+    from tasks.core.session import Session
+
+    return direct_imports(Session(), name)
+
+
 def _code_constants(f):
     """(line, value) of every constant in ``f``'s code, docstrings left out."""
     tree = ast.parse(f.read_text(encoding="utf-8"))
@@ -55,8 +63,6 @@ def test_the_longest_import_chain_inside_the_package_is_at_most_10_modules():
     moved to ``tasks/proc/`` and encoder input facts to ``tasks/encoder/inputs.py``."""
     from functools import lru_cache
 
-    from tasks.engine import direct_imports
-
     mods = package_modules()
     graph = {m: sorted(d for d in direct_imports(m) if d in mods and d != m) for m in mods}
 
@@ -70,8 +76,6 @@ def test_the_longest_import_chain_inside_the_package_is_at_most_10_modules():
 
 
 def test_process_plumbing_imports_nothing_of_the_engine_or_the_families():
-    from tasks.engine import direct_imports
-
     for f in sorted((REPO / "tasks" / "proc").glob("*.py")):
         name = "tasks.proc." + f.stem if f.stem != "__init__" else "tasks.proc"
         assert all(d.startswith("tasks.proc") for d in direct_imports(name)), (name, direct_imports(name))
@@ -80,7 +84,6 @@ def test_process_plumbing_imports_nothing_of_the_engine_or_the_families():
 def test_no_family_imports_the_other_familys_code_and_stages_imports_no_family():
     """Issue 24: the encoder family (``tasks/encoder/``) and the LLM family (``tasks/llm/``)
     import nothing of each other, and the stage contract (``tasks/stages/``) imports neither."""
-    from tasks.engine import direct_imports
 
     def mods(folder):
         return ["tasks." + folder + ("" if f.stem == "__init__" else "." + f.stem)
@@ -117,9 +120,8 @@ def test_each_stages_params_are_exactly_what_its_implementation_declares(monkeyp
 
 
 def test_no_import_cycles_between_subfolders():
-    """Issue 24: with each subfolder of ``tasks/`` (encoder, llm, stages, proc, patches) drawn as
+    """Issue 24: with each subfolder of ``tasks/`` (encoder, llm, stages, proc, patches, core) drawn as
     one node beside the top-level modules, the import graph has no cycle."""
-    from tasks.engine import direct_imports
 
     def node(m):
         parts = m.split(".")
@@ -130,7 +132,7 @@ def test_no_import_cycles_between_subfolders():
     for m in mods:
         graph.setdefault(node(m), set()).update(node(d) for d in direct_imports(m) if d in mods and node(d) != node(m))
     cycles = import_cycles(graph)
-    assert {"encoder", "llm", "stages", "proc", "patches"} <= set(graph)
+    assert {"encoder", "llm", "stages", "proc", "patches", "core"} <= set(graph)
     assert cycles == [], cycles
 
 
@@ -211,3 +213,32 @@ def test_every_param_an_implementation_reads_is_declared():
             count += 1
             assert r in ok, f"{st.module} reads params{''.join(f'[{k!r}]' for k in r)}, which STAGE does not declare"
     assert count >= 30
+
+
+def test_core_modules_are_short_and_keep_no_state():
+    """``tasks/core/``: each module under 300 lines, and none keeps state of its own (what a
+    command remembers is in its ``tasks.core.session.Session``): no ``lru_cache``/``cache``
+    decorator, no module-level assignment of a mutable value (a dict, list or set display or
+    call, a comprehension) and no ``global`` statement."""
+    mutable = (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)
+    found = []
+    for f in sorted((REPO / "tasks" / "core").glob("*.py")):
+        text = f.read_text(encoding="utf-8")
+        rel = f.relative_to(REPO).as_posix()
+        if len(text.splitlines()) >= 300:
+            found.append((rel, "lines", len(text.splitlines())))
+        tree = ast.parse(text)
+        for node in tree.body:
+            value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+            if isinstance(value, mutable) or (isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
+                                              and value.func.id in ("dict", "list", "set", "defaultdict")):
+                found.append((rel, node.lineno, "module-level mutable"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Global):
+                found.append((rel, node.lineno, "global"))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for d in node.decorator_list:
+                    name = ast.unparse(d.func if isinstance(d, ast.Call) else d)
+                    if name.split(".")[-1] in ("lru_cache", "cache"):
+                        found.append((rel, node.lineno, name))
+    assert found == [], found

@@ -19,12 +19,15 @@ from tasks import plancache
 
 PROBE = """
 import json, sys
-from tasks import engine
-engine.pin_recipes()
-s = engine._load()
-plans = {n: {k: v.params for k, v in engine.plan(n).items()} for n, a in engine.recipe_names().items() if not a}
+from tasks.core import recipeset
+from tasks.core.session import Session
+session = Session()
+recipeset.pin(session)
+s = recipeset.current(session)
+plans = {n: {k: v.params for k, v in recipeset.plan(session, n).items()}
+         for n, a in recipeset.recipe_names(session).items() if not a}
 out = {"cached": s.from_plan_cache, "pydantic": "pydantic" in sys.modules, "plans": plans}
-out["errors"] = sorted(engine.recipe_errors())
+out["errors"] = sorted(recipeset.recipe_errors(session))
 print(json.dumps(out))
 """
 

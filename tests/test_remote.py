@@ -12,7 +12,7 @@ import pytest
 
 from tasks import digest
 from tasks.cache import Cache
-from tasks.engine import remote_key, stage_key
+from tasks.core.keys import remote_key, stage_key
 from tasks.remote import Rejected, Remote
 
 MATERIAL = {"kind": "export", "version": 1, "params": {"n": 1}}

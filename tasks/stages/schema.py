@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from . import implementations
 from .contract import Param, Threshold
-from .params import PLAN_PARAMS, raise_at  # noqa: F401  (raise_at: for the recipe loader)
+from .params import PLAN_PARAMS
 
 #: the recipe's stage sections, in recipe order
 SECTIONS = ("export", "quantize", "compile", "bundle", "verify")

@@ -1,0 +1,55 @@
+"""What one command remembers between calls into :mod:`tasks.core`: a :class:`Session`.
+
+A command creates one and passes it to every core function: the doit task builder
+(``tasks/dodo_tasks.py``, one per doit process), a cluster worker (one per stage it builds),
+the catalog and publish (one per call unless given one). The core modules keep no state of
+their own, so two sessions never see each other's memos.
+"""
+
+from __future__ import annotations
+
+
+class Session:
+    """The memos of one command; every attribute starts empty.
+
+    Recipes (:mod:`tasks.core.recipeset`):
+
+    - ``pinned``: the RecipeSet frozen for the rest of the command (``recipeset.pin``), or
+      None: then the recipes folder is stat-ed on every use and edits are seen;
+    - ``recipe_sets``: {(recipes folder, stamp of its files): RecipeSet}, each state of the
+      folder loaded once.
+
+    Only while pinned (``recipeset.pin`` empties them):
+
+    - ``intact``: {(kind, key): Entry} entries found intact in the local cache;
+    - ``materials``: {canonical JSON of a stage (kind, family, params, files, upstream output
+      digests): its key material}, shared by the same stage of several recipes;
+    - ``states``: {recipe: its ``stages.json`` as read or written}.
+
+    Always:
+
+    - ``checking``: {(id of the RecipeSet, recipe): Resolver} for up-to-date checks
+      (``resolve.checking_resolver``);
+    - ``checked``: {stage task: (key, seconds, "cache hit" | "pulled")} of the stages found up
+      to date (the console line of a skipped task);
+    - ``module_files``: {dotted module name: its source file or None};
+    - ``imports``: {dotted module name: frozenset of the package modules it imports};
+    - ``code_modules``: {dotted module name: sorted tuple of the modules its code covers};
+    - ``code_files``: {(implementation module, patch step names): (stats of its files,
+      {module: xxh3 of its source})}, reused while the stats are unchanged;
+    - ``warned``: recipe file stems whose problem the command has printed.
+    """
+
+    def __init__(self) -> None:
+        self.pinned = None
+        self.recipe_sets: dict[tuple, object] = {}
+        self.intact: dict[tuple[str, str], object] = {}
+        self.materials: dict[str, dict] = {}
+        self.states: dict[str, dict] = {}
+        self.checking: dict[tuple[int, str], object] = {}
+        self.checked: dict[str, tuple[str, float, str]] = {}
+        self.module_files: dict[str, object] = {}
+        self.imports: dict[str, frozenset[str]] = {}
+        self.code_modules: dict[str, tuple[str, ...]] = {}
+        self.code_files: dict[tuple, tuple[tuple, dict[str, str]]] = {}
+        self.warned: set[str] = set()
