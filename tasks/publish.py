@@ -55,6 +55,7 @@ import tempfile
 from pathlib import Path
 
 from . import catalog, digest, paths
+from .catalog_table import arch
 from .core.resolve import cache as cache_of
 from .core.session import Session
 from .core.state import artifacts, diff
@@ -253,7 +254,7 @@ def model_card(recipe, row: dict, short: str) -> str:
          f"Not every node runs on the NPU: {row.get('runs_on')} (the recipe allows CPU fallback: "
          f"`compile.disable_cpu_ep_fallback: false`)."), "",
         "| | |", "|---|---|",
-        f"| architecture | {catalog._arch(row)} |", f"| parameters | {row['parameters']} |",
+        f"| architecture | {arch(row)} |", f"| parameters | {row['parameters']} |",
         f"| sequence length | {row['sequence_length']} |",
         *( [f"| context length | {row['context_length']} |"] if row["context_length"] else []),
         *(f"| {t} | {v} |" for t, v in sorted(row["tools"].items())), "",
