@@ -21,5 +21,14 @@ class RecipeError(Exception):
 
 class UnsupportedModel(RecipeError):
     """A valid recipe whose model the LLM export does not implement (its ``model_type`` or a
-    feature of it, :func:`tasks.llm.families.unsupported`): the recipe is skipped with this
+    feature of it, :func:`tasks.llm.architectures.unsupported`): the recipe is skipped with this
     one-line reason, the catalog lists it as ``unsupported``, and ``doit list`` still exits 0."""
+
+
+class Unsupported(tuple):
+    """A ``(key path, message)`` problem that says the model is not implemented (a
+    ``source_check`` hook's, :class:`tasks.stages.contract.Stage`): a recipe with this one
+    problem and no other is an :class:`UnsupportedModel`."""
+
+    def __new__(cls, key: str, message: str):
+        return super().__new__(cls, (key, message))

@@ -18,7 +18,7 @@ reads the calibration file, part k > 0 takes the schedule and the hidden states 
 (``export.json`` of every part and ``genai_config.json``) and one ``verify[@target]`` that join
 the parts. ``build/<recipe>/`` is the union of the parts' compile entries and the bundle's.
 With ``bundle.runtimes`` holding ``genie``, each part also gets ``genie_quantize.part{k}`` (its
-Genie-layout graphs, calibrated on ``calibrate.part0``'s schedule: tasks/llm/genie_quant.py)
+Genie-layout graphs, calibrated on ``calibrate.part0``'s schedule: tasks/llm/genie_quantize.py)
 and ``genie_compile.part{k}[@target]``, and the bundle and verify read them (their params gain
 ``runtimes``); a recipe without genie plans exactly the stages and params it had before.
 """
@@ -139,7 +139,7 @@ def _expand_parts(r: Recipe, params, files) -> list[StageSpec]:
     # x86_64 HTP simulator, which crashes loading a weight-shared binary (NOTES-qnn.md); a
     # weight-shared recipe verified on cpu-qdq (the 7B) compiles only the binary it ships
     per_graph = not r.compile.weight_sharing or r.verify.backend == "htp"
-    genie = "genie" in r.bundle.runtimes  # Genie-layout graphs per part too (tasks/llm/genie_quant.py)
+    genie = "genie" in r.bundle.runtimes  # Genie-layout graphs per part too (tasks/llm/genie_quantize.py)
     for k in range(P):  # part by part, so a build stopped in part k has parts < k whole
         model = part_name("export", k)
         specs.append(StageSpec(r.name, model, "export", {**params("export"), "part": k}, {"source": "download"}))

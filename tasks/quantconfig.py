@@ -23,7 +23,7 @@ def matmul_weight_overrides(model, weight_type: str, axis: int = 1, symmetric: b
     """Tensor-quant overrides making every constant MatMul weight ([K, N]) per-channel on ``axis``
     (1 = output channel). ``get_qnn_qdq_config(per_channel=True)`` alone leaves MatMul weights
     per-tensor (its source says "QNN does not support per-channel MatMul"; that applies to
-    older QNN, see ``tasks.llm.quant.quantize_qdq``). MatMul nodes whose name or weight name a
+    older QNN, see ``tasks.llm.qdq.quantize_qdq``). MatMul nodes whose name or weight name a
     regular expression of ``keep_8bit`` finds (``re.search``: recipe ``overrides`` patterns)
     get uint8 instead of ``weight_type`` (:func:`matching_weights`)."""
     inits = {i.name: i for i in model.graph.initializer}

@@ -116,19 +116,19 @@ def export_code(module: str) -> dict:
 def tiny_export(arch: str, seq_len: int = SEQ_LEN, context_len: int = CONTEXT_LEN, parts: int = 1,
                 embed: str = "part0") -> Path:
     """Cached export of the fixture, keyed by the fixture dir, the params and the source of
-    every module the export runs (``tasks.core.keys.code_modules``: export.py and what it imports,
-    checkpoint.py, families.py, parts.py, ...: the same set the export stage's key holds)."""
+    every module the export runs (``tasks.core.keys.code_modules``: pipeline_graphs.py and what it
+    imports, part_weights.py, checkpoint.py, architectures.py, parts.py, ...)."""
     import hashlib
 
-    from tasks.llm import export
+    from tasks.llm import pipeline_graphs
 
     mdir = tiny_model(arch)
     h = hashlib.sha256()
-    for name, f in export_code(export.__name__).items():
+    for name, f in export_code(pipeline_graphs.__name__).items():
         h.update(name.encode() + b"\0" + f.read_bytes())
     h.update(repr((mdir.name, seq_len, context_len, parts, embed)).encode())
     target = CACHE / f"export-{arch}-{h.hexdigest()[:16]}"
-    return _locked_build(target, lambda d: export.export_llm(
+    return _locked_build(target, lambda d: pipeline_graphs.export_llm(
         mdir, d, seq_len=seq_len, context_len=context_len, parts=parts, embed=embed))
 
 
@@ -149,3 +149,61 @@ def random_phi3_hd80(out: Path) -> Path:
     for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         shutil.copyfile(src / f, Path(out) / f)
     return Path(out)
+
+
+def export_entry(model_dir, export_dir, into: Path) -> Path:
+    """What the ``export`` stage's entries hold, seen as one folder ``into``: links to the cached
+    export's files (:func:`tiny_export`) and the source's tokenizer and config files, copied as
+    the stage copies them (``tasks.stages.common.copy_tokenizer``). Returns ``into``."""
+    import os
+
+    from tasks.stages.common import copy_tokenizer
+
+    into = Path(into)
+    into.mkdir(parents=True, exist_ok=True)
+    for f in Path(export_dir).iterdir():
+        if f.name != ".done":
+            os.symlink(f, into / f.name, target_is_directory=f.is_dir())
+    copy_tokenizer(Path(model_dir), into)
+    return into
+
+
+def calibrate_parts(model_dir, entry: Path, out: Path, samples: int) -> list[Path]:
+    """Run the ``calibrate`` stage (``tasks.llm.calibrate.run``) of every part of the export
+    ``entry`` (:func:`export_entry`) over ``samples`` prompts of the fixture corpus, part k into
+    ``out/part{k}`` reading part k-1's entry, as ``calibrate.part{k}`` does. Returns the parts'
+    folders (each holding ``feeds/{prefill,decode}``)."""
+    import json
+
+    from tasks.llm import calibrate
+
+    P = len(json.loads((Path(entry) / "export.json").read_text())["parts"])
+    dirs = []
+    for k in range(P):
+        d = Path(out) / f"part{k}"
+        d.mkdir(parents=True)
+        inputs = {"model": Path(entry)}
+        inputs.update({"source": Path(model_dir)} if k == 0 else {"previous": dirs[-1]})
+        calibrate.run(inputs, {"calibration": fixtures.CORPUS_PATH} if k == 0 else {},
+                      {"part": k, "calibration": {"samples": samples}}, d)
+        dirs.append(d)
+    return dirs
+
+
+def feed_stores(dirs: list[Path]) -> dict:
+    """{"prefill": [FeedStore per part], "decode": [...]} of :func:`calibrate_parts`' folders."""
+    from tasks.llm.calibration_feeds import FeedStore
+
+    return {g: [FeedStore(d / "feeds" / g) for d in dirs] for g in ("prefill", "decode")}
+
+
+def quantize_parts(entry: Path, calibrated: list[Path], params: dict, out: Path) -> Path:
+    """Run the ``quantize`` stage (``tasks.llm.quantize.run``) of every part into ``out`` (one
+    folder, as the verify stage joins the parts' entries). Returns ``out``."""
+    from tasks.llm import quantize
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for k, cal in enumerate(calibrated):
+        quantize.run({"model": Path(entry), "calibration": cal}, {}, {"per_channel": True, **params, "part": k}, out)
+    return out

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.llm.calib import samples_of
+from tasks.llm.calibration_feeds import samples_of
 
 REPO = Path(__file__).resolve().parent.parent
 CHAT = REPO / "recipes" / "data" / "calib-chat.jsonl"
@@ -79,7 +79,7 @@ def test_a_bom_is_allowed(tmp_path):
 
 
 def test_an_llm_recipe_with_a_bad_chat_file_is_a_load_error(tmp_path, monkeypatch):
-    from tasks.recipe import load_all
+    from tasks.recipe_checks import load_all
 
     monkeypatch.setenv("NPUBUILD_ROOT", str(tmp_path))
     (tmp_path / "recipes").mkdir()

@@ -120,7 +120,7 @@ def test_tampered_bundles_fail_verify_with_one_line_each(tmp_path, tiny_bert):
     proj.doit("run", "build:tampered")  # restored: every stage a cache hit again (stages.json too)
 
     # 2. a weight-shared binary that lost its decode graph: the prefill graph compiled alone
-    from tasks.llm.qnn import compile_single
+    from tasks.llm.htp import compile_single
     from tasks.proc.child import run_function
 
     qdq = _entry(proj, "tampered", "quantize.part0") / "out" / "part0"

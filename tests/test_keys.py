@@ -56,7 +56,7 @@ def _probe(tmp_path, stage, family="encoder"):
 def test_editing_any_module_quantize_imports_changes_its_key(tmp_path):
     r = _probe(tmp_path, "quantize", "llm")
     # the LLM path's helpers are found without being listed anywhere
-    for m in ("tasks.llm.quant", "tasks.llm.calib", "tasks.llm.sessions",
+    for m in ("tasks.llm.quantize", "tasks.llm.qdq", "tasks.llm.calibration_feeds", "tasks.llm.sessions",
               "tasks.llm.runner", "tasks.stages.common"):
         assert m in r["modules"], (m, r["modules"])
     assert r["unchanged"] == [] and len(r["changed"]) == len(r["modules"]) >= 8
@@ -100,8 +100,8 @@ def test_no_stage_module_branches_on_the_family():
     impls = [*(f for f in (REPO / "tasks" / "stages").glob("*.py") if f.name != "params.py"),
              *(REPO / "tasks" / "encoder").glob("*.py"),
              REPO / "tasks" / "sources" / "download.py", REPO / "tasks" / "patches" / "stage.py",
-             *(REPO / "tasks" / "llm" / f"{m}.py" for m in ("export", "calibrate", "quant", "compile", "bundle", "verify",
-                                                             "genie_quant", "genie_compile"))]
+             *(REPO / "tasks" / "llm" / f"{m}.py" for m in ("export", "calibrate", "quantize", "compile", "bundle", "verify",
+                                                             "genie_quantize", "genie_compile"))]
     for f in sorted(impls):
         tree = ast.parse(f.read_text())
         reads = [n for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value == "family"]
@@ -150,11 +150,11 @@ def test_no_import_cycles():
 
 
 def test_editing_the_llm_compiler_changes_the_llm_compile_key(tmp_path):
-    """Issue 24: the LLM compile ran ``tasks.llm.qnn`` in a child given as source text, so the
+    """Issue 24: the LLM compile ran its compile helpers (now ``tasks.llm.htp``) in a child given as source text, so the
     code digest (which follows imports) never saw it: an edit left ``compile:<llm>`` up to date
     with the old binaries. The child now runs a named function the stage imports."""
     r = _probe(tmp_path, "compile", "llm")
-    assert "tasks.llm.qnn" in r["modules"] and "tasks.llm.qnn" in r["changed"], r
+    assert "tasks.llm.htp" in r["modules"] and "tasks.llm.htp" in r["changed"], r
     assert "tasks.proc.child" in r["modules"]
 
 

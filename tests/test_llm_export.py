@@ -59,7 +59,7 @@ def test_export_contract(arch, parts):
 
 
 def test_export_is_deterministic(tmp_path):
-    from tasks.llm.export import export_llm
+    from tasks.llm.pipeline_graphs import export_llm
 
     mdir = tiny_model("qwen2")
     a = export_llm(mdir, tmp_path / "a", seq_len=8, context_len=32)
@@ -105,7 +105,7 @@ def test_llama3_rope_scaling_is_honoured(tmp_path):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from tasks.llm.export import export_llm
+    from tasks.llm.pipeline_graphs import export_llm
     from tasks.llm.runner import LLMRunner
     from tasks.llm.sessions import cpu_session
 

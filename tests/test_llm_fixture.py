@@ -20,12 +20,12 @@ def test_fixture_is_real_and_varied(arch):
     cfg = m.config
     assert cfg.model_type == arch
     assert cfg.num_hidden_layers >= 2
-    if arch == "qwen3":  # the family's own pieces are there (tasks/llm/families.py)
+    if arch == "qwen3":  # the family's own pieces are there (tasks/llm/architectures.py)
         assert "model.layers.0.self_attn.q_norm.weight" in dict(m.named_parameters())
     if arch == "phi3":
         assert "model.layers.0.self_attn.qkv_proj.weight" in dict(m.named_parameters())
         assert cfg.partial_rotary_factor == 0.75
-    if arch == "gemma":  # what tasks/llm/families.py's Family says of it: tanh GELU, explicit head_dim
+    if arch == "gemma":  # what tasks/llm/architectures.py's Architecture says of it: tanh GELU, explicit head_dim
         assert cfg.hidden_act == "gelu_pytorch_tanh" and cfg.head_dim == 32 and cfg.tie_word_embeddings
     assert cfg.num_key_value_heads < cfg.num_attention_heads
     n = sum(p.numel() for p in m.parameters())
@@ -63,7 +63,7 @@ def test_fixture_training_is_deterministic(tmp_path):
 def test_the_export_fixture_cache_key_holds_every_module_the_export_runs():
     """Issue 23: the cached tiny export was keyed on export.py alone, so an edit of the
     checkpoint reader or the family table reused a stale export."""
-    files = export_code("tasks.llm.export")
-    assert {"tasks.llm.export", "tasks.llm.checkpoint", "tasks.llm.families", "tasks.llm.parts",
+    files = export_code("tasks.llm.pipeline_graphs")
+    assert {"tasks.llm.pipeline_graphs", "tasks.llm.part_weights", "tasks.llm.checkpoint", "tasks.llm.architectures", "tasks.llm.parts",
             "tasks.llm.layout"} <= set(files)
     assert all(f.is_file() and f.suffix == ".py" for f in files.values())

@@ -3,7 +3,6 @@ tokens equal LLMRunner's on the same QDQ graphs (CPU EP) and the same per-graph 
 (QNN HTP simulator). The doit-level check (every tiny recipe, all verify prompts) is in
 tests/test_llm_recipes.py."""
 import json
-import shutil
 
 import numpy as np
 import pytest
@@ -18,19 +17,21 @@ LONG = ("Every morning the farmer milked the cows, fed the chickens, and opened 
 
 @pytest.fixture(scope="module")
 def qwen2_bundle(tmp_path_factory):
-    """The tiny Qwen2's export quantized w8a16 by the quantize stage's own code, laid out as the
-    stages lay it out (``part0/{prefill,decode}.onnx``), and compiled per graph for x-elite."""
-    from llm_fixtures import fixtures
-    from tasks.llm.compile import compile_llm
-    from tasks.llm.quant import quantize_llm
+    """The tiny Qwen2's export through the part stages the build runs (``calibrate.part0``,
+    ``quantize.part0`` w8a16 on 6 prompts, ``compile.part0`` per graph for x-elite, the
+    ``bundle`` stage's ``export.json`` and ``genai_config.json`` beside the binaries), laid out
+    as ``build/<recipe>/`` links them."""
+    from llm_fixtures import calibrate_parts, export_entry, quantize_parts
+    from tasks.llm import bundle, compile as llm_compile
 
-    ex = tiny_export("qwen2")
-    qdq = tmp_path_factory.mktemp("qdq")
-    shutil.copyfile(ex / "export.json", qdq / "export.json")
-    quantize_llm(ex, tiny_model("qwen2"), fixtures.CORPUS_PATH,
-                 {"precision": "w8a16", "per_channel": True, "calibration": {"samples": 6}}, qdq)
+    mdir, ex = tiny_model("qwen2"), tiny_export("qwen2")
+    entry = export_entry(mdir, ex, tmp_path_factory.mktemp("export") / "entry")
+    cal = calibrate_parts(mdir, entry, tmp_path_factory.mktemp("calib"), 6)
+    qdq = quantize_parts(entry, cal, {"precision": "w8a16"}, tmp_path_factory.mktemp("qdq"))
     ctx = tmp_path_factory.mktemp("ctx")
-    compile_llm(qdq, ctx, {"target": "x-elite", "weight_sharing": False})
+    params = {"target": "x-elite", "weight_sharing": False}
+    llm_compile.run({"model": qdq}, {}, {**params, "part": 0, "per_graph": True}, ctx)
+    bundle.run({"export.part0": entry, "compiled.part0": ctx}, {}, {**params, "parts": 1}, ctx)
     return {"qdq": qdq, "ctx": ctx, "desc": json.loads((ex / "export.json").read_text())}
 
 
@@ -65,18 +66,18 @@ def test_genai_on_qdq_graphs_equals_llmrunner(qwen2_bundle, tmp_path):
 @pytest.fixture(scope="module")
 def phi3_qdq(tmp_path_factory):
     """Issue 32 item 2's random Phi-3 (head_dim 80, :func:`llm_fixtures.random_phi3_hd80`),
-    exported (AR-16, context 64) and quantized w8a16 by the quantize stage's own code, with
-    ``tiny-qwen2-w8a16``'s calibration (the report's recipe extends it)."""
-    from llm_fixtures import fixtures
-    from tasks.llm.export import export_llm
-    from tasks.llm.quant import quantize_llm
+    through the export stage (AR-16, context 64), then calibrated and quantized w8a16 by the
+    calibrate and quantize stages with ``tiny-qwen2-w8a16``'s calibration (the report's recipe
+    extends it)."""
+    from tasks.llm import export
+    from llm_fixtures import calibrate_parts, quantize_parts
 
     model = random_phi3_hd80(tmp_path_factory.mktemp("phi3-hd80"))
     ex = tmp_path_factory.mktemp("phi3-export")
-    export_llm(model, ex, seq_len=16, context_len=64)
-    qdq = tmp_path_factory.mktemp("phi3-qdq")
-    shutil.copyfile(ex / "export.json", qdq / "export.json")
-    quantize_llm(ex, model, fixtures.CORPUS_PATH, {"precision": "w8a16", "per_channel": True, "calibration": {"samples": 8}}, qdq)
+    export.run({"source": model}, {}, {"part": 0, "parts": 1, "sequence_length": 16, "context_length": 64,
+                                       "embedding": "first-part"}, ex)
+    cal = calibrate_parts(model, ex, tmp_path_factory.mktemp("phi3-calib"), 8)
+    qdq = quantize_parts(ex, cal, {"precision": "w8a16"}, tmp_path_factory.mktemp("phi3-qdq"))
     return {"model": model, "qdq": qdq, "desc": json.loads((ex / "export.json").read_text())}
 
 
@@ -126,9 +127,9 @@ def test_genai_on_the_cpu_gives_llmrunners_logits_bit_for_bit(phi3_qdq, tmp_path
 
 def test_genai_on_htp_simulator_equals_llmrunner(qwen2_bundle):
     """QNN HTP (simulator): genai, with onnxruntime-qnn's plugin EP registered, runs the
-    compile stage's genai_config.json (per-graph binaries here) and gives LLMRunner's tokens on
+    bundle stage's genai_config.json (per-graph binaries here) and gives LLMRunner's tokens on
     the same binaries."""
-    from tasks.llm import qnn
+    from tasks.llm import htp
     from tasks.llm.genai import GenaiRunner
     from tasks.llm.runner import LLMRunner
 
@@ -137,7 +138,7 @@ def test_genai_on_htp_simulator_equals_llmrunner(qwen2_bundle):
     assert [list(p)[0] for p in cfg["model"]["decoder"]["pipeline"]] == ["part0_context", "part0_iterator"]
     assert cfg["model"]["decoder"]["session_options"]["provider_options"][0]["qnn"]["soc_model"] == "60"
     genai = GenaiRunner(ctx, qnn=True)
-    runner = LLMRunner.from_export(ctx, qnn.qnn_session_factory(), suffix="_ctx.onnx")
+    runner = LLMRunner.from_export(ctx, htp.qnn_session_factory(), suffix="_ctx.onnx")
     eos = desc["eos_token_id"]
     for ids in _prompts()[:2] + _prompts()[-1:]:
         ref = runner.generate(ids, 8, eos_token_id=eos)

@@ -37,7 +37,7 @@ def _header_bytes(ckpt_dir, names):
 
 def test_part_loader_reads_only_that_parts_tensors(sharded, tmp_path):
     from tasks.llm.checkpoint import Checkpoint, part_tensor_names
-    from tasks.llm.export import export_llm
+    from tasks.llm.pipeline_graphs import export_llm
 
     assert len(set(json.loads((sharded / "model.safetensors.index.json").read_text())["weight_map"].values())) >= 4
     ck = Checkpoint(sharded)
@@ -51,7 +51,7 @@ def test_part_loader_reads_only_that_parts_tensors(sharded, tmp_path):
     total = sum(p.stat().st_size for p in sharded.glob("*.safetensors"))
     assert want < 0.75 * total
     ck2 = Checkpoint(sharded)
-    from tasks.llm.export import rope_tables, write_part_weights
+    from tasks.llm.part_weights import rope_tables, write_part_weights
 
     write_part_weights(ck2, 0, 2, embed=True, head=False, rope=rope_tables(sharded, 32), path=tmp_path / "w.data")
     read = ck2.names_read
@@ -62,7 +62,7 @@ def test_part_loader_reads_only_that_parts_tensors(sharded, tmp_path):
 def test_sharded_bf16_export_matches_transformers(sharded, tmp_path):
     """The streamed export of a bf16, sharded checkpoint computes what transformers computes
     with the same (bf16-valued) weights in float32."""
-    from tasks.llm.export import export_llm
+    from tasks.llm.pipeline_graphs import export_llm
 
     export_llm(sharded, tmp_path / "ex", seq_len=8, context_len=32, parts=2)
     _assert_export_matches_transformers(tmp_path / "ex", sharded)
@@ -153,7 +153,7 @@ def test_big_tables_are_split_exactly(tmp_path):
     MatMul per chunk, then Concat): same fp32 logits, and no weight tensor over the limit."""
     import onnx
 
-    from tasks.llm.export import export_llm
+    from tasks.llm.pipeline_graphs import export_llm
 
     mdir = tiny_model("qwen2")
     limit = 1024 * 50  # the tiny table is 1024 x 192

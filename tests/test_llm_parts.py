@@ -215,13 +215,13 @@ def test_calibration_parts_after_the_first_take_its_schedule_not_the_file(parts_
 
 
 def test_calibration_disk_estimate_and_a_calibration_that_cannot_fit(parts_project):
-    """The calibrate stage's disk estimate (``tasks.llm.calib.disk_bytes``, from the schedule
+    """The calibrate stage's disk estimate (``tasks.llm.calibration_feeds.disk_bytes``, from the schedule
     alone) against what the 3 parts' entries hold, built through the doit CLI: never below,
     and within 2x (the estimate also counts the removed scratch KV caches). Then a recipe
     asking for 100,000 calibration prompts with the cache on a 64 MiB tmpfs: calibrate.part0
     stops before work with one DiskFull line naming the key and the figures, and leaves no
     calibrate entry (it used to fill the disk minutes in)."""
-    from tasks.llm.calib import disk_bytes
+    from tasks.llm.calibration_feeds import disk_bytes
 
     proj = parts_project
     proj.doit("run", "calibrate.part2:tiny3")

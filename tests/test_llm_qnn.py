@@ -8,14 +8,16 @@ from llm_fixtures import PROMPTS, tiny_export, tiny_model
 
 @pytest.fixture(scope="module")
 def qwen2_qdq(tmp_path_factory):
-    from llm_fixtures import fixtures
-    from tasks.llm import calib, quant
+    """The tiny Qwen2's part 0 calibrated by the calibrate stage (6 prompts), each graph
+    quantized w8a16 by :func:`tasks.llm.qdq.quantize_qdq` on its feeds."""
+    from llm_fixtures import calibrate_parts, export_entry, feed_stores
+    from tasks.llm import qdq
 
     mdir, ex = tiny_model("qwen2"), tiny_export("qwen2")
-    feeds = calib.collect_calibration_feeds(mdir, ex, fixtures.CORPUS_PATH, tmp_path_factory.mktemp("calib"),
-                                            n_prompts=6, decode_steps=12, decode_keep=4)
+    entry = export_entry(mdir, ex, tmp_path_factory.mktemp("export") / "entry")
+    feeds = feed_stores(calibrate_parts(mdir, entry, tmp_path_factory.mktemp("calib"), 6))
     out = tmp_path_factory.mktemp("qdq")
-    res = {g: quant.quantize_qdq(ex / "part0" / f"{g}.onnx", out / f"{g}.qdq.onnx", feeds[g][0])
+    res = {g: qdq.quantize_qdq(ex / "part0" / f"{g}.onnx", out / f"{g}.qdq.onnx", feeds[g][0])
            for g in ("prefill", "decode")}
     res["feeds"] = feeds
     return res
@@ -24,15 +26,15 @@ def qwen2_qdq(tmp_path_factory):
 def test_compile_and_run_on_htp_simulator(qwen2_qdq, tmp_path):
     from transformers import AutoTokenizer
 
-    from tasks.llm import qnn
+    from tasks.llm import htp
     from llm_fixtures import hf_reference
     from tasks.metrics import cosine
     from tasks.llm.runner import LLMRunner
 
-    ctx = {g: qnn.compile_single(qwen2_qdq[g], tmp_path, name=g) for g in ("prefill", "decode")}
+    ctx = {g: htp.compile_single(qwen2_qdq[g], tmp_path, name=g) for g in ("prefill", "decode")}
     for c in ctx.values():
         assert c["bin_bytes"] > 100_000
-    runner = LLMRunner([(ctx["prefill"]["ctx"], ctx["decode"]["ctx"])], qnn.qnn_session_factory())
+    runner = LLMRunner([(ctx["prefill"]["ctx"], ctx["decode"]["ctx"])], htp.qnn_session_factory())
     mdir = tiny_model("qwen2")
     tok = AutoTokenizer.from_pretrained(mdir)
     prompts = [tok(p)["input_ids"] for p in PROMPTS[:2]]
@@ -46,11 +48,11 @@ def test_compile_and_run_on_htp_simulator(qwen2_qdq, tmp_path):
 
 
 def test_weight_shared_binary_is_smaller(qwen2_qdq, tmp_path):
-    from tasks.llm import qnn
+    from tasks.llm import htp
 
-    singles = [qnn.compile_single(qwen2_qdq[g], tmp_path / "single", name=g)["bin_bytes"]
+    singles = [htp.compile_single(qwen2_qdq[g], tmp_path / "single", name=g)["bin_bytes"]
                for g in ("prefill", "decode")]
-    shared = qnn.compile_shared(qwen2_qdq["prefill"], qwen2_qdq["decode"], tmp_path / "shared")
+    shared = htp.compile_shared(qwen2_qdq["prefill"], qwen2_qdq["decode"], tmp_path / "shared")
     assert len(shared["bins"]) == 1
     assert shared["bin_bytes"] < 0.7 * sum(singles), (shared["bin_bytes"], singles)
 
@@ -61,10 +63,10 @@ def test_w4a16_weights_and_htp_prefill(qwen2_qdq, tmp_path):
     import onnx
     from transformers import AutoModelForCausalLM
 
-    from tasks.llm import qnn, quant
+    from tasks.llm import htp, qdq
 
     ex = tiny_export("qwen2")
-    q = quant.quantize_qdq(ex / "part0" / "prefill.onnx", tmp_path / "p4.qdq.onnx",
+    q = qdq.quantize_qdq(ex / "part0" / "prefill.onnx", tmp_path / "p4.qdq.onnx",
                            qwen2_qdq["feeds"]["prefill"][0], weight_type="int4")
     m = onnx.load(str(q))
     inits = {i.name: i for i in m.graph.initializer}
@@ -77,8 +79,8 @@ def test_w4a16_weights_and_htp_prefill(qwen2_qdq, tmp_path):
             kinds[n.name] = (onnx.TensorProto.DataType.Name(w.data_type), len(scale.dims) == 1)
     assert kinds.pop("/lm_head/MatMul") == ("UINT8", True)
     assert kinds and set(kinds.values()) == {("INT4", True)}
-    ctx = qnn.compile_single(q, tmp_path, name="p4")
-    sess = qnn.make_qnn_session(ctx["ctx"])
+    ctx = htp.compile_single(q, tmp_path, name="p4")
+    sess = htp.make_qnn_session(ctx["ctx"])
     mdir = tiny_model("qwen2")
     hf = AutoModelForCausalLM.from_pretrained(mdir).eval()
     firsts = [f for f in qwen2_qdq["feeds"]["prefill"][0] if f["past_seq_len"][0, 0] == f["input_ids"].shape[1] - 1]
@@ -101,13 +103,13 @@ def test_decode_graph_takes_the_prefills_int4_encodings(qwen2_qdq, tmp_path):
 
     import onnx
 
-    from tasks.llm import quant
+    from tasks.llm import qdq
 
     ex, feeds = tiny_export("qwen2"), qwen2_qdq["feeds"]
     kw = dict(weight_type="int4", block_size=64, embedding_bits=8)
 
     def q(g, out, **more):
-        return quant.quantize_qdq(ex / "part0" / f"{g}.onnx", tmp_path / out, feeds[g][0], **kw, **more)
+        return qdq.quantize_qdq(ex / "part0" / f"{g}.onnx", tmp_path / out, feeds[g][0], **kw, **more)
 
     def sha(p):
         return hashlib.sha256(p.read_bytes()).hexdigest()

@@ -206,7 +206,7 @@ def test_tiny_llm_builds_byte_identical_in_three_folders(llm_project, tmp_path):
 
 def test_every_module_an_llm_stage_runs_is_in_its_key(llm_project, tmp_path):
     """Issue 24, through the doit CLI: an LLM build whose quantize children (GPTQ, with the
-    decode graph's feeds handed over as FeedStores) and compile children (``tasks.llm.qnn``)
+    decode graph's feeds handed over as FeedStores) and compile children (``tasks.llm.htp``)
     run named functions; every ``tasks`` module each stage process and child loads is in that
     stage's code digest."""
     from test_keys import traced_modules_outside_keys

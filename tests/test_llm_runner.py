@@ -72,24 +72,26 @@ def test_runner_rejects_overflow():
 
 
 def test_calibration_feeds_are_real(tmp_path):
-    """Streamed part by part, the feeds still carry the real fp32 state of the text: decode
-    feeds' past K/V equal transformers' KV cache of the same tokens, part 1's hidden_states_0
-    equals transformers' hidden state after part 0's layers, and spilled files are cleaned up."""
-    from llm_fixtures import fixtures
-    from tasks.llm import calib
+    """Streamed part by part (the calibrate stage of each part, part 1 reading part 0's entry),
+    the feeds still carry the real fp32 state of the text: decode feeds' past K/V equal
+    transformers' KV cache of the same tokens, part 1's hidden_states_0 equals transformers'
+    hidden state after part 0's layers, and the scratch KV caches are cleaned up."""
+    from llm_fixtures import calibrate_parts, export_entry, feed_stores, fixtures
+    from tasks.llm import calibration_feeds as calib
 
     m, tok = _hf("llama")
     mdir, ex = tiny_model("llama"), tiny_export("llama", parts=2)
-    kw = dict(n_prompts=4, decode_steps=8, decode_keep=2)
-    feeds = calib.collect_calibration_feeds(mdir, ex, fixtures.CORPUS_PATH, tmp_path, **kw)
+    cal = calibrate_parts(mdir, export_entry(mdir, ex, tmp_path / "export"), tmp_path / "cal", 4)
+    feeds = feed_stores(cal)
     assert [len(x) for x in feeds["prefill"]] == [5, 5]  # 4 prompts, one of them 2 chunks
-    assert [len(x) for x in feeds["decode"]] == [8, 8]
+    assert [len(x) for x in feeds["decode"]] == [16, 16]  # 4 kept decode steps of 24 per prompt
     ids, _ = calib.text_ids(mdir, fixtures.CORPUS_PATH)
-    sched = calib.schedule(ids, SEQ_LEN, CONTEXT_LEN, **kw)
+    sched = calib.schedule(ids, SEQ_LEN, CONTEXT_LEN, n_prompts=4)
+    assert json.loads((cal[1] / "schedule.json").read_text())["calls"] == sched  # part 1 took part 0's
     desc = json.loads((ex / "export.json").read_text())
     lo1 = desc["parts"][1]["layers"][0]
     for q in range(2):  # first kept decode step (0) of prompts 0 and 1: past = the prompt
-        f0, f1 = feeds["decode"][0][2 * q], feeds["decode"][1][2 * q]
+        f0, f1 = feeds["decode"][0][4 * q], feeds["decode"][1][4 * q]
         toks = sched[q]["prompt"]
         n = len(toks)
         assert f0["past_seq_len"][0, 0] == n  # the decode token's slot (genai's convention)
@@ -101,23 +103,22 @@ def test_calibration_feeds_are_real(tmp_path):
             assert not f0[f"past_key_{l}"][0, :, -(-n // SEQ_LEN) * SEQ_LEN:].any()  # after the padded prompt
         np.testing.assert_allclose(f1[f"past_value_{lo1}"][0, :, :n], past.layers[lo1].values[0, :, :n].numpy(), atol=1e-4)
         np.testing.assert_allclose(f1["hidden_states_0"][0, 0], out.hidden_states[lo1][0, n].numpy(), atol=1e-4)
-    assert sorted(p.name for p in (tmp_path / "hidden").iterdir()) == ["part1"]  # part 0's were consumed
-    assert not list((tmp_path / "kv").glob("part*/*.npz"))
+    assert list((cal[0] / "hidden").glob("*.npy")) and not (cal[1] / "hidden").exists()  # the last part writes none
+    assert not list(tmp_path.rglob("kv"))
     reader = feeds["decode"][0]
     reader.rewind()
-    assert sum(1 for _ in iter(reader.get_next, None)) == 8
+    assert sum(1 for _ in iter(reader.get_next, None)) == 16
 
 
 def test_calibration_ranges_equal_onnxruntime_minmax(tmp_path):
     """The streamed ranges are onnxruntime's MinMax calibrator's, tensor for tensor."""
     from onnxruntime.quantization.calibrate import CalibrationMethod, create_calibrator
 
-    from llm_fixtures import fixtures
-    from tasks.llm import calib
+    from llm_fixtures import calibrate_parts, export_entry, feed_stores
+    from tasks.llm import calibration_feeds as calib
 
     mdir, ex = tiny_model("qwen2"), tiny_export("qwen2")
-    feeds = calib.collect_calibration_feeds(mdir, ex, fixtures.CORPUS_PATH, tmp_path / "w", n_prompts=3,
-                                            decode_steps=6, decode_keep=3)
+    feeds = feed_stores(calibrate_parts(mdir, export_entry(mdir, ex, tmp_path / "export"), tmp_path / "w", 3))
     mine = calib.collect_ranges(ex / "part0" / "decode.onnx", feeds["decode"][0]).data
     c = create_calibrator(ex / "part0" / "decode.onnx", augmented_model_path=str(tmp_path / "aug.onnx"),
                           calibrate_method=CalibrationMethod.MinMax)

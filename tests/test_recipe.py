@@ -8,7 +8,8 @@ import textwrap
 import pytest
 
 from tasks.plan import expand
-from tasks.recipe import RecipeError, load_all, load_recipe
+from tasks.recipe import RecipeError, load_recipe
+from tasks.recipe_checks import load_all
 
 GOOD = """\
 source: {path: models/m}

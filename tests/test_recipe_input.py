@@ -170,7 +170,7 @@ def _bad_files(d, good: str):
 
 
 def test_each_bad_file_is_its_own_load_error(tmp_path, monkeypatch):
-    from tasks.recipe import load_all
+    from tasks.recipe_checks import load_all
 
     monkeypatch.setenv("NPUBUILD_ROOT", str(tmp_path))
     (tmp_path / "data").mkdir()
@@ -227,7 +227,7 @@ def proj(tmp_path, monkeypatch):
 
 
 def load_errors(root, text: str) -> dict:
-    from tasks.recipe import load_all
+    from tasks.recipe_checks import load_all
 
     (root / "recipes" / "r.yaml").write_text(text)
     (root / "recipes" / "ok.yaml").write_text(GOOD.replace("data/c.txt", "data/ok.txt").replace("data/v.txt", "data/ok.txt"))
@@ -281,7 +281,7 @@ def test_paths_outside_the_project_are_refused_unless_allowed(proj, tmp_path, mo
     monkeypatch.setenv("NPUBUILD_ALLOW_PATHS", "relative/dir")
     assert load_errors(proj, text)["source.path"].endswith(
         "(NPUBUILD_ALLOW_PATHS entry 'relative/dir' is not an absolute path)")
-    from tasks.recipe import load_all
+    from tasks.recipe_checks import load_all
 
     monkeypatch.setenv("NPUBUILD_ALLOW_PATHS", f"/nonexistent/x{__import__('os').pathsep}{outside}")
     (proj / "recipes" / "r.yaml").write_text(text)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from tasks.recipe import load_all
+from tasks.recipe_checks import load_all
 
 LLM = """\
 source: {path: models/m}

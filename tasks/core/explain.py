@@ -80,13 +80,14 @@ def print_explain(session: Session, recipe_name: str, verbose: bool = True) -> N
             print(f"    fails: {f}")
         for rt, how in row.get("runtimes", {}).items():
             print(f"    serves {rt}: {how}")
-    from ..llm.figures import plan_lines
+    from ..stages import implementation
 
-    for line in plan_lines(recipeset.recipes(session)[recipe_name]):
+    recipe = recipeset.recipes(session)[recipe_name]
+    for line in (implementation("export", recipe.export.family).plan_lines or (lambda _: []))(recipe):
         print(f"    {line}")
     r = remote.from_env()
     print(f"    remote cache: {r.display if r else 'none (NPUBUILD_REMOTE unset)'}")
-    from ..llm.memory import budget_line
+    from .budget import budget_line
 
     print(f"    memory budget: {budget_line()}")
     sys.stdout.flush()

@@ -59,7 +59,7 @@ class RecipeSet:
     def full(self) -> tuple[dict, dict]:
         """(recipes by name, {file stem: RecipeError}): every recipe file loaded and checked."""
         if self._full is None:
-            from ..recipe import load_all
+            from ..recipe_checks import load_all
 
             self._full = load_all(Path(self.dir), collect_errors=True)
         return self._full

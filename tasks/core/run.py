@@ -221,10 +221,18 @@ def is_up_to_date(session: Session, recipe_name: str, stage: str) -> bool:
 
 
 def memory_estimate(session: Session, recipe_name: str, stage: str) -> int:
-    """Estimated peak bytes of one stage of a recipe, before anything is built: for LLMs from
-    the source's config.json and the recipe's export shape (``tasks/llm/memory.py``), else a
-    small constant. What a cluster build asks of a worker's ``MEMORY`` resource. Raises what
-    reading the source's config raises (e.g. an LLM whose config.json is not at hand)."""
-    from ..llm import memory
+    """Estimated peak bytes of one stage of a recipe, before anything is built: what its
+    implementation's ``memory_estimate`` hook says (:class:`tasks.stages.contract.Stage`; a
+    stage every family shares asks its family's export implementation), else
+    :data:`tasks.core.budget.DEFAULT_STAGE_BYTES`. What a cluster build asks of a worker's
+    ``MEMORY`` resource. Raises what the hook raises (e.g. an LLM whose config.json is not at
+    hand)."""
+    from ..stages import implementation
+    from .budget import DEFAULT_STAGE_BYTES
 
-    return memory.plan_estimate(recipeset.plan(session, recipe_name), stage)
+    specs = recipeset.plan(session, recipe_name)
+    spec = specs[stage]
+    hook = spec.impl.memory_estimate
+    if hook is None and spec.impl.family is None:
+        hook = implementation("export", spec.family).memory_estimate
+    return hook(specs, stage) if hook else DEFAULT_STAGE_BYTES

@@ -8,5 +8,5 @@ recipe checks at load and the encoder quantize and verify, so the recipe loader 
 ZERO_WHEN_ABSENT = ("token_type_ids",)
 # Inputs every exported encoder graph declares (optimum's text encoder ONNX configs) and no
 # default can stand in for: refused at recipe load when the tokenizer does not give them
-# (``tasks.recipe.check_source_tokenizer``).
+# (``tasks.encoder.export.tokenizer_problems``).
 REQUIRED_INPUTS = ("input_ids", "attention_mask")

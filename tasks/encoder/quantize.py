@@ -1,4 +1,4 @@
-"""quantize, the encoder implementation (LLMs: ``tasks/llm/quant.py``): fp32 ONNX ->
+"""quantize, the encoder implementation (LLMs: ``tasks/llm/quantize.py``): fp32 ONNX ->
 QDQ ONNX for QNN HTP, with onnxruntime's QNN quantization helpers.
 
 Precisions: the table in ``tasks/precisions.py`` (weight and activation types per name);

@@ -1,13 +1,12 @@
 """The bundle stage, the LLM implementation (the contract: tasks/stages/__init__.py): the join
-of an LLM's parts (issue 22).
+of an LLM's parts.
 
 Each part is exported, calibrated, quantized and compiled by stages of its own
 (``tasks/plan.py``); this stage writes what belongs to the whole model, from the parts'
 export entries: ``export.json`` (every part's graph I/O, with each part's ``weight_bytes``
 from its own export, and ``checkpoint_bytes_read`` summed over the parts), the host-side
-embedding table (``embedding: host``) and ``genai_config.json`` (``tasks/llm/compile.py``
-``write_bundle``). ``build/<recipe>/`` links it beside the parts' compile entries: the
-same layout a whole-model compile wrote before the parts were stages.
+embedding table (``embedding: host``) and ``genai_config.json`` (:func:`write_genai_files`).
+``build/<recipe>/`` links it beside the parts' compile entries: the same layout a whole-model compile wrote before the parts were stages.
 
 With ``runtimes`` holding ``genie`` (recipe ``bundle.runtimes``) it also writes Genie's files
 (:func:`write_genie`): ``genie_config.json`` naming the parts' Genie binaries
@@ -19,11 +18,15 @@ Genie's own parser checks the config, and every binary it names is read back.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
+from ..qnn import provider_options
 from ..stages.common import target_key_extra
 from ..stages.contract import Stage
 from .compile import WEIGHT_SHARING
+from .genie_names import genie_files
+from .memory import plan_estimate
 
 
 def preflight(recipe) -> list[tuple[str, str]]:
@@ -67,6 +70,23 @@ def joined_description(export_dirs: list[Path]) -> dict:
     return out
 
 
+def write_genai_files(desc: dict, embed_dir: Path, out: Path, params: dict) -> None:
+    """What a bundle holds beside the parts' binaries: ``export.json`` (``desc``, every part's
+    graph I/O, what LLMRunner reads), the host-side embedding table (``embed: separate``,
+    copied from ``embed_dir``) and ``genai_config.json`` for onnxruntime-genai (only when
+    part 0 takes ``input_ids``: genai's pipeline starts from them), naming the weight-shared
+    binaries when ``params["weight_sharing"]``, else the per-graph ones."""
+    from .genai import bundle_files, write_genai_config
+
+    (out / "export.json").write_text(json.dumps(desc, indent=1))
+    if desc.get("embed_file"):
+        shutil.copyfile(Path(embed_dir) / desc["embed_file"], out / desc["embed_file"])
+    shared = params.get("weight_sharing", True)
+    if desc["embed"] == "part0":
+        write_genai_config(desc, out / "genai_config.json", bundle_files(desc, "shared" if shared else ""),
+                           provider_options=provider_options(params["target"]))
+
+
 class GenieConfigRefused(ValueError):
     """Genie's parser (``GenieDialogConfig_createFromJson``) refused the bundle's genie_config.json."""
 
@@ -79,25 +99,12 @@ def deep_merge(base: dict, over: dict) -> dict:
     return out
 
 
-def genie_files(desc: dict, weight_sharing: bool) -> list[str]:
-    """The ``ctx-bins`` of ``genie_config.json``, relative to the bundle: the parts' weight-shared
-    binaries in part order, else every part's prompt graph then every part's token graph (Genie
-    groups graphs by AR and orders a group's splits by ``_{i}_of_{N}``)."""
-    from .genie_compile import shared_name
-
-    if weight_sharing:
-        return [f"genie/{shared_name(desc, k)}" for k in range(len(desc["parts"]))]
-    return [f"genie/part{p['index']}/{p[kind]['graph']}.bin" for kind in ("prompt", "token") for p in desc["parts"]]
-
-
 def write_genie(genie_desc: dict, tokenizer_dir: Path, out: Path, params: dict, ctx_bins: list[str]) -> dict:
     """Write ``genie_config.json`` (:func:`tasks.llm.genie.genie_config` naming ``ctx_bins``,
     with the recipe's ``bundle.genie_config`` merged over it), ``htp_backend_ext_config.json``
     (the target's SoC model and DSP arch) and ``tokenizer.json`` into ``out``, then run Genie's
     parser on the config. Returns the config. Raises :class:`GenieConfigRefused` in one line
     naming the file, Genie's status and its reason."""
-    import shutil
-
     from .genie import genie_config, htp_backend_ext_config, parse_config
 
     sharing = params.get("weight_sharing", True)
@@ -120,11 +127,9 @@ def run(inputs, files, params, out: Path) -> dict:
     (the parts' exports; ``inputs["compiled.part{k}"]`` are the parts' binaries, which
     ``build/`` links beside). Returns {"parts": P, "binary_bytes": total bytes of the parts'
     weight-shared (else per-graph) context binaries}."""
-    from .compile import write_bundle
-
     P = params["parts"]
     desc = joined_description([inputs[f"export.part{k}"] for k in range(P)])
-    write_bundle(desc, inputs["export.part0"], out, params)
+    write_genai_files(desc, inputs["export.part0"], out, params)
     sub = "shared" if params.get("weight_sharing", True) else ""
     total = sum(b.stat().st_size for k in range(P)
                 for b in (Path(inputs[f"compiled.part{k}"]) / sub / f"part{k}").glob("*.bin"))
@@ -154,4 +159,5 @@ STAGE = Stage(
     key_exclude=("target",),  # the name; the key holds what it resolves to (key_extra)
     key_extra=target_key_extra, preflight=preflight,
     artifacts=("export.json", "genai_config.json", "*.npy", "genie_config.json", "htp_backend_ext_config.json"),
+    memory_estimate=plan_estimate,
 )

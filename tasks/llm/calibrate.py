@@ -1,7 +1,7 @@
-"""The calibrate stage, the LLM implementation (the contract: tasks/stages/__init__.py; issue 22).
+"""The calibrate stage, the LLM implementation (the contract: tasks/stages/__init__.py).
 
 Part k's fp32 graphs run over the teacher-forced calibration schedule
-(:func:`tasks.llm.calib.schedule`), reading part k-1's hidden states from
+(:func:`tasks.llm.calibration_feeds.schedule`), reading part k-1's hidden states from
 ``calibrate.part{k-1}``'s entry. Only part 0 reads the recipe's ``quantize.calibration`` file
 (and the tokenizer): it writes the schedule it drew (``schedule.json``) and every later part
 takes it from its ``previous`` entry, so the parts of one chain share one schedule even when
@@ -9,7 +9,7 @@ the file is edited while the build runs (the plan gives parts > 0 neither the fi
 source). Writes the feeds that ``quantize.part{k}`` calibrates on
 (``feeds/{prefill,decode}/NNNNNN.npz``) and this part's hidden states for part k+1
 (``hidden/{prefill,decode}_{prompt}_{call}.npy``, not for the last part). Same inputs, same
-bytes (:func:`tasks.llm.calib.save_npz`).
+bytes (:func:`tasks.llm.calibration_feeds.save_npz`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ..stages.contract import Stage
 from ..stages.params import CALIBRATION_FILE, CALIBRATION_SAMPLES
+from .memory import plan_estimate
 
 #: part 0's schedule, carried along the chain: {"eos": int, "calls": [{"prompt", "decode", "keep"}]}
 SCHEDULE = "schedule.json"
@@ -40,7 +41,7 @@ def run(inputs, files, params, out: Path) -> dict:
 
     from .. import progress
     from ..digest import canonical_json
-    from .calib import run_part, schedule, text_ids
+    from .calibration_feeds import run_part, schedule, text_ids
     from .memory import check_export_stage
     from .sessions import cpu_session
 
@@ -74,14 +75,14 @@ def run(inputs, files, params, out: Path) -> dict:
 def check_disk(desc: dict, sched: list[dict], k: int, out: Path) -> int:
     """Refuse, before work, a calibration of part ``k`` that cannot fit on the disk of ``out``
     (the stage's folder in the cache), estimated from the schedule by
-    :func:`tasks.llm.calib.disk_bytes`. This part only: the later parts' entries may be in the
+    :func:`tasks.llm.calibration_feeds.disk_bytes`. This part only: the later parts' entries may be in the
     cache already (a tester rebuilt part 0 alone and was refused for parts 1-2's bytes).
     Returns the estimate in bytes. Raises :class:`tasks.cache.DiskFull` naming the part, both
     figures and ``quantize.calibration.samples`` (a full disk used to show up minutes in, as a
-    failed write; issue 22)."""
+    failed write)."""
     from ..cache import DiskFull
     from ..metrics import apart
-    from .calib import disk_bytes
+    from .calibration_feeds import disk_bytes
 
     need = disk_bytes(desc, sched, k)
     free = shutil.disk_usage(out).free
@@ -96,9 +97,25 @@ def check_disk(desc: dict, sched: list[dict], k: int, out: Path) -> int:
     return need
 
 
+def file_check(role: str, f: Path, rel: str) -> str | None:
+    """The first problem of a chat calibration file (``.jsonl``, read by
+    :func:`tasks.llm.calibration_feeds.samples_of`), as a message naming the line; None for
+    any other file."""
+    from .calibration_feeds import conversations
+
+    if role != "calibration" or not rel.endswith(".jsonl"):
+        return None
+    try:
+        conversations(f)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 STAGE = Stage(
     kind="calibrate", family="llm", module=__name__, version=2,
     tools=("onnxruntime", "onnx", "transformers", "tokenizers", "numpy"), run=run,
     params=(CALIBRATION_SAMPLES,), files={CALIBRATION_FILE: "calibration"},  # the file: part 0 only
     wired=("part",),
+    memory_estimate=plan_estimate, file_check=file_check,
 )

@@ -7,7 +7,7 @@ numpy. :func:`part_tensor_names` lists exactly the tensors one part needs, so a 
 part and nothing else; ``tensors_read`` / ``bytes_read`` count what was read (tests use them).
 
 HF tensor names: ``model.embed_tokens.weight`` [V, D]; per layer ``model.layers.{l}.`` + the
-family's tensors (:mod:`tasks.llm.families`: e.g. ``self_attn.{q,k,v,o}_proj.weight``, Linear
+family's tensors (:mod:`tasks.llm.architectures`: e.g. ``self_attn.{q,k,v,o}_proj.weight``, Linear
 [out, in], or Phi-3's fused ``self_attn.qkv_proj.weight``); ``model.norm.weight``;
 ``lm_head.weight`` [V, D], absent when ``tie_word_embeddings`` (then the embedding table is the
 LM head).
@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 
 from ..proc import lazy
-from .families import pieces
+from .architectures import pieces
 
 np = lazy.module("numpy")
 
@@ -95,7 +95,7 @@ def tied_lm_head(config: dict) -> bool:
 
 def part_tensor_names(ckpt: Checkpoint, lo: int, hi: int, *, embed: bool, head: bool) -> list[str]:
     """The checkpoint tensors one part reads: layers ``lo..hi-1`` (the sources of the family's
-    pieces, :func:`tasks.llm.families.pieces`, each once), plus the embedding table when
+    pieces, :func:`tasks.llm.architectures.pieces`, each once), plus the embedding table when
     ``embed`` and the final norm + LM head when ``head``. Optional tensors (biases) that the
     checkpoint lacks are left out; a missing required one raises KeyError; an unsupported
     ``model_type`` raises ValueError."""

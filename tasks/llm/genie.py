@@ -80,7 +80,7 @@ def graph_name(kind: str, S: int, C: int, part: int, parts: int) -> str:
 
 def io_spec(dims: dict, lo: int, hi: int, first: bool, last: bool, S: int, C: int, part: int = 0):
     """[(name, shape, dtype)] of one part graph's inputs and outputs (module docstring)."""
-    from .export import hidden_name
+    from .pipeline_graphs import hidden_name
 
     d, D, Hkv, V = dims["head_dim"], dims["hidden_size"], dims["num_kv_heads"], dims["vocab_size"]
     r, P = dims["rotary_dim"] // 2, C - S
@@ -100,7 +100,7 @@ def build_graph(dims: dict, lo: int, hi: int, first: bool, last: bool, S: int, C
     """ONNX ModelProto of part ``part`` (layers ``lo..hi-1``) for AR-``S``, CL-``C`` in Genie's
     layout (module docstring). ``weights``: the part's external-data TensorProtos
     (:func:`tasks.llm.export.write_part_weights`)."""
-    from .export import _Graph, _linear, _rmsnorm, _rotate, _split_names, hidden_name, layer_tail
+    from .pipeline_graphs import _Graph, _linear, _rmsnorm, _rotate, _split_names, hidden_name, layer_tail
 
     H, Hkv, d = dims["num_heads"], dims["num_kv_heads"], dims["head_dim"]
     grp, eps, rd, P = H // Hkv, dims["rms_eps"], dims["rotary_dim"], C - S
@@ -172,9 +172,9 @@ def build_graph(dims: dict, lo: int, hi: int, first: bool, last: bool, S: int, C
 
 def export_genie(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 4096, parts: int = 1,
                  sanitize_past: bool = True, only_parts=None) -> dict:
-    """Export ``model_dir`` (a HF decoder folder of :mod:`tasks.llm.families`, safetensors) to
+    """Export ``model_dir`` (a HF decoder folder of :mod:`tasks.llm.architectures`, safetensors) to
     ``out_dir/part{i}/{graph name}.onnx`` (:func:`graph_name`) in Genie's layout (module docstring), one part and one
-    tensor at a time like :func:`tasks.llm.export.export_llm` (the same ``part{i}/weights.data``
+    tensor at a time like :func:`tasks.llm.pipeline_graphs.export_llm` (the same ``part{i}/weights.data``
     writer; both graphs of a part reference it), plus the tokenizer files and ``genie_export.json``.
 
     Args:
@@ -196,7 +196,7 @@ def export_genie(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 4
 
     from ..stages.common import copy_tokenizer
     from .checkpoint import Checkpoint
-    from .export import model_dims, special_tokens, write_part_weights
+    from .part_weights import model_dims, special_tokens, write_part_weights
     from .parts import split_for
 
     if not 1 < seq_len < context_len:
@@ -358,7 +358,7 @@ class GenieHostLoop:
         one call each) as Genie would if it generated them, through the parts this loop holds;
         ``on_feed(kind, part, call, feeds)`` sees every call's feed dict of every part before it
         runs (``kind``: ``"prompt"`` / ``"token"``, ``call``: the call's index within its kind).
-        The calibration schedule of :func:`tasks.llm.calib.schedule` run in Genie's layout."""
+        The calibration schedule of :func:`tasks.llm.calibration_feeds.schedule` run in Genie's layout."""
         cache, n_past = self.new_cache(), 0
         toks = [int(t) for t in prompt_ids]
         for c, s in enumerate(range(0, len(toks), self.S)):

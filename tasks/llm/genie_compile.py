@@ -1,5 +1,5 @@
 """The genie_compile stage, the LLM implementation (the contract: tasks/stages/__init__.py): part
-k's Genie-layout QDQ graphs (``genie_quantize.part{k}``, :mod:`tasks.llm.genie_quant`) into QNN
+k's Genie-layout QDQ graphs (``genie_quantize.part{k}``, :mod:`tasks.llm.genie_quantize`) into QNN
 context binaries for ``params["target"]``, named as Genie and AI Hub name them. Writes
 
 - ``genie/part{k}/prompt_ar{S}_cl{C}_{k+1}_of_{N}.bin`` and ``.../token_ar1_cl{C}_{k+1}_of_{N}.bin``:
@@ -10,7 +10,7 @@ context binaries for ``params["target"]``, named as Genie and AI Hub name them. 
 
 Graph I/O stays float32 (``input_ids`` int32): onnxruntime-qnn's ``offload_graph_io_quantization=0``
 keeps each input's QuantizeLinear and each output's DequantizeLinear inside the QNN graph, as
-for the genai graphs (tasks/llm/qnn.py).
+for the genai graphs (tasks/llm/htp.py).
 
 Graph names: onnxruntime names a compiled graph ``QNNExecutionProvider_QNNExecutionProvider_<hash>_1_0``
 (the hash is of the model path, onnxruntime's ``ModelMetadefIdGenerator``). Routes tried for
@@ -35,22 +35,8 @@ from pathlib import Path
 from ..stages.common import target_key_extra
 from ..stages.contract import Stage
 from .compile import WEIGHT_SHARING
-
-
-def shared_name(desc: dict, k: int) -> str:
-    """AI Hub's file name of part ``k``'s weight-shared binary: ``{model_type}_part_{k+1}_of_{N}.bin``."""
-    return f"{desc['model_type']}_part_{k + 1}_of_{len(desc['parts'])}.bin"
-
-
-def planned_binaries(desc: dict, k: int, per_graph: bool, sharing: bool) -> dict[str, list[str]]:
-    """{binary path relative to the stage's output: the graph names it holds} for part ``k``."""
-    p, out = desc["parts"][k], {}
-    if per_graph or not sharing:
-        for kind in ("prompt", "token"):
-            out[f"genie/part{k}/{p[kind]['graph']}.bin"] = [p[kind]["graph"]]
-    if sharing:
-        out[f"genie/{shared_name(desc, k)}"] = [p["prompt"]["graph"], p["token"]["graph"]]
-    return out
+from .genie_names import planned_binaries
+from .memory import plan_estimate
 
 
 def _ort_names(ctx_models: list[Path]) -> list[str]:
@@ -70,8 +56,8 @@ def run(inputs, files, params, out: Path) -> dict:
     import time
 
     from ..targets import get as get_target
-    from . import qnn as llm_qnn
-    from .compile import _run
+    from . import htp
+    from .part_binaries import run_child
     from .genie import check_binaries, rename_graphs
 
     src, k = Path(inputs["model"]), params["part"]
@@ -90,9 +76,9 @@ def run(inputs, files, params, out: Path) -> dict:
             work = Path(tmp) / rel.replace("/", "_")
             if len(graphs) == 1:
                 kind = "prompt" if graphs[0] == p["prompt"]["graph"] else "token"
-                _run(llm_qnn.compile_single, paths[kind], str(work), cwd=here, name=graphs[0], target=target)
+                run_child(htp.compile_single, paths[kind], str(work), cwd=here, name=graphs[0], target=target)
             else:
-                _run(llm_qnn.compile_shared, paths["prompt"], paths["token"], str(work), target, cwd=here,
+                run_child(htp.compile_shared, paths["prompt"], paths["token"], str(work), target, cwd=here,
                      names=tuple(graphs))
             bins = sorted(work.glob("*.bin"))
             if len(bins) != 1:
@@ -111,4 +97,5 @@ STAGE = Stage(
     params=(WEIGHT_SHARING,), wired=("target", "part", "per_graph"),
     key_exclude=("target",),  # the name; the key holds what it resolves to (key_extra)
     key_extra=target_key_extra, artifacts=("*.bin",),
+    memory_estimate=plan_estimate,
 )

@@ -1,4 +1,6 @@
-"""Peak-memory estimates for the LLM stages, checked before a stage starts (issue 8).
+"""Peak-memory estimates for the LLM stages, checked before a stage starts against the budget
+(:mod:`tasks.core.budget`) and asked by a cluster build (the ``memory_estimate`` hook of every
+LLM stage implementation: :func:`plan_estimate`).
 
 Every LLM stage holds one part at a time, so its peak follows the largest part, not the model.
 The estimates below are from the part's shape (``config.json``) and the recipe, with factors
@@ -6,72 +8,15 @@ measured on this project's benchmarks (benchmarks/README.md: Qwen2.5-0.5B and Qw
 shapes; the factor each term uses is named next to it). They are meant to catch a build that
 cannot fit before it spends an hour, not to predict to the MiB.
 
-When an estimate exceeds the memory available (``MemAvailable`` from ``/proc/meminfo``, or
-``NPUBUILD_MEMORY_GB`` when set), :func:`check` raises :class:`NotEnoughMemory` naming the recipe
-keys that lower it.
+When an estimate exceeds the memory available, :func:`tasks.core.budget.check` raises
+:class:`tasks.core.budget.NotEnoughMemory` naming the recipe keys that lower it.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from ..proc.rss import proc_bytes as _proc_bytes
-
-GiB = 1 << 30
-BASE = int(0.8 * GiB)  # Python + torch/onnxruntime/transformers imports, measured: 0.6-0.8 GiB
-
-
-class NotEnoughMemory(RuntimeError):
-    """A stage's estimated peak exceeds the memory available; the message says what to change."""
-
-
-#: the largest budget taken (GiB): 1e300 passed as a number and overflowed every stage (a tester)
-MAX_BUDGET_GIB = 1 << 20
-
-
-def budget_gib() -> float | None:
-    """The user's memory budget, ``NPUBUILD_MEMORY_GB`` (GiB), or None when unset. Raises
-    ValueError naming the variable for a value that is not a finite number > 0 (checked when
-    doit starts: :func:`tasks.dodo_tasks.environment_problems`)."""
-    import math
-
-    env = os.environ.get("NPUBUILD_MEMORY_GB", "").strip()
-    if not env:
-        return None
-    try:
-        v = float(env) if "_" not in env else math.nan  # Python's float() reads "1_0" as 10
-    except ValueError:
-        v = math.nan
-    if not (math.isfinite(v) and 0 < v <= MAX_BUDGET_GIB):
-        raise ValueError(f"NPUBUILD_MEMORY_GB: expected a number of GiB > 0 and at most {MAX_BUDGET_GIB}, found {env!r}")
-    return v
-
-
-def available_bytes() -> int | None:
-    """Memory a stage may use: ``NPUBUILD_MEMORY_GB`` (GiB, float) if set, else Linux's
-    ``MemAvailable``; None when neither is known (then nothing is checked). Raises ValueError
-    for a budget that is not a number > 0 (:func:`budget_gib`)."""
-    gib = budget_gib()
-    if gib is not None:
-        return int(gib * GiB)
-    return _proc_bytes("/proc/meminfo", "MemAvailable")
-
-
-def budget_line() -> str:
-    """How ``doit explain`` states the memory budget (issue 22 item 6): the user's
-    ``NPUBUILD_MEMORY_GB``, which every LLM stage's estimate is checked against and which
-    decides whether the LLM verify keeps every part resident (when the fp32 weights fit in half
-    of it), else that there is none and what stands in for it (``MemAvailable``, which varies
-    with what else runs)."""
-    gib = budget_gib()
-    if gib is not None:
-        return (f"{gib:g} GiB (NPUBUILD_MEMORY_GB): LLM stages whose estimate exceeds it stop before work; "
-                f"LLM verify keeps every part resident only when the fp32 weights fit in {gib / 2:g} GiB")
-    avail = available_bytes()
-    now = f", {avail / GiB:.1f} GiB now" if avail is not None else ""
-    return (f"none set (NPUBUILD_MEMORY_GB): LLM stages are checked against the memory available{now}, "
-            "which changes with what else runs; set NPUBUILD_MEMORY_GB for a peak you can plan for")
+from ..core.budget import BASE, GiB, NotEnoughMemory, available_bytes, check  # noqa: F401  (what the stages use)
 
 
 def part_params(config: dict, lo: int, hi: int, first: bool, last: bool, embed_in_part: bool) -> int:
@@ -139,31 +84,11 @@ def estimates(config: dict, ranges: list[tuple[int, int]], seq_len: int, context
     return best
 
 
-def check(stage: str, estimate: int, part: int, *, recipe_keys: str | None) -> None:
-    """Raise :class:`NotEnoughMemory` when ``estimate`` exceeds :func:`available_bytes`, naming
-    the stage, the part, both figures (with the decimals that tell them apart) and
-    ``recipe_keys`` (what to change; None: no recipe key lowers it, so more memory is the fix)."""
-    from ..metrics import apart
-
-    avail = available_bytes()
-    if avail is not None and estimate > avail:
-        src = "NPUBUILD_MEMORY_GB" if budget_gib() is not None else "MemAvailable now"
-        more = "raise NPUBUILD_MEMORY_GB" if src == "NPUBUILD_MEMORY_GB" else "free memory or use a larger machine"
-        if avail <= BASE:
-            fix = f"the budget is below the {BASE / GiB:.1f} GiB any stage takes (Python and its libraries): {more}"
-        elif recipe_keys is None:
-            fix = f"no recipe key lowers it: {more}"
-        else:
-            fix = f"to lower it change {recipe_keys}"
-        need, have = apart(estimate / GiB, avail / GiB)
-        raise NotEnoughMemory(f"{stage}: part {part} needs about {need} GiB, {have} GiB is available ({src}); {fix}")
-
-
 def check_stage(stage: str, config: dict, *, parts: int, seq_len: int, context_len: int,
                 embed_in_part: bool = True, weight_bits: int = 4, part: int | None = None) -> int:
     """Estimate ``stage``'s peak for this model and export shape and :func:`check` it; returns
     the estimate in bytes. ``weight_bits``: of the quantized weights (``tasks/precisions.py``;
-    compile and verify read them from the quantize output: :func:`weight_bits_of`, issue 22).
+    compile and verify read them from the quantize output: :func:`weight_bits_of`).
     ``part``: the one part the stage builds (default: the largest part's estimate). Raises :class:`NotEnoughMemory` (naming ``export.parts``,
     ``export.context_length``, ``export.sequence_length`` with their values; for export, whose
     peak follows the model's largest tensor, that no recipe key lowers it) or ValueError
@@ -180,7 +105,7 @@ def check_stage(stage: str, config: dict, *, parts: int, seq_len: int, context_l
 
 
 #: what the LLM quantize stage writes beside its graphs: {"precision", "weight_bits"}, so the
-#: stages after it count the weights at the recipe's own bits (issue 22, item 5)
+#: stages after it count the weights at the recipe's own bits
 QUANTIZED_AS = "quantize.json"
 
 
@@ -205,11 +130,6 @@ def check_export_stage(stage: str, export_dir, weight_bits: int = 4, part: int |
     return check_stage(stage, cfg, parts=len(desc["parts"]), seq_len=desc["seq_len"],
                        context_len=desc["context_len"], embed_in_part=desc["embed"] == "part0",
                        weight_bits=weight_bits, part=part)
-
-
-# What a non-LLM stage asks of a cluster worker: the encoders built here (MiniLM-sized) peak
-# well under 1 GiB above the imports (BASE); 2 GiB leaves room for a BERT-large.
-ENCODER_BYTES = 2 * GiB
 
 
 def source_config(download_params: dict) -> dict:
@@ -237,15 +157,14 @@ def source_config(download_params: dict) -> dict:
 
 
 def plan_estimate(specs: dict, stage: str) -> int:
-    """Estimated peak bytes of ``stage`` of a recipe's plan (``{stage name: StageSpec}``, as
-    ``tasks.plan.expand`` makes it), known before any stage runs: what a cluster build asks
-    of a worker's ``MEMORY`` resource. LLMs: :func:`estimates` from the source's config.json
-    and the export params (a patch stage counts as the quantize (before it) or compile (after
-    it) of its model, download as BASE); encoders: :data:`ENCODER_BYTES`. Raises what
-    :func:`source_config` raises for an LLM whose config cannot be read."""
+    """Estimated peak bytes of ``stage`` of an LLM recipe's plan (``{stage name: StageSpec}``,
+    as ``tasks.plan.expand`` makes it), known before any stage runs: the ``memory_estimate``
+    hook of the LLM stages, what a cluster build asks of a worker's ``MEMORY`` resource.
+    :func:`estimates` from the source's config.json and the export params (a patch stage
+    counts as the quantize (before it) or compile (after it) of its model, a Genie stage as
+    its genai kind, download and bundle as BASE). Raises what :func:`source_config` raises
+    when the config cannot be read."""
     spec = specs[stage]
-    if spec.family != "llm":
-        return ENCODER_BYTES
     if spec.kind in ("download", "bundle"):
         return BASE
     by_kind = {s.kind: s for s in specs.values()}
@@ -259,7 +178,7 @@ def plan_estimate(specs: dict, stage: str) -> int:
     embed_in_part = ex.get("embedding", "first-part") == "first-part"
     est = estimates(cfg, split_for(cfg, ex["parts"], embed_in_part), ex["sequence_length"],
                     ex["context_length"], embed_in_part, bits, spec.part)
-    kind = spec.kind
+    kind = spec.kind.removeprefix("genie_")
     if kind == "patch":
         kind = "quantize" if specs[spec.inputs["model"]].kind == "export" else "compile"
     return est[kind][0]

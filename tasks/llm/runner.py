@@ -137,7 +137,7 @@ class LLMRunner:
         pad_id: token id fed at padded rows (their results are discarded; genai uses the
             config's ``pad_token_id``).
         recorder: optional ``callable(part_index, kind, feeds_dict)`` called before every graph
-            run (``kind`` is ``"prefill"`` or ``"decode"``); used by :mod:`tasks.llm.calib`.
+            run (``kind`` is ``"prefill"`` or ``"decode"``); used by :mod:`tasks.llm.calibration_feeds`.
 
     Raises ValueError if the graphs disagree on C or layers, or embed_table is missing.
     """

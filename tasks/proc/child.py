@@ -3,8 +3,8 @@
 Stage code runs a named function of a real module in the child (:func:`run_function`:
 ``python -m tasks.proc.child`` unpickles ``(function, args, kwargs)`` from its stdin and calls it),
 never source text: the function's module is imported by the stage's own code, so the import
-graph, and with it the stage key's code digest, covers what the child runs (issue 24: text
-passed to ``python -c`` hid ``tasks.llm.qnn`` from ``compile:<llm>``'s key).
+graph, and with it the stage key's code digest, covers what the child runs (text passed to
+``python -c`` would be in no key).
 :func:`run_python` (a code string) is left for benchmarks and tests.
 
 Used by the encoder compile (``tasks/qnn.py``: the QNN EP numbers tensors with process-wide
@@ -113,7 +113,7 @@ def run_function(fn, *args, cwd=None, env: dict | None = None, timeout: float | 
     no traceback (:data:`DISK_FULL_EXIT`).
 
     ``fn`` must be a module-level function (it is pickled by reference: module and name) and
-    ``args`` / ``kwargs`` picklable (paths, numbers, dicts, :class:`tasks.llm.calib.FeedStore`).
+    ``args`` / ``kwargs`` picklable (paths, numbers, dicts, :class:`tasks.llm.calibration_feeds.FeedStore`).
     The caller imports ``fn`` itself, so the module the child runs is in the caller's import
     graph (the stage key's code digest, ``tasks.engine.code_modules``). Raises
     pickle.PicklingError (a lambda) or AttributeError (a nested function) before any child

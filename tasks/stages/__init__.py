@@ -20,9 +20,9 @@ IMPLEMENTATIONS = {
     "export": {"encoder": "tasks.encoder.export", "llm": "tasks.llm.export"},
     "patch": {None: "tasks.patches.stage"},
     "calibrate": {"llm": "tasks.llm.calibrate"},  # LLM parts: the fp32 part over the calibration schedule
-    "quantize": {"encoder": "tasks.encoder.quantize", "llm": "tasks.llm.quant"},
+    "quantize": {"encoder": "tasks.encoder.quantize", "llm": "tasks.llm.quantize"},
     "compile": {"encoder": "tasks.encoder.compile", "llm": "tasks.llm.compile"},
-    "genie_quantize": {"llm": "tasks.llm.genie_quant"},  # LLM parts in Genie's layout, QDQ (bundle.runtimes: genie)
+    "genie_quantize": {"llm": "tasks.llm.genie_quantize"},  # LLM parts in Genie's layout, QDQ (bundle.runtimes: genie)
     "genie_compile": {"llm": "tasks.llm.genie_compile"},  # ... their context binaries, named for Genie
     "bundle": {"llm": "tasks.llm.bundle"},  # LLM parts joined: export.json, genai_config.json, genie_config.json
     "verify": {"encoder": "tasks.encoder.verify", "llm": "tasks.llm.verify"},

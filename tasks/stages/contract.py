@@ -2,7 +2,7 @@
 params it reads (:class:`Param`, each defined once) and the verify bars it can be judged by
 (:class:`Threshold`).
 
-Each implementation module (``tasks/encoder/quantize.py``, ``tasks/llm/quant.py``, ...) ends
+Each implementation module (``tasks/encoder/quantize.py``, ``tasks/llm/quantize.py``, ...) ends
 with one ``STAGE = Stage(...)``; :mod:`tasks.stages` finds it by the kind and the recipe's
 family, :mod:`tasks.stages.schema` assembles the recipe's sections from the declared params,
 the engine keys and runs a stage from its declaration alone. Nothing here imports a family.
@@ -99,7 +99,24 @@ class Stage:
       list[str]``: failures of a built entry (a failed check fails the stage; the entry stays);
       ``check_read(inputs, params, upstream) -> None``: raises when what it read is not what the
       key hashed (a source folder's copy); ``preflight(recipe) -> [(key path, message)]``: what
-      this implementation cannot build in a valid recipe, found at load (before any stage runs)."""
+      this implementation cannot build in a valid recipe, found at load (before any stage runs).
+    - ``memory_estimate(specs, stage) -> int``: the estimated peak bytes of stage ``stage`` of a
+      recipe's plan (``specs``: {stage name: :class:`tasks.plan.StageSpec`}, as
+      :func:`tasks.plan.expand` makes it), known before anything is built: what a cluster build
+      asks of a worker (:func:`tasks.core.run.memory_estimate`). A stage every family shares
+      (``family`` None: download, patch) is estimated by the hook of its family's ``export``
+      implementation; without a hook, :data:`tasks.core.budget.DEFAULT_STAGE_BYTES`.
+    - ``source_check(recipe, config, config_file) -> [(key path, message)]``: what this
+      implementation cannot build of the recipe's model, from its ``config.json`` (``config``,
+      the parsed dict; ``config_file``, where it was read, beside the tokenizer files when the
+      source is local), at load; a problem saying the model is not implemented is a
+      :class:`tasks.errors.Unsupported`. ``file_check(role, path, rel) -> str | None``: the
+      problem of a project file it reads (``role`` as in ``files``; ``path`` the file, ``rel``
+      as the recipe names it), at load, after the loader's own checks (inside the project,
+      UTF-8, sample lines).
+    - ``plan_lines(recipe) -> list[str]``: what ``doit explain`` prints of a recipe before any
+      stage runs (asked of the family's ``export`` implementation; LLMs: parts, estimated peak
+      memory and disk per stage)."""
 
     kind: str
     family: str | None
@@ -119,6 +136,10 @@ class Stage:
     check: Callable[..., list] | None = None
     check_read: Callable[..., None] | None = None
     preflight: Callable[..., list] | None = None
+    memory_estimate: Callable[[dict, str], int] | None = None
+    plan_lines: Callable[..., list] | None = None
+    source_check: Callable[..., list] | None = None
+    file_check: Callable[..., str | None] | None = None
 
     def reads(self) -> tuple[Param, ...]:
         """Every recipe key it reads: ``params`` and the keys of ``files``."""

@@ -1,4 +1,6 @@
-"""QDQ quantization of the exported LLM graphs for QNN HTP (onnxruntime.quantization, QNN config).
+"""QDQ quantization of the exported LLM graphs for QNN HTP (onnxruntime.quantization, QNN config);
+the ``quantize`` and ``genie_quantize`` stages (:mod:`tasks.llm.quantize`, :mod:`tasks.llm.genie_quantize`)
+run :func:`quantize_part` on one part.
 
 w8a16: uint16 activations, uint8 per-channel weights; w4a16: uint16 activations, int4 per-channel
 MatMul weights (``QuantType.QInt4``) except ``lm_head`` (uint8, see :func:`quantize_qdq`). The RoPE tables (``rope_cos`` / ``rope_sin``, [C, d]) are forced to
@@ -10,11 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..stages.common import copy_rest
-from ..stages.contract import Stage
-from ..stages.params import BLOCK_SIZE, EMBEDDING_BITS, OVERRIDES, PER_CHANNEL, PRECISION, ROUNDING
 from ..quantconfig import fast_int4_packing, matmul_weight_overrides, qtype
 from .layout import ROPE_TABLES
+
 
 def stage_part(export_dir, part: dict, work) -> Path:
     """Copy one part's graphs and weight file from ``export_dir`` into the writable folder
@@ -40,7 +40,7 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
     Args:
         fp32_path: the graph, in a writable folder (see :func:`stage_part`).
         feeds: calibration feed dicts for this graph, any iterable (a list, or a
-            :class:`tasks.llm.calib.FeedStore` reading them from disk one at a time).
+            :class:`tasks.llm.calibration_feeds.FeedStore` reading them from disk one at a time).
         weight_type: one of ``tasks.quantconfig.WEIGHT_TYPES`` (``"uint8"`` for w8a16, ``"int4"`` for w4a16).
         activation_type: ``"uint16"`` (default) or ``"uint8"``.
         per_channel: ORT's QNN per-channel switch (Conv/ConvTranspose/Gemm weights).
@@ -49,7 +49,7 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
         keep_8bit: regular expressions (recipe ``overrides`` with ``weight_bits: 8``) of MatMul
             weights kept at uint8 when ``weight_type`` is 4-bit; per-channel int4 also keeps
             ``lm_head`` at 8 bits, overrides or not; with ``block_size`` it is int4 too
-            (block-wise int4 lm_head measured at logits cosine 0.99+ on the simulator; issue 21). Measured on the HTP simulator (tiny Llama prefill, logits cosine HTP vs
+            (block-wise int4 lm_head measured at logits cosine 0.99+ on the simulator). Measured on the HTP simulator (tiny Llama prefill, logits cosine HTP vs
             the same QDQ model on CPU): any single group of int4 MatMuls 0.999+, all int4 except
             lm_head 0.99997, all int4 *including* lm_head 0.62 (and -0.03 with per-tensor int4):
             an HTP-side problem, not quantization loss (the QDQ model on CPU is fine).
@@ -63,7 +63,7 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
             encodings this one takes (an LLM part's decode graph takes its prefill's:
             :func:`tasks.weights.reencode`).
 
-    Calibration: MinMax ranges streamed over ``feeds`` (:func:`tasks.llm.calib.collect_ranges`,
+    Calibration: MinMax ranges streamed over ``feeds`` (:func:`tasks.llm.calibration_feeds.collect_ranges`,
     memory independent of the number of feeds), handed to onnxruntime's ``quantize_static`` as
     its calibration cache. Memory: onnxruntime's quantizer holds the fp32 graph's weights once.
     Graphs whose weights exceed 2 GB are written with external data (``<out>.data``).
@@ -77,7 +77,7 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
     from onnxruntime.quantization.calibrate import save_tensors_data
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
-    from .calib import collect_ranges
+    from .calibration_feeds import collect_ranges
 
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -124,7 +124,7 @@ def quantize_part(src, p: dict, feeds, params: dict, out, work) -> tuple[dict, i
     """Quantize part ``p`` (an ``export.json`` part row) of the fp32 export in ``src`` into
     ``out`` (same relative paths): its prefill then its decode graph, each in a child process
     (so each graph's memory is returned and measured). ``feeds``: the folder of the part's
-    calibration feeds (``prefill/``, ``decode/``: :class:`tasks.llm.calib.FeedStore`), read
+    calibration feeds (``prefill/``, ``decode/``: :class:`tasks.llm.calibration_feeds.FeedStore`), read
     only. ``params``: the quantize stage params (precision, per_channel, block_size, rounding,
     embedding_bits, overrides with weight_bits 8 = MatMul name patterns kept at uint8).
     ``work``: a scratch folder (the part's fp32 copy in it is removed; the caller owns the
@@ -138,7 +138,7 @@ def quantize_part(src, p: dict, feeds, params: dict, out, work) -> tuple[dict, i
 
     from ..precisions import get as get_precision
     from ..proc.child import run_function
-    from .calib import FeedStore
+    from .calibration_feeds import FeedStore
 
     src, out, work, feeds = Path(src), Path(out), Path(work), Path(feeds)
     prec = get_precision(params["precision"])
@@ -181,104 +181,3 @@ def quantize_part(src, p: dict, feeds, params: dict, out, work) -> tuple[dict, i
     finally:
         shutil.rmtree(staged, ignore_errors=True)
     return report, max(peaks)
-
-
-def quantize_llm(src, model_dir, calib_text, params: dict, out, work=None, parts=None) -> dict:
-    """Every part of an LLM export in one call (tests and benchmarks; the build runs one part
-    per stage: ``calibrate.part{k}`` then ``quantize.part{k}``): for each part in order, run
-    the fp32 part over the calibration schedule (:func:`tasks.llm.calib.collect_calibration_feeds`,
-    spilled to ``work``), then :func:`quantize_part`, then delete the part's feeds.
-    ``params``: the quantize params plus ``calibration.samples`` (prompts). ``parts``: indices
-    to quantize (default all); the fp32 parts before them still run.
-
-    Returns {"graphs": {graph path: ...}, "parts": [{"part", "calibrate_s",
-    "calibrate_peak_rss", "quantize_s", "quantize_peak_rss"}]} (peaks in bytes: this process's
-    VmHWM during the part's fp32 run, the largest child's VmHWM). Raises RuntimeError with the
-    child's output when a graph fails to quantize.
-    """
-    import json
-    import shutil
-    import tempfile
-    import time
-
-    from .calib import collect_calibration_feeds
-    from ..proc.rss import peak_rss, peak_rss_reset
-
-    src, out = Path(src), Path(out)
-    work = Path(work) if work else Path(tempfile.mkdtemp(prefix=".calib-", dir=out.parent))
-    desc = json.loads((src / "export.json").read_text())
-    report, rows = {}, []
-    clock = {"t": time.perf_counter()}
-    peak_rss_reset()
-
-    def on_part(i: int, stores: dict | None) -> None:
-        row = {"part": i, "calibrate_s": time.perf_counter() - clock["t"], "calibrate_peak_rss": peak_rss()}
-        rows.append(row)
-        if stores is not None:
-            t = time.perf_counter()
-            got, peak = quantize_part(src, desc["parts"][i], stores["prefill"].dir.parent, params, out, work)
-            report.update(got)
-            shutil.rmtree(stores["prefill"].dir.parent, ignore_errors=True)
-            row.update(quantize_s=time.perf_counter() - t, quantize_peak_rss=peak)
-        peak_rss_reset()
-        clock["t"] = time.perf_counter()
-
-    try:
-        collect_calibration_feeds(model_dir, src, calib_text, work, n_prompts=params["calibration"]["samples"],
-                                  on_part=on_part, parts=parts)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return {"graphs": report, "parts": rows}
-
-
-# ---- the quantize stage, the LLM implementation (the contract: tasks/stages/__init__.py)
-#
-# quantize, the LLM implementation (encoders: ``tasks/encoder/quantize.py``): each part's
-# prefill and decode graphs to QDQ (w8a16 / w4a16, per-channel weights, 16-bit activations),
-# calibrated with real hidden states and KV caches streamed part by part through the fp32
-# graphs (``tasks/llm/quant.py``, ``tasks/llm/calib.py``). Calibration prompts are the recipe's
-# ``calibration.file`` paragraphs (``samples`` of them).
-
-#: the quantize params of an LLM part (``calibration`` is read by the ``calibrate`` stage)
-QUANT_PARAMS = (PRECISION, PER_CHANNEL, BLOCK_SIZE, ROUNDING, EMBEDDING_BITS, OVERRIDES)
-
-
-def preflight(recipe) -> list[tuple[str, str]]:
-    """An LLM's overrides keep MatMul weights at 8 bits, no other width."""
-    return [(f"quantize.overrides[{i}].weight_bits", f"expected 8 in an LLM recipe (its overrides keep MatMul weights "
-                                                    f"at 8 bits), found {o.weight_bits}")
-            for i, o in enumerate(recipe.quantize.overrides) if o.weight_bits != 8]
-
-
-def run(inputs, files, params, out: Path) -> dict:
-    """Quantize part ``params["part"]`` of the LLM export in ``inputs["model"]`` into ``out``
-    with the feeds of ``inputs["calibration"]`` (``calibrate.part{k}``), and copy the
-    export's other files (``export.json``, tokenizer, config) beside it, with
-    ``quantize.json`` (precision, weight bits). Returns {"graphs": per-graph counts,
-    "parts": [{"part", "quantize_s", "quantize_peak_rss"}]}. Raises the memory check's error
-    before work when the part cannot fit."""
-    import json
-    import tempfile
-    import time
-
-    from .memory import QUANTIZED_AS, check_export_stage
-    from ..precisions import get as get_precision
-
-    src, k = Path(inputs["model"]), params["part"]
-    bits = get_precision(params["precision"]).weight_bits
-    check_export_stage("quantize", src, bits, part=k)
-    desc = json.loads((src / "export.json").read_text())
-    t0 = time.perf_counter()
-    graphs, peak = quantize_part(src, desc["parts"][k], inputs["calibration"] / "feeds", params, out,
-                                 Path(tempfile.mkdtemp(prefix="quantize-")))
-    copy_rest(src, out)
-    (out / QUANTIZED_AS).write_text(json.dumps({"precision": params["precision"], "weight_bits": bits}, sort_keys=True)
-                                    + "\n")
-    return {"graphs": graphs, "parts": [{"part": k, "quantize_s": time.perf_counter() - t0,
-                                         "quantize_peak_rss": peak}]}
-
-
-STAGE = Stage(
-    kind="quantize", family="llm", module=__name__, version=3,  # 3: one part per stage, feeds from calibrate
-    tools=("onnxruntime", "onnx", "numpy"), run=run, params=QUANT_PARAMS, wired=("part",), preflight=preflight,
-)

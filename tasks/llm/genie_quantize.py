@@ -16,9 +16,9 @@ calibration text (its ``schedule.json``: the same prompts, teacher-forced contin
 kept decode steps the genai graphs calibrate on), fed as Genie feeds them
 (:meth:`tasks.llm.genie.GenieHostLoop.teacher_forced`: prompt chunks of S padded at the end,
 additive 0/-1000 mask, cos/sin rows, a host KV cache sliced to C-S); every prompt-graph call
-and the kept token-graph calls of part k are recorded (``.npz``, :class:`tasks.llm.calib.FeedStore`)
+and the kept token-graph calls of part k are recorded (``.npz``, :class:`tasks.llm.calibration_feeds.FeedStore`)
 and their MinMax ranges go to onnxruntime's ``quantize_static`` through
-:func:`tasks.llm.quant.quantize_part`, the genai graphs' quantizer (same weight types,
+:func:`tasks.llm.qdq.quantize_part`, the genai graphs' quantizer (same weight types,
 per-channel MatMul weights, int4 re-encoding for w4a16). Why not reuse the genai graphs'
 ranges by naming tensors alike: the graphs differ where it matters for ranges: Genie's mask
 is an additive [1, 1, S, C] input at -1000 (genai's is an int64 0/1 mask turned into a bias
@@ -45,7 +45,8 @@ import tempfile
 from pathlib import Path
 
 from ..stages.contract import Stage
-from .quant import QUANT_PARAMS
+from .quantize import QUANT_PARAMS
+from .memory import plan_estimate
 #: the calibration schedule calibrate.part0 drew (tasks/llm/calibrate.py SCHEDULE)
 SCHEDULE = "schedule.json"
 
@@ -54,9 +55,9 @@ def record_feeds(export_dir: Path, k: int, sched: list[dict], feeds: Path) -> di
     """Run the fp32 Genie graphs of parts 0..``k`` in ``export_dir`` over ``sched`` (the
     calibration schedule: [{"prompt": ids, "decode": ids, "keep": [steps]}]) and store part
     ``k``'s feeds in ``feeds/prefill`` (every prompt-graph call) and ``feeds/decode`` (the
-    token-graph calls at the ``keep`` steps), the layout :func:`tasks.llm.quant.quantize_part`
+    token-graph calls at the ``keep`` steps), the layout :func:`tasks.llm.qdq.quantize_part`
     reads. Returns {"prefill": n, "decode": n} feeds."""
-    from .calib import FeedStore
+    from .calibration_feeds import FeedStore
     from .genie import GenieHostLoop
     from .sessions import cpu_session
 
@@ -84,7 +85,7 @@ def run(inputs, files, params, out: Path) -> dict:
     with the child's output when a graph fails to quantize."""
     from ..stages.common import copy_tokenizer
     from .genie import export_genie
-    from .quant import quantize_part
+    from .qdq import quantize_part
 
     k, e = params["part"], params["export"]
     sched = json.loads((Path(inputs["calibration"]) / SCHEDULE).read_text())["calls"]
@@ -107,6 +108,7 @@ def run(inputs, files, params, out: Path) -> dict:
 STAGE = Stage(
     kind="genie_quantize", family="llm", module=__name__, version=1,
     tools=("onnxruntime", "onnx", "numpy", "transformers", "tokenizers"), run=run,
-    params=QUANT_PARAMS,  # as tasks/llm/quant.py reads them
+    params=QUANT_PARAMS,  # as tasks/llm/quantize.py reads them
     wired=("part", "export"),  # export: sequence_length, context_length, parts
+    memory_estimate=plan_estimate,
 )

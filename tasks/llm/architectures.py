@@ -1,14 +1,14 @@
-"""The decoder families the LLM export writes, as data: how a family's checkpoint tensors map to
-the one graph :mod:`tasks.llm.export` builds.
+"""The decoder architectures (``model_type``s) the LLM export writes, as data: how an
+architecture's checkpoint tensors map to the one graph :mod:`tasks.llm.pipeline_graphs` builds.
 
-The graph is a Llama-style decoder (RMSNorm, rotary attention with GQA, SwiGLU MLP). A family
-says where each *canonical* per-layer tensor comes from in its checkpoint (a whole tensor, or a
+The graph is a Llama-style decoder (RMSNorm, rotary attention with GQA, SwiGLU MLP). An
+architecture says where each *canonical* per-layer tensor comes from in its checkpoint (a whole tensor, or a
 row range of a fused one) and which optional pieces it has; the export reads the table, never
-the family's name. Sources (``transformers`` 4.57 ``models/<family>/modeling_<family>.py``):
+its name. Sources (``transformers`` 4.57 ``models/<model_type>/modeling_<model_type>.py``):
 
 - ``llama``: q/k/v/o and gate/up/down projections, no biases (``attention_bias`` may add them).
   Llama 3.x ``rope_scaling`` (``rope_type: llama3``) is applied by the RoPE table
-  (:func:`tasks.llm.export.rope_tables` uses transformers' ``ROPE_INIT_FUNCTIONS``).
+  (:func:`tasks.llm.part_weights.rope_tables` uses transformers' ``ROPE_INIT_FUNCTIONS``).
 - ``qwen2``: as llama, with q/k/v biases.
 - ``qwen3``: as llama, plus ``self_attn.q_norm`` / ``self_attn.k_norm``: an RMSNorm over
   ``head_dim`` applied to each head of q and k before the rotary embedding
@@ -18,13 +18,13 @@ the family's name. Sources (``transformers`` 4.57 ``models/<family>/modeling_<fa
   its output in two); ``partial_rotary_factor`` < 1 rotates only the first
   ``head_dim * factor`` dims of each head (``apply_rotary_pos_emb`` in ``modeling_phi3``).
 - ``gemma`` (Gemma 1: 2B, 7B, CodeGemma): llama's tensors, with three differences that are
-  data here (:class:`Family`): RMSNorm scales by ``1 + weight`` (``GemmaRMSNorm.forward``),
+  data here (:class:`Architecture`): RMSNorm scales by ``1 + weight`` (``GemmaRMSNorm.forward``),
   the embeddings are multiplied by ``sqrt(hidden_size)`` (``GemmaModel.forward``:
   ``normalizer``), the MLP's activation is ``gelu_pytorch_tanh`` (``config.hidden_act``);
   ``head_dim`` is explicit (256, not hidden/heads) and the LM head is tied. Gemma 2 and 3
   (logit soft-capping, sliding-window layers, extra norms) are other model_types, not supported.
 
-The MLP activation is read from the config's ``hidden_act`` for every family
+The MLP activation is read from the config's ``hidden_act`` for every architecture
 (:func:`activation`).
 """
 
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 class Piece:
     """One canonical per-layer tensor (name under ``model.layers.{l}.``): read from ``source``
     (same naming), rows ``rows(config)`` of it when the source is fused (None: all of it).
-    ``optional``: absent from some checkpoints of the family (biases)."""
+    ``optional``: absent from some checkpoints of the architecture (biases)."""
 
     name: str
     source: str
@@ -84,7 +84,7 @@ _COMMON = (Piece("self_attn.o_proj.weight", "self_attn.o_proj.weight"), Piece("m
 
 
 @dataclass(frozen=True)
-class Family:
+class Architecture:
     """How one ``model_type``'s checkpoint maps to the graph.
 
     ``pieces``: its canonical per-layer tensors. ``norm_offset``: added to every RMSNorm weight
@@ -101,20 +101,20 @@ class Family:
 _LLAMA = _NORMS + _SEPARATE_QKV + _COMMON + _SEPARATE_MLP
 
 #: model_type -> how its checkpoints map to the graph
-FAMILIES: dict[str, Family] = {
-    "llama": Family(_LLAMA),
-    "qwen2": Family(_LLAMA),
-    "qwen3": Family(_LLAMA + (Piece("self_attn.q_norm.weight", "self_attn.q_norm.weight"),
+ARCHITECTURES: dict[str, Architecture] = {
+    "llama": Architecture(_LLAMA),
+    "qwen2": Architecture(_LLAMA),
+    "qwen3": Architecture(_LLAMA + (Piece("self_attn.q_norm.weight", "self_attn.q_norm.weight"),
                               Piece("self_attn.k_norm.weight", "self_attn.k_norm.weight"))),
-    "phi3": Family(_NORMS + _COMMON + (
+    "phi3": Architecture(_NORMS + _COMMON + (
         Piece("self_attn.q_proj.weight", "self_attn.qkv_proj.weight", _q_rows),
         Piece("self_attn.k_proj.weight", "self_attn.qkv_proj.weight", _k_rows),
         Piece("self_attn.v_proj.weight", "self_attn.qkv_proj.weight", _v_rows),
         Piece("mlp.gate_proj.weight", "mlp.gate_up_proj.weight", _gate_rows),
         Piece("mlp.up_proj.weight", "mlp.gate_up_proj.weight", _up_rows))),
-    "gemma": Family(_LLAMA, norm_offset=1.0, embed_scale=True),
+    "gemma": Architecture(_LLAMA, norm_offset=1.0, embed_scale=True),
 }
-SUPPORTED = tuple(FAMILIES)
+SUPPORTED = tuple(ARCHITECTURES)
 #: config ``hidden_act`` values the graph's gated MLP implements (``transformers.activations``)
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 
@@ -147,17 +147,17 @@ def unsupported(config: dict) -> list[str]:
     return out
 
 
-def family(model_type: str) -> Family:
-    """The :class:`Family` of ``model_type``. Raises ValueError naming the supported families
+def architecture(model_type: str) -> Architecture:
+    """The :class:`Architecture` of ``model_type``. Raises ValueError naming the supported ones
     for any other."""
-    if model_type not in FAMILIES:
+    if model_type not in ARCHITECTURES:
         raise ValueError(f"unsupported model_type {model_type!r}; supported LLM families: {', '.join(SUPPORTED)}")
-    return FAMILIES[model_type]
+    return ARCHITECTURES[model_type]
 
 
 def pieces(model_type: str) -> tuple[Piece, ...]:
-    """The canonical per-layer tensors of ``model_type`` (ValueError as :func:`family`)."""
-    return family(model_type).pieces
+    """The canonical per-layer tensors of ``model_type`` (ValueError as :func:`architecture`)."""
+    return architecture(model_type).pieces
 
 
 def activation(config: dict) -> str:
@@ -170,7 +170,7 @@ def activation(config: dict) -> str:
 
 
 def is_norm(name: str) -> bool:
-    """Whether a canonical tensor name is an RMSNorm weight (gets :attr:`Family.norm_offset`)."""
+    """Whether a canonical tensor name is an RMSNorm weight (gets :attr:`Architecture.norm_offset`)."""
     return name.endswith("norm.weight")
 
 

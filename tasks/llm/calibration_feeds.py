@@ -1,4 +1,5 @@
-"""Calibration for the exported LLM graphs, streamed one part at a time (issue 8).
+"""Calibration feeds for the exported LLM graphs, streamed one part at a time (the ``calibrate``
+stage, :mod:`tasks.llm.calibrate`, runs :func:`run_part` for one part).
 
 What is recorded (the deployment layout of :mod:`tasks.llm.runner`, which is what
 onnxruntime-genai feeds: prompt windows padded at the end, ``past_seq_len``, whole-context KV
@@ -259,59 +260,6 @@ def disk_bytes(desc: dict, sched: list[dict], part: int) -> int:
         total += w * out_p + steps * out_d  # hidden states
         total += min(w * S, C) * slot  # the prompt's scratch KV cache
     return total
-
-
-def collect_calibration_feeds(model_dir, export_dir, text_path, work, *, n_prompts: int = 8,
-                              decode_steps: int = 24, decode_keep: int = 4, seed: int = 0,
-                              make_session=None, parts=None, on_part=None) -> dict:
-    """Record calibration feeds for every part's prefill and decode graph, one part at a time.
-
-    Args:
-        model_dir: HF folder (tokenizer).
-        export_dir: folder written by :func:`tasks.llm.export.export_llm` (fp32 graphs).
-        text_path: UTF-8 text; paragraphs (blank-line separated) are tokenized and joined with eos.
-        work: scratch folder (feeds, hidden states and KV caches are spilled here).
-        n_prompts, decode_steps, decode_keep, seed: see :func:`schedule`.
-        make_session: graph runner factory ``path -> session``; default
-            :func:`tasks.llm.sessions.cpu_session` (onnxruntime CPU, fp32, weights mapped).
-        parts: part indices whose feeds to keep (default all); earlier parts still run, since
-            their outputs are the later parts' inputs.
-        on_part: optional ``callable(index, stores)`` called after each part, before the next
-            part runs (e.g. quantize that part, then delete its feeds); ``stores`` is None for
-            a part not in ``parts``.
-
-    Returns ``{"prefill": [FeedStore or None per part], "decode": [...]}``; each feed maps input
-    name -> numpy array (int32 / float32, the graph's static shapes). Disk: per decode feed
-    ~ 2 * layers_of_part * Hkv * C * d * 4 bytes. Raises ValueError if the text is too short.
-    """
-    from .sessions import cpu_session
-
-    export_dir, work = Path(export_dir), Path(work)
-    desc = json.loads((export_dir / "export.json").read_text())
-    ids, eos = text_ids(model_dir, text_path)
-    sched = schedule(ids, desc["seq_len"], desc["context_len"], n_prompts=n_prompts,
-                     decode_steps=decode_steps, decode_keep=decode_keep, seed=seed)
-    make_session = make_session or cpu_session
-    embed = np.load(export_dir / desc["embed_file"], mmap_mode="r") if desc.get("embed_file") else None
-    from .. import progress
-
-    out = {"prefill": [], "decode": []}
-    bar = progress.bar(what="calibration (part x graph x prompt)", total=len(desc["parts"]) * 2 * len(sched),
-                       unit="prompt")
-    for p in desc["parts"]:
-        keep = parts is None or p["index"] in parts
-        i = p["index"]
-        hidden = work / "hidden"
-        (hidden / f"part{i}").mkdir(parents=True, exist_ok=True)
-        stores = run_part(desc, export_dir, p, sched, work, make_session, keep, eos, embed, bar,
-                          prev=hidden / f"part{i - 1}", here=hidden / f"part{i}", feeds=work / "feeds" / f"part{i}")
-        shutil.rmtree(hidden / f"part{i - 1}", ignore_errors=True)  # part i-1's outputs are consumed
-        if on_part is not None:
-            on_part(p["index"], stores if keep else None)
-        for k in out:
-            out[k].append(stores[k] if keep else None)
-    bar.close()
-    return out
 
 
 def augment_for_ranges(model):

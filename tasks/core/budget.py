@@ -1,0 +1,94 @@
+"""The memory budget every stage is checked against, whatever its family: the user's
+``NPUBUILD_MEMORY_GB`` or, unset, ``MemAvailable``; :func:`check` stops a stage whose estimated
+peak exceeds it (:class:`NotEnoughMemory`, naming what lowers it); :func:`budget_line` is how
+``doit explain`` states it. The estimates are the families' (the ``memory_estimate`` hook of
+:class:`tasks.stages.contract.Stage`; LLMs: :mod:`tasks.llm.memory`);
+:data:`DEFAULT_STAGE_BYTES` stands in for a stage without one.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..proc.rss import proc_bytes as _proc_bytes
+
+GiB = 1 << 30
+BASE = int(0.8 * GiB)  # Python + torch/onnxruntime/transformers imports, measured: 0.6-0.8 GiB
+
+
+class NotEnoughMemory(RuntimeError):
+    """A stage's estimated peak exceeds the memory available; the message says what to change."""
+
+
+#: the largest budget taken (GiB): 1e300 passed as a number and overflowed every stage (a tester)
+MAX_BUDGET_GIB = 1 << 20
+
+
+def budget_gib() -> float | None:
+    """The user's memory budget, ``NPUBUILD_MEMORY_GB`` (GiB), or None when unset. Raises
+    ValueError naming the variable for a value that is not a finite number > 0 (checked when
+    doit starts: :func:`tasks.dodo_tasks.environment_problems`)."""
+    import math
+
+    env = os.environ.get("NPUBUILD_MEMORY_GB", "").strip()
+    if not env:
+        return None
+    try:
+        v = float(env) if "_" not in env else math.nan  # Python's float() reads "1_0" as 10
+    except ValueError:
+        v = math.nan
+    if not (math.isfinite(v) and 0 < v <= MAX_BUDGET_GIB):
+        raise ValueError(f"NPUBUILD_MEMORY_GB: expected a number of GiB > 0 and at most {MAX_BUDGET_GIB}, found {env!r}")
+    return v
+
+
+def available_bytes() -> int | None:
+    """Memory a stage may use: ``NPUBUILD_MEMORY_GB`` (GiB, float) if set, else Linux's
+    ``MemAvailable``; None when neither is known (then nothing is checked). Raises ValueError
+    for a budget that is not a number > 0 (:func:`budget_gib`)."""
+    gib = budget_gib()
+    if gib is not None:
+        return int(gib * GiB)
+    return _proc_bytes("/proc/meminfo", "MemAvailable")
+
+
+def budget_line() -> str:
+    """How ``doit explain`` states the memory budget: the user's
+    ``NPUBUILD_MEMORY_GB``, which every LLM stage's estimate is checked against and which
+    decides whether the LLM verify keeps every part resident (when the fp32 weights fit in half
+    of it), else that there is none and what stands in for it (``MemAvailable``, which varies
+    with what else runs)."""
+    gib = budget_gib()
+    if gib is not None:
+        return (f"{gib:g} GiB (NPUBUILD_MEMORY_GB): LLM stages whose estimate exceeds it stop before work; "
+                f"LLM verify keeps every part resident only when the fp32 weights fit in {gib / 2:g} GiB")
+    avail = available_bytes()
+    now = f", {avail / GiB:.1f} GiB now" if avail is not None else ""
+    return (f"none set (NPUBUILD_MEMORY_GB): LLM stages are checked against the memory available{now}, "
+            "which changes with what else runs; set NPUBUILD_MEMORY_GB for a peak you can plan for")
+
+
+#: what a stage without a ``memory_estimate`` hook asks of a cluster worker: the encoders built
+#: here (MiniLM-sized) peak well under 1 GiB above the imports (BASE); 2 GiB leaves room for a
+#: BERT-large
+DEFAULT_STAGE_BYTES = 2 * GiB
+
+
+def check(stage: str, estimate: int, part: int, *, recipe_keys: str | None) -> None:
+    """Raise :class:`NotEnoughMemory` when ``estimate`` exceeds :func:`available_bytes`, naming
+    the stage, the part, both figures (with the decimals that tell them apart) and
+    ``recipe_keys`` (what to change; None: no recipe key lowers it, so more memory is the fix)."""
+    from ..metrics import apart
+
+    avail = available_bytes()
+    if avail is not None and estimate > avail:
+        src = "NPUBUILD_MEMORY_GB" if budget_gib() is not None else "MemAvailable now"
+        more = "raise NPUBUILD_MEMORY_GB" if src == "NPUBUILD_MEMORY_GB" else "free memory or use a larger machine"
+        if avail <= BASE:
+            fix = f"the budget is below the {BASE / GiB:.1f} GiB any stage takes (Python and its libraries): {more}"
+        elif recipe_keys is None:
+            fix = f"no recipe key lowers it: {more}"
+        else:
+            fix = f"to lower it change {recipe_keys}"
+        need, have = apart(estimate / GiB, avail / GiB)
+        raise NotEnoughMemory(f"{stage}: part {part} needs about {need} GiB, {have} GiB is available ({src}); {fix}")

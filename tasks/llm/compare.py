@@ -1,0 +1,297 @@
+"""Greedy generation on a compiled LLM against its fp32 export: what the ``verify`` stage
+(:mod:`tasks.llm.verify`) measures, on the parts' entries seen as whole-model folders.
+
+For each verify prompt (the first ``samples`` lines of the recipe's data file) both sides
+generate ``max_new_tokens`` tokens greedily: the compiled model through
+:class:`tasks.llm.runner.LLMRunner` (backend ``htp``: the per-graph context binaries on QNN
+HTP, the simulator on x86_64; ``cpu-qdq``: the QDQ graphs on the CPU EP) and the fp32 export
+graphs on the CPU EP (equal to ``transformers`` ``generate()`` to 2e-4 in logits: tests), both
+part by part (:class:`tasks.llm.runner.PartStream`). Metrics (``verify.json``):
+
+- ``token_agreement``: share of generated positions equal to fp32's (mean over prompts);
+- ``prefix_match_mean``: mean length of the common greedy prefix;
+- ``logits_cosine_mean`` / ``_min``: cosine of the last prefill position's logits [V];
+- ``perplexity_ratio``: perplexity of the compiled model over a short text (teacher forced,
+  one prefill token then decode steps) divided by fp32's perplexity over the same tokens;
+- ``reference_distinct_tokens`` per prompt: a continuation that repeats one token makes the
+  agreement test unable to fail (NOTES-qnn.md), so tests check it.
+
+``runtime: genai`` (:mod:`tasks.llm.genai`): the compiled side's greedy tokens come from
+onnxruntime-genai driving the same graphs through a ``genai_config.json`` (written to a temporary
+folder, naming the per-graph binaries, or the QDQ graphs for ``cpu-qdq``); LLMRunner still runs
+them too, and ``genai_runner_agreement`` is the share of prompts whose genai tokens equal
+LLMRunner's (LLMRunner's cut before the first eos, where genai stops; token agreement then
+compares against the fp32 tokens cut the same way). The logits metrics and the
+perplexity always come from LLMRunner (genai returns tokens). ``verify.json`` says which
+runtime ran under ``"runtime"``.
+
+``bundle.runtimes`` with ``genie`` (params ``runtimes``): every prompt is also generated through
+Genie (``GenieDialog_tokenQuery``, libGenie.so, HTP simulator) on the ``genie_compile.part{k}``
+per-graph binaries with the bundle's ``genie_config.json`` (:func:`_genie_generate`); per
+sample ``genie_tokens``, ``genie_status``, ``genie_equals_runner``, and
+``genie_runner_agreement``: the share of prompts whose Genie tokens equal LLMRunner's on the
+genai binaries, both cut before the first eos. The read-back covers the Genie binaries too
+(:func:`read_back_bundle`).
+
+Shared (weight-shared) binaries: on x86_64 loading a context binary that holds two graphs
+crashes the HTP simulator (NOTES-qnn.md; reproduced by tasks/llm/htp.load_shared_probe),
+so verify runs the per-graph binaries compiled from the same QDQ graphs (``verify.json``
+``"ran"``). Before it runs anything, every binary, the shipped weight-shared ones included, is
+read back (:func:`read_back_bundle`, ``tasks/context_binary.py``): its graphs, every input and
+output against the export, the QDQ graphs and ``genai_config.json``, its SoC; its figures
+(weight, shared weight, spill-fill and I/O bytes, SDK build id) go to ``verify.json``
+``"binaries"``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..proc import lazy
+
+np = lazy.module("numpy")
+
+
+def _prompts(files, params, tok) -> tuple[list[str], list[list[int]]]:
+    from ..datafiles import read_lines
+
+    texts = read_lines(files["data"], params["data"]["samples"])
+    return texts, [tok(t)["input_ids"] for t in texts]
+
+
+def read_back_bundle(views: dict, params: dict) -> dict:
+    """Read back every context binary of the joined parts (``views["compiled"]``, the shipped
+    weight-shared binaries and the per-graph ones) and check them against the export
+    (``export.json``), the QDQ graphs (``views["qdq"]``), the SoC of ``params["target"]`` and
+    the bundle's ``genai_config.json``: every model and tensor it names is in a binary, with the
+    shapes genai feeds (:func:`tasks.llm.genai.declared_tensors`), and its QNN ``soc_model`` is
+    the target's. Returns {binary: figures} (``tasks/context_binary.py``). Raises
+    context_binary.Mismatch, one line per difference."""
+    import json
+
+    from .. import context_binary
+    from ..targets import get as get_target
+    from .part_binaries import read_back
+    from .genai import declared_tensors
+
+    compiled = Path(views["compiled"])
+    desc = json.loads((compiled / "export.json").read_text())
+    parts = list(range(len(desc["parts"])))
+    declared, somewhere, lines = {}, [], []
+    config = Path(views["bundle"]) / "genai_config.json"
+    if config.is_file():
+        cfg = json.loads(config.read_text())
+        declared, somewhere = declared_tensors(cfg)
+        want = str(get_target(params["target"]).soc_model)
+        for opts in cfg["model"]["decoder"].get("session_options", {}).get("provider_options", []):
+            said = opts.get("qnn", {}).get("soc_model")
+            if said is not None and str(said) != want:
+                lines.append(f"genai_config.json, provider_options qnn.soc_model: expected {want} "
+                             f"({params['target']}), found {said}")
+    flags = {"target": params["target"],
+             "per_graph": any((compiled / f"part{k}").is_dir() for k in parts),
+             "weight_sharing": any((compiled / "shared" / f"part{k}").is_dir() for k in parts)}
+    try:
+        found = read_back(compiled, desc, parts, flags, qdq_dir=views.get("qdq"), declared=declared, somewhere=somewhere)
+    except context_binary.Mismatch as e:
+        raise context_binary.Mismatch(lines + e.lines) from None
+    if lines:
+        raise context_binary.Mismatch(lines)
+    if views.get("genie_parts"):  # the Genie binaries: what genie_config.json names, and the per-graph ones
+        from .genie import check_binaries, config_binaries
+        from .genie_names import planned_binaries
+
+        entries = views["genie_parts"]
+        gdesc = json.loads((entries[0] / "genie_export.json").read_text())
+        named = config_binaries(json.loads((Path(views["bundle"]) / "genie_config.json").read_text()), gdesc)
+        for k, e in enumerate(entries):
+            plan = {**planned_binaries(gdesc, k, flags["per_graph"], False),
+                    **{rel: g for rel, g in named.items() if (e / rel).is_file()}}
+            found.update(check_binaries(e, plan, gdesc, params["target"]))
+        missing = [rel for rel in named if not any((e / rel).is_file() for e in entries)]
+        if missing:
+            raise context_binary.Mismatch([f"{rel}: named by genie_config.json ctx-bins, found in no genie_compile "
+                                           f"entry" for rel in missing])
+    return found
+
+
+def resident_parts(export_dir: Path, budget_bytes: int | None) -> int:
+    """How many parts' graphs :class:`tasks.llm.runner.PartStream` may keep open: all of them
+    when the export's fp32 weights fit in ``budget_bytes`` (the QDQ / compiled graphs are
+    smaller), else 1 (one part at a time). ``None`` budget: 1."""
+    import json
+
+    desc = json.loads((Path(export_dir) / "export.json").read_text())
+    total = sum((Path(export_dir) / p["weights"]).stat().st_size for p in desc["parts"])
+    return len(desc["parts"]) if budget_bytes is not None and total <= budget_bytes else 1
+
+
+def _cut_at_eos(tokens: list[int], eos) -> list[int]:
+    """``tokens`` before the first ``eos``: genai stops there and leaves eos out of the sequence
+    (measured with onnxruntime-genai 0.18.0: a continuation whose 7th token is eos comes back
+    as 6 tokens)."""
+    return tokens[:tokens.index(eos)] if eos is not None and eos in tokens else list(tokens)
+
+
+def _genai_version() -> str:
+    import onnxruntime_genai as og
+
+    return og.__version__
+
+
+def _genai_generate(desc: dict, inputs: dict, params: dict, prompts: list[list[int]], K: int) -> list[list[int]]:
+    """Greedy tokens of every prompt through onnxruntime-genai on the compiled side: the
+    per-graph context binaries on QNN HTP (``backend: htp``; every node on HTP, as
+    ``session.disable_cpu_ep_fallback=1`` makes session creation fail otherwise) or the QDQ
+    graphs on the CPU EP (``cpu-qdq``). The ``genai_config.json`` goes to a temporary folder
+    (cache entries are read-only) whose ``part{i}`` are links to the graphs' folders (genai
+    takes only relative paths). genai holds every part's sessions at once."""
+    import tempfile
+
+    from .. import qnn as _qnn
+    from .genai import GenaiRunner, bundle_files, link_parts, write_genai_config
+
+    with tempfile.TemporaryDirectory(prefix="npubuild-genai-") as tmp:
+        if params["backend"] == "htp":
+            link_parts(desc, inputs["compiled"], tmp)
+            write_genai_config(desc, Path(tmp) / "genai_config.json", bundle_files(desc),
+                               provider_options=_qnn.provider_options(params["target"]),
+                               session_config={"session.disable_cpu_ep_fallback": "1"})
+        else:
+            link_parts(desc, inputs["qdq"], tmp)
+            write_genai_config(desc, Path(tmp) / "genai_config.json", bundle_files(desc, suffix=".onnx"))
+        runner = GenaiRunner(tmp, qnn=params["backend"] == "htp")
+        from .. import progress
+
+        out = [runner.generate(p, K) for p in progress.bar(prompts, "genai prompts", unit="prompt")]
+        del runner
+    return out
+
+
+def _genie_generate(inputs: dict, prompts: list[list[int]], K: int) -> dict:
+    """Greedy tokens of every prompt through Genie on the HTP simulator
+    (:func:`tasks.llm.genie.generate_in_child`): the bundle's ``genie_config.json`` with its
+    ``ctx-bins`` turned to the per-graph binaries (the simulator cannot load a two-graph
+    binary: Genie on the shipped ``qwen2_part_1_of_1.bin`` ended with SIGSEGV, exit -11, as
+    onnxruntime does on the genai shared binaries), in a temporary folder whose ``genie/part{k}`` link to the ``genie_compile.part{k}``
+    entries (the bytes that ship without weight sharing, names patched as shipped), beside the
+    bundle's ``htp_backend_ext_config.json`` and ``tokenizer.json``."""
+    import json
+    import os
+    import tempfile
+
+    from .genie_names import genie_files
+    from .genie import generate_in_child
+
+    entries, bundle = inputs["genie_parts"], Path(inputs["bundle"])
+    desc = json.loads((entries[0] / "genie_export.json").read_text())
+    cfg = json.loads((bundle / "genie_config.json").read_text())
+    cfg["dialog"]["engine"]["model"]["binary"]["ctx-bins"] = genie_files(desc, False)
+    with tempfile.TemporaryDirectory(prefix="npubuild-genie-") as tmp:
+        (Path(tmp) / "genie").mkdir()
+        for k, e in enumerate(entries):
+            os.symlink(e / "genie" / f"part{k}", Path(tmp) / "genie" / f"part{k}", target_is_directory=True)
+        for f in ("htp_backend_ext_config.json", "tokenizer.json"):
+            os.symlink(bundle / f, Path(tmp) / f)
+        (Path(tmp) / "genie_config.json").write_text(json.dumps(cfg, indent=1))
+        return generate_in_child(tmp, prompts, K)
+
+
+def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None = None) -> dict:
+    """Measure the compiled LLM against the fp32 export (see module docstring). Both sides run
+    as :class:`tasks.llm.runner.PartStream` over every verify prompt at once, holding one part
+    at a time unless the whole fp32 model fits ``budget_bytes`` (:func:`resident_parts`). The
+    fp32 side is the exported fp32 graphs on the CPU EP (tests tie them to ``transformers``:
+    tests/test_llm_runner.py). Returns the report dict."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from .. import qnn
+    from ..metrics import agreement, cosine, perplexity
+    from ..proc.scrubbing import scrub
+    from . import htp
+    from .runner import PartStream
+    from .sessions import cpu_session
+
+    binaries = read_back_bundle(inputs, params)  # what ships, read back before anything runs
+    model_dir, ref_dir = inputs["source"], Path(inputs["reference"])
+    desc = json.loads((ref_dir / "export.json").read_text())
+    tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    texts, prompts = _prompts(files, params, tok)
+    K = params["max_new_tokens"]
+    resident = resident_parts(ref_dir, budget_bytes)
+    embed = np.load(ref_dir / desc["embed_file"], mmap_mode="r") if desc.get("embed_file") else None
+    pad = desc["pad_token_id"]  # what genai pads with; pad rows never reach a real token's result
+
+    def stream(folder: Path, suffix: str, make_session) -> PartStream:
+        def path(i, kind):
+            rel = desc["parts"][i][kind]["path"]
+            return folder / (rel[:-len(".onnx")] + suffix)
+        return PartStream(desc, path, make_session, resident=resident, embed_table=embed, pad_id=pad)
+
+    fp32 = stream(ref_dir, ".onnx", cpu_session)
+    if params["backend"] == "htp":
+        got = stream(Path(inputs["compiled"]), "_ctx.onnx",
+                     htp.qnn_session_factory(target=params["target"]))
+        ran = "per-graph context binaries compiled from the same QDQ graphs (the shared binary crashes the simulator)"
+    else:
+        got = stream(Path(inputs["qdq"]), ".onnx", cpu_session)
+        ran = "QDQ graphs on the CPU EP (quantization only)"
+    ref_tokens, ref_logits = fp32.run(prompts, K, progress=f"fp32 steps ({len(prompts)} prompts)")
+    fp32.close()  # one side's sessions at a time
+    got_tokens, got_logits = got.run(prompts, K, progress=f"{params['backend']} steps ({len(prompts)} prompts)")
+    rows = []
+    for txt, rt, rl, gt, gl in zip(texts, ref_tokens, ref_logits, got_tokens, got_logits):
+        frac, pre = agreement(rt, gt)
+        rows.append({"text": scrub(txt), "token_agreement": frac, "prefix_match": pre,
+                     "logits_cosine": cosine(gl[0], rl[0]), "tokens": gt, "reference": rt,
+                     "reference_distinct_tokens": len(set(rt))})
+    cos = [r["logits_cosine"] for r in rows]
+    metrics = {"token_agreement": float(np.mean([r["token_agreement"] for r in rows])),
+               "prefix_match_mean": float(np.mean([r["prefix_match"] for r in rows])),
+               "logits_cosine_mean": float(np.mean(cos)), "logits_cosine_min": float(np.min(cos))}
+    if "perplexity_text" in files:
+        ids = tok(Path(files["perplexity_text"]).read_text(encoding="utf-8"))["input_ids"]
+        ids = ids[: min(len(ids), desc["context_len"] - 1, 64)]
+        # teacher forced through the prefill graphs: one pass per part and side (PartStream.score)
+        p_c = perplexity(got.score(ids), ids[1:])
+        got.close()
+        p_r = perplexity(fp32.score(ids), ids[1:])
+        fp32.close()
+        metrics.update(perplexity=p_c, perplexity_fp32=p_r, perplexity_ratio=p_c / p_r,
+                       perplexity_tokens=len(ids) - 1)
+    runtime = params.get("runtime", "runner")
+    if runtime == "genai":
+        genai_tokens = _genai_generate(desc, inputs, params, prompts, K)
+        eos = desc.get("eos_token_id")
+        same = []
+        for r, gt, rt in zip(rows, genai_tokens, got_tokens):
+            runner_cut = _cut_at_eos(rt, eos)
+            same.append(gt == runner_cut)
+            frac, pre = agreement(_cut_at_eos(r["reference"], eos), gt)
+            r.update(tokens=gt, runner_tokens=rt, genai_equals_runner=gt == runner_cut,
+                     token_agreement=frac, prefix_match=pre)
+        metrics.update(token_agreement=float(np.mean([r["token_agreement"] for r in rows])),
+                       prefix_match_mean=float(np.mean([r["prefix_match"] for r in rows])),
+                       genai_runner_agreement=float(np.mean(same)))
+        ran += "; tokens generated by onnxruntime-genai " + _genai_version()
+    if "genie" in params.get("runtimes", ()):
+        got_genie = _genie_generate(inputs, prompts, K)
+        eos = desc.get("eos_token_id")
+        same = []
+        for r, gt, rt, st in zip(rows, got_genie["tokens"], got_tokens, got_genie["status"]):
+            ok = _cut_at_eos(gt, eos) == _cut_at_eos(rt, eos)
+            same.append(ok)
+            r.update(genie_tokens=gt, genie_status=st, genie_equals_runner=ok)
+        metrics["genie_runner_agreement"] = float(np.mean(same))
+        ran += ("; Genie (libGenie.so, GenieDialog_tokenQuery) on the per-graph Genie binaries, "
+                "compared with LLMRunner's tokens on the genai binaries")
+    return {"backend": params["backend"], "target": params["target"], "ran": ran, "metrics": metrics,
+            "runtime": runtime,
+            "samples": rows, "max_new_tokens": K, "reference": "fp32 export graphs (CPU EP)",
+            # how it ran on this machine (manifest info, not verify.json: it varies with memory)
+            "_run": {"parts_resident": resident, "part_loads": {"reference": fp32.loads, "compiled": got.loads}},
+            "binaries": binaries,
+            # where the compiled graphs run (issue 23), read from every part's compile entry
+            **qnn.placement(*inputs.get("compiled_parts", [inputs["compiled"]]))}

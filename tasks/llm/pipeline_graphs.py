@@ -1,0 +1,424 @@
+"""A HF decoder LLM (the architectures of :mod:`tasks.llm.architectures`) written as static-shape,
+NPU-friendly ONNX prefill/decode graphs, part by part (the ``export`` stage: :mod:`tasks.llm.export`).
+
+The graph I/O is what onnxruntime-genai 0.18.0's decoder pipeline feeds a static-shape graph
+(``model.type = "decoder-pipeline"``, ``sliding_window`` with ``slide_key_value_cache: false``,
+``alignment: "left"``; the layout Olive's ``StaticLLM`` pass writes for QNN), so genai runs the
+compiled bundle unchanged (:mod:`tasks.llm.genai`). Sources, onnxruntime-genai ``src/``:
+``models/input_ids.cpp`` (``WindowedInputIDs``: input_ids windows, ``past_sequence_length`` /
+``total_sequence_length``), ``models/kv_cache.cpp`` (``DefaultKeyValueCache``: a fixed KV
+length in the graph turns on one shared past/present buffer per layer), ``generators.cpp``
+(``AllocateInputIdsOnDevice``: "left" alignment pads the prompt at its end),
+``models/decoder_only_pipeline.cpp`` (stages linked by tensor name), ``models/logits.cpp``.
+genai 0.18.0 does not give pipeline models its sliding ``WindowedKeyValueCache`` (measured,
+see :mod:`tasks.llm.genai`), so the cache is the shared buffer and the graph writes into it.
+
+Graph contract (per part ``i``; S = seq_len for ``prefill`` (genai's "context" graph, S = its
+``window_size``), S = 1 for ``decode`` (genai's "iterator" graph); C = context_len;
+Hkv = num_key_value_heads; d = head_dim; D = hidden_size; V = vocab_size):
+
+inputs
+  - part 0: ``input_ids`` int32 [1, S] (or ``inputs_embeds`` float32 [1, S, D] if ``embed="separate"``)
+  - part i > 0: ``hidden_states_{i-1}`` float32 [1, S, D] (the output of part i-1, same name:
+    genai links pipeline stages by tensor name)
+  - ``past_seq_len`` int32 [1, 1]: q = (slot of this call's first token) + S - 1 (genai's
+    GroupQueryAttention convention ``seqlens_k``: after prompt window k it is k*S - 1, then the
+    number of real tokens before the new one). The S tokens go to cache slots
+    p0..p0+S-1, p0 = q + 1 - S, with positions p0 + i; each in [0, C-1].
+  - ``total_seq_len`` int32 [1]: genai feeds ``search.max_length``; it changes nothing (the
+    positions, all < C, are clipped to Max(total_seq_len, C)), but genai feeds ``past_seq_len``
+    only to a graph that takes both, and an input no node reads is dropped by the compile.
+  - for each layer l of the part: ``past_key_{l}`` (rotary applied) and ``past_value_{l}``,
+    float32 [1, Hkv, C, d]: the whole cache, slot j = the token at position j; slots >= p0 may
+    hold anything finite (genai starts them at 0).
+outputs
+  - last part: ``logits`` float32 [1, S, V], every row: genai reads the row of the last real
+    token (the prompt is padded at its end, so that is not always row S-1; ``logits.cpp``);
+    other parts: ``hidden_states_{i}`` float32 [1, S, D].
+  - for each layer l: ``present_key_{l}``, ``present_value_{l}`` float32 [1, Hkv, C, d]: the
+    cache with slots p0..p0+S-1 replaced by this call's K/V (genai binds them to the same
+    buffer as ``past_*``; :class:`tasks.llm.runner.KVCache` swaps them in).
+
+Inside: positions = Gather(table [C, S] of p0 + i, q); the new K/V are written with a one-hot
+matrix Gather(eye [C, C], positions) (exact 0/1 values, no Scatter/Where/Equal): present =
+past * (1 - colsum(onehot)) + onehotᵀ @ new; attention reads the updated cache with the
+additive causal mask Gather(table [C, C], positions) (row p: 0 for slots <= p, MASK_VALUE
+after), tiled over the query group. -100 (not -inf / float-min) keeps the 16-bit range of the
+masked scores small (exp(-100) ~ 4e-44, i.e. fully blocked). The two [C, C] tables live in
+the part's weight file (16-bit after quantization: 2*C*C bytes each, 32 MiB at C=4096).
+
+Layer ``l`` uses its global index in names, so names are unique across parts.
+
+How: the graphs are written directly with ``onnx.helper`` from the checkpoint's tensors, one
+part at a time and one tensor at a time (:class:`tasks.llm.checkpoint.Checkpoint`), never
+from a loaded ``transformers`` model. That is what bounds memory: exporting a 7 B
+model through ``torch.onnx.export`` needs the whole model in fp32 (~30 GB) plus the exporter's
+copies (transposed weights after constant folding, the serialized protobuf). onnxruntime-genai's
+model builder works the same way (graph from config + weights), but emits GroupQueryAttention /
+RotaryEmbedding contrib ops and dynamic shapes that QNN HTP does not run, so it is not used.
+Optimum's ``text-generation-with-past`` export brings a ``Where`` on the mask path (QNN error
+6007, NOTES-qnn.md), int64 ids and dynamic axes. The ops are the ones the earlier TorchScript
+export produced and that compiled fully on HTP: RMSNorm as Pow/ReduceMean/Add/Sqrt/Div/Mul,
+q/k/v/o and MLP projections as MatMul (+ Add for Qwen2's q/k/v biases), rotate-half RoPE with
+Slice/Neg/Concat, GQA without repeating K/V (the ``g`` query heads of a KV head are folded into
+the row axis and the mask is tiled ``g`` times), SiLU as ``x * Sigmoid(x)`` (Gemma's tanh GELU:
+:func:`_activation`).
+
+The RoPE table is a constant [C, d] cos and sin table indexed by ``position_ids`` (Gather), not
+``Cos(position * inv_freq)``: a 16-bit activation quantizing ``position * inv_freq`` (range up to C)
+would lose ~C/65535 radians; a table lookup keeps full precision in the (16-bit) table. ``inv_freq``
+and the attention scaling come from ``transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS`` for
+the config's ``rope_scaling`` (default, linear, dynamic, yarn, longrope, llama3), as HF's own
+rotary module computes them. The tables are initializers named ``rope_cos`` / ``rope_sin`` (see
+:data:`ROPE_TABLES`); quantize them as 16-bit (:mod:`tasks.llm.qdq` does).
+
+Weights: each part's prefill and decode graphs reference ONE external data file,
+``part{i}/weights.data`` (float32, each tensor at a 64 KiB-aligned offset so onnxruntime can
+map it instead of copying), so the part's weights are written and stored once. Opset 21 (what
+onnxruntime's quantizer upgrades to for 16-bit activations anyway). Determinism: the same
+checkpoint and arguments give byte-identical files.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from ..proc import lazy
+
+from .layout import IO_LAYOUT
+from .part_weights import (MASK_VALUE, MAX_TENSOR_ELEMENTS, WEIGHTS_FILE, cache_tables, embedding_table,
+                           model_dims, rope_tables, special_tokens, write_part_weights)
+
+np = lazy.module("numpy")
+
+OPSET = 21
+IR_VERSION = 10
+
+
+def _split_names(g: "_Graph", name: str) -> list[str]:
+    """The initializer name(s) :func:`_add_split` gave ``name``."""
+    if name in g.weights:
+        return [name]
+    out, j = [], 0
+    while f"{name}.{j}" in g.weights:
+        out.append(f"{name}.{j}")
+        j += 1
+    return out
+
+
+class _Graph:
+    """Minimal ONNX graph writer: nodes get names ``/<scope>/<Op>_<k>`` and outputs ``<name>_out``."""
+
+    def __init__(self, weights: dict):
+        self.weights = weights
+        self.nodes, self.inits, self.used = [], {}, []
+        self.count: dict[str, int] = {}
+
+    def w(self, name: str) -> str:
+        if name not in self.used:
+            self.used.append(name)
+        return name
+
+    def const(self, name: str, value, dtype="int64") -> str:
+        import onnx
+
+        if name not in self.inits:
+            self.inits[name] = onnx.numpy_helper.from_array(np.asarray(value, dtype=dtype), name)
+        return name
+
+    def op(self, scope: str, op: str, inputs: list[str], out: str | None = None, **attrs) -> str:
+        import onnx
+
+        k = self.count.get(f"{scope}/{op}", 0)
+        self.count[f"{scope}/{op}"] = k + 1
+        name = f"/{scope}/{op}" + (f"_{k}" if k else "")
+        out = out or name + "_out"
+        self.nodes.append(onnx.helper.make_node(op, inputs, [out], name=name, **attrs))
+        return out
+
+    def model(self, inputs, outputs):
+        import onnx
+
+        def vi(n, shape, dt):
+            return onnx.helper.make_tensor_value_info(n, onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dt)), shape)
+
+        inits = [self.weights[n] for n in self.used] + list(self.inits.values())
+        g = onnx.helper.make_graph(self.nodes, "part", [vi(*i) for i in inputs], [vi(*o) for o in outputs],
+                                   initializer=inits)
+        return onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", OPSET)],
+                                      ir_version=IR_VERSION, producer_name="npubuild")
+
+
+def _rmsnorm(g: _Graph, scope: str, x: str, weight: str, eps: float) -> str:
+    sq = g.op(scope, "Pow", [x, g.const("two", 2.0, np.float32)])
+    mean = g.op(scope, "ReduceMean", [sq, g.const("axis_last", [-1])], keepdims=1)
+    rstd = g.op(scope, "Div", [g.const("one", 1.0, np.float32),
+                               g.op(scope, "Sqrt", [g.op(scope, "Add", [mean, g.const("eps", eps, np.float32)])])])
+    return g.op(scope, "Mul", [g.op(scope, "Mul", [x, rstd]), g.w(weight)])
+
+
+def _activation(g: _Graph, scope: str, x: str, act: str) -> str:
+    """The MLP's gate activation: ``silu`` as x * Sigmoid(x); ``gelu_pytorch_tanh``
+    (``torch.nn.functional.gelu(approximate="tanh")`` = 0.5 x (1 + tanh(z)), z = sqrt(2/pi) (x +
+    0.044715 x^3)) as x * Sigmoid(2 z), the same function (0.5 (1 + tanh(z)) = sigmoid(2 z)) in the
+    ops SiLU already uses on HTP. Measured on the tiny Gemma fixture (w8a16, HTP simulator): the
+    same graph with ``Tanh`` gave logits cosine 0.809 against fp32 (0.99994 with the QDQ graph on
+    the CPU: HTP's 16-bit Tanh, not the quantization); with ``Sigmoid`` 0.99993."""
+    if act == "silu":
+        return g.op(scope, "Mul", [x, g.op(scope, "Sigmoid", [x])])
+    cube = g.op(scope, "Mul", [x, g.op(scope, "Mul", [x, x])])
+    inner = g.op(scope, "Add", [x, g.op(scope, "Mul", [cube, g.const("gelu_c", 0.044715, np.float32)])])
+    z2 = g.op(scope, "Mul", [inner, g.const("gelu_k2", 2 * math.sqrt(2 / math.pi), np.float32)])
+    return g.op(scope, "Mul", [x, g.op(scope, "Sigmoid", [z2])])
+
+
+def _linear(g: _Graph, scope: str, x: str, prefix: str, bias: bool) -> str:
+    y = g.op(scope, "MatMul", [x, g.w(prefix + ".weight.T")])
+    return g.op(scope, "Add", [y, g.w(prefix + ".bias")]) if bias else y
+
+
+def layer_tail(g: _Graph, s: str, p: str, x: str, o: str, dims: dict, eps: float, S: int,
+               out: str | None = None) -> str:
+    """The rest of decoder layer ``p`` (ONNX scope ``s``) after attention, for both graph layouts
+    (this module's and Genie's, :mod:`tasks.llm.genie`): the heads' outputs ``o``, rows of the
+    query heads in their order (H x S x d elements), back to [1, S, H*d], ``o_proj`` added to the
+    residual ``x`` [1, S, D], then the post-attention RMSNorm, the gated MLP (``dims["act"]``)
+    and its residual add. ``out``: the name of the layer's output (a part's hidden state), or a
+    generated one. Returns the output's name."""
+    H, d = dims["num_heads"], dims["head_dim"]
+    o = g.op(f"{s}/self_attn", "Reshape", [o, g.const(f"shape_h_{S}", [1, H, S, d])])
+    o = g.op(f"{s}/self_attn", "Transpose", [o], perm=[0, 2, 1, 3])
+    o = g.op(f"{s}/self_attn", "Reshape", [o, g.const(f"shape_o_{S}", [1, S, H * d])])
+    x = g.op(s, "Add", [x, _linear(g, f"{s}/self_attn/o_proj", o, f"{p}.self_attn.o_proj", False)])
+    h = _rmsnorm(g, f"{s}/post_attention_layernorm", x, f"{p}.post_attention_layernorm.weight", eps)
+    gate = _linear(g, f"{s}/mlp/gate_proj", h, f"{p}.mlp.gate_proj", False)
+    act = _activation(g, f"{s}/mlp/act", gate, dims["act"])
+    up = _linear(g, f"{s}/mlp/up_proj", h, f"{p}.mlp.up_proj", False)
+    down = _linear(g, f"{s}/mlp/down_proj", g.op(f"{s}/mlp", "Mul", [act, up]), f"{p}.mlp.down_proj", False)
+    return g.op(s, "Add", [x, down], out=out)
+
+
+def _rotate(g: _Graph, scope: str, t: str, cos: str, sin: str, half: int, out: str | None = None) -> str:
+    hi = g.op(scope, "Slice", [t, g.const(f"s_{half}", [half]), g.const("s_max", [2**62]), g.const("axis_last", [-1])])
+    lo = g.op(scope, "Slice", [t, g.const("s_0", [0]), g.const(f"s_{half}", [half]), g.const("axis_last", [-1])])
+    rot = g.op(scope, "Concat", [g.op(scope, "Neg", [hi]), lo], axis=-1)
+    return g.op(scope, "Add", [g.op(scope, "Mul", [t, cos]), g.op(scope, "Mul", [rot, sin])], out=out)
+
+
+def _rotary(g: _Graph, scope: str, t: str, cos: str, sin: str, d: int, rd: int) -> str:
+    """Rotary embedding of the first ``rd`` of ``d`` dims of each head (cos/sin tables are
+    [.., rd]); the other ``d - rd`` pass through (partial rotary, e.g. Phi-4-mini)."""
+    if rd == d:
+        return _rotate(g, scope, t, cos, sin, rd // 2)
+    rot = g.op(scope, "Slice", [t, g.const("s_0", [0]), g.const(f"s_{rd}", [rd]), g.const("axis_last", [-1])])
+    rest = g.op(scope, "Slice", [t, g.const(f"s_{rd}", [rd]), g.const("s_max", [2**62]), g.const("axis_last", [-1])])
+    return g.op(scope, "Concat", [_rotate(g, scope, rot, cos, sin, rd // 2), rest], axis=-1)
+
+
+def build_graph(dims: dict, lo: int, hi: int, first: bool, last: bool, S: int, C: int,
+                embed: str, weights: dict, has_bias: bool, part: int = 0):
+    """The ONNX ModelProto of one part for AR-``S`` (see the module docstring for the contract).
+    ``weights`` are the part's external-data TensorProtos (:func:`write_part_weights`)."""
+    H, Hkv, d = dims["num_heads"], dims["num_kv_heads"], dims["head_dim"]
+    grp, eps = H // Hkv, dims["rms_eps"]
+    g = _Graph(weights)
+    ins, outs = io_spec(dims, lo, hi, first, last, S, C, embed, part)
+    x = ins[0][0]
+    if first and embed == "part0":
+        tables = _split_names(g, "model.embed_tokens.weight")
+        cols = [g.op("model/embed_tokens", "Gather", [g.w(t), "input_ids"]) for t in tables]
+        x = cols[0] if len(cols) == 1 else g.op("model/embed_tokens", "Concat", cols, axis=-1)
+    # positions of this call's rows: Gather(table [C, S] of q + 1 - S + i, past_seq_len [1, 1])
+    pos = g.op("positions", "Gather", [g.const(f"pos_table_{S}", position_table(S, C), np.int32), "past_seq_len"])
+    pos = g.op("positions", "Reshape", [pos, g.const(f"shape_1_{S}", [1, S])])  # [1, S] int32
+    cos = g.op("rope", "Unsqueeze", [g.op("rope", "Gather", [g.w("rope_cos"), pos]), g.const("ax1", [1])])
+    sin = g.op("rope", "Unsqueeze", [g.op("rope", "Gather", [g.w("rope_sin"), pos]), g.const("ax1", [1])])
+    # genai feeds past_seq_len only to graphs that also take total_seq_len, and a graph input no
+    # node reads is dropped by the compile: positions (all < C) are clipped to Max(total, C), a no-op
+    pos = g.op("positions", "Min", [pos, g.op("positions", "Max", ["total_seq_len", g.const("context_len", [C], np.int32)])])
+    onehot = g.op("cache", "Gather", [g.w("kv_eye"), g.op("cache", "Squeeze", [pos, g.const("ax0", [0])])])  # [S, C]
+    keep = g.op("cache", "Sub", [g.const("one", 1.0, np.float32),
+                                 g.op("cache", "ReduceSum", [onehot, g.const("ax0", [0])], keepdims=1)])  # [1, C]
+    keep = g.op("cache", "Reshape", [keep, g.const(f"shape_keep_{C}", [1, 1, C, 1])])
+    onehot_t = g.op("cache", "Transpose", [onehot], perm=[1, 0])  # [C, S]
+    mask = g.op("mask", "Gather", [g.w("causal_mask"), g.op("mask", "Squeeze", [pos, g.const("ax0", [0])])])  # [S, C]
+    if grp > 1:
+        mask = g.op("mask", "Concat", [mask] * grp, axis=0)  # [grp*S, C]
+    scale = g.const("attn_scale", 1.0 / math.sqrt(d), np.float32)
+    for l in range(lo, hi):
+        p = f"model.layers.{l}"
+        s = f"model/layers.{l}"
+        h = _rmsnorm(g, f"{s}/input_layernorm", x, f"{p}.input_layernorm.weight", eps)
+        heads = {}
+        for nm, nh in (("q", H), ("k", Hkv), ("v", Hkv)):
+            t = _linear(g, f"{s}/self_attn/{nm}_proj", h, f"{p}.self_attn.{nm}_proj", has_bias)
+            t = g.op(f"{s}/self_attn/{nm}", "Reshape", [t, g.const(f"shape_{S}_{nh}_{d}", [1, S, nh, d])])
+            if f"{p}.self_attn.{nm}_norm.weight" in weights:  # Qwen3: RMSNorm over head_dim, per head
+                t = _rmsnorm(g, f"{s}/self_attn/{nm}_norm", t, f"{p}.self_attn.{nm}_norm.weight", eps)
+            heads[nm] = t
+        q = g.op(f"{s}/self_attn/q", "Transpose", [heads["q"]], perm=[0, 2, 1, 3])
+        k = g.op(f"{s}/self_attn/k", "Transpose", [heads["k"]], perm=[0, 2, 1, 3])
+        v = g.op(f"{s}/self_attn/v", "Transpose", [heads["v"]], perm=[0, 2, 1, 3])
+        q = _rotary(g, f"{s}/self_attn/rope_q", q, cos, sin, d, dims["rotary_dim"])
+        k = _rotary(g, f"{s}/self_attn/rope_k", k, cos, sin, d, dims["rotary_dim"])
+        # write the S new rows into the cache: past * keep + onehotᵀ @ new  ([1, Hkv, C, d])
+        cache = {}
+        for nm, new in (("key", k), ("value", v)):
+            kept = g.op(f"{s}/self_attn/{nm}_cache", "Mul", [f"past_{nm}_{l}", keep])
+            put = g.op(f"{s}/self_attn/{nm}_cache", "MatMul", [onehot_t, new])
+            cache[nm] = g.op(f"{s}/self_attn/{nm}_cache", "Add", [kept, put], out=f"present_{nm}_{l}")
+        # the grp query heads of a KV head folded into rows: [1, H, S, d] -> [1, Hkv, grp*S, d]
+        qg = g.op(f"{s}/self_attn", "Reshape", [q, g.const(f"shape_g_{S}", [1, Hkv, grp * S, d])])
+        kt = g.op(f"{s}/self_attn", "Transpose", [cache["key"]], perm=[0, 1, 3, 2])
+        scores = g.op(f"{s}/self_attn", "Mul", [g.op(f"{s}/self_attn", "MatMul", [qg, kt]), scale])
+        probs = g.op(f"{s}/self_attn", "Softmax", [g.op(f"{s}/self_attn", "Add", [scores, mask])], axis=-1)
+        o = g.op(f"{s}/self_attn", "MatMul", [probs, cache["value"]])
+        x = layer_tail(g, s, p, x, o, dims, eps, S, out=None if (l < hi - 1 or last) else hidden_name(part))
+    if last:
+        x = _rmsnorm(g, "model/norm", x, "model.norm.weight", eps)
+        heads = _split_names(g, "lm_head.weight.T")
+        if len(heads) == 1:
+            g.op("lm_head", "MatMul", [x, g.w(heads[0])], out="logits")
+        else:
+            g.op("lm_head", "Concat", [g.op("lm_head", "MatMul", [x, g.w(h)]) for h in heads], out="logits", axis=-1)
+    return g.model(ins, outs)
+
+
+def hidden_name(part: int) -> str:
+    """Name of the hidden states part ``part`` hands to part ``part + 1`` (its output and the
+    next part's input: genai's pipeline passes a stage's outputs on by name)."""
+    return f"hidden_states_{part}"
+
+
+def position_table(S: int, C: int) -> np.ndarray:
+    """int32 [C, S]: row q holds the positions q + 1 - S + i of a call whose ``past_seq_len`` is q
+    (module docstring), clipped at 0 (rows q < S - 1 are not used by genai's windows)."""
+    q = np.arange(C, dtype=np.int64)[:, None] + 1 - S + np.arange(S)[None, :]
+    return np.clip(q, 0, C - 1).astype(np.int32)
+
+
+def io_spec(dims: dict, lo, hi, first, last, S, C, embed, part: int = 0):
+    """[(name, shape, dtype)] of a part graph's inputs and outputs (the contract above).
+    ``part``: the part's index (names of the hidden states)."""
+    hd, D, Hkv, V = dims["head_dim"], dims["hidden_size"], dims["num_kv_heads"], dims["vocab_size"]
+    ins = []
+    if first and embed == "part0":
+        ins.append(("input_ids", [1, S], "int32"))
+    elif first:
+        ins.append(("inputs_embeds", [1, S, D], "float32"))
+    else:
+        ins.append((hidden_name(part - 1), [1, S, D], "float32"))
+    ins += [("past_seq_len", [1, 1], "int32"), ("total_seq_len", [1], "int32")]
+    for l in range(lo, hi):
+        ins += [(f"past_key_{l}", [1, Hkv, C, hd], "float32"), (f"past_value_{l}", [1, Hkv, C, hd], "float32")]
+    outs = []
+    if last:
+        outs.append(("logits", [1, S, V], "float32"))
+    else:
+        outs.append((hidden_name(part), [1, S, D], "float32"))
+    for l in range(lo, hi):
+        outs += [(f"present_key_{l}", [1, Hkv, C, hd], "float32"),
+                 (f"present_value_{l}", [1, Hkv, C, hd], "float32")]
+    return ins, outs
+
+
+def export_llm(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 4096, parts: int = 1,
+               embed: str = "part0", only_parts=None, meter: list | None = None,
+               max_tensor_elements: int = MAX_TENSOR_ELEMENTS) -> dict:
+    """Export ``model_dir`` (HF decoder folder of an architecture in :mod:`tasks.llm.architectures`, safetensors) to ``out_dir/part{i}/{prefill,decode}.onnx``.
+
+    Args:
+        model_dir: HF folder: ``config.json`` + ``model.safetensors`` (or an index + shards).
+        out_dir: output folder (created). Also gets ``export.json`` (the returned description) and,
+            for ``embed="separate"``, ``embed_tokens.npy`` (float32 [V, D], for a host-side lookup).
+        seq_len: S of the prefill graph (AR-S); the decode graph is AR-1. 1 <= S < context_len.
+        context_len: C, total attention span (past + new) of both graphs; also the RoPE table size,
+            so every position must be < C.
+        parts: number of parts; decoder layers split so that no part is much heavier, the
+            embedding and LM head counted in layers (:func:`tasks.llm.parts.split_for`).
+        embed: ``"part0"`` (token embedding Gather inside part 0, ``input_ids`` int32 in) or
+            ``"separate"`` (part 0 takes ``inputs_embeds``; embedding table saved as .npy).
+        only_parts: optional set of part indices to write (the ``export.part{k}`` stage writes
+            one); ``export.json`` still describes every part, with ``weight_bytes`` for the
+            written ones; ``embed_tokens.npy`` is written with part 0.
+        max_tensor_elements: the embedding table and LM head are split into column chunks of
+            at most this many elements (:data:`MAX_TENSOR_ELEMENTS`).
+        meter: optional list; gets one ``{"part", "seconds", "peak_rss"}`` per written part
+            (wall time; this process's peak RSS in bytes while writing it). Kept out of
+            ``export.json``, which must not vary between runs.
+
+    Memory: one part's tensors are read (in the checkpoint's dtype, converted one tensor at a
+    time to float32); the largest single array alive is one weight matrix and its transpose.
+
+    Returns a JSON-able dict: ``{"model_type", "seq_len", "context_len", "mask_value", "num_layers",
+    "num_kv_heads", "head_dim", "hidden_size", "vocab_size", "embed", "embed_file", "io_layout", "eos_token_id", "pad_token_id", "bos_token_id",
+    "parts": [{"index", "layers": [lo, hi], "prefill": {"path", "inputs", "outputs"},
+    "decode": {...}, "weights": file, "weight_bytes": n}]}`` where inputs/outputs are lists of
+    ``{"name", "shape", "dtype"}`` and paths are relative to ``out_dir``.
+
+    Raises ValueError on bad arguments, an unsupported ``model_type`` or activation
+    (:mod:`tasks.llm.architectures`).
+    """
+    from .checkpoint import Checkpoint
+    from .parts import split_for
+
+    import time
+
+    import onnx
+
+    from ..proc.rss import peak_rss, peak_rss_reset
+
+    if embed not in ("part0", "separate"):
+        raise ValueError(f"embed must be 'part0' or 'separate', got {embed!r}")
+    if not 1 <= seq_len < context_len:
+        raise ValueError(f"need 1 <= seq_len < context_len, got {seq_len}, {context_len}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ckpt = Checkpoint(model_dir)
+    dims = model_dims(ckpt.config)
+    ranges = split_for(ckpt.config, parts, embed_in_part=embed == "part0")
+    has_bias = "model.layers.0.self_attn.q_proj.bias" in ckpt
+    rope = rope_tables(model_dir, context_len)
+    desc = {"model_type": ckpt.config["model_type"], "seq_len": seq_len, "context_len": context_len,
+            "mask_value": MASK_VALUE, **{k: dims[k] for k in ("num_layers", "num_kv_heads", "num_heads",
+                                                                 "head_dim", "hidden_size", "vocab_size")},
+            "embed": embed, "embed_file": None, "opset": OPSET, "io_layout": IO_LAYOUT,
+            "exporter": "tasks.llm.export (onnx.helper, weights streamed from safetensors)", "parts": []}
+    desc.update(special_tokens(ckpt.config))
+    if embed == "separate":
+        if only_parts is None or 0 in only_parts:  # part 0 takes inputs_embeds
+            np.save(out_dir / "embed_tokens.npy", embedding_table(ckpt))
+        desc["embed_file"] = "embed_tokens.npy"
+    from .. import progress
+
+    for i, (lo, hi) in progress.bar(list(enumerate(ranges)), "parts", unit="part"):
+        first, last = i == 0, i == len(ranges) - 1
+        pdir = out_dir / f"part{i}"
+        pdesc = {"index": i, "layers": [lo, hi], "weights": f"part{i}/{WEIGHTS_FILE}"}
+        t0 = time.perf_counter()
+        peak_rss_reset()
+        if only_parts is None or i in only_parts:
+            pdir.mkdir(exist_ok=True)
+            weights = write_part_weights(ckpt, lo, hi, embed=first and embed == "part0", head=last,
+                                         rope=rope, path=pdir / WEIGHTS_FILE, tables=cache_tables(context_len),
+                                         max_tensor_elements=max_tensor_elements)
+            pdesc["weight_bytes"] = (pdir / WEIGHTS_FILE).stat().st_size
+        for gname, S in (("prefill", seq_len), ("decode", 1)):
+            ins, outs = io_spec(dims, lo, hi, first, last, S, context_len, embed, i)
+            path = pdir / f"{gname}.onnx"
+            if only_parts is None or i in only_parts:
+                m = build_graph(dims, lo, hi, first, last, S, context_len, embed, weights, has_bias, i)
+                onnx.save(m, str(path))
+            pdesc[gname] = {
+                "path": str(path.relative_to(out_dir)),
+                "inputs": [{"name": n, "shape": s, "dtype": d} for n, s, d in ins],
+                "outputs": [{"name": n, "shape": s, "dtype": d} for n, s, d in outs],
+            }
+        desc["parts"].append(pdesc)
+        if meter is not None and (only_parts is None or i in only_parts):
+            meter.append({"part": i, "seconds": time.perf_counter() - t0, "peak_rss": peak_rss()})
+    desc["checkpoint_bytes_read"] = ckpt.bytes_read
+    (out_dir / "export.json").write_text(json.dumps(desc, indent=1))
+    return desc

@@ -1,0 +1,62 @@
+"""quantize, the LLM implementation (encoders: ``tasks/encoder/quantize.py``): each part's
+prefill and decode graphs to QDQ (w8a16 / w4a16, per-channel weights, 16-bit activations,
+:func:`tasks.llm.qdq.quantize_part`), calibrated on the feeds ``calibrate.part{k}`` recorded
+(real hidden states and KV caches streamed part by part through the fp32 graphs:
+:mod:`tasks.llm.calibration_feeds`). Calibration prompts are the recipe's ``calibration.file``
+paragraphs (``samples`` of them).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..stages.common import copy_rest
+from ..stages.contract import Stage
+from ..stages.params import BLOCK_SIZE, EMBEDDING_BITS, OVERRIDES, PER_CHANNEL, PRECISION, ROUNDING
+from .qdq import quantize_part
+from .memory import plan_estimate
+
+#: the quantize params of an LLM part (``calibration`` is read by the ``calibrate`` stage)
+QUANT_PARAMS = (PRECISION, PER_CHANNEL, BLOCK_SIZE, ROUNDING, EMBEDDING_BITS, OVERRIDES)
+
+
+def preflight(recipe) -> list[tuple[str, str]]:
+    """An LLM's overrides keep MatMul weights at 8 bits, no other width."""
+    return [(f"quantize.overrides[{i}].weight_bits", f"expected 8 in an LLM recipe (its overrides keep MatMul weights "
+                                                    f"at 8 bits), found {o.weight_bits}")
+            for i, o in enumerate(recipe.quantize.overrides) if o.weight_bits != 8]
+
+
+def run(inputs, files, params, out: Path) -> dict:
+    """Quantize part ``params["part"]`` of the LLM export in ``inputs["model"]`` into ``out``
+    with the feeds of ``inputs["calibration"]`` (``calibrate.part{k}``), and copy the
+    export's other files (``export.json``, tokenizer, config) beside it, with
+    ``quantize.json`` (precision, weight bits). Returns {"graphs": per-graph counts,
+    "parts": [{"part", "quantize_s", "quantize_peak_rss"}]}. Raises the memory check's error
+    before work when the part cannot fit."""
+    import json
+    import tempfile
+    import time
+
+    from .memory import QUANTIZED_AS, check_export_stage
+    from ..precisions import get as get_precision
+
+    src, k = Path(inputs["model"]), params["part"]
+    bits = get_precision(params["precision"]).weight_bits
+    check_export_stage("quantize", src, bits, part=k)
+    desc = json.loads((src / "export.json").read_text())
+    t0 = time.perf_counter()
+    graphs, peak = quantize_part(src, desc["parts"][k], inputs["calibration"] / "feeds", params, out,
+                                 Path(tempfile.mkdtemp(prefix="quantize-")))
+    copy_rest(src, out)
+    (out / QUANTIZED_AS).write_text(json.dumps({"precision": params["precision"], "weight_bits": bits}, sort_keys=True)
+                                    + "\n")
+    return {"graphs": graphs, "parts": [{"part": k, "quantize_s": time.perf_counter() - t0,
+                                         "quantize_peak_rss": peak}]}
+
+
+STAGE = Stage(
+    kind="quantize", family="llm", module=__name__, version=3,  # 3: one part per stage, feeds from calibrate
+    tools=("onnxruntime", "onnx", "numpy"), run=run, params=QUANT_PARAMS, wired=("part",), preflight=preflight,
+    memory_estimate=plan_estimate,
+)
