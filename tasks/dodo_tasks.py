@@ -60,7 +60,7 @@ def environment_problems() -> list[str]:
         except ValueError:
             pass  # said above
     from .cache import lock_timeout
-    from .core.budget import budget_gib
+    from .budget import budget_gib
 
     for check in (lock_timeout, budget_gib):  # numbers: NPUBUILD_LOCK_TIMEOUT, NPUBUILD_MEMORY_GB
         try:
@@ -334,7 +334,7 @@ def _expected_errors() -> tuple:
     from .cache import DiskFull, EntryUnreadable, LockTimeout
     from .context_binary import Mismatch, ReadError
     from .digest import InputChanged, StoreUnwritable
-    from .core.budget import NotEnoughMemory
+    from .budget import NotEnoughMemory
     from .recipe import RecipeError
 
     return (run.StageFailed, run.UpstreamUnusable, SourceError, NotOnNPU, GraphError, RecipeError,

@@ -87,7 +87,7 @@ def print_explain(session: Session, recipe_name: str, verbose: bool = True) -> N
         print(f"    {line}")
     r = remote.from_env()
     print(f"    remote cache: {r.display if r else 'none (NPUBUILD_REMOTE unset)'}")
-    from .budget import budget_line
+    from ..budget import budget_line
 
     print(f"    memory budget: {budget_line()}")
     sys.stdout.flush()

@@ -224,11 +224,11 @@ def memory_estimate(session: Session, recipe_name: str, stage: str) -> int:
     """Estimated peak bytes of one stage of a recipe, before anything is built: what its
     implementation's ``memory_estimate`` hook says (:class:`tasks.stages.contract.Stage`; a
     stage every family shares asks its family's export implementation), else
-    :data:`tasks.core.budget.DEFAULT_STAGE_BYTES`. What a cluster build asks of a worker's
+    :data:`tasks.budget.DEFAULT_STAGE_BYTES`. What a cluster build asks of a worker's
     ``MEMORY`` resource. Raises what the hook raises (e.g. an LLM whose config.json is not at
     hand)."""
     from ..stages import implementation
-    from .budget import DEFAULT_STAGE_BYTES
+    from ..budget import DEFAULT_STAGE_BYTES
 
     specs = recipeset.plan(session, recipe_name)
     spec = specs[stage]

@@ -1,5 +1,5 @@
 """Peak-memory estimates for the LLM stages, checked before a stage starts against the budget
-(:mod:`tasks.core.budget`) and asked by a cluster build (the ``memory_estimate`` hook of every
+(:mod:`tasks.budget`) and asked by a cluster build (the ``memory_estimate`` hook of every
 LLM stage implementation: :func:`plan_estimate`).
 
 Every LLM stage holds one part at a time, so its peak follows the largest part, not the model.
@@ -8,15 +8,15 @@ measured on this project's benchmarks (benchmarks/README.md: Qwen2.5-0.5B and Qw
 shapes; the factor each term uses is named next to it). They are meant to catch a build that
 cannot fit before it spends an hour, not to predict to the MiB.
 
-When an estimate exceeds the memory available, :func:`tasks.core.budget.check` raises
-:class:`tasks.core.budget.NotEnoughMemory` naming the recipe keys that lower it.
+When an estimate exceeds the memory available, :func:`tasks.budget.check` raises
+:class:`tasks.budget.NotEnoughMemory` naming the recipe keys that lower it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..core.budget import BASE, GiB, NotEnoughMemory, available_bytes, check  # noqa: F401  (what the stages use)
+from ..budget import BASE, GiB, NotEnoughMemory, available_bytes, check  # noqa: F401  (what the stages use)
 
 
 def part_params(config: dict, lo: int, hi: int, first: bool, last: bool, embed_in_part: bool) -> int:

@@ -105,7 +105,7 @@ class Stage:
       :func:`tasks.plan.expand` makes it), known before anything is built: what a cluster build
       asks of a worker (:func:`tasks.core.run.memory_estimate`). A stage every family shares
       (``family`` None: download, patch) is estimated by the hook of its family's ``export``
-      implementation; without a hook, :data:`tasks.core.budget.DEFAULT_STAGE_BYTES`.
+      implementation; without a hook, :data:`tasks.budget.DEFAULT_STAGE_BYTES`.
     - ``source_check(recipe, config, config_file) -> [(key path, message)]``: what this
       implementation cannot build of the recipe's model, from its ``config.json`` (``config``,
       the parsed dict; ``config_file``, where it was read, beside the tokenizer files when the

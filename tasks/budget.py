@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from ..proc.rss import proc_bytes as _proc_bytes
+from .proc.rss import proc_bytes as _proc_bytes
 
 GiB = 1 << 30
 BASE = int(0.8 * GiB)  # Python + torch/onnxruntime/transformers imports, measured: 0.6-0.8 GiB
@@ -78,7 +78,7 @@ def check(stage: str, estimate: int, part: int, *, recipe_keys: str | None) -> N
     """Raise :class:`NotEnoughMemory` when ``estimate`` exceeds :func:`available_bytes`, naming
     the stage, the part, both figures (with the decimals that tell them apart) and
     ``recipe_keys`` (what to change; None: no recipe key lowers it, so more memory is the fix)."""
-    from ..metrics import apart
+    from .metrics import apart
 
     avail = available_bytes()
     if avail is not None and estimate > avail:
