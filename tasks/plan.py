@@ -73,17 +73,21 @@ def expand(recipe) -> list[StageSpec]:
     section (its ``params`` and ``files``: :func:`tasks.stages.params_from`); this function only wires
     the stages together (roles, one compile and verify per target, the patch steps)."""
     from .stages import files_from, params_from
-    from .stages.schema import SECTIONS
 
     r = recipe
     fam = r.export.family
-    sections = {name: getattr(r, name).model_dump() for name in SECTIONS}
+    sections: dict[str, dict] = {}  # recipe section name -> its model_dump(), made once
+
+    def section(name: str) -> dict:
+        if name not in sections:
+            sections[name] = getattr(r, name).model_dump()
+        return sections[name]
 
     def params(name: str, kind: str | None = None) -> dict:
-        return params_from(sections[name], kind or name, fam)
+        return params_from(section(name), kind or name, fam)
 
     def files(name: str, kind: str | None = None) -> dict:
-        return files_from(sections[name], kind or name, fam)
+        return files_from(section(name), kind or name, fam)
 
     if fam == "llm":
         return [replace(s, family=fam) for s in _expand_parts(r, params, files)]
