@@ -1,3 +1,18 @@
-"""doit entry point: `doit list`, `doit build:<recipe>`, `doit explain:<recipe>`. See README.md."""
+"""doit entry point: `doit list`, `doit build:<recipe>`, `doit explain:<recipe>`. See README.md.
 
-from tasks.dodo_tasks import *  # noqa: F401,F403  (task creators and DOIT_CONFIG)
+The one place the commands meet: it sets up the doit process (``tasks.commands.builder.startup``)
+and collects each command's task creators, all sharing this doit command's Session (doit
+imports dodo.py once per command): the recipe set it pins, the entries, key material and
+up-to-date checks it works out once (tasks/core/session.py)."""
+
+from tasks.commands.builder import cli as build, startup
+from tasks.commands import cache
+from tasks.commands.catalog import cli as catalog
+from tasks.commands.cluster import cli as cluster
+from tasks.commands.publish import cli as publish
+from tasks.core.session import Session
+
+SESSION = Session()
+DOIT_CONFIG = startup.start(SESSION, globals())
+for _command in (build, cache, catalog, cluster, publish):
+    globals().update(_command.creators(SESSION))

@@ -38,7 +38,7 @@ through the real ``doit`` CLI, as the tests do:
    with only build/ removed (the temp links of build/), one build per call, delivered by
    ``strace -e inject=<call>:signal=KILL:when=<i>`` as the call is entered; each is checked
    as above. Random times rarely land in these microsecond windows; this is how a temp link
-   left in build/ was found (fixed: ``tasks.dodo_tasks._remove_dead_links``).
+   left in build/ was found (fixed: ``tasks.core.links._remove_dead_links``).
 4. --concurrent ``doit run`` processes started at once on one empty cache (the same project:
    shared cache, build/ and doit database), half building the recipes in order, half in
    reverse: each must exit 0; every key must be built by exactly one of them (console lines);

@@ -27,7 +27,7 @@ MAX_BUDGET_GIB = 1 << 20
 def budget_gib() -> float | None:
     """The user's memory budget, ``NPUBUILD_MEMORY_GB`` (GiB), or None when unset. Raises
     ValueError naming the variable for a value that is not a finite number > 0 (checked when
-    doit starts: :func:`tasks.dodo_tasks.environment_problems`)."""
+    doit starts: :func:`tasks.commands.builder.startup.environment_problems`)."""
     import math
 
     env = os.environ.get("NPUBUILD_MEMORY_GB", "").strip()

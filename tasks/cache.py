@@ -31,57 +31,21 @@ This module knows nothing of what a stage does: the key check of a remote entry 
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shutil
-import socket
 import stat
 import sys
 import time
 import uuid
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from filelock import FileLock, Timeout
-
 from . import digest
-from .proc.processes import process_state as _process_state
+from .fileops import DISK_NEARLY_FULL, DiskFull, folder_bytes, free_bytes, is_disk_full, rmtree, temp_area, write_json
+from .keylock import KeyLock
 from .remote import Rejected, Remote, RemoteError, warn
-
-
-def _rmtree(path: Path) -> None:
-    """Remove ``path`` and what is in it: read-only files and folders too (the cache's files
-    are read-only; Windows will not unlink them otherwise), and what another process removes
-    at the same time is taken as removed (two doit processes that start together both clean
-    the same dead build's temp folder; a tester saw the slower one fail a stage)."""
-    def onexc(func, p, exc):
-        if isinstance(exc, FileNotFoundError):
-            return
-        try:
-            os.chmod(p, stat.S_IWRITE | stat.S_IREAD | stat.S_IEXEC)
-            func(p)
-        except FileNotFoundError:
-            pass
-
-    if path.exists():
-        if sys.version_info >= (3, 12):
-            shutil.rmtree(path, onexc=onexc)
-        else:
-            shutil.rmtree(path, onerror=lambda f, p, e: onexc(f, p, e[1]))
-
-
-def _write_json(path: Path, obj) -> None:
-    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-
-
-LOCK_TIMEOUT_DEFAULT = 600.0  # seconds a stopped or gone lock holder is waited for
-
-
-class LockTimeout(Exception):
-    """A key lock stayed held by a stopped or dead holder for longer than the lock timeout."""
 
 
 class EntryUnreadable(Exception):
@@ -97,163 +61,6 @@ class EntryUnreadable(Exception):
         super().__init__(f"{path}: this user (uid {os.getuid()}) cannot read this cache entry ({whose}); it is "
                          "another user's: ask them to make the shared cache's entries group-readable (umask 002), "
                          "or set NPUBUILD_CACHE to a cache of your own")
-
-
-class DiskFull(Exception):
-    """The disk filled (ENOSPC / EDQUOT) while a stage wrote its cache entry."""
-
-
-def lock_timeout() -> float:
-    """Seconds to wait for a key lock whose holder is stopped or gone:
-    ``NPUBUILD_LOCK_TIMEOUT`` (default 600). Raises ValueError for a value that is not a
-    non-negative number."""
-    v = os.environ.get("NPUBUILD_LOCK_TIMEOUT", "")
-    if not v:
-        return LOCK_TIMEOUT_DEFAULT
-    try:
-        t = float(v)
-    except ValueError:
-        t = -1.0
-    if not t >= 0:
-        raise ValueError(f"NPUBUILD_LOCK_TIMEOUT: expected a number of seconds >= 0, found {v!r}")
-    return t
-
-
-class KeyLock:
-    """An exclusive lock on one cache key (a ``filelock.FileLock`` on ``path``) that says who
-    holds it. The holder writes {pid, host, since, what} into the lock file; a waiter prints
-    who it waits for (once per holder) and raises :class:`LockTimeout` when that holder, on
-    this host, has been stopped or gone for :func:`lock_timeout` seconds. On release the lock
-    file is removed while still held (filelock 4 retries a lock taken on an unlinked file), so
-    lock files do not pile up."""
-
-    POLL = 0.5  # seconds between attempts while waiting
-
-    def __init__(self, path: Path, what: str):
-        self.path, self.what = Path(path), what
-        self._lock = FileLock(str(path))
-
-    def holder(self) -> dict | None:
-        """What the current holder wrote into the lock file, or None (none, or not yet)."""
-        try:
-            h = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-        return h if isinstance(h, dict) and isinstance(h.get("pid"), int) else None
-
-    def try_acquire(self) -> bool:
-        """Take the lock if it is free now; never waits. Raises only what the file system raises."""
-        try:
-            self._lock.acquire(timeout=0)
-        except (Timeout, RuntimeError):  # RuntimeError: held by this very process (would deadlock)
-            return False
-        self._stamp()
-        return True
-
-    def acquire(self) -> None:
-        """Take the lock, waiting as the class says. Raises LockTimeout."""
-        if self.try_acquire():
-            return
-        limit, told, stuck_since = lock_timeout(), None, None
-        while True:
-            try:
-                self._lock.acquire(timeout=self.POLL)
-                break
-            except Timeout:
-                pass
-            h = self.holder()
-            here = h is not None and h.get("host") == socket.gethostname()
-            state = _process_state(h["pid"]) if here else "running"
-            who = (f"pid {h['pid']} on host {h.get('host')} since "
-                   f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(h.get('since', 0)))}"
-                   f"{' (' + state + ')' if state != 'running' else ''}") if h else "another process"
-            if (h and (h["pid"], h.get("since"), state)) != told:
-                told = h and (h["pid"], h.get("since"), state)
-                print(f"npubuild: waiting for the lock of {self.what} ({self.path}), held by {who}", file=sys.stderr,
-                      flush=True)
-            if state == "running":
-                stuck_since = None
-                continue
-            stuck_since = stuck_since or time.monotonic()
-            if time.monotonic() - stuck_since >= limit:
-                raise LockTimeout(f"{self.path}: gave up waiting for the lock of {self.what} after {limit:g} s: "
-                                  f"held by {who}, which is {state}; resume it (kill -CONT {h['pid']}) or end it, "
-                                  f"then run again (NPUBUILD_LOCK_TIMEOUT sets the wait)")
-        self._stamp()
-
-    def _stamp(self) -> None:
-        self.path.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
-                                         "what": self.what}) + "\n", encoding="utf-8")
-
-    def release(self) -> None:
-        try:
-            self.path.unlink(missing_ok=True)  # still held: nobody else can be using this file
-        finally:
-            self._lock.release()
-
-    def __enter__(self) -> "KeyLock":
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()
-
-
-def _folder_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file() and not f.is_symlink())
-
-
-#: free bytes under which a failed build is taken as the disk's fault (a stage writes far more)
-DISK_NEARLY_FULL = 1 << 20
-
-
-def _free_bytes(folder: Path) -> int:
-    try:
-        return shutil.disk_usage(folder).free
-    except OSError:
-        return 1 << 62
-
-
-def _disk_full(e: BaseException) -> bool:
-    """Whether ``e`` (or an exception it was raised from) is a full disk or quota: an OSError
-    with ENOSPC / EDQUOT, or a native library's message with the C library's ENOSPC text."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        if os.strerror(errno.ENOSPC) in str(e):
-            return True
-        e = e.__cause__ or e.__context__
-    return False
-
-
-@contextmanager
-def temp_area(folder: Path):
-    """Make ``folder`` (created) the temp folder of this process and of the processes it starts
-    (``tempfile.tempdir`` and ``TMPDIR``/``TEMP``/``TMP``) while the block runs, then remove it
-    and restore both. A stage's own temp files (``tempfile`` users: the fold-constants patch,
-    QNN probes, optimum) then live in its cache temp folder, which a failed build removes and
-    :meth:`Cache.clean_stale` removes after a SIGKILL, never in the system temp folder. One
-    stage at a time per process (as ``tasks/stagelog.py``'s capture of fds 1 and 2)."""
-    import tempfile
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    names = ("TMPDIR", "TEMP", "TMP")
-    old_env, old_dir = {n: os.environ.get(n) for n in names}, tempfile.tempdir
-    os.environ.update({n: str(folder) for n in names})
-    tempfile.tempdir = str(folder)
-    try:
-        yield folder
-    finally:
-        tempfile.tempdir = old_dir
-        for n, v in old_env.items():
-            if v is None:
-                os.environ.pop(n, None)
-            else:
-                os.environ[n] = v
-        _rmtree(folder)
 
 
 _CLEANED: set[str] = set()  # cache roots whose leftovers this process removed (once each)
@@ -468,23 +275,23 @@ class Cache:
         try:
             m = self.remote.pull(kind, key, tmp / "out", self.key_of)
             if m is None:
-                _rmtree(tmp)
+                rmtree(tmp)
                 return None
-            _write_json(tmp / "manifest.json", m)
+            write_json(tmp / "manifest.json", m)
             dest = self._commit(tmp, kind, key)
         except Rejected as e:
-            _rmtree(tmp)
+            rmtree(tmp)
             self.remote.rejected[(kind, key)] = str(e)
             self._say_rejected(kind, key)
             return None
         except RemoteError as e:
-            _rmtree(tmp)
+            rmtree(tmp)
             if not e.repeated:  # said once per run: later stages neither try nor say it again
                 warn(f"remote cache unavailable ({e}); building {kind}/{key} locally, and every later stage of "
                      f"this run without trying the remote again")
             return None
         except BaseException:
-            _rmtree(tmp)
+            rmtree(tmp)
             raise
         return Entry(kind, key, dest, m, "pulled")
 
@@ -539,14 +346,14 @@ class Cache:
                 manifest = dict(manifest_base, key=key, kind=kind, outputs=listing,
                                 output_digest=digest.listing_digest(listing), info=info,
                                 timings={"build_seconds": round(seconds, 3), "finished": time.time()})
-                _write_json(tmp / "manifest.json", manifest)
+                write_json(tmp / "manifest.json", manifest)
                 dest = self._commit(tmp, kind, key)
             except BaseException as e:
                 # a library that met the full disk may fail later and otherwise (issue 23: protobuf's
                 # DecodeError reading a graph cut short): an error with the disk full is the disk
-                full = _disk_full(e) or (isinstance(e, Exception) and _free_bytes(tmp.parent) < DISK_NEARLY_FULL)
-                written = _folder_bytes(tmp) if full else 0
-                _rmtree(tmp)
+                full = is_disk_full(e) or (isinstance(e, Exception) and free_bytes(tmp.parent) < DISK_NEARLY_FULL)
+                written = folder_bytes(tmp) if full else 0
+                rmtree(tmp)
                 if full:
                     free = shutil.disk_usage(tmp.parent).free
                     raise DiskFull(f"{tmp.parent}: no space left on its device while building {kind}/{key}: the stage "
@@ -601,7 +408,7 @@ class Cache:
             size = sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
             out.append((p.relative_to(self.root).as_posix(), size))
             if apply:
-                _rmtree(p)
+                rmtree(p)
         return out
 
     def _unowned_tmp(self, p: Path) -> bool:
@@ -629,7 +436,7 @@ class Cache:
         tmp = self.root / ".tmp"
         for p in sorted(tmp.iterdir()) if tmp.is_dir() else []:
             if p.is_dir() and self._unowned_tmp(p):
-                _rmtree(p)
+                rmtree(p)
                 gone.append(f".tmp/{p.name}")
         locks = self.root / ".locks"
         for f in sorted(locks.glob("*.lock")) if locks.is_dir() else []:

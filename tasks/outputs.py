@@ -1,7 +1,7 @@
 """Writing outside the cache (``build/``, ``dist/``, ``catalog/``, the home's state
 ``.npubuild/``): a file is written under a temp name and renamed into place, a set of files is
 renamed into place only once every one of them is written, and a full disk (ENOSPC / EDQUOT)
-is one :class:`tasks.cache.DiskFull` line naming the folder, what was being written and what
+is one :class:`tasks.fileops.DiskFull` line naming the folder, what was being written and what
 is free, with the temp files removed, so the previous contents stay whole.
 """
 
@@ -12,7 +12,7 @@ import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
-from .cache import DiskFull, _disk_full
+from .fileops import DiskFull, is_disk_full
 
 
 def disk_full(folder: Path, what: str, setting: str, need: int | None = None) -> DiskFull:
@@ -45,7 +45,7 @@ def full_disk_is(folder: Path, what: str, setting: str, cleanup=(), need: int | 
                     p.unlink()
                 except OSError:
                     pass
-        if _disk_full(e):
+        if is_disk_full(e):
             raise disk_full(folder, what, setting, need) from None
         raise
 

@@ -26,10 +26,6 @@ and ``genie_compile.part{k}[@target]``, and the bundle and verify read them (the
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # the schema is imported when a recipe is expanded, not for a stored plan
-    from .recipe import Recipe  # (tasks/plancache.py)
 
 KINDS = ("download", "export", "patch", "calibrate", "quantize", "compile", "genie_quantize", "genie_compile",
          "bundle", "verify")
@@ -70,23 +66,28 @@ def _patch_params(steps) -> dict:
     return {"steps": [{"name": s.name, "version": patches.get(s.name).version, "params": s.params} for s in steps]}
 
 
-def expand(recipe: Recipe) -> list[StageSpec]:
-    """The stage specs of ``recipe`` in build order (upstream before downstream). Each stage's
+def expand(recipe) -> list[StageSpec]:
+    """The stage specs of ``recipe`` (a :class:`tasks.recipe.Recipe`: read, never imported, so
+    the plan stands below the recipe schema) in build order (upstream before downstream). Each stage's
     params and files are what its family's implementation declares it reads of its recipe
     section (its ``params`` and ``files``: :func:`tasks.stages.params_from`); this function only wires
     the stages together (roles, one compile and verify per target, the patch steps)."""
     from .stages import files_from, params_from
-    from .stages.schema import SECTIONS
 
     r = recipe
     fam = r.export.family
-    sections = {name: getattr(r, name).model_dump() for name in SECTIONS}
+    sections: dict[str, dict] = {}  # recipe section name -> its model_dump(), made once
+
+    def section(name: str) -> dict:
+        if name not in sections:
+            sections[name] = getattr(r, name).model_dump()
+        return sections[name]
 
     def params(name: str, kind: str | None = None) -> dict:
-        return params_from(sections[name], kind or name, fam)
+        return params_from(section(name), kind or name, fam)
 
     def files(name: str, kind: str | None = None) -> dict:
-        return files_from(sections[name], kind or name, fam)
+        return files_from(section(name), kind or name, fam)
 
     if fam == "llm":
         return [replace(s, family=fam) for s in _expand_parts(r, params, files)]
@@ -122,7 +123,7 @@ def part_name(stage: str, k: int, target_suffix: str = "") -> str:
     return f"{stage}.part{k}{target_suffix}"
 
 
-def _expand_parts(r: Recipe, params, files) -> list[StageSpec]:
+def _expand_parts(r, params, files) -> list[StageSpec]:
     """The per-part stage specs of an LLM recipe (module docstring), in build order: part by
     part (export, calibrate, quantize, each target's compile), then per target the bundle and
     the verify. doit runs them in this order, so a build stopped in part k leaves parts before

@@ -1,4 +1,4 @@
-"""The catalog page (tasks/catalog_page.py) in headless Chromium, driven through the DevTools
+"""The catalog page (tasks/commands/catalog/page.py) in headless Chromium, driven through the DevTools
 protocol (scripts/chromium_page.py): filters loaded from the URL fragment and changed through
 the page's controls, the table rows and chart points they leave, the fragment they write; the
 page loads nothing but itself and raises no script error; the same rows give the same bytes.
@@ -230,7 +230,7 @@ def test_same_rows_same_bytes(page):
     proj, _ = page
     written = (proj.root / "catalog" / "index.html").read_bytes()
     rows = json.loads((proj.root / "catalog" / "catalog.json").read_text())["recipes"]
-    from tasks import catalog_page
+    from tasks.commands.catalog import page as catalog_page
 
     published = catalog_page.published_bundles(rows, proj.root / "dist", proj.root / "catalog")
     assert set(published) == {"t8"} and published["t8"]["current"] is True

@@ -30,7 +30,8 @@ from pathlib import Path
 import pytest
 from conftest import TINY_RECIPE, Project
 
-from tasks import publish
+from tasks.commands.publish.check import check_bundle
+from tasks.commands.publish.reproduce import differing_ranges
 
 HUB_RECIPE = """\
 license: mit
@@ -128,21 +129,22 @@ def test_one_artifact_listing_for_build_folder_bundle_and_catalog(proj, monkeypa
     for k, v in proj.env.items():
         if k.startswith("NPUBUILD_"):
             monkeypatch.setenv(k, v)
-    from tasks import catalog
+    from tasks.core import status
+    from tasks.core.row import artifact_sizes
     from tasks.core.session import Session
     from tasks.core.record import read_state
     from tasks.core.state import artifacts, build_state
 
     session = Session()
-    state = build_state(catalog._ReadOnlyResolver(session, "t8"), read_state(session, "t8"))
+    state = build_state(status.ReadOnlyResolver(session, "t8"), read_state(session, "t8"))
     assert [s.status for s in state.stages.values()] == ["local hit"] * 6 and state.complete
     arts = artifacts(state)
     built = {k: v for k, v in tree_sums(proj.root / "build" / "t8").items() if k not in ("artifacts.json", "stages.json")}
     shipped = {k: v for k, v in tree_sums(_bundle(proj)).items() if k not in ("README.md", "manifest.json")}
     assert built == shipped == {rel: sha256(a.path) for rel, a in arts.items()}
-    assert catalog.artifact_sizes(catalog.recipe_status("t8")) == {
+    assert artifact_sizes(status.recipe_status("t8")) == {
         "x-elite": {a.rel: a.path.stat().st_size for a in arts.values() if a.kind == "compile"}}
-    stale = build_state(catalog._ReadOnlyResolver(session, "stale"), read_state(session, "stale"))
+    stale = build_state(status.ReadOnlyResolver(session, "stale"), read_state(session, "stale"))
     assert [stale.stages[s].status for s in ("prepatch", "quantize", "compile", "verify")] == \
         ["local hit", "stale", "blocked", "blocked"]
     assert "quantize" in stale.stages["compile"].problem
@@ -385,7 +387,7 @@ def test_catalog_page_screenshot(proj, tmp_path):
 def bundle_copy(proj, tmp_path) -> Path:
     dest = tmp_path / "t8"
     shutil.copytree(_bundle(proj), dest)
-    assert publish.check_bundle(dest) == {"mismatch": [], "missing": [], "extra": []}
+    assert check_bundle(dest) == {"mismatch": [], "missing": [], "extra": []}
     return dest
 
 
@@ -394,7 +396,7 @@ def test_bundle_check_catches_a_flipped_byte(proj, bundle_copy):
     data = bytearray(f.read_bytes())
     data[len(data) // 2] ^= 0x01
     f.write_bytes(bytes(data))
-    assert publish.check_bundle(bundle_copy) == {"mismatch": ["model_ctx_qnn.bin: sha256 differs"],
+    assert check_bundle(bundle_copy) == {"mismatch": ["model_ctx_qnn.bin: sha256 differs"],
                                                  "missing": [], "extra": []}
     run = proj.doit("run", "check_bundle", "--path", str(bundle_copy), check=False)
     assert run.code != 0 and "MISMATCH model_ctx_qnn.bin: sha256 differs" in run.log()
@@ -402,7 +404,7 @@ def test_bundle_check_catches_a_flipped_byte(proj, bundle_copy):
 
 def test_bundle_check_catches_a_missing_file(proj, bundle_copy):
     (bundle_copy / "vocab.txt").unlink()
-    assert publish.check_bundle(bundle_copy) == {"mismatch": [], "missing": ["vocab.txt"], "extra": []}
+    assert check_bundle(bundle_copy) == {"mismatch": [], "missing": ["vocab.txt"], "extra": []}
     run = proj.doit("run", "check_bundle", "--path", str(bundle_copy), check=False)
     assert run.code != 0 and "MISSING vocab.txt" in run.log()
 
@@ -410,7 +412,7 @@ def test_bundle_check_catches_a_missing_file(proj, bundle_copy):
 def test_bundle_check_catches_an_extra_file(proj, bundle_copy):
     (bundle_copy / "sub").mkdir()
     (bundle_copy / "sub" / "notes.txt").write_text("not published")
-    assert publish.check_bundle(bundle_copy) == {"mismatch": [], "missing": [], "extra": ["sub/notes.txt"]}
+    assert check_bundle(bundle_copy) == {"mismatch": [], "missing": [], "extra": ["sub/notes.txt"]}
     run = proj.doit("run", "check_bundle", "--path", str(bundle_copy), check=False)
     assert run.code != 0 and "EXTRA sub/notes.txt" in run.log()
     assert proj.doit("run", "check_bundle", "--path", str(_bundle(proj))).code == 0
@@ -684,6 +686,6 @@ def test_differing_ranges_names_the_bytes(tmp_path):
         changed[i] ^= 0xFF
     b.write_bytes(bytes(changed))
     c.write_bytes(raw[:-1])
-    assert publish.differing_ranges(a, b, chunk=4096) == [(1000, 1126), (1048575, 1048576)]
-    assert publish.differing_ranges(a, a) == []
-    assert publish.differing_ranges(a, c) == "sizes differ: 1048576 vs 1048575 bytes"
+    assert differing_ranges(a, b, chunk=4096) == [(1000, 1126), (1048575, 1048576)]
+    assert differing_ranges(a, a) == []
+    assert differing_ranges(a, c) == "sizes differ: 1048576 vs 1048575 bytes"

@@ -252,9 +252,9 @@ def test_cluster_needs_a_remote(project):
 
 
 def test_tool_and_file_differences_are_named(project, monkeypatch):
-    """What a worker compares (tasks/cluster.py ``_differences``), on the real key material of
+    """What a worker compares (tasks/commands/cluster/build.py ``_differences``), on the real key material of
     a stage: another onnxruntime version or another calibration file is named with both values."""
-    from tasks import cluster
+    from tasks.commands.cluster import build as cluster
     from tasks.core import keys, recipeset
     from tasks.core.session import Session
 
@@ -310,7 +310,7 @@ def test_longest_chain_first():
     shape, part 1's calibration (the chain to verify through calibrate.part1, quantize.part1,
     compile.part1) comes before part 0's quantize and compile, which the scheduler ran first
     before (benchmarks/README, the cluster's LLM timeline)."""
-    from tasks.cluster import chain_lengths
+    from tasks.commands.cluster.build import chain_lengths
 
     ups = {"download": {}, "export.part0": {"s": "download"}, "export.part1": {"s": "download"},
            "calibrate.part0": {"m": "export.part0"}, "calibrate.part1": {"m": "export.part1", "p": "calibrate.part0"},

@@ -16,7 +16,10 @@ from pathlib import Path
 import pytest
 from conftest import Project
 
-from tasks import digest, publish
+from tasks import digest
+from tasks.commands.publish.check import check_bundle
+from tasks.commands.publish.errors import PublishError
+from tasks.commands.publish.signing import SIGNATURE
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +70,8 @@ def test_malformed_bundle_manifest_is_one_message(proj, tmp_path, files, words):
     else:
         m["files"] = files
     (b / "manifest.json").write_text(json.dumps(m))
-    with pytest.raises(publish.PublishError) as e:
-        publish.check_bundle(b)
+    with pytest.raises(PublishError) as e:
+        check_bundle(b)
     assert str(e.value).startswith(f"{b / 'manifest.json'}: ") and words in str(e.value)
     if isinstance(files, list):  # and through the command line, once
         run = proj.doit("run", "check_bundle", "--path", str(b), check=False)
@@ -82,9 +85,9 @@ def test_oversized_bundle_manifest_is_refused_unread(proj, tmp_path):
     with open(b / "manifest.json", "r+b") as f:  # sparse: 200 MB without writing them
         f.truncate(200 * 1000**2)
     t0 = time.monotonic()
-    with pytest.raises(publish.PublishError, match=r"expected at most 16777216 bytes \(MANIFEST_MAX_BYTES\), "
+    with pytest.raises(PublishError, match=r"expected at most 16777216 bytes \(MANIFEST_MAX_BYTES\), "
                                                    r"found 200000000 bytes; not read"):
-        publish.check_bundle(b)
+        check_bundle(b)
     assert time.monotonic() - t0 < 1.0
 
 
@@ -114,16 +117,16 @@ def test_signed_bundle_catches_consistent_tampering(proj, tmp_path):
     signer.doit("run", "publish:a", "--sign", str(priv))
     b = dist / "a"
     (archive,) = dist.glob("a-*.tar.gz")
-    assert (b / publish.SIGNATURE).is_file() and archive.with_name(archive.name + ".sig").is_file()
+    assert (b / SIGNATURE).is_file() and archive.with_name(archive.name + ".sig").is_file()
     # the archive holds no signature, so it stays byte-identical to an unsigned publish
     (plain,) = (proj.root / "dist").glob("a-*.tar.gz")
     assert digest.sha256_file(archive) == digest.sha256_file(plain)
 
-    assert publish.check_bundle(b, public_key=pub) == {"mismatch": [], "missing": [], "extra": [], "signature": []}
+    assert check_bundle(b, public_key=pub) == {"mismatch": [], "missing": [], "extra": [], "signature": []}
     assert proj.doit("run", "check_bundle", "--path", str(b), "--public-key", str(pub)).code == 0
-    wrong = publish.check_bundle(b, public_key=other_pub)["signature"]
-    assert len(wrong) == 1 and wrong[0].startswith(f"{publish.SIGNATURE}: does not verify against {other_pub}")
-    unchecked = publish.check_bundle(b)["signature"]
+    wrong = check_bundle(b, public_key=other_pub)["signature"]
+    assert len(wrong) == 1 and wrong[0].startswith(f"{SIGNATURE}: does not verify against {other_pub}")
+    unchecked = check_bundle(b)["signature"]
     assert unchecked and "expected --public-key or --cert-chain" in unchecked[0]
 
     # consistent tampering: a file changed and its manifest entry updated; sha256 alone passes
@@ -132,17 +135,17 @@ def test_signed_bundle_catches_consistent_tampering(proj, tmp_path):
     m = json.loads((b / "manifest.json").read_text())
     m["files"]["verify.json"] = {"sha256": digest.sha256_file(v), "size": v.stat().st_size}
     (b / "manifest.json").write_text(json.dumps(m, indent=2, sort_keys=True) + "\n")
-    res = publish.check_bundle(b, public_key=pub)
+    res = check_bundle(b, public_key=pub)
     assert res["mismatch"] == res["missing"] == res["extra"] == [] and len(res["signature"]) == 1
-    assert res["signature"] == [f"{publish.SIGNATURE}: does not verify against {pub}: files changed since signing: "
+    assert res["signature"] == [f"{SIGNATURE}: does not verify against {pub}: files changed since signing: "
                                 f"manifest.json, verify.json"]
     run = proj.doit("run", "check_bundle", "--path", str(b), "--public-key", str(pub), check=False)
     assert run.code != 0 and "SIGNATURE npubuild.sig: does not verify" in run.log()
 
     # variant: the signature removed; a verifier that expects one still fails
-    (b / publish.SIGNATURE).unlink()
-    assert publish.check_bundle(b, public_key=pub)["signature"] == [
-        f"{publish.SIGNATURE}: expected a signature (a key to check one was given), found none"]
+    (b / SIGNATURE).unlink()
+    assert check_bundle(b, public_key=pub)["signature"] == [
+        f"{SIGNATURE}: expected a signature (a key to check one was given), found none"]
 
 
 def _ca_and_leaf(folder: Path, name: str) -> tuple[Path, Path, Path]:
@@ -190,15 +193,15 @@ def test_certificate_signed_bundle(proj, tmp_path):
     signer.doit("run", "publish:a", "--sign", str(key), "--signing-cert", str(cert), "--cert-chain", str(ca))
     b = tmp_path / "dist" / "a"
     assert proj.doit("run", "check_bundle", "--path", str(b), "--cert-chain", str(ca)).code == 0
-    (bad,) = publish.check_bundle(b, cert_chain=[other_ca])["signature"]
-    assert bad.startswith(f"{publish.SIGNATURE}: does not verify against {other_ca}: ")
+    (bad,) = check_bundle(b, cert_chain=[other_ca])["signature"]
+    assert bad.startswith(f"{SIGNATURE}: does not verify against {other_ca}: ")
     v = b / "verify.json"
     v.write_text(v.read_text() + " ")
     m = json.loads((b / "manifest.json").read_text())
     m["files"]["verify.json"] = {"sha256": digest.sha256_file(v), "size": v.stat().st_size}
     (b / "manifest.json").write_text(json.dumps(m))
-    assert publish.check_bundle(b, cert_chain=[ca])["signature"] == [
-        f"{publish.SIGNATURE}: does not verify against {ca}: files changed since signing: manifest.json, verify.json"]
+    assert check_bundle(b, cert_chain=[ca])["signature"] == [
+        f"{SIGNATURE}: does not verify against {ca}: files changed since signing: manifest.json, verify.json"]
 
 
 def test_sign_with_a_key_that_is_not_one_names_it(proj, tmp_path):
@@ -273,4 +276,4 @@ def test_damaged_cache_file_is_never_shipped_and_build_links_are_cleared(proj):
     assert not export_entry.exists()
     proj.doit("run", "build:a", "build:b")
     proj.doit("run", "publish:a")
-    assert publish.check_bundle(_bundle(proj)) == {"mismatch": [], "missing": [], "extra": []}
+    assert check_bundle(_bundle(proj)) == {"mismatch": [], "missing": [], "extra": []}

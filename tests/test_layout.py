@@ -242,3 +242,55 @@ def test_core_modules_are_short_and_keep_no_state():
                     if name.split(".")[-1] in ("lru_cache", "cache"):
                         found.append((rel, node.lineno, name))
     assert found == [], found
+
+
+def test_no_command_imports_another_commands_modules():
+    """The commands stand side by side (``tasks/commands/<x>``: a module or a package): no
+    module of one imports a module of another. What two share is lower: :mod:`tasks.core`
+    (a recipe's state and catalog row, ``build/<recipe>/``, the errors that explain themselves)
+    or a module below the commands; ``dodo.py`` collects each command's task creators."""
+    root = REPO / "tasks" / "commands"
+    commands = sorted(p.stem for p in root.iterdir()
+                      if p.name != "__init__.py" and (p.suffix == ".py" or (p / "__init__.py").is_file()))
+    assert {"builder", "cache", "catalog", "cluster", "publish"} <= set(commands)
+
+    def command_of(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[2] if parts[:2] == ["tasks", "commands"] and len(parts) > 2 else None
+
+    found = []
+    for m in package_modules():
+        mine = command_of(m)
+        if mine is None:
+            continue
+        for d in direct_imports(m):
+            theirs = command_of(d)
+            if d == "tasks.commands" or (theirs is not None and theirs != mine):
+                found.append((m, d))
+    assert found == [], found
+    # and nothing below the commands imports them
+    below = [(m, d) for m in package_modules() if not m.startswith("tasks.commands")
+             for d in direct_imports(m) if d.startswith("tasks.commands")]
+    assert below == [], below
+
+
+#: modules another engineer is splitting, exempt from the 450-line rule for now: this list is to
+#: be emptied, never added to
+OWNED_ELSEWHERE = ("tasks/llm/", "tasks/encoder/", "tasks/recipe.py")
+#: modules of this side not split yet (the reader of a context binary and its checks; the int4
+#: weight encodings and the Gather tables): to be emptied, never added to
+NOT_SPLIT_YET = ("tasks/context_binary.py", "tasks/weights.py")
+
+
+def test_no_module_passes_450_lines():
+    """Every module of the package has at most 450 lines (a module does one job), but those
+    :data:`OWNED_ELSEWHERE` and :data:`NOT_SPLIT_YET`."""
+    found = []
+    for f in sorted((REPO / "tasks").rglob("*.py")):
+        rel = f.relative_to(REPO).as_posix()
+        if rel.startswith(OWNED_ELSEWHERE) or rel in NOT_SPLIT_YET:
+            continue
+        n = len(f.read_text(encoding="utf-8").splitlines())
+        if n > 450:
+            found.append((rel, n))
+    assert found == [], found

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 from conftest import REPO, TINY_RECIPE
 
-from tasks import cache as cache_mod
-from tasks.cache import Cache, LockTimeout
+from tasks import keylock
+from tasks.cache import Cache
+from tasks.keylock import LockTimeout
 
 KEY = "k" * 32
 
@@ -62,15 +63,16 @@ sys.path.insert(0, {repo!r})
 replace = os.replace
 
 
-def killing_replace(src, dst, *a, **kw):  # SIGKILL between _link's link and its rename (in build/)
+def killing_replace(src, dst, *a, **kw):  # SIGKILL between _stage_link's link and its rename (in build/)
     if os.path.basename(str(src)).startswith(".") and str(src).endswith(".tmp") and "/build/" in str(dst):
         os.kill(os.getpid(), signal.SIGKILL)
     return replace(src, dst, *a, **kw)
 
 
 os.replace = killing_replace
-from tasks.dodo_tasks import materialize
-materialize({recipe!r})
+from tasks.core.links import materialize
+from tasks.core.session import Session
+materialize(Session(), {recipe!r})
 """
 
 
@@ -137,8 +139,9 @@ def killing_unlink(path, *a, **kw):  # SIGKILL at the first removal of an earlie
 
 
 os.unlink = killing_unlink
-from tasks.dodo_tasks import materialize
-materialize({recipe!r})
+from tasks.core.links import materialize
+from tasks.core.session import Session
+materialize(Session(), {recipe!r})
 """
 
 
@@ -263,7 +266,7 @@ def test_running_lock_holder_is_waited_for(tmp_path, monkeypatch, capsys):
 def test_lock_timeout_must_be_a_number(monkeypatch):
     monkeypatch.setenv("NPUBUILD_LOCK_TIMEOUT", "soon")
     with pytest.raises(ValueError, match="NPUBUILD_LOCK_TIMEOUT: expected a number of seconds >= 0, found 'soon'"):
-        cache_mod.lock_timeout()
+        keylock.lock_timeout()
 
 
 # ------------------------------------------------------------ damaged state databases (fault 11)
@@ -356,8 +359,8 @@ def test_two_processes_removing_one_dead_temp_folder_both_succeed(tmp_path):
     start together remove the same folder, and the one that finds a file already gone must
     go on (a tester's concurrent resumes failed a stage with FileNotFoundError). Two real
     processes, 20,000 files, three rounds."""
-    code = ("import sys, time; from pathlib import Path; from tasks.cache import _rmtree\n"
-            "t = float(sys.argv[2])\nwhile time.time() < t: pass\n_rmtree(Path(sys.argv[1]))\n")
+    code = ("import sys, time; from pathlib import Path; from tasks.fileops import rmtree\n"
+            "t = float(sys.argv[2])\nwhile time.time() < t: pass\nrmtree(Path(sys.argv[1]))\n")
     for round_ in range(3):
         d = tmp_path / f"dead{round_}" / "out"
         d.mkdir(parents=True)

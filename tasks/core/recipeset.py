@@ -87,7 +87,7 @@ def pin(session: Session) -> None:
     re-reading the recipes folder (a stat per file) and re-checking an entry shared by many
     recipes for each of those questions was most of a no-op build's time. Empties the memos
     kept only while pinned (``intact``, ``materials``, ``states``). Called by
-    ``tasks/dodo_tasks.py`` when it lists the tasks; a long-lived session that never pins (a
+    :func:`buildable`, so by every command that makes its tasks; a long-lived session that never pins (a
     cluster worker's) sees edits and re-checks entries on every use."""
     session.pinned = None
     for memo in (session.intact, session.materials, session.states):
@@ -140,3 +140,16 @@ def plan(session: Session, recipe_name: str) -> dict[str, StageSpec]:
     """{stage name: spec} of one recipe, in build order (expanded once per recipe set); a new
     dict each call. Raises KeyError for a recipe that is not in the set."""
     return dict(current(session).plan(recipe_name))
+
+
+def buildable(session: Session) -> list[str]:
+    """Names of the valid, non-abstract recipes, the ones a command makes tasks for. Pins the
+    recipe set for the rest of the command (:func:`pin`). Invalid recipes are not among them
+    (:func:`recipe_errors`), so they never block the others."""
+    pin(session)
+    return [n for n, abstract in recipe_names(session).items() if not abstract]
+
+
+def stems(session: Session) -> set[str]:
+    """The stem of every recipe file, valid or not (abstract ones included)."""
+    return set(recipe_names(session)) | set(recipe_errors(session))

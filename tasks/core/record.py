@@ -11,7 +11,6 @@ from pathlib import Path
 
 from .. import paths
 from ..cache import Entry
-from . import recipeset
 from .session import Session
 
 
@@ -46,8 +45,10 @@ def read_state(session: Session, recipe_name: str, fresh: bool = False) -> dict:
     return {}
 
 
-def record(session: Session, recipe_name: str, stage: str, key: str, material: dict, entry: Entry) -> None:
+def record(session: Session, recipe_name: str, stage: str, key: str, material: dict, entry: Entry,
+           names) -> None:
     """Remember the last key and key material of a stage of this recipe (for explain).
+    ``names``: the recipe's stage names now (its Resolver's ``specs``): rows of other stages go.
     Writes nothing when ``stages.json`` already says so (a no-op build writes no state).
     Raises DiskFull (``tasks.cache``) when the file cannot be written for want of space."""
     from filelock import FileLock
@@ -64,7 +65,6 @@ def record(session: Session, recipe_name: str, stage: str, key: str, material: d
     with FileLock(str(locks / f"state-{recipe_name}.lock")):
         # rows of stages the recipe no longer has (a part removed) go: explain has nothing to
         # say of them, and gc would keep their entries as the last build's (a tester)
-        names = recipeset.plan(session, recipe_name)
         st = {k: v for k, v in read_state(session, recipe_name, fresh=True).items() if k in names}
         st[stage] = row
         # a temp file and one rename (a dead build's temp file is removed with its temp links); a

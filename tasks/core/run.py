@@ -32,9 +32,9 @@ def _names_entry(err: BaseException, upstream: dict[str, Entry]) -> Entry | None
     (its message or its ``filename``), when ``err`` is not one of ours (``tasks.*``: those
     say what is wrong themselves) and not an interrupt, a full disk or a ``ValueError`` other
     than an OSError (a recipe's value the entry does not fit: rebuilding it would not help)."""
-    from ..cache import _disk_full
+    from ..fileops import is_disk_full
 
-    if isinstance(err, KeyboardInterrupt) or _disk_full(err) or type(err).__module__.startswith("tasks."):
+    if isinstance(err, KeyboardInterrupt) or is_disk_full(err) or type(err).__module__.startswith("tasks."):
         return None
     if isinstance(err, ValueError) and not isinstance(err, OSError):
         return None
@@ -48,6 +48,24 @@ def _names_entry(err: BaseException, upstream: dict[str, Entry]) -> Entry | None
         if any(str(entry.path) + os.sep in t or t.endswith(str(entry.path)) for t in texts):
             return entry
     return None
+
+
+def expected_errors() -> tuple:
+    """Errors that explain themselves: a command shows them as one message, without a
+    traceback (a stage's, ``build/<recipe>/``'s, a cluster build's)."""
+    from ..cache import DiskFull, EntryUnreadable
+    from ..context_binary import Mismatch, ReadError
+    from ..digest import InputChanged, StoreUnwritable
+    from ..graphs import GraphError
+    from ..keylock import LockTimeout
+    from ..llm.memory import NotEnoughMemory
+    from ..qnn import NotOnNPU
+    from ..recipe import RecipeError
+    from ..sources import SourceError
+
+    return (StageFailed, UpstreamUnusable, SourceError, NotOnNPU, GraphError, RecipeError,
+            FileNotFoundError, ValueError, DiskFull, LockTimeout, InputChanged, StoreUnwritable, NotEnoughMemory,
+            Mismatch, ReadError, EntryUnreadable)
 
 
 def line(task: str, key: str, status: str, seconds: float, width: int = 0) -> str:
@@ -75,7 +93,7 @@ def build_spec(session: Session, spec, upstream: dict[str, Entry], cache: Cache,
     ``log.txt`` in its entry (``tasks/stagelog.py``); when the build fails and ``kept_log`` is
     given, the log is copied there and the exception gets a note naming it. Returns (key, key
     material, entry, built). Knows nothing of recipes or of doit: :func:`run_stage` and
-    cluster workers (tasks/cluster.py) both call it. Checks nothing about the result (that is
+    cluster workers (tasks/commands/cluster/build.py) both call it. Checks nothing about the result (that is
     :meth:`tasks.core.resolve.Resolver.failures`). Raises what the stage raises, and what
     ``Cache.get_or_build`` raises (LockTimeout, DiskFull, ...)."""
     import shutil
@@ -186,7 +204,7 @@ def run_stage(session: Session, recipe_name: str, stage: str) -> dict:
             raise err from None
         raise
     kept.unlink(missing_ok=True)
-    record(session, recipe_name, stage, key, material, entry)
+    record(session, recipe_name, stage, key, material, entry, res.specs)
     for (_, name), checking in session.checking.items():  # later up-to-date checks of this session see it
         if name == recipe_name and checking.specs.get(stage) == spec:
             checking.remember(stage, material, entry)
@@ -215,7 +233,7 @@ def is_up_to_date(session: Session, recipe_name: str, stage: str) -> bool:
         return False  # cache that cannot be written): the action then runs and reports the error cleanly
     if res.failures(stage, e):
         return False
-    record(session, recipe_name, stage, e.key, res.material(stage), e)
+    record(session, recipe_name, stage, e.key, res.material(stage), e, res.specs)
     session.checked[res.specs[stage].task] = (e.key, time.time() - t0, "pulled" if e.origin == "pulled" else "cache hit")
     return True
 

@@ -1,7 +1,7 @@
 """What one command remembers between calls into :mod:`tasks.core`: a :class:`Session`.
 
-A command creates one and passes it to every core function: the doit task builder
-(``tasks/dodo_tasks.py``, one per doit process), a cluster worker (one per stage it builds),
+A command creates one and passes it to every core function: the doit task creators
+(``dodo.py`` makes one per doit process and gives it to every command's ``creators``), a cluster worker (one per stage it builds),
 the catalog and publish (one per call unless given one). The core modules keep no state of
 their own, so two sessions never see each other's memos.
 """
@@ -37,7 +37,9 @@ class Session:
     - ``code_modules``: {dotted module name: sorted tuple of the modules its code covers};
     - ``code_files``: {(implementation module, patch step names): (stats of its files,
       {module: xxh3 of its source})}, reused while the stats are unchanged;
-    - ``warned``: recipe file stems whose problem the command has printed.
+    - ``warned``: recipe file stems whose problem the command has printed;
+    - ``stage_tasks``: {stage task name: its recipe} of the stage tasks the command made (the
+      doit console reporter and its "Did you mean" read them).
     """
 
     def __init__(self) -> None:
@@ -53,3 +55,4 @@ class Session:
         self.code_modules: dict[str, tuple[str, ...]] = {}
         self.code_files: dict[tuple, tuple[tuple, dict[str, str]]] = {}
         self.warned: set[str] = set()
+        self.stage_tasks: dict[str, str] = {}

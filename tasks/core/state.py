@@ -3,9 +3,9 @@ failures of its check (:func:`build_state`); and :func:`artifacts`, the one list
 files a build ships. What the last build recorded (``build/<recipe>/stages.json``) is
 :mod:`tasks.core.record`; a no-op build never imports this module.
 
-Everything that reports on a build reads this: ``build/<recipe>/`` (tasks/dodo_tasks.py
-``materialize``), ``doit explain`` (:mod:`tasks.core.explain`), the catalog (tasks/catalog.py
-``recipe_status``) and publish (tasks/publish.py). A state is plain data computed once: it
+Everything that reports on a build reads this: ``build/<recipe>/``
+(:func:`tasks.core.links.materialize`), ``doit explain`` (:mod:`tasks.core.explain`), a recipe's
+state (:func:`tasks.core.status.recipe_status`: the catalog's and publish's). A state is plain data computed once: it
 holds :class:`tasks.cache.Entry` values (a folder and its manifest), never a Resolver or a
 cache connection.
 

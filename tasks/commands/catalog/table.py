@@ -1,8 +1,10 @@
 """The catalog's table as data: the states a recipe can be in and the columns (header, cell text,
-sort value, numeric) that the Markdown table (:mod:`tasks.catalog`) and the page
-(:mod:`tasks.catalog_page`) both show, with their number formats."""
+sort value, numeric) that the Markdown table (:mod:`.write`) and the page
+(:mod:`.page`) both show, with their number formats."""
 
 from __future__ import annotations
+
+from ...core.row import arch
 
 #: what the catalog says of a recipe, best first
 STATES = ("verified", "verify-failed", "stale", "not-built", "shape-built", "unsupported")
@@ -36,11 +38,6 @@ def metrics_summary(row: dict) -> str:
             vals += f" ({v['runtime']})"
         parts.append(f"{target}: {vals}" if len(row["verify"]) > 1 else vals)
     return "; ".join(parts)
-
-
-def arch(row: dict) -> str:
-    a = row["architecture"]
-    return "" if not a else (a.get("model_type") or "") + (f" ({', '.join(a['architectures'])})" if a.get("architectures") else "")
 
 
 def source(row: dict) -> str:

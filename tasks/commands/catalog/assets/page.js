@@ -1,4 +1,4 @@
-// The catalog page's script (tasks/catalog_page.py): filters kept in the URL fragment, the two
+// The catalog page's script (tasks/commands/catalog/page.py): filters kept in the URL fragment, the two
 // uPlot scatter charts, sortable tables. Works from the JSON in #catalog-data; no network.
 (function () {
   "use strict";

@@ -4,7 +4,7 @@ It opens from disk with no network: its CSS, scripts and data are inline, and no
 loads a resource (its only URLs are links a reader may follow: the source model's card on the
 Hugging Face Hub or PyPI, and a published bundle's card, folder and archive under ``dist/``).
 
-What it shows, all from the catalog rows (:mod:`tasks.catalog`):
+What it shows, all from the catalog rows (:mod:`tasks.core.row`):
 
 - **Filters** (``<form id="filters">``, one ``<select>`` each): family, size (parameter-count
   ranges, :data:`SIZES`, from ``parameters`` once built, else ``parameters_estimate``),
@@ -26,7 +26,7 @@ What it shows, all from the catalog rows (:mod:`tasks.catalog`):
   the decode ceiling (tokens/s) and the first-token lower bound (:mod:`tasks.llm.figures`,
   read back once built, estimated before). The page says, beside both, that they are ceilings
   and bounds from published figures, not measurements.
-- **The catalog table** (``#catalog``): :data:`tasks.catalog_table.COLUMNS` plus links (a recipe not
+- **The catalog table** (``#catalog``): :data:`.table.COLUMNS` plus links (a recipe not
   built shows its parameters from the config, ``~``); every cell carries its sort value in
   ``data-sort``; a click on a header sorts (both tables).
 
@@ -36,7 +36,7 @@ sorted), and ``#shown`` holds ``data-count`` (table rows shown). ``body[data-ren
 renders (a script waits for it).
 
 Charting library: **uPlot 1.6.32** (MIT, https://github.com/leeoniya/uPlot), vendored from the
-npm tarball ``uplot-1.6.32.tgz`` into ``tasks/catalog_assets/``: ``uPlot.iife.min.js`` (51,081
+npm tarball ``uplot-1.6.32.tgz`` into ``tasks/commands/catalog/assets/``: ``uPlot.iife.min.js`` (51,081
 bytes, sha256 19c8d4c6...), ``uPlot.min.css`` (1,857 bytes) and ``uPlot.LICENSE`` (whose text is
 copied into the page, as the license asks). Chosen because it is the smallest maintained library
 with scatter plots (``mode: 2``) and log axes, draws on a canvas with no dependencies, and is
@@ -59,9 +59,9 @@ import os
 from pathlib import Path
 from urllib.parse import quote
 
-from .catalog_table import COLUMNS, STATES, human_bytes, human_count
+from .table import COLUMNS, STATES, human_bytes, human_count
 
-ASSETS = Path(__file__).resolve().parent / "catalog_assets"
+ASSETS = Path(__file__).resolve().parent / "assets"
 
 #: the filters, in the order the page shows them and writes them into the URL fragment
 FILTERS = (("family", "Family"), ("size", "Size (parameters)"), ("precision", "Precision"),
@@ -176,8 +176,8 @@ def published_bundles(rows: list[dict], dist_dir: Path, catalog_dir: Path) -> di
     in ``dist_dir`` (``<recipe>/manifest.json`` readable, with its ``build_key``): the links are
     relative to ``catalog_dir`` (where index.html is); ``archive`` is None when
     ``<recipe>-<build_key>.tar.gz`` is absent; ``current`` says whether the bundle is of the
-    row's present stage keys (:func:`tasks.publish.short_key`'s digest)."""
-    from .digest import digest_json
+    row's present stage keys (:func:`tasks.commands.publish.bundle.short_key`'s digest)."""
+    from ...digest import digest_json
 
     out = {}
     for r in rows:
@@ -303,7 +303,7 @@ def _td(text, sort, cls: str = "", title: str = "", raw: bool = False) -> str:
 def render_page(rows: list[dict], published: dict | None = None) -> str:
     """The page (module docstring) for catalog ``rows`` and the ``published`` bundles
     (:func:`published_bundles`; None: no links to bundles)."""
-    from .llm.figures import CEILING_NOTE
+    from ...llm.figures import CEILING_NOTE
 
     esc = html.escape
     published = published or {}
@@ -390,6 +390,6 @@ def render_page(rows: list[dict], published: dict | None = None) -> str:
 def catalog_page(rows: list[dict], catalog_dir: Path) -> str:
     """index.html for ``catalog_dir``: :func:`render_page` with the bundles published in
     :func:`tasks.paths.dist_dir`, linked relative to ``catalog_dir``."""
-    from . import paths
+    from ... import paths
 
     return render_page(rows, published_bundles(rows, paths.dist_dir(), Path(catalog_dir)))

@@ -1,4 +1,4 @@
-"""Cluster builds on Dask (issue 10): ``doit cluster --scheduler tcp://host:8786 [recipe ...]``.
+"""Cluster builds on Dask: ``doit cluster --scheduler tcp://host:8786 [recipe ...]``.
 
 The client (the machine that runs the command) plans the chosen recipes, finds the stages
 that neither the local nor the remote cache (``NPUBUILD_REMOTE``, required) has, and submits
@@ -33,12 +33,12 @@ import time
 import uuid
 from types import SimpleNamespace
 
-from . import remote
-from .core import keys, recipeset, resolve
-from .core.run import build_spec, memory_estimate
-from .core.session import Session
-from .core.record import record
-from .plan import KINDS
+from ... import remote
+from ...core import keys, recipeset, resolve
+from ...core.record import record
+from ...core.run import build_spec, memory_estimate
+from ...core.session import Session
+from ...plan import KINDS
 
 ENV_SCHEDULER = "NPUBUILD_SCHEDULER"
 RESOURCE = "MEMORY"
@@ -209,7 +209,7 @@ def build(recipes: list[str] | None, scheduler: str | None, link=None, log=print
     the Dask cluster at ``scheduler`` (default ``$NPUBUILD_SCHEDULER``), then pull their
     entries that ``build/<recipe>/`` and the checks read (not, e.g., a download or a quantize
     entry) and call ``link(recipe, resolver)`` for each recipe whose checks pass (the doit
-    task passes ``dodo_tasks.materialize``, which fills ``build/<recipe>/``). Returns counts: {"stages" (of all recipes),
+    task passes :func:`tasks.core.links.materialize`, which fills ``build/<recipe>/``). Returns counts: {"stages" (of all recipes),
     "submitted" (distinct stages sent to the cluster), "built", "reused" (a worker found the
     entry), "on_remote" (already there before), "pulled" (downloaded here), "seconds"}.
     Raises ClusterError naming what failed (no remote, no scheduler, no worker with enough
@@ -235,7 +235,7 @@ def build(recipes: list[str] | None, scheduler: str | None, link=None, log=print
         results.update(_run(nodes, done, scheduler, log, timeout))
     # the client's part: pull what build/ and the checks read, check, record, link (builds
     # nothing: a Resolver only fetches; the other stages' keys come from remote manifests)
-    from .stages import artifact_patterns, implementations
+    from ...stages import artifact_patterns, implementations
 
     wanted = frozenset(k for k in KINDS if artifact_patterns(k) or any(st.check for st in implementations(k)))
     failed, pulled = [], 0
@@ -247,7 +247,7 @@ def build(recipes: list[str] | None, scheduler: str | None, link=None, log=print
             except keys.NotReady as err:
                 raise ClusterError(f"{spec.task}: not on the remote after the cluster build ({err})") from None
             pulled += e.origin == "pulled"
-            record(session, recipe, name, e.key, res.material(name), e)
+            record(session, recipe, name, e.key, res.material(name), e, res.specs)
             bad = res.failures(name, e)
             if bad:
                 failed.append(f"{spec.task} failed:\n  " + "\n  ".join(bad) + f"\n  (details: {e.out})")

@@ -1,33 +1,11 @@
-"""The catalog: every recipe, its state and, once built, what came out (``doit catalog``).
-
-Reads recipes, ``build/<recipe>/stages.json`` and cache manifests only: it never builds,
-never fetches (a Hub source that is offline shows as ``not-built``) and never moves a damaged
-cache entry (it reads entries with :meth:`Cache.problems`, not :meth:`Cache.lookup`).
-
-States (:func:`recipe_status`):
-
-=================  ==========================================================================
-``verified``       every stage has an intact cache entry and every verify passes its thresholds
-``verify-failed``  every stage has an entry, and some verify is below (or above) a threshold
-``stale``          some stage has no entry for its current key, but ``build/<recipe>/stages.json``
-                   records a complete earlier build (every verify stage recorded)
-``not-built``      some stage has no entry and no complete build was ever recorded here
-``shape-built``    a shape build (random weights of the model's exact config) whose every stage
-                   has an entry: its verify figures are measured, never judged as quality
-``unsupported``    a valid recipe of a model the LLM export does not implement
-                   (:class:`tasks.recipe.UnsupportedModel`); ``reason`` says what
-=================  ==========================================================================
-
-Abstract recipes (templates, ``abstract: true``) are left out, as from the doit tasks.
-
-Output (:func:`write_catalog`, in :func:`tasks.paths.catalog_dir`):
-
-- ``catalog.json``: ``{"schema_version": 1, "recipes": [row, ...]}``, rows sorted by recipe
-  name, keys sorted, 2-space indent, no timestamps (same inputs, same bytes). A row:
+"""A recipe's catalog row (:func:`catalog_row`): what the catalog lists of a recipe and what
+publish's model card and manifest quote. A row is plain data (JSON), from the recipe and its
+state (a :class:`tasks.core.status.RecipeStatus`, called ``status`` or ``st`` below); it reads the
+local cache alone. Its fields:
 
   ==================  =======================================================================
   ``name``            recipe name (str)
-  ``state``           one of the four states above (str)
+  ``state``           one of the states of :mod:`tasks.core.status` (str)
   ``reason``          why not built / stale: the first missing stage and why (str or null)
   ``failures``        verify failures, one line each (list of str; empty unless verify-failed)
   ``description``,    from the recipe (str)
@@ -79,104 +57,25 @@ Output (:func:`write_catalog`, in :func:`tasks.paths.catalog_dir`):
                       formulas: :mod:`tasks.llm.figures`. null for encoders
   ==================  =======================================================================
 
-  Built-only fields are null for ``stale`` and ``not-built`` rows.
-- ``README.md``: the same as a Markdown table, for reading on a code host.
-- ``index.html``: the page to choose models with (:mod:`tasks.catalog_page`): filters kept in
-  the URL fragment, a quality-versus-size chart, the on-device ceilings, sortable tables and
-  links to published bundles; one self-contained file, nothing fetched from the network.
+Built-only fields are null for ``stale`` and ``not-built`` rows.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
-from . import paths, qnn
-from .cache import Entry
-from .core import recipeset
-from .core.keys import NotReady
-from .core.resolve import Resolver
-from .core.session import Session
-from .core.record import read_state
-from .core.state import BuildState, artifacts, build_state
-from .catalog_table import COLUMNS, human_bytes, human_count, per_target, tps
-from .stages.common import runtimes_checked
+from .. import qnn
+from ..cache import Entry
+from ..stages.common import runtimes_checked
+from .state import artifacts
 
-SCHEMA_VERSION = 1
-CATALOG_TOOLS = {"qnn-sdk": "compile", "onnxruntime": "compile", "onnxruntime-qnn": "compile",
-                 "optimum": "export", "transformers": "export"}  # tool -> stage kind that records it
-_FLOAT_TYPES = {1, 10, 11, 16}  # onnx.TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16
-
-
-class _ReadOnlyResolver(Resolver):
-    """A Resolver that never quarantines: a damaged entry counts as missing and stays put."""
-
-    def entry(self, stage: str) -> Entry:
-        spec = self.specs[stage]
-        key = self.key(stage)
-        probs = self.cache.problems(spec.kind, key)
-        if probs is None:
-            raise NotReady(f"{spec.task} has no cache entry for key {key[:12]}")
-        if probs:
-            raise NotReady(f"{spec.task}: cache entry {spec.kind}/{key} is damaged ({probs[0]})")
-        path = self.cache.entry_path(spec.kind, key)
-        return Entry(spec.kind, key, path, json.loads((path / "manifest.json").read_text(encoding="utf-8")))
-
-
-def catalog_recipes(session: Session | None = None) -> dict:
-    """{name: Recipe} of every non-abstract recipe, sorted by name. ``session``: the command's
-    (default: a new one). Raises RecipeError."""
-    return {n: r for n, r in sorted(recipeset.recipes(session or Session()).items()) if not r.abstract}
-
-
-@dataclass(frozen=True)
-class RecipeStatus:
-    """One recipe as the catalog and publish see it: ``state`` (one of :data:`tasks.catalog_table.STATES`), ``reason``
-    (the first stage without an entry, and why), ``failures`` (verify's, as "<task>: ..."),
-    and the typed build state it was judged from (tasks/core/state.py)."""
-
-    state: str
-    reason: str | None
-    failures: list[str]
-    build: BuildState
-
-    @property
-    def stage_keys(self) -> dict[str, str | None]:
-        """{stage: key of its entry, None without one}"""
-        return {n: s.entry.key if s.entry else None for n, s in self.build.stages.items()}
-
-    @property
-    def entries(self) -> dict[str, Entry]:
-        return self.build.entries
-
-
-def recipe_status(name: str, session: Session | None = None) -> RecipeStatus:
-    """State of one recipe from the local cache alone (no building, no fetching, no
-    quarantining). ``reason`` names the first stage without an entry and why (no entry for its
-    key, an upstream missing, a Hub source unavailable offline...); "stale" when the last
-    build recorded every verify stage, else "not-built". ``session``: the command's (default: a
-    new one). Raises KeyError for an unknown recipe."""
-    from .proc.scrubbing import scrub
-
-    session = session or Session()
-    last = read_state(session, name)
-    b = build_state(_ReadOnlyResolver(session, name), last)
-    reasons = [s.problem if s.status != "unknown" else f"{s.task}: {scrub(s.problem)}"
-               for s in b.stages.values() if s.entry is None]
-    failures = []
-    if not reasons:
-        failures = [f"{s.task}: {f}" for s in b.of_kind("verify") for f in s.failures]
-        state = "verify-failed" if failures else "verified"
-    else:
-        verifies = [s.name for s in b.of_kind("verify")]
-        state = "stale" if verifies and all(v in last for v in verifies) else "not-built"
-    return RecipeStatus(state, reasons[0] if reasons else None, failures, b)
-
-
-# ------------------------------------------------------------ details of a built recipe
+#: tool -> the stage kind whose entries record its version
+CATALOG_TOOLS = MappingProxyType({"qnn-sdk": "compile", "onnxruntime": "compile", "onnxruntime-qnn": "compile",
+                                  "optimum": "export", "transformers": "export"})
+_FLOAT_TYPES = frozenset({1, 10, 11, 16})  # onnx.TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16
 
 
 def source_info(recipe, download: Entry | None) -> dict:
@@ -230,7 +129,7 @@ def parameter_count(download: Entry, *exports: Entry) -> int | None:
     return sum(seen.values()) if graphs else None
 
 
-def artifact_sizes(status: RecipeStatus) -> dict:
+def artifact_sizes(status) -> dict:
     """{target: {file: bytes}} of the compile entries' artifact files (:func:`tasks.core.state.artifacts`)."""
     out: dict = {}
     for a in artifacts(status.build).values():
@@ -239,7 +138,7 @@ def artifact_sizes(status: RecipeStatus) -> dict:
     return out
 
 
-def verify_results(status: RecipeStatus) -> dict:
+def verify_results(status) -> dict:
     """{target: {"backend", "runtime", "metrics", "thresholds", "failures", "cpu_nodes", "runs_on",
     "binaries" (each context binary read back: bytes, SDK build id, SoC, per graph weight /
     shared weight / spill-fill / I/O bytes), "runtimes" (how each runtime served was checked:
@@ -267,7 +166,13 @@ def runs_on(row: dict) -> str | None:
     return "; ".join(f"{t}: {v}" for t, v in said.items())
 
 
-def tool_versions(status: RecipeStatus, names=CATALOG_TOOLS) -> dict:
+def arch(row: dict) -> str:
+    """A row's ``architecture`` as one line: ``model_type (Architectures, ...)``; "" before a build."""
+    a = row["architecture"]
+    return "" if not a else (a.get("model_type") or "") + (f" ({', '.join(a['architectures'])})" if a.get("architectures") else "")
+
+
+def tool_versions(status, names=CATALOG_TOOLS) -> dict:
     """{tool: version} for ``names`` ({tool: stage kind}) as recorded in the manifests of the
     entries of that kind; several distinct versions are joined with ", "; "not used" when
     entries of that kind exist and none records the tool (an LLM's export runs no optimum),
@@ -280,13 +185,9 @@ def tool_versions(status: RecipeStatus, names=CATALOG_TOOLS) -> dict:
     return out
 
 
-def catalog_row(name: str, recipe=None, session: Session | None = None) -> dict:
-    """One catalog row (schema in the module docstring) for recipe ``name`` (``recipe``: its
-    Recipe, default loaded). ``session``: the command's (default: a new one). Raises KeyError
-    for an unknown recipe."""
-    session = session or Session()
-    recipe = recipe or recipeset.recipes(session)[name]
-    st = recipe_status(name, session)
+def catalog_row(name: str, recipe, st) -> dict:
+    """One catalog row (schema in the module docstring) for recipe ``name``: ``recipe`` its
+    Recipe, ``st`` its state (:func:`tasks.core.status.recipe_status`)."""
     ex = recipe.export
     row = {
         "name": name, "reason": st.reason, "failures": st.failures,
@@ -318,12 +219,12 @@ def catalog_row(name: str, recipe=None, session: Session | None = None) -> dict:
     return row
 
 
-def _device(recipe, st: RecipeStatus | None, row: dict) -> dict:
+def _device(recipe, st, row: dict) -> dict:
     """``parameters_estimate`` and ``device`` (per target, :func:`tasks.llm.figures.device_figures`)
     of an LLM row; nulls for an encoder or a model whose config cannot be read offline."""
     if recipe.export.family != "llm":
         return {"parameters_estimate": None, "device": None}
-    from .llm.figures import device_figures, parameters, recipe_config
+    from ..llm.figures import device_figures, parameters, recipe_config
 
     dl = st.entries.get("download") if st is not None else None
     cfg, _ = recipe_config(recipe, dl.out if dl is not None else None)
@@ -338,7 +239,7 @@ def _device(recipe, st: RecipeStatus | None, row: dict) -> dict:
 def unsupported_row(stem: str, err) -> dict:
     """The row of a recipe file whose model is unsupported (:class:`tasks.recipe.UnsupportedModel`):
     state ``unsupported``, ``reason`` its one line, the recipe's own fields, the rest null."""
-    from .recipe import load_recipe
+    from ..recipe import load_recipe
 
     recipe = load_recipe(Path(err.file))
     ex = recipe.export
@@ -352,91 +253,3 @@ def unsupported_row(stem: str, err) -> dict:
            "artifact_bytes": None, "verify": None, "tools": None, "qnn_context_sdk": None, "runs_on": None}
     row.update(_device(recipe, None, row))
     return row
-
-
-def catalog_rows(session: Session | None = None) -> list[dict]:
-    """Every non-abstract recipe's row, sorted by name. ``session``: the command's (default: a
-    new one). Raises RecipeError for an invalid recipe file (the catalog is then not written)."""
-    from .errors import UnsupportedModel
-
-    session = session or Session()
-    rows = [catalog_row(n, r, session) for n, r in catalog_recipes(session).items()]
-    rows += [unsupported_row(stem, e) for stem, e in recipeset.recipe_errors(session).items()
-             if isinstance(e, UnsupportedModel)]
-    return sorted(rows, key=lambda r: r["name"])
-
-
-# ------------------------------------------------------------ rendering
-
-
-def render_markdown(rows: list[dict]) -> str:
-    """The catalog as a Markdown document: one table row per recipe, then the reasons of the
-    recipes that are not built, stale or failed."""
-    def cell(text) -> str:
-        return str(text).replace("|", "\\|").replace("\n", " ")
-
-    lines = ["# Model catalog", "", "Generated by `doit catalog` from recipes and the build cache "
-             "(schema: `tasks/catalog.py`). States: verified, verify-failed, stale, not-built.", "",
-             "| " + " | ".join(c[0] for c in COLUMNS) + " |", "|" + "|".join("---" for _ in COLUMNS) + "|"]
-    for r in rows:
-        lines.append("| " + " | ".join(cell(c[1](r)) for c in COLUMNS) + " |")
-    notes = [r for r in rows if r["reason"] or r["failures"]]
-    if notes:
-        lines += ["", "## Why not verified", ""]
-        for r in notes:
-            for why in r["failures"] or [r["reason"]]:
-                lines.append(f"- **{r['name']}** ({r['state']}): {cell(why)}")
-    return "\n".join(lines) + "\n"
-
-
-#: the terminal table's columns (``doit catalog``, as ``ollama list`` prints): header, cell
-TABLE = [("NAME", lambda r: r["name"]), ("STATE", lambda r: r["state"]),
-         ("PARAMS", lambda r: human_count(r["parameters"] or r.get("parameters_estimate"))),
-         ("PRECISION", lambda r: r["precision"]),
-         ("BUNDLE", lambda r: per_target(r, "bundle_bytes", human_bytes) or human_bytes(r["artifact_bytes"])),
-         ("MEMORY", lambda r: per_target(r, "memory_bytes", human_bytes)),
-         ("DECODE CEILING", lambda r: "; ".join(f"{t} {tps(f.get('decode_tokens_per_s_ceiling'))}"
-                                                for t, f in sorted((r.get("device") or {}).items())))]
-
-
-def terminal_table(rows: list[dict]) -> str:
-    """The catalog as a plain-text table, one row per recipe, columns padded to their widest
-    cell (:data:`TABLE`: name, state, parameters (counted once built, else from the config),
-    precision, bundle size, memory on the device, decode ceiling per target)."""
-    cells = [[h for h, _ in TABLE]] + [[str(f(r)) for _, f in TABLE] for r in rows]
-    widths = [max(len(c[i]) for c in cells) for i in range(len(TABLE))]
-    return "\n".join("  ".join(c[i].ljust(widths[i]) for i in range(len(TABLE))).rstrip() for c in cells)
-
-
-def write_catalog(out_dir: Path | None = None, session: Session | None = None) -> dict[str, Path]:
-    """Write catalog.json, README.md and index.html into ``out_dir`` (default
-    :func:`tasks.paths.catalog_dir`). Returns {file name: path}. The files are written under
-    temp names and renamed once all three are, so a reader never sees half a file, and a full
-    disk is one DiskFull error that leaves the previous files whole. ``session``: the
-    command's (default: a new one)."""
-    from . import outputs
-    from .catalog_page import catalog_page
-
-    out_dir = Path(out_dir or paths.catalog_dir())
-    with outputs.full_disk_is(out_dir.parent, f"{out_dir.name}/", "NPUBUILD_CATALOG"):
-        out_dir.mkdir(parents=True, exist_ok=True)
-    rows = catalog_rows(session)
-    docs = {"catalog.json": json.dumps({"schema_version": SCHEMA_VERSION, "recipes": rows}, indent=2,
-                                       sort_keys=True) + "\n",
-            "README.md": render_markdown(rows), "index.html": catalog_page(rows, out_dir)}
-    written, tmps = {}, []
-    # all three under temp names first, renamed only once all are written: a full disk leaves
-    # the previous three as they were (one DiskFull line)
-    with outputs.full_disk_is(out_dir, "the catalog", "NPUBUILD_CATALOG", tmps):
-        for fname, text in docs.items():
-            tmps.append(out_dir / f".{fname}.{os.getpid()}.tmp")
-            tmps[-1].write_text(text, encoding="utf-8")
-    for tmp, fname in zip(tmps, docs):
-        tmp.replace(out_dir / fname)
-        written[fname] = out_dir / fname
-    print(terminal_table(rows))
-    for r in rows:  # why a recipe is not usable as it stands; "not built" needs no reason
-        if (r["reason"] or r["failures"]) and r["state"] != "not-built":
-            print(f"{r['name']}: {r['reason'] or '; '.join(r['failures'])}")
-    print(f"catalog: {len(rows)} recipes -> {out_dir} (decode and first-token figures are ceilings: catalog.json 'note')")
-    return written

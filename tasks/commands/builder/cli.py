@@ -1,0 +1,127 @@
+"""The build command's doit tasks (:func:`creators`):
+
+- ``<stage>:<recipe>`` for every stage (``download:minilm-l6-w8a16``, ``export:...``); its
+  ``uptodate`` callable says "my stage key names an intact cache entry", so a stage runs only
+  when it is stale, and a stage built by another recipe is reused without running.
+- ``build:<recipe>`` runs a recipe's chain and fills ``build/<recipe>/``; ``doit build`` builds
+  every recipe.
+- ``explain:<recipe>`` prints each stage's key, status and what changed since its last build.
+
+A stage's own output goes to its cache entry's ``log.txt`` (``tasks/stagelog.py``); the console
+gets one line per stage (:mod:`.reporter`).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ...core import links, recipeset, run
+from ...core.session import Session
+from .threads import THREAD_MODE
+
+
+def _invalid(session: Session) -> dict:
+    errs = recipeset.recipe_errors(session)
+    for stem, e in errs.items():
+        if stem not in session.warned:
+            session.warned.add(stem)
+            from ...errors import UnsupportedModel
+
+            # a valid recipe of a model not implemented yet is said where it is asked for: its
+            # build task fails with the reason, `doit list` (_list_fails_on_invalid_recipes) and
+            # the catalog name it unsupported; every other command stays quiet about it
+            if not isinstance(e, UnsupportedModel):
+                print(f"npubuild: invalid recipe, skipped\n{e}", file=sys.stderr)
+    return errs
+
+
+def _fail(message: str):
+    from doit.exceptions import TaskFailed
+
+    return TaskFailed(message)
+
+
+def _stage_action(session: Session, recipe: str, stage: str):
+    import threading
+
+    from doit.exceptions import TaskFailed
+
+    if threading.current_thread() is not threading.main_thread():
+        return TaskFailed(THREAD_MODE)
+    try:
+        return run.run_stage(session, recipe, stage)
+    except run.expected_errors() as e:  # the notes name the stage's log (run.run_stage)
+        return TaskFailed("\n".join([f"{type(e).__name__}: {e}", *getattr(e, "__notes__", ())]))
+
+
+def _materialize_action(session: Session, recipe: str):
+    """:func:`tasks.core.links.materialize` as ``build:<recipe>``'s action: an error that explains itself (a full
+    build disk: DiskFull) is its one line, as a stage's is."""
+    try:
+        return links.materialize(session, recipe)
+    except run.expected_errors() as e:
+        return _fail(f"{type(e).__name__}: {e}")
+
+
+def _print_explain(session: Session, recipe: str) -> None:
+    from ...core.explain import print_explain
+
+    print_explain(session, recipe)
+
+
+def _build_uptodate(session: Session, recipe: str):
+    def check(task, values):
+        return links.is_current(session, recipe)
+
+    return check
+
+
+def _uptodate(session: Session, recipe: str, stage: str):
+    def check(task, values):
+        return run.is_up_to_date(session, recipe, stage)
+
+    check.__name__ = f"cached_{stage}"
+    return check
+
+
+def creators(session: Session) -> dict:
+    """{name: doit task creator} of the build command, all working in ``session``."""
+
+    def task_stages():
+        """One task per stage of every recipe; doit groups them by stage name."""
+        for name in recipeset.buildable(session):
+            for spec in recipeset.plan(session, name).values():
+                session.stage_tasks[spec.task] = name
+                yield {
+                    "basename": spec.name,
+                    "name": name,
+                    "doc": f"{spec.kind} stage of {name}",
+                    "actions": [(_stage_action, [session, name, spec.name])],
+                    "task_dep": [f"{up}:{name}" for up in sorted(set(spec.inputs.values()))],
+                    "uptodate": [_uptodate(session, name, spec.name)],
+                    "verbosity": 2,
+                }
+
+    def task_build():
+        """build:<recipe> runs the recipe's whole chain and links its artifacts into build/."""
+        for stem, err in sorted(_invalid(session).items()):
+            yield {"name": stem, "doc": f"INVALID recipe {stem}.yaml (run it to see why)",
+                   "actions": [(_fail, [str(err)])], "uptodate": [False], "verbosity": 2}
+        for name in recipeset.buildable(session):
+            specs = recipeset.plan(session, name)
+            yield {
+                "name": name,
+                "doc": f"build {name} (all stages) into build/{name}/",
+                "actions": [(_materialize_action, [session, name])],
+                "task_dep": [s.task for s in specs.values()],
+                "uptodate": [_build_uptodate(session, name)],
+                "verbosity": 2,
+            }
+
+    def task_explain():
+        """explain:<recipe> prints each stage's key, params, status and what changed."""
+        for name in recipeset.buildable(session):
+            yield {"name": name, "actions": [(_print_explain, [session, name])], "uptodate": [False],
+                   "verbosity": 2, "doc": f"show {name}'s plan, stage keys and why a stage is stale"}
+
+    return {"task_stages": task_stages, "task_build": task_build, "task_explain": task_explain}

@@ -1,0 +1,74 @@
+"""The console reporter of the doit commands (:func:`console_reporter`): one line per stage."""
+
+from __future__ import annotations
+
+from ...core import run
+from ...core.session import Session
+
+
+def console_reporter(session: Session):
+    """doit's console reporter, made to print one line per stage: a stage task that
+    runs prints its own line when done (``tasks.core.run.run_stage``: key, built / FAILED, seconds), so
+    doit's ".  <task>" line is dropped for it and for ``build:<recipe>`` (which prints its own);
+    an up-to-date stage gets the same line as a cache hit instead of "-- <task>". A task that
+    fails with a message of ours (TaskFailed: a stage's error, a full disk under build/, dist/
+    or catalog/, publish's refusals) is one ``<task>  <message>`` line, without doit's
+    "TaskFailed - taskid:" line; an exception doit caught keeps its traceback."""
+    from doit.reporter import ConsoleReporter
+
+    class Reporter(ConsoleReporter):
+        desc = "console, one line per stage (npubuild)"
+
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            self._causes: dict[str, tuple[str, ...]] = {}  # task -> the tasks that failed under it
+
+        @staticmethod
+        def _ours(task) -> bool:
+            base = task.name.split(":", 1)[0]
+            return ":" in task.name and (base == "build" or task.name in session.stage_tasks)
+
+        def execute_task(self, task):
+            if not self._ours(task):
+                super().execute_task(task)
+
+        def _write_failure(self, result, write_exception=True):
+            from doit.exceptions import TaskFailed, UnmetDependency
+
+            fail, name = result["exception"], result["task"].name
+            causes = self._causes
+            if isinstance(fail, UnmetDependency):  # one line, not doit's three
+                # doit names the upstream tasks that did not succeed, also those that were only
+                # not run themselves: name the ones that failed instead
+                msg = f" {fail.get_msg().strip()} "  # names joined by spaces; a name may hold one
+                ups = [t for t in causes if f" {t} " in msg] or msg.split()
+                roots = sorted({c for up in ups for c in causes.get(up, (up,))})
+                causes[name] = tuple(roots)
+                recipe = self._recipe_of(name)
+                if recipe and all(self._recipe_of(r) == recipe for r in roots):
+                    return  # the recipe's own failure was its one line (not ~15 lines a recipe)
+                self.write(f"{name}  not run: {' '.join(roots)} failed\n")
+            elif name in session.stage_tasks and hasattr(fail, "get_msg") or type(fail) is TaskFailed:
+                causes[name] = (name,)
+                self.write(f"{name}  {fail.get_msg().strip()}\n")  # without doit's "TaskFailed - taskid" line
+            else:
+                causes[name] = (name,)
+                super()._write_failure(result, write_exception)
+
+        @staticmethod
+        def _recipe_of(task: str) -> str | None:
+            """The recipe of a stage task or of ``build:<recipe>``, else None."""
+            return session.stage_tasks.get(task) or (task.split(":", 1)[1] if task.startswith("build:") else None)
+
+        def skip_uptodate(self, task):
+            checked = session.checked.get(task.name)
+            if task.name in session.stage_tasks and checked:
+                recipe = session.stage_tasks[task.name]
+                self.write(run.line(task.name, checked[0], checked[2], checked[1], run.task_width(session, recipe))
+                           + "\n")
+            else:
+                super().skip_uptodate(task)
+
+    return Reporter
+
+

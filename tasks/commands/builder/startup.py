@@ -1,0 +1,253 @@
+"""The doit process npubuild runs in: what ``dodo.py`` sets up before any task is made
+(:func:`start`). Settings of the environment npubuild cannot use are one line each and exit 2
+(:func:`environment_problems`, :func:`thread_mode`); Ctrl-C is one line; a task name doit does
+not know gets "Did you mean" (:func:`suggestion`); doit's database is moved aside when SQLite
+cannot read it and a full disk when doit writes it is one line; ``doit list`` exits 1 on an
+invalid recipe; :func:`start` returns doit's configuration with the console reporter (:mod:`.reporter`)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from ... import paths
+from ...core import recipeset
+from ...core.session import Session
+from ...proc import interrupt
+from .reporter import console_reporter
+from .threads import THREAD_MODE, thread_mode
+
+
+def environment_problems() -> list[str]:
+    """One line per setting of the environment npubuild cannot use, found before any task is
+    made (each would be a 40-line traceback): a relative ``NPUBUILD_*`` folder, a relative
+    ``NPUBUILD_ALLOW_PATHS`` entry, an ``NPUBUILD_REMOTE`` URL fsspec cannot open (unknown
+    scheme, backend not installed), a cache, build or home folder this user cannot write
+    (:func:`tasks.outputs.unwritable`: read-only file system, mode, owner; dist/ and catalog/
+    are checked by the tasks that write them), an ``NPUBUILD_HOME`` disk
+    with less than :data:`HOME_MIN_FREE` free, an ``NPUBUILD_LOCK_TIMEOUT`` or
+    ``NPUBUILD_MEMORY_GB`` that is not a number in range. Reads nothing from the network."""
+    from ... import outputs
+
+    problems = []
+    for where in (paths.root, paths.recipes_dir, paths.cache_dir, paths.build_dir, paths.state_dir,
+                  paths.dist_dir, paths.catalog_dir, paths.allowed_dirs):
+        try:
+            where()
+        except ValueError as e:  # every folder under a relative NPUBUILD_ROOT says the same: once
+            if str(e) not in problems:
+                problems.append(str(e))
+    for name, where in (("NPUBUILD_CACHE", paths.cache_dir), ("NPUBUILD_BUILD", paths.build_dir),
+                        ("NPUBUILD_HOME", paths.state_dir)):
+        try:
+            if bad := outputs.unwritable(name, where()):
+                problems.append(bad)
+        except ValueError:
+            pass  # said above
+    from ...keylock import lock_timeout
+    from ...budget import budget_gib
+
+    for check in (lock_timeout, budget_gib):  # numbers: NPUBUILD_LOCK_TIMEOUT, NPUBUILD_MEMORY_GB
+        try:
+            check()
+        except ValueError as e:
+            problems.append(str(e))
+    if os.environ.get("NPUBUILD_REMOTE"):
+        from ... import remote
+
+        try:
+            remote.from_env()
+        except ValueError as e:
+            problems.append(str(e))
+    if not problems and (bad := _home_problem()):
+        problems.append(bad)
+    return problems
+
+
+#: the room NPUBUILD_HOME needs to start a run: doit's database and the stat cache write there,
+#: and doit stops with a traceback when its database cannot be written
+HOME_MIN_FREE = 4 << 20
+
+
+def _home_problem() -> str:
+    home = paths.state_dir()
+    probe = home if home.exists() else next((p for p in home.parents if p.exists()), home)
+    try:
+        free = shutil.disk_usage(probe).free
+    except OSError:
+        return ""
+    if free >= HOME_MIN_FREE:
+        return ""
+    return (f"NPUBUILD_HOME {home}: {free / 2**20:.1f} MiB free on its disk, expected at least "
+            f"{HOME_MIN_FREE >> 20} MiB (doit's database and the stat cache write there): free space or point "
+            f"NPUBUILD_HOME to another disk; nothing was changed")
+
+
+def _interrupted(exc_type, exc, tb, _default=sys.excepthook):
+    """``sys.excepthook`` of the doit process: Ctrl-C is one line, not doit's traceback. What a
+    stage was building stays out of the cache (``tasks/cache.py``: only a finished build is
+    renamed into place); the process still ends by SIGINT, so shells see an interrupt."""
+    if not issubclass(exc_type, KeyboardInterrupt):
+        return _default(exc_type, exc, tb)
+    logs = [n for n in getattr(exc, "__notes__", ()) if n.startswith("log: ")]
+    sys.stderr.write("npubuild: interrupted; cache entries are whole or absent (a stage stopped midway left none)"
+                     + (f"; the stopped stage's {logs[0]}" if logs else "") + "\n")
+
+
+def suggestion(session: Session, groups, param: str | None) -> str:
+    """For a task name doit does not know (``build:minilm``), the close ones: the part after
+    the last ``:`` against the recipe files' names (valid or not: those it begins, else
+    difflib's ratio >= 0.6), the part before it against the task groups (ratio >= 0.6).
+    "" when nothing is close. ``groups``: the names of the task creators' groups, without the
+    stage tasks (their groups are the stage names ``session.stage_tasks`` holds)."""
+    import difflib
+
+    if not param:
+        return ""
+    group, sep, name = param.rpartition(":")
+    if not sep:
+        group, name = name, ""
+    recipes = sorted(recipeset.stems(session))
+    groups = sorted({t.split(":", 1)[0] for t in session.stage_tasks} | set(groups()))
+    gs = [group] if group in groups or not group else difflib.get_close_matches(group, groups, n=2, cutoff=0.6)
+    ns = [name] if not name or name in recipes else (
+        [r for r in recipes if r.startswith(name)][:3] or difflib.get_close_matches(name, recipes, n=3, cutoff=0.6))
+    close = [f"{g}:{n}" if n else g for g in gs for n in ns if f"{g}:{n}" != param and g != param]
+    return f"Did you mean: {', '.join(close)}?\n" if close else ""
+
+
+def _did_you_mean(session: Session, groups) -> None:
+    """doit's "Invalid parameter" error (``doit.exceptions.InvalidCommand``, raised before any
+    task of ours runs) followed by :func:`suggestion`."""
+    from doit.exceptions import InvalidCommand
+
+    plain = InvalidCommand.__str__
+
+    def __str__(self):
+        return plain(self) + suggestion(session, groups, self.not_found)
+
+    InvalidCommand.__str__ = __str__
+
+
+def _check_doit_db(path: Path) -> None:
+    """Move doit's database aside (one warning) when SQLite cannot read it, before doit opens
+    it: it holds only doit's own records (our up-to-date checks read the cache), so doit
+    starting with an empty one costs nothing but a re-check."""
+    import sqlite3
+
+    from ...digest import reset_database
+
+    if not path.exists():
+        return
+    try:
+        with sqlite3.connect(path, timeout=60) as conn:
+            conn.execute("SELECT name FROM sqlite_master").fetchall()
+            bad = conn.execute("PRAGMA quick_check").fetchone()[0]
+        conn.close()
+    except sqlite3.DatabaseError as e:
+        from ...digest import damaged
+
+        if damaged(e):
+            reset_database(path, e, "doit's database")
+        return  # full, read-only, locked: doit says so when it writes; the file is valid
+    if bad != "ok":
+        reset_database(path, sqlite3.DatabaseError(f"quick_check: {bad}"), "doit's database")
+
+
+
+def _doit_db_full_is_one_line() -> None:
+    """doit writes its database once, when the run ends (``SqliteDB.dump``, one transaction): on
+    a home whose disk filled meanwhile that was a traceback after the run's own lines. It is one
+    DiskFull line instead; the transaction is rolled back, so the database stays as it was
+    (doit re-checks this run's tasks next time: their results are in the cache)."""
+    import sqlite3
+
+    from doit.dependency import SqliteDB
+
+    from ... import outputs
+
+    plain = SqliteDB.dump
+    if getattr(plain, "npubuild", False):
+        return
+
+    def dump(self):
+        try:
+            plain(self)
+        except sqlite3.OperationalError as e:
+            if (getattr(e, "sqlite_errorcode", 0) or 0) & 0xFF != 13 and "disk is full" not in str(e):  # SQLITE_FULL
+                raise
+            try:
+                self._conn.rollback()
+                self._conn.close()
+            except sqlite3.Error:
+                pass
+            self._dirty = set()
+            err = outputs.disk_full(paths.state_dir(), "doit's database doit.sqlite3", "NPUBUILD_HOME")
+            sys.stderr.write(f"npubuild: DiskFull: {err}\n")
+
+    dump.npubuild = True
+    SqliteDB.dump = dump
+
+
+def _list_fails_on_invalid_recipes(session: Session) -> None:
+    """Make ``doit list`` exit 1 when a recipe file is invalid, after listing every task of
+    the valid ones (and the failing ``build:<stem>`` of each invalid one), and end quietly
+    (exit 1, Python's advice for EPIPE) when its reader closes the pipe. doit's List command
+    always returns 0 and has no hook; dodo.py is imported before it runs."""
+    import functools
+
+    from doit.cmd_list import List
+
+    plain = List._execute
+    if getattr(plain, "npubuild", False):
+        return
+
+    @functools.wraps(plain)
+    def _execute(self, *args, **kw):
+        try:
+            code = plain(self, *args, **kw)
+        except BrokenPipeError:  # `doit list --all | head`: the reader left, so do we, without a traceback
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (and no second error at exit)
+            return 1
+        errs = recipeset.recipe_errors(session)
+        if errs:  # (the recipe module, and pydantic with it, only when a stored plan did not serve)
+            from ...errors import UnsupportedModel
+
+            for e in errs.values():  # listed as unsupported, not invalid: one line each
+                if isinstance(e, UnsupportedModel):
+                    print(f"npubuild: {e.file}: unsupported model, skipped: {e.problems[0][1]}", file=sys.stderr)
+            errs = {k: e for k, e in errs.items() if not isinstance(e, UnsupportedModel)}
+        if errs:
+            print(f"npubuild: {len(errs)} invalid recipe file(s), each with a failing build:<stem> task: "
+                  f"{', '.join(f'{s}.yaml' for s in sorted(errs))}", file=sys.stderr)
+        return code or (1 if errs else 0)
+
+    _execute.npubuild = True
+    List._execute = _execute
+
+
+def start(session: Session, namespace: dict) -> dict:
+    """Set up this doit process for ``session`` (the command's): refuse, exit 2, the settings
+    :func:`environment_problems` and :func:`thread_mode` find; make ``NPUBUILD_HOME``; install
+    the Ctrl-C line, "Did you mean" (the groups: ``namespace``'s ``task_*`` creators, read when
+    doit asks), the doit database checks and ``doit list``'s exit status. Returns DOIT_CONFIG."""
+    if problems := environment_problems() + ([THREAD_MODE] if thread_mode(sys.argv[1:]) else []):
+        sys.stderr.write("".join(f"npubuild: {p}\n" for p in problems))
+        sys.exit(2)
+    paths.state_dir().mkdir(parents=True, exist_ok=True)
+    sys.excepthook = _interrupted
+    interrupt.install()
+    _did_you_mean(session, lambda: [n[len("task_"):] for n in namespace if n.startswith("task_") and n != "task_stages"])
+    _check_doit_db(paths.state_dir() / "doit.sqlite3")
+    _doit_db_full_is_one_line()
+    _list_fails_on_invalid_recipes(session)
+    return {
+        "backend": "sqlite3",  # the only doit backend that supports concurrent access
+        "dep_file": str(paths.state_dir() / "doit.sqlite3"),
+        "verbosity": 2,
+        "default_tasks": ["build"],
+        "continue": True,  # like make -k: build every recipe that can be built, report the others
+        "reporter": console_reporter(session),  # one console line per stage
+    }

@@ -1,0 +1,2 @@
+"""The cluster command: stale stages built on a Dask cluster (:mod:`.build`), its doit task
+(:mod:`.cli`)."""

@@ -1,0 +1,27 @@
+"""The publish command: a verified build shipped as a bundle, and the bundle checked.
+
+``doit publish:<recipe>`` (:mod:`.write`) refuses a recipe that is not ``verified`` (see
+:mod:`tasks.core.status`: verify failed, stale build, never built), saying why; it never builds.
+Otherwise it writes, from the cache entries of the recipe's current stage keys:
+
+- ``dist/<recipe>/`` (:func:`tasks.paths.dist_dir`): the compile outputs (``*_ctx.onnx``,
+  ``*.bin``, ``genai_config.json`` for LLMs; in a ``<target>/`` sub-folder each when the recipe
+  has several targets), the export's tokenizer and config files, ``README.md`` (a model card
+  made with ``huggingface_hub.ModelCard``: license, source, verify metrics; :mod:`.card`) and
+  ``manifest.json`` (:mod:`.bundle`);
+- ``dist/<recipe>-<short key>.tar.gz``, ``short key`` = the first 12 hex of the xxh3 of every
+  stage's key (:func:`.bundle.short_key`), deterministic (:mod:`.archive`).
+
+Two builds from *empty* caches agree on every file, the context binaries included
+(tasks/qnn.py ``compile_settled``: a compile that comes out as the QNN SDK's racy padding
+variant is compiled again); no file or region is excused (tests/test_reproduce.py).
+
+Shipped bytes are checked: every cache file that goes into the bundle is read in full and
+checked against its cache entry's manifest before it is listed
+(:func:`.bundle.shipped_digests`); a damaged entry is quarantined and publish refuses, naming
+the file and the entry. ``--sign KEY`` signs the folder with OpenSSF model-signing
+(:mod:`.signing`); ``--hub-repo`` publishes to the Hugging Face Hub (:mod:`.hub`).
+
+Also ``doit check_bundle`` (:mod:`.check`) and ``doit reproduce:<recipe>`` (:mod:`.reproduce`).
+The doit tasks: :mod:`.cli`.
+"""

@@ -1,0 +1,83 @@
+"""The bundle's ``README.md`` (:func:`model_card`): a ``huggingface_hub.ModelCard`` made from
+the recipe and its catalog row (:mod:`tasks.core.row`)."""
+
+from __future__ import annotations
+
+from ...core.row import arch
+
+
+def _ran(v: dict) -> str:
+    """A verify result's backend, with the LLM runtime that generated (``htp, genai``)."""
+    return f"{v['backend']}, {v['runtime']}" if v.get("runtime") else v["backend"]
+
+def model_card(recipe, row: dict, short: str) -> str:
+    """The bundle's README.md: a ``huggingface_hub.ModelCard`` (YAML metadata: license,
+    library, tags, base model for Hub sources, eval results = verify metrics) and a body with
+    the source, the files, the verify metrics against their thresholds and the stage keys."""
+    from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+    src = row["source"]
+    evals = []
+    for target, v in sorted(row["verify"].items()):
+        for name, val in sorted(v["metrics"].items()):
+            if isinstance(val, (int, float)):
+                evals.append(EvalResult(task_type=recipe.task, dataset_type="npubuild-verify",
+                                        dataset_name=f"{recipe.verify.data.file} ({target}, {_ran(v)})",
+                                        metric_type=name, metric_value=round(float(val), 6)))
+    data = ModelCardData(
+        license=recipe.license, library_name="onnxruntime", pipeline_tag=recipe.task, model_name=recipe.name,
+        base_model=src.get("repo"), eval_results=evals or None,
+        tags=["onnx", "qnn", "qualcomm", *(["npu"] if row.get("runs_on") == "npu" else ["npu+cpu"]), "npubuild",
+              recipe.quantize.precision, *recipe.compile.targets])
+    if src["kind"] == "hf":
+        origin = f"[{src['repo']}](https://huggingface.co/{src['repo']}) at commit `{src.get('commit')}`"
+    elif src["kind"] == "shape":
+        origin = (f"**random weights** in the exact configuration of [{src['repo']}](https://huggingface.co/{src['repo']}) "
+                  f"at commit `{src.get('revision')}` (a shape build: its verify figures are not the model's quality)")
+    elif src["kind"] == "package":
+        origin = f"the Python package `{src['package']}` {src.get('package_version', '')} (folder `{src.get('subdir', '')}`)"
+    else:
+        origin = f"the local folder `{src['path']}` (content xxh3 `{src.get('content_digest')}`)"
+    lines = [
+        "---", data.to_yaml(), "---", "", f"# {recipe.name}", "", recipe.description or "", "",
+        f"Built by npubuild from {origin}, quantized {recipe.quantize.precision} and compiled to QNN context "
+        f"binaries for {', '.join(recipe.compile.targets)} (onnxruntime QNN EP, EPContext models). "
+        f"Build key `{short}`. License: {recipe.license}.", "",
+        ("Every node of the compiled graphs runs on the NPU (QNN HTP)." if row.get("runs_on") == "npu" else
+         f"Not every node runs on the NPU: {row.get('runs_on')} (the recipe allows CPU fallback: "
+         f"`compile.disable_cpu_ep_fallback: false`)."), "",
+        "| | |", "|---|---|",
+        f"| architecture | {arch(row)} |", f"| parameters | {row['parameters']} |",
+        f"| sequence length | {row['sequence_length']} |",
+        *( [f"| context length | {row['context_length']} |"] if row["context_length"] else []),
+        *(f"| {t} | {v} |" for t, v in sorted(row["tools"].items())), "",
+        "## Verification", "",
+        "| target | backend (runtime) | metric | value | threshold |", "|---|---|---|---|---|",
+    ]
+    for target, v in sorted(row["verify"].items()):
+        for name, val in sorted(v["metrics"].items()):
+            bar = v["thresholds"].get(name)
+            shown = f"{val:.6f}" if isinstance(val, float) else str(val)
+            lines.append(f"| {target} | {_ran(v)} | {name} | {shown} | {'' if bar is None else bar} |")
+    lines += ["", "## Checked before shipping", "",
+              "What ran here (on the x86_64 HTP simulator or the CPU) and what was only read back. No speed "
+              "figure comes from the simulator, and nothing here loads a weight-shared binary: a device does.", ""]
+    for target, v in sorted(row["verify"].items()):
+        for rt, how in v.get("runtimes", {}).items():
+            lines.append(f"- {target}, {rt}: {how}.")
+    lines += ["", "Context binaries as read back by libQnnSystem (bytes; *weights*: each graph's own, summed; "
+              "*shared weights*: what the graphs of a weight-shared binary hold once between them):", "",
+              "| target | binary | graphs | size | weights | shared weights | spill-fill | I/O | QNN SDK |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for target, v in sorted(row["verify"].items()):
+        for rel, b in sorted(v.get("binaries", {}).items()):
+            gs = b["graphs"].values()
+            total = lambda k: sum(g[k] or 0 for g in gs)
+            lines.append(f"| {target} | {rel} | {len(b['graphs'])} | {b['bytes']} | {total('weight_bytes')} | "
+                         f"{max((g['shared_weight_bytes'] or 0 for g in gs), default=0)} | "
+                         f"{max((g['spill_fill_bytes'] or 0 for g in gs), default=0)} | {total('io_bytes')} | "
+                         f"{b['sdk_build_id']} |")
+    lines += ["", "## Stage keys", "", "| stage | key |", "|---|---|",
+              *(f"| {s} | `{k}` |" for s, k in row["stage_keys"].items()), "",
+              "`manifest.json` lists the sha256 of every file; `doit check_bundle --path <folder>` checks them.", ""]
+    return str(ModelCard("\n".join(lines)))

@@ -1,0 +1,104 @@
+"""The publish command's doit tasks (:func:`creators`): ``publish:<recipe>`` (:mod:`.write`),
+``reproduce:<recipe>`` (:mod:`.reproduce`) and ``check_bundle`` (:mod:`.check`)."""
+
+from __future__ import annotations
+
+import os
+
+from ...core import recipeset
+from ...core.session import Session
+
+
+def _publish_action(session: Session, recipe: str, dest: str, hub_repo: str, dry_run: bool, sign: str, signing_cert: str,
+                    cert_chain: str):
+    from doit.exceptions import TaskFailed
+
+    from ... import outputs, paths
+    from ...cache import DiskFull
+    from .errors import PublishError
+    from .write import publish
+
+    if not dry_run and (bad := outputs.unwritable("NPUBUILD_DIST", paths.dist_dir())):
+        return TaskFailed(bad)
+    try:
+        publish(recipe, dest=dest or None, hub_repo=hub_repo or None, dry_run=dry_run, sign=sign or None,
+                signing_cert=signing_cert or None, cert_chain=_paths_list(cert_chain), session=session)
+    except PublishError as e:
+        return TaskFailed(str(e))
+    except DiskFull as e:
+        return TaskFailed(f"DiskFull: {e}")
+
+
+def _reproduce_action(session: Session, recipe: str):
+    from doit.exceptions import TaskFailed
+
+    from .errors import PublishError
+    from .reproduce import reproduce
+
+    try:
+        same = reproduce(recipe, session=session)
+    except PublishError as e:
+        return TaskFailed(str(e))
+    return True if same else TaskFailed(f"{recipe}: the rebuild is not byte-identical to dist/{recipe}/")
+
+
+def _check_bundle_action(path: str, public_key: str, cert_chain: str):
+    from doit.exceptions import TaskFailed
+
+    from .check import print_check
+    from .errors import PublishError
+
+    if not path:
+        return TaskFailed("give the bundle folder: doit check_bundle --path dist/<recipe>")
+    try:
+        ok = print_check(path, public_key or None, _paths_list(cert_chain))
+    except PublishError as e:
+        return TaskFailed(str(e))
+    return True if ok else TaskFailed(f"{path}: bundle does not match its manifest (or its signature)")
+
+
+_CERT_CHAIN = {"name": "cert_chain", "long": "cert-chain", "type": str, "default": "",
+               "help": "PEM CA certificate(s) of the signing certificate, separated by os.pathsep"}
+
+
+def _paths_list(value: str) -> list[str] | None:
+    return [v for v in value.split(os.pathsep) if v] or None
+
+
+def creators(session: Session) -> dict:
+    """{name: doit task creator} of the publish commands, all working in ``session``."""
+
+    def task_publish():
+        """publish:<recipe> writes dist/<recipe>/ and its archive from a verified build (never
+        builds; refuses a failed, stale or unbuilt recipe); --dest, --hub-repo, --dry-run."""
+        params = [
+            {"name": "dest", "long": "dest", "type": str, "default": "", "help": "also copy bundle + archive to this folder"},
+            {"name": "hub_repo", "long": "hub-repo", "type": str, "default": "", "help": "also push to this Hub repo"},
+            {"name": "dry_run", "long": "dry-run", "type": bool, "default": False, "help": "only print the operations"},
+            {"name": "sign", "long": "sign", "type": str, "default": "",
+             "help": "sign the bundle with this PEM elliptic-curve private key (OpenSSF model-signing)"},
+            {"name": "signing_cert", "long": "signing-cert", "type": str, "default": "",
+             "help": "with --sign: the key's PEM certificate (certificate signing instead of a bare key)"},
+            _CERT_CHAIN,
+        ]
+        for name in recipeset.buildable(session):
+            yield {"name": name, "doc": f"publish {name} to dist/ (and --dest / --hub-repo)",
+                   "actions": [(_publish_action, [session, name])], "params": params, "uptodate": [False],
+                   "verbosity": 2}
+
+    def task_reproduce():
+        """reproduce:<recipe> rebuilds into an empty temp cache and compares with dist/<recipe>/."""
+        for name in recipeset.buildable(session):
+            yield {"name": name, "doc": f"rebuild {name} from scratch and compare with its published bundle",
+                   "actions": [(_reproduce_action, [session, name])], "uptodate": [False], "verbosity": 2}
+
+    def task_check_bundle():
+        """Recompute sha256 of every file of a bundle (--path) against its manifest.json; verify its
+        signature against --public-key or --cert-chain."""
+        return {"actions": [_check_bundle_action], "uptodate": [False], "verbosity": 2,
+                "params": [{"name": "path", "long": "path", "type": str, "default": "", "help": "bundle folder"},
+                           {"name": "public_key", "long": "public-key", "type": str, "default": "",
+                            "help": "PEM public key the bundle's signature must verify against"},
+                           _CERT_CHAIN]}
+
+    return {"task_publish": task_publish, "task_reproduce": task_reproduce, "task_check_bundle": task_check_bundle}

@@ -1,0 +1,142 @@
+"""``doit publish:<recipe>`` (:func:`publish`): write a verified build's bundle,
+``dist/<recipe>/``, and its archive, ``dist/<recipe>-<short key>.tar.gz`` (:mod:`.bundle`,
+:mod:`.archive`), then copy both to ``dest`` (the bundle to ``<dest>/<recipe>/``, the archive to
+``<dest>/``) and/or push the bundle to a Hub repo (:mod:`.hub`); ``sign`` signs the folder
+(:mod:`.signing`). ``dry_run`` prints every operation and writes nothing at all (not even
+``dist/``). It never builds: a recipe that is not ``verified`` is refused, saying why."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from ... import paths
+from ...core.row import catalog_row
+from ...core.session import Session
+from ...core.status import RecipeStatus, catalog_recipes, recipe_status
+from ...digest import sha256_file
+from .archive import write_archive, write_bundle
+from .bundle import json_bytes, sha256_bytes, build_manifest, bundle_sources, shipped_digests, short_key
+from .card import model_card
+from .errors import PublishError
+from .hub import hub_operations, push_to_hub
+from .signing import SIGNATURE, sign_bundle
+
+
+def _verified_status(session: Session, recipe: str) -> RecipeStatus:
+    """The catalog status of ``recipe``; raises PublishError unless it is ``verified``."""
+    recipes = catalog_recipes(session)
+    if recipe not in recipes:
+        raise PublishError(f"refusing to publish {recipe!r}: no such (non-abstract) recipe; "
+                           f"known: {', '.join(recipes)}")
+    if recipes[recipe].source.shape:
+        raise PublishError(f"refusing to publish {recipe}: it is a shape build (source.shape: random weights in the "
+                           f"model's configuration), built for time and memory, not a model to ship")
+    st = recipe_status(recipe, session)
+    if st.state == "verify-failed":
+        raise PublishError(f"refusing to publish {recipe}: its verify failed:\n  " + "\n  ".join(st.failures))
+    if st.state == "stale":
+        raise PublishError(f"refusing to publish {recipe}: its build is stale ({st.reason}); the recipe or a "
+                           f"tool changed since it was built. Run `doit build:{recipe}` first "
+                           f"(`doit explain:{recipe}` shows what changed).")
+    if st.state == "not-built":
+        raise PublishError(f"refusing to publish {recipe}: it is not built ({st.reason}). "
+                           f"Run `doit build:{recipe}` first.")
+    return st
+
+
+def plan_bundle(recipe: str, session: Session | None = None) -> dict:
+    """Everything publish writes, computed in memory (nothing written). Raises PublishError
+    unless ``recipe`` is verified. Returns {"recipe", "short", "status", "files": {rel: Path
+    (cache file) | bytes}, "manifest": dict, "folder": Path, "archive": Path, "mtime": int}.
+    ``session``: the command's (default: a new one)."""
+    session = session or Session()
+    st = _verified_status(session, recipe)
+    r = catalog_recipes(session)[recipe]
+    row = catalog_row(recipe, r, st)
+    short = short_key(st)
+    files: dict = dict(bundle_sources(st))
+    sums = shipped_digests(session, st, files)
+    files["README.md"] = model_card(r, row, short).encode("utf-8")
+    sums["README.md"] = (sha256_bytes(files["README.md"]), len(files["README.md"]))
+    manifest = build_manifest(recipe, r, st, sums, row)
+    files["manifest.json"] = json_bytes(manifest)
+    dist = paths.dist_dir()
+    return {"recipe": recipe, "short": short, "status": st, "files": dict(sorted(files.items())),
+            "manifest": manifest, "folder": dist / recipe, "archive": dist / f"{recipe}-{short}.tar.gz",
+            "mtime": manifest["archive_mtime"]["seconds"]}
+
+
+def _print_ops(plan: dict, dest, hub_repo) -> None:
+    total = sum(len(v) if isinstance(v, bytes) else v.stat().st_size for v in plan["files"].values())
+    print(f"[dry-run] would write {plan['folder']}/ ({len(plan['files'])} files, {total / 1e6:.1f} MB):")
+    for rel, v in plan["files"].items():
+        size = len(v) if isinstance(v, bytes) else v.stat().st_size
+        print(f"[dry-run]   {rel} ({size} bytes)")
+    got = plan["manifest"]["archive_mtime"]["from"]
+    print(f"[dry-run] would write {plan['archive']} (every entry's mtime {plan['mtime']}: "
+          + ("the source has no commit time; SOURCE_DATE_EPOCH sets one)" if got == "unknown (0)" else f"{got})"))
+    if dest:
+        print(f"[dry-run] would copy {plan['folder'].name}/ and {plan['archive'].name} to {Path(dest).absolute()}/")
+    if hub_repo:
+        for op in hub_operations(plan, hub_repo):
+            print(f"[dry-run] would call HfApi.{op[0]}({', '.join(f'{k}={v!r}' for k, v in op[1].items())})")
+
+
+def publish(recipe: str, dest: str | Path | None = None, hub_repo: str | None = None, dry_run: bool = False,
+            endpoint: str | None = None, token: str | None = None, sign: str | Path | None = None,
+            signing_cert: str | Path | None = None, cert_chain: list | None = None,
+            session: Session | None = None) -> dict:
+    """Publish a verified recipe: write ``dist/<recipe>/`` and ``dist/<recipe>-<short>.tar.gz``,
+    then copy both to ``dest`` and/or push the bundle to Hub repo ``hub_repo``. With
+    ``dry_run`` only print the operations. With ``sign`` (a PEM private key; with
+    ``signing_cert`` and ``cert_chain`` for certificate signing) the folder is signed
+    (:func:`sign_bundle`) after the archive is written, so the archive stays byte-reproducible;
+    the signature is also written beside it as ``<archive>.sig`` (put it into the unpacked
+    folder as :data:`SIGNATURE` to check it). Returns {"folder", "archive", "short",
+    "signature"?, "hub"?}. Raises PublishError (not verified, stale, not built; a cache file
+    that does not match its entry's manifest; signing failed; a failed target). ``session``:
+    the command's (default: a new one)."""
+    plan = plan_bundle(recipe, session)
+    if dry_run:
+        _print_ops(plan, dest, hub_repo)
+        if sign:
+            print(f"[dry-run] would sign {plan['folder']}/ with {sign} into {SIGNATURE} and {plan['archive'].name}.sig")
+        return {"folder": plan["folder"], "archive": plan["archive"], "short": plan["short"], "dry_run": True}
+    from ... import outputs
+
+    # the folder and the archive are written under temp names, then renamed into place together:
+    # a full disk is one DiskFull line and leaves the previous bundle and archive whole
+    folder, dist = plan["folder"], plan["folder"].parent
+    tmp_folder, tmp_archive = folder.with_name(f".{folder.name}.tmp"), dist / f".{plan['archive'].name}.new"
+    with outputs.full_disk_is(dist, f"the bundle of {recipe}", "NPUBUILD_DIST", [tmp_folder, tmp_archive]):
+        dist.mkdir(parents=True, exist_ok=True)
+        write_bundle(plan, tmp_folder)
+        write_archive(tmp_folder, tmp_archive, recipe, plan["mtime"])
+    if folder.exists():
+        shutil.rmtree(folder)
+    tmp_folder.replace(folder)
+    tmp_archive.replace(plan["archive"])
+    print(f"[publish:{recipe}] {plan['folder']} ({len(plan['files'])} files) and {plan['archive']} "
+          f"(sha256 {sha256_file(plan['archive'])[:16]}...)")
+    out = {"folder": plan["folder"], "archive": plan["archive"], "short": plan["short"]}
+    sig_copy = plan["archive"].with_name(plan["archive"].name + ".sig")
+    sig_copy.unlink(missing_ok=True)
+    if sign:
+        out["signature"] = sign_bundle(plan["folder"], sign, signing_cert, cert_chain)
+        shutil.copyfile(out["signature"], sig_copy)
+        print(f"[publish:{recipe}] signed with {sign}: {out['signature']} and {sig_copy}")
+    if dest:
+        d = Path(dest).absolute()
+        d.mkdir(parents=True, exist_ok=True)
+        if (d / recipe).exists():
+            shutil.rmtree(d / recipe)
+        shutil.copytree(plan["folder"], d / recipe)
+        shutil.copyfile(plan["archive"], d / plan["archive"].name)
+        if sign:
+            shutil.copyfile(sig_copy, d / sig_copy.name)
+        print(f"[publish:{recipe}] copied to {d}/")
+        out["dest"] = d
+    if hub_repo:
+        out["hub"] = push_to_hub(plan, hub_repo, endpoint=endpoint, token=token)
+    return out
