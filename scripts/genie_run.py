@@ -32,7 +32,9 @@ DEFAULT_PROMPTS = ["The old lighthouse", "To plant a tree,", "Every morning the 
 def build(model_dir: Path, out: Path, seq: int, ctx: int, parts: int, sanitize: bool) -> dict:
     """Export to ``out/export``, compile each graph into ``out/bundle`` (``*_ctx.onnx`` kept in
     ``out/export``), write the two config files; returns the export description + ``ctx_bins``."""
-    from tasks.llm.genie import export_genie, genie_config, htp_backend_ext_config, rename_graph
+    from tasks.llm.genie import export_genie
+    from tasks.llm.genie_binaries import rename_graph
+    from tasks.llm.genie_config import genie_config, htp_backend_ext_config
     from tasks.qnn import compile_in_subprocess
     from tasks.targets import DEFAULT_TARGET
 
@@ -65,7 +67,7 @@ def build(model_dir: Path, out: Path, seq: int, ctx: int, parts: int, sanitize: 
 
 def genie_child(spec: str) -> None:
     """Child process: run GenieDialog_tokenQuery for each prompt; prints one JSON line each."""
-    from tasks.llm.genie import GenieDialog
+    from tasks.llm.libgenie import GenieDialog
 
     s = json.loads(spec)
     lines: list[str] = []
@@ -117,7 +119,7 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     import onnxruntime as ort
-    from tasks.llm.genie import GenieHostLoop
+    from tasks.llm.genie_host_loop import GenieHostLoop
 
     model = a.model or tiny_model("qwen2")
     a.out.mkdir(parents=True, exist_ok=True)

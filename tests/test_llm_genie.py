@@ -1,6 +1,6 @@
 """Genie (libGenie.so from the onnxruntime-qnn wheel) runs our Genie-layout graphs on the x86_64
 HTP simulator and generates transformers' fp32 greedy tokens (tasks/llm/genie.py,
-scripts/genie_run.py). Tiny trained Qwen2 fixture (4 layers, GQA 6/2 heads), AR-16 / AR-1, CL 64."""
+tasks/llm/genie_host_loop.py, tasks/llm/libgenie.py, scripts/genie_run.py). Tiny trained Qwen2 fixture (4 layers, GQA 6/2 heads), AR-16 / AR-1, CL 64."""
 
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ def test_genie_graphs_ignore_leftovers_in_the_cache(qwen2, tmp_path):
     """fp32 graphs on the CPU EP, fed as Genie feeds them, give transformers' tokens, also when
     every unwritten cache slot holds 7e34 (what Genie's uncleared buffers held once): the
     sanitized graph zeroes masked slots; without it the additive -1000 mask does not hide them."""
-    from tasks.llm.genie import GenieHostLoop, export_genie
+    from tasks.llm.genie import export_genie
+    from tasks.llm.genie_host_loop import GenieHostLoop
 
     model, ids, hf = qwen2
     for sanitize in (True, False):
@@ -56,7 +57,7 @@ def test_genie_on_htp_simulator_generates_fp32_tokens(qwen2, tmp_path, seq, ctx,
     AR-4 / CL-16: the configuration where Genie's uncleared first-prefill ``past_key_0_in`` held
     leftovers up to 3e35 and the unsanitized graphs gave wrong tokens from the first one (at log
     levels none, 1 and 2); the sanitized graphs must not care. 2 parts: 4 binaries, the splits
-    ordered by the graph names :func:`tasks.llm.genie.rename_graph` writes."""
+    ordered by the graph names :func:`tasks.llm.genie_binaries.rename_graph` writes."""
     import json
 
     import genie_run

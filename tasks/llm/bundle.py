@@ -100,12 +100,12 @@ def deep_merge(base: dict, over: dict) -> dict:
 
 
 def write_genie(genie_desc: dict, tokenizer_dir: Path, out: Path, params: dict, ctx_bins: list[str]) -> dict:
-    """Write ``genie_config.json`` (:func:`tasks.llm.genie.genie_config` naming ``ctx_bins``,
+    """Write ``genie_config.json`` (:func:`tasks.llm.genie_config.genie_config` naming ``ctx_bins``,
     with the recipe's ``bundle.genie_config`` merged over it), ``htp_backend_ext_config.json``
     (the target's SoC model and DSP arch) and ``tokenizer.json`` into ``out``, then run Genie's
     parser on the config. Returns the config. Raises :class:`GenieConfigRefused` in one line
     naming the file, Genie's status and its reason."""
-    from .genie import genie_config, htp_backend_ext_config, parse_config
+    from .genie_config import genie_config, htp_backend_ext_config, parse_config
 
     sharing = params.get("weight_sharing", True)
     cfg = deep_merge(genie_config(genie_desc, ctx_bins), params.get("genie_config") or {})
@@ -135,7 +135,8 @@ def run(inputs, files, params, out: Path) -> dict:
                 for b in (Path(inputs[f"compiled.part{k}"]) / sub / f"part{k}").glob("*.bin"))
     info = {"parts": P, "binary_bytes": total}
     if "genie" in params.get("runtimes", ()):
-        from .genie import check_binaries, config_binaries
+        from .genie_binaries import check_binaries
+        from .genie_config import config_binaries
 
         entries = [Path(inputs[f"genie.part{k}"]) for k in range(P)]
         # each part's genie_compile entry holds the whole model's description (every part's graphs)

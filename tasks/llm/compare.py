@@ -98,7 +98,8 @@ def read_back_bundle(views: dict, params: dict) -> dict:
     if lines:
         raise context_binary.Mismatch(lines)
     if views.get("genie_parts"):  # the Genie binaries: what genie_config.json names, and the per-graph ones
-        from .genie import check_binaries, config_binaries
+        from .genie_binaries import check_binaries
+        from .genie_config import config_binaries
         from .genie_names import planned_binaries
 
         entries = views["genie_parts"]
@@ -170,7 +171,7 @@ def _genai_generate(desc: dict, inputs: dict, params: dict, prompts: list[list[i
 
 def _genie_generate(inputs: dict, prompts: list[list[int]], K: int) -> dict:
     """Greedy tokens of every prompt through Genie on the HTP simulator
-    (:func:`tasks.llm.genie.generate_in_child`): the bundle's ``genie_config.json`` with its
+    (:func:`tasks.llm.libgenie.generate_in_child`): the bundle's ``genie_config.json`` with its
     ``ctx-bins`` turned to the per-graph binaries (the simulator cannot load a two-graph
     binary: Genie on the shipped ``qwen2_part_1_of_1.bin`` ended with SIGSEGV, exit -11, as
     onnxruntime does on the genai shared binaries), in a temporary folder whose ``genie/part{k}`` link to the ``genie_compile.part{k}``
@@ -181,7 +182,7 @@ def _genie_generate(inputs: dict, prompts: list[list[int]], K: int) -> dict:
     import tempfile
 
     from .genie_names import genie_files
-    from .genie import generate_in_child
+    from .libgenie import generate_in_child
 
     entries, bundle = inputs["genie_parts"], Path(inputs["bundle"])
     desc = json.loads((entries[0] / "genie_export.json").read_text())

@@ -18,10 +18,10 @@ a real name, onnxruntime 1.32.0 + onnxruntime-qnn 2.7.0: ``ep.context_node_name_
 (accepted, the binary's graph name unchanged: measured here on the token graph), the ONNX
 graph's name (already ``token_ar1_...``; not used), ``onnxruntime.ModelCompiler`` (options:
 embed mode, external initializers, flags, optimization level, binary information: no name).
-So the binary is patched (:func:`tasks.llm.genie.rename_graphs`: the old name's bytes replaced
+So the binary is patched (:func:`tasks.llm.genie_binaries.rename_graphs`: the old name's bytes replaced
 by the new name ``_``-padded to the same length), and its ``_ctx.onnx`` is dropped (it names
 the old graph; Genie reads the binaries only). Every binary is then read back through
-libQnnSystem (:func:`tasks.llm.genie.check_binaries`): the patched names, the I/O the Genie
+libQnnSystem (:func:`tasks.llm.genie_binaries.check_binaries`): the patched names, the I/O the Genie
 export declared, the target's SoC; and these are the bytes the bundle ships and verify runs.
 """
 
@@ -50,7 +50,7 @@ def _ort_names(ctx_models: list[Path]) -> list[str]:
 def run(inputs, files, params, out: Path) -> dict:
     """Compile part ``params["part"]`` of the Genie QDQ graphs in ``inputs["model"]`` into
     ``out/genie/`` (module docstring), each compile in its own process. Returns {"binaries":
-    {binary: figures} (:func:`tasks.llm.genie.check_binaries`), "renamed": {binary: {onnxruntime
+    {binary: figures} (:func:`tasks.llm.genie_binaries.check_binaries`), "renamed": {binary: {onnxruntime
     name: name as written}}, "seconds"}. Raises RuntimeError with the compile child's output,
     context_binary.Mismatch when a binary is not what was planned."""
     import time
@@ -58,7 +58,7 @@ def run(inputs, files, params, out: Path) -> dict:
     from ..targets import get as get_target
     from . import htp
     from .part_binaries import run_child
-    from .genie import check_binaries, rename_graphs
+    from .genie_binaries import check_binaries, rename_graphs
 
     src, k = Path(inputs["model"]), params["part"]
     target = get_target(params["target"]).name

@@ -14,7 +14,7 @@ run in their own layout, not the genai graphs' ranges. The fp32 Genie graphs of 
 run (onnxruntime CPU EP) over the schedule ``calibrate.part0`` drew from the recipe's
 calibration text (its ``schedule.json``: the same prompts, teacher-forced continuations and
 kept decode steps the genai graphs calibrate on), fed as Genie feeds them
-(:meth:`tasks.llm.genie.GenieHostLoop.teacher_forced`: prompt chunks of S padded at the end,
+(:meth:`tasks.llm.genie_host_loop.GenieHostLoop.teacher_forced`: prompt chunks of S padded at the end,
 additive 0/-1000 mask, cos/sin rows, a host KV cache sliced to C-S); every prompt-graph call
 and the kept token-graph calls of part k are recorded (``.npz``, :class:`tasks.llm.calibration_feeds.FeedStore`)
 and their MinMax ranges go to onnxruntime's ``quantize_static`` through
@@ -58,7 +58,7 @@ def record_feeds(export_dir: Path, k: int, sched: list[dict], feeds: Path) -> di
     token-graph calls at the ``keep`` steps), the layout :func:`tasks.llm.qdq.quantize_part`
     reads. Returns {"prefill": n, "decode": n} feeds."""
     from .calibration_feeds import FeedStore
-    from .genie import GenieHostLoop
+    from .genie_host_loop import GenieHostLoop
     from .sessions import cpu_session
 
     stores = {"prompt": FeedStore(feeds / "prefill"), "token": FeedStore(feeds / "decode")}

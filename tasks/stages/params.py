@@ -50,7 +50,8 @@ TARGETS_PARAM = Param("compile", "targets", list[str], [DEFAULT_TARGET],
                       limits={"min_length": 1}, check=_one_of_each, family=("encoder", "llm"))
 RUNTIMES = Param("bundle", "runtimes", list[Literal["genai", "genie"]], ["genai"],
                  "the runtimes the bundle serves: genai (genai_config.json, always) and genie (Genie-layout "
-                 "binaries, genie_config.json, htp_backend_ext_config.json: tasks/llm/genie.py)",
+                 "binaries, genie_config.json, htp_backend_ext_config.json: tasks/llm/genie.py, "
+                 "genie_config.py)",
                  check=_runtimes, family=("llm",))
 GENIE_CONFIG = Param("bundle", "genie_config", Optional[dict[str, Any]], None,
                      "runtime genie: merged over the generated genie_config.json (e.g. {dialog: {engine: "
