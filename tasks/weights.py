@@ -1,5 +1,6 @@
 """Weight encodings onnxruntime's QNN quantizer does not write, applied to its QDQ output:
-block-wise int4 in the LPBQ form QNN HTP runs, GPTQ rounding, 8-bit embedding tables.
+block-wise int4 in the LPBQ form QNN HTP runs, GPTQ rounding; :func:`reencode` applies them and
+the 8-bit embedding tables of :mod:`tasks.gather_tables`.
 
 Everything here rewrites initializers and DequantizeLinear nodes of a QDQ model that
 ``onnxruntime.quantization.quantize`` made; activation quantization is left as it chose it.
@@ -29,13 +30,6 @@ tokens only). Scales are fixed before (per-channel or LPBQ from the fp32 weights
 result is an encoding of the same form as round-to-nearest. Damping: ``damp`` x mean(diag H)
 added to the diagonal; 0.1 measured best on all-MiniLM-L6-v2 block 32 (held-out pooled cosine
 0.9808 at 0.1 and 0.3, 0.9758 at 0.01; README table).
-
-**Tables**: a Gather's constant data input (the token embedding) is an activation to the QNN
-QDQ config, so it is stored at 16 bits. :func:`narrow_gather_tables` stores it at uint8
-per-tensor and keeps the Gather's output at the table's type and parameters; HTP runs that and
-keeps the table at 8 bits (a uint8 table whose Gather output is requantized to 16 bits is
-widened back to 16 bits in the binary; per-channel tables fall back to the CPU: measured,
-onnxruntime-qnn 2.7.0).
 """
 
 from __future__ import annotations
@@ -322,61 +316,12 @@ def int4_weights(qdq, fp32_inits: dict) -> list[str]:
     return out
 
 
-def gather_tables_8bit(qdq) -> list[str]:
-    """Names of the 8-bit tables (``uint8`` initializers) a Gather reads through a
-    DequantizeLinear: what :func:`narrow_gather_tables` wrote (a split table counts each part)."""
-    inits = {i.name: i for i in qdq.graph.initializer}
-    dq = {n.output[0]: n.input[0] for n in qdq.graph.node if n.op_type == "DequantizeLinear"}
-    return sorted({dq[g.input[0]] for g in qdq.graph.node if g.op_type == "Gather" and g.input[0] in dq
-                   and dq[g.input[0]] in inits and inits[dq[g.input[0]]].data_type == onnx.TensorProto.UINT8})
-
-
-def narrow_gather_tables(qdq, min_rows: int = 1024) -> list[str]:
-    """Store each Gather's constant table of at least ``min_rows`` rows (the token embedding)
-    at uint8 per-tensor (asymmetric, min/max of the table) instead of 16 bits, in place, and
-    give the Gather's output Q/DQ pair the table's type, scale and zero point (so HTP gathers
-    8-bit rows; the next op reads them through its own DequantizeLinear). Returns the tables'
-    names. Tables onnxruntime did not quantize (no DequantizeLinear in front) are left."""
-    from onnx import numpy_helper
-
-    inits = {i.name: i for i in qdq.graph.initializer}
-    producer = {o: n for n in qdq.graph.node for o in n.output}
-    consumers: dict[str, list] = {}
-    for n in qdq.graph.node:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n)
-    done = []
-    for g in [n for n in qdq.graph.node if n.op_type == "Gather"]:
-        dq = producer.get(g.input[0])
-        if dq is None or dq.op_type != "DequantizeLinear" or dq.input[0] not in inits:
-            continue
-        table = inits[dq.input[0]]
-        if len(table.dims) != 2 or table.dims[0] < min_rows:
-            continue
-        scale = numpy_helper.to_array(inits[dq.input[1]]).astype(np.float64)
-        zp = numpy_helper.to_array(inits[dq.input[2]]).astype(np.float64)
-        real = (numpy_helper.to_array(table).astype(np.float64) - zp) * scale
-        lo, hi = min(real.min(), 0.0), max(real.max(), 0.0)
-        s8 = np.float32((hi - lo) / 255 or 1.0)
-        z8 = np.uint8(np.clip(np.round(-lo / s8), 0, 255))
-        q8 = np.clip(np.round(real / s8) + z8, 0, 255).astype(np.uint8)
-        for name, arr in ((dq.input[0], q8), (dq.input[1], np.asarray(s8)), (dq.input[2], np.asarray(z8))):
-            inits[name].CopyFrom(numpy_helper.from_array(arr, name))
-        qs = [c for c in consumers.get(g.output[0], []) if c.op_type == "QuantizeLinear"]
-        for qn in qs:  # the Gather output's own Q/DQ pair: the table's params
-            for name, arr in ((qn.input[1], np.asarray(s8)), (qn.input[2], np.asarray(z8))):
-                if name in inits:
-                    inits[name].CopyFrom(numpy_helper.from_array(arr, name))
-        done.append(table.name)
-    return done
-
-
 def reencode(fp32_path, qdq_path, feeds, block: int | None, rounding: str, tables: bool, more=(),
              same_as=None) -> dict:
     """Re-encode the int4 MatMul weights of the QDQ model at ``qdq_path`` in place: LPBQ blocks
     of ``block`` rows (None: per-channel), codes by ``rounding`` (``nearest`` | ``gptq`` on
     ``feeds``, the calibration feed dicts of the fp32 graph, iterated once more); with
-    ``tables`` the Gather tables go to 8 bits (:func:`narrow_gather_tables`). ``fp32_path``: the
+    ``tables`` the Gather tables go to 8 bits (:func:`tasks.gather_tables.narrow_gather_tables`). ``fp32_path``: the
     fp32 graph the QDQ model was quantized from; its weights are read one at a time (external
     data included), and held all at once only for GPTQ's Hessians. Saved with external data
     above 2 GB. ``more``: (fp32 graph path, feeds) of other graphs that use the same weights (an
@@ -392,6 +337,7 @@ def reencode(fp32_path, qdq_path, feeds, block: int | None, rounding: str, table
 
     from onnx import numpy_helper
 
+    from .gather_tables import narrow_gather_tables
     from .graphs import save_model
 
     if not (block or rounding != "nearest" or tables):

@@ -171,7 +171,7 @@ def quantize_part(src, p: dict, feeds, params: dict, out, work) -> tuple[dict, i
             report[rel] = {"quantize_linear": ops.count("QuantizeLinear"),
                            "dequantize_linear": ops.count("DequantizeLinear"), "calibration_feeds": len(store)}
             if weight == "int4":  # what tasks.weights.reencode wrote: LPBQ weights, 8-bit tables
-                from ..weights import gather_tables_8bit
+                from ..gather_tables import gather_tables_8bit
 
                 inits = {t.name: t.data_type for t in qm.graph.initializer}
                 report[rel].update(

@@ -1,0 +1,64 @@
+"""The Gather tables of a QDQ model at 8 bits, applied to onnxruntime's QNN quantizer output.
+
+A Gather's constant data input (the token embedding) is an activation to the QNN QDQ config, so
+it is stored at 16 bits. :func:`narrow_gather_tables` stores it at uint8 per-tensor and keeps
+the Gather's output at the table's type and parameters; HTP runs that and keeps the table at 8
+bits (a uint8 table whose Gather output is requantized to 16 bits is widened back to 16 bits in
+the binary; per-channel tables fall back to the CPU: measured, onnxruntime-qnn 2.7.0).
+"""
+
+from __future__ import annotations
+
+from .proc import lazy
+
+np = lazy.module("numpy")
+onnx = lazy.module("onnx")
+
+
+def gather_tables_8bit(qdq) -> list[str]:
+    """Names of the 8-bit tables (``uint8`` initializers) a Gather reads through a
+    DequantizeLinear: what :func:`narrow_gather_tables` wrote (a split table counts each part)."""
+    inits = {i.name: i for i in qdq.graph.initializer}
+    dq = {n.output[0]: n.input[0] for n in qdq.graph.node if n.op_type == "DequantizeLinear"}
+    return sorted({dq[g.input[0]] for g in qdq.graph.node if g.op_type == "Gather" and g.input[0] in dq
+                   and dq[g.input[0]] in inits and inits[dq[g.input[0]]].data_type == onnx.TensorProto.UINT8})
+
+
+def narrow_gather_tables(qdq, min_rows: int = 1024) -> list[str]:
+    """Store each Gather's constant table of at least ``min_rows`` rows (the token embedding)
+    at uint8 per-tensor (asymmetric, min/max of the table) instead of 16 bits, in place, and
+    give the Gather's output Q/DQ pair the table's type, scale and zero point (so HTP gathers
+    8-bit rows; the next op reads them through its own DequantizeLinear). Returns the tables'
+    names. Tables onnxruntime did not quantize (no DequantizeLinear in front) are left."""
+    from onnx import numpy_helper
+
+    inits = {i.name: i for i in qdq.graph.initializer}
+    producer = {o: n for n in qdq.graph.node for o in n.output}
+    consumers: dict[str, list] = {}
+    for n in qdq.graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    done = []
+    for g in [n for n in qdq.graph.node if n.op_type == "Gather"]:
+        dq = producer.get(g.input[0])
+        if dq is None or dq.op_type != "DequantizeLinear" or dq.input[0] not in inits:
+            continue
+        table = inits[dq.input[0]]
+        if len(table.dims) != 2 or table.dims[0] < min_rows:
+            continue
+        scale = numpy_helper.to_array(inits[dq.input[1]]).astype(np.float64)
+        zp = numpy_helper.to_array(inits[dq.input[2]]).astype(np.float64)
+        real = (numpy_helper.to_array(table).astype(np.float64) - zp) * scale
+        lo, hi = min(real.min(), 0.0), max(real.max(), 0.0)
+        s8 = np.float32((hi - lo) / 255 or 1.0)
+        z8 = np.uint8(np.clip(np.round(-lo / s8), 0, 255))
+        q8 = np.clip(np.round(real / s8) + z8, 0, 255).astype(np.uint8)
+        for name, arr in ((dq.input[0], q8), (dq.input[1], np.asarray(s8)), (dq.input[2], np.asarray(z8))):
+            inits[name].CopyFrom(numpy_helper.from_array(arr, name))
+        qs = [c for c in consumers.get(g.output[0], []) if c.op_type == "QuantizeLinear"]
+        for qn in qs:  # the Gather output's own Q/DQ pair: the table's params
+            for name, arr in ((qn.input[1], np.asarray(s8)), (qn.input[2], np.asarray(z8))):
+                if name in inits:
+                    inits[name].CopyFrom(numpy_helper.from_array(arr, name))
+        done.append(table.name)
+    return done
