@@ -1,5 +1,5 @@
-"""Every context binary read back (tasks/context_binary.py): the reader against the binaries the
-build makes, and, through the doit CLI, a built LLM whose shipped files are tampered with as a
+"""Every context binary read back (tasks/context_binary.py, its checks
+tasks/context_binary_checks.py): the reader against the binaries the build makes, and, through the doit CLI, a built LLM whose shipped files are tampered with as a
 faulty compile, bundle or cache would leave them (the entry re-sealed, so the cache's own
 integrity check passes): each fault fails verify with one line naming binary, graph, tensor,
 expected and found."""
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import Project
-from tasks import context_binary, digest
+from tasks import context_binary, context_binary_checks, digest
 from test_llm_parts import parts_project_at
 
 TAMPER_RECIPE = """\
@@ -177,8 +177,8 @@ def test_compile_refuses_a_binary_missing_from_the_plan(tmp_path, tiny_bert):
     copy = tmp_path / "copy"
     shutil.copytree(compiled, copy)
     models = sorted(compiled_models(qdq))
-    with pytest.raises(context_binary.Mismatch) as e:
-        context_binary.check_models(copy, models + ["other_ctx.onnx"], "8gen2", qdq=compiled_models(qdq))
+    with pytest.raises(context_binary_checks.Mismatch) as e:
+        context_binary_checks.check_models(copy, models + ["other_ctx.onnx"], "8gen2", qdq=compiled_models(qdq))
     assert e.value.lines[0] == "other_ctx.onnx: expected (the plan compiles it), found no such file"
     assert e.value.lines[1].endswith("SoC model expected 43 (8gen2), found 60 (the binary was prepared for another SoC)")
     assert len(e.value.lines) == 2

@@ -274,22 +274,11 @@ def test_no_command_imports_another_commands_modules():
     assert below == [], below
 
 
-#: modules another engineer is splitting, exempt from the 450-line rule for now: this list is to
-#: be emptied, never added to
-OWNED_ELSEWHERE = ("tasks/llm/", "tasks/encoder/", "tasks/recipe.py")
-#: modules of this side not split yet (the reader of a context binary and its checks; the int4
-#: weight encodings and the Gather tables): to be emptied, never added to
-NOT_SPLIT_YET = ("tasks/context_binary.py", "tasks/weights.py")
-
-
 def test_no_module_passes_450_lines():
-    """Every module of the package has at most 450 lines (a module does one job), but those
-    :data:`OWNED_ELSEWHERE` and :data:`NOT_SPLIT_YET`."""
+    """Every module of the package has at most 450 lines (a module does one job); no exceptions."""
     found = []
     for f in sorted((REPO / "tasks").rglob("*.py")):
         rel = f.relative_to(REPO).as_posix()
-        if rel.startswith(OWNED_ELSEWHERE) or rel in NOT_SPLIT_YET:
-            continue
         n = len(f.read_text(encoding="utf-8").splitlines())
         if n > 450:
             found.append((rel, n))

@@ -54,7 +54,8 @@ def expected_errors() -> tuple:
     """Errors that explain themselves: a command shows them as one message, without a
     traceback (a stage's, ``build/<recipe>/``'s, a cluster build's)."""
     from ..cache import DiskFull, EntryUnreadable
-    from ..context_binary import Mismatch, ReadError
+    from ..context_binary import ReadError
+    from ..context_binary_checks import Mismatch
     from ..digest import InputChanged, StoreUnwritable
     from ..graphs import GraphError
     from ..keylock import LockTimeout

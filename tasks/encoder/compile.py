@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import context_binary, progress, qnn
+from .. import context_binary_checks, progress, qnn
 from ..graphs import list_graphs, load_model
 from ..stages.common import COMPILE_ARTIFACTS, target_key_extra
 from ..stages.contract import Param, Stage
@@ -29,9 +29,9 @@ def run(inputs, files, params, out: Path) -> dict:
     Returns {"graphs": {graph: EPContext info}, "compiles": {graph: n}, "qnn_sdk", "nodes":
     {graph: {"htp": count of the QDQ graph's nodes QNN took, "cpu": {op type: count} left on the
     CPU}}, "binaries": {binary: figures}} (the CPU is empty unless ``disable_cpu_ep_fallback`` is
-    false). Every context binary is read back (:func:`tasks.context_binary.check_models`): its
+    false). Every context binary is read back (:func:`tasks.context_binary_checks.check_models`): its
     graph holds the QDQ graph's inputs and outputs and the binary is for the target's SoC.
-    Raises qnn.NotOnNPU or onnxruntime's error, context_binary.Mismatch."""
+    Raises qnn.NotOnNPU or onnxruntime's error, context_binary_checks.Mismatch."""
     src = inputs["model"]
     info, compiles, placed = _compile_graphs(src, out, params)
     sdk = sorted({n.get("ep_sdk_version", "?") for nodes in info.values() for n in nodes})
@@ -53,11 +53,11 @@ def compiled_models(qdq: Path) -> dict[str, Path]:
 def read_back(compiled: Path, target: str, qdq: Path) -> dict:
     """Read back every context binary of an encoder's compile output ``compiled`` and check it
     against the graphs compiled from ``qdq`` and the SoC of ``target``
-    (:func:`tasks.context_binary.check_models`). Returns {binary: figures} (bytes, SDK build
+    (:func:`tasks.context_binary_checks.check_models`). Returns {binary: figures} (bytes, SDK build
     id, SoC model, per graph weight / shared weight / spill-fill / I/O bytes). Raises
-    context_binary.Mismatch, one line per difference."""
+    context_binary_checks.Mismatch, one line per difference."""
     models = compiled_models(qdq)
-    found = context_binary.check_models(compiled, sorted(models), target, qdq=models)
+    found = context_binary_checks.check_models(compiled, sorted(models), target, qdq=models)
     return {rel: b.figures() for rel, b in sorted(found.items())}
 
 

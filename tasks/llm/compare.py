@@ -66,10 +66,10 @@ def read_back_bundle(views: dict, params: dict) -> dict:
     the bundle's ``genai_config.json``: every model and tensor it names is in a binary, with the
     shapes genai feeds (:func:`tasks.llm.genai.declared_tensors`), and its QNN ``soc_model`` is
     the target's. Returns {binary: figures} (``tasks/context_binary.py``). Raises
-    context_binary.Mismatch, one line per difference."""
+    context_binary_checks.Mismatch, one line per difference."""
     import json
 
-    from .. import context_binary
+    from .. import context_binary_checks
     from ..targets import get as get_target
     from .part_binaries import read_back
     from .genai import declared_tensors
@@ -93,10 +93,10 @@ def read_back_bundle(views: dict, params: dict) -> dict:
              "weight_sharing": any((compiled / "shared" / f"part{k}").is_dir() for k in parts)}
     try:
         found = read_back(compiled, desc, parts, flags, qdq_dir=views.get("qdq"), declared=declared, somewhere=somewhere)
-    except context_binary.Mismatch as e:
-        raise context_binary.Mismatch(lines + e.lines) from None
+    except context_binary_checks.Mismatch as e:
+        raise context_binary_checks.Mismatch(lines + e.lines) from None
     if lines:
-        raise context_binary.Mismatch(lines)
+        raise context_binary_checks.Mismatch(lines)
     if views.get("genie_parts"):  # the Genie binaries: what genie_config.json names, and the per-graph ones
         from .genie_binaries import check_binaries
         from .genie_config import config_binaries
@@ -111,7 +111,7 @@ def read_back_bundle(views: dict, params: dict) -> dict:
             found.update(check_binaries(e, plan, gdesc, params["target"]))
         missing = [rel for rel in named if not any((e / rel).is_file() for e in entries)]
         if missing:
-            raise context_binary.Mismatch([f"{rel}: named by genie_config.json ctx-bins, found in no genie_compile "
+            raise context_binary_checks.Mismatch([f"{rel}: named by genie_config.json ctx-bins, found in no genie_compile "
                                            f"entry" for rel in missing])
     return found
 

@@ -23,7 +23,7 @@ def run(inputs, files, params, out: Path) -> dict:
     ``out/part{k}/`` (per-graph binaries) and ``out/shared/part{k}/`` (weight-shared). Returns
     the part's row (wall time, peak RSS, binary sizes, shared/single ratio) and ``binaries``
     ({binary: figures}, :func:`read_back`). Raises the memory check's error before work,
-    RuntimeError with the compile child's output, context_binary.Mismatch when a binary is not
+    RuntimeError with the compile child's output, context_binary_checks.Mismatch when a binary is not
     what was planned."""
     from .memory import check_export_stage, weight_bits_of
 

@@ -149,7 +149,7 @@ def write_genai_config(desc: dict, out_path, model_files: dict, **kw) -> dict:
 
 def declared_tensors(config: dict, source: str = "genai_config.json") -> tuple[dict, list]:
     """What a ``genai_config.json`` (``config``, the parsed dict) says of each compiled model
-    genai will load: {pipeline entry's ``filename``: :class:`tasks.context_binary.Declared`}
+    genai will load: {pipeline entry's ``filename``: :class:`tasks.context_binary_checks.Declared`}
     with every input and output the entry names, and the shapes genai feeds or expects for
     those it manages: ``input_ids`` [1, S] on prompt entries and [1, 1] on token entries
     (S = ``sliding_window.window_size``), ``logits`` [1, S or 1, ``vocab_size``], each layer's
@@ -158,7 +158,7 @@ def declared_tensors(config: dict, source: str = "genai_config.json") -> tuple[d
     some graph, as one ``Declared``: every layer's KV names from ``past_key_names`` /
     ``past_value_names`` (inputs) and ``present_key_names`` / ``present_value_names`` (outputs),
     ``%d`` = the layer (``num_hidden_layers``)."""
-    from ..context_binary import Declared
+    from ..context_binary_checks import Declared
 
     m = config["model"]
     dec = m["decoder"]

@@ -66,9 +66,9 @@ _ONNX_DTYPE = {"float32": "FLOAT", "int32": "INT32", "float16": "FLOAT16"}
 
 
 def expected_graph(desc: dict, name: str, source: str = "genie_export.json"):
-    """``tasks.context_binary.Expected`` for graph ``name`` of a :func:`tasks.llm.genie.export_genie` description:
+    """``tasks.context_binary_checks.Expected`` for graph ``name`` of a :func:`tasks.llm.genie.export_genie` description:
     its inputs and outputs (ONNX dtype name, shape). Raises KeyError for a name no part has."""
-    from ..context_binary import Expected
+    from ..context_binary_checks import Expected
 
     for p in desc["parts"]:
         for kind in ("prompt", "token"):
@@ -86,10 +86,10 @@ def check_binaries(root, plan: dict[str, list[str]], desc: dict, target: str,
     padding stripped), each with the inputs and outputs ``desc`` (``genie_export.json``)
     declares (name, dtype, shape), prepared for ``target``'s SoC model (``tasks/targets.py``). Returns {binary: figures, with
     ``"graph_names"``: the names as libQnnSystem read them}. Raises
-    ``tasks.context_binary.Mismatch``, one line per difference."""
+    ``tasks.context_binary_checks.Mismatch``, one line per difference."""
     from dataclasses import replace
 
-    from .. import context_binary
+    from .. import context_binary, context_binary_checks
 
     root, lines, found = Path(root), [], {}
     for rel, graphs in sorted(plan.items()):
@@ -98,10 +98,10 @@ def check_binaries(root, plan: dict[str, list[str]], desc: dict, target: str,
             continue
         b = context_binary.read(root / rel)
         stripped = replace(b, graphs=tuple(replace(g, name=g.name.lstrip("_")) for g in b.graphs))
-        lines += context_binary.check(stripped, [expected_graph(desc, g, source) for g in graphs], target,
-                                      label=rel)
+        lines += context_binary_checks.check(stripped, [expected_graph(desc, g, source) for g in graphs], target,
+                                              label=rel)
         found[rel] = {**b.figures(), "graph_names": [g.name for g in b.graphs]}
     if lines:
         print("npubuild: Genie context binaries read back, differences:\n  " + "\n  ".join(lines), flush=True)
-        raise context_binary.Mismatch(lines)
+        raise context_binary_checks.Mismatch(lines)
     return found

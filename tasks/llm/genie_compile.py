@@ -52,7 +52,7 @@ def run(inputs, files, params, out: Path) -> dict:
     ``out/genie/`` (module docstring), each compile in its own process. Returns {"binaries":
     {binary: figures} (:func:`tasks.llm.genie_binaries.check_binaries`), "renamed": {binary: {onnxruntime
     name: name as written}}, "seconds"}. Raises RuntimeError with the compile child's output,
-    context_binary.Mismatch when a binary is not what was planned."""
+    context_binary_checks.Mismatch when a binary is not what was planned."""
     import time
 
     from ..targets import get as get_target

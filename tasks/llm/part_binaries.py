@@ -96,14 +96,14 @@ def planned_models(k: int, per_graph: bool, sharing: bool) -> list[str]:
 def read_back(compiled: Path, desc: dict, parts: list[int], params: dict, qdq_dir: Path | None = None,
               declared: dict | None = None, somewhere: list | None = None) -> dict:
     """Read back the context binaries of ``parts`` under ``compiled`` and check them
-    (:func:`tasks.context_binary.check_models`): every planned model (:func:`planned_models`)
+    (:func:`tasks.context_binary_checks.check_models`): every planned model (:func:`planned_models`)
     and its binary, each binary holding exactly its models' graphs, every input and output as
     the export declared it (``desc``, ``export.json``: name and shape) and, with ``qdq_dir``, as
     the QDQ graph had it (name, dtype, shape); the SoC model of ``params["target"]``;
     ``declared`` adds a runtime config's tensors ({model: Declared}), ``somewhere`` tensors it
     looks for in any graph ([Declared]). Returns {binary: figures}.
-    Raises context_binary.Mismatch, one line per difference."""
-    from .. import context_binary
+    Raises context_binary_checks.Mismatch, one line per difference."""
+    from .. import context_binary_checks
 
     sharing = params.get("weight_sharing", True)
     per_graph = params.get("per_graph", True)
@@ -115,11 +115,11 @@ def read_back(compiled: Path, desc: dict, parts: list[int], params: dict, qdq_di
             models.append(rel)
             if qdq_dir is not None:
                 qdq[rel] = Path(qdq_dir) / row[g]["path"]
-            exported = context_binary.Declared({t["name"]: tuple(t["shape"]) for t in row[g]["inputs"]},
+            exported = context_binary_checks.Declared({t["name"]: tuple(t["shape"]) for t in row[g]["inputs"]},
                                                {t["name"]: tuple(t["shape"]) for t in row[g]["outputs"]}, "export.json")
             said[rel] = [exported, *([declared[rel]] if declared and rel in declared else [])]
     for rel, d in (declared or {}).items():  # a model the runtime config names that the plan did not make
         said.setdefault(rel, [d])
-    found = context_binary.check_models(compiled, models, params["target"],
+    found = context_binary_checks.check_models(compiled, models, params["target"],
                                         qdq=qdq or None, declared=said, somewhere=somewhere)
     return {rel: b.figures() for rel, b in sorted(found.items())}
