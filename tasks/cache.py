@@ -43,12 +43,13 @@ from pathlib import Path
 from typing import Callable
 
 from . import digest
+from .errors import UserError
 from .fileops import DISK_NEARLY_FULL, DiskFull, folder_bytes, free_bytes, is_disk_full, rmtree, temp_area, write_json
 from .keylock import KeyLock
 from .remote import Rejected, Remote, RemoteError, warn
 
 
-class EntryUnreadable(Exception):
+class EntryUnreadable(UserError):
     """A cache entry this user may not read (another user's, made under umask 077 in a shared
     cache). It is not damage: it is neither used nor moved aside."""
 

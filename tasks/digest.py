@@ -22,6 +22,8 @@ from pathlib import Path
 
 import xxhash
 
+from .errors import UserError
+
 CHUNK = 1 << 20  # bytes per read; xxhash releases the GIL above 64 KiB
 
 
@@ -182,7 +184,7 @@ class StatCache:
         return value
 
 
-class StoreUnwritable(Exception):
+class StoreUnwritable(UserError):
     """A database npubuild keeps (the stat cache) cannot be written: a full disk, a read-only
     file, no permission. Nothing is moved or lost; one line says which file and what to do."""
 
@@ -329,7 +331,7 @@ def sha256_file(path: Path) -> str:
 
 
 
-class InputChanged(Exception):
+class InputChanged(UserError):
     """A file a stage reads no longer holds the bytes its key hashed (it was edited while the
     build ran): nothing is cached; the next build hashes it again (issue 23)."""
 

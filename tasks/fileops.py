@@ -13,6 +13,8 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
+from .errors import UserError
+
 
 def rmtree(path: Path) -> None:
     """Remove ``path`` and what is in it: read-only files and folders too (the cache's files
@@ -39,7 +41,7 @@ def write_json(path: Path, obj) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-class DiskFull(Exception):
+class DiskFull(UserError):
     """The disk filled (ENOSPC / EDQUOT) while a stage wrote its cache entry."""
 
 

@@ -22,6 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .errors import NpubuildError
 from .precisions import QDQ_MATMUL_FP32
 from .proc import lazy
 from .targets import get as get_target
@@ -232,7 +233,7 @@ def compile_settled(compile_into, ctx: Path, tries: int = 8) -> int:
     return n
 
 
-class NotOnNPU(Exception):
+class NotOnNPU(NpubuildError):
     """Some nodes of a graph would run on the CPU EP, not on QNN HTP."""
 
     def __init__(self, model: Path, op_types: dict[str, int], detail: str):

@@ -56,11 +56,12 @@ from typing import Callable
 from urllib.parse import urlsplit, urlunsplit
 
 from . import digest
+from .errors import NpubuildError, UserError
 
 ENV = "NPUBUILD_REMOTE"
 
 
-class RemoteError(Exception):
+class RemoteError(UserError):
     """The remote could not be read or written (network, permissions, missing bucket...).
     ``repeated``: the error is one this process already met and reported (the remote is not
     tried again in this run), so callers do not warn again (issue 23: 18 lines for one
@@ -71,7 +72,7 @@ class RemoteError(Exception):
         self.repeated = repeated
 
 
-class Rejected(Exception):
+class Rejected(NpubuildError):
     """A remote entry failed a check; the message names the entry's key and the bad file."""
 
 
