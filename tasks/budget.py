@@ -21,7 +21,7 @@ class NotEnoughMemory(UserError, RuntimeError):
     """A stage's estimated peak exceeds the memory available; the message says what to change."""
 
 
-#: the largest budget taken (GiB): 1e300 passed as a number and overflowed every stage (a tester)
+#: the largest budget taken (GiB): a larger one, e.g. 1e300, would overflow every stage's sums
 MAX_BUDGET_GIB = 1 << 20
 
 

@@ -350,7 +350,7 @@ class Cache:
                 write_json(tmp / "manifest.json", manifest)
                 dest = self._commit(tmp, kind, key)
             except BaseException as e:
-                # a library that met the full disk may fail later and otherwise (issue 23: protobuf's
+                # a library that met the full disk may fail later and otherwise (protobuf's
                 # DecodeError reading a graph cut short): an error with the disk full is the disk
                 full = is_disk_full(e) or (isinstance(e, Exception) and free_bytes(tmp.parent) < DISK_NEARLY_FULL)
                 written = folder_bytes(tmp) if full else 0

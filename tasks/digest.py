@@ -208,8 +208,8 @@ def busy(err: Exception) -> bool:
 
 def damaged(err: Exception) -> bool:
     """Whether SQLite error ``err`` says the file is damaged (corrupt, not a database), as
-    opposed to a disk that is full, a read-only file or a lock (issue 23: a full disk made a
-    valid stat cache look damaged, and it was moved aside)."""
+    opposed to a disk that is full, a read-only file or a lock: those leave a valid stat cache
+    in place, never moved aside as damaged."""
     code = getattr(err, "sqlite_errorcode", None)
     return code is None and not isinstance(err, sqlite3.OperationalError) or (code or 0) & 0xFF in SQLITE_DAMAGED
 
@@ -333,7 +333,7 @@ def sha256_file(path: Path) -> str:
 
 class InputChanged(UserError):
     """A file a stage reads no longer holds the bytes its key hashed (it was edited while the
-    build ran): nothing is cached; the next build hashes it again (issue 23)."""
+    build ran): nothing is cached; the next build hashes it again."""
 
 
 def snapshot(files: dict[str, Path], expected: dict[str, str], names: dict[str, str], folder: Path) -> dict[str, Path]:
