@@ -17,7 +17,7 @@
   timestamps stays valid); :meth:`Cache.verify` rereads every byte, and so does publish for
   what it ships (:meth:`Cache.confirm_damage`). A damaged entry is moved to ``cache/.damaged/``
   and rebuilt, never used; the owner's ``on_quarantine`` hook then marks what links to it
-  (``build/<recipe>/`` folders: ``tasks.engine.unlink_build_copies``).
+  (``build/<recipe>/`` folders: ``tasks.core.resolve.unlink_build_copies``).
 - A full disk while building is one :class:`DiskFull` error naming the folder, what was
   written and what is free, not a traceback from deep in a stage.
 - With a remote (``tasks/remote.py``, ``NPUBUILD_REMOTE``) the cache has two levels: a local
