@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import os
 
+from .errors import UserError
 from .proc.rss import proc_bytes as _proc_bytes
 
 GiB = 1 << 30
 BASE = int(0.8 * GiB)  # Python + torch/onnxruntime/transformers imports, measured: 0.6-0.8 GiB
 
 
-class NotEnoughMemory(RuntimeError):
+class NotEnoughMemory(UserError, RuntimeError):
     """A stage's estimated peak exceeds the memory available; the message says what to change."""
 
 
-#: the largest budget taken (GiB): 1e300 passed as a number and overflowed every stage (a tester)
+#: the largest budget taken (GiB): a larger one, e.g. 1e300, would overflow every stage's sums
 MAX_BUDGET_GIB = 1 << 20
 
 

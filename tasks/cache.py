@@ -17,7 +17,7 @@
   timestamps stays valid); :meth:`Cache.verify` rereads every byte, and so does publish for
   what it ships (:meth:`Cache.confirm_damage`). A damaged entry is moved to ``cache/.damaged/``
   and rebuilt, never used; the owner's ``on_quarantine`` hook then marks what links to it
-  (``build/<recipe>/`` folders: ``tasks.engine.unlink_build_copies``).
+  (``build/<recipe>/`` folders: ``tasks.core.resolve.unlink_build_copies``).
 - A full disk while building is one :class:`DiskFull` error naming the folder, what was
   written and what is free, not a traceback from deep in a stage.
 - With a remote (``tasks/remote.py``, ``NPUBUILD_REMOTE``) the cache has two levels: a local
@@ -43,12 +43,13 @@ from pathlib import Path
 from typing import Callable
 
 from . import digest
+from .errors import UserError
 from .fileops import DISK_NEARLY_FULL, DiskFull, folder_bytes, free_bytes, is_disk_full, rmtree, temp_area, write_json
 from .keylock import KeyLock
 from .remote import Rejected, Remote, RemoteError, warn
 
 
-class EntryUnreadable(Exception):
+class EntryUnreadable(UserError):
     """A cache entry this user may not read (another user's, made under umask 077 in a shared
     cache). It is not damage: it is neither used nor moved aside."""
 
@@ -349,7 +350,7 @@ class Cache:
                 write_json(tmp / "manifest.json", manifest)
                 dest = self._commit(tmp, kind, key)
             except BaseException as e:
-                # a library that met the full disk may fail later and otherwise (issue 23: protobuf's
+                # a library that met the full disk may fail later and otherwise (protobuf's
                 # DecodeError reading a graph cut short): an error with the disk full is the disk
                 full = is_disk_full(e) or (isinstance(e, Exception) and free_bytes(tmp.parent) < DISK_NEARLY_FULL)
                 written = folder_bytes(tmp) if full else 0

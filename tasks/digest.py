@@ -22,6 +22,8 @@ from pathlib import Path
 
 import xxhash
 
+from .errors import UserError
+
 CHUNK = 1 << 20  # bytes per read; xxhash releases the GIL above 64 KiB
 
 
@@ -182,7 +184,7 @@ class StatCache:
         return value
 
 
-class StoreUnwritable(Exception):
+class StoreUnwritable(UserError):
     """A database npubuild keeps (the stat cache) cannot be written: a full disk, a read-only
     file, no permission. Nothing is moved or lost; one line says which file and what to do."""
 
@@ -206,8 +208,8 @@ def busy(err: Exception) -> bool:
 
 def damaged(err: Exception) -> bool:
     """Whether SQLite error ``err`` says the file is damaged (corrupt, not a database), as
-    opposed to a disk that is full, a read-only file or a lock (issue 23: a full disk made a
-    valid stat cache look damaged, and it was moved aside)."""
+    opposed to a disk that is full, a read-only file or a lock: those leave a valid stat cache
+    in place, never moved aside as damaged."""
     code = getattr(err, "sqlite_errorcode", None)
     return code is None and not isinstance(err, sqlite3.OperationalError) or (code or 0) & 0xFF in SQLITE_DAMAGED
 
@@ -329,9 +331,9 @@ def sha256_file(path: Path) -> str:
 
 
 
-class InputChanged(Exception):
+class InputChanged(UserError):
     """A file a stage reads no longer holds the bytes its key hashed (it was edited while the
-    build ran): nothing is cached; the next build hashes it again (issue 23)."""
+    build ran): nothing is cached; the next build hashes it again."""
 
 
 def snapshot(files: dict[str, Path], expected: dict[str, str], names: dict[str, str], folder: Path) -> dict[str, Path]:

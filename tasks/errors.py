@@ -1,13 +1,32 @@
-"""The recipe loader's errors, in a module of their own: the engine rebuilds an unsupported
-recipe's error from the plan cache (``tasks/plancache.py``) without importing the recipe schema
-(and pydantic with it)."""
+"""The bases of every error npubuild raises on purpose, and the recipe loader's errors.
+
+:class:`NpubuildError` is the base of each exception class the package defines;
+:class:`UserError` (one of them) marks the errors whose cause the user can fix: a bad recipe
+or source, too little memory, a full disk, a lock held too long, a refused publish, an
+unreachable remote. The classes stay in the modules that raise them (a module's errors are
+part of its stage code digest); each derives from one of these two.
+
+This module imports nothing of the package, so any module can import it. The recipe errors
+live here so that the engine rebuilds an unsupported recipe's error from the plan cache
+(``tasks/plancache.py``) without importing the recipe schema (and pydantic with it)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 
-class RecipeError(Exception):
+class NpubuildError(Exception):
+    """An error npubuild raises on purpose: its message says what went wrong, naming the
+    recipe, stage, file or entry concerned. Not a bug report: a bug is any other exception."""
+
+
+class UserError(NpubuildError):
+    """An error whose cause the user can fix: bad input (a recipe, a source, a data file, a
+    publish that is refused) or the environment (memory, disk space, permissions, the network,
+    a key lock held too long). The message says what to change."""
+
+
+class RecipeError(UserError):
     """A recipe (or a set of recipes) is invalid. ``problems`` is a list of
     ``(key_path, message)`` tuples; ``file`` the recipe file."""
 

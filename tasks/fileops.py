@@ -13,12 +13,14 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
+from .errors import UserError
+
 
 def rmtree(path: Path) -> None:
     """Remove ``path`` and what is in it: read-only files and folders too (the cache's files
     are read-only; Windows will not unlink them otherwise), and what another process removes
     at the same time is taken as removed (two doit processes that start together both clean
-    the same dead build's temp folder; a tester saw the slower one fail a stage)."""
+    the same dead build's temp folder, and the slower one must not fail its stage)."""
     def onexc(func, p, exc):
         if isinstance(exc, FileNotFoundError):
             return
@@ -39,7 +41,7 @@ def write_json(path: Path, obj) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-class DiskFull(Exception):
+class DiskFull(UserError):
     """The disk filled (ENOSPC / EDQUOT) while a stage wrote its cache entry."""
 
 

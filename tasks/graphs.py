@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import digest
+from .errors import UserError
 from .proc import lazy
 
 onnx = lazy.module("onnx")
@@ -12,7 +13,7 @@ onnx = lazy.module("onnx")
 TWO_GB = 2 * 1024**3  # protobuf's message size limit
 
 
-class GraphError(Exception):
+class GraphError(UserError):
     """A file that should be an ONNX model is not one (corrupt, truncated, wrong file)."""
 
 

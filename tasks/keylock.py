@@ -12,12 +12,13 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from .errors import UserError
 from .proc.processes import process_state as _process_state
 
 LOCK_TIMEOUT_DEFAULT = 600.0  # seconds a stopped or gone lock holder is waited for
 
 
-class LockTimeout(Exception):
+class LockTimeout(UserError):
     """A key lock stayed held by a stopped or dead holder for longer than the lock timeout."""
 
 

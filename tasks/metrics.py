@@ -44,8 +44,8 @@ def perplexity(logits_rows: list[np.ndarray], targets: list[int]) -> float:
 def apart(a: float, b: float, decimals: int = 1, most: int = 6) -> tuple[str, str]:
     """``a`` and ``b`` printed with the fewest decimals (at least ``decimals``, at most
     ``most``) at which the two strings differ, so a message comparing them never shows two
-    equal figures for unequal values ("needs 0.8 GiB, 0.8 GiB is available"; found by a tester,
-    issue 22). Equal values print equal."""
+    equal figures for unequal values ("needs 0.8 GiB, 0.8 GiB is available"). Equal values
+    print equal."""
     d = decimals
     while d < most and a != b and f"{a:.{d}f}" == f"{b:.{d}f}":
         d += 1

@@ -34,7 +34,7 @@ _MEMO: dict[tuple, Path] = {}
 
 def _remembered(k: tuple, make) -> Path:
     """``make()``, remembered under ``k`` (the environment values it depends on: a no-op build
-    asks ~900 times, issue 11), so a changed environment is still seen."""
+    asks ~900 times), so a changed environment is still seen."""
     p = _MEMO.get(k)
     if p is None:
         p = _MEMO[k] = make()

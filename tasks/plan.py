@@ -9,7 +9,7 @@ holds the patch steps marked ``when: pre-quantize`` (rewrites that must precede 
 either patch stage is left out when it has no steps. A recipe with several targets gets one
 compile and one verify stage per target, named ``compile@<target>`` and ``verify@<target>``.
 
-An LLM recipe (``export.family: llm``) with P parts is built part by part (issue 22; AI Hub
+An LLM recipe (``export.family: llm``) with P parts is built part by part (as AI Hub
 compiles each "split" as a job of its own): per part k the stages ``export.part{k}``,
 [``prepatch.part{k}``], ``calibrate.part{k}`` (the fp32 part over the calibration schedule; part 0
 reads the calibration file, part k > 0 takes the schedule and the hidden states of

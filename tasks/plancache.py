@@ -1,8 +1,8 @@
 """The plan cache: a no-op command's recipe set without parsing or validating recipes.
 
 Loading the recipes (PyYAML, the pydantic schema, the load-time checks) and expanding them
-into stage specs was about a third of a no-op ``doit build`` over 50 recipes (issue 11: the
-bar is 0.1 x ``dvc repro``). After a load in which every recipe file was valid, the
+into stage specs would be about a third of a no-op ``doit build`` over 50 recipes (the bar
+is 0.1 x ``dvc repro``: benchmarks/README.md). After a load in which every recipe file was valid, the
 expanded plan is written to ``<NPUBUILD_HOME>/plans-<context>.json``, as DVC keeps
 ``dvc.lock``: plain JSON, one row per stage (:class:`tasks.plan.StageSpec` fields). A later
 command uses it, without importing pydantic, only when all of these are unchanged (else it

@@ -22,6 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .errors import NpubuildError
 from .precisions import QDQ_MATMUL_FP32
 from .proc import lazy
 from .targets import get as get_target
@@ -137,7 +138,7 @@ def compile_in_subprocess(qdq: Path, ctx: Path, target: str, disable_cpu_ep_fall
 # --------------------------------------------------------------- one racy padding run, settled
 #
 # Measured with onnxruntime 1.32 + onnxruntime-qnn 2.7.0 (QNN SDK 2.51, x86_64 HTP prepare;
-# issue 12): the same QDQ encoder graph, compiled in fresh processes with the same options and
+# benchmarks/README.md, "Compile once"): the same QDQ encoder graph, compiled in fresh processes with the same options and
 # relative paths, gives one of two context binaries. They differ in exactly 126 bytes: bytes
 # 2..127 of the 128-byte block that ends the binary's constant data, right before a run of 0xff
 # fill. Most compiles write them 0x00, some 0xff; which one depends on thread timing in the SDK
@@ -148,9 +149,9 @@ def compile_in_subprocess(qdq: Path, ctx: Path, target: str, disable_cpu_ep_fall
 # Our decoder LLM graphs showed no variance (40/40 identical compiles). Both variants load and
 # give the same outputs on the simulator.
 #
-# Bytes are never rewritten: a tester showed that weight data can look exactly like the 0xff
-# variant (a uint16 embedding row at its maximum), and rewriting it changed outputs for token
-# ids a probe did not read. Instead :func:`compile_settled` compiles once and compiles again
+# Bytes are never rewritten: weight data can look exactly like the 0xff
+# variant (a uint16 embedding row at its maximum), and rewriting it changes outputs for token
+# ids a probe does not read. Instead :func:`compile_settled` compiles once and compiles again
 # only while the binary shows the 0xff variant's mark (:func:`racy_marks`), keeping the compile
 # with the fewest marks; when :data:`CONFIRM` compiles in a row are byte-identical the marks are
 # data, and it stops.
@@ -190,7 +191,7 @@ def _marks_of(binary: Path) -> tuple[int, ...]:
 
 
 #: identical compiles, all showing the mark, that make it weight data rather than the race. The
-#: race gives the 0xff variant in 2-8 of 40 compiles under load; a fault campaign (issue 14)
+#: race gives the 0xff variant in 2-8 of 40 compiles under load; a fault campaign (benchmarks/README.md)
 #: saw "stop at two identical" keep it in 1 of 180 compiles, so five are asked for (at p = 0.2,
 #: 0.2^5 = 3e-4; typically below 1e-5). Real binaries showed no mark (MiniLM, the 0.5B/7B LLM
 #: parts), so this costs nothing there; a model whose weights do look like it compiles 5 times.
@@ -232,7 +233,7 @@ def compile_settled(compile_into, ctx: Path, tries: int = 8) -> int:
     return n
 
 
-class NotOnNPU(Exception):
+class NotOnNPU(NpubuildError):
     """Some nodes of a graph would run on the CPU EP, not on QNN HTP."""
 
     def __init__(self, model: Path, op_types: dict[str, int], detail: str):
@@ -287,7 +288,7 @@ def cpu_nodes(ctx: Path) -> dict[str, int]:
 
 def placement(*folders: Path) -> dict:
     """Where the compiled graphs under ``folders`` (every ``*_ctx.onnx``) run, as a fact read
-    from them (issue 23): ``{"all_on_htp": bool, "cpu_nodes": {op type: count}}``, summed over
+    from them: ``{"all_on_htp": bool, "cpu_nodes": {op type: count}}``, summed over
     the graphs. ``all_on_htp`` is True only when no graph has a node outside its EPContext
     nodes (compile with ``disable_cpu_ep_fallback: false`` can leave some on the CPU).
     Several folders: an LLM's parts, each compiled by a stage of its own. Raises

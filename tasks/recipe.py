@@ -77,7 +77,7 @@ def read_yaml(path: Path) -> dict:
     if not isinstance(data, dict):
         raise RecipeError(path, [("", f"expected a mapping at the top level, found {type(data).__name__}")])
     nul = with_nul(data)
-    if nul:  # no path, pattern or name holds one; the OS refuses it (a tester's "x\u0000" stopped every command)
+    if nul:  # no path, pattern or name holds one; the OS refuses it, and every command would stop there
         raise RecipeError(path, [(k, f"expected text without NUL characters, found {v!r}") for k, v in nul])
     return data
 

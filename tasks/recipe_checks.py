@@ -22,7 +22,7 @@ from .stages import IMPLEMENTATIONS, implementation
 
 #: longest sample line a calibration or verify file may hold (characters): far above any real
 #: sample (the chat calibration set's longest line is ~2,000), far below what hurts (a 21.8 MB
-#: line took 3.85 GB to tokenize: issue 23)
+#: line takes 3.85 GB to tokenize)
 MAX_SAMPLE_CHARS = 100_000
 
 
@@ -132,7 +132,7 @@ def check_data_files(path: Path, r: Recipe, memo: dict | None = None) -> None:
             n = lines(f, rel)
             if isinstance(n, str):
                 problems.append((key, n))
-            elif key != "verify.perplexity_text" and memo.get(("long", rel)):  # issue 23: one 21.8 MB line took 3.85 GB to tokenize
+            elif key != "verify.perplexity_text" and memo.get(("long", rel)):  # see MAX_SAMPLE_CHARS
                 problems.append((key, memo["long", rel]))
             elif bad := file_problem(r.export.family, key, f, rel, memo):
                 problems.append((key, bad))

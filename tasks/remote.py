@@ -1,4 +1,4 @@
-"""A remote second level for the stage cache, over any fsspec file system (issue 10).
+"""A remote second level for the stage cache, over any fsspec file system.
 
 ``NPUBUILD_REMOTE`` names it with an fsspec URL: ``file:///shared/folder``, ``s3://bucket/prefix``,
 ``gs://bucket/prefix``, ... Credentials come from the backend's usual environment (for S3:
@@ -56,22 +56,23 @@ from typing import Callable
 from urllib.parse import urlsplit, urlunsplit
 
 from . import digest
+from .errors import NpubuildError, UserError
 
 ENV = "NPUBUILD_REMOTE"
 
 
-class RemoteError(Exception):
+class RemoteError(UserError):
     """The remote could not be read or written (network, permissions, missing bucket...).
     ``repeated``: the error is one this process already met and reported (the remote is not
-    tried again in this run), so callers do not warn again (issue 23: 18 lines for one
-    unreachable server)."""
+    tried again in this run), so callers do not warn again: one unreachable server is one
+    line."""
 
     def __init__(self, message: str, repeated: bool = False):
         super().__init__(message)
         self.repeated = repeated
 
 
-class Rejected(Exception):
+class Rejected(NpubuildError):
     """A remote entry failed a check; the message names the entry's key and the bad file."""
 
 

@@ -26,6 +26,7 @@ import os
 from pathlib import Path
 
 from .. import digest, paths, tools
+from ..errors import NpubuildError
 from .session import Session
 
 #: the folder of the ``tasks`` package, and its name: the modules a code digest may cover
@@ -33,7 +34,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent.parent
 PACKAGE = __name__.split(".")[0]
 
 
-class NotReady(Exception):
+class NotReady(NpubuildError):
     """An upstream stage has no cache entry yet, so this stage's key cannot be computed."""
 
 

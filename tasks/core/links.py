@@ -90,8 +90,8 @@ def materialize(session: Session, recipe: str, res: Resolver | None = None) -> d
     {file: "<kind>/<key>/out/<path>"}, the cache file each one is. ``res``: the Resolver to
     use (a cluster build passes one that pulls only the artifacts' stage kinds). Files an
     earlier build linked (its ``artifacts.json``) that this one does not are removed, so the
-    folder holds exactly what ``artifacts.json`` lists (a tester found a 3-part build's
-    ``part2/`` left beside a 2-part rebuild); files npubuild did not put there are left."""
+    folder holds exactly what ``artifacts.json`` lists (no ``part2/`` of a 3-part build left
+    beside a 2-part rebuild); files npubuild did not put there are left."""
     from .. import outputs
     from .state import artifacts, build_state  # (not imported by a no-op build)
 
@@ -125,8 +125,8 @@ def materialize(session: Session, recipe: str, res: Resolver | None = None) -> d
         os.replace(staged_tmp, dest)
         staged_tmp.unlink(missing_ok=True)  # rename() between two links of one file leaves the source
     # the old files go while the old listing still names them, then the new listing in one
-    # rename: a build killed in between leaves a listing that names every file it left (a
-    # tester killed it after the write: a removed part's binaries stayed for good)
+    # rename: a build killed in between leaves a listing that names every file it left (the
+    # other order, killed after the write, would keep a removed part's binaries for good)
     _remove_old_artifacts(root, before - set(listing))
     os.replace(tmp, root / "artifacts.json")
     try:

@@ -64,7 +64,7 @@ def record(session: Session, recipe_name: str, stage: str, key: str, material: d
     locks.mkdir(parents=True, exist_ok=True)
     with FileLock(str(locks / f"state-{recipe_name}.lock")):
         # rows of stages the recipe no longer has (a part removed) go: explain has nothing to
-        # say of them, and gc would keep their entries as the last build's (a tester)
+        # say of them, and gc would keep their entries as the last build's
         st = {k: v for k, v in read_state(session, recipe_name, fresh=True).items() if k in names}
         st[stage] = row
         # a temp file and one rename (a dead build's temp file is removed with its temp links); a

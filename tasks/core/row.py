@@ -107,7 +107,7 @@ def parameter_count(download: Entry, *exports: Entry) -> int | None:
     Face model counts; a tied LM head is counted once. Without safetensors, the elements of the
     floating-point initializers of the exports' fp32 ONNX graphs, unique by name across graphs
     (an LLM's graphs also hold constant rotary and mask tables and a tied head's copy: the tiny
-    Qwen2 counted 2.57 M there, 2.36 M in its checkpoint; a tester). None when neither exists."""
+    Qwen2 counts 2.57 M there, 2.36 M in its checkpoint). None when neither exists."""
     shards = sorted(download.out.rglob("*.safetensors"))
     if shards:
         from safetensors import safe_open

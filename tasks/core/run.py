@@ -10,6 +10,7 @@ from pathlib import Path
 
 from .. import digest, paths, tools
 from ..cache import Cache, Entry
+from ..errors import NpubuildError, UserError
 from ..proc import interrupt, rss
 from . import recipeset
 from .keys import key_material, project_file, stage_key
@@ -18,11 +19,11 @@ from .session import Session
 from .record import record
 
 
-class StageFailed(Exception):
+class StageFailed(NpubuildError):
     """A stage ran and its result does not pass (e.g. verify below threshold)."""
 
 
-class UpstreamUnusable(Exception):
+class UpstreamUnusable(UserError):
     """A stage failed reading the files of an upstream cache entry (the error names a path in
     it): the message names the entry and how to drop it, so the next build rebuilds it."""
 

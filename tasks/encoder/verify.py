@@ -155,7 +155,7 @@ def _verify_encoder(inputs, files, params) -> dict:
     feeds = encoder_feeds(ref_model, inputs["source"], texts, d["max_length"])
     ref = qnn.cpu_session(ref_model)
     ctx = inputs["compiled"] / "model_ctx.onnx"
-    # where the compiled model runs, whichever backend verifies it (issue 23)
+    # where the compiled model runs, whichever backend verifies it
     placement = {**qnn.placement(inputs["compiled"]),
                  "nodes": [n.op_type for n in onnx.load(str(ctx), load_external_data=False).graph.node]}
     if params["backend"] != "htp":

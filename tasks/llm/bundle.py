@@ -21,6 +21,7 @@ import json
 import shutil
 from pathlib import Path
 
+from ..errors import UserError
 from ..qnn import provider_options
 from ..stages.common import target_key_extra
 from ..stages.contract import Stage
@@ -87,7 +88,7 @@ def write_genai_files(desc: dict, embed_dir: Path, out: Path, params: dict) -> N
                            provider_options=provider_options(params["target"]))
 
 
-class GenieConfigRefused(ValueError):
+class GenieConfigRefused(UserError, ValueError):
     """Genie's parser (``GenieDialogConfig_createFromJson``) refused the bundle's genie_config.json."""
 
 

@@ -52,7 +52,7 @@ def run(inputs, files, params, out: Path) -> dict:
         ids, eos = text_ids(inputs["source"], files["calibration"])
         try:
             sched = schedule(ids, desc["seq_len"], desc["context_len"], n_prompts=params["calibration"]["samples"])
-        except ValueError as e:  # name the recipe key and the file (a tester saw the bare reason)
+        except ValueError as e:  # name the recipe key and the file, not the bare reason
             raise ValueError(f"quantize.calibration.file ({files['calibration']}): {e}") from None
     else:
         drawn = json.loads((Path(inputs["previous"]) / SCHEDULE).read_text())
@@ -76,10 +76,10 @@ def check_disk(desc: dict, sched: list[dict], k: int, out: Path) -> int:
     """Refuse, before work, a calibration of part ``k`` that cannot fit on the disk of ``out``
     (the stage's folder in the cache), estimated from the schedule by
     :func:`tasks.llm.calibration_feeds.disk_bytes`. This part only: the later parts' entries may be in the
-    cache already (a tester rebuilt part 0 alone and was refused for parts 1-2's bytes).
+    cache already (rebuilding part 0 alone must not be refused for the later parts' bytes).
     Returns the estimate in bytes. Raises :class:`tasks.cache.DiskFull` naming the part, both
-    figures and ``quantize.calibration.samples`` (a full disk used to show up minutes in, as a
-    failed write)."""
+    figures and ``quantize.calibration.samples``, before work rather than minutes in, as a
+    failed write."""
     from ..cache import DiskFull
     from ..metrics import apart
     from .calibration_feeds import disk_bytes

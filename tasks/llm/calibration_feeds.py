@@ -234,7 +234,7 @@ def disk_bytes(desc: dict, sched: list[dict], part: int) -> int:
     Counts written data uncompressed, so it is at least what deflate makes of it: the tiny
     Qwen2 in 3 parts, 1.12-1.13x what the entries hold, scratch included
     (tests/test_llm_parts.py); Qwen2.5-7B's shape at 16 prompts (S=128, C=4096), 0.37-0.52 GB
-    a part where its entries held about 0.28 GB (benchmarks/README.md, issue 22)."""
+    a part where its entries held about 0.28 GB (benchmarks/README.md)."""
     p = desc["parts"][part]
     S, C = desc["seq_len"], desc["context_len"]
     last = part == len(desc["parts"]) - 1

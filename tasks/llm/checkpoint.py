@@ -1,6 +1,6 @@
 """Read one part of a Hugging Face decoder checkpoint at a time (safetensors, single or sharded).
 
-A 7 B model in fp32 is ~30 GB; a stage must never hold it whole (issue 8). :class:`Checkpoint`
+A 7 B model in fp32 is ~30 GB; a stage must never hold it whole. :class:`Checkpoint`
 opens the checkpoint's ``*.safetensors`` shards lazily (``safetensors.safe_open``, which reads a
 tensor's bytes only when asked) and hands out one tensor at a time, converted to float32
 numpy. :func:`part_tensor_names` lists exactly the tensors one part needs, so a caller can load a
@@ -79,7 +79,7 @@ class Checkpoint:
 
         with self._shard(self.weight_map[name]) as f:
             t = f.get_tensor(name)
-            if bad := nonfinite(name, t):  # issue 23: named here, not an AssertionError in quantize
+            if bad := nonfinite(name, t):  # named here, not an AssertionError in quantize
                 raise SourceError(f"{self.weight_map[name]}: {bad}")
             self.tensors_read += 1
             self.names_read.append(name)

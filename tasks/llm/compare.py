@@ -294,5 +294,5 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
             # how it ran on this machine (manifest info, not verify.json: it varies with memory)
             "_run": {"parts_resident": resident, "part_loads": {"reference": fp32.loads, "compiled": got.loads}},
             "binaries": binaries,
-            # where the compiled graphs run (issue 23), read from every part's compile entry
+            # where the compiled graphs run, read from every part's compile entry
             **qnn.placement(*inputs.get("compiled_parts", [inputs["compiled"]]))}

@@ -27,7 +27,7 @@ def run(inputs, files, params, out: Path) -> dict:
     what was planned."""
     from .memory import check_export_stage, weight_bits_of
 
-    # the recipe's own bits (a w8a16 LLM was counted at 4 before: issue 22)
+    # the recipe's own bits (a w8a16 LLM's weights count 8, not 4)
     check_export_stage("compile", inputs["model"], weight_bits_of(inputs["model"]), part=params["part"])
     info = compile_part(Path(inputs["model"]), out, params, params["part"])
     desc = json.loads((Path(inputs["model"]) / "export.json").read_text())

@@ -45,8 +45,8 @@ def estimates(config: dict, ranges: list[tuple[int, int]], seq_len: int, context
       ``hidden x intermediate``) at 6 bytes per element: the float32 copy and what writing it
       adds. Measured: Qwen2.5-7B parts 0 and 3 (545 M-element tables) 3.09-3.51 GiB, parts
       1-2 1.21-1.23 GiB (estimated: 3.85 and 1.18); Qwen2.5-0.5B parts 0 and 3 1.35-1.38 GiB
-      (1.56), parts 1-2 0.42 (0.82) (benchmarks/README.md, issue 22). Was 8 bytes per element
-      of the model's largest tensor for every part: 4.9 GiB for each 7B part (a tester).
+      (1.56), parts 1-2 0.42 (0.82) (benchmarks/README.md). Per part, not per model: the
+      model's largest tensor at 8 bytes per element would be 4.9 GiB for each 7B part.
     - quantize: onnxruntime's quantizer holds the part's float32 weights once, plus the
       quantized copies (<= 2 bytes per weight: 16-bit Gather tables), plus one call's
       activations: the attention scores [1, H, S, C] float32 a few times over and the part's

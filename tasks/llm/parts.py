@@ -19,8 +19,8 @@ def split_for(config: dict, parts: int, embed_in_part: bool = True) -> list[tupl
     embedding (when it is in part 0) and the last part the LM head, each ``vocab x hidden``
     elements counted in layers (:func:`layer_elements`). Qwen2.5-7B in 4 parts: the
     embedding and the head weigh 2.3 layers each, so (6, 8, 8, 6) layers instead of 7 each:
-    part 0 holds 1.9 (not 2.2) billion elements, as do parts 1 and 2 (issue 8: part 0's
-    compile was the stage over its memory bar)."""
+    part 0 holds 1.9 (not 2.2) billion elements, as do parts 1 and 2 (with equal layer counts,
+    part 0's compile would be the stage over its memory bar)."""
     table = config["vocab_size"] * config["hidden_size"] / layer_elements(config)
     return split_layers(config["num_hidden_layers"], parts, table if embed_in_part else 0.0, table)
 

@@ -245,7 +245,7 @@ class LLMRunner:
 
 class PartStream:
     """Greedy generation (or teacher forcing) of many prompts at once, holding at most
-    ``resident`` parts' sessions (issue 8: a 7 B model's parts do not fit in memory together).
+    ``resident`` parts' sessions (a 7 B model's parts do not fit in memory together).
 
     Per step, every prompt goes through part 0, then part 1, ...; a part's prefill or decode
     session is created when first needed and dropped (least recently used) once more than

@@ -17,7 +17,7 @@ process killed alone must not leave its quantize or compile running beside the n
 
 A child reports its own peak RSS (``VmHWM`` from ``/proc/self/status``, read at exit; Linux
 only, None elsewhere): ``ru_maxrss`` of a child started by (v)fork + exec can report the
-parent's peak instead (measured here while writing issue 8's benchmark).
+parent's peak instead (measured on Linux with the LLM benchmarks of benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -47,9 +47,9 @@ _REPORT_PEAK = (
     "    if not issubclass(t, KeyboardInterrupt):\n"
     "        _d(t, v, tb)\n"
     "sys.excepthook = _npubuild_quiet\n"
-    # dies with its parent (Linux PR_SET_PDEATHSIG): a doit process killed alone left a 7B
-    # quantize child running beside the next build (a tester found the orphan writing into
-    # the dead build's temp folder); and ends at once if the parent was gone before this line
+    # dies with its parent (Linux PR_SET_PDEATHSIG): a doit process killed alone would leave
+    # its child (a 7B quantize) running beside the next build, writing into the dead build's
+    # temp folder; and ends at once if the parent was gone before this line
     "import os as _o\n"
     "if sys.platform.startswith('linux'):\n"
     "    try:\n"
@@ -115,7 +115,7 @@ def run_function(fn, *args, cwd=None, env: dict | None = None, timeout: float | 
     ``fn`` must be a module-level function (it is pickled by reference: module and name) and
     ``args`` / ``kwargs`` picklable (paths, numbers, dicts, :class:`tasks.llm.calibration_feeds.FeedStore`).
     The caller imports ``fn`` itself, so the module the child runs is in the caller's import
-    graph (the stage key's code digest, ``tasks.engine.code_modules``). Raises
+    graph (the stage key's code digest, ``tasks.core.keys.code_modules``). Raises
     pickle.PicklingError (a lambda) or AttributeError (a nested function) before any child
     starts. ``cwd``, ``env``, ``timeout`` and ``forward`` are the runner's; ``fn`` cannot take
     keyword arguments of those names."""
@@ -198,8 +198,8 @@ def _main() -> None:  # python -m tasks.proc.child: the child side of run_functi
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
-        # a full disk is not a bug: one line (a tester saw an 18-line traceback from the LLM
-        # quantize child on the console before the DiskFull line)
+        # a full disk is not a bug: one line, not a traceback on the console before the
+        # parent's DiskFull line
         print(f"{type(e).__name__}: {e}", flush=True)
         sys.exit(DISK_FULL_EXIT)
     finally:

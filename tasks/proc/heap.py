@@ -11,7 +11,7 @@ compile (this project's 2-core CI machine, idle, 2026-11-30): 3.17 M minor page 
 8.2 s system time of 17.2 s wall; with the thresholds raised while stages run: 0.51 M faults,
 2.9 s system, 11.3 s wall, peak RSS 1.33 -> 1.42 GB. Output bytes do not change (every
 stage's output digest compared with glibc's defaults: the main job, and 7 recipes in one
-process by a tester). tests/test_heap.py checks the mechanism (faults of a reused buffer).
+process). tests/test_heap.py checks the mechanism (faults of a reused buffer).
 
 Python's cyclic garbage collector runs a young collection every 700 net container
 allocations (``gc.get_threshold()``); importing torch + transformers + optimum and loading the
@@ -45,9 +45,9 @@ KEEP_THRESHOLD = 2**31 - 1  # bytes: the largest value mallopt's int takes
 
 #: a stage keeps freed memory only when its upstream outputs total at most this many bytes:
 #: the main job's export input is 91 MB; LLM stages, which hold one part at a time, must give
-#: memory back (issue 8's peaks and tasks/llm/memory.py's estimates were measured with glibc's
-#: defaults). At 1 GiB the Qwen2.5-0.5B shape's export (988 MB source) kept: peak RSS +21 %
-#: (1.47 -> 1.78 GiB) against an estimate of 1.81 GiB (a tester, 2026-11-30).
+#: memory back (the LLM peaks in benchmarks/README.md and tasks/llm/memory.py's estimates are
+#: measured with glibc's defaults). At 1 GiB the Qwen2.5-0.5B shape's export (988 MB source)
+#: kept its memory: peak RSS +21 % (1.47 -> 1.78 GiB) against an estimate of 1.81 GiB.
 KEEP_INPUT_MAX = 256 << 20
 
 

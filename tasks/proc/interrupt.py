@@ -2,8 +2,8 @@
 
 Python turns SIGINT into KeyboardInterrupt wherever the main thread happens to be, and some
 libraries swallow it there: numpy's C-level import turns it into an ImportError ("numpy._core
-.umath failed to import"), so a Ctrl-C landing in the first numpy import of a process was
-ignored, or became a false "not a valid ONNX model" error (found by a tester, 2026-11-30). The
+.umath failed to import"), so a Ctrl-C landing in the first numpy import of a process would be
+ignored, or become a false "not a valid ONNX model" error. The
 handler here also *remembers* the signal (:func:`seen`), so ``tasks.core.run.run_stage`` stops the
 build after the stage whatever the libraries did with the exception, and it kills the stage's
 child processes at once (``tasks.proc.child``), so a stage waiting on them (verify's HTP children in

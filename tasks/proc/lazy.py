@@ -1,5 +1,5 @@
 """Modules imported on first use, so that planning and up-to-date checks (``doit list``, a
-no-op ``doit build``) do not pay for onnx / numpy before any stage runs (issue 11).
+no-op ``doit build``) do not pay for onnx / numpy before any stage runs.
 
 :func:`module` is the recipe of the Python documentation, "Implementing lazy imports"
 (https://docs.python.org/3/library/importlib.html#implementing-lazy-imports), built on the

@@ -1,7 +1,7 @@
 """Secrets out of everything we print or publish: Hugging Face tokens (``hf_`` + at least 8
 letters or digits, the form huggingface_hub's tokens take) become ``hf_***``. Used for error
 messages (download, catalog, publish) and for the data-file lines ``verify.json`` quotes, which
-are published in bundles (issue 14)."""
+are published in bundles."""
 
 from __future__ import annotations
 

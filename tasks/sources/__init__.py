@@ -37,8 +37,8 @@ def _utf8(name: str) -> bool:
 def folder_problem(folder: Path, roots: list[Path], what: str) -> str:
     """"" when every file of source folder ``folder`` resolves inside ``roots`` and this user
     can read it, else the message naming the first links out and where they point, or the first
-    files it cannot read with their owner and mode (issue 23: a link out was copied into the
-    cache and shipped; a 0600 file of another user was a PermissionError traceback). ``what``:
+    files it cannot read with their owner and mode (a link out would be copied into the cache
+    and shipped; a 0600 file of another user would be a PermissionError traceback). ``what``:
     the source as the recipe names it. One walk of the folder for both checks."""
     import os
 

@@ -134,8 +134,7 @@ def _unreachable(repo: str, revision: str, err: Exception) -> str:
 
 
 def _whole(err: Exception) -> str:
-    """The library's whole message on one line (issue 23: the first line alone, cut at 200
-    characters, ended mid-sentence)."""
+    """The library's whole message on one line (its first line alone can end mid-sentence)."""
     return " ".join(ln.strip() for ln in str(err).splitlines() if ln.strip())
 
 
@@ -184,7 +183,7 @@ _HASHED: dict[str, dict[str, str]] = {}  # content digest -> the listing it was 
 def check_read(out: Path, material: dict, params: dict) -> None:
     """After the copy: a local source's copy in ``out`` holds what the key hashed
     (``material["extra"]["content"]``), so an entry never holds a file edited while it was
-    read (issue 23). Raises digest.InputChanged naming the files that differ now."""
+    read. Raises digest.InputChanged naming the files that differ now."""
     if params.get("shape"):  # the facts and tokenizer files read are the ones the key hashed
         from .shape import key_material
 

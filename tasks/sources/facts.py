@@ -1,4 +1,4 @@
-"""Facts of a model folder checked before its export, one line each (issue 23): weights that
+"""Facts of a model folder checked before its export, one line each: weights that
 are numbers, and a tokenizer whose ids the embedding has rows for. Both families' exports call
 these on the download stage's copy; the errors are :class:`tasks.sources.SourceError`."""
 

@@ -52,7 +52,7 @@ def copy_rest(src: Path, out: Path) -> None:
 def target_key_extra(params: dict) -> dict:
     """The target as the session sees it, for compile and verify keys: the QNN provider options
     ``params["target"]`` resolves to in ``tasks/targets.py`` (soc_model, htp_arch, ...), so
-    editing the table makes binaries stale and two names for one SoC share entries (issue 11)."""
+    editing the table makes binaries stale and two names for one SoC share entries."""
     return {"provider_options": qnn.provider_options(params["target"])}
 
 def write_report(out: Path, report: dict) -> dict:

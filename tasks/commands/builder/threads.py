@@ -11,7 +11,7 @@ THREAD_MODE = ("-P thread: npubuild runs stages in processes: use `doit -n N` wi
 def thread_mode(argv: list[str]) -> bool:
     """Whether a doit command line asks for thread-parallel tasks (``-P thread``, ``-Pthread``,
     ``--parallel-type thread``, ``--parallel-type=thread``): refused when doit starts, as a
-    no-op too (a tester's no-op passed and a stale build failed at its first stage)."""
+    no-op too (else a no-op passes and a stale build fails at its first stage)."""
     for i, a in enumerate(argv):
         nxt = argv[i + 1] if i + 1 < len(argv) else ""
         if a in ("-P", "--parallel-type") and nxt == "thread" or a in ("-Pthread", "--parallel-type=thread"):

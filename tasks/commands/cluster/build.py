@@ -38,6 +38,7 @@ from ...core import keys, recipeset, resolve
 from ...core.record import record
 from ...core.run import build_spec, memory_estimate
 from ...core.session import Session
+from ...errors import UserError
 from ...plan import KINDS
 
 ENV_SCHEDULER = "NPUBUILD_SCHEDULER"
@@ -51,11 +52,11 @@ NO_REMOTE = ("a cluster build needs a remote cache: set NPUBUILD_REMOTE to an fs
              "workers push what they build there and this machine pulls it (README, Cluster builds)")
 
 
-class ClusterError(Exception):
+class ClusterError(UserError):
     """A cluster build could not run or did not finish; the message says why."""
 
 
-class Refused(Exception):
+class Refused(UserError):
     """A worker whose tool versions, code or data files differ from the client's refuses a
     stage (its outputs would have other keys); the message names the difference."""
 

@@ -14,7 +14,7 @@ Otherwise it writes, from the cache entries of the recipe's current stage keys:
 
 Two builds from *empty* caches agree on every file, the context binaries included
 (tasks/qnn.py ``compile_settled``: a compile that comes out as the QNN SDK's racy padding
-variant is compiled again); no file or region is excused (tests/test_reproduce.py).
+variant is compiled again); no file or region is excused (tests/test_catalog_publish.py).
 
 Shipped bytes are checked: every cache file that goes into the bundle is read in full and
 checked against its cache entry's manifest before it is listed

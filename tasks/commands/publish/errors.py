@@ -1,5 +1,7 @@
 """The publish command's error."""
 
+from ...errors import UserError
 
-class PublishError(Exception):
+
+class PublishError(UserError):
     """The recipe cannot be published (not verified, stale, not built) or a target failed."""

@@ -92,7 +92,7 @@ def reproduce(recipe: str, keep: bool = False, session: Session | None = None) -
     old_manifest = read_manifest(old)
     recheck_published(session, old, old_manifest)
     changed = diff(old_manifest.get("resolved_recipe"), catalog_recipes(session)[recipe].model_dump(mode="json"))
-    if changed:  # a rebuild would be another bundle: say so, not "DIFFERS" per file (a tester)
+    if changed:  # a rebuild would be another bundle: say so, not "DIFFERS" per file
         raise PublishError(f"{old / 'manifest.json'}: published (build {old_manifest.get('build_key')}) from another "
                            f"recipe than {recipe} resolves to now: {'; '.join(changed[:5])}"
                            f"{f' (and {len(changed) - 5} more)' if len(changed) > 5 else ''}; a rebuild would not "
