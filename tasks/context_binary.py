@@ -28,6 +28,8 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from .errors import UserError
+
 #: QNN ``Qnn_DataType_t`` codes (QnnTypes.h) -> the ONNX TensorProto name of the same element
 #: type as seen at a graph's boundary (fixed-point types carry their integer container)
 QNN_DTYPES = {
@@ -40,7 +42,7 @@ QNN_DTYPES = {
 }
 
 
-class ReadError(RuntimeError):
+class ReadError(UserError, RuntimeError):
     """A context binary libQnnSystem could not read (not a context binary, truncated, or a
     binary info version this reader does not know)."""
 

@@ -13,10 +13,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import NpubuildError
 from .context_binary import ContextBinary, Tensor, read
 
 
-class Mismatch(RuntimeError):
+class Mismatch(NpubuildError, RuntimeError):
     """A context binary differs from what the build expects: one line per difference, each
     naming the binary, the graph, the tensor, what was expected and what was found."""
 

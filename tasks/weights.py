@@ -101,9 +101,9 @@ def lpbq_scales(W, block: int, cols: int = 512):
     for each ratio r in :data:`LPBQ_RATIOS`, pc = r x (largest block absmax / 7 / 16); each
     block takes the bint among ``ceil(absmax / 7 / pc) + offset`` (:data:`LPBQ_OFFSETS`,
     clipped to 1..16) with the least squared error of its round-to-nearest codes in -8..7;
-    each channel keeps the r with the least total. Before issue 21's second pass the rule was
-    pc = largest absmax / 7 / 16 and bint = round(absmax / 7 / pc): a block whose ideal bint
-    was 1.5 took 2 (a third coarser). Measured (README "int4"): all-MiniLM-L6-v2 w4a16 pooled
+    each channel keeps the r with the least total. Against the plain rule pc = largest absmax
+    / 7 / 16 and bint = round(absmax / 7 / pc) (a block whose ideal bint is 1.5 takes 2, a third
+    coarser), measured (README "int4"): all-MiniLM-L6-v2 w4a16 pooled
     cosine 0.9933 -> 0.9941 (HTP simulator), tiny-qwen2's int4 lm_head alone 0.99877 -> 0.99895.
     Time: ~0.34 s per 3584 x 4096 weight on one core (Qwen2.5-7B's 6.5 B MatMul weights ~150 s).
     Works on ``cols`` output channels at a time (memory ~ 3 x K x cols x 4 bytes)."""

@@ -285,12 +285,6 @@ def test_no_module_passes_450_lines():
     assert found == [], found
 
 
-#: exception classes whose modules are being split elsewhere (tasks/llm/genie.py,
-#: tasks/context_binary.py): they get their base with the split, then leave this set
-_BASE_PENDING = {("tasks.llm.genie", "GenieError"), ("tasks.context_binary", "ReadError"),
-                 ("tasks.context_binary", "Mismatch")}
-
-
 def _exception_classes() -> list[tuple[str, str]]:
     """(module, class name) of every exception class ``tasks/`` defines, found from the source:
     a class whose base is a built-in exception or another such class, by name."""
@@ -327,17 +321,13 @@ def test_every_exception_class_derives_from_npubuild_error():
 
     found = _exception_classes()
     assert len(found) >= 20, found  # the finder still finds them
-    wrong, pending = [], []
+    wrong = []
     for module, name in found:
         cls = getattr(importlib.import_module(module), name)
         assert issubclass(cls, BaseException), (module, name)
-        if (module, name) in _BASE_PENDING:
-            pending.append((module, name))
-            assert not issubclass(cls, NpubuildError), f"{module}.{name} has its base: drop it from _BASE_PENDING"
-        elif not issubclass(cls, NpubuildError):
+        if not issubclass(cls, NpubuildError):
             wrong.append(f"{module}.{name}")
     assert wrong == [], wrong
-    assert set(pending) == _BASE_PENDING
 
 
 def test_the_errors_module_imports_nothing_of_the_package():

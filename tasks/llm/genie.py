@@ -100,7 +100,7 @@ def build_graph(dims: dict, lo: int, hi: int, first: bool, last: bool, S: int, C
                 has_bias: bool, part: int = 0, parts: int = 1, sanitize_past: bool = True):
     """ONNX ModelProto of part ``part`` (layers ``lo..hi-1``) for AR-``S``, CL-``C`` in Genie's
     layout (module docstring). ``weights``: the part's external-data TensorProtos
-    (:func:`tasks.llm.export.write_part_weights`)."""
+    (:func:`tasks.llm.part_weights.write_part_weights`)."""
     from .pipeline_graphs import _Graph, _linear, _rmsnorm, _rotate, _split_names, hidden_name, layer_tail
 
     H, Hkv, d = dims["num_heads"], dims["num_kv_heads"], dims["head_dim"]

@@ -9,8 +9,10 @@ import os
 import time
 from pathlib import Path
 
+from ..errors import NpubuildError
 
-class GenieError(RuntimeError):
+
+class GenieError(NpubuildError, RuntimeError):
     """A Genie C API call returned a non-zero status (``Genie_Status_t``; 4 = context exceeded
     is a warning and not raised)."""
 
