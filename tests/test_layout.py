@@ -5,7 +5,7 @@ import ast
 from pathlib import Path
 
 from conftest import REPO
-from test_keys import import_cycles, package_modules
+from code_graph import import_cycles, package_modules
 
 from tasks.precisions import NAMES
 from tasks.targets import DEFAULT_TARGET, TARGETS
