@@ -59,7 +59,7 @@ def main() -> None:
         model = make_tiny_bert(tmp / "tiny-bert")
         url = (tmp / "remote").as_uri()
         if args.llm:
-            from test_llm_parts import parts_project_at
+            from llm_projects import parts_project_at
 
             names = [f"tiny{args.llm}"]
             local, client = (parts_project_at(tmp / n, model, names[0], args.llm) for n in ("local", "client"))
@@ -112,9 +112,9 @@ def _timeline(url: str) -> None:
     """Per worker, the stages it built (from the remote manifests: builder, build time, end
     time), with start and end in seconds from the first start."""
     from tasks.plan import KINDS
-    from test_remote_build import _fs
+    from remote_contents import remote_fs
 
-    fs, root = _fs(url)
+    fs, root = remote_fs(url)
     rows = []
     for kind in KINDS:
         if fs.exists(f"{root}/{kind}"):

@@ -1,4 +1,4 @@
-"""Shared helpers for tests/test_llm_*.py (no conftest): cached trained fixtures and exports.
+"""Shared helpers for the LLM tests (tests/llm/, no conftest): cached trained fixtures and exports.
 
 Fixtures are cached under /work/main/.fixtures/llm/<arch>-<key>/ where key hashes the fixture
 code, corpus and parameters (scripts/tiny_llm.py fixture_key); a file lock makes parallel builds safe.

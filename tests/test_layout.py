@@ -5,7 +5,7 @@ import ast
 from pathlib import Path
 
 from conftest import REPO
-from test_keys import import_cycles, package_modules
+from code_graph import import_cycles, package_modules
 
 from tasks.precisions import NAMES
 from tasks.targets import DEFAULT_TARGET, TARGETS
@@ -337,3 +337,48 @@ def test_the_errors_module_imports_nothing_of_the_package():
                 for a in n.names]
     relative = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level > 0]
     assert relative == [] and not [m for m in imported if m and m.split(".")[0] == "tasks"], imported
+
+
+#: Folders of tests/ that are not (yet) a folder of tasks/, and what they test.
+TEST_FOLDERS_AHEAD = {
+    "qnn": "the QNN domain (tasks/qnn.py, context_binary.py, weights.py, quantconfig.py, ...), still at "
+           "tasks/ top level (docs/layout.md, next steps); drop this once tasks/qnn/ exists",
+}
+#: Test files at tests/ root, each about the package as a whole rather than one folder of it.
+ROOT_TESTS = {
+    "test_layout.py": "the layout of every folder of tasks/, and of tests/ (this test)",
+    "test_fault_campaign.py": "runs benchmarks/fault_campaign.py: whole builds killed and run concurrently, every layer",
+}
+
+
+def test_every_test_file_sits_in_the_folder_of_the_code_it_tests():
+    """tests/ mirrors tasks/: a test file sits in tests/<folder>/ for a folder tasks/<folder>/
+    (or one of TEST_FOLDERS_AHEAD), or at tests/ root if ROOT_TESTS lists it. Basenames are
+    unique (pytest's default import mode, no __init__.py), and a test file imports other test
+    files only from its own folder: what several folders share is a helper module at tests/ root."""
+    tests = REPO / "tests"
+    files = sorted(tests.rglob("test_*.py"))
+    assert len(files) > 40  # the tree was really read
+    misplaced, by_name, cross = [], {}, []
+    for f in files:
+        rel = f.relative_to(tests)
+        folder = rel.parent.as_posix()
+        by_name.setdefault(f.name, []).append(rel.as_posix())
+        if folder == ".":
+            ok = f.name in ROOT_TESTS
+        else:
+            ok = (REPO / "tasks" / folder / "__init__.py").exists() or folder in TEST_FOLDERS_AHEAD
+        if not ok:
+            misplaced.append(rel.as_posix())
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            for name in names:
+                top = name.split(".")[0]
+                if top.startswith("test_") and not (f.parent / f"{top}.py").exists():
+                    cross.append(f"{rel.as_posix()}:{node.lineno} imports {top}")
+    assert misplaced == [], misplaced
+    assert {n: p for n, p in by_name.items() if len(p) > 1} == {}
+    assert cross == [], cross
+    assert sorted(ROOT_TESTS) == sorted(f.name for f in tests.glob("test_*.py"))  # the list stays true
+    assert [d for d in TEST_FOLDERS_AHEAD if (REPO / "tasks" / d).is_dir()] == []

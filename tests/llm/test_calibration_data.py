@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import collections
 import json
-from pathlib import Path
 
 import pytest
 
+from conftest import REPO
 from tasks.llm.calibration_feeds import samples_of
 
-REPO = Path(__file__).resolve().parent.parent
 CHAT = REPO / "recipes" / "data" / "calib-chat.jsonl"
 
 

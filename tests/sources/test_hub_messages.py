@@ -1,6 +1,6 @@
 """Issue 14 fault 6: Hub revisions that are not a full commit, and a Hub that cannot be
 reached, get messages saying which case it is. A fake local Hugging Face cache laid out as
-huggingface_hub writes it (tests/test_stages.py ``fake_hub_cache``); offline through
+huggingface_hub writes it (tests/hub_cache.py ``fake_hub_cache``); offline through
 HF_HUB_OFFLINE, "no network" through an endpoint on a closed local port (connection refused)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import socket
 
 import pytest
 from conftest import TINY_RECIPE, Project
-from test_stages import COMMIT, fake_hub_cache
+from hub_cache import COMMIT, fake_hub_cache
 
 from tasks.sources import download
 

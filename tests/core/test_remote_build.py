@@ -6,11 +6,9 @@ rebuilt, an entry without manifest is invisible, existing remote entries are nev
 from __future__ import annotations
 
 import json
-import os
-
-import fsspec
 
 from conftest import Project
+from remote_contents import build_files, remote_fs, remote_manifests
 from tasks import digest
 
 KINDS = ["compile", "download", "export", "patch", "quantize", "verify"]
@@ -18,41 +16,10 @@ STAGES = {"download": "download", "export": "export", "prepatch": "patch", "quan
           "compile": "compile", "verify": "verify"}
 
 
-def _fs(url):
-    opts = {"endpoint_url": os.environ["AWS_ENDPOINT_URL"]} if url.startswith("s3://") else {}
-    fs, root = fsspec.core.url_to_fs(url, **opts)
-    fs.invalidate_cache()
-    return fs, root.rstrip("/")
-
-
-def _remote_manifests(url) -> dict[str, bytes]:
-    """{"kind/key": manifest.json bytes} of every visible remote entry."""
-    from tasks.plan import KINDS as ALL_KINDS
-
-    fs, root = _fs(url)
-    out = {}
-    for kind in ALL_KINDS:
-        if not fs.exists(f"{root}/{kind}"):
-            continue
-        for d in fs.ls(f"{root}/{kind}", detail=False):
-            key = d.rstrip("/").rsplit("/", 1)[1]
-            try:
-                out[f"{kind}/{key}"] = fs.cat_file(f"{root}/{kind}/{key}/manifest.json")
-            except FileNotFoundError:
-                pass
-    return out
-
-
 def _status(project: Project, recipe: str) -> dict[str, str]:
     out = project.doit("run", f"explain:{recipe}").tasks[f"explain:{recipe}"]["out"]
     return {ln.split(None, 3)[0].split(":")[0]: ln.split(None, 3)[3] for ln in out.splitlines()
             if ln and not ln.startswith(" ")}
-
-
-def _build_files(project: Project, recipe: str) -> dict[str, bytes]:
-    root = project.root / "build" / recipe
-    listed = json.loads((root / "artifacts.json").read_text())
-    return {rel: (root / rel).read_bytes() for rel in [*listed, "artifacts.json"]}
 
 
 def test_checkouts_share_one_remote(tmp_path, tiny_bert, remote_url):
@@ -65,7 +32,7 @@ def test_checkouts_share_one_remote(tmp_path, tiny_bert, remote_url):
     first = a.doit("run", "build:t8")
     assert len(first.ran()) == 6
     assert first.log().count("npubuild: pushed ") == 6, first.log()
-    remote = _remote_manifests(remote_url)
+    remote = remote_manifests(remote_url)
     assert sorted(k.split("/")[0] for k in remote) == KINDS
     assert all(json.loads(m)["key"] == k.split("/")[1] for k, m in remote.items())
 
@@ -76,8 +43,8 @@ def test_checkouts_share_one_remote(tmp_path, tiny_bert, remote_url):
     assert p.returncode == 0 and " built " not in out, out
     lines = {ln.split()[0]: ln.split()[2] for ln in out.splitlines() if ln.split() and ln.split()[0].endswith(":t8")}
     assert {s: lines.get(f"{s}:t8") for s in STAGES} == {s: "pulled" for s in STAGES}, out
-    built = _build_files(b, "t8")
-    assert built == _build_files(a, "t8")  # byte-identical build/t8/
+    built = build_files(b, "t8")
+    assert built == build_files(a, "t8")  # byte-identical build/t8/
     assert len(built) == 9 and {"model_ctx.onnx", "model_ctx_qnn.bin", "verify.json", "tokenizer.json"} <= set(built)
     for stage, kind in STAGES.items():
         (key,) = b.entries(kind)
@@ -88,11 +55,11 @@ def test_checkouts_share_one_remote(tmp_path, tiny_bert, remote_url):
     # pushing again replaces nothing
     again = a.doit("run", "push:t8").tasks["push:t8"]["out"]
     assert again.count("already on the remote") == 6, again
-    assert _remote_manifests(remote_url) == remote
+    assert remote_manifests(remote_url) == remote
 
     # tamper with the export entry's largest file on the remote (same size), and remove the
     # verify entry's manifest (a push that died before its last write)
-    fs, root = _fs(remote_url)
+    fs, root = remote_fs(remote_url)
     (ekey,) = a.entries("export")
     em = json.loads(remote[f"export/{ekey}"])
     rel, meta = max(em["outputs"].items(), key=lambda kv: kv[1]["size"])
@@ -115,11 +82,11 @@ def test_checkouts_share_one_remote(tmp_path, tiny_bert, remote_url):
     # nothing bad was copied: C's export entry is its own build, equal to the manifest
     assert c.entries("export") == [ekey]
     assert digest.hash_file_uncached(c.cache / "export" / ekey / "out" / rel) == meta["xxh3"] != bad
-    assert _build_files(c, "t8") == _build_files(a, "t8")
+    assert build_files(c, "t8") == build_files(a, "t8")
     # the tampered entry was not overwritten by C's push; the invisible verify entry was pushed anew
     assert f"already on the remote: export/{ekey}" in third.log()
     assert f"pushed verify/{vkey}" in third.log()
-    now = _remote_manifests(remote_url)
+    now = remote_manifests(remote_url)
     assert now[f"export/{ekey}"] == remote[f"export/{ekey}"] and fs.cat_file(target) == bytes(blob)
     assert json.loads(now[f"verify/{vkey}"])["remote"]["data"] != json.loads(remote[f"verify/{vkey}"])["remote"]["data"]
 
@@ -144,9 +111,9 @@ def test_push_publishes_entries_built_without_a_remote(tmp_path, tiny_bert):
     a.env["NPUBUILD_REMOTE"] = b.env["NPUBUILD_REMOTE"] = remote_url
     out = a.doit("run", "push:t8").tasks["push:t8"]["out"]
     assert out.count("  pushed") == 6 and f"remote cache: {remote_url}" in out, out
-    assert len(_remote_manifests(remote_url)) == 6
+    assert len(remote_manifests(remote_url)) == 6
     assert b.doit("run", "build:t8").ran() == []
-    assert _build_files(b, "t8") == _build_files(a, "t8")
+    assert build_files(b, "t8") == build_files(a, "t8")
 
 
 def test_a_rejected_remote_entry_is_said_once(tmp_path, tiny_bert):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -16,29 +15,7 @@ import time
 import pytest
 
 from conftest import REPO, Project
-from llm_fixtures import tiny_model
-from test_llm_recipes import DATA
-
-PARTS_RECIPE = """\
-extends: tiny-qwen2-w8a16
-description: tiny trained Qwen2 in {parts} parts
-export: {{parts: {parts}}}
-verify: {{data: {{samples: 2}}, max_new_tokens: 8}}
-"""
-
-
-def parts_project_at(root, tiny_bert, name: str = "tiny3", parts: int = 3) -> Project:
-    """A project with the tiny trained Qwen2, its data files, ``tiny-qwen2-w8a16`` and recipe
-    ``name`` extending it with ``parts`` parts (2 verify prompts of 8 tokens)."""
-    proj = Project(root, tiny_bert)
-    for rel in DATA:
-        (proj.root / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(REPO / rel, proj.root / rel)
-    shutil.copyfile(REPO / "recipes" / "tiny-qwen2-w8a16.yaml", proj.root / "recipes" / "tiny-qwen2-w8a16.yaml")
-    shutil.copytree(tiny_model("qwen2"), proj.root / ".fixtures" / "tiny-qwen2")
-    proj.recipe(name, PARTS_RECIPE.format(parts=parts))
-    return proj
-
+from llm_projects import parts_project_at
 
 @pytest.fixture
 def parts_project(tmp_path, tiny_bert) -> Project:

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import Project
 from tasks import context_binary, context_binary_checks, digest
-from test_llm_parts import parts_project_at
+from llm_projects import parts_project_at
 
 TAMPER_RECIPE = """\
 extends: tiny-qwen2-w8a16

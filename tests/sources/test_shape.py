@@ -10,7 +10,7 @@ import json
 from safetensors import safe_open
 
 from conftest import Project
-from test_llm_parts import parts_project_at
+from llm_projects import parts_project_at
 
 COMMIT = "f" * 40
 FACTS = {"repo": "acme/tiny-llama-shape", "revision": COMMIT, "revision_source": "a test", "config_source": "a test",
@@ -27,7 +27,7 @@ verify: {{backend: cpu-qdq, runtime: runner, data: {{samples: 1}}, max_new_token
 
 
 def _project(root, tiny_bert) -> Project:
-    """The tiny-Qwen2 project of tests/test_llm_parts.py with kept facts of acme/tiny-llama-shape
+    """The tiny-Qwen2 project of tests/llm/test_llm_parts.py with kept facts of acme/tiny-llama-shape
     and recipe ``shape``."""
     proj = parts_project_at(root, tiny_bert, name="tiny1", parts=1)
     (proj.root / "recipes" / "models").mkdir()

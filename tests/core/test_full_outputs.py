@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 from conftest import TINY_RECIPE
-from test_console import doit as console
+from console_cli import doit as console
 
 TRACEBACK = "Traceback (most recent call last)"
 

@@ -14,8 +14,8 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from conftest import TINY_RECIPE, Project
-from test_console import doit as console
-from test_stages import COMMIT, fake_hub_cache
+from console_cli import doit as console
+from hub_cache import COMMIT, fake_hub_cache
 
 from tasks import digest
 

@@ -15,9 +15,7 @@ import pytest
 
 from conftest import REPO, Project
 from llm_fixtures import random_phi3_hd80, tiny_model
-
-DATA = ["tasks/llm/data/tiny-corpus.txt", "recipes/data/prompts-tiny.txt", "recipes/data/ppl-tiny.txt"]
-
+from llm_projects import DATA
 
 @pytest.fixture(scope="module")
 def llm_project(tmp_path_factory, tiny_bert) -> Project:
@@ -209,7 +207,7 @@ def test_every_module_an_llm_stage_runs_is_in_its_key(llm_project, tmp_path):
     decode graph's feeds handed over as FeedStores) and compile children (``tasks.llm.htp``)
     run named functions; every ``tasks`` module each stage process and child loads is in that
     stage's code digest."""
-    from test_keys import traced_modules_outside_keys
+    from code_graph import traced_modules_outside_keys
 
     llm_project.recipe("tiny-qwen2-trace", "extends: tiny-qwen2-w8a16\nexport: {sequence_length: 8}\n"
                        "quantize: {precision: w4a16, block_size: 32, rounding: gptq, calibration: {samples: 4}}\n"

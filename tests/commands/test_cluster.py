@@ -14,7 +14,7 @@ import pytest
 
 from conftest import REPO, Project
 from dask_servers import GiB, DaskCluster
-from test_remote_build import _build_files, _fs, _remote_manifests
+from remote_contents import build_files, remote_fs, remote_manifests
 
 # 3 recipes sharing stages: download, export and prepatch are common to all; r8x shares r8's
 # quantize, compile@x-elite and verify@x-elite (thresholds are not in the key): 11 distinct keys
@@ -83,7 +83,7 @@ def test_two_workers_build_each_stage_once(tmp_path, tiny_bert, cluster):
     # building everything is a valid schedule (seen in CI), so the split is printed, not asserted
     print(f"worker A built {len(a.built())}, worker B built {len(b.built())} of {DISTINCT}")
     assert small.started() == [] and "npubuild-cluster" not in small.log()
-    remote = _remote_manifests(url)
+    remote = remote_manifests(url)
     assert sorted(remote) == sorted(built)
     by = {k: json.loads(m)["builder"]["name"] for k, m in remote.items()}
     assert {k: ("A" if k in a.built() else "B") for k in built} == by
@@ -102,8 +102,8 @@ def test_two_workers_build_each_stage_once(tmp_path, tiny_bert, cluster):
     local_s = time.time() - t0
     assert len(alone.ran()) == DISTINCT  # a stage shared with an earlier recipe is up to date
     for r in RECIPES:
-        _same_build(_build_files(client, r), _build_files(local, r))
-    files = _build_files(client, "r8x")
+        _same_build(build_files(client, r), build_files(local, r))
+    files = build_files(client, "r8x")
     assert len(files) == 12 and {f"{t}/model_ctx_qnn.bin" for t in ("x-elite", "8gen3")} <= set(files), sorted(files)
     print(f"cluster {cluster_s:.1f}s (2 workers) vs local {local_s:.1f}s")
 
@@ -140,7 +140,7 @@ def test_worker_with_other_code_refuses(tmp_path, tiny_bert, cluster):
     assert f"modules: tasks.encoder.export {ours} (client) vs {theirs} (worker)" in out, out
     assert f"code digest differs: {keys.code_digest(Session(), StageSpec('r8', 'export', 'export', {}))} (client)" in out
     # the download stage (its code is the same) was built and pushed; nothing else
-    assert sorted(k.split("/")[0] for k in _remote_manifests(url)) == ["download"]
+    assert sorted(k.split("/")[0] for k in remote_manifests(url)) == ["download"]
     assert not (client.root / "build" / "r8").exists()
 
 
@@ -182,18 +182,18 @@ def test_killed_worker_mid_push(tmp_path, tiny_bert, cluster):
     assert kind == "download" and Path(first).is_file()
     assert not (rroot / kind / key / "manifest.json").exists()
     assert Remote(url).peek(kind, key, remote_key) is None
-    assert _remote_manifests(url) == {}
+    assert remote_manifests(url) == {}
     b = cluster.add_worker("B", _worker_env(client, "B", url, tmp_path))
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out + a.log() + b.log()
     assert a.started() == [f"[download:r8] building download {key[:12]}"] and a.built() == []
     assert f"{kind}/{key}" in b.built() and len(b.built()) == 6
-    remote = _remote_manifests(url)
+    remote = remote_manifests(url)
     assert len(remote) == 6
     m = json.loads(remote[f"{kind}/{key}"])
     assert m["builder"]["name"] == "B" and m["remote"]["data"] != data
     # A's data folder is still there, referenced by no manifest; every manifest's files are complete
-    fs, root = _fs(url)
+    fs, root = remote_fs(url)
     assert fs.exists(f"{root}/{kind}/{key}/{data}")
     for k, raw in remote.items():
         mm = json.loads(raw)
@@ -279,7 +279,7 @@ def test_cluster_spreads_an_llms_parts(tmp_path, tiny_bert, cluster):
     """Issue 22: a 4-part tiny LLM through ``doit cluster`` with 2 workers (one thread each):
     the parts' exports, quantizes and compiles are independent stages, built by both workers;
     build/ is byte-identical to a local build; the stage count is the plan's."""
-    from test_llm_parts import parts_project_at
+    from llm_projects import parts_project_at
 
     url = (tmp_path / "remote").as_uri()
     client = parts_project_at(tmp_path / "client", tiny_bert, "tiny4", parts=4)
@@ -293,7 +293,7 @@ def test_cluster_spreads_an_llms_parts(tmp_path, tiny_bert, cluster):
     built = a.built() + b.built()
     assert len(built) == len(set(built)) == stages, (a.log(), b.log())
     by = {}  # (kind, part) -> worker
-    for k, m in _remote_manifests(url).items():
+    for k, m in remote_manifests(url).items():
         m = json.loads(m)
         by[(k.split("/")[0], m["params"].get("part"))] = m["builder"]["name"]
     part_stages = {w for (kind, part), w in by.items() if part is not None}
@@ -302,7 +302,7 @@ def test_cluster_spreads_an_llms_parts(tmp_path, tiny_bert, cluster):
     assert {by[("export", k)] for k in range(4)} == {"A", "B"}, by  # the 4 exports need nothing but the download
     assert {kind for kind, _ in by} == {"download", "export", "calibrate", "quantize", "compile", "bundle", "verify"}
     local.doit("run", "build:tiny4")
-    _same_build(_build_files(client, "tiny4"), _build_files(local, "tiny4"))
+    _same_build(build_files(client, "tiny4"), build_files(local, "tiny4"))
 
 
 def test_longest_chain_first():

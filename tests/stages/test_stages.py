@@ -18,23 +18,8 @@ from tasks.graphs import GraphError
 from tasks.sources import download
 from tasks.patches import stage as patch
 
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
-
-
-def fake_hub_cache(root: Path, repo: str, files_from: Path, ref: str = "main") -> Path:
-    """A Hugging Face Hub cache laid out as huggingface_hub writes it:
-    models--org--name/{blobs/<sha>, refs/<ref>, snapshots/<commit>/<file> -> blob}."""
-    base = root / ("models--" + repo.replace("/", "--"))
-    (base / "refs").mkdir(parents=True)
-    (base / "refs" / ref).write_text(COMMIT)
-    snap = base / "snapshots" / COMMIT
-    snap.mkdir(parents=True)
-    (base / "blobs").mkdir()
-    for f in files_from.iterdir():
-        blob = base / "blobs" / digest.sha256_file(f)
-        shutil.copyfile(f, blob)
-        (snap / f.name).symlink_to(Path("../../blobs") / blob.name)
-    return root
+from conftest import REPO
+from hub_cache import COMMIT, fake_hub_cache
 
 
 def test_download_hf_offline_from_local_cache(tmp_path, tiny_bert, monkeypatch):
@@ -169,7 +154,7 @@ FIXED = "  - {name: fold-constants, when: pre-quantize}\n  - {name: mask-range, 
 
 
 def _minilm_project(project):
-    root = Path(__file__).resolve().parent.parent
+    root = REPO
     for f in ("calib-en.txt", "verify-en.txt"):
         shutil.copyfile(root / "recipes" / "data" / f, project.root / "data" / f)
 
@@ -220,7 +205,7 @@ def test_main_job_minilm_w8a16_on_htp_simulator(project):
 
 
 def _repo_recipes(project, *names):
-    root = Path(__file__).resolve().parent.parent
+    root = REPO
     for n in names:
         shutil.copyfile(root / "recipes" / f"{n}.yaml", project.root / "recipes" / f"{n}.yaml")
     for rel in ("recipes/data/calib-en.txt", "recipes/data/calib-en-long.txt", "recipes/data/verify-en.txt", "recipes/data/prompts-tiny.txt",

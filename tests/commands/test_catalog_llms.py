@@ -12,11 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_stages import COMMIT, fake_hub_cache
 
+from conftest import REPO
+from hub_cache import COMMIT, fake_hub_cache
 from tasks.sources import SourceError, download, model_facts
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 HUB_REPO = "acme/tiny-bert"
 
 
@@ -27,7 +27,7 @@ def _doit(tmp: Path, *args: str) -> subprocess.CompletedProcess:
                NPUBUILD_HOME=str(tmp / "home"), NPUBUILD_CATALOG=str(tmp / "catalog"), NPUBUILD_DIST=str(tmp / "dist"))
     env.pop("NPUBUILD_ROOT", None)
     cmd = ["list"] if args[0] == "list" else ["run"]
-    return subprocess.run([sys.executable, "-m", "doit", *cmd, "-f", str(REPO_ROOT / "dodo.py"), "-d", str(tmp),
+    return subprocess.run([sys.executable, "-m", "doit", *cmd, "-f", str(REPO / "dodo.py"), "-d", str(tmp),
                            "--db-file", str(tmp / ".doit.db"), *[a for a in args if a != "list"]], env=env,
                           capture_output=True, text=True, timeout=900)
 
@@ -42,7 +42,7 @@ def catalog(tmp_path_factory):
 
 
 def _facts(name: str) -> dict:
-    return json.loads((REPO_ROOT / "recipes" / "models" / f"{name}.json").read_text())
+    return json.loads((REPO / "recipes" / "models" / f"{name}.json").read_text())
 
 
 def test_qwen7b_decode_ceiling_on_x_elite(catalog):
@@ -75,7 +75,7 @@ def test_catalog_rows_and_terminal_table(catalog):
                  "deepseek-r1-qwen-7b-w4a16", "gemma2-2b-w4a16"):
         assert rows[name]["precision"] == "w4a16" and rows[name]["targets"] == ["x-elite"]
         assert rows[name]["source"]["revision"] == _facts(next(
-            p.stem for p in (REPO_ROOT / "recipes" / "models").glob("*.json")
+            p.stem for p in (REPO / "recipes" / "models").glob("*.json")
             if json.loads(p.read_text())["repo"] == rows[name]["source"]["repo"]))["revision"]
     g = rows["gemma2-2b-w4a16"]
     assert g["state"] == "unsupported" and "soft-capping" in g["reason"] and "sliding-window" in g["reason"]

@@ -13,6 +13,7 @@ import sys
 import textwrap
 
 from conftest import REPO, TINY_RECIPE
+from console_cli import doit
 
 from tasks import stagelog
 from tasks.cache import Cache
@@ -29,12 +30,6 @@ THIRD_PARTY = {
     "compile": ["# LIBNATIVE: No alternate configuration present in libnative_tls.conf"],
     "verify": ["# LIBNATIVE: No alternate configuration present in libnative_tls.conf"],
 }
-
-
-def doit(project, *args, env=None) -> subprocess.CompletedProcess:
-    """The doit CLI with its default (console) reporter; stdout and stderr are pipes."""
-    return subprocess.run([sys.executable, "-m", "doit", *args[:1], "-f", str(REPO / "dodo.py"), "-d", str(project.root),
-                           *args[1:]], env=env or project.env, capture_output=True, text=True)
 
 
 def stage_lines(out: str) -> dict[str, re.Match]:

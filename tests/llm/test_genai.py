@@ -1,7 +1,7 @@
 """onnxruntime-genai drives our LLM graphs: the genai_config.json we write loads, and genai's greedy
 tokens equal LLMRunner's on the same QDQ graphs (CPU EP) and the same per-graph context binaries
 (QNN HTP simulator). The doit-level check (every tiny recipe, all verify prompts) is in
-tests/test_llm_recipes.py."""
+tests/llm/test_llm_recipes.py."""
 import json
 
 import numpy as np
