@@ -96,6 +96,17 @@ def test_no_family_imports_the_other_familys_code_and_stages_imports_no_family()
             assert bad == [], (m, bad)
 
 
+def test_the_recipe_the_plan_and_the_engine_import_no_family():
+    """The recipe format, the plan and the engine know the families only through the registry
+    (``tasks.stages.implementation``, by name) and the ``Stage`` hooks: no module of them
+    imports ``tasks.llm`` or ``tasks.encoder``, at any level of a function."""
+    mods = ["tasks.recipe", "tasks.recipe_yaml", "tasks.recipe_checks", "tasks.plan",
+            *("tasks.core." + f.stem for f in sorted((REPO / "tasks" / "core").glob("*.py")) if f.stem != "__init__")]
+    bad = {m: sorted(d for d in direct_imports(m) if d.startswith(("tasks.llm", "tasks.encoder"))) for m in mods}
+    assert {m: b for m, b in bad.items() if b} == {}
+    assert len(mods) >= 14
+
+
 def test_each_stages_params_are_exactly_what_its_implementation_declares(monkeypatch):
     """The plan only wires; a stage's params are the recipe keys its family's implementation
     lists (``STAGE.params``; nested ones nested) plus what the plan wires in (``STAGE.wired``:

@@ -220,20 +220,17 @@ def catalog_row(name: str, recipe, st) -> dict:
 
 
 def _device(recipe, st, row: dict) -> dict:
-    """``parameters_estimate`` and ``device`` (per target, :func:`tasks.llm.figures.device_figures`)
-    of an LLM row; nulls for an encoder or a model whose config cannot be read offline."""
-    if recipe.export.family != "llm":
-        return {"parameters_estimate": None, "device": None}
-    from ..llm.figures import device_figures, parameters, recipe_config
+    """``parameters_estimate`` and ``device`` (per target) of the row, from the family's
+    ``device_figures`` hook (:class:`tasks.stages.contract.Stage`); nulls without one (encoders)."""
+    from ..stages import implementation
 
-    dl = st.entries.get("download") if st is not None else None
-    cfg, _ = recipe_config(recipe, dl.out if dl is not None else None)
-    if cfg is None:
+    hook = implementation("export", recipe.export.family).device_figures
+    if hook is None:
         return {"parameters_estimate": None, "device": None}
+    dl = st.entries.get("download") if st is not None else None
     verify = row.get("verify") or {}
-    return {"parameters_estimate": parameters(cfg),
-            "device": {t: device_figures(cfg, recipe, t, (verify.get(t) or {}).get("binaries"))
-                       for t in recipe.compile.targets}}
+    return hook(recipe, dl.out if dl is not None else None,
+                {t: (verify.get(t) or {}).get("binaries") for t in recipe.compile.targets})
 
 
 def unsupported_row(stem: str, err) -> dict:

@@ -60,7 +60,7 @@ def expected_errors() -> tuple:
     from ..digest import InputChanged, StoreUnwritable
     from ..graphs import GraphError
     from ..keylock import LockTimeout
-    from ..llm.memory import NotEnoughMemory
+    from ..budget import NotEnoughMemory
     from ..qnn import NotOnNPU
     from ..recipe import RecipeError
     from ..sources import SourceError

@@ -15,7 +15,7 @@ from typing import Literal
 from ..stages.common import EXPORT_ARTIFACTS, copy_tokenizer
 from ..stages.contract import Param, Stage
 from ..stages.params import SEQUENCE_LENGTH
-from .figures import plan_lines
+from .figures import catalog_figures, plan_lines
 from .memory import plan_estimate
 
 DECODE_LENGTH = Param("export", "decode_length", int, 1, "tokens per decode call (AR-1)", limits={"ge": 1, "le": 1})
@@ -99,5 +99,5 @@ STAGE = Stage(
     tools=("torch", "transformers", "onnx", "numpy", "safetensors"), run=run,
     params=(SEQUENCE_LENGTH, DECODE_LENGTH, CONTEXT_LENGTH, PARTS, EMBEDDING, LM_HEAD, LAYOUT), wired=("part",),
     artifacts=EXPORT_ARTIFACTS, preflight=preflight,
-    memory_estimate=plan_estimate, plan_lines=plan_lines, source_check=source_check,
+    memory_estimate=plan_estimate, plan_lines=plan_lines, device_figures=catalog_figures, source_check=source_check,
 )

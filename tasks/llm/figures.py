@@ -205,3 +205,14 @@ def plan_lines(recipe) -> list[str]:
         out.append(f"on {t}: memory {f['memory_bytes'] / 1e9:.2f} GB (weights + KV cache at {ex.context_length}), "
                    f"decode ceiling {dec}, first token >= {ftl} for {ex.sequence_length} tokens (ceilings)")
     return out
+
+
+def catalog_figures(recipe, download_out: Path | None, binaries: dict) -> dict:
+    """The catalog row's ``parameters_estimate`` and ``device`` (per target of the recipe,
+    :func:`device_figures`, with that target's read-back binaries when ``binaries`` has them);
+    nulls when the model's config cannot be read offline (:func:`recipe_config`)."""
+    cfg, _ = recipe_config(recipe, download_out)
+    if cfg is None:
+        return {"parameters_estimate": None, "device": None}
+    return {"parameters_estimate": parameters(cfg),
+            "device": {t: device_figures(cfg, recipe, t, binaries.get(t)) for t in recipe.compile.targets}}

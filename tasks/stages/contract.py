@@ -116,7 +116,12 @@ class Stage:
       UTF-8, sample lines).
     - ``plan_lines(recipe) -> list[str]``: what ``doit explain`` prints of a recipe before any
       stage runs (asked of the family's ``export`` implementation; LLMs: parts, estimated peak
-      memory and disk per stage)."""
+      memory and disk per stage).
+    - ``device_figures(recipe, download_out, binaries) -> dict``: what the catalog row states of
+      the model on a device (asked of the family's ``export`` implementation): {"parameters_estimate":
+      int | None, "device": {target: figures} | None}; ``download_out`` the download entry's folder
+      or None (before a build), ``binaries`` {target: verify.json's read-back figures}. LLMs:
+      :func:`tasks.llm.figures.catalog_figures`."""
 
     kind: str
     family: str | None
@@ -138,6 +143,7 @@ class Stage:
     preflight: Callable[..., list] | None = None
     memory_estimate: Callable[[dict, str], int] | None = None
     plan_lines: Callable[..., list] | None = None
+    device_figures: Callable[..., dict] | None = None
     source_check: Callable[..., list] | None = None
     file_check: Callable[..., str | None] | None = None
 
