@@ -139,7 +139,7 @@ class PatchStep(Strict):
 
 
 SECTION_MODELS = schema.section_models()  # the stage sections, from the implementations' declarations
-Source = implementation("download").whole[1]  # the source section, which the download stage takes whole
+Source = implementation("download").whole_model()  # the source section, which the download stage takes whole
 
 
 def _section_field(name: str):

@@ -119,7 +119,7 @@ def test_each_stages_params_are_exactly_what_its_implementation_declares(monkeyp
         for spec in expand(load_recipe(REPO / "recipes" / f"{name}.yaml")):
             st = spec.impl
             if st.whole:
-                assert set(spec.params) <= set(st.whole[1].model_fields), (name, spec.kind)
+                assert set(spec.params) <= set(st.whole_model().model_fields), (name, spec.kind)
                 continue
             top = {p.path.split(".")[0] for p in st.params}
             assert top <= set(spec.params) <= top | set(st.wired), (name, spec.kind, sorted(spec.params))
@@ -208,7 +208,7 @@ def test_every_param_an_implementation_reads_is_declared():
         ok = {tuple(p.path.split(".")) for p in st.reads()} | {(w,) for w in st.wired}
         ok |= {k[:1] for k in ok}
         if st.whole:
-            ok |= {(k,) for k in st.whole[1].model_fields}
+            ok |= {(k,) for k in st.whole_model().model_fields}
         tree = ast.parse(Path(import_module(st.module).__file__).read_text(encoding="utf-8"))
         funcs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
         todo = [f.__name__ for f in (st.run, st.key_extra, st.check, st.check_read, st.preflight)

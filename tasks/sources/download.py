@@ -35,7 +35,6 @@ from .. import digest, progress
 from ..proc.scrubbing import scrub
 from ..stages.contract import Stage
 from . import SourceError, local_folder, source_files
-from .schema import Source
 
 def _offline() -> bool:
     from huggingface_hub import constants
@@ -387,7 +386,7 @@ def _incomplete_message(repo: str, commit: str, folder: Path, bad: list[str]) ->
 
 STAGE = Stage(
     kind="download", family=None, module=__name__, version=1, tools=("huggingface-hub",), run=run,
-    whole=("source", Source),
+    whole=("source", "tasks.sources.schema:Source"),  # imported when the recipe schema is assembled
     # the content (a local folder's digest, the resolved Hub commit) is in key_extra; where it
     # came from, and a branch name, do not change the output
     key_exclude=("path", "package", "subdir", "revision"),

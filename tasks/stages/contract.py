@@ -17,6 +17,17 @@ from typing import Any, Callable
 REQUIRED = object()
 
 
+def resolve(ref):
+    """``ref`` itself, or for a ``"module:name"`` string that module's attribute (imported now):
+    how a declaration names a pydantic model without importing pydantic where the stages run."""
+    if isinstance(ref, str) and ":" in ref:
+        from importlib import import_module
+
+        module, _, name = ref.partition(":")
+        return getattr(import_module(module), name)
+    return ref
+
+
 @dataclass(frozen=True, eq=False)
 class Param:
     """One recipe key: ``<section>.<path>`` (``quantize.calibration.samples``). The object is
@@ -25,7 +36,8 @@ class Param:
     (:func:`tasks.stages.schema.readers`). Equality is identity: two Params of one key are a
     second definition, refused when the schema is assembled.
 
-    ``type``: the annotation pydantic validates (strict: a string is no int); ``limits``:
+    ``type``: the annotation pydantic validates (strict: a string is no int; a ``"module:name"``
+    string names it without importing it: :func:`resolve`); ``limits``:
     pydantic ``Field`` keywords (``ge``, ``le``, ``min_length``...); ``check(value, earlier)``:
     an after-validator given the section's earlier values by name, returns the value or raises
     ValueError (its message is the problem's text); ``before(value)``: the same, before type
@@ -43,6 +55,11 @@ class Param:
     before: Callable[[Any], Any] | None = None
     family: tuple[str, ...] | None = None
     after: tuple[str, ...] = ()
+
+    @property
+    def annotation(self):
+        """``type``, with a ``"module:name"`` reference resolved (:func:`resolve`)."""
+        return resolve(self.type)
 
     @property
     def key(self) -> str:
@@ -146,6 +163,10 @@ class Stage:
     device_figures: Callable[..., dict] | None = None
     source_check: Callable[..., list] | None = None
     file_check: Callable[..., str | None] | None = None
+
+    def whole_model(self):
+        """The pydantic model of the section it takes whole (``whole[1]``, resolved), or None."""
+        return resolve(self.whole[1]) if self.whole else None
 
     def reads(self) -> tuple[Param, ...]:
         """Every recipe key it reads: ``params`` and the keys of ``files``."""

@@ -10,8 +10,6 @@ import math
 import re
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-
 from ..precisions import DEFAULT_PRECISION, FOUR_BIT, NAMES as PRECISION_NAMES
 from ..targets import DEFAULT_TARGET, TARGETS
 from .contract import REQUIRED, Param
@@ -81,25 +79,6 @@ def _four_bit_only(param: str, default):
     return check
 
 
-class Override(BaseModel):
-    """``quantize.overrides[i]``: weights whose initializer name matches ``pattern`` kept at
-    ``weight_bits``."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-    pattern: str = Field(description="regex matched (re.search) against weight initializer names")
-    weight_bits: Literal[4, 8, 16] = 8
-
-    @field_validator("pattern")
-    @classmethod
-    def _regex(cls, v):
-        try:
-            re.compile(v)
-        except re.error as e:
-            raise ValueError(f"expected a regular expression, found {v!r} ({e})") from None
-        return v
-
-
 PRECISION = Param("quantize", "precision", Literal[PRECISION_NAMES], DEFAULT_PRECISION,
                   "weight and activation types (tasks/precisions.py)")
 PER_CHANNEL = Param("quantize", "per_channel", bool, True, "one weight scale per output channel")
@@ -118,7 +97,7 @@ CALIBRATION_FILE = Param("quantize", "calibration.file", str, REQUIRED,
                          "conversations), relative to the project root")
 CALIBRATION_SAMPLES = Param("quantize", "calibration.samples", int, 16, "calibration samples taken from the file",
                             limits={"ge": 1, "le": 100_000})
-OVERRIDES = Param("quantize", "overrides", list[Override], [],
+OVERRIDES = Param("quantize", "overrides", "tasks.stages.override:OVERRIDES", [],
                   "weights kept at other bit widths, by initializer name")
 
 # ---------------------------------------------------------------- verify

@@ -97,11 +97,11 @@ def threshold_family(name: str) -> str | None:
 
 def _field(p: Param):
     if p.required:
-        return (p.type, Field(description=p.description, **p.limits))
+        return (p.annotation, Field(description=p.description, **p.limits))
     if isinstance(p.default, (list, dict)):
         d = p.default
-        return (p.type, Field(default_factory=lambda d=d: copy.deepcopy(d), description=p.description, **p.limits))
-    return (p.type, Field(p.default, description=p.description, **p.limits))
+        return (p.annotation, Field(default_factory=lambda d=d: copy.deepcopy(d), description=p.description, **p.limits))
+    return (p.annotation, Field(p.default, description=p.description, **p.limits))
 
 
 def _validators(params: list[Param], leaf) -> dict:
