@@ -2,7 +2,7 @@
 prints figures, asserts nothing; never run from tests).
 
     .venv/bin/python benchmarks/bench_olive.py [--runs 5] [--olive-venv /work/.olivevenv]
-    .venv/bin/python benchmarks/bench_olive.py --one npubuild|olive   (one side once: for farm-bench)
+    .venv/bin/python benchmarks/bench_olive.py --one npubuild|olive   (one side once: for a paired timer)
 
 Issue 11 asks for npubuild at most 0.5x Olive's wall time on this job. Pairs run in turn
 (npubuild, Olive, npubuild, Olive, ...), each side a fresh process on an empty cache in a new
@@ -232,7 +232,7 @@ def main() -> None:
     ap.add_argument("--olive-venv", default="/work/.olivevenv",
                     help="Olive's own venv, made when missing (default: %(default)s; give a writable folder)")
     ap.add_argument("--one", choices=("npubuild", "olive"),
-                    help="run one side once in a temp folder and print its figures (what farm-bench times)")
+                    help="run one side once in a temp folder and print its figures (what a paired timer times)")
     a = ap.parse_args()
     if a.one == "npubuild":
         with tempfile.TemporaryDirectory(prefix="bench-olive-npubuild-") as tmp:
