@@ -85,7 +85,7 @@ def readers(param: Param) -> tuple[str, ...]:
     return tuple(sorted(fams or set(param.family or ())))
 
 
-def thresholds() -> dict[str, tuple[Threshold, str]]:
+def thresholds() -> dict[str, Threshold]:
     """{name: Threshold} of every verify bar an implementation measures, sorted by name."""
     return dict(sorted((t.name, t) for st in implementations() for t in st.thresholds))
 
