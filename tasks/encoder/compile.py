@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import context_binary_checks, progress, qnn
+from .. import progress, qnn
 from ..graphs import list_graphs, load_model
 from ..stages.common import COMPILE_ARTIFACTS, target_key_extra
 from ..stages.contract import Param, Stage
@@ -56,6 +56,8 @@ def read_back(compiled: Path, target: str, qdq: Path) -> dict:
     (:func:`tasks.context_binary_checks.check_models`). Returns {binary: figures} (bytes, SDK build
     id, SoC model, per graph weight / shared weight / spill-fill / I/O bytes). Raises
     context_binary_checks.Mismatch, one line per difference."""
+    from .. import context_binary_checks  # ctypes and the reader: not on a no-op's path
+
     models = compiled_models(qdq)
     found = context_binary_checks.check_models(compiled, sorted(models), target, qdq=models)
     return {rel: b.figures() for rel, b in sorted(found.items())}

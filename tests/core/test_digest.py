@@ -31,6 +31,21 @@ def test_stat_cache_reads_an_unchanged_file_once(tmp_path):
     assert sc.file_digest(f) != d1 and sc.bytes_read == 2 * len(data)
 
 
+def test_stat_cache_asks_its_database_once_per_file_and_process(tmp_path):
+    """A file asked for again with the same stat (a module: for its imports, then for the code
+    digest) is answered from memory: no query. Edited, it is hashed again (the tests above)."""
+    f = tmp_path / "module.py"
+    f.write_text("import os\n")
+    time.sleep(RACY_NS / 1e9 + 0.1)
+    sc = StatCache(tmp_path / "sc.sqlite")
+    d = sc.file_digest(f)
+    queries = []
+    sc._conn().set_trace_callback(queries.append)
+    assert [sc.file_digest(f) for _ in range(3)] == [d] * 3 and sc.hits == 3 and queries == []
+    f.write_text("import sys\n")
+    assert sc.file_digest(f) == xxhash.xxh3_128_hexdigest(b"import sys\n") and len(queries) == 1
+
+
 def test_stat_cache_never_answers_for_an_edit_that_kept_size_inode_and_mtime(tmp_path):
     """A same-size edit in place with the old mtime put back (``touch -r``, ``cp -p``) changes
     the ctime, which is in the key: hashed again (a stranger's wrong-bytes cache hit)."""
