@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_llm.py [--shape qwen2.5-0.5b] [--context 4096] [--parts 2] [--calib 4]
     .venv/bin/python benchmarks/bench_llm.py --shape qwen2.5-7b [--keep DIR]
+    .venv/bin/python benchmarks/bench_llm.py --recipe llama3.2-1b-shape [--keep DIR] [--memory-gb G]
 
 Both shapes use a random-weight checkpoint with the model's exact config.json (dims from the
 public config of Qwen/Qwen2.5-0.5B-Instruct and Qwen/Qwen2.5-7B-Instruct), bf16, sharded
@@ -161,20 +162,39 @@ def bench_05b(a) -> None:
     _build_and_print(root, a)
 
 
-def _build_and_print(root: Path, a) -> None:
+def bench_recipe(a) -> None:
+    """A repo recipe (a shape build, e.g. ``llama3.2-1b-shape``: random weights of the model's
+    kept config, made by its download stage) through ``doit build:<recipe>`` in a project at
+    ``--keep`` (else a temporary one) holding a copy of the repo's ``recipes/`` and the tiny
+    Qwen2's tokenizer (``.fixtures/tiny-qwen2``, what the shape recipes name); then the stage x
+    part table. Resumable like the 7B: call it again with the same ``--keep``."""
+    from llm_fixtures import tiny_model
+
+    root = Path(a.keep or tempfile.mkdtemp(prefix=f"bench-{a.recipe}-"))
+    print(f"project in {root}")
+    if not (root / "recipes").is_dir():
+        shutil.copytree(REPO / "recipes", root / "recipes")
+        shutil.copytree(REPO / "tasks" / "llm" / "data", root / "tasks" / "llm" / "data")
+    tok = root / ".fixtures" / "tiny-qwen2"
+    if not tok.is_dir():
+        shutil.copytree(tiny_model("qwen2"), tok)
+    _build_and_print(root, a, a.recipe)
+
+
+def _build_and_print(root: Path, a, recipe: str = "bench") -> None:
     env = {**os.environ, **_env(root), "NPUBUILD_PROGRESS": "0"}
     if a.memory_gb:
         env["NPUBUILD_MEMORY_GB"] = str(a.memory_gb)
     print(f"memory budget: {a.memory_gb or 'none'} (NPUBUILD_MEMORY_GB)")
     t0 = time.perf_counter()
-    r = subprocess.Popen([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(root), "build:bench"],
+    r = subprocess.Popen([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(root), f"build:{recipe}"],
                          env=env)
     sampler = TreeSampler(r.pid, 1.0)
     r.wait()
     sampler.stop()
-    print(f"doit build:bench exited {r.returncode} after {time.perf_counter() - t0:.0f} s (this call); "
+    print(f"doit build:{recipe} exited {r.returncode} after {time.perf_counter() - t0:.0f} s (this call); "
           f"process tree peak {sampler.peak / 2**30:.2f} GiB (VmRSS summed over doit and its children, sampled 1/s)")
-    print_table(root, "bench", sampler)
+    print_table(root, recipe, sampler)
 
 
 def _print_bins(folder: Path) -> None:
@@ -257,10 +277,15 @@ def main() -> None:
     ap.add_argument("--memory-gb", type=float, help="NPUBUILD_MEMORY_GB for the build (the memory budget)")
     ap.add_argument("--keep", help="project folder to use and keep (7b shape: reuses a made checkpoint and the "
                                    "build cache, so a second call resumes; 0.5b: the doit project)")
+    ap.add_argument("--recipe", help="a repo recipe to build instead (a shape build: llama3.2-1b-shape, ...); "
+                                     "--keep, --memory-gb apply")
     ap.add_argument("--make", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.make:
         make_checkpoint(Path(a.make), a.shape)
+        return
+    if a.recipe:
+        bench_recipe(a)
         return
     (bench_7b if a.shape == "qwen2.5-7b" else bench_05b)(a)
 

@@ -107,6 +107,19 @@ def test_the_recipe_the_plan_and_the_engine_import_no_family():
     assert len(mods) >= 14
 
 
+def test_no_stage_implementation_imports_another():
+    """A stage's code digest covers every module its implementation imports (tasks/core/keys.py),
+    so one implementation importing another (for a shared param, say) would rebuild it whenever
+    the other changes: what several implementations share lives in ``tasks/stages/params.py``
+    or a library module."""
+    from tasks.stages import IMPLEMENTATIONS
+
+    impls = {m for by_family in IMPLEMENTATIONS.values() for m in by_family.values()}
+    bad = {m: sorted(impls & direct_imports(m)) for m in sorted(impls)}
+    assert {m: b for m, b in bad.items() if b} == {}
+    assert len(impls) >= 14
+
+
 def test_each_stages_params_are_exactly_what_its_implementation_declares(monkeypatch):
     """The plan only wires; a stage's params are the recipe keys its family's implementation
     lists (``STAGE.params``; nested ones nested) plus what the plan wires in (``STAGE.wired``:

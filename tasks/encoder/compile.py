@@ -14,6 +14,7 @@ from pathlib import Path
 
 from .. import progress, qnn
 from ..graphs import list_graphs, load_model
+from .binaries import read_back
 from ..stages.common import COMPILE_ARTIFACTS, target_key_extra
 from ..stages.contract import Param, Stage
 
@@ -37,30 +38,6 @@ def run(inputs, files, params, out: Path) -> dict:
     sdk = sorted({n.get("ep_sdk_version", "?") for nodes in info.values() for n in nodes})
     return {"graphs": info, "compiles": compiles, "qnn_sdk": sdk, "nodes": placed,
             "binaries": read_back(out, params["target"], qdq=src)}
-
-
-def compiled_models(qdq: Path) -> dict[str, Path]:
-    """{EPContext model path relative to the compile output: the QDQ graph it is compiled from}
-    for every graph of the QDQ folder ``qdq`` (what the plan makes: ``<g>.onnx`` ->
-    ``<g>_ctx.onnx``)."""
-    out = {}
-    for g in list_graphs(qdq):
-        rel = g.relative_to(qdq)
-        out[(rel.parent / f"{rel.stem}_ctx.onnx").as_posix()] = g
-    return out
-
-
-def read_back(compiled: Path, target: str, qdq: Path) -> dict:
-    """Read back every context binary of an encoder's compile output ``compiled`` and check it
-    against the graphs compiled from ``qdq`` and the SoC of ``target``
-    (:func:`tasks.context_binary_checks.check_models`). Returns {binary: figures} (bytes, SDK build
-    id, SoC model, per graph weight / shared weight / spill-fill / I/O bytes). Raises
-    context_binary_checks.Mismatch, one line per difference."""
-    from .. import context_binary_checks  # ctypes and the reader: not on a no-op's path
-
-    models = compiled_models(qdq)
-    found = context_binary_checks.check_models(compiled, sorted(models), target, qdq=models)
-    return {rel: b.figures() for rel, b in sorted(found.items())}
 
 
 def _compile_graphs(src: Path, out: Path, params: dict) -> tuple[dict, dict, dict]:

@@ -29,7 +29,7 @@ onnx = lazy.module("onnx")
 def _one_sequence(v, earlier):
     if v != 1:
         raise ValueError(f"expected 1 (quantize and verify feed one sequence per call: "
-                         f"tasks/encoder/quantize.py encoder_feeds; the LLM graphs are batch 1), found {v}")
+                         f"tasks/encoder/inputs.py encoder_feeds; the LLM graphs are batch 1), found {v}")
     return v
 
 

@@ -24,13 +24,12 @@ from .. import progress
 from ..proc import lazy
 from ..datafiles import read_lines
 from ..graphs import list_graphs, load_model
-from .inputs import ZERO_WHEN_ABSENT
+from .inputs import encoder_feeds
 from ..stages.common import copy_rest
 from ..stages.contract import Param, Stage
 from ..stages.params import (BLOCK_SIZE, CALIBRATION_FILE, CALIBRATION_SAMPLES, EMBEDDING_BITS, OVERRIDES, PER_CHANNEL,
                              PRECISION, ROUNDING)
 
-np = lazy.module("numpy")
 onnx = lazy.module("onnx")
 
 
@@ -58,33 +57,6 @@ def preflight(recipe) -> list[tuple[str, str]]:
                                               f"{f!r} (.jsonl chat conversations are for LLM recipes)")]
     return []
 
-
-
-def encoder_feeds(model_path: Path, tokenizer_dir: Path, texts: list[str], max_length: int) -> list[dict]:
-    """Tokenized feeds for an encoder graph: one dict per text holding exactly the graph's
-    inputs, {input name: array [1, L]}, each in the graph's dtype (int32 after export). An
-    input of :data:`ZERO_WHEN_ABSENT` the tokenizer does not give is fed as zeros. Raises
-    ValueError naming the graph, the input and what the tokenizer gives when the graph wants
-    any other input the tokenizer does not give."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
-    m = load_model(model_path, load_external_data=False)
-    init = {i.name for i in m.graph.initializer}
-    want = {i.name: onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)
-            for i in m.graph.input if i.name not in init}
-    feeds = []
-    for t in texts:
-        enc = tok(t, padding="max_length", truncation=True, max_length=max_length, return_tensors="np")
-        missing = [n for n in want if n not in enc and n not in ZERO_WHEN_ABSENT]
-        if missing:
-            raise ValueError(f"{model_path}: graph inputs {missing}: expected the tokenizer in {tokenizer_dir} to "
-                             f"give them, found only {sorted(enc)} (inputs fed as zeros when absent: "
-                             f"{', '.join(ZERO_WHEN_ABSENT)})")
-        shape = np.asarray(enc["input_ids"]).shape
-        feeds.append({name: (np.asarray(enc[name]) if name in enc else np.zeros(shape)).astype(dt)
-                      for name, dt in want.items()})
-    return feeds
 
 
 class ListReader:

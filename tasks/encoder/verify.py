@@ -39,8 +39,8 @@ from ..proc.scrubbing import sample_text
 from ..stages import common
 from ..stages.contract import Param, Stage, Threshold
 from ..stages.params import BACKEND, DATA_FILE, DATA_SAMPLES, THRESHOLDS as THRESHOLDS_PARAM
-from .compile import read_back
-from .quantize import encoder_feeds
+from .binaries import read_back
+from .inputs import encoder_feeds
 
 np = lazy.module("numpy")
 onnx = lazy.module("onnx")

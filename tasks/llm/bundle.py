@@ -25,7 +25,7 @@ from ..errors import UserError
 from ..qnn import provider_options
 from ..stages.common import target_key_extra
 from ..stages.contract import Stage
-from .compile import WEIGHT_SHARING
+from ..stages.params import WEIGHT_SHARING
 from .genie_names import genie_files
 from .memory import plan_estimate
 

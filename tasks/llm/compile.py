@@ -11,12 +11,10 @@ import json
 from pathlib import Path
 
 from ..stages.common import COMPILE_ARTIFACTS, target_key_extra
-from ..stages.contract import Param, Stage
+from ..stages.contract import Stage
+from ..stages.params import WEIGHT_SHARING
 from .part_binaries import compile_part, read_back
 from .memory import plan_estimate
-
-WEIGHT_SHARING = Param("compile", "weight_sharing", bool, True, "compile prefill+decode of a part into one binary")
-
 
 def run(inputs, files, params, out: Path) -> dict:
     """Compile part ``params["part"]`` of ``inputs["model"]`` for ``params["target"]`` into

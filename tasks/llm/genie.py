@@ -101,7 +101,7 @@ def build_graph(dims: dict, lo: int, hi: int, first: bool, last: bool, S: int, C
     """ONNX ModelProto of part ``part`` (layers ``lo..hi-1``) for AR-``S``, CL-``C`` in Genie's
     layout (module docstring). ``weights``: the part's external-data TensorProtos
     (:func:`tasks.llm.part_weights.write_part_weights`)."""
-    from .pipeline_graphs import _Graph, _linear, _rmsnorm, _rotate, _split_names, hidden_name, layer_tail
+    from .pipeline_graphs import _Graph, _rmsnorm, _rotary, _split_names, hidden_name, layer_heads, layer_tail
 
     H, Hkv, d = dims["num_heads"], dims["num_kv_heads"], dims["head_dim"]
     grp, eps, rd, P = H // Hkv, dims["rms_eps"], dims["rotary_dim"], C - S
@@ -126,25 +126,13 @@ def build_graph(dims: dict, lo: int, hi: int, first: bool, last: bool, S: int, C
         mask = g.op("mask", "Concat", [mask] * grp, axis=2)  # [1, 1, grp*S, C]
     scale = g.const("attn_scale", 1.0 / math.sqrt(d), np.float32)
 
-    def rotary(scope, t):
-        if rd == d:
-            return _rotate(g, scope, t, cos, sin, rd // 2)
-        rot = g.op(scope, "Slice", [t, g.const("s_0", [0]), g.const(f"s_{rd}", [rd]), g.const("axis_last", [-1])])
-        rest = g.op(scope, "Slice", [t, g.const(f"s_{rd}", [rd]), g.const("s_max", [2**62]), g.const("axis_last", [-1])])
-        return g.op(scope, "Concat", [_rotate(g, scope, rot, cos, sin, rd // 2), rest], axis=-1)
-
     for l in range(lo, hi):
         p, s = f"model.layers.{l}", f"model/layers.{l}"
-        h = _rmsnorm(g, f"{s}/input_layernorm", x, f"{p}.input_layernorm.weight", eps)
-        heads = {}
-        for nm, nh in (("q", H), ("k", Hkv), ("v", Hkv)):
-            t = _linear(g, f"{s}/self_attn/{nm}_proj", h, f"{p}.self_attn.{nm}_proj", has_bias)
-            t = g.op(f"{s}/self_attn/{nm}", "Reshape", [t, g.const(f"shape_{S}_{nh}_{d}", [1, S, nh, d])])
-            if f"{p}.self_attn.{nm}_norm.weight" in weights:  # Qwen3: RMSNorm over head_dim, per head
-                t = _rmsnorm(g, f"{s}/self_attn/{nm}_norm", t, f"{p}.self_attn.{nm}_norm.weight", eps)
-            heads[nm] = t
-        q = rotary(f"{s}/self_attn/rope_q", g.op(f"{s}/self_attn/q", "Transpose", [heads["q"]], perm=[0, 2, 1, 3]))
-        k = rotary(f"{s}/self_attn/rope_k", g.op(f"{s}/self_attn/k", "Transpose", [heads["k"]], perm=[0, 2, 1, 3]))
+        heads = layer_heads(g, s, p, x, dims, eps, S, has_bias, weights)
+        q = _rotary(g, f"{s}/self_attn/rope_q", g.op(f"{s}/self_attn/q", "Transpose", [heads["q"]], perm=[0, 2, 1, 3]),
+                    cos, sin, d, rd)
+        k = _rotary(g, f"{s}/self_attn/rope_k", g.op(f"{s}/self_attn/k", "Transpose", [heads["k"]], perm=[0, 2, 1, 3]),
+                    cos, sin, d, rd)
         # new entries in Genie's layout: keys [Hkv, 1, d, S], values [Hkv, 1, S, d]
         k_out = g.op(f"{s}/self_attn/k", "Transpose", [k], perm=[1, 0, 3, 2], out=f"past_key_{l}_out")
         v_out = g.op(f"{s}/self_attn/v", "Transpose", [heads["v"]], perm=[2, 0, 1, 3], out=f"past_value_{l}_out")

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from ..stages.common import target_key_extra
 from ..stages.contract import Stage
-from .compile import WEIGHT_SHARING
+from ..stages.params import WEIGHT_SHARING
 from .genie_names import planned_binaries
 from .memory import plan_estimate
 

@@ -45,7 +45,7 @@ import tempfile
 from pathlib import Path
 
 from ..stages.contract import Stage
-from .quantize import QUANT_PARAMS
+from ..stages.params import LLM_QUANT_PARAMS
 from .memory import plan_estimate
 #: the calibration schedule calibrate.part0 drew (tasks/llm/calibrate.py SCHEDULE)
 SCHEDULE = "schedule.json"
@@ -108,7 +108,7 @@ def run(inputs, files, params, out: Path) -> dict:
 STAGE = Stage(
     kind="genie_quantize", family="llm", module=__name__, version=1,
     tools=("onnxruntime", "onnx", "numpy", "transformers", "tokenizers"), run=run,
-    params=QUANT_PARAMS,  # as tasks/llm/quantize.py reads them
+    params=LLM_QUANT_PARAMS,  # as tasks/llm/quantize.py reads them
     wired=("part", "export"),  # export: sequence_length, context_length, parts
     memory_estimate=plan_estimate,
 )

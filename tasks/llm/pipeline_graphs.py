@@ -179,6 +179,26 @@ def _linear(g: _Graph, scope: str, x: str, prefix: str, bias: bool) -> str:
     return g.op(scope, "Add", [y, g.w(prefix + ".bias")]) if bias else y
 
 
+def layer_heads(g: _Graph, s: str, p: str, x: str, dims: dict, eps: float, S: int, has_bias: bool,
+                weights: dict) -> dict[str, str]:
+    """The start of decoder layer ``p`` (ONNX scope ``s``), for both graph layouts (this module's
+    and Genie's, :mod:`tasks.llm.genie`): the input RMSNorm of the hidden state ``x`` [1, S, D],
+    then the q, k and v projections (with biases when ``has_bias``: Qwen2), each reshaped to
+    heads [1, S, n, d] (n = ``num_heads`` for q, ``num_kv_heads`` for k and v) and, where the
+    checkpoint has ``<p>.self_attn.{q,k}_norm.weight`` in ``weights`` (Qwen3), RMS-normalized
+    per head over d. Returns {"q", "k", "v": tensor names}."""
+    H, Hkv, d = dims["num_heads"], dims["num_kv_heads"], dims["head_dim"]
+    h = _rmsnorm(g, f"{s}/input_layernorm", x, f"{p}.input_layernorm.weight", eps)
+    heads = {}
+    for nm, nh in (("q", H), ("k", Hkv), ("v", Hkv)):
+        t = _linear(g, f"{s}/self_attn/{nm}_proj", h, f"{p}.self_attn.{nm}_proj", has_bias)
+        t = g.op(f"{s}/self_attn/{nm}", "Reshape", [t, g.const(f"shape_{S}_{nh}_{d}", [1, S, nh, d])])
+        if f"{p}.self_attn.{nm}_norm.weight" in weights:  # Qwen3: RMSNorm over head_dim, per head
+            t = _rmsnorm(g, f"{s}/self_attn/{nm}_norm", t, f"{p}.self_attn.{nm}_norm.weight", eps)
+        heads[nm] = t
+    return heads
+
+
 def layer_tail(g: _Graph, s: str, p: str, x: str, o: str, dims: dict, eps: float, S: int,
                out: str | None = None) -> str:
     """The rest of decoder layer ``p`` (ONNX scope ``s``) after attention, for both graph layouts
@@ -250,14 +270,7 @@ def build_graph(dims: dict, lo: int, hi: int, first: bool, last: bool, S: int, C
     for l in range(lo, hi):
         p = f"model.layers.{l}"
         s = f"model/layers.{l}"
-        h = _rmsnorm(g, f"{s}/input_layernorm", x, f"{p}.input_layernorm.weight", eps)
-        heads = {}
-        for nm, nh in (("q", H), ("k", Hkv), ("v", Hkv)):
-            t = _linear(g, f"{s}/self_attn/{nm}_proj", h, f"{p}.self_attn.{nm}_proj", has_bias)
-            t = g.op(f"{s}/self_attn/{nm}", "Reshape", [t, g.const(f"shape_{S}_{nh}_{d}", [1, S, nh, d])])
-            if f"{p}.self_attn.{nm}_norm.weight" in weights:  # Qwen3: RMSNorm over head_dim, per head
-                t = _rmsnorm(g, f"{s}/self_attn/{nm}_norm", t, f"{p}.self_attn.{nm}_norm.weight", eps)
-            heads[nm] = t
+        heads = layer_heads(g, s, p, x, dims, eps, S, has_bias, weights)
         q = g.op(f"{s}/self_attn/q", "Transpose", [heads["q"]], perm=[0, 2, 1, 3])
         k = g.op(f"{s}/self_attn/k", "Transpose", [heads["k"]], perm=[0, 2, 1, 3])
         v = g.op(f"{s}/self_attn/v", "Transpose", [heads["v"]], perm=[0, 2, 1, 3])

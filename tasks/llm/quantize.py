@@ -12,12 +12,9 @@ from pathlib import Path
 
 from ..stages.common import copy_rest
 from ..stages.contract import Stage
-from ..stages.params import BLOCK_SIZE, EMBEDDING_BITS, OVERRIDES, PER_CHANNEL, PRECISION, ROUNDING
+from ..stages.params import LLM_QUANT_PARAMS
 from .qdq import quantize_part
 from .memory import plan_estimate
-
-#: the quantize params of an LLM part (``calibration`` is read by the ``calibrate`` stage)
-QUANT_PARAMS = (PRECISION, PER_CHANNEL, BLOCK_SIZE, ROUNDING, EMBEDDING_BITS, OVERRIDES)
 
 
 def preflight(recipe) -> list[tuple[str, str]]:
@@ -57,6 +54,6 @@ def run(inputs, files, params, out: Path) -> dict:
 
 STAGE = Stage(
     kind="quantize", family="llm", module=__name__, version=3,  # 3: one part per stage, feeds from calibrate
-    tools=("onnxruntime", "onnx", "numpy"), run=run, params=QUANT_PARAMS, wired=("part",), preflight=preflight,
+    tools=("onnxruntime", "onnx", "numpy"), run=run, params=LLM_QUANT_PARAMS, wired=("part",), preflight=preflight,
     memory_estimate=plan_estimate,
 )

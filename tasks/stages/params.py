@@ -1,6 +1,7 @@
-"""The recipe keys that more than one family's implementations read, and the keys the plan reads
-itself, each defined once (:class:`tasks.stages.contract.Param`). A key one family alone reads
-is defined in that family's implementation module, beside its ``STAGE``.
+"""The recipe keys that more than one stage implementation reads (of one family or several), and
+the keys the plan reads itself, each defined once (:class:`tasks.stages.contract.Param`). A key
+one implementation alone reads is defined in its module, beside its ``STAGE``, so that no stage
+module imports another (a stage's code digest covers what it imports).
 """
 
 from __future__ import annotations
@@ -99,6 +100,14 @@ CALIBRATION_SAMPLES = Param("quantize", "calibration.samples", int, 16, "calibra
                             limits={"ge": 1, "le": 100_000})
 OVERRIDES = Param("quantize", "overrides", "tasks.stages.override:OVERRIDES", [],
                   "weights kept at other bit widths, by initializer name")
+#: the quantize params an LLM part's graphs take (``quantize`` and ``genie_quantize``;
+#: ``calibration`` is read by the ``calibrate`` stage)
+LLM_QUANT_PARAMS = (PRECISION, PER_CHANNEL, BLOCK_SIZE, ROUNDING, EMBEDDING_BITS, OVERRIDES)
+
+# ---------------------------------------------------------------- compile
+
+WEIGHT_SHARING = Param("compile", "weight_sharing", bool, True,
+                       "compile prefill+decode of a part into one binary (read by compile, genie_compile, bundle)")
 
 # ---------------------------------------------------------------- verify
 

@@ -12,7 +12,7 @@ import pytest
 from conftest import Project
 from onnx import TensorProto, helper
 
-from tasks.encoder.quantize import encoder_feeds
+from tasks.encoder.inputs import encoder_feeds
 
 
 def _retokenize(model_dir, names: list[str]) -> None:

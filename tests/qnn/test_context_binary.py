@@ -168,7 +168,7 @@ def test_compile_refuses_a_binary_missing_from_the_plan(tmp_path, tiny_bert):
     proj.doit("run", "build:enc")
     compiled = _entry(proj, "enc", "compile") / "out"
     qdq = _entry(proj, "enc", "quantize") / "out"
-    from tasks.encoder.compile import compiled_models, read_back
+    from tasks.encoder.binaries import compiled_models, read_back
 
     figs = read_back(compiled, "x-elite", qdq)
     (fig,) = figs.values()
