@@ -185,6 +185,50 @@ def test_part_stream_score_is_teacher_forcing_in_prefill_windows(embed):
         s.score(ids[:1])
 
 
+@pytest.mark.parametrize("embed", ["part0", "separate"])
+def test_part_stream_teacher_forcing_loads_each_graph_once(embed):
+    """Teacher forcing (what verify's fp32 side runs) goes part-major: with one part resident
+    each part's prefill and decode graph is made once, for 3 steps as for 9 (sessions counted
+    in the factory); forced on the greedy run's own tokens it gives that run's tokens and
+    logits exactly. Greedy with every part resident loads each graph once too, with one part
+    resident a decode graph per step."""
+    from tasks.llm.runner import PartStream
+
+    ex = tiny_export("llama", parts=2, embed=embed)
+    desc = json.loads((ex / "export.json").read_text())
+    _, tok = _hf("llama")
+    prompts = [tok(p)["input_ids"] for p in PROMPTS[:3]] + [tok(LONG)["input_ids"]]
+    embed_table = np.load(ex / desc["embed_file"]) if desc["embed_file"] else None
+    made = []
+
+    def make(p):
+        made.append(p)
+        return cpu(p)
+
+    def stream(resident):
+        made.clear()
+        return PartStream(desc, lambda i, kind: ex / desc["parts"][i][kind]["path"], make, resident=resident,
+                          embed_table=embed_table)
+
+    greedy = {}
+    for steps in (3, 9):
+        t, l = stream(2).run(prompts, steps)
+        assert len(made) == 4 and len(set(made)) == 4, made
+        greedy[steps] = (t, l)
+        s = stream(1)
+        tf, lf = s.run(prompts, steps, forced=[x[:-1] for x in t])
+        assert s.loads == len(made) == 4 and len(set(made)) == 4, made  # 2 parts x (prefill, decode)
+        assert tf == t
+        for rows, want in zip(lf, l):
+            assert len(rows) == steps and all(np.array_equal(a, b) for a, b in zip(rows, want))
+    assert all(len(x) == 9 and len(set(x)) > 2 for x in greedy[9][0])  # real continuations, not one token
+    s = stream(1)
+    assert s.run(prompts, 9)[0] == greedy[9][0] and s.loads == 2 + 8 * 2
+    assert stream(1).run(prompts, 1)[0] == [x[:1] for x in greedy[9][0]] and len(made) == 2
+    with pytest.raises(ValueError, match="expected 8 forced tokens for each of 4 prompts"):
+        stream(1).run(prompts, 9, forced=[x[:-2] for x in greedy[9][0]])
+
+
 def test_part_stream_holds_one_session_while_the_next_loads():
     """With one part resident, no other session is alive when a part's session is made (a
     reference left in the step loop kept the previous part's weights while the next loaded: the
