@@ -130,6 +130,34 @@ def test_calibration_ranges_equal_onnxruntime_minmax(tmp_path):
         np.testing.assert_allclose(np.ravel(mine[k].range_value), np.ravel(ref[k].range_value), rtol=1e-5, atol=1e-5)
 
 
+def test_calibrate_records_the_ranges_quantize_would_stream(tmp_path):
+    """The ranges the calibrate stage takes while it runs each part (2 parts, both graphs) are
+    the ones :func:`collect_ranges` streams over the feeds it wrote, tensor for tensor and bit
+    for bit, and quantize given them writes the bytes it writes when it streams them itself."""
+    from llm_fixtures import calibrate_parts, export_entry, feed_stores
+    from tasks.llm import calibration_feeds as calib
+    from tasks.llm.qdq import quantize_part
+
+    mdir, ex = tiny_model("qwen2"), tiny_export("qwen2", parts=2)
+    entry = export_entry(mdir, ex, tmp_path / "export")
+    cal = calibrate_parts(mdir, entry, tmp_path / "cal", 3)
+    feeds = feed_stores(cal)
+    desc = json.loads((ex / "export.json").read_text())
+    for k in range(2):
+        for g in ("prefill", "decode"):
+            mine = calib.load_ranges(cal[k] / "ranges" / f"{g}.json").data
+            ref = calib.collect_ranges(entry / f"part{k}" / f"{g}.onnx", feeds[g][k]).data
+            assert set(mine) == set(ref) and len(ref) > 50
+            assert all(np.array_equal(mine[t].range_value, ref[t].range_value) for t in ref), (k, g)
+    params = {"precision": "w8a16", "per_channel": True}
+    quantize_part(entry, desc["parts"][1], cal[1] / "feeds", params, tmp_path / "a", tmp_path / "wa",
+                  ranges=cal[1] / "ranges")
+    quantize_part(entry, desc["parts"][1], cal[1] / "feeds", params, tmp_path / "b", tmp_path / "wb")
+    for g in ("prefill", "decode"):
+        a, b = (tmp_path / d / "part1" / f"{g}.onnx" for d in "ab")
+        assert a.read_bytes() == b.read_bytes(), g
+
+
 @pytest.mark.parametrize("embed", ["part0", "separate"])
 def test_part_stream_one_part_at_a_time_equals_the_runner(embed):
     """PartStream with one part resident gives the LLMRunner's greedy tokens and logits for
