@@ -239,6 +239,11 @@ def run_part(desc: dict, export_dir: Path, p: dict, sched: list[dict], work: Pat
     return stores
 
 
+#: bytes of a graph's ranges file (:func:`save_ranges`) per layer, at most: the tiny Qwen2's
+#: 4-layer part with its embedding and head writes 21.8 kB per graph
+RANGE_BYTES_PER_LAYER = 8192
+
+
 def disk_bytes(desc: dict, sched: list[dict], part: int) -> int:
     """Estimated bytes :func:`run_part` writes for part ``part`` of the export ``desc``
     (``export.json``) over the schedule ``sched`` (:func:`schedule`), at their most (just before
@@ -248,8 +253,9 @@ def disk_bytes(desc: dict, sched: list[dict], part: int) -> int:
     last part) and the prompts' KV caches in the scratch folder (:meth:`KVCache.save`, written
     slots only). The slots are known from the schedule alone: a prompt of L tokens fills
     ``ceil(L/S) * S`` slots (its last window is padded), decode step t then ``max(that, L+t)``.
-    Counts written data uncompressed, so it is at least what deflate makes of it: the tiny
-    Qwen2 in 3 parts, 1.12-1.13x what the entries hold, scratch included
+    With the two graphs' ranges files (:data:`RANGE_BYTES_PER_LAYER`, the embedding and the
+    head counted as a layer each). Counts written data uncompressed, so it is at least what
+    deflate makes of it: the tiny Qwen2 in 3 parts, 1.12-1.13x what the entries hold, scratch included
     (tests/test_llm_parts.py); Qwen2.5-7B's shape at 16 prompts (S=128, C=4096), 0.37-0.52 GB
     a part where its entries held about 0.28 GB (benchmarks/README.md)."""
     p = desc["parts"][part]
@@ -276,7 +282,8 @@ def disk_bytes(desc: dict, sched: list[dict], part: int) -> int:
         total += sum(rest_d + min(max(w * S, L + t), C) * slot for t in pr["keep"] if t < steps)
         total += w * out_p + steps * out_d  # hidden states
         total += min(w * S, C) * slot  # the prompt's scratch KV cache
-    return total
+    lo, hi = p["layers"]
+    return total + 2 * (hi - lo + 2) * RANGE_BYTES_PER_LAYER  # the two graphs' ranges files
 
 
 def augment_for_ranges(model):
