@@ -9,9 +9,9 @@ export graphs on the CPU EP (equal to ``transformers`` ``generate()`` to 2e-4 in
 are teacher-forced on the same prompt and the compiled side's tokens: at every position, the
 token fp32 would pick after the same history. Both run part by part
 (:class:`tasks.llm.runner.PartStream`): the teacher-forced fp32 side loads each graph once,
-whatever the number of tokens (a greedy fp32 side would load every part once per token when
-the parts do not fit in memory together: 22 of the 7B build's 68 minutes). Metrics
-(``verify.json``):
+whatever the number of tokens (generating greedily on both sides loaded every part once per
+token when the parts did not fit in memory together: the 7B's verify, 22 of its build's 68
+minutes). Metrics (``verify.json``):
 
 - ``token_agreement``: share of generated positions where the compiled token equals fp32's
   greedy choice after the same history (mean over prompts). Up to and including the first
@@ -224,8 +224,8 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
     its decode graph once when every part's decode graph fits ``budget_bytes``, bytes:
     :func:`resident_parts`, else once per token), then the fp32 side is teacher-forced on the
     compiled side's tokens, one part at a time (each graph loaded once); perplexity's text
-    goes through the prefill graphs in the same passes. The fp32 side is the exported fp32 graphs on the CPU EP
-    (tests tie them to ``transformers``: tests/llm/test_runner.py). ``wrap_sessions``:
+    goes through the prefill graphs in the same passes. The fp32 side is the exported fp32
+    graphs on the CPU EP (tests tie them to ``transformers``: tests/llm/test_runner.py). ``wrap_sessions``:
     optional ``factory -> factory`` put around both sides' session factories (tests count
     the sessions made). Returns the report dict (``"_run"``: how many parts each side held
     and the sessions each made)."""

@@ -315,7 +315,8 @@ class PartStream:
     def _through(self, i: int, kind: str, blocks: list[list[list[int]]], xs: list[list], caches: list) -> None:
         """Every prompt's calls ``blocks[b]`` (token windows) through part ``i``'s ``kind`` graph,
         in place: ``xs[b][k]`` (the call's input) becomes its output, ``caches[b]`` the
-        prompt's cache of part ``i``. The graph is loaded (once) and released before returning,
+        prompt's cache of part ``i``. The graph is loaded if it is not open, and this call's
+        reference to it goes before returning (what stays open is the stream's: ``resident``),
         so with ``resident=1`` no other session is alive when the next one is made."""
         g = self._graph(i, kind)
         for b, calls in enumerate(blocks):
@@ -369,7 +370,7 @@ class PartStream:
         ys = [self._inputs(steps_in[b], 1) for b in range(B)] if forced is not None else None
         caches = [[None] * P for _ in range(B)]
         for i in range(P):
-            part = [self._cache(i) for _ in blocks]  # the scored sequence's last
+            part = [self._cache(i) for _ in blocks]  # part i's cache of each prompt, then of the scored text
             self._through(i, "prefill", blocks, xs, part)
             if forced is not None:  # this part's decode calls now: its caches go before the next part
                 self._drop("prefill")
