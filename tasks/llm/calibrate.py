@@ -8,8 +8,11 @@ takes it from its ``previous`` entry, so the parts of one chain share one schedu
 the file is edited while the build runs (the plan gives parts > 0 neither the file nor the
 source). Writes the feeds that ``quantize.part{k}`` calibrates on
 (``feeds/{prefill,decode}/NNNNNN.npz``) and this part's hidden states for part k+1
-(``hidden/{prefill,decode}_{prompt}_{call}.npy``, not for the last part). Same inputs, same
-bytes (:func:`tasks.llm.calibration_feeds.save_npz`).
+(``hidden/{prefill,decode}_{prompt}_{call}.npy``, not for the last part), and the MinMax
+ranges of the graphs' tensors over the recorded calls, taken while the graphs run
+(``ranges/{prefill,decode}.json``: :class:`tasks.llm.calibration_feeds.RangeTaps`), which
+quantize reads instead of running the graphs over the feeds again. Same inputs, same bytes
+(:func:`tasks.llm.calibration_feeds.save_npz`, :func:`~tasks.llm.calibration_feeds.save_ranges`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pathlib import Path
 
 from ..stages.contract import Stage
 from ..stages.params import CALIBRATION_FILE, CALIBRATION_SAMPLES
+from .layout import RANGES
 from .memory import plan_estimate
 
 #: part 0's schedule, carried along the chain: {"eos": int, "calls": [{"prompt", "decode", "keep"}]}
@@ -65,7 +69,7 @@ def run(inputs, files, params, out: Path) -> dict:
     try:
         stores = run_part(desc, src, desc["parts"][k], sched, work, cpu_session, True, eos, embed, bar,
                           prev=Path(inputs["previous"]) / "hidden" if k else work / "none",
-                          here=out / "hidden", feeds=out / "feeds")
+                          here=out / "hidden", feeds=out / "feeds", ranges=out / RANGES)
     finally:
         bar.close()
         shutil.rmtree(work, ignore_errors=True)
@@ -113,7 +117,7 @@ def file_check(role: str, f: Path, rel: str) -> str | None:
 
 
 STAGE = Stage(
-    kind="calibrate", family="llm", module=__name__, version=2,
+    kind="calibrate", family="llm", module=__name__, version=3,  # 3: ranges taken while the graphs run
     tools=("onnxruntime", "onnx", "transformers", "tokenizers", "numpy"), run=run,
     params=(CALIBRATION_SAMPLES,), files={CALIBRATION_FILE: "calibration"},  # the file: part 0 only
     wired=("part",),

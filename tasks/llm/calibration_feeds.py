@@ -19,7 +19,15 @@ writing its own for part i+1; the feeds to keep go to ``.npz`` files (:class:`Fe
 any time one part's fp32 session (weights memory-mapped, :func:`tasks.llm.sessions.cpu_session`),
 one prompt's KV cache and one call's activations are in memory.
 
-Ranges (:func:`collect_ranges`): streaming min/max over the outputs of an augmented graph
+Ranges: while it records, :func:`run_part` runs the graph with a ReduceMin and a ReduceMax
+after every tensor onnxruntime's MinMax calibrator calibrates (:class:`RangeTaps`) and keeps
+their extremes over the recorded calls: the MinMax ranges of the feeds it writes, saved in the
+calibrate entry (``ranges/{prefill,decode}.json``, :func:`save_ranges`) for quantize, which
+then needs no second pass over the feeds. The taps stop some of onnxruntime's fusions, so the
+recorded calls' outputs (hidden states, KV caches) differ from the untapped graph's in the
+last float32 bits (measured on the tiny Qwen2: at most 4e-6); the other calls run untapped.
+
+:func:`collect_ranges` (the Genie graphs' quantize): streaming min/max over the outputs of an augmented graph
 (ReduceMin/ReduceMax added after every float tensor onnxruntime's MinMax calibrator would
 calibrate; the weights stay memory-mapped from the graph's data file), one feed at a time, so the peak does not grow with the number of samples. Not
 onnxruntime's calibrator itself: it loads the whole model into a ``ModelProto`` before making a
@@ -175,9 +183,13 @@ def save_npz(path, arrays: dict) -> None:
 
 
 def run_part(desc: dict, export_dir: Path, p: dict, sched: list[dict], work: Path, make_session,
-             record: bool, pad_id: int, embed_table, bar=None, *, prev: Path, here: Path, feeds: Path) -> dict:
+             record: bool, pad_id: int, embed_table, bar=None, *, prev: Path, here: Path, feeds: Path,
+             ranges: Path | None = None) -> dict:
     """Run part ``p`` (fp32) over the whole schedule; see the module docstring. Returns
     {"prefill": FeedStore, "decode": FeedStore} in ``feeds`` (empty when not ``record``).
+    ``ranges``: with ``record``, run each graph with :class:`RangeTaps` (the graph read from
+    ``export_dir``, ``make_session`` unused) and write the MinMax ranges of its recorded
+    calls to ``ranges/{prefill,decode}.json`` (:func:`save_ranges`).
     ``prev``: the folder of part i-1's hidden states (read only; unused for part 0), ``here``:
     where this part's go (created; nothing is written for the last part), ``work``: scratch
     for the prompts' KV caches (removed). ``bar``: a progress bar (``tasks.progress.bar``),
@@ -191,7 +203,8 @@ def run_part(desc: dict, export_dir: Path, p: dict, sched: list[dict], work: Pat
         d.mkdir(parents=True, exist_ok=True)
     stores = {k: FeedStore(feeds / k) for k in ("prefill", "decode")}
     for kind in ("prefill", "decode"):
-        g = PartGraph(make_session(export_dir / p[kind]["path"]))
+        taps = RangeTaps(export_dir / p[kind]["path"]) if record and ranges is not None else None
+        g = PartGraph(taps.session if taps else make_session(export_dir / p[kind]["path"]))
         first, Sg = g.first_input, g.S
         for q, pr in enumerate(sched):
             cache = KVCache(layers, desc["num_kv_heads"], C, desc["head_dim"])
@@ -209,6 +222,8 @@ def run_part(desc: dict, export_dir: Path, p: dict, sched: list[dict], work: Pat
                 else:
                     x = np.load(prev / f"{kind}_{q}_{c}.npy")
                 keep = record and (kind == "prefill" or c in pr["keep"])
+                if taps:
+                    taps.armed = keep  # the ranges of the recorded calls: the feeds quantize calibrates on
                 res = g.call(x, cache, before=stores[kind].add if keep else None)
                 cache.n += len(blk)
                 if not last:
@@ -217,9 +232,16 @@ def run_part(desc: dict, export_dir: Path, p: dict, sched: list[dict], work: Pat
                 cache.save(kv / f"{q}.npz")
             if bar is not None:
                 bar.update()
-        del g  # the part's session (and its mapped weights) go before the next graph
+        if taps:
+            save_ranges(taps.ranges(), Path(ranges) / f"{kind}.json")
+        del g, taps  # the part's session (and its mapped weights) go before the next graph
     shutil.rmtree(kv, ignore_errors=True)
     return stores
+
+
+#: bytes of a graph's ranges file (:func:`save_ranges`) per layer, at most: the tiny Qwen2's
+#: 4-layer part with its embedding and head writes 21.8 kB per graph
+RANGE_BYTES_PER_LAYER = 8192
 
 
 def disk_bytes(desc: dict, sched: list[dict], part: int) -> int:
@@ -231,8 +253,9 @@ def disk_bytes(desc: dict, sched: list[dict], part: int) -> int:
     last part) and the prompts' KV caches in the scratch folder (:meth:`KVCache.save`, written
     slots only). The slots are known from the schedule alone: a prompt of L tokens fills
     ``ceil(L/S) * S`` slots (its last window is padded), decode step t then ``max(that, L+t)``.
-    Counts written data uncompressed, so it is at least what deflate makes of it: the tiny
-    Qwen2 in 3 parts, 1.12-1.13x what the entries hold, scratch included
+    With the two graphs' ranges files (:data:`RANGE_BYTES_PER_LAYER`, the embedding and the
+    head counted as a layer each). Counts written data uncompressed, so it is at least what
+    deflate makes of it: the tiny Qwen2 in 3 parts, 1.12-1.13x what the entries hold, scratch included
     (tests/test_llm_parts.py); Qwen2.5-7B's shape at 16 prompts (S=128, C=4096), 0.37-0.52 GB
     a part where its entries held about 0.28 GB (benchmarks/README.md)."""
     p = desc["parts"][part]
@@ -259,7 +282,8 @@ def disk_bytes(desc: dict, sched: list[dict], part: int) -> int:
         total += sum(rest_d + min(max(w * S, L + t), C) * slot for t in pr["keep"] if t < steps)
         total += w * out_p + steps * out_d  # hidden states
         total += min(w * S, C) * slot  # the prompt's scratch KV cache
-    return total
+    lo, hi = p["layers"]
+    return total + 2 * (hi - lo + 2) * RANGE_BYTES_PER_LAYER  # the two graphs' ranges files
 
 
 def augment_for_ranges(model):
@@ -281,6 +305,93 @@ def augment_for_ranges(model):
             aug.graph.node.append(onnx.helper.make_node(op, [t], [t + suffix], keepdims=0, name=t + suffix))
             aug.graph.output.append(onnx.helper.make_tensor_value_info(t + suffix, onnx.TensorProto.FLOAT, []))
     return aug, names
+
+
+class RangeTaps:
+    """A graph run with MinMax taps, seen as one session (``get_inputs``, ``get_outputs``,
+    ``run``: the graph's own outputs). While :attr:`armed`, a run goes through a CPU session on
+    the graph with :func:`augment_for_ranges`' outputs after its own and takes the taps into
+    the extremes (:meth:`ranges`); unarmed, through a :func:`tasks.llm.sessions.cpu_session`
+    on the graph itself, made when first needed. Both map the weights from the graph's folder,
+    which may be read-only (:func:`tasks.llm.sessions.cpu_session_on`). The taps stop
+    onnxruntime's fusions: the tapped graph computes node by node (its outputs equal the
+    graph's at ``ORT_DISABLE_ALL``, bit for bit, on the tiny Qwen2), which on a Qwen2.5-0.5B
+    part (12 layers, S=128, C=4096) took 2.71 s a prefill call where the fused graph took 2.26
+    s (decode 0.29 s vs 0.22 s): hence the untapped session for the calls not recorded."""
+
+    def __init__(self, model_path):
+        import onnx
+
+        from .sessions import cpu_session_on
+
+        self.path = Path(model_path)
+        aug, self.names = augment_for_ranges(onnx.load(str(self.path), load_external_data=False))
+        self.sess = cpu_session_on(aug, self.path.parent)
+        self.plain = None
+        self.taps = [t + s for t in self.names for s in ("__min", "__max")]
+        tapped = set(self.taps)
+        self.outputs = [o for o in self.sess.get_outputs() if o.name not in tapped]
+        self.lo = {t: np.inf for t in self.names}
+        self.hi = {t: -np.inf for t in self.names}
+        self.count = 0
+        self.armed = False
+        self.session = self
+
+    def get_inputs(self):
+        return self.sess.get_inputs()
+
+    def get_outputs(self):
+        return self.outputs
+
+    def run(self, names, feeds):
+        """``session.run`` of the graph's outputs ``names``; armed, the taps' too, into the extremes."""
+        if not self.armed:
+            if self.plain is None:
+                from .sessions import cpu_session
+
+                self.plain = cpu_session(self.path)
+            return self.plain.run(names, feeds)
+        res = self.sess.run(list(names) + self.taps, feeds)
+        for j, t in enumerate(self.names):
+            self.lo[t] = min(self.lo[t], float(res[len(names) + 2 * j]))
+            self.hi[t] = max(self.hi[t], float(res[len(names) + 2 * j + 1]))
+        self.count += 1
+        return res[:len(names)]
+
+    def ranges(self):
+        """onnxruntime's ``TensorsData`` (MinMax) of the calls added, as :func:`collect_ranges`
+        builds it. Raises ValueError when none was added."""
+        from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
+
+        if not self.count:
+            raise ValueError(f"{self.path}: no calibration feeds")
+        return TensorsData(CalibrationMethod.MinMax,
+                           {t: TensorData(lowest=np.array([self.lo[t]], np.float32),
+                                          highest=np.array([self.hi[t]], np.float32)) for t in self.names})
+
+
+def save_ranges(data, path) -> None:
+    """Write MinMax ``TensorsData`` as JSON {tensor: [lowest, highest]} (float32 values, exact
+    as JSON numbers; keys sorted: the same ranges give the same bytes). Creates the folder."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = {t: [float(np.ravel(d.range_value[0])[0]), float(np.ravel(d.range_value[1])[0])]
+            for t, d in data.data.items()}
+    path.write_text(json.dumps(rows, sort_keys=True, separators=(",", ":")) + "\n")
+
+
+def load_ranges(path):
+    """The ``TensorsData`` (MinMax, float32 [1] lowest/highest per tensor) :func:`save_ranges`
+    wrote to ``path``. Raises OSError when the file is missing, ValueError when it is not
+    {tensor: [lowest, highest]}."""
+    from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
+
+    rows = json.loads(Path(path).read_text())
+    if not isinstance(rows, dict) or not all(isinstance(v, list) and len(v) == 2 for v in rows.values()):
+        raise ValueError(f"{path}: expected {{tensor: [lowest, highest]}}")
+    return TensorsData(CalibrationMethod.MinMax,
+                       {t: TensorData(lowest=np.array([lo], np.float32), highest=np.array([hi], np.float32))
+                        for t, (lo, hi) in rows.items()})
 
 
 def collect_ranges(model_path, feeds):

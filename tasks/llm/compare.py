@@ -1,18 +1,29 @@
 """Greedy generation on a compiled LLM against its fp32 export: what the ``verify`` stage
 (:mod:`tasks.llm.verify`) measures, on the parts' entries seen as whole-model folders.
 
-For each verify prompt (the first ``samples`` lines of the recipe's data file) both sides
-generate ``max_new_tokens`` tokens greedily: the compiled model through
-:class:`tasks.llm.runner.LLMRunner` (backend ``htp``: the per-graph context binaries on QNN
-HTP, the simulator on x86_64; ``cpu-qdq``: the QDQ graphs on the CPU EP) and the fp32 export
-graphs on the CPU EP (equal to ``transformers`` ``generate()`` to 2e-4 in logits: tests), both
-part by part (:class:`tasks.llm.runner.PartStream`). Metrics (``verify.json``):
+For each verify prompt (the first ``samples`` lines of the recipe's data file) the compiled
+model generates ``max_new_tokens`` tokens greedily through
+:class:`tasks.llm.runner.LLMRunner`'s feeds (backend ``htp``: the per-graph context binaries on
+QNN HTP, the simulator on x86_64; ``cpu-qdq``: the QDQ graphs on the CPU EP), then the fp32
+export graphs on the CPU EP (equal to ``transformers`` ``generate()`` to 2e-4 in logits: tests)
+are teacher-forced on the same prompt and the compiled side's tokens: at every position, the
+token fp32 would pick after the same history. Both run part by part
+(:class:`tasks.llm.runner.PartStream`): the teacher-forced fp32 side loads each graph once,
+whatever the number of tokens (generating greedily on both sides loaded every part once per
+token when the parts did not fit in memory together: the 7B's verify, 22 of its build's 68
+minutes). Metrics (``verify.json``):
 
-- ``token_agreement``: share of generated positions equal to fp32's (mean over prompts);
-- ``prefix_match_mean``: mean length of the common greedy prefix;
+- ``token_agreement``: share of generated positions where the compiled token equals fp32's
+  greedy choice after the same history (mean over prompts). Up to and including the first
+  difference this is the same comparison as two free-running greedy generations (the
+  histories are equal there); after it, free-running compared continuations of two different
+  texts (one near-tie flip and every later position could differ), where this compares the
+  two models' next-token choices on the compiled model's text, the one it would emit;
+- ``prefix_match_mean``: mean length of the common greedy prefix: the same figure as two
+  free-running generations give (the first difference is found on equal histories);
 - ``logits_cosine_mean`` / ``_min``: cosine of the last prefill position's logits [V];
-- ``perplexity_ratio``: perplexity of the compiled model over a short text (teacher forced,
-  one prefill token then decode steps) divided by fp32's perplexity over the same tokens;
+- ``perplexity_ratio``: perplexity of the compiled model over a short text (teacher forced
+  through the prefill graphs) divided by fp32's perplexity over the same tokens;
 - ``reference_distinct_tokens`` per prompt: a continuation that repeats one token makes the
   agreement test unable to fail (NOTES-qnn.md), so tests check it.
 
@@ -21,7 +32,9 @@ onnxruntime-genai driving the same graphs through a ``genai_config.json`` (writt
 folder, naming the per-graph binaries, or the QDQ graphs for ``cpu-qdq``); LLMRunner still runs
 them too, and ``genai_runner_agreement`` is the share of prompts whose genai tokens equal
 LLMRunner's (LLMRunner's cut before the first eos, where genai stops; token agreement then
-compares against the fp32 tokens cut the same way). The logits metrics and the
+compares genai's tokens with the fp32 tokens teacher-forced on LLMRunner's, cut the same way:
+fp32's choices after genai's own history wherever genai and LLMRunner agree, which the
+``genai_runner_agreement`` bar requires). The logits metrics and the
 perplexity always come from LLMRunner (genai returns tokens). ``verify.json`` says which
 runtime ran under ``"runtime"``.
 
@@ -116,15 +129,20 @@ def read_back_bundle(views: dict, params: dict) -> dict:
     return found
 
 
-def resident_parts(export_dir: Path, budget_bytes: int | None) -> int:
-    """How many parts' graphs :class:`tasks.llm.runner.PartStream` may keep open: all of them
-    when the export's fp32 weights fit in ``budget_bytes`` (the QDQ / compiled graphs are
-    smaller), else 1 (one part at a time). ``None`` budget: 1."""
-    import json
-
-    desc = json.loads((Path(export_dir) / "export.json").read_text())
-    total = sum((Path(export_dir) / p["weights"]).stat().st_size for p in desc["parts"])
-    return len(desc["parts"]) if budget_bytes is not None and total <= budget_bytes else 1
+def resident_parts(graph_path, parts: int, budget_bytes: int | None) -> int:
+    """How many parts' sessions the compiled side's greedy generation
+    (:meth:`tasks.llm.runner.PartStream.run`) keeps open: all of them when every part's decode
+    graph fits in ``budget_bytes`` (bytes; counted as its files on disk: ``graph_path(i,
+    "decode")`` and the files beside it whose names start with its stem, its external data or
+    context binary), so each decode graph is loaded once; else 1 (one part at a time, each
+    decode graph loaded once per generated token). ``None`` budget: 1."""
+    if budget_bytes is None:
+        return 1
+    total = 0
+    for i in range(parts):
+        g = Path(graph_path(i, "decode"))
+        total += sum(f.stat().st_size for f in g.parent.iterdir() if f.name.startswith(g.stem))
+    return parts if total <= budget_bytes else 1
 
 
 def _cut_at_eos(tokens: list[int], eos) -> list[int]:
@@ -198,12 +216,19 @@ def _genie_generate(inputs: dict, prompts: list[list[int]], K: int) -> dict:
         return generate_in_child(tmp, prompts, K)
 
 
-def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None = None) -> dict:
+def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None = None,
+               wrap_sessions=None) -> dict:
     """Measure the compiled LLM against the fp32 export (see module docstring). Both sides run
-    as :class:`tasks.llm.runner.PartStream` over every verify prompt at once, holding one part
-    at a time unless the whole fp32 model fits ``budget_bytes`` (:func:`resident_parts`). The
-    fp32 side is the exported fp32 graphs on the CPU EP (tests tie them to ``transformers``:
-    tests/test_llm_runner.py). Returns the report dict."""
+    as :class:`tasks.llm.runner.PartStream` over every verify prompt at once, one side after
+    the other: the compiled side generates greedily (each part's prefill graph loaded once,
+    its decode graph once when every part's decode graph fits ``budget_bytes``, bytes:
+    :func:`resident_parts`, else once per token), then the fp32 side is teacher-forced on the
+    compiled side's tokens, one part at a time (each graph loaded once); perplexity's text
+    goes through the prefill graphs in the same passes. The fp32 side is the exported fp32
+    graphs on the CPU EP (tests tie them to ``transformers``: tests/llm/test_runner.py). ``wrap_sessions``:
+    optional ``factory -> factory`` put around both sides' session factories (tests count
+    the sessions made). Returns the report dict (``"_run"``: how many parts each side held
+    and the sessions each made)."""
     import json
 
     from transformers import AutoTokenizer
@@ -221,27 +246,35 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
     tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
     texts, prompts = _prompts(files, params, tok)
     K = params["max_new_tokens"]
-    resident = resident_parts(ref_dir, budget_bytes)
     embed = np.load(ref_dir / desc["embed_file"], mmap_mode="r") if desc.get("embed_file") else None
     pad = desc["pad_token_id"]  # what genai pads with; pad rows never reach a real token's result
+    wrap = wrap_sessions or (lambda f: f)
 
-    def stream(folder: Path, suffix: str, make_session) -> PartStream:
+    def stream(folder: Path, suffix: str, make_session, resident=None) -> PartStream:
         def path(i, kind):
             rel = desc["parts"][i][kind]["path"]
             return folder / (rel[:-len(".onnx")] + suffix)
-        return PartStream(desc, path, make_session, resident=resident, embed_table=embed, pad_id=pad)
+        if resident is None:
+            resident = resident_parts(path, len(desc["parts"]), budget_bytes)
+        return PartStream(desc, path, wrap(make_session), resident=resident, embed_table=embed, pad_id=pad)
 
-    fp32 = stream(ref_dir, ".onnx", cpu_session)
     if params["backend"] == "htp":
-        got = stream(Path(inputs["compiled"]), "_ctx.onnx",
-                     htp.qnn_session_factory(target=params["target"]))
+        got = stream(Path(inputs["compiled"]), "_ctx.onnx", htp.qnn_session_factory(target=params["target"]))
         ran = "per-graph context binaries compiled from the same QDQ graphs (the shared binary crashes the simulator)"
     else:
         got = stream(Path(inputs["qdq"]), ".onnx", cpu_session)
         ran = "QDQ graphs on the CPU EP (quantization only)"
-    ref_tokens, ref_logits = fp32.run(prompts, K, progress=f"fp32 steps ({len(prompts)} prompts)")
-    fp32.close()  # one side's sessions at a time
-    got_tokens, got_logits = got.run(prompts, K, progress=f"{params['backend']} steps ({len(prompts)} prompts)")
+    ids = None  # perplexity's text: teacher forced through the prefill graphs in the same pass
+    if "perplexity_text" in files:
+        ids = tok(Path(files["perplexity_text"]).read_text(encoding="utf-8"))["input_ids"]
+        ids = ids[: min(len(ids), desc["context_len"] - 1, 64)]
+    got_tokens, got_logits, *got_rows = got.run(prompts, K, score=ids,
+                                                progress=f"{params['backend']} steps ({len(prompts)} prompts)")
+    got.close()  # one side's sessions at a time
+    fp32 = stream(ref_dir, ".onnx", cpu_session, resident=1)  # part-major: one part at a time costs no loads
+    ref_tokens, ref_logits, *ref_rows = fp32.run(prompts, K, forced=[t[:-1] for t in got_tokens], score=ids,
+                                                 progress=f"fp32 graphs ({len(prompts)} prompts, teacher forced)")
+    fp32.close()
     rows = []
     for txt, rt, rl, gt, gl in zip(texts, ref_tokens, ref_logits, got_tokens, got_logits):
         frac, pre = agreement(rt, gt)
@@ -252,14 +285,8 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
     metrics = {"token_agreement": float(np.mean([r["token_agreement"] for r in rows])),
                "prefix_match_mean": float(np.mean([r["prefix_match"] for r in rows])),
                "logits_cosine_mean": float(np.mean(cos)), "logits_cosine_min": float(np.min(cos))}
-    if "perplexity_text" in files:
-        ids = tok(Path(files["perplexity_text"]).read_text(encoding="utf-8"))["input_ids"]
-        ids = ids[: min(len(ids), desc["context_len"] - 1, 64)]
-        # teacher forced through the prefill graphs: one pass per part and side (PartStream.score)
-        p_c = perplexity(got.score(ids), ids[1:])
-        got.close()
-        p_r = perplexity(fp32.score(ids), ids[1:])
-        fp32.close()
+    if ids is not None:
+        p_c, p_r = perplexity(got_rows[0], ids[1:]), perplexity(ref_rows[0], ids[1:])
         metrics.update(perplexity=p_c, perplexity_fp32=p_r, perplexity_ratio=p_c / p_r,
                        perplexity_tokens=len(ids) - 1)
     runtime = params.get("runtime", "runner")
@@ -290,9 +317,11 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
                 "compared with LLMRunner's tokens on the genai binaries")
     return {"backend": params["backend"], "target": params["target"], "ran": ran, "metrics": metrics,
             "runtime": runtime,
-            "samples": rows, "max_new_tokens": K, "reference": "fp32 export graphs (CPU EP)",
+            "samples": rows, "max_new_tokens": K,
+            "reference": "fp32 export graphs (CPU EP), teacher-forced on the compiled side's tokens",
             # how it ran on this machine (manifest info, not verify.json: it varies with memory)
-            "_run": {"parts_resident": resident, "part_loads": {"reference": fp32.loads, "compiled": got.loads}},
+            "_run": {"parts_resident": {"reference": fp32.resident, "compiled": got.resident},
+                     "part_loads": {"reference": fp32.loads, "compiled": got.loads}},
             "binaries": binaries,
             # where the compiled graphs run, read from every part's compile entry
             **qnn.placement(*inputs.get("compiled_parts", [inputs["compiled"]]))}

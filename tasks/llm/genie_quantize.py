@@ -17,7 +17,8 @@ kept decode steps the genai graphs calibrate on), fed as Genie feeds them
 (:meth:`tasks.llm.genie_host_loop.GenieHostLoop.teacher_forced`: prompt chunks of S padded at the end,
 additive 0/-1000 mask, cos/sin rows, a host KV cache sliced to C-S); every prompt-graph call
 and the kept token-graph calls of part k are recorded (``.npz``, :class:`tasks.llm.calibration_feeds.FeedStore`)
-and their MinMax ranges go to onnxruntime's ``quantize_static`` through
+and their MinMax ranges, taken while part k's graphs run (``RangeTaps``, as the calibrate stage
+takes the genai graphs'), go to onnxruntime's ``quantize_static`` through
 :func:`tasks.llm.qdq.quantize_part`, the genai graphs' quantizer (same weight types,
 per-channel MatMul weights, int4 re-encoding for w4a16). Why not reuse the genai graphs'
 ranges by naming tensors alike: the graphs differ where it matters for ranges: Genie's mask
@@ -51,27 +52,43 @@ from .memory import plan_estimate
 SCHEDULE = "schedule.json"
 
 
-def record_feeds(export_dir: Path, k: int, sched: list[dict], feeds: Path) -> dict[str, int]:
+def record_feeds(export_dir: Path, k: int, sched: list[dict], feeds: Path, ranges: Path) -> dict[str, int]:
     """Run the fp32 Genie graphs of parts 0..``k`` in ``export_dir`` over ``sched`` (the
     calibration schedule: [{"prompt": ids, "decode": ids, "keep": [steps]}]) and store part
     ``k``'s feeds in ``feeds/prefill`` (every prompt-graph call) and ``feeds/decode`` (the
     token-graph calls at the ``keep`` steps), the layout :func:`tasks.llm.qdq.quantize_part`
-    reads. Returns {"prefill": n, "decode": n} feeds."""
-    from .calibration_feeds import FeedStore
+    reads, and the MinMax ranges of part ``k``'s graphs over those calls, taken while they run
+    (:class:`tasks.llm.calibration_feeds.RangeTaps`), in ``ranges/{prefill,decode}.json``.
+    Returns {"prefill": n, "decode": n} feeds."""
+    from .calibration_feeds import FeedStore, RangeTaps, save_ranges
     from .genie_host_loop import GenieHostLoop
     from .sessions import cpu_session
 
     stores = {"prompt": FeedStore(feeds / "prefill"), "token": FeedStore(feeds / "decode")}
-    loop = GenieHostLoop(export_dir, cpu_session, upto=k + 1)
+    desc = json.loads((Path(export_dir) / "genie_export.json").read_text())
+    mine = {str(Path(export_dir) / desc["parts"][k][g]["path"]): g for g in ("prompt", "token")}
+    taps = {}
+
+    def make(path):
+        if str(path) not in mine:
+            return cpu_session(path)
+        taps[mine[str(path)]] = RangeTaps(path)
+        return taps[mine[str(path)]].session
+
+    loop = GenieHostLoop(export_dir, make, upto=k + 1)
     for pr in sched:
         keep = set(pr["keep"])
 
         def on_feed(kind, part, call, f):
-            if part == k and (kind == "prompt" or call in keep):
-                stores[kind].add(f)
+            if part == k:
+                taps[kind].armed = kind == "prompt" or call in keep
+                if taps[kind].armed:
+                    stores[kind].add(f)
 
         loop.teacher_forced(pr["prompt"], pr["decode"], on_feed)
     del loop
+    for kind, g in (("prompt", "prefill"), ("token", "decode")):
+        save_ranges(taps[kind].ranges(), Path(ranges) / f"{g}.json")
     return {"prefill": len(stores["prompt"]), "decode": len(stores["token"])}
 
 
@@ -94,10 +111,10 @@ def run(inputs, files, params, out: Path) -> dict:
         exp = work / "fp32"
         desc = export_genie(inputs["source"], exp, seq_len=e["sequence_length"], context_len=e["context_length"],
                             parts=e["parts"], only_parts=set(range(k + 1)))
-        counts = record_feeds(exp, k, sched, work / "feeds")
+        counts = record_feeds(exp, k, sched, work / "feeds", work / "ranges")
         p = desc["parts"][k]
         row = {"prefill": p["prompt"], "decode": p["token"], "weights": p["weights"]}
-        graphs, peak = quantize_part(exp, row, work / "feeds", params, out, work / "q")
+        graphs, peak = quantize_part(exp, row, work / "feeds", params, out, work / "q", ranges=work / "ranges")
         shutil.copyfile(exp / "genie_export.json", out / "genie_export.json")
         copy_tokenizer(Path(inputs["source"]), out)
     finally:
@@ -106,7 +123,7 @@ def run(inputs, files, params, out: Path) -> dict:
 
 
 STAGE = Stage(
-    kind="genie_quantize", family="llm", module=__name__, version=1,
+    kind="genie_quantize", family="llm", module=__name__, version=2,  # 2: ranges taken in the recording run
     tools=("onnxruntime", "onnx", "numpy", "transformers", "tokenizers"), run=run,
     params=LLM_QUANT_PARAMS,  # as tasks/llm/quantize.py reads them
     wired=("part", "export"),  # export: sequence_length, context_length, parts

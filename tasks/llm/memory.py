@@ -57,7 +57,9 @@ def estimates(config: dict, ranges: list[tuple[int, int]], seq_len: int, context
       compile 15.6 GiB, single-graph compiles 5.2 GiB; Qwen2.5-0.5B part 0, 3.70 GiB.
     - calibrate: one fp32 part (mapped) + one call's activations + a prompt's KV cache twice
       (the fp32 run of the quantize estimate, without the quantizer).
-    - verify: one fp32 part (mapped) + one QDQ part + the KV caches of the verify prompts.
+    - verify: one fp32 part (mapped) + one QDQ part + the KV caches of the verify prompts (the
+      compiled side keeps every part's decode graph open only when they fit in half the memory
+      available: :func:`tasks.llm.compare.resident_parts`).
     """
     H = config["num_attention_heads"]
     D = config["hidden_size"]

@@ -34,7 +34,7 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
                  activation_type: str = "uint16", per_channel: bool = True,
                  matmul_per_channel: bool = True, keep_8bit: tuple = (), work=None,
                  block_size: int | None = None, rounding: str = "nearest", embedding_bits: int = 16,
-                 more=(), same_as=None) -> Path:
+                 more=(), same_as=None, ranges=None) -> Path:
     """Quantize ``fp32_path`` (one exported graph) to a QDQ model at ``out_path``.
 
     Args:
@@ -63,9 +63,11 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
             encodings this one takes (an LLM part's decode graph takes its prefill's:
             :func:`tasks.weights.reencode`).
 
-    Calibration: MinMax ranges streamed over ``feeds`` (:func:`tasks.llm.calibration_feeds.collect_ranges`,
-    memory independent of the number of feeds), handed to onnxruntime's ``quantize_static`` as
-    its calibration cache. Memory: onnxruntime's quantizer holds the fp32 graph's weights once.
+    Calibration: MinMax ranges, ``ranges`` (the file the calibrate stage wrote while it ran the
+    graph over ``feeds``: :func:`tasks.llm.calibration_feeds.save_ranges`) or, without it,
+    streamed over ``feeds`` (:func:`tasks.llm.calibration_feeds.collect_ranges`, memory
+    independent of the number of feeds), handed to onnxruntime's ``quantize_static`` as its
+    calibration cache. Memory: onnxruntime's quantizer holds the fp32 graph's weights once.
     Graphs whose weights exceed 2 GB are written with external data (``<out>.data``).
     Returns ``Path(out_path)``. Raises KeyError on an unknown type name.
     """
@@ -77,7 +79,7 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
     from onnxruntime.quantization.calibrate import save_tensors_data
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
-    from .calibration_feeds import collect_ranges
+    from .calibration_feeds import collect_ranges, load_ranges
 
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -85,7 +87,7 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
     try:
         src = Path(fp32_path)
         ranges_path = tmp / "ranges.json"
-        save_tensors_data(collect_ranges(src, feeds), ranges_path)
+        save_tensors_data(load_ranges(ranges) if ranges else collect_ranges(src, feeds), ranges_path)
         model = onnx.load(str(src), load_external_data=False)
         names = {i.name for i in model.graph.initializer}
         overrides = {n: [{"quant_type": QuantType.QUInt16}] for n in ROPE_TABLES if n in names}
@@ -120,13 +122,15 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
     return out_path
 
 
-def quantize_part(src, p: dict, feeds, params: dict, out, work) -> tuple[dict, int]:
+def quantize_part(src, p: dict, feeds, params: dict, out, work, ranges=None) -> tuple[dict, int]:
     """Quantize part ``p`` (an ``export.json`` part row) of the fp32 export in ``src`` into
     ``out`` (same relative paths): its prefill then its decode graph, each in a child process
     (so each graph's memory is returned and measured). ``feeds``: the folder of the part's
     calibration feeds (``prefill/``, ``decode/``: :class:`tasks.llm.calibration_feeds.FeedStore`), read
-    only. ``params``: the quantize stage params (precision, per_channel, block_size, rounding,
-    embedding_bits, overrides with weight_bits 8 = MatMul name patterns kept at uint8).
+    only. ``ranges``: the folder of the graphs' MinMax ranges (``prefill.json``, ``decode.json``:
+    the calibrate stage's), or None to stream them over the feeds. ``params``: the quantize
+    stage params (precision, per_channel, block_size, rounding, embedding_bits, overrides
+    with weight_bits 8 = MatMul name patterns kept at uint8).
     ``work``: a scratch folder (the part's fp32 copy in it is removed; the caller owns the
     folder). Returns ({graph path: {"quantize_linear",
     "dequantize_linear", "calibration_feeds", and for 4-bit weights "block_wise_weights",
@@ -162,7 +166,8 @@ def quantize_part(src, p: dict, feeds, params: dict, out, work) -> tuple[dict, i
                 weight_type=weight, activation_type=act, per_channel=params["per_channel"], keep_8bit=keep,
                 work=str(work / "q" / g), block_size=params.get("block_size"),
                 rounding=params.get("rounding", "nearest"), embedding_bits=params.get("embedding_bits", 16),
-                more=more, same_as=same_as, timeout=24 * 3600, forward=True)
+                more=more, same_as=same_as, ranges=str(Path(ranges) / f"{g}.json") if ranges else None,
+                timeout=24 * 3600, forward=True)
             if r.returncode != 0:
                 raise RuntimeError(f"quantizing {rel} failed (exit {r.returncode}):\n{r.tail(2000)}")
             peaks.append(r.peak_rss or 0)

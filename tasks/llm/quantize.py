@@ -2,7 +2,8 @@
 prefill and decode graphs to QDQ (w8a16 / w4a16, per-channel weights, 16-bit activations,
 :func:`tasks.llm.qdq.quantize_part`), calibrated on the feeds ``calibrate.part{k}`` recorded
 (real hidden states and KV caches streamed part by part through the fp32 graphs:
-:mod:`tasks.llm.calibration_feeds`). Calibration prompts are the recipe's ``calibration.file``
+:mod:`tasks.llm.calibration_feeds`) and the activation ranges it took while running them
+(``ranges/``): quantize runs no fp32 graph itself. Calibration prompts are the recipe's ``calibration.file``
 paragraphs (``samples`` of them).
 """
 
@@ -13,6 +14,7 @@ from pathlib import Path
 from ..stages.common import copy_rest
 from ..stages.contract import Stage
 from ..stages.params import LLM_QUANT_PARAMS
+from .layout import RANGES
 from .qdq import quantize_part
 from .memory import plan_estimate
 
@@ -44,7 +46,7 @@ def run(inputs, files, params, out: Path) -> dict:
     desc = json.loads((src / "export.json").read_text())
     t0 = time.perf_counter()
     graphs, peak = quantize_part(src, desc["parts"][k], inputs["calibration"] / "feeds", params, out,
-                                 Path(tempfile.mkdtemp(prefix="quantize-")))
+                                 Path(tempfile.mkdtemp(prefix="quantize-")), ranges=inputs["calibration"] / RANGES)
     copy_rest(src, out)
     (out / QUANTIZED_AS).write_text(json.dumps({"precision": params["precision"], "weight_bits": bits}, sort_keys=True)
                                     + "\n")
@@ -53,7 +55,7 @@ def run(inputs, files, params, out: Path) -> dict:
 
 
 STAGE = Stage(
-    kind="quantize", family="llm", module=__name__, version=3,  # 3: one part per stage, feeds from calibrate
+    kind="quantize", family="llm", module=__name__, version=4,  # 4: ranges from calibrate
     tools=("onnxruntime", "onnx", "numpy"), run=run, params=LLM_QUANT_PARAMS, wired=("part",), preflight=preflight,
     memory_estimate=plan_estimate,
 )

@@ -247,12 +247,19 @@ class PartStream:
     """Greedy generation (or teacher forcing) of many prompts at once, holding at most
     ``resident`` parts' sessions (a 7 B model's parts do not fit in memory together).
 
-    Per step, every prompt goes through part 0, then part 1, ...; a part's prefill or decode
-    session is created when first needed and dropped (least recently used) once more than
-    ``resident`` parts are open, so with ``resident=1`` one part is in memory at a time and
-    each part is loaded once per generated token. The hidden states between parts ([1, S, D]
-    per prompt and call) and each prompt's KV cache stay in memory: layers x 2 x Hkv x C x d x 4
-    bytes per prompt (Qwen2.5-7B at C=4096: 28 x 2 x 8 MiB = 448 MiB).
+    Sessions are created when first needed and dropped (least recently used) once more than
+    ``resident`` parts are open; :attr:`loads` counts the sessions made. What each method loads:
+
+    - :meth:`score` and :meth:`run` with ``forced`` (teacher forcing): part-major, every prompt
+      through part 0's prefill then decode graph, then part 1's, ...: each graph once, whatever
+      the number of tokens (``2 * parts`` loads; ``parts`` when ``steps`` is 1). In memory: the
+      hidden states between two parts (per prompt and call [1, S, D] or [1, 1, D], the last
+      part's logits rows) and one part's KV caches.
+    - :meth:`run` greedy: each part's prefill graph once (part-major), then per step every
+      prompt through the decode graphs of parts 0, 1, ...: a decode graph is loaded once when
+      ``resident`` covers every part, else once per step (the next token needs the last part's
+      output). In memory: every prompt's KV cache for every part, layers x 2 x Hkv x C x d x 4
+      bytes per prompt (Qwen2.5-7B at C=4096: 28 x 2 x 8 MiB = 448 MiB).
 
     Args:
         desc: the export description (``export.json``).
@@ -285,10 +292,14 @@ class PartStream:
         self._open[key] = PartGraph(self.make_session(str(self.graph_path(i, kind))))
         return self._open[key]
 
-    def _caches(self) -> list["KVCache"]:
-        """One empty KV cache per part (a sequence's, for every part)."""
-        return [KVCache(range(*p["layers"]), self.desc["num_kv_heads"], self.C, self.desc["head_dim"])
-                for p in self.parts]
+    def _drop(self, kind: str) -> None:
+        """Close the open sessions of ``kind`` graphs (a graph this stream needs no more)."""
+        for key in [k for k in self._open if k[1] == kind]:
+            del self._open[key]
+
+    def _cache(self, i: int) -> "KVCache":
+        """An empty KV cache of part ``i``'s layers (one prompt's)."""
+        return KVCache(range(*self.parts[i]["layers"]), self.desc["num_kv_heads"], self.C, self.desc["head_dim"])
 
     def _inputs(self, blocks: list[list[int]], width: int) -> list:
         """Part 0's inputs for token windows ``blocks``, each padded to ``width``: int32 ids
@@ -298,8 +309,23 @@ class PartStream:
 
     def close(self) -> None:
         """Drop every open session (a finished stream must not hold a part's weights while
-        another stream runs: the LLM verify runs the fp32 side, then the compiled side)."""
+        another stream runs: the LLM verify runs the compiled side, then the fp32 side)."""
         self._open.clear()
+
+    def _through(self, i: int, kind: str, blocks: list[list[list[int]]], xs: list[list], caches: list) -> None:
+        """Every prompt's calls ``blocks[b]`` (token windows) through part ``i``'s ``kind`` graph,
+        in place: ``xs[b][k]`` (the call's input) becomes its output, ``caches[b]`` the
+        prompt's cache of part ``i``. The graph is loaded if it is not open, and this call's
+        reference to it goes before returning (what stays open is the stream's: ``resident``),
+        so with ``resident=1`` no other session is alive when the next one is made."""
+        g = self._graph(i, kind)
+        for b, calls in enumerate(blocks):
+            for k, blk in enumerate(calls):
+                xs[b][k] = g.call(xs[b][k], caches[b])[g.out]
+                caches[b].n += len(blk)
+        # a reference kept here would keep this part's session (its weights) alive while the
+        # next part's loads: two parts at once, +7.8 GB in the 7B verify (17.2 GiB)
+        del g
 
     def score(self, ids: list[int]) -> np.ndarray:
         """Teacher-forced logits of one token sequence through the prefill (AR-N) graphs:
@@ -307,55 +333,76 @@ class PartStream:
         ``ids[t + 1]``). The sequence goes in windows of S tokens, each part loaded once, so a
         perplexity over n tokens costs one pass per part, not n - 1 decode steps of every part
         (the 7B verify ran over 11 minutes of them without finishing on a 64-token text).
-        Raises ValueError when ``ids`` overflow C or hold fewer than 2 tokens."""
-        if len(ids) < 2:
-            raise ValueError(f"expected at least 2 tokens to score, found {len(ids)}")
-        if len(ids) > self.C:
-            raise ValueError(f"expected at most the context length {self.C} tokens, found {len(ids)}")
-        blocks = prompt_windows(ids, self.S)
-        caches, xs = self._caches(), self._inputs(blocks, self.S)
-        for i in range(len(self.parts)):
-            g = self._graph(i, "prefill")
-            for k, blk in enumerate(blocks):
-                xs[k] = g.call(xs[k], caches[i])[g.out]
-                caches[i].n += len(blk)
-            del g  # so the next part's session is the only one (see run)
-        rows = np.concatenate([x[0, :len(blk)] for x, blk in zip(xs, blocks)]).astype(np.float32)
-        return rows[:-1]
+        :meth:`run` ``score=`` gives the same rows within its own pass. Raises ValueError when
+        ``ids`` overflow C or hold fewer than 2 tokens."""
+        return self.run([], 1, score=ids)[2]
 
     def run(self, prompts: list[list[int]], steps: int, forced: list[list[int]] | None = None,
-            progress: str | None = None):
+            progress: str | None = None, score: list[int] | None = None):
         """Feed each prompt, then ``steps - 1`` more tokens: the greedy argmax, or
-        ``forced[b][j]`` (teacher forcing). Returns ``(tokens, logits)``: per prompt the ``steps``
-        chosen tokens and the ``steps`` float32 [V] logits rows that predicted them (row 0 from
-        the prompt's last token). ``progress``: show a progress bar of the steps with this
-        description (``tasks.progress.bar``). Raises ValueError when a prompt plus steps overflow C."""
+        ``forced[b][j]`` (teacher forcing, part-major: each graph loaded once). Returns
+        ``(tokens, logits)``: per prompt the ``steps`` argmax tokens and the ``steps`` float32
+        [V] logits rows they come from (row 0 from the prompt's last token, row j from the
+        token fed at step j: the greedy token j - 1, or ``forced[b][j - 1]``). ``score``: a
+        token sequence also run through each part's prefill graph while it is open; then
+        returns ``(tokens, logits, rows)`` with ``rows`` what :meth:`score` returns for it.
+        ``progress``: a progress bar with this description (``tasks.progress.bar``): of the
+        steps (greedy) or of the part graphs (forced). Raises ValueError when ``steps`` < 1,
+        when ``forced`` does not give ``steps - 1`` tokens for every prompt, when a prompt plus
+        steps overflow C, when ``score`` overflows C or holds fewer than 2 tokens."""
         from .. import progress as _progress
 
-        B = len(prompts)
-        caches = [self._caches() for _ in range(B)]
-        tokens = [[] for _ in range(B)]
-        logits = [[] for _ in range(B)]
-        for j in (_progress.bar(range(steps), progress, unit="step") if progress else range(steps)):
-            kind = "prefill" if j == 0 else "decode"
-            Sg = self.S if kind == "prefill" else 1
-            if j == 0:
-                blocks = [prompt_windows(p, self.S) for p in prompts]
+        B, P = len(prompts), len(self.parts)
+        if steps < 1:
+            raise ValueError(f"expected at least 1 step, found {steps}")
+        if forced is not None and (len(forced) != B or any(len(f) < steps - 1 for f in forced)):
+            raise ValueError(f"expected {steps - 1} forced tokens for each of {B} prompts, found "
+                             f"{[len(f) for f in forced]}")
+        if score is not None and len(score) < 2:
+            raise ValueError(f"expected at least 2 tokens to score, found {len(score)}")
+        if score is not None and len(score) > self.C:
+            raise ValueError(f"expected at most the context length {self.C} tokens, found {len(score)}")
+        bar = _progress.bar(what=progress, total=2 * P if forced is not None else steps,
+                            unit="graph" if forced is not None else "step") if progress else None
+        blocks = [prompt_windows(p, self.S) for p in prompts] + ([prompt_windows(score, self.S)] if score else [])
+        xs = [self._inputs(blk, self.S) for blk in blocks]
+        steps_in = [[[t] for t in forced[b][:steps - 1]] for b in range(B)] if forced is not None else None
+        ys = [self._inputs(steps_in[b], 1) for b in range(B)] if forced is not None else None
+        caches = [[None] * P for _ in range(B)]
+        for i in range(P):
+            part = [self._cache(i) for _ in blocks]  # part i's cache of each prompt, then of the scored text
+            self._through(i, "prefill", blocks, xs, part)
+            if forced is not None:  # this part's decode calls now: its caches go before the next part
+                self._drop("prefill")
+                if steps > 1 and B:
+                    self._through(i, "decode", steps_in, ys, part[:B])
+                    self._drop("decode")
             else:
-                blocks = [[[tokens[b][-1] if forced is None else forced[b][j - 1]]] for b in range(B)]
-            xs = [self._inputs(blocks[b], Sg) for b in range(B)]
-            for i, p in enumerate(self.parts):
-                g = self._graph(i, kind)
                 for b in range(B):
-                    c = caches[b][i]
-                    for k, blk in enumerate(blocks[b]):
-                        xs[b][k] = g.call(xs[b][k], c)[g.out]
-                        c.n += len(blk)
-                # a reference kept here would keep this part's session (its weights) alive while
-                # the next part's loads: two parts at once, +7.8 GB in the 7B verify (17.2 GiB)
-                del g
+                    caches[b][i] = part[b]
+            if bar is not None:
+                bar.update(2 if forced is not None else 0)
+        self._drop("prefill")
+        rows = None
+        if score:
+            rows = np.concatenate([x[0, :len(w)] for x, w in zip(xs[B], blocks[B])]).astype(np.float32)[:-1]
+        logits = [[xs[b][-1][0, len(blocks[b][-1]) - 1].astype(np.float32)] for b in range(B)]
+        if forced is not None:
             for b in range(B):
-                row = xs[b][-1][0, len(blocks[b][-1]) - 1].astype(np.float32)
-                logits[b].append(row)
-                tokens[b].append(int(np.argmax(row)))
-        return tokens, logits
+                logits[b] += [y[0, 0].astype(np.float32) for y in ys[b]]
+        else:
+            if bar is not None:
+                bar.update()
+            for _ in range(steps - 1):
+                fed = [[[int(np.argmax(logits[b][-1]))]] for b in range(B)]  # one 1-token call per prompt
+                ys = [self._inputs(fed[b], 1) for b in range(B)]
+                for i in range(P):
+                    self._through(i, "decode", fed, ys, [caches[b][i] for b in range(B)])
+                for b in range(B):
+                    logits[b].append(ys[b][0][0, 0].astype(np.float32))
+                if bar is not None:
+                    bar.update()
+        if bar is not None:
+            bar.close()
+        tokens = [[int(np.argmax(r)) for r in per] for per in logits]
+        return (tokens, logits) if score is None else (tokens, logits, rows)

@@ -130,6 +130,34 @@ def test_calibration_ranges_equal_onnxruntime_minmax(tmp_path):
         np.testing.assert_allclose(np.ravel(mine[k].range_value), np.ravel(ref[k].range_value), rtol=1e-5, atol=1e-5)
 
 
+def test_calibrate_records_the_ranges_quantize_would_stream(tmp_path):
+    """The ranges the calibrate stage takes while it runs each part (2 parts, both graphs) are
+    the ones :func:`collect_ranges` streams over the feeds it wrote, tensor for tensor and bit
+    for bit, and quantize given them writes the bytes it writes when it streams them itself."""
+    from llm_fixtures import calibrate_parts, export_entry, feed_stores
+    from tasks.llm import calibration_feeds as calib
+    from tasks.llm.qdq import quantize_part
+
+    mdir, ex = tiny_model("qwen2"), tiny_export("qwen2", parts=2)
+    entry = export_entry(mdir, ex, tmp_path / "export")
+    cal = calibrate_parts(mdir, entry, tmp_path / "cal", 3)
+    feeds = feed_stores(cal)
+    desc = json.loads((ex / "export.json").read_text())
+    for k in range(2):
+        for g in ("prefill", "decode"):
+            mine = calib.load_ranges(cal[k] / "ranges" / f"{g}.json").data
+            ref = calib.collect_ranges(entry / f"part{k}" / f"{g}.onnx", feeds[g][k]).data
+            assert set(mine) == set(ref) and len(ref) > 50
+            assert all(np.array_equal(mine[t].range_value, ref[t].range_value) for t in ref), (k, g)
+    params = {"precision": "w8a16", "per_channel": True}
+    quantize_part(entry, desc["parts"][1], cal[1] / "feeds", params, tmp_path / "a", tmp_path / "wa",
+                  ranges=cal[1] / "ranges")
+    quantize_part(entry, desc["parts"][1], cal[1] / "feeds", params, tmp_path / "b", tmp_path / "wb")
+    for g in ("prefill", "decode"):
+        a, b = (tmp_path / d / "part1" / f"{g}.onnx" for d in "ab")
+        assert a.read_bytes() == b.read_bytes(), g
+
+
 @pytest.mark.parametrize("embed", ["part0", "separate"])
 def test_part_stream_one_part_at_a_time_equals_the_runner(embed):
     """PartStream with one part resident gives the LLMRunner's greedy tokens and logits for
@@ -183,6 +211,50 @@ def test_part_stream_score_is_teacher_forcing_in_prefill_windows(embed):
     assert abs(perplexity(rows, ids[1:]) / perplexity(steps[0], ids[1:]) - 1) < 1e-4
     with pytest.raises(ValueError, match="expected at least 2 tokens"):
         s.score(ids[:1])
+
+
+@pytest.mark.parametrize("embed", ["part0", "separate"])
+def test_part_stream_teacher_forcing_loads_each_graph_once(embed):
+    """Teacher forcing (what verify's fp32 side runs) goes part-major: with one part resident
+    each part's prefill and decode graph is made once, for 3 steps as for 9 (sessions counted
+    in the factory); forced on the greedy run's own tokens it gives that run's tokens and
+    logits exactly. Greedy with every part resident loads each graph once too, with one part
+    resident a decode graph per step."""
+    from tasks.llm.runner import PartStream
+
+    ex = tiny_export("llama", parts=2, embed=embed)
+    desc = json.loads((ex / "export.json").read_text())
+    _, tok = _hf("llama")
+    prompts = [tok(p)["input_ids"] for p in PROMPTS[:3]] + [tok(LONG)["input_ids"]]
+    embed_table = np.load(ex / desc["embed_file"]) if desc["embed_file"] else None
+    made = []
+
+    def make(p):
+        made.append(p)
+        return cpu(p)
+
+    def stream(resident):
+        made.clear()
+        return PartStream(desc, lambda i, kind: ex / desc["parts"][i][kind]["path"], make, resident=resident,
+                          embed_table=embed_table)
+
+    greedy = {}
+    for steps in (3, 9):
+        t, l = stream(2).run(prompts, steps)
+        assert len(made) == 4 and len(set(made)) == 4, made
+        greedy[steps] = (t, l)
+        s = stream(1)
+        tf, lf = s.run(prompts, steps, forced=[x[:-1] for x in t])
+        assert s.loads == len(made) == 4 and len(set(made)) == 4, made  # 2 parts x (prefill, decode)
+        assert tf == t
+        for rows, want in zip(lf, l):
+            assert len(rows) == steps and all(np.array_equal(a, b) for a, b in zip(rows, want))
+    assert all(len(x) == 9 and len(set(x)) > 2 for x in greedy[9][0])  # real continuations, not one token
+    s = stream(1)
+    assert s.run(prompts, 9)[0] == greedy[9][0] and s.loads == 2 + 8 * 2
+    assert stream(1).run(prompts, 1)[0] == [x[:1] for x in greedy[9][0]] and len(made) == 2
+    with pytest.raises(ValueError, match="expected 8 forced tokens for each of 4 prompts"):
+        stream(1).run(prompts, 9, forced=[x[:-2] for x in greedy[9][0]])
 
 
 def test_part_stream_holds_one_session_while_the_next_loads():
