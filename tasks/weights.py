@@ -23,13 +23,15 @@ rounds, the rule this module used first). HTP stores these weights at 4 bits plu
 64: 405,504-byte binary, int8 per-channel 675,840).
 
 **GPTQ** (Frantar et al., "GPTQ: Accurate Post-Training Quantization for Generative
-Pre-trained Transformers", 2022, Algorithm 1): codes chosen column by column of K, each
-column's rounding error spread over the columns not yet quantized through the inverse of the
-layer's input Hessian H = X^T X / n (X: the MatMul's fp32 inputs on the calibration set, real
-tokens only). Scales are fixed before (per-channel or LPBQ from the fp32 weights), so the
-result is an encoding of the same form as round-to-nearest. Damping: ``damp`` x mean(diag H)
-added to the diagonal; 0.1 measured best on all-MiniLM-L6-v2 block 32 (held-out pooled cosine
-0.9808 at 0.1 and 0.3, 0.9758 at 0.01; README table).
+Pre-trained Transformers", 2022, Algorithm 1): codes chosen row by row of K, each row's
+rounding error spread over the rows not yet quantized through the inverse of the layer's
+input Hessian H = X^T X / n (X: the MatMul's inputs on the calibration set, real tokens only,
+computed with the layers before it already quantized: sequential GPTQ, :mod:`tasks.seqgptq`;
+the arithmetic, float32 in torch: :mod:`tasks.gptq`). Scales are fixed before (per-channel or
+LPBQ from the fp32 weights), so the result is an encoding of the same form as
+round-to-nearest. Damping: ``damp`` x mean(diag H) added to the diagonal; 0.1 measured best on
+all-MiniLM-L6-v2 block 32 (held-out pooled cosine 0.9808 at 0.1 and 0.3, 0.9758 at 0.01;
+README table).
 """
 
 from __future__ import annotations

@@ -35,6 +35,11 @@ def part_params(config: dict, lo: int, hi: int, first: bool, last: bool, embed_i
     return n
 
 
+#: the export's largest tensor (``tasks.llm.part_weights.MAX_TENSOR_ELEMENTS``, not imported:
+#: the memory checks stay off the checkpoint readers' imports; a test keeps the two equal)
+SPLIT_ELEMENTS = 1 << 27
+
+
 def gptq_peak(config: dict, lo: int, hi: int, last: bool, seq_len: int, samples: int, qdq: int) -> int:
     """Peak bytes of sequential GPTQ (:mod:`tasks.seqgptq`) on part layers lo..hi-1 (+ the LM
     head when ``last``) with ``samples`` calibration prompts, after onnxruntime's quantizer has
@@ -43,17 +48,15 @@ def gptq_peak(config: dict, lo: int, hi: int, last: bool, seq_len: int, samples:
     intermediate^2: 1.59 GiB for Qwen2.5-7B) + torch's K x K workspace of the largest factor
     + the layer's float32 weights twice (the piece's session and their dequantized GPTQ values)
     + 13 bytes per element of the largest single weight (its float32 values, scales, codes and
-    dequantized values; an LM head is split at ``MAX_TENSOR_ELEMENTS``) + 768 MiB of GPTQ
+    dequantized values; an LM head is split at :data:`SPLIT_ELEMENTS`) + 768 MiB of GPTQ
     chunks + the carried hidden states (two [S, hidden] float32 tensors per prefill feed: at
     most 2 prefill and 4 decode feeds per prompt, :func:`tasks.llm.calibration_feeds.schedule`)."""
-    from .part_weights import MAX_TENSOR_ELEMENTS
-
     D, I, V = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
     H = config["num_attention_heads"]
     d = config.get("head_dim") or D // H
     ins = [D, H * d, D, I] if hi > lo else [D]
     layer = part_params(config, 0, 1, False, False, False) if hi > lo else 0
-    biggest = max(D * I, H * d * D, min(V * D, MAX_TENSOR_ELEMENTS) if last else 0)
+    biggest = max(D * I, H * d * D, min(V * D, SPLIT_ELEMENTS) if last else 0)
     state = 4 * D * 2 * (2 * samples * seq_len + 4 * samples)
     return BASE + qdq + 4 * sum(k * k for k in ins) + 4 * max(ins) ** 2 + 8 * layer + 13 * biggest \
         + 768 * 2**20 + state
