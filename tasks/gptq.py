@@ -28,21 +28,42 @@ def inverse_factor(H, damp: float = GPTQ_DAMP, dtype: str = "float32", inplace: 
     U [K, K] torch ``dtype``, the upper Cholesky factor of (H' + damp x mean(diag H') x I)^-1,
     where H' is H with the diagonal of dead inputs (diag 0: a column that never varies) set to 1,
     and ``dead`` bool [K] (their weights are zeroed before rounding, as the reference does).
-    Computed as the reference code does (Cholesky, ``cholesky_inverse``, upper Cholesky), in
-    place on one K x K copy (``inplace``: on H itself, a torch tensor of ``dtype``). Raises torch's ``LinAlgError`` when H is not positive definite
-    after damping (it always is for damp > 0 and a finite H)."""
+
+    The reference code takes Cholesky, ``cholesky_inverse`` and Cholesky again (4/3 K^3
+    multiply-adds); here, with J the order reversal, J H J = M M^T (Cholesky, K^3/3) and
+    U = J M^-1 J (a triangular inverse, K^3/3: :func:`_lower_inverse`), the same factor (the
+    upper Cholesky factor with a positive diagonal is unique) in half the work: for Qwen2.5-7B's
+    down_proj (K = 18944) that is ~4.5 T multiply-adds instead of ~9. Memory: H (or its copy
+    when not ``inplace``) plus one K x K copy and a (K/2)^2 temporary. Raises torch's
+    ``LinAlgError`` when H is not positive definite after damping (it always is for damp > 0
+    and a finite H)."""
     t = getattr(torch, dtype)
     H = torch.as_tensor(np.asarray(H) if not isinstance(H, torch.Tensor) else H).to(t)
-    if not inplace:
-        H = H.clone()
-    dead = torch.diagonal(H) == 0
-    d = torch.diagonal(H)
-    d[dead] = 1
+    dead = (torch.diagonal(H) == 0).numpy().copy()
+    R = torch.flip(H, (0, 1))  # a copy: J H J
+    del H
+    d = torch.diagonal(R)
+    d[torch.as_tensor(dead[::-1].copy())] = 1
     d += damp * torch.mean(d)
-    torch.linalg.cholesky(H, out=H)
-    torch.cholesky_inverse(H, out=H)
-    torch.linalg.cholesky(H, upper=True, out=H)
-    return H, dead.numpy()
+    torch.linalg.cholesky(R, out=R)
+    _lower_inverse(R)
+    return torch.flip(R, (0, 1)), dead
+
+
+def _lower_inverse(M, leaf: int = 256) -> None:
+    """Invert the lower-triangular M [n, n] (a torch view) in place: the blocks' inverses by
+    recursion, then the off-diagonal block -C^-1 B A^-1 (two GEMMs), K^3/3 multiply-adds as
+    LAPACK's ``trtri`` (which torch does not expose); leaves of ``leaf`` rows by
+    ``solve_triangular``."""
+    n = M.shape[0]
+    if n <= leaf:
+        M.copy_(torch.linalg.solve_triangular(M, torch.eye(n, dtype=M.dtype), upper=False))
+        return
+    h = n // 2
+    A, B, C = M[:h, :h], M[h:, :h], M[h:, h:]
+    _lower_inverse(A, leaf)
+    _lower_inverse(C, leaf)
+    B.copy_(C @ (B @ A)).neg_()
 
 
 def codes(W, U, dead, S, qmin: int = -8, qmax: int = 7, step: int = 32, chunk_bytes: int = 256 * 2**20):
