@@ -2,7 +2,8 @@
 heads / 4 KV heads of 128, LPBQ blocks of 128) with Hessians of random activations, as the
 sequential GPTQ of ``tasks/seqgptq.py`` runs it: per layer input, the Hessian (float32 sums of
 X^T X), one inverse-Hessian factor shared by the weights that read it, the LPBQ scale search and
-the codes. Prints seconds per step, the layer total, x 28 layers, and the peak RSS.
+the codes. Prints wall seconds per step and the CPU seconds, the layer total, x 28 layers, and the peak RSS
+(on a shared machine the CPU seconds / cores bound what an idle one takes).
 
     python benchmarks/bench_gptq_layer.py [--rows 2064] [--dtype float32]
 """
@@ -27,9 +28,9 @@ def main():
     rng = np.random.default_rng(0)
     groups = {"attn_in": (D, [("q", H * d), ("k", Hkv * d), ("v", Hkv * d)]), "o_in": (H * d, [("o", D)]),
               "mlp_in": (D, [("gate", I), ("up", I)]), "down_in": (I, [("down", D)])}
-    times, total = {}, time.perf_counter()
+    times, total, cpu = {}, time.perf_counter(), time.process_time()
     for g, (K, ws) in groups.items():
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         # activations with per-channel scales spread over two decades (outlier channels, as real ones)
         scale = torch.as_tensor(np.exp(rng.normal(0, 1, K)).astype(np.float32))
         Hs = torch.zeros((K, K), dtype=getattr(torch, a.dtype))
@@ -55,11 +56,11 @@ def main():
         del U
         times[g] = (t1 - t0, t2 - t1, ts, tc)
         print(f"{g:8s} K={K:5d}: hessian {t1 - t0:6.1f} s, factor {t2 - t1:6.1f} s, scales {ts:6.1f} s, "
-              f"codes {tc:6.1f} s", flush=True)
-    tot = time.perf_counter() - total
+              f"codes {tc:6.1f} s (wall); {time.process_time() - c0:6.1f} s CPU", flush=True)
+    tot, cpu = time.perf_counter() - total, time.process_time() - cpu
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    print(f"layer: {tot:.1f} s (x 28 layers: {tot * 28 / 60:.1f} min), peak RSS {rss:.2f} GiB, dtype {a.dtype}, "
-          f"threads {torch.get_num_threads()}")
+    print(f"layer: {tot:.1f} s wall (x 28 layers: {tot * 28 / 60:.1f} min), {cpu:.1f} s CPU (/ 2 cores x 28: "
+          f"{cpu / 2 * 28 / 60:.1f} min), peak RSS {rss:.2f} GiB, dtype {a.dtype}, threads {torch.get_num_threads()}")
 
 
 if __name__ == "__main__":
