@@ -5,11 +5,12 @@ input and the codes of every weight that reads that input. :mod:`tasks.weights` 
 result; :mod:`tasks.seqgptq` gathers the Hessians layer by layer.
 
 Precision: float32 throughout (Hessian sums, damping, factor, updates). Measured against
-float64 (``tests/qnn/test_gptq_seq.py`` checks it on a case; numbers in benchmarks/README.md
-"sequential GPTQ"): on tiny-qwen2's real layer inputs the codes are equal but for a few
-elements per million, each off by one step at a rounding tie, and the layer output error
-is the same to 4 digits; float32 halves the memory (Qwen2.5-7B's down_proj Hessian
-18944 x 18944: 1.34 GiB instead of 2.67 GiB) and runs ~2x faster.
+float64 on the same Hessians (benchmarks/README.md, "Sequential GPTQ"; ``tests/qnn/test_gptq_seq.py``
+keeps a correlated-input case): on tiny-qwen2's real layer inputs (29 int4 weights, LPBQ 32)
+99.9998 % of the codes are equal (99.9932 % for the worst weight) and the layer error
+tr(E^T H E) is 1.000000-1.000161 x float64's; held-out logits cosine of the whole model equal
+to 5 digits. float32 halves the memory (Qwen2.5-7B's down_proj Hessian 18944 x 18944: 1.34 GiB
+instead of 2.67 GiB).
 """
 
 from __future__ import annotations
