@@ -151,8 +151,8 @@ def bench_05b(a) -> None:
     root = Path(a.keep or tempfile.mkdtemp(prefix="bench05b-"))
     print(f"project in {root}")
     _project(root)
-    more = "".join(f"\n  {k}: {v}" for k, v in (("block_size", a.block_size), ("embedding_bits", a.embedding_bits))
-                   if v is not None)
+    more = "".join(f"\n  {k}: {v}" for k, v in (("block_size", a.block_size), ("embedding_bits", a.embedding_bits),
+                                                ("rounding", a.rounding)) if v is not None)
     (root / "recipes" / "bench.yaml").write_text(RECIPE_05B.format(context=a.context, parts=a.parts, calib=a.calib,
                                                                    precision=a.precision, quant_more=more))
     if not (root / "model" / "model.safetensors.index.json").exists():
@@ -274,6 +274,7 @@ def main() -> None:
     ap.add_argument("--precision", default="w4a16", help="0.5b shape: quantize.precision")
     ap.add_argument("--block-size", type=int, help="0.5b shape: quantize.block_size (LPBQ, w4a16)")
     ap.add_argument("--embedding-bits", type=int, help="0.5b shape: quantize.embedding_bits")
+    ap.add_argument("--rounding", choices=("nearest", "gptq"), help="0.5b shape: quantize.rounding (w4a16)")
     ap.add_argument("--memory-gb", type=float, help="NPUBUILD_MEMORY_GB for the build (the memory budget)")
     ap.add_argument("--keep", help="project folder to use and keep (7b shape: reuses a made checkpoint and the "
                                    "build cache, so a second call resumes; 0.5b: the doit project)")

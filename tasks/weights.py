@@ -23,17 +23,20 @@ rounds, the rule this module used first). HTP stores these weights at 4 bits plu
 64: 405,504-byte binary, int8 per-channel 675,840).
 
 **GPTQ** (Frantar et al., "GPTQ: Accurate Post-Training Quantization for Generative
-Pre-trained Transformers", 2022, Algorithm 1): codes chosen column by column of K, each
-column's rounding error spread over the columns not yet quantized through the inverse of the
-layer's input Hessian H = X^T X / n (X: the MatMul's fp32 inputs on the calibration set, real
-tokens only). Scales are fixed before (per-channel or LPBQ from the fp32 weights), so the
-result is an encoding of the same form as round-to-nearest. Damping: ``damp`` x mean(diag H)
-added to the diagonal; 0.1 measured best on all-MiniLM-L6-v2 block 32 (held-out pooled cosine
-0.9808 at 0.1 and 0.3, 0.9758 at 0.01; README table).
+Pre-trained Transformers", 2022, Algorithm 1): codes chosen row by row of K, each row's
+rounding error spread over the rows not yet quantized through the inverse of the layer's
+input Hessian H = X^T X / n (X: the MatMul's inputs on the calibration set, real tokens only,
+computed with the layers before it already quantized: sequential GPTQ, :mod:`tasks.seqgptq`;
+the arithmetic, float32 in torch: :mod:`tasks.gptq`). Scales are fixed before (per-channel or
+LPBQ from the fp32 weights), so the result is an encoding of the same form as
+round-to-nearest. Damping: ``damp`` x mean(diag H) added to the diagonal; 0.1 measured best on
+all-MiniLM-L6-v2 block 32 (held-out pooled cosine 0.9808 at 0.1 and 0.3, 0.9758 at 0.01;
+README table).
 """
 
 from __future__ import annotations
 
+from .gptq import GPTQ_DAMP, gptq  # noqa: F401  (what callers and tests use)
 from .proc import lazy
 
 np = lazy.module("numpy")
@@ -41,7 +44,6 @@ onnx = lazy.module("onnx")
 
 #: QNN LPBQ: the integer block scale is 4 bits wide (``blockScaleBitwidth = 4``); 1..16.
 LPBQ_SCALE_MAX = 16
-GPTQ_DAMP = 0.1
 INT4_MIN, INT4_MAX = -8, 7
 
 
@@ -146,81 +148,6 @@ def lpbq_scales(W, block: int, cols: int = 512):
     return bint, pc
 
 
-def gptq(W, H, S, damp: float = GPTQ_DAMP, qmin: int = INT4_MIN, qmax: int = INT4_MAX, step: int = 128):
-    """GPTQ codes for W [K, N] (a MatMul weight, float) with fixed scales S [K, N] (one per
-    element: per-channel or block scales broadcast) and input Hessian H [K, K] (float64).
-    Returns int8 codes [K, N] in [qmin, qmax]. ``step``: columns updated lazily together
-    (the paper's block of 128; it changes speed, not the result)."""
-    W = W.astype(np.float64).T.copy()
-    S = np.broadcast_to(S, (W.shape[1], W.shape[0])).astype(np.float64).T
-    H = H.astype(np.float64).copy()
-    K = H.shape[0]
-    dead = np.diag(H) == 0
-    H[dead, dead] = 1
-    W[:, dead] = 0
-    H += damp * np.mean(np.diag(H)) * np.eye(K)
-    U = np.linalg.cholesky(np.linalg.inv(H)).T  # upper Cholesky factor of H^-1
-    Q = np.zeros(W.shape, np.int8)
-    for c0 in range(0, K, step):
-        c1 = min(c0 + step, K)
-        Wb, Eb, Ub = W[:, c0:c1].copy(), np.zeros((W.shape[0], c1 - c0)), U[c0:c1, c0:c1]
-        for j in range(c1 - c0):
-            w, s = Wb[:, j], S[:, c0 + j]
-            q = np.clip(np.round(w / s), qmin, qmax)
-            Q[:, c0 + j] = q
-            e = (w - q * s) / Ub[j, j]
-            Wb[:, j:] -= np.outer(e, Ub[j, j:])
-            Eb[:, j] = e
-        W[:, c1:] -= Eb @ U[c0:c1, c1:]
-    return Q.T.copy()
-
-
-def hessians(model, feeds, weights: set[str]):
-    """``({weight name: X^T X [K, K] float64}, rows)``: the sums over the fp32 inputs X of every
-    MatMul whose constant weight is in ``weights``, over ``feeds`` (graph input dicts), and the
-    number of rows summed (so several graphs' inputs add up; H = X^T X / rows). Rows of padding
-    tokens are left out (where the activation has one row per position of an
-    ``attention_mask`` feed). ``model``: the fp32 ModelProto the QDQ model was quantized from."""
-    import onnxruntime as ort
-
-    acts: dict[str, list[str]] = {}
-    for n in model.graph.node:
-        if n.op_type == "MatMul" and len(n.input) > 1 and n.input[1] in weights:
-            acts.setdefault(n.input[0], []).append(n.input[1])
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    have = {o.name for o in m.graph.output}
-    m.graph.output.extend(onnx.ValueInfoProto(name=a) for a in acts if a not in have)
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    # constant folding clashes with a folded tensor that is also a graph output ("Attempt to
-    # replace the existing tensor"); the graph was optimized before quantization anyway
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    names = list(acts)
-    H: dict[str, np.ndarray] = {a: 0 for a in names}
-    pending: dict[str, list] = {a: [] for a in names}
-    rows = 0
-
-    def flush():  # one product per activation and 64 samples: X^T X in float64 over their rows
-        for a in names:
-            if pending[a]:
-                x = np.concatenate(pending[a]).astype(np.float64)
-                H[a] = H[a] + x.T @ x
-                pending[a] = []
-
-    for k, f in enumerate(feeds, 1):
-        mask = np.asarray(f["attention_mask"]).reshape(-1).astype(bool) if "attention_mask" in f else None
-        for a, x in zip(names, sess.run(names, f)):
-            x = x.reshape(-1, x.shape[-1])
-            pending[a].append(x[mask] if mask is not None and x.shape[0] == mask.size else x)
-        rows += len(pending[names[0]][-1]) if names else 0
-        if k % 64 == 0:
-            flush()
-    flush()
-    return {w: H[a] for a, ws in acts.items() for w in ws}, rows
-
-
 def _weight_dq(model, qname: str):
     return next(n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0] == qname)
 
@@ -323,7 +250,8 @@ def reencode(fp32_path, qdq_path, feeds, block: int | None, rounding: str, table
     ``feeds``, the calibration feed dicts of the fp32 graph, iterated once more); with
     ``tables`` the Gather tables go to 8 bits (:func:`tasks.gather_tables.narrow_gather_tables`). ``fp32_path``: the
     fp32 graph the QDQ model was quantized from; its weights are read one at a time (external
-    data included), and held all at once only for GPTQ's Hessians. Saved with external data
+    data included); GPTQ is sequential (:mod:`tasks.seqgptq`: one layer's Hessians at a time,
+    each layer's inputs computed with the layers before it already quantized). Saved with external data
     above 2 GB. ``more``: (fp32 graph path, feeds) of other graphs that use the same weights (an
     LLM part's decode graph): their inputs join the Hessians, rows weighted equally.
     ``same_as``: (fp32 path, re-encoded QDQ path) of a graph with the same weights (an LLM
@@ -360,18 +288,30 @@ def reencode(fp32_path, qdq_path, feeds, block: int | None, rounding: str, table
         _take_encodings(q, fp, names, block, *same_as)
         own = []
     todo = {w for w in own if rounding == "gptq"}
-    H, rows = {}, 0
-    for path, fs in ((fp32_path, feeds), *more) if todo else ():
-        h, n = hessians(onnx.load(str(path)), fs, todo)
-        rows += n
-        for w, x in h.items():
-            H[w] = H[w] + x if w in H else x
-    H = {w: x / max(rows, 1) for w, x in H.items()}
+
+    def read(w):
+        return numpy_helper.to_array(fp[w], base_dir=str(fp32_path.parent)).astype(np.float32)
+
+    def quantize(ws, U, dead, last):  # GPTQ codes of the weights reading one input, scales fixed first
+        from .gptq import codes
+
+        out = {}
+        for w in ws:
+            W = read(w)
+            S = encode_int4(q, w, W, block)["scales"]
+            c = codes(W, U, dead, S)
+            set_codes(q, w, c)
+            if not last:  # the values the later layers' inputs are computed with
+                out[w] = np.multiply(c, S, dtype=np.float32)
+        return out
+
+    if todo:  # layer by layer, each layer's inputs from the layers before it already quantized
+        from .seqgptq import sequential
+
+        sequential([(fp32_path, feeds), *more], todo, quantize, GPTQ_DAMP)
     for w in own:
-        W = numpy_helper.to_array(fp[w], base_dir=str(fp32_path.parent)).astype(np.float32)
-        enc = encode_int4(q, w, W, block)  # scales fixed, codes rounded to nearest
-        if w in todo:
-            set_codes(q, w, gptq(W, H.pop(w), enc["scales"]))
+        if w not in todo:
+            encode_int4(q, w, read(w), block)  # scales fixed, codes rounded to nearest
     narrowed = narrow_gather_tables(q) if tables else []
     for loc in old_data:  # every weight is in memory now; the re-encoded model may fit inline
         (qdq_path.parent / loc).unlink(missing_ok=True)

@@ -158,6 +158,12 @@ class FeedStore:
     def __iter__(self):
         return (self[i] for i in range(self.n))
 
+    def load(self, i: int, names) -> dict:
+        """Feed ``i``'s arrays named in ``names`` (those it has): only these are read and
+        decompressed (a piece of a part's graph reads one layer's KV cache of the feed)."""
+        with np.load(self.dir / f"{i % self.n:06d}.npz") as z:
+            return {k: z[k] for k in names if k in z.files}
+
     def get_next(self):
         if self._i >= self.n:
             return None

@@ -35,8 +35,36 @@ def part_params(config: dict, lo: int, hi: int, first: bool, last: bool, embed_i
     return n
 
 
+#: the export's largest tensor (``tasks.llm.part_weights.MAX_TENSOR_ELEMENTS``, not imported:
+#: the memory checks stay off the checkpoint readers' imports; a test keeps the two equal)
+SPLIT_ELEMENTS = 1 << 27
+
+
+def gptq_peak(config: dict, lo: int, hi: int, last: bool, seq_len: int, samples: int, qdq: int) -> int:
+    """Peak bytes of sequential GPTQ (:mod:`tasks.seqgptq`) on part layers lo..hi-1 (+ the LM
+    head when ``last``) with ``samples`` calibration prompts, after onnxruntime's quantizer has
+    returned its memory, in the quantize child of the prefill graph: the QDQ graph (``qdq``
+    bytes) + one layer's input Hessians in float32 (hidden^2 twice, (heads x head_dim)^2,
+    intermediate^2: 1.59 GiB for Qwen2.5-7B) + torch's K x K workspace of the largest factor
+    + the layer's float32 weights twice (the piece's session and their dequantized GPTQ values)
+    + 13 bytes per element of the largest single weight (its float32 values, scales, codes and
+    dequantized values; an LM head is split at :data:`SPLIT_ELEMENTS`) + 768 MiB of GPTQ
+    chunks + the carried hidden states (two [S, hidden] float32 tensors per prefill feed: at
+    most 2 prefill and 4 decode feeds per prompt, :func:`tasks.llm.calibration_feeds.schedule`)."""
+    D, I, V = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    H = config["num_attention_heads"]
+    d = config.get("head_dim") or D // H
+    ins = [D, H * d, D, I] if hi > lo else [D]
+    layer = part_params(config, 0, 1, False, False, False) if hi > lo else 0
+    biggest = max(D * I, H * d * D, min(V * D, SPLIT_ELEMENTS) if last else 0)
+    state = 4 * D * 2 * (2 * samples * seq_len + 4 * samples)
+    return BASE + qdq + 4 * sum(k * k for k in ins) + 4 * max(ins) ** 2 + 8 * layer + 13 * biggest \
+        + 768 * 2**20 + state
+
+
 def estimates(config: dict, ranges: list[tuple[int, int]], seq_len: int, context_len: int,
-              embed_in_part: bool = True, weight_bits: int = 4, only: int | None = None) -> dict:
+              embed_in_part: bool = True, weight_bits: int = 4, only: int | None = None,
+              gptq_samples: int | None = None) -> dict:
     """Estimated peak bytes per LLM stage: ``{stage: (bytes, part index)}``, the largest part's
     (``only``: part ``only``'s, for a stage that builds one part).
 
@@ -51,6 +79,8 @@ def estimates(config: dict, ranges: list[tuple[int, int]], seq_len: int, context
       quantized copies (<= 2 bytes per weight: 16-bit Gather tables), plus one call's
       activations: the attention scores [1, H, S, C] float32 a few times over and the part's
       KV cache; the fp32 calibration run maps the same weights (file-backed pages).
+      With GPTQ (``gptq_samples``: the calibration prompts), the larger of that and
+      :func:`gptq_peak`.
     - compile: the QDQ graph of the part (weight_bits per weight, 16 bits for the embedding
       table) x 8: the weight-shared compile holds both graphs, each with the QNN HTP prepare's
       copies. Measured (benchmarks/README.md): Qwen2.5-7B part 0, 1.9 GB QDQ graph, shared
@@ -80,6 +110,9 @@ def estimates(config: dict, ranges: list[tuple[int, int]], seq_len: int, context
         cand = {"export": BASE + 6 * largest, "calibrate": BASE + 4 * n + act,
                 "quantize": BASE + 4 * n + 2 * n + act, "compile": BASE + 8 * qdq,
                 "verify": BASE + 4 * n + qdq + 6 * kv + act}
+        if gptq_samples is not None:
+            cand["quantize"] = max(cand["quantize"], gptq_peak(config, lo, hi, i == len(ranges) - 1, seq_len,
+                                                               gptq_samples, qdq))
         for k, v in cand.items():
             if v > best[k][0]:
                 best[k] = (v, i)
@@ -87,7 +120,8 @@ def estimates(config: dict, ranges: list[tuple[int, int]], seq_len: int, context
 
 
 def check_stage(stage: str, config: dict, *, parts: int, seq_len: int, context_len: int,
-                embed_in_part: bool = True, weight_bits: int = 4, part: int | None = None) -> int:
+                embed_in_part: bool = True, weight_bits: int = 4, part: int | None = None,
+                gptq_samples: int | None = None) -> int:
     """Estimate ``stage``'s peak for this model and export shape and :func:`check` it; returns
     the estimate in bytes. ``weight_bits``: of the quantized weights (``tasks/precisions.py``;
     compile and verify read them from the quantize output: :func:`weight_bits_of`).
@@ -98,11 +132,13 @@ def check_stage(stage: str, config: dict, *, parts: int, seq_len: int, context_l
     from .parts import split_for
 
     ranges = split_for(config, parts, embed_in_part)
-    est, part = estimates(config, ranges, seq_len, context_len, embed_in_part, weight_bits, part)[stage]
+    est, part = estimates(config, ranges, seq_len, context_len, embed_in_part, weight_bits, part, gptq_samples)[stage]
     # the export holds one tensor at a time: its size is the model's, not the recipe's
     check(stage, est, part, recipe_keys=None if stage == "export" else
           f"export.parts (now {parts}: more parts, smaller parts), export.context_length (now {context_len}) or "
-          f"export.sequence_length (now {seq_len})")
+          f"export.sequence_length (now {seq_len})" + (
+              f", quantize.calibration.samples (now {gptq_samples}) or quantize.rounding (now gptq)"
+              if gptq_samples is not None and stage == "quantize" else ""))
     return est
 
 
@@ -120,7 +156,8 @@ def weight_bits_of(folder, default: int = 4) -> int:
     return int(json.loads(f.read_text())["weight_bits"]) if f.is_file() else default
 
 
-def check_export_stage(stage: str, export_dir, weight_bits: int = 4, part: int | None = None) -> int:
+def check_export_stage(stage: str, export_dir, weight_bits: int = 4, part: int | None = None,
+                       gptq_samples: int | None = None) -> int:
     """:func:`check_stage` for a stage whose input is an export (or a copy of one): the model
     config and the export shape are read from ``export_dir`` (``config.json``, ``export.json``).
     ``part``: the one part the stage builds (default: the largest part)."""
@@ -131,7 +168,7 @@ def check_export_stage(stage: str, export_dir, weight_bits: int = 4, part: int |
     cfg = json.loads((export_dir / "config.json").read_text(encoding="utf-8"))
     return check_stage(stage, cfg, parts=len(desc["parts"]), seq_len=desc["seq_len"],
                        context_len=desc["context_len"], embed_in_part=desc["embed"] == "part0",
-                       weight_bits=weight_bits, part=part)
+                       weight_bits=weight_bits, part=part, gptq_samples=gptq_samples)
 
 
 def source_config(download_params: dict) -> dict:
@@ -178,8 +215,11 @@ def plan_estimate(specs: dict, stage: str) -> int:
 
     bits = get_precision(by_kind["quantize"].params["precision"]).weight_bits
     embed_in_part = ex.get("embedding", "first-part") == "first-part"
+    q = by_kind["quantize"].params
+    samples = by_kind["calibrate"].params["calibration"]["samples"] if "calibrate" in by_kind else 0
     est = estimates(cfg, split_for(cfg, ex["parts"], embed_in_part), ex["sequence_length"],
-                    ex["context_length"], embed_in_part, bits, spec.part)
+                    ex["context_length"], embed_in_part, bits, spec.part,
+                    samples if q.get("rounding") == "gptq" else None)
     kind = spec.kind.removeprefix("genie_")
     if kind == "patch":
         kind = "quantize" if specs[spec.inputs["model"]].kind == "export" else "compile"

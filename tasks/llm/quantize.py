@@ -42,7 +42,9 @@ def run(inputs, files, params, out: Path) -> dict:
 
     src, k = Path(inputs["model"]), params["part"]
     bits = get_precision(params["precision"]).weight_bits
-    check_export_stage("quantize", src, bits, part=k)
+    # with GPTQ the estimate counts its peak; the prompts are at most the prefill feeds (one or two each)
+    prompts = len(list((Path(inputs["calibration"]) / "feeds" / "prefill").glob("*.npz")))
+    check_export_stage("quantize", src, bits, part=k, gptq_samples=prompts if params.get("rounding") == "gptq" else None)
     desc = json.loads((src / "export.json").read_text())
     t0 = time.perf_counter()
     graphs, peak = quantize_part(src, desc["parts"][k], inputs["calibration"] / "feeds", params, out,
