@@ -367,13 +367,19 @@ class RangeTaps:
     def ranges(self):
         """onnxruntime's ``TensorsData`` (MinMax) of the calls added, as :func:`collect_ranges`
         builds it. Raises ValueError when none was added."""
-        from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
-
         if not self.count:
             raise ValueError(f"{self.path}: no calibration feeds")
-        return TensorsData(CalibrationMethod.MinMax,
-                           {t: TensorData(lowest=np.array([self.lo[t]], np.float32),
-                                          highest=np.array([self.hi[t]], np.float32)) for t in self.names})
+        return minmax_data(self.lo, self.hi)
+
+
+def minmax_data(lo: dict, hi: dict):
+    """onnxruntime's MinMax ``TensorsData`` from {tensor: lowest} and {tensor: highest} (float32
+    [1] each, as ``MinMaxCalibrater.compute_data`` gives them), in ``lo``'s order."""
+    from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
+
+    return TensorsData(CalibrationMethod.MinMax,
+                       {t: TensorData(lowest=np.array([lo[t]], np.float32), highest=np.array([hi[t]], np.float32))
+                        for t in lo})
 
 
 def save_ranges(data, path) -> None:
@@ -390,14 +396,10 @@ def load_ranges(path):
     """The ``TensorsData`` (MinMax, float32 [1] lowest/highest per tensor) :func:`save_ranges`
     wrote to ``path``. Raises OSError when the file is missing, ValueError when it is not
     {tensor: [lowest, highest]}."""
-    from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
-
     rows = json.loads(Path(path).read_text())
     if not isinstance(rows, dict) or not all(isinstance(v, list) and len(v) == 2 for v in rows.values()):
         raise ValueError(f"{path}: expected {{tensor: [lowest, highest]}}")
-    return TensorsData(CalibrationMethod.MinMax,
-                       {t: TensorData(lowest=np.array([lo], np.float32), highest=np.array([hi], np.float32))
-                        for t, (lo, hi) in rows.items()})
+    return minmax_data({t: lo for t, (lo, _) in rows.items()}, {t: hi for t, (_, hi) in rows.items()})
 
 
 def collect_ranges(model_path, feeds):
@@ -407,7 +409,6 @@ def collect_ranges(model_path, feeds):
     (``CalibrationMethod.MinMax``, {tensor: TensorData(lowest, highest)}), as
     ``MinMaxCalibrater.compute_data`` would. Raises ValueError on an empty ``feeds``."""
     import onnx
-    from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
 
     from .sessions import cpu_session_for
 
@@ -426,6 +427,4 @@ def collect_ranges(model_path, feeds):
         count += 1
     if not count:
         raise ValueError(f"{model_path}: no calibration feeds")
-    return TensorsData(CalibrationMethod.MinMax,
-                       {t: TensorData(lowest=np.array([lo[t]], np.float32), highest=np.array([hi[t]], np.float32))
-                        for t in names})
+    return minmax_data(lo, hi)
