@@ -37,7 +37,10 @@ def test_a_data_file_edited_while_its_stage_runs_is_not_what_the_entry_holds(pro
     new = old.replace(b"cat", b"dog")
     p = project.popen("run", "quantize:r")
     deadline = time.time() + 120
-    while not list((project.cache / ".tmp").glob("quantize-*/work/inputs-*")):
+    def copied() -> bool:  # the stage's copy holds the old bytes in full: the original was read
+        return any(c.read_bytes() == old for c in (project.cache / ".tmp").glob("quantize-*/work/inputs-*/calibration/*"))
+
+    while not copied():
         assert p.poll() is None and time.time() < deadline, p.communicate()[0]
         time.sleep(0.01)
     calib.write_bytes(new)  # the stage runs on its copy
