@@ -67,14 +67,37 @@ def _lower_inverse(M, leaf: int = 256) -> None:
     B.copy_(C @ (B @ A)).neg_()
 
 
+def spans(K: int, span: int | None, align: int = 32) -> list[tuple[int, int]]:
+    """The diagonal blocks ``[(k0, k1)]`` GPTQ's Hessian of an input of K features is cut into
+    with ``quantize.gptq_span`` ``span`` (a multiple of ``align``; None, or K <= span: one
+    block, the whole Hessian): ceil(K / span) blocks of equal width rounded up to a multiple of
+    ``align`` (the last takes the rest), none wider than ``span``. Qwen2.5-7B's down_proj
+    input (18944) with span 4736: four blocks of 4736."""
+    if not span or K <= span:
+        return [(0, K)]
+    per = -(-K // -(-K // span))  # ceil(K / the number of blocks)
+    w = -(-per // align) * align
+    return [(k0, min(K, k0 + w)) for k0 in range(0, K, w)]
+
+
 def codes(W, U, dead, S, qmin: int = -8, qmax: int = 7, step: int = 32, chunk_bytes: int = 256 * 2**20):
     """GPTQ codes int8 [K, N] in [qmin, qmax] for weight W [K, N] (float, a MatMul's constant
     input: K in-features) with fixed scales S (broadcastable to [K, N]) and ``(U, dead)`` of its
-    input from :func:`inverse_factor` (U's dtype is the arithmetic's). ``step``: rows of K
-    updated lazily together (the paper's "lazy batch", 128 there; the result is the same up to
-    float rounding; 32 measured fastest here: each row's update touches step/2 x N elements).
-    Output channels are independent given U, so they are done ``chunk_bytes`` of W at a time
-    (memory: the codes plus ~3 chunks, whatever N)."""
+    input from :func:`inverse_factor` (U's dtype is the arithmetic's); U may also be
+    ``[(k0, U_b)]``, the factors of the Hessian's diagonal blocks (rows k0.. of each, their
+    widths U_b's; :func:`tasks.seqgptq.sequential` with a span): each block of rows is then
+    rounded on its own (a row's error is carried to the later rows of its block only).
+    ``step``: rows of K updated lazily together (the paper's "lazy batch", 128 there; the
+    result is the same up to float rounding; 32 measured fastest here: each row's update touches
+    step/2 x N elements). Output channels are independent given U, so they are done
+    ``chunk_bytes`` of W at a time (memory: the codes plus ~3 chunks, whatever N)."""
+    if isinstance(U, list):
+        Q = np.empty(np.shape(W), np.int8)
+        S = np.broadcast_to(S, Q.shape)
+        for k0, Ub in U:
+            k1 = k0 + Ub.shape[0]
+            Q[k0:k1] = codes(W[k0:k1], Ub, dead[k0:k1], S[k0:k1], qmin, qmax, step, chunk_bytes)
+        return Q
     Q = np.empty(np.shape(W), np.int8)
     K, N = Q.shape
     cols = max(64, chunk_bytes // (4 * K))

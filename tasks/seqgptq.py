@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import re
 
+from .gptq import inverse_factor, spans
 from .proc import lazy
 
 np = lazy.module("numpy")
@@ -163,11 +164,13 @@ def _feed(feeds, i: int, names: list[str]) -> dict:
 
 
 def sequential(graphs, weights: set[str], quantize, damp: float, dtype: str = "float32",
-               log=None) -> dict:
+               log=None, span: int | None = None) -> dict:
     """Run sequential GPTQ. ``graphs``: [(fp32 graph path, feeds)] of graphs holding the same
     ``weights`` (feeds: a sequence of feed dicts or a :class:`tasks.llm.calibration_feeds.FeedStore`);
     ``quantize(names, U, dead, last) -> {name: W_hat}``: encodes the weights ``names`` that read
-    one input with the inverse-Hessian factor of that input (:func:`tasks.gptq.inverse_factor`)
+    one input with the inverse-Hessian factor of that input (:func:`tasks.gptq.inverse_factor`;
+    with ``span`` and an input wider than it, ``[(k0, U_b)]``: the factors of the Hessian's
+    diagonal blocks of :func:`tasks.gptq.spans`, only those blocks summed: ``quantize.gptq_span``)
     and returns their dequantized values, float32 [K, N], which the later layers' inputs are
     computed with ({} when ``last``: the last group, nothing runs after it). Hessians are X^T X / rows in
     ``dtype`` (rows of padding tokens left out where a feed has ``attention_mask`` with one
@@ -209,21 +212,28 @@ def sequential(graphs, weights: set[str], quantize, damp: float, dtype: str = "f
                     x = torch.as_tensor(x).to(t)
                     a = tuple(sorted(plan.acts[key][a]))  # the weights reading it: the same in every graph
                     if a not in H:
-                        H[a], rows[a] = torch.zeros((x.shape[1], x.shape[1]), dtype=t), 0
-                    H[a].addmm_(x.T, x)
+                        H[a] = [(k0, torch.zeros((k1 - k0, k1 - k0), dtype=t)) for k0, k1 in spans(x.shape[1], span)]
+                        rows[a] = 0
+                    for k0, h in H[a]:
+                        xb = x[:, k0:k0 + h.shape[0]]
+                        h.addmm_(xb.T, xb)
                     rows[a] += x.shape[0]
             del sess
-        report["hessian_bytes"] = max(report["hessian_bytes"], sum(h.numel() * h.element_size() for h in H.values()))
+        report["hessian_bytes"] = max(report["hessian_bytes"],
+                                      sum(h.numel() * h.element_size() for hs in H.values() for _, h in hs))
         report["rows"][key] = max(rows.values(), default=0)
-        from .gptq import inverse_factor
-
         W_hat = {}
         for a in list(H):
-            h = H.pop(a)
-            h /= max(rows[a], 1)
-            U, dead = inverse_factor(h, damp, dtype, inplace=True)
-            del h
-            W_hat.update(quantize(list(a), U, dead, gi == len(keys) - 1))
+            blocks, U, dead = H.pop(a), [], []
+            while blocks:
+                k0, h = blocks.pop(0)
+                h /= max(rows[a], 1)
+                Ub, db = inverse_factor(h, damp, dtype, inplace=True)
+                del h
+                U.append((k0, Ub))
+                dead.append(db)
+            U = U[0][1] if len(U) == 1 else U
+            W_hat.update(quantize(list(a), U, np.concatenate(dead), gi == len(keys) - 1))
             del U
         if log:
             log(f"GPTQ {key}: {len(W_hat)} weights, {report['rows'][key]} rows")

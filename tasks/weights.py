@@ -244,7 +244,7 @@ def int4_weights(qdq, fp32_inits: dict) -> list[str]:
 
 
 def reencode(fp32_path, qdq_path, feeds, block: int | None, rounding: str, tables: bool, more=(),
-             same_as=None) -> dict:
+             same_as=None, span: int | None = None) -> dict:
     """Re-encode the int4 MatMul weights of the QDQ model at ``qdq_path`` in place: LPBQ blocks
     of ``block`` rows (None: per-channel), codes by ``rounding`` (``nearest`` | ``gptq`` on
     ``feeds``, the calibration feed dicts of the fp32 graph, iterated once more); with
@@ -258,7 +258,8 @@ def reencode(fp32_path, qdq_path, feeds, block: int | None, rounding: str, table
     part's prefill graph, for its decode graph): each weight's encoding is taken from it as it
     is (no fp32 read, no scale search, no GPTQ), so the two graphs hold the same bytes, which
     the weight-shared binary stores once; raises ValueError when a weight's fp32 data is not
-    the same (file, offset, length) in both fp32 graphs.
+    the same (file, offset, length) in both fp32 graphs. ``span``: GPTQ's widest whole Hessian
+    (``quantize.gptq_span``: :func:`tasks.gptq.spans`; None: every Hessian whole).
     Returns {"int4_weights": n, "block_size", "rounding", "tables_8bit": [names]}; {} without
     reading anything when nothing is asked (no block, round to nearest, no tables)."""
     from pathlib import Path
@@ -308,7 +309,7 @@ def reencode(fp32_path, qdq_path, feeds, block: int | None, rounding: str, table
     if todo:  # layer by layer, each layer's inputs from the layers before it already quantized
         from .seqgptq import sequential
 
-        sequential([(fp32_path, feeds), *more], todo, quantize, GPTQ_DAMP)
+        sequential([(fp32_path, feeds), *more], todo, quantize, GPTQ_DAMP, span=span)
     for w in own:
         if w not in todo:
             encode_int4(q, w, read(w), block)  # scales fixed, codes rounded to nearest

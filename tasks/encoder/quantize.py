@@ -28,7 +28,7 @@ from .inputs import encoder_feeds
 from ..stages.common import copy_rest
 from ..stages.contract import Param, Stage
 from ..stages.params import (BLOCK_SIZE, CALIBRATION_FILE, CALIBRATION_SAMPLES, EMBEDDING_BITS, OVERRIDES, PER_CHANNEL,
-                             PRECISION, ROUNDING)
+                             GPTQ_SPAN, PRECISION, ROUNDING)
 
 onnx = lazy.module("onnx")
 
@@ -152,7 +152,7 @@ def quantize_graph(src: Path, dst: Path, feeds: list[dict], params: dict) -> dic
             quantize(str(pre), str(dst), cfg)
         if four:
             info.update(weights.reencode(pre, dst, feeds, params.get("block_size"), params.get("rounding", "nearest"),
-                                         params.get("embedding_bits", 16) == 8))
+                                         params.get("embedding_bits", 16) == 8, span=params.get("gptq_span")))
     q = onnx.load(str(dst), load_external_data=False)
     ops = [n.op_type for n in q.graph.node]
     return {"quantize_linear": ops.count("QuantizeLinear"), "dequantize_linear": ops.count("DequantizeLinear"),
@@ -183,7 +183,7 @@ STAGE = Stage(
     kind="quantize", family="encoder", module=__name__,
     version=4,  # 4: block-wise int4 (LPBQ), GPTQ, 8-bit tables, Gemm split at 4 bits
     tools=("onnxruntime", "onnx", "transformers", "tokenizers", "numpy"), run=run,
-    params=(PRECISION, PER_CHANNEL, BLOCK_SIZE, ROUNDING, EMBEDDING_BITS, CALIBRATION_SAMPLES, CALIBRATION_MAX_LENGTH,
+    params=(PRECISION, PER_CHANNEL, BLOCK_SIZE, ROUNDING, GPTQ_SPAN, EMBEDDING_BITS, CALIBRATION_SAMPLES, CALIBRATION_MAX_LENGTH,
             CALIBRATE_METHOD, OVERRIDES),
     files={CALIBRATION_FILE: "calibration"}, preflight=preflight,
 )

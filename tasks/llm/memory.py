@@ -50,7 +50,9 @@ def gptq_peak(config: dict, lo: int, hi: int, last: bool, seq_len: int, samples:
     + 13 bytes per element of the largest single weight (its float32 values, scales, codes and
     dequantized values; an LM head is split at :data:`SPLIT_ELEMENTS`) + 768 MiB of GPTQ
     chunks + the carried hidden states (two [S, hidden] float32 tensors per prefill feed: at
-    most 2 prefill and 4 decode feeds per prompt, :func:`tasks.llm.calibration_feeds.schedule`)."""
+    most 2 prefill and 4 decode feeds per prompt, :func:`tasks.llm.calibration_feeds.schedule`).
+    With ``quantize.gptq_span`` the wide inputs' Hessians are diagonal blocks, smaller than
+    counted here: the figure is then an upper bound."""
     D, I, V = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
     H = config["num_attention_heads"]
     d = config.get("head_dim") or D // H

@@ -33,8 +33,8 @@ def stage_part(export_dir, part: dict, work) -> Path:
 def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
                  activation_type: str = "uint16", per_channel: bool = True,
                  matmul_per_channel: bool = True, keep_8bit: tuple = (), work=None,
-                 block_size: int | None = None, rounding: str = "nearest", embedding_bits: int = 16,
-                 more=(), same_as=None, ranges=None) -> Path:
+                 block_size: int | None = None, rounding: str = "nearest", gptq_span: int | None = None,
+                 embedding_bits: int = 16, more=(), same_as=None, ranges=None) -> Path:
     """Quantize ``fp32_path`` (one exported graph) to a QDQ model at ``out_path``.
 
     Args:
@@ -55,7 +55,7 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
             an HTP-side problem, not quantization loss (the QDQ model on CPU is fine).
             Non-MatMul weights (norm scales, biases) then use uint8 as the default type.
         work: scratch folder (default: a temporary one beside ``out_path``).
-        block_size, rounding, embedding_bits: the recipe's ``quantize`` params for 4-bit
+        block_size, rounding, gptq_span, embedding_bits: the recipe's ``quantize`` params for 4-bit
             weights, applied after onnxruntime's quantizer by :func:`tasks.weights.reencode`
             (LPBQ blocks, GPTQ codes on ``feeds``, an 8-bit embedding table).
         more, same_as: the other graph's (path, feeds) whose inputs join the GPTQ Hessians,
@@ -116,7 +116,7 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
         if four_bit:
             from ..weights import reencode
 
-            reencode(src, out_path, feeds, block_size, rounding, embedding_bits == 8, more, same_as)
+            reencode(src, out_path, feeds, block_size, rounding, embedding_bits == 8, more, same_as, span=gptq_span)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out_path
@@ -165,7 +165,8 @@ def quantize_part(src, p: dict, feeds, params: dict, out, work, ranges=None) -> 
                 quantize_qdq, str(staged / Path(rel).name), str(out / rel), store,
                 weight_type=weight, activation_type=act, per_channel=params["per_channel"], keep_8bit=keep,
                 work=str(work / "q" / g), block_size=params.get("block_size"),
-                rounding=params.get("rounding", "nearest"), embedding_bits=params.get("embedding_bits", 16),
+                rounding=params.get("rounding", "nearest"), gptq_span=params.get("gptq_span"),
+                embedding_bits=params.get("embedding_bits", 16),
                 more=more, same_as=same_as, ranges=str(Path(ranges) / f"{g}.json") if ranges else None,
                 timeout=24 * 3600, forward=True)
             if r.returncode != 0:

@@ -90,6 +90,24 @@ BLOCK_SIZE = Param("quantize", "block_size", Optional[Literal[16, 32, 64, 128]],
 ROUNDING = Param("quantize", "rounding", Literal["nearest", "gptq"], "nearest",
                  "4-bit weights: round to nearest, or GPTQ on the calibration set (tasks/weights.py)",
                  check=_four_bit_only("rounding", "nearest"), after=("precision", "per_channel"))
+
+
+def _gptq_only(v, earlier):
+    if v is not None and v % 32:
+        raise ValueError(f"expected a multiple of 32, found {v}")
+    if v is not None and earlier.get("rounding") != "gptq":
+        raise ValueError(f"expected null with rounding {json.dumps(earlier.get('rounding', 'nearest'))} (it applies "
+                         f"to rounding: gptq), found {json.dumps(v)}")
+    return v
+
+
+GPTQ_SPAN = Param("quantize", "gptq_span", Optional[int], None,
+                  "GPTQ: the widest input whose Hessian is taken whole (a multiple of 32); a wider input's is cut "
+                  "into equal diagonal blocks no wider than this, a row's rounding error carried to the "
+                  "later rows of its block only (tasks/gptq.py spans): the factor costs K x span^2 multiply-adds "
+                  "instead of K^3, the Hessian sums K x span per row instead of K^2. null: the whole Hessian "
+                  "(the reference method)",
+                  limits={"ge": 32}, check=_gptq_only, after=("rounding",))
 EMBEDDING_BITS = Param("quantize", "embedding_bits", Literal[8, 16], 16,
                        "bits of Gather tables (the token embedding); 8 is taken with 4-bit weights only",
                        check=_four_bit_only("embedding_bits", 16), after=("precision", "per_channel"))
@@ -102,7 +120,7 @@ OVERRIDES = Param("quantize", "overrides", "tasks.stages.override:OVERRIDES", []
                   "weights kept at other bit widths, by initializer name")
 #: the quantize params an LLM part's graphs take (``quantize`` and ``genie_quantize``;
 #: ``calibration`` is read by the ``calibrate`` stage)
-LLM_QUANT_PARAMS = (PRECISION, PER_CHANNEL, BLOCK_SIZE, ROUNDING, EMBEDDING_BITS, OVERRIDES)
+LLM_QUANT_PARAMS = (PRECISION, PER_CHANNEL, BLOCK_SIZE, ROUNDING, GPTQ_SPAN, EMBEDDING_BITS, OVERRIDES)
 
 # ---------------------------------------------------------------- compile
 

@@ -93,6 +93,44 @@ def test_layer_1_hessian_comes_from_the_quantized_layer_0_and_reencodes_are_byte
     assert (got == want).mean() >= 0.999 and (got != per_graph).sum() > (got != want).sum()
 
 
+def test_a_span_rounds_each_diagonal_block_of_the_hessian_on_its_own(tmp_path):
+    """``quantize.gptq_span`` 32: layer 0 (64 inputs) and layer 1 (96) are cut into diagonal
+    blocks of 32 (:func:`tasks.gptq.spans`), and each block's codes are
+    GPTQ's for that block of rows alone with its own Hessian block (layer 1's from the quantized
+    layer 0); they differ from the whole Hessian's codes. A span as wide as the widest input
+    writes the bytes of no span."""
+    feeds, W0, W1 = _case()
+    assert gptq.spans(K0, 32) == [(0, 32), (32, 64)] and gptq.spans(K1, 32) == [(0, 32), (32, 64), (64, 96)]
+    d = tmp_path / "s"
+    d.mkdir()
+    onnx.save(_two_layers(W0, W1, False), str(d / "fp.onnx"))
+    onnx.save(_two_layers(W0, W1, True), str(d / "q.onnx"))
+    weights.reencode(d / "fp.onnx", d / "q.onnx", feeds, 32, "gptq", False, span=32)
+    q = onnx.load(str(d / "q.onnx"))
+    X = np.concatenate([f["x"].reshape(-1, K0) for f in feeds]).astype(np.float64)
+
+    def blockwise(W, Xin, cuts):
+        bint, pc = weights.lpbq_scales(W, 32)
+        S = np.repeat(bint.astype(np.float32) * pc, 32, axis=0)
+        H = Xin.T @ Xin / len(Xin)
+        c = np.concatenate([gptq.gptq(W[a:b], H[a:b, a:b], S[a:b]) for a, b in cuts])
+        return c, S, gptq.gptq(W, H, S)
+
+    c0, S0, whole0 = blockwise(W0, X, [(0, 32), (32, 64)])
+    assert np.array_equal(_codes(q, "model.layers.0.w"), c0) and not np.array_equal(c0, whole0)
+    c1, _, whole1 = blockwise(W1, np.maximum(X @ (c0 * S0), 0), [(0, 32), (32, 64), (64, 96)])
+    got = _codes(q, "model.layers.1.w")
+    assert (got == c1).mean() >= 0.999 and (got != whole1).sum() > (got != c1).sum()
+
+    a = _reencoded(tmp_path, "a", feeds, W0, W1)
+    b = tmp_path / "b"
+    b.mkdir()
+    onnx.save(_two_layers(W0, W1, False), str(b / "fp.onnx"))
+    onnx.save(_two_layers(W0, W1, True), str(b / "q.onnx"))
+    weights.reencode(b / "fp.onnx", b / "q.onnx", feeds, 32, "gptq", False, span=K1)
+    assert (b / "q.onnx").read_bytes() == a.read_bytes()
+
+
 def test_one_layers_hessians_at_a_time():
     """:func:`tasks.seqgptq.sequential` holds one layer's Hessians: the largest group's float32
     bytes, not the graph's sum; each group's weights come to ``quantize`` once, layer 0 first,
