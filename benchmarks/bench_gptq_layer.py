@@ -5,7 +5,10 @@ X^T X), one inverse-Hessian factor shared by the weights that read it, the LPBQ 
 the codes. Prints wall seconds per step and the CPU seconds, the layer total, x 28 layers, and the peak RSS
 (on a shared machine the CPU seconds / cores bound what an idle one takes).
 
-    python benchmarks/bench_gptq_layer.py [--rows 2064] [--dtype float32]
+    python benchmarks/bench_gptq_layer.py [--rows 2064] [--dtype float32] [--span 4736]
+
+``--span``: ``quantize.gptq_span`` (the Hessian of a wider input in diagonal blocks of at most
+this many in-features, each factored on its own: :func:`tasks.gptq.spans`).
 """
 import argparse
 import resource
@@ -21,6 +24,7 @@ def main():
     ap.add_argument("--rows", type=int, default=16 * 128 + 16)  # the recipe's 16 windows of 128 + decode rows
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--block", type=int, default=128)
+    ap.add_argument("--span", type=int, default=None, help="quantize.gptq_span")
     a = ap.parse_args()
     import torch
 
@@ -33,13 +37,20 @@ def main():
         t0, c0 = time.perf_counter(), time.process_time()
         # activations with per-channel scales spread over two decades (outlier channels, as real ones)
         scale = torch.as_tensor(np.exp(rng.normal(0, 1, K)).astype(np.float32))
-        Hs = torch.zeros((K, K), dtype=getattr(torch, a.dtype))
+        cuts = gptq.spans(K, a.span)
+        Hs = [torch.zeros((k1 - k0, k1 - k0), dtype=getattr(torch, a.dtype)) for k0, k1 in cuts]
         for r0 in range(0, a.rows, 512):
-            x = torch.randn(min(512, a.rows - r0), K) * scale
-            Hs.addmm_(x.T.to(Hs.dtype), x.to(Hs.dtype))
-        Hs /= a.rows
+            x = (torch.randn(min(512, a.rows - r0), K) * scale).to(Hs[0].dtype)
+            for (k0, k1), h in zip(cuts, Hs):
+                h.addmm_(x[:, k0:k1].T, x[:, k0:k1])
         t1 = time.perf_counter()
-        U, dead = gptq.inverse_factor(Hs, dtype=a.dtype)
+        U, dead = [], []
+        for (k0, _), h in zip(cuts, Hs):  # as tasks.seqgptq.sequential: each block factored on its own
+            h /= a.rows
+            Ub, db = gptq.inverse_factor(h, dtype=a.dtype)
+            U.append((k0, Ub))
+            dead.append(db)
+        U, dead = (U[0][1] if len(U) == 1 else U), np.concatenate(dead)
         del Hs
         t2 = time.perf_counter()
         s0 = time.perf_counter()
@@ -55,12 +66,13 @@ def main():
         del Ws, Ss, q
         del U
         times[g] = (t1 - t0, t2 - t1, ts, tc)
-        print(f"{g:8s} K={K:5d}: hessian {t1 - t0:6.1f} s, factor {t2 - t1:6.1f} s, scales {ts:6.1f} s, "
+        print(f"{g:8s} K={K:5d} ({len(cuts)} block{'s' if len(cuts) > 1 else ''}): hessian {t1 - t0:6.1f} s, factor {t2 - t1:6.1f} s, scales {ts:6.1f} s, "
               f"codes {tc:6.1f} s (wall); {time.process_time() - c0:6.1f} s CPU", flush=True)
     tot, cpu = time.perf_counter() - total, time.process_time() - cpu
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     print(f"layer: {tot:.1f} s wall (x 28 layers: {tot * 28 / 60:.1f} min), {cpu:.1f} s CPU (/ 2 cores x 28: "
-          f"{cpu / 2 * 28 / 60:.1f} min), peak RSS {rss:.2f} GiB, dtype {a.dtype}, threads {torch.get_num_threads()}")
+          f"{cpu / 2 * 28 / 60:.1f} min), peak RSS {rss:.2f} GiB, dtype {a.dtype}, span {a.span}, "
+          f"threads {torch.get_num_threads()}")
 
 
 if __name__ == "__main__":

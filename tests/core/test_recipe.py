@@ -86,6 +86,11 @@ BAD = {
                        "quantize.rounding", "expected 'nearest' or 'gptq'; found 'gptq4'"),
     "rounding-at-8-bit": (GOOD.replace("calibration:", "rounding: gptq\n  calibration:"), "quantize.rounding",
                           'rounding: expected "nearest" with precision w8a16'),
+    "gptq-span-without-gptq": (GOOD.replace("calibration:", "precision: w4a16\n  gptq_span: 1024\n  calibration:"),
+                               "quantize.gptq_span", 'expected null with rounding "nearest" (it applies to rounding: '
+                                                     'gptq), found 1024'),
+    "gptq-span-not-32": (GOOD.replace("calibration:", "precision: w4a16\n  rounding: gptq\n  gptq_span: 1000\n"
+                                      "  calibration:"), "quantize.gptq_span", "expected a multiple of 32, found 1000"),
     "embedding-bits": (GOOD.replace("calibration:", "precision: w4a16\n  embedding_bits: 4\n  calibration:"),
                        "quantize.embedding_bits", "expected 8 or 16; found 4"),
     "unknown-threshold": (GOOD.replace("data: {file: data/v.txt}", "data: {file: data/v.txt}\n  thresholds: {accuracy: 0.9}"),
