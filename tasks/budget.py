@@ -75,13 +75,28 @@ def budget_line() -> str:
 DEFAULT_STAGE_BYTES = 2 * GiB
 
 
-def check(stage: str, estimate: int, part: int, *, recipe_keys: str | None) -> None:
-    """Raise :class:`NotEnoughMemory` when ``estimate`` exceeds :func:`available_bytes`, naming
-    the stage, the part, both figures (with the decimals that tell them apart) and
+def held_bytes(in_child: bool) -> int:
+    """Bytes this process holds now that a stage's estimate (which counts one fresh process's
+    :data:`BASE`) leaves out, when ``NPUBUILD_MEMORY_GB`` is set (0 otherwise: ``MemAvailable``
+    already leaves out what this process holds): its whole resident set when the stage's work
+    runs in a child process (this one waits, holding it), else its resident set above BASE
+    (what earlier stages of the same doit process left: 2.97 GiB while a Llama-3.2-1B shape's
+    quantize child ran, benchmarks/README.md). 0 where ``/proc`` is absent."""
+    if budget_gib() is None:
+        return 0
+    rss = _proc_bytes("/proc/self/status", "VmRSS") or 0
+    return rss if in_child else max(0, rss - BASE)
+
+
+def check(stage: str, estimate: int, part: int, *, recipe_keys: str | None, held: int = 0) -> None:
+    """Raise :class:`NotEnoughMemory` when ``estimate`` + ``held`` (what the process running
+    the stage holds already: :func:`held_bytes`) exceeds :func:`available_bytes`, naming the
+    stage, the part, both figures (with the decimals that tell them apart), the held share and
     ``recipe_keys`` (what to change; None: no recipe key lowers it, so more memory is the fix)."""
     from .metrics import apart
 
     avail = available_bytes()
+    estimate += held
     if avail is not None and estimate > avail:
         src = "NPUBUILD_MEMORY_GB" if budget_gib() is not None else "MemAvailable now"
         more = "raise NPUBUILD_MEMORY_GB" if src == "NPUBUILD_MEMORY_GB" else "free memory or use a larger machine"
@@ -92,4 +107,5 @@ def check(stage: str, estimate: int, part: int, *, recipe_keys: str | None) -> N
         else:
             fix = f"to lower it change {recipe_keys}"
         need, have = apart(estimate / GiB, avail / GiB)
-        raise NotEnoughMemory(f"{stage}: part {part} needs about {need} GiB, {have} GiB is available ({src}); {fix}")
+        of = f" ({held / GiB:.1f} GiB of it held already by the process that runs it)" if held >= GiB // 10 else ""
+        raise NotEnoughMemory(f"{stage}: part {part} needs about {need} GiB{of}, {have} GiB is available ({src}); {fix}")

@@ -26,7 +26,7 @@ def run(inputs, files, params, out: Path) -> dict:
     from .memory import check_export_stage, weight_bits_of
 
     # the recipe's own bits (a w8a16 LLM's weights count 8, not 4)
-    check_export_stage("compile", inputs["model"], weight_bits_of(inputs["model"]), part=params["part"])
+    check_export_stage("compile", inputs["model"], weight_bits_of(inputs["model"]), part=params["part"], in_child=True)
     info = compile_part(Path(inputs["model"]), out, params, params["part"])
     desc = json.loads((Path(inputs["model"]) / "export.json").read_text())
     return {**info, "binaries": read_back(out, desc, [params["part"]], params, qdq_dir=inputs["model"])}

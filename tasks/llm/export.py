@@ -39,14 +39,14 @@ def run(inputs, files, params, out: Path) -> dict:
     ``tasks.llm.memory.NotEnoughMemory`` before work when the part cannot fit, ValueError for
     an unsupported family or activation."""
     from ..sources.facts import check_vocabulary
-    from .memory import check_stage
+    from .memory import check_stage, held_bytes
     from .pipeline_graphs import export_llm
 
     src = inputs["source"]
     check_vocabulary(src)
     check_stage("export", json.loads((src / "config.json").read_text(encoding="utf-8")), parts=params["parts"],
                 seq_len=params["sequence_length"], context_len=params["context_length"],
-                embed_in_part=params["embedding"] == "first-part", part=params["part"])
+                embed_in_part=params["embedding"] == "first-part", part=params["part"], held=held_bytes(False))
     meter: list = []
     info = export_llm(src, out, seq_len=params["sequence_length"], context_len=params["context_length"],
                       parts=params["parts"], embed={"first-part": "part0", "host": "separate"}[params["embedding"]],

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..budget import BASE, GiB, NotEnoughMemory, available_bytes, check  # noqa: F401  (what the stages use)
+from ..budget import BASE, GiB, NotEnoughMemory, available_bytes, check, held_bytes  # noqa: F401  (what the stages use)
 
 
 def part_params(config: dict, lo: int, hi: int, first: bool, last: bool, embed_in_part: bool) -> int:
@@ -123,11 +123,13 @@ def estimates(config: dict, ranges: list[tuple[int, int]], seq_len: int, context
 
 def check_stage(stage: str, config: dict, *, parts: int, seq_len: int, context_len: int,
                 embed_in_part: bool = True, weight_bits: int = 4, part: int | None = None,
-                gptq_samples: int | None = None) -> int:
+                gptq_samples: int | None = None, held: int = 0) -> int:
     """Estimate ``stage``'s peak for this model and export shape and :func:`check` it; returns
     the estimate in bytes. ``weight_bits``: of the quantized weights (``tasks/precisions.py``;
     compile and verify read them from the quantize output: :func:`weight_bits_of`).
-    ``part``: the one part the stage builds (default: the largest part's estimate). Raises :class:`NotEnoughMemory` (naming ``export.parts``,
+    ``part``: the one part the stage builds (default: the largest part's estimate). ``held``:
+    bytes the process running the stage holds already (:func:`tasks.budget.held_bytes`), added
+    to the estimate for the check. Raises :class:`NotEnoughMemory` (naming ``export.parts``,
     ``export.context_length``, ``export.sequence_length`` with their values; for export, whose
     peak follows the model's largest tensor, that no recipe key lowers it) or ValueError
     for a bad ``parts``."""
@@ -136,7 +138,7 @@ def check_stage(stage: str, config: dict, *, parts: int, seq_len: int, context_l
     ranges = split_for(config, parts, embed_in_part)
     est, part = estimates(config, ranges, seq_len, context_len, embed_in_part, weight_bits, part, gptq_samples)[stage]
     # the export holds one tensor at a time: its size is the model's, not the recipe's
-    check(stage, est, part, recipe_keys=None if stage == "export" else
+    check(stage, est, part, held=held, recipe_keys=None if stage == "export" else
           f"export.parts (now {parts}: more parts, smaller parts), export.context_length (now {context_len}) or "
           f"export.sequence_length (now {seq_len})" + (
               f", quantize.calibration.samples (now {gptq_samples}) or quantize.rounding (now gptq)"
@@ -159,10 +161,12 @@ def weight_bits_of(folder, default: int = 4) -> int:
 
 
 def check_export_stage(stage: str, export_dir, weight_bits: int = 4, part: int | None = None,
-                       gptq_samples: int | None = None) -> int:
+                       gptq_samples: int | None = None, in_child: bool = False) -> int:
     """:func:`check_stage` for a stage whose input is an export (or a copy of one): the model
     config and the export shape are read from ``export_dir`` (``config.json``, ``export.json``).
-    ``part``: the one part the stage builds (default: the largest part)."""
+    ``part``: the one part the stage builds (default: the largest part). What this process
+    holds already is added (:func:`tasks.budget.held_bytes`; ``in_child``: the stage's work
+    runs in child processes, as quantize's and compile's)."""
     import json
 
     export_dir = Path(export_dir)
@@ -170,7 +174,7 @@ def check_export_stage(stage: str, export_dir, weight_bits: int = 4, part: int |
     cfg = json.loads((export_dir / "config.json").read_text(encoding="utf-8"))
     return check_stage(stage, cfg, parts=len(desc["parts"]), seq_len=desc["seq_len"],
                        context_len=desc["context_len"], embed_in_part=desc["embed"] == "part0",
-                       weight_bits=weight_bits, part=part, gptq_samples=gptq_samples)
+                       weight_bits=weight_bits, part=part, gptq_samples=gptq_samples, held=held_bytes(in_child))
 
 
 def source_config(download_params: dict) -> dict:

@@ -44,7 +44,8 @@ def run(inputs, files, params, out: Path) -> dict:
     bits = get_precision(params["precision"]).weight_bits
     # with GPTQ the estimate counts its peak; the prompts are at most the prefill feeds (one or two each)
     prompts = len(list((Path(inputs["calibration"]) / "feeds" / "prefill").glob("*.npz")))
-    check_export_stage("quantize", src, bits, part=k, gptq_samples=prompts if params.get("rounding") == "gptq" else None)
+    check_export_stage("quantize", src, bits, part=k, gptq_samples=prompts if params.get("rounding") == "gptq" else None,
+                       in_child=True)
     desc = json.loads((src / "export.json").read_text())
     t0 = time.perf_counter()
     graphs, peak = quantize_part(src, desc["parts"][k], inputs["calibration"] / "feeds", params, out,

@@ -124,6 +124,31 @@ def test_not_enough_memory_names_the_recipe_keys_that_lower_it(monkeypatch):
     memory.check("quantize", 2 * memory.GiB, 3, recipe_keys="export.parts (now 4)")  # fits: nothing raised
 
 
+def test_the_check_adds_what_the_stage_process_holds_already(monkeypatch):
+    """With a budget, a stage that runs in this process is checked with this process's
+    resident set above BASE added (what earlier stages left), one whose work runs in a child
+    with all of it (this process waits, holding it); without a budget nothing is added
+    (MemAvailable leaves it out already). The message says how much was held."""
+    import numpy as np
+
+    from tasks import budget
+    from tasks.proc.rss import proc_bytes
+
+    monkeypatch.delenv("NPUBUILD_MEMORY_GB", raising=False)
+    assert budget.held_bytes(True) == budget.held_bytes(False) == 0
+    monkeypatch.setenv("NPUBUILD_MEMORY_GB", "64")
+    keep = np.ones(int(1.5 * budget.GiB) // 8)  # what an earlier in-process stage left
+    rss = proc_bytes("/proc/self/status", "VmRSS")
+    child, own = budget.held_bytes(True), budget.held_bytes(False)
+    assert abs(child - rss) < 64 * 2**20 and abs(own - (rss - budget.BASE)) < 64 * 2**20 and own >= 0.7 * budget.GiB
+    est = int(63.5 * budget.GiB)
+    budget.check("compile", est, 0, recipe_keys="export.parts (now 4)")  # fits without what is held
+    with pytest.raises(budget.NotEnoughMemory, match=r"compile: part 0 needs about 6\d\.\d GiB \(\d\.\d GiB of it held "
+                                                     r"already by the process that runs it\), 64\.0 GiB is available"):
+        budget.check("compile", est, 0, recipe_keys="export.parts (now 4)", held=child)
+    del keep
+
+
 def test_export_check_names_its_part_and_that_no_recipe_key_lowers_it(monkeypatch):
     """The export holds one tensor at a time, so its estimate is per part (a 7B's middle part
     holds no 545 M-element table) and no recipe key lowers it; figures that round alike get
