@@ -174,8 +174,11 @@ def sequential(graphs, weights: set[str], quantize, damp: float, dtype: str = "f
     and returns their dequantized values, float32 [K, N], which the later layers' inputs are
     computed with ({} when ``last``: the last group, nothing runs after it). Hessians are X^T X / rows in
     ``dtype`` (rows of padding tokens left out where a feed has ``attention_mask`` with one
-    entry per row). Returns {"groups": n, "rows": {group: rows}, "hessian_bytes": the largest
-    group's Hessians in bytes}."""
+    entry per row). ``log``: called with one line per group (its weights, rows, and the wall
+    seconds of its three steps: the inputs' pass, the rounding, the outputs' pass). Returns
+    {"groups": n, "rows": {group: rows}, "hessian_bytes": the largest group's Hessians in
+    bytes, "seconds": {"inputs", "rounding", "outputs"}: wall seconds summed over the groups}."""
+    import time
     from pathlib import Path
 
     plans, states = [], []
@@ -185,8 +188,10 @@ def sequential(graphs, weights: set[str], quantize, damp: float, dtype: str = "f
         states.append([{} for _ in range(len(feeds))])
     keys = plans[0][0].keys
     t = getattr(torch, dtype)
-    report = {"groups": len(keys), "rows": {}, "hessian_bytes": 0}
+    report = {"groups": len(keys), "rows": {}, "hessian_bytes": 0,
+              "seconds": {"inputs": 0.0, "rounding": 0.0, "outputs": 0.0}}
     for gi, key in enumerate(keys):
+        t0 = time.perf_counter()
         H: dict[tuple, object] = {}  # {weights reading one input: X^T X}
         rows: dict[tuple, int] = {}
         for (plan, folder, feeds), state in zip(plans, states):
@@ -222,6 +227,7 @@ def sequential(graphs, weights: set[str], quantize, damp: float, dtype: str = "f
         report["hessian_bytes"] = max(report["hessian_bytes"],
                                       sum(h.numel() * h.element_size() for hs in H.values() for _, h in hs))
         report["rows"][key] = max(rows.values(), default=0)
+        t1 = time.perf_counter()
         W_hat = {}
         for a in list(H):
             blocks, U, dead = H.pop(a), [], []
@@ -235,23 +241,34 @@ def sequential(graphs, weights: set[str], quantize, damp: float, dtype: str = "f
             U = U[0][1] if len(U) == 1 else U
             W_hat.update(quantize(list(a), U, np.concatenate(dead), gi == len(keys) - 1))
             del U
+        t2 = time.perf_counter()
+        if gi < len(keys) - 1:
+            _carry(plans, states, key, W_hat)
+        t3 = time.perf_counter()
+        for k, a, b in (("inputs", t0, t1), ("rounding", t1, t2), ("outputs", t2, t3)):
+            report["seconds"][k] += b - a
         if log:
-            log(f"GPTQ {key}: {len(W_hat)} weights, {report['rows'][key]} rows")
-        if gi == len(keys) - 1:
-            break
-        for (plan, folder, feeds), state in zip(plans, states):
-            carry = plan.carry.get(key, [])
-            new = [c for c in carry if not state or c not in state[0]]
-            if new:
-                given = set(state[0]) if state else set()
-                types = {k: v.dtype for k, v in state[0].items()} if state else {}
-                mb, ins, inits = plan.subgraph(new, given, types)
-                sess = _session(mb, folder, {w: W_hat[w] for w in inits if w in W_hat})
-            for i in range(len(feeds)):
-                got = {}
-                if new:
-                    f = _feed(feeds, i, ins)
-                    got = dict(zip(new, sess.run(new, _inputs(ins, f, state[i]))))
-                state[i] = {c: got[c] if c in got else state[i][c] for c in carry}
-            sess = None
+            log(f"GPTQ {key}: {sum(len(a) for a in rows)} weights, {report['rows'][key]} rows; inputs {t1 - t0:.1f} s, "
+                f"rounding {t2 - t1:.1f} s, outputs {t3 - t2:.1f} s")
     return report
+
+
+def _carry(plans, states, key: str, W_hat: dict) -> None:
+    """Run each graph's piece from the tensors carried before group ``key`` to those carried
+    after it, with the group's weights overridden by their dequantized GPTQ values ``W_hat``,
+    for every feed; ``states`` (per graph, per feed: {tensor: array}) is updated in place."""
+    for (plan, folder, feeds), state in zip(plans, states):
+        carry = plan.carry.get(key, [])
+        new = [c for c in carry if not state or c not in state[0]]
+        if new:
+            given = set(state[0]) if state else set()
+            types = {k: v.dtype for k, v in state[0].items()} if state else {}
+            mb, ins, inits = plan.subgraph(new, given, types)
+            sess = _session(mb, folder, {w: W_hat[w] for w in inits if w in W_hat})
+        for i in range(len(feeds)):
+            got = {}
+            if new:
+                f = _feed(feeds, i, ins)
+                got = dict(zip(new, sess.run(new, _inputs(ins, f, state[i]))))
+            state[i] = {c: got[c] if c in got else state[i][c] for c in carry}
+        sess = None

@@ -309,7 +309,8 @@ def reencode(fp32_path, qdq_path, feeds, block: int | None, rounding: str, table
     if todo:  # layer by layer, each layer's inputs from the layers before it already quantized
         from .seqgptq import sequential
 
-        sequential([(fp32_path, feeds), *more], todo, quantize, GPTQ_DAMP, span=span)
+        sequential([(fp32_path, feeds), *more], todo, quantize, GPTQ_DAMP, span=span,
+                   log=lambda line: print(f"{fp32_path.name}: {line}", flush=True))  # into the stage's log
     for w in own:
         if w not in todo:
             encode_int4(q, w, read(w), block)  # scales fixed, codes rounded to nearest

@@ -210,7 +210,8 @@ def test_every_module_an_llm_stage_runs_is_in_its_key(llm_project, tmp_path):
     from code_graph import traced_modules_outside_keys
 
     llm_project.recipe("tiny-qwen2-trace", "extends: tiny-qwen2-w8a16\nexport: {sequence_length: 8}\n"
-                       "quantize: {precision: w4a16, block_size: 32, rounding: gptq, calibration: {samples: 4}}\n"
+                       "quantize: {precision: w4a16, block_size: 32, rounding: gptq, gptq_span: 256,\n"
+                       "  calibration: {samples: 4}}\n"
                        "verify: {data: {samples: 2}, max_new_tokens: 4,\n"
                        "  thresholds: {token_agreement: 0.0, logits_cosine_mean: 0.5, perplexity_ratio: 10.0}}\n")
     trace = tmp_path / "trace"
@@ -226,3 +227,9 @@ def test_every_module_an_llm_stage_runs_is_in_its_key(llm_project, tmp_path):
     assert children.count("quantize.part0:tiny-qwen2-trace") == 2, children
     assert children.count("compile.part0:tiny-qwen2-trace") == 3, children
     assert traced_modules_outside_keys(llm_project, ["tiny-qwen2-trace"], trace) == {}
+    # the quantize child's GPTQ lines reach the entry's log: a line per layer (4) and the LM head
+    stages = json.loads((llm_project.root / "build" / "tiny-qwen2-trace" / "stages.json").read_text())
+    log = Path(stages["quantize.part0"]["entry"]) / "log.txt"
+    lines = [ln for ln in log.read_text().splitlines() if ": GPTQ " in ln]
+    assert [ln.split(": GPTQ ")[1].split(":")[0] for ln in lines][:4] == [f"layer {i}" for i in range(4)], lines
+    assert len(lines) == 5 and all(" rows; inputs " in ln for ln in lines), lines
