@@ -26,7 +26,7 @@ def run(inputs, files, params, out: Path) -> dict:
     """Compile every graph of ``inputs["model"]`` for ``params["target"]``, each in a fresh
     process, once, or again while the binary shows the QNN SDK's racy padding variant (same
     bytes in every build: tasks/qnn.py ``compile_in_subprocess`` and ``compile_settled``;
-    checked by tests building in three folders).
+    checked by tests building in several folders).
     Returns {"graphs": {graph: EPContext info}, "compiles": {graph: n}, "qnn_sdk", "nodes":
     {graph: {"htp": count of the QDQ graph's nodes QNN took, "cpu": {op type: count} left on the
     CPU}}, "binaries": {binary: figures}} (the CPU is empty unless ``disable_cpu_ep_fallback`` is

@@ -168,9 +168,9 @@ def test_genai_and_the_runner_agree_on_the_cpu_on_a_random_phi3(llm_project):
     assert all(s["reference_distinct_tokens"] >= 2 for s in r["samples"])  # not one repeated token
 
 
-def test_tiny_llm_builds_byte_identical_in_three_folders(llm_project, tmp_path):
-    """tiny-qwen2-w8a16 built and published from empty caches in three folders, each in its
-    own processes, gives the same bundle by sha256, every file: per-graph and weight-shared
+def test_tiny_llm_builds_byte_identical_in_two_folders(llm_project, tmp_path):
+    """tiny-qwen2-w8a16 built and published from empty caches in two folders (the second's
+    path has a space), each in its own processes, gives the same bundle by sha256, every file: per-graph and weight-shared
     context binaries, EPContext models, genai_config.json, manifest, model card and archive
     (issue 12; LLM graphs showed no racy padding run in 40 of 40 compiles, tasks/qnn.py)."""
     import hashlib
@@ -182,7 +182,7 @@ def test_tiny_llm_builds_byte_identical_in_three_folders(llm_project, tmp_path):
     recipe = "tiny-qwen2-w8a16"
     llm_project.doit("run", f"build:{recipe}", f"publish:{recipe}")
     dists = [llm_project.root / "dist"]
-    for folder in (tmp_path / "second", tmp_path / "x" / "third folder"):
+    for folder in (tmp_path / "x" / "second folder",):
         other = Project.__new__(Project)
         other.root = llm_project.root
         other.env = dict(llm_project.env, NPUBUILD_CACHE=str(folder / "cache"), NPUBUILD_BUILD=str(folder / "build"),
