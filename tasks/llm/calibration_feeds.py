@@ -240,7 +240,10 @@ def run_part(desc: dict, export_dir: Path, p: dict, sched: list[dict], work: Pat
                 bar.update()
         if taps:
             save_ranges(taps.ranges(), Path(ranges) / f"{kind}.json")
-        del g, taps  # the part's session (and its mapped weights) go before the next graph
+        # the part's session (and its mapped weights) go before the next graph; its outputs too,
+        # which keep the session's memory (its arena) alive: 4 GiB of a 7B part's
+        res = cache = None
+        del g, taps
     shutil.rmtree(kv, ignore_errors=True)
     return stores
 
@@ -317,13 +320,19 @@ class RangeTaps:
     """A graph run with MinMax taps, seen as one session (``get_inputs``, ``get_outputs``,
     ``run``: the graph's own outputs). While :attr:`armed`, a run goes through a CPU session on
     the graph with :func:`augment_for_ranges`' outputs after its own and takes the taps into
-    the extremes (:meth:`ranges`); unarmed, through a :func:`tasks.llm.sessions.cpu_session`
-    on the graph itself, made when first needed. Both map the weights from the graph's folder,
-    which may be read-only (:func:`tasks.llm.sessions.cpu_session_on`). The taps stop
-    onnxruntime's fusions: the tapped graph computes node by node (its outputs equal the
-    graph's at ``ORT_DISABLE_ALL``, bit for bit, on the tiny Qwen2), which on a Qwen2.5-0.5B
-    part (12 layers, S=128, C=4096) took 2.71 s a prefill call where the fused graph took 2.26
-    s (decode 0.29 s vs 0.22 s): hence the untapped session for the calls not recorded."""
+    the extremes (:meth:`ranges`); unarmed, through the same session without the taps' outputs.
+    The weights are mapped from the graph's folder, which may be read-only
+    (:func:`tasks.llm.sessions.cpu_session_on`). The taps stop onnxruntime's fusions: the
+    tapped graph computes node by node (its outputs equal the graph's at ``ORT_DISABLE_ALL``,
+    bit for bit, on the tiny Qwen2), which on a Qwen2.5-0.5B part (12 layers, S=128, C=4096)
+    took 2.71 s a prefill call where the fused graph took 2.26 s (decode 0.29 s vs 0.22 s).
+    One session, not a second fused one for the calls not recorded: two sessions map the
+    weights twice into this process, and a Qwen2.5-7B part's calibrate took the same time with
+    one (49.3 vs 49.7 s, 4 prompts) at 10.4 instead of 11.7 GiB. Its memory arena is off: the
+    unfused attention's tensors grew the arena by ~2 GiB a prefill call (4.5 GiB after two
+    calls on a 7B part; 0.4 GiB without it, peak within a call 7.7 GiB of which 5.3 GiB the
+    mapped weights); the 7B part's calibrate, 4 prompts: peak 8.1 instead of 10.1 GiB, 57.5
+    instead of 49.3 s."""
 
     def __init__(self, model_path):
         import onnx
@@ -332,8 +341,7 @@ class RangeTaps:
 
         self.path = Path(model_path)
         aug, self.names = augment_for_ranges(onnx.load(str(self.path), load_external_data=False))
-        self.sess = cpu_session_on(aug, self.path.parent)
-        self.plain = None
+        self.sess = cpu_session_on(aug, self.path.parent, arena=False)
         self.taps = [t + s for t in self.names for s in ("__min", "__max")]
         tapped = set(self.taps)
         self.outputs = [o for o in self.sess.get_outputs() if o.name not in tapped]
@@ -341,7 +349,13 @@ class RangeTaps:
         self.hi = {t: -np.inf for t in self.names}
         self.count = 0
         self.armed = False
-        self.session = self
+
+    @property
+    def session(self):
+        """The object to run calls through: this one (a property, not an attribute holding
+        ``self``: a reference cycle would keep the sessions and their mapped weights until
+        the garbage collector ran, measured 10 GiB held after a 7B part's calibrate)."""
+        return self
 
     def get_inputs(self):
         return self.sess.get_inputs()
@@ -352,11 +366,7 @@ class RangeTaps:
     def run(self, names, feeds):
         """``session.run`` of the graph's outputs ``names``; armed, the taps' too, into the extremes."""
         if not self.armed:
-            if self.plain is None:
-                from .sessions import cpu_session
-
-                self.plain = cpu_session(self.path)
-            return self.plain.run(names, feeds)
+            return self.sess.run(names, feeds)
         res = self.sess.run(list(names) + self.taps, feeds)
         for j, t in enumerate(self.names):
             self.lo[t] = min(self.lo[t], float(res[len(names) + 2 * j]))

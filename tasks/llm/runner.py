@@ -95,9 +95,13 @@ class KVCache:
         return out
 
     def write(self, layers, res: dict) -> None:
-        """Take the ``present_*`` outputs as the new buffers."""
+        """Copy the ``present_*`` outputs into the buffers. Copied, not taken: onnxruntime's
+        output arrays keep the memory of the session that made them (its arena) alive, which
+        held 4 GiB after a Qwen2.5-7B part's calibration graph was gone (the cache of its last
+        prompt, 128 MiB, kept it)."""
         for l in layers:
-            self.k[l], self.v[l] = res[f"present_key_{l}"], res[f"present_value_{l}"]
+            np.copyto(self.k[l], res[f"present_key_{l}"])
+            np.copyto(self.v[l], res[f"present_value_{l}"])
 
     def save(self, path) -> None:
         """Write the cache to ``path`` (.npz, uncompressed), each buffer cut after its last slot

@@ -65,16 +65,19 @@ def cpu_session_for(model_proto, folder, name: str):
         os.unlink(path)
 
 
-def cpu_session_on(model_proto, folder):
+def cpu_session_on(model_proto, folder, arena: bool = True):
     """A :func:`cpu_session` on ``model_proto`` (a graph whose external-data locations are
     relative to ``folder``) made from its bytes, the weights read from ``folder`` through
     onnxruntime's ``session.model_external_initializers_file_folder_path``: nothing is written,
     so ``folder`` may be a read-only cache entry, and the weights are memory-mapped as from a
-    path (measured, onnxruntime 1.32: a 512 MiB weight, 31 MiB anonymous either way). Raises
-    onnxruntime's errors (e.g. a missing external data file)."""
+    path (measured, onnxruntime 1.32: a 512 MiB weight, 31 MiB anonymous either way).
+    ``arena`` False: onnxruntime's CPU memory arena off (each tensor from malloc, given back
+    when freed), for a graph whose arena grows call after call (:class:`tasks.llm.calibration_feeds.RangeTaps`).
+    Raises onnxruntime's errors (e.g. a missing external data file)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
+    so.enable_cpu_mem_arena = arena
     for k, v in {**CPU_CONFIG, "session.model_external_initializers_file_folder_path": str(folder)}.items():
         so.add_session_config_entry(k, v)
     return ort.InferenceSession(model_proto.SerializeToString(), sess_options=so, providers=["CPUExecutionProvider"])

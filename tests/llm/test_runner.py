@@ -158,6 +158,36 @@ def test_calibrate_records_the_ranges_quantize_would_stream(tmp_path):
         assert a.read_bytes() == b.read_bytes(), g
 
 
+def test_a_calibration_graph_lets_go_of_its_session_and_outputs():
+    """What held 10 GiB after a 7B part's calibrate: a RangeTaps that referred to itself (its
+    session lived until the garbage collector ran), and a KV cache holding onnxruntime's output
+    arrays (which keep the session's memory alive). Now the session goes with the last
+    reference (no collection), and the cache holds copies."""
+    import gc
+    import weakref
+
+    from tasks.llm.calibration_feeds import RangeTaps
+    from tasks.llm.runner import KVCache, PartGraph, block_ids
+
+    ex = tiny_export("qwen2")
+    desc = json.loads((ex / "export.json").read_text())
+    taps = RangeTaps(ex / desc["parts"][0]["prefill"]["path"])
+    taps.armed = True
+    g = PartGraph(taps.session)
+    cache = KVCache(range(desc["num_layers"]), desc["num_kv_heads"], desc["context_len"], desc["head_dim"])
+    before = {k: v for k, v in cache.k.items()}
+    res = g.call(block_ids(list(range(5, 5 + SEQ_LEN)), g.S), cache)
+    assert all(cache.k[l] is before[l] and not np.shares_memory(cache.k[l], res[f"present_key_{l}"]) for l in before)
+    assert all(np.array_equal(cache.v[l], res[f"present_value_{l}"]) for l in before) and taps.count == 1
+    gone = weakref.ref(taps.sess)
+    gc.disable()
+    try:
+        del g, taps
+        assert gone() is None
+    finally:
+        gc.enable()
+
+
 @pytest.mark.parametrize("embed", ["part0", "separate"])
 def test_part_stream_one_part_at_a_time_equals_the_runner(embed):
     """PartStream with one part resident gives the LLMRunner's greedy tokens and logits for
