@@ -242,7 +242,11 @@ def print_table(root: Path, recipe: str, sampler: "TreeSampler | None" = None) -
           "|---|---|---|---|---|---|---|")
     total = 0.0
     for name, row in st.items():
-        m = json.loads((Path(row["entry"]) / "manifest.json").read_text())
+        mf = Path(row["entry"]) / "manifest.json"
+        if not mf.is_file():  # a failed build's record names entries of an earlier one, maybe gone
+            print(f"| {name} | (no entry: {row['entry']}) | | | | | |")
+            continue
+        m = json.loads(mf.read_text())
         info, secs = m.get("info", {}), m.get("timings", {}).get("build_seconds", 0.0)
         total += secs
         rows = info.get("parts") if isinstance(info.get("parts"), list) else []  # the bundle's is a count
