@@ -97,7 +97,7 @@ def _gptq_only(v, earlier):
         raise ValueError(f"expected a multiple of 32, found {v}")
     if v is not None and earlier.get("rounding") != "gptq":
         raise ValueError(f"expected null with rounding {json.dumps(earlier.get('rounding', 'nearest'))} (it applies "
-                         f"to rounding: gptq), found {json.dumps(v)}")
+                         f"to rounding: gptq; set it to null where it comes through extends), found {json.dumps(v)}")
     return v
 
 

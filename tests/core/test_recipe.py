@@ -88,7 +88,8 @@ BAD = {
                           'rounding: expected "nearest" with precision w8a16'),
     "gptq-span-without-gptq": (GOOD.replace("calibration:", "precision: w4a16\n  gptq_span: 1024\n  calibration:"),
                                "quantize.gptq_span", 'expected null with rounding "nearest" (it applies to rounding: '
-                                                     'gptq), found 1024'),
+                                                     'gptq; set it to null where it comes through extends), '
+                                                     'found 1024'),
     "gptq-span-not-32": (GOOD.replace("calibration:", "precision: w4a16\n  rounding: gptq\n  gptq_span: 1000\n"
                                       "  calibration:"), "quantize.gptq_span", "expected a multiple of 32, found 1000"),
     "embedding-bits": (GOOD.replace("calibration:", "precision: w4a16\n  embedding_bits: 4\n  calibration:"),
