@@ -38,20 +38,13 @@ def main():
         # activations with per-channel scales spread over two decades (outlier channels, as real ones)
         scale = torch.as_tensor(np.exp(rng.normal(0, 1, K)).astype(np.float32))
         cuts = gptq.spans(K, a.span)
-        Hs = [torch.zeros((k1 - k0, k1 - k0), dtype=getattr(torch, a.dtype)) for k0, k1 in cuts]
+        Hs = [(k0, torch.zeros((k1 - k0, k1 - k0), dtype=getattr(torch, a.dtype))) for k0, k1 in cuts]
         for r0 in range(0, a.rows, 512):
-            x = (torch.randn(min(512, a.rows - r0), K) * scale).to(Hs[0].dtype)
-            for (k0, k1), h in zip(cuts, Hs):
-                h.addmm_(x[:, k0:k1].T, x[:, k0:k1])
+            x = (torch.randn(min(512, a.rows - r0), K) * scale).to(Hs[0][1].dtype)
+            for k0, h in Hs:
+                h.addmm_(x[:, k0:k0 + h.shape[0]].T, x[:, k0:k0 + h.shape[0]])
         t1 = time.perf_counter()
-        U, dead = [], []
-        for (k0, _), h in zip(cuts, Hs):  # as tasks.seqgptq.sequential: each block factored on its own
-            h /= a.rows
-            Ub, db = gptq.inverse_factor(h, dtype=a.dtype)
-            U.append((k0, Ub))
-            dead.append(db)
-        U, dead = (U[0][1] if len(U) == 1 else U), np.concatenate(dead)
-        del Hs
+        U, dead = gptq.block_factors(Hs, dtype=a.dtype, rows=a.rows)  # as tasks.seqgptq.sequential
         t2 = time.perf_counter()
         s0 = time.perf_counter()
         Ws, Ss = [], []

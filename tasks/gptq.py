@@ -67,7 +67,12 @@ def _lower_inverse(M, leaf: int = 256) -> None:
     B.copy_(C @ (B @ A)).neg_()
 
 
-def spans(K: int, span: int | None, align: int = 32) -> list[tuple[int, int]]:
+#: :func:`spans` rounds its blocks' widths to this; ``quantize.gptq_span`` is checked to be a
+#: multiple of it at load (tasks/stages/params.py, which keeps the literal: a test checks they agree)
+SPAN_ALIGN = 32
+
+
+def spans(K: int, span: int | None, align: int = SPAN_ALIGN) -> list[tuple[int, int]]:
     """The diagonal blocks ``[(k0, k1)]`` GPTQ's Hessian of an input of K features is cut into
     with ``quantize.gptq_span`` ``span`` (a multiple of ``align``; None, or K <= span: one
     block, the whole Hessian): ceil(K / span) blocks of equal width rounded up to a multiple of
@@ -78,6 +83,23 @@ def spans(K: int, span: int | None, align: int = 32) -> list[tuple[int, int]]:
     per = -(-K // -(-K // span))  # ceil(K / the number of blocks)
     w = -(-per // align) * align
     return [(k0, min(K, k0 + w)) for k0 in range(0, K, w)]
+
+
+def block_factors(blocks: list, damp: float = GPTQ_DAMP, dtype: str = "float32", rows: int = 1):
+    """``(U, dead)`` of a Hessian given as its diagonal blocks ``[(k0, H_b)]`` (sums X^T X
+    of the rows of :func:`spans`, divided here by ``rows``, in place): U is
+    :func:`inverse_factor`'s for a single block, else ``[(k0, U_b)]`` as :func:`codes` takes
+    it; ``dead`` bool [K], the blocks' in order. The list is emptied as it goes, so each
+    block's memory can go once it is factored."""
+    U, dead = [], []
+    while blocks:
+        k0, h = blocks.pop(0)
+        h /= max(rows, 1)
+        Ub, db = inverse_factor(h, damp, dtype, inplace=True)
+        del h
+        U.append((k0, Ub))
+        dead.append(db)
+    return (U[0][1] if len(U) == 1 else U), np.concatenate(dead)
 
 
 def codes(W, U, dead, S, qmin: int = -8, qmax: int = 7, step: int = 32, chunk_bytes: int = 256 * 2**20):

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 
-from .gptq import inverse_factor, spans
+from .gptq import block_factors, spans
 from .proc import lazy
 
 np = lazy.module("numpy")
@@ -230,16 +230,8 @@ def sequential(graphs, weights: set[str], quantize, damp: float, dtype: str = "f
         t1 = time.perf_counter()
         W_hat = {}
         for a in list(H):
-            blocks, U, dead = H.pop(a), [], []
-            while blocks:
-                k0, h = blocks.pop(0)
-                h /= max(rows[a], 1)
-                Ub, db = inverse_factor(h, damp, dtype, inplace=True)
-                del h
-                U.append((k0, Ub))
-                dead.append(db)
-            U = U[0][1] if len(U) == 1 else U
-            W_hat.update(quantize(list(a), U, np.concatenate(dead), gi == len(keys) - 1))
+            U, dead = block_factors(H.pop(a), damp, dtype, rows[a])
+            W_hat.update(quantize(list(a), U, dead, gi == len(keys) - 1))
             del U
         t2 = time.perf_counter()
         if gi < len(keys) - 1:

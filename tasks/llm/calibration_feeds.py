@@ -240,8 +240,8 @@ def run_part(desc: dict, export_dir: Path, p: dict, sched: list[dict], work: Pat
                 bar.update()
         if taps:
             save_ranges(taps.ranges(), Path(ranges) / f"{kind}.json")
-        # the part's session (and its mapped weights) go before the next graph; its outputs too,
-        # which keep the session's memory (its arena) alive: 4 GiB of a 7B part's
+        # the part's session (and its mapped weights) go before the next graph, and with it the
+        # last call's outputs (onnxruntime's output arrays keep their session's memory alive)
         res = cache = None
         del g, taps
     shutil.rmtree(kv, ignore_errors=True)

@@ -93,7 +93,7 @@ ROUNDING = Param("quantize", "rounding", Literal["nearest", "gptq"], "nearest",
 
 
 def _gptq_only(v, earlier):
-    if v is not None and v % 32:
+    if v is not None and v % 32:  # tasks.gptq.SPAN_ALIGN (not imported: it would lengthen the import chain)
         raise ValueError(f"expected a multiple of 32, found {v}")
     if v is not None and earlier.get("rounding") != "gptq":
         raise ValueError(f"expected null with rounding {json.dumps(earlier.get('rounding', 'nearest'))} (it applies "

@@ -99,7 +99,12 @@ def test_a_span_rounds_each_diagonal_block_of_the_hessian_on_its_own(tmp_path):
     GPTQ's for that block of rows alone with its own Hessian block (layer 1's from the quantized
     layer 0); they differ from the whole Hessian's codes. A span as wide as the widest input
     writes the bytes of no span."""
+    from tasks.stages.params import GPTQ_SPAN
+
     feeds, W0, W1 = _case()
+    with pytest.raises(ValueError, match=f"expected a multiple of {gptq.SPAN_ALIGN}"):  # the load check's rule is spans'
+        GPTQ_SPAN.check(gptq.SPAN_ALIGN + 1, {"rounding": "gptq"})
+    assert GPTQ_SPAN.check(3 * gptq.SPAN_ALIGN, {"rounding": "gptq"}) == 3 * gptq.SPAN_ALIGN
     assert gptq.spans(K0, 32) == [(0, 32), (32, 64)] and gptq.spans(K1, 32) == [(0, 32), (32, 64), (64, 96)]
     d = tmp_path / "s"
     d.mkdir()
