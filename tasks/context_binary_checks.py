@@ -172,7 +172,7 @@ def check_models(root: Path, models: list[str], target: str | None, qdq: dict[st
     Returns {binary path relative to ``root``: what was read}. Raises Mismatch listing every
     difference (a planned model missing is one), ReadError for a binary libQnnSystem cannot
     read."""
-    import onnx
+    from .graphs import load_structure
 
     root = Path(root)
     lines, found, present = [], {}, []
@@ -183,8 +183,8 @@ def check_models(root: Path, models: list[str], target: str | None, qdq: dict[st
             present.append(rel)
     for rel in present:
         if qdq and rel in qdq:
-            before = onnx.load(str(qdq[rel]), load_external_data=False).graph
-            after = onnx.load(str(root / rel), load_external_data=False).graph
+            before = load_structure(qdq[rel]).graph  # I/O only: its inline weights stay unread
+            after = load_structure(root / rel).graph
             for what, b, a in (("input", before.input, after.input), ("output", before.output, after.output)):
                 got = _onnx_io(a)
                 for n, (dt, shape) in _onnx_io(b).items():
