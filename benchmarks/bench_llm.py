@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_llm.py [--shape qwen2.5-0.5b] [--context 4096] [--parts 2] [--calib 4]
     .venv/bin/python benchmarks/bench_llm.py --shape qwen2.5-7b [--keep DIR]
-    .venv/bin/python benchmarks/bench_llm.py --recipe llama3.2-1b-shape [--keep DIR] [--memory-gb G]
+    .venv/bin/python benchmarks/bench_llm.py --recipe llama3.2-1b-shape [--keep DIR] [--memory-gb G] [--task compile.part0:...]
 
 Both shapes use a random-weight checkpoint with the model's exact config.json (dims from the
 public config of Qwen/Qwen2.5-0.5B-Instruct and Qwen/Qwen2.5-7B-Instruct), bf16, sharded
@@ -182,17 +182,20 @@ def bench_recipe(a) -> None:
 
 
 def _build_and_print(root: Path, a, recipe: str = "bench") -> None:
+    """``doit build:<recipe>`` (or ``--task``, one stage of it and what it needs) in ``root``,
+    the process tree sampled, then the stage x part table of what it recorded."""
+    target = getattr(a, "task", None) or f"build:{recipe}"
     env = {**os.environ, **_env(root), "NPUBUILD_PROGRESS": "0"}
     if a.memory_gb:
         env["NPUBUILD_MEMORY_GB"] = str(a.memory_gb)
     print(f"memory budget: {a.memory_gb or 'none'} (NPUBUILD_MEMORY_GB)")
     t0 = time.perf_counter()
-    r = subprocess.Popen([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(root), f"build:{recipe}"],
+    r = subprocess.Popen([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(root), target],
                          env=env)
     sampler = TreeSampler(r.pid, 1.0)
     r.wait()
     sampler.stop()
-    print(f"doit build:{recipe} exited {r.returncode} after {time.perf_counter() - t0:.0f} s (this call); "
+    print(f"doit {target} exited {r.returncode} after {time.perf_counter() - t0:.0f} s (this call); "
           f"process tree peak {sampler.peak / 2**30:.2f} GiB (VmRSS summed over doit and its children, sampled 1/s)")
     print_table(root, recipe, sampler)
 
@@ -284,6 +287,8 @@ def main() -> None:
                                    "build cache, so a second call resumes; 0.5b: the doit project)")
     ap.add_argument("--recipe", help="a repo recipe to build instead (a shape build: llama3.2-1b-shape, ...); "
                                      "--keep, --memory-gb apply")
+    ap.add_argument("--task", help="with --recipe: one doit task of it instead of build:<recipe> (what it needs is "
+                                   "built too), e.g. compile.part0:llama3.1-8b-shape")
     ap.add_argument("--make", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.make:
