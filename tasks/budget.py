@@ -56,13 +56,13 @@ def available_bytes() -> int | None:
 def budget_line() -> str:
     """How ``doit explain`` states the memory budget: the user's
     ``NPUBUILD_MEMORY_GB``, which every LLM stage's estimate is checked against and which
-    decides whether the LLM verify keeps every part resident (when the fp32 weights fit in half
-    of it), else that there is none and what stands in for it (``MemAvailable``, which varies
+    decides whether the LLM verify keeps every part's compiled decode graph open (when their
+    sessions and the KV caches fit in it: :func:`tasks.llm.compare.resident_bytes`), else that there is none and what stands in for it (``MemAvailable``, which varies
     with what else runs)."""
     gib = budget_gib()
     if gib is not None:
         return (f"{gib:g} GiB (NPUBUILD_MEMORY_GB): LLM stages whose estimate exceeds it stop before work; "
-                f"LLM verify keeps every part resident only when the fp32 weights fit in {gib / 2:g} GiB")
+                f"LLM verify keeps every compiled decode graph open only when they and the KV caches fit in it")
     avail = available_bytes()
     now = f", {avail / GiB:.1f} GiB now" if avail is not None else ""
     return (f"none set (NPUBUILD_MEMORY_GB): LLM stages are checked against the memory available{now}, "

@@ -8,10 +8,11 @@ QNN HTP, the simulator on x86_64; ``cpu-qdq``: the QDQ graphs on the CPU EP), th
 export graphs on the CPU EP (equal to ``transformers`` ``generate()`` to 2e-4 in logits: tests)
 are teacher-forced on the same prompt and the compiled side's tokens: at every position, the
 token fp32 would pick after the same history. Both run part by part
-(:class:`tasks.llm.runner.PartStream`): the teacher-forced fp32 side loads each graph once,
-whatever the number of tokens (generating greedily on both sides loaded every part once per
-token when the parts did not fit in memory together: the 7B's verify, 22 of its build's 68
-minutes). Metrics (``verify.json``):
+(:class:`tasks.llm.runner.PartStream`): the teacher-forced fp32 side runs each prompt with
+the compiled tokens through its prefill graphs, each loaded once, windows of S tokens, no
+decode graph (the logits at each position are what fp32's decode graph would compute after
+the same history, equal to fp32 rounding), whatever the number of tokens. Metrics
+(``verify.json``):
 
 - ``token_agreement``: share of generated positions where the compiled token equals fp32's
   greedy choice after the same history (mean over prompts). Up to and including the first
@@ -129,20 +130,36 @@ def read_back_bundle(views: dict, params: dict) -> dict:
     return found
 
 
-def resident_parts(graph_path, parts: int, budget_bytes: int | None) -> int:
-    """How many parts' sessions the compiled side's greedy generation
-    (:meth:`tasks.llm.runner.PartStream.run`) keeps open: all of them when every part's decode
-    graph fits in ``budget_bytes`` (bytes; counted as its files on disk: ``graph_path(i,
-    "decode")`` and the files beside it whose names start with its stem, its external data or
-    context binary), so each decode graph is loaded once; else 1 (one part at a time, each
-    decode graph loaded once per generated token). ``None`` budget: 1."""
-    if budget_bytes is None:
-        return 1
+#: bytes a session holds per byte of its graph's files, for the compiled side's residency
+#: (:func:`resident_bytes`): ``cpu-qdq`` sessions (:func:`tasks.llm.qdq_session.qdq_session`)
+#: measured at 2.2 after creation and 3.2 while made (a Qwen2.5-7B part's 0.93 GiB decode graph:
+#: 2.1 and 3.0 GiB); ``htp`` sessions: 2, the rule before this one (decode graphs within half
+#: the memory available)
+SESSION_BYTES_PER_FILE_BYTE = {"cpu-qdq": 2.5, "htp": 2.0}
+
+
+def resident_bytes(graph_path, parts: int, backend: str, prompts: int, desc: dict) -> int:
+    """Bytes the compiled side's greedy generation (:meth:`tasks.llm.runner.PartStream.run`)
+    holds when every part's decode session stays open: each decode graph's files on disk
+    (``graph_path(i, "decode")`` and the files beside it whose names start with its stem, its
+    external data or context binary) x :data:`SESSION_BYTES_PER_FILE_BYTE` of ``backend``,
+    plus the KV caches of ``prompts`` prompts (layers x 2 x KV heads x context x head_dim x 4
+    bytes each, from ``desc``, the export description). The prefill sessions come before,
+    one at a time."""
     total = 0
     for i in range(parts):
         g = Path(graph_path(i, "decode"))
         total += sum(f.stat().st_size for f in g.parent.iterdir() if f.name.startswith(g.stem))
-    return parts if total <= budget_bytes else 1
+    kv = prompts * desc["num_layers"] * 2 * desc["num_kv_heads"] * desc["context_len"] * desc["head_dim"] * 4
+    return int(total * SESSION_BYTES_PER_FILE_BYTE[backend]) + kv
+
+
+def resident_parts(need: int, parts: int, budget_bytes: int | None) -> int:
+    """How many parts' sessions the compiled side keeps open: all of them when ``need``
+    (:func:`resident_bytes`) fits in ``budget_bytes``, so each decode graph is loaded once;
+    else 1 (one part at a time, each decode graph loaded once per generated token). ``None``
+    budget: 1."""
+    return parts if budget_bytes is not None and need <= budget_bytes else 1
 
 
 def _cut_at_eos(tokens: list[int], eos) -> list[int]:
@@ -221,15 +238,16 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
     """Measure the compiled LLM against the fp32 export (see module docstring). Both sides run
     as :class:`tasks.llm.runner.PartStream` over every verify prompt at once, one side after
     the other: the compiled side generates greedily (each part's prefill graph loaded once,
-    its decode graph once when every part's decode graph fits ``budget_bytes``, bytes:
-    :func:`resident_parts`, else once per token), then the fp32 side is teacher-forced on the
-    compiled side's tokens, one part at a time (each graph loaded once); perplexity's text
-    goes through the prefill graphs in the same passes. The fp32 side is the exported fp32
+    its decode graph once when what holding them all takes fits ``budget_bytes``, bytes:
+    :func:`resident_bytes`, else once per token), then the fp32 side is teacher-forced on the
+    compiled side's tokens, one part at a time (each prefill graph loaded once, no decode
+    graph); perplexity's text goes through the prefill graphs in the same passes. The fp32 side is the exported fp32
     graphs on the CPU EP (tests tie them to ``transformers``: tests/llm/test_runner.py). ``wrap_sessions``:
     optional ``factory -> factory`` put around both sides' session factories (tests count
-    the sessions made). Returns the report dict (``"_run"``: how many parts each side held
-    and the sessions each made)."""
+    the sessions made). Returns the report dict (``"_run"``: how many parts each side held,
+    the sessions each made and its wall seconds)."""
     import json
+    import time
 
     from transformers import AutoTokenizer
 
@@ -238,6 +256,7 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
     from ..proc.scrubbing import scrub
     from . import htp
     from .runner import PartStream
+    from .qdq_session import qdq_session
     from .sessions import cpu_session
 
     binaries = read_back_bundle(inputs, params)  # what ships, read back before anything runs
@@ -255,26 +274,30 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
             rel = desc["parts"][i][kind]["path"]
             return folder / (rel[:-len(".onnx")] + suffix)
         if resident is None:
-            resident = resident_parts(path, len(desc["parts"]), budget_bytes)
+            need = resident_bytes(path, len(desc["parts"]), params["backend"], len(prompts), desc)
+            resident = resident_parts(need, len(desc["parts"]), budget_bytes)
         return PartStream(desc, path, wrap(make_session), resident=resident, embed_table=embed, pad_id=pad)
 
     if params["backend"] == "htp":
         got = stream(Path(inputs["compiled"]), "_ctx.onnx", htp.qnn_session_factory(target=params["target"]))
         ran = "per-graph context binaries compiled from the same QDQ graphs (the shared binary crashes the simulator)"
     else:
-        got = stream(Path(inputs["qdq"]), ".onnx", cpu_session)
-        ran = "QDQ graphs on the CPU EP (quantization only)"
+        got = stream(Path(inputs["qdq"]), ".onnx", qdq_session)
+        ran = "QDQ graphs on the CPU EP (quantization only; weight MatMuls fused, fp32)"
     ids = None  # perplexity's text: teacher forced through the prefill graphs in the same pass
     if "perplexity_text" in files:
         ids = tok(Path(files["perplexity_text"]).read_text(encoding="utf-8"))["input_ids"]
         ids = ids[: min(len(ids), desc["context_len"] - 1, 64)]
+    t0 = time.perf_counter()
     got_tokens, got_logits, *got_rows = got.run(prompts, K, score=ids,
                                                 progress=f"{params['backend']} steps ({len(prompts)} prompts)")
     got.close()  # one side's sessions at a time
+    t1 = time.perf_counter()
     fp32 = stream(ref_dir, ".onnx", cpu_session, resident=1)  # part-major: one part at a time costs no loads
     ref_tokens, ref_logits, *ref_rows = fp32.run(prompts, K, forced=[t[:-1] for t in got_tokens], score=ids,
                                                  progress=f"fp32 graphs ({len(prompts)} prompts, teacher forced)")
     fp32.close()
+    seconds = {"compiled": round(t1 - t0, 1), "reference": round(time.perf_counter() - t1, 1)}
     rows = []
     for txt, rt, rl, gt, gl in zip(texts, ref_tokens, ref_logits, got_tokens, got_logits):
         frac, pre = agreement(rt, gt)
@@ -318,10 +341,11 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
     return {"backend": params["backend"], "target": params["target"], "ran": ran, "metrics": metrics,
             "runtime": runtime,
             "samples": rows, "max_new_tokens": K,
-            "reference": "fp32 export graphs (CPU EP), teacher-forced on the compiled side's tokens",
+            "reference": "fp32 export graphs (CPU EP), teacher-forced on the compiled side's tokens "
+                         "(prefill graphs)",
             # how it ran on this machine (manifest info, not verify.json: it varies with memory)
             "_run": {"parts_resident": {"reference": fp32.resident, "compiled": got.resident},
-                     "part_loads": {"reference": fp32.loads, "compiled": got.loads}},
+                     "part_loads": {"reference": fp32.loads, "compiled": got.loads}, "seconds": seconds},
             "binaries": binaries,
             # where the compiled graphs run, read from every part's compile entry
             **qnn.placement(*inputs.get("compiled_parts", [inputs["compiled"]]))}

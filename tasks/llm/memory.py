@@ -90,8 +90,8 @@ def estimates(config: dict, ranges: list[tuple[int, int]], seq_len: int, context
     - calibrate: one fp32 part (mapped) + one call's activations + a prompt's KV cache twice
       (the fp32 run of the quantize estimate, without the quantizer).
     - verify: one fp32 part (mapped) + one QDQ part + the KV caches of the verify prompts (the
-      compiled side keeps every part's decode graph open only when they fit in half the memory
-      available: :func:`tasks.llm.compare.resident_parts`).
+      compiled side keeps every part's decode graph open only when they fit in the memory
+      available: :func:`tasks.llm.compare.resident_bytes`).
     """
     H = config["num_attention_heads"]
     D = config["hidden_size"]

@@ -254,11 +254,11 @@ class PartStream:
     Sessions are created when first needed and dropped (least recently used) once more than
     ``resident`` parts are open; :attr:`loads` counts the sessions made. What each method loads:
 
-    - :meth:`score` and :meth:`run` with ``forced`` (teacher forcing): part-major, every prompt
-      through part 0's prefill then decode graph, then part 1's, ...: each graph once, whatever
-      the number of tokens (``2 * parts`` loads; ``parts`` when ``steps`` is 1). In memory: the
-      hidden states between two parts (per prompt and call [1, S, D] or [1, 1, D], the last
-      part's logits rows) and one part's KV caches.
+    - :meth:`score` and :meth:`run` with ``forced`` (teacher forcing): part-major, each prompt
+      with its forced tokens through part 0's prefill graph in windows of S tokens, then part
+      1's, ...: each prefill graph once, no decode graph, whatever the number of tokens
+      (``parts`` loads). In memory: the hidden states between two parts (per prompt and window
+      [1, S, D], the last part's logits rows [1, S, V]) and one part's KV caches.
     - :meth:`run` greedy: each part's prefill graph once (part-major), then per step every
       prompt through the decode graphs of parts 0, 1, ...: a decode graph is loaded once when
       ``resident`` covers every part, else once per step (the next token needs the last part's
@@ -344,7 +344,10 @@ class PartStream:
     def run(self, prompts: list[list[int]], steps: int, forced: list[list[int]] | None = None,
             progress: str | None = None, score: list[int] | None = None):
         """Feed each prompt, then ``steps - 1`` more tokens: the greedy argmax, or
-        ``forced[b][j]`` (teacher forcing, part-major: each graph loaded once). Returns
+        ``forced[b][j]`` (teacher forcing: the prompt and its forced tokens go through the
+        prefill graphs in windows of S, part-major, each prefill graph loaded once; row j is the
+        prefill's logits at the position of the token fed at step j, what the decode graph
+        computes step by step, equal to fp32 rounding). Returns
         ``(tokens, logits)``: per prompt the ``steps`` argmax tokens and the ``steps`` float32
         [V] logits rows they come from (row 0 from the prompt's last token, row j from the
         token fed at step j: the greedy token j - 1, or ``forced[b][j - 1]``). ``score``: a
@@ -366,35 +369,41 @@ class PartStream:
             raise ValueError(f"expected at least 2 tokens to score, found {len(score)}")
         if score is not None and len(score) > self.C:
             raise ValueError(f"expected at most the context length {self.C} tokens, found {len(score)}")
-        bar = _progress.bar(what=progress, total=2 * P if forced is not None else steps,
+        if forced is not None and any(len(p) + steps - 1 > self.C for p in prompts):
+            raise ValueError(f"expected a prompt plus {steps - 1} forced tokens within the context length {self.C}, "
+                             f"found {max(len(p) for p in prompts) + steps - 1}")
+        bar = _progress.bar(what=progress, total=P if forced is not None else steps,
                             unit="graph" if forced is not None else "step") if progress else None
-        blocks = [prompt_windows(p, self.S) for p in prompts] + ([prompt_windows(score, self.S)] if score else [])
+        seqs = [list(p) + list(forced[b][:steps - 1]) if forced is not None else p for b, p in enumerate(prompts)]
+        blocks = [prompt_windows(q, self.S) for q in seqs] + ([prompt_windows(score, self.S)] if score else [])
         xs = [self._inputs(blk, self.S) for blk in blocks]
-        steps_in = [[[t] for t in forced[b][:steps - 1]] for b in range(B)] if forced is not None else None
-        ys = [self._inputs(steps_in[b], 1) for b in range(B)] if forced is not None else None
         caches = [[None] * P for _ in range(B)]
         for i in range(P):
             part = [self._cache(i) for _ in blocks]  # part i's cache of each prompt, then of the scored text
             self._through(i, "prefill", blocks, xs, part)
-            if forced is not None:  # this part's decode calls now: its caches go before the next part
-                self._drop("prefill")
-                if steps > 1 and B:
-                    self._through(i, "decode", steps_in, ys, part[:B])
-                    self._drop("decode")
-            else:
+            self._drop("prefill")  # used once: a part's prefill session goes before the next part's is made
+            if forced is None:
                 for b in range(B):
                     caches[b][i] = part[b]
             if bar is not None:
-                bar.update(2 if forced is not None else 0)
+                bar.update(1 if forced is not None else 0)
         self._drop("prefill")
-        rows = None
-        if score:
-            rows = np.concatenate([x[0, :len(w)] for x, w in zip(xs[B], blocks[B])]).astype(np.float32)[:-1]
-        logits = [[xs[b][-1][0, len(blocks[b][-1]) - 1].astype(np.float32)] for b in range(B)]
+
+        def positions(b, lo=0, hi=None):
+            """float32 [hi - lo, V]: the last part's logits at real positions lo..hi - 1 of call b."""
+            hi = sum(map(len, blocks[b])) if hi is None else hi
+            out, at = [], 0
+            for x, w in zip(xs[b], blocks[b]):
+                if at < hi and at + len(w) > lo:
+                    out.append(x[0, max(lo - at, 0):min(hi - at, len(w))])
+                at += len(w)
+            return np.concatenate(out).astype(np.float32)
+
+        rows = positions(B)[:-1] if score else None
         if forced is not None:
-            for b in range(B):
-                logits[b] += [y[0, 0].astype(np.float32) for y in ys[b]]
+            logits = [list(positions(b, len(prompts[b]) - 1, len(prompts[b]) - 1 + steps)) for b in range(B)]
         else:
+            logits = [[xs[b][-1][0, len(blocks[b][-1]) - 1].astype(np.float32)] for b in range(B)]
             if bar is not None:
                 bar.update()
             for _ in range(steps - 1):

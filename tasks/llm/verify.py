@@ -106,19 +106,20 @@ def run(inputs, files, params, out: Path) -> dict:
     import tempfile
 
     from .compare import verify_llm
+    from ..budget import held_bytes
     from .memory import available_bytes, check_export_stage, weight_bits_of
 
     with tempfile.TemporaryDirectory(prefix="verify-parts-") as tmp:
         views = joined_views(inputs, Path(tmp))
         check_export_stage("verify", views["reference"], weight_bits_of(views["qdq"]))
-        avail = available_bytes()
-        report = verify_llm(views, files, params, budget_bytes=None if avail is None else avail // 2)
+        avail = available_bytes()  # what the compiled side may hold: the budget less what this process holds
+        report = verify_llm(views, files, params, budget_bytes=None if avail is None else avail - held_bytes(False))
     run_info = report.pop("_run")
     return {**common.write_report(out, report), **run_info}
 
 
 STAGE = Stage(
-    kind="verify", family="llm", module=__name__, version=6,  # 6: fp32 teacher-forced on the compiled tokens
+    kind="verify", family="llm", module=__name__, version=7,  # 7: fp32 teacher-forced through its prefill graphs
     tools=("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "transformers", "tokenizers", "numpy", "torch",
            "onnxruntime-genai"), run=run,
     params=(BACKEND, RUNTIME, DATA_SAMPLES, MAX_NEW_TOKENS, THRESHOLDS_PARAM),

@@ -1,5 +1,6 @@
 """LLMRunner over the fp32 ONNX graphs on the CPU EP == transformers greedy generate; calib feeds."""
 import json
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -244,12 +245,13 @@ def test_part_stream_score_is_teacher_forcing_in_prefill_windows(embed):
 
 
 @pytest.mark.parametrize("embed", ["part0", "separate"])
-def test_part_stream_teacher_forcing_loads_each_graph_once(embed):
-    """Teacher forcing (what verify's fp32 side runs) goes part-major: with one part resident
-    each part's prefill and decode graph is made once, for 3 steps as for 9 (sessions counted
-    in the factory); forced on the greedy run's own tokens it gives that run's tokens and
-    logits exactly. Greedy with every part resident loads each graph once too, with one part
-    resident a decode graph per step."""
+def test_part_stream_teacher_forcing_loads_each_prefill_graph_once(embed):
+    """Teacher forcing (what verify's fp32 side runs) goes part-major through the prefill
+    graphs: with one part resident each part's prefill graph is made once and no decode graph,
+    for 3 steps as for 9 (sessions counted in the factory); forced on the greedy run's own
+    tokens it gives that run's tokens, and its logits to fp32 rounding (the prefill graph
+    computes at once what the decode graph computes a step at a time). Greedy with every part
+    resident loads each graph once too, with one part resident a decode graph per step."""
     from tasks.llm.runner import PartStream
 
     ex = tiny_export("llama", parts=2, embed=embed)
@@ -275,10 +277,12 @@ def test_part_stream_teacher_forcing_loads_each_graph_once(embed):
         greedy[steps] = (t, l)
         s = stream(1)
         tf, lf = s.run(prompts, steps, forced=[x[:-1] for x in t])
-        assert s.loads == len(made) == 4 and len(set(made)) == 4, made  # 2 parts x (prefill, decode)
+        assert s.loads == len(made) == 2 and all(Path(m).name.startswith("prefill") for m in made), made
         assert tf == t
         for rows, want in zip(lf, l):
-            assert len(rows) == steps and all(np.array_equal(a, b) for a, b in zip(rows, want))
+            assert len(rows) == steps
+            np.testing.assert_allclose(np.stack(rows), np.stack(want), atol=2e-4)
+            assert np.array_equal(rows[0], want[0])  # the prompt's last position: the same prefill call
     assert all(len(x) == 9 and len(set(x)) > 2 for x in greedy[9][0])  # real continuations, not one token
     s = stream(1)
     assert s.run(prompts, 9)[0] == greedy[9][0] and s.loads == 2 + 8 * 2
