@@ -184,7 +184,7 @@ def bench_recipe(a) -> None:
 def _build_and_print(root: Path, a, recipe: str = "bench") -> None:
     """``doit build:<recipe>`` (or ``--task``, one stage of it and what it needs) in ``root``,
     the process tree sampled, then the stage x part table of what it recorded."""
-    target = getattr(a, "task", None) or f"build:{recipe}"
+    target = a.task or f"build:{recipe}"
     env = {**os.environ, **_env(root), "NPUBUILD_PROGRESS": "0"}
     if a.memory_gb:
         env["NPUBUILD_MEMORY_GB"] = str(a.memory_gb)

@@ -24,10 +24,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
-def hwm() -> int:
-    with open("/proc/self/status") as f:
-        return int(next(ln for ln in f if ln.startswith("VmHWM")).split()[1]) * 1024
-
 
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -47,6 +43,7 @@ def main() -> None:
     files = {r: str(root / f["path"]) if not Path(f["path"]).is_absolute() else f["path"]
              for r, f in man["files"].items()}
     from tasks.llm import verify
+    from tasks.proc.rss import peak_rss
 
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as out:
@@ -54,7 +51,7 @@ def main() -> None:
         rep = json.loads((Path(out) / "verify.json").read_text())
     print(f"verify of {a.recipe} on {entry.name}'s inputs: {time.perf_counter() - t0:.0f} s wall; "
           f"sides {info.get('seconds')} s; sessions {info.get('part_loads')}; resident {info.get('parts_resident')}; "
-          f"peak RSS {hwm() / 2**30:.2f} GiB")
+          f"peak RSS {peak_rss() / 2**30:.2f} GiB")
     print("metrics", json.dumps(rep["metrics"]))
     print("before (the entry's):", json.dumps({k: man["info"].get(k) for k in ("part_loads", "parts_resident")}),
           f"{man.get('timings', {}).get('build_seconds', 0):.0f} s")

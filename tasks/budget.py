@@ -57,8 +57,9 @@ def budget_line() -> str:
     """How ``doit explain`` states the memory budget: the user's
     ``NPUBUILD_MEMORY_GB``, which every LLM stage's estimate is checked against and which
     decides whether the LLM verify keeps every part's compiled decode graph open (when their
-    sessions and the KV caches fit in it: :func:`tasks.llm.compare.resident_bytes`), else that there is none and what stands in for it (``MemAvailable``, which varies
-    with what else runs)."""
+    sessions and the KV caches fit in it: :func:`tasks.llm.compare.resident_bytes`), else that
+    there is none and what stands in for it (``MemAvailable``, which varies with what else
+    runs)."""
     gib = budget_gib()
     if gib is not None:
         return (f"{gib:g} GiB (NPUBUILD_MEMORY_GB): LLM stages whose estimate exceeds it stop before work; "

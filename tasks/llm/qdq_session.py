@@ -83,6 +83,8 @@ def qdq_session(model, optimized_to=None):
         so.add_session_config_entry(k, v)
     if optimized_to is not None:
         so.optimized_model_filepath = str(optimized_to)
+    # not sessions.cpu_session_on: here the proto goes before the session is made (a 7B part's
+    # graph holds ~1 GB inline, that much less at the peak) and pre-packing stays on
     data = m.SerializeToString()
     del m
     return ort.InferenceSession(data, sess_options=so, providers=["CPUExecutionProvider"])

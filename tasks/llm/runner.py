@@ -367,14 +367,14 @@ class PartStream:
                              f"{[len(f) for f in forced]}")
         if score is not None and len(score) < 2:
             raise ValueError(f"expected at least 2 tokens to score, found {len(score)}")
-        if score is not None and len(score) > self.C:
-            raise ValueError(f"expected at most the context length {self.C} tokens, found {len(score)}")
-        if forced is not None and any(len(p) + steps - 1 > self.C for p in prompts):
-            raise ValueError(f"expected a prompt plus {steps - 1} forced tokens within the context length {self.C}, "
-                             f"found {max(len(p) for p in prompts) + steps - 1}")
+        seqs = [list(p) + list(forced[b][:steps - 1]) if forced is not None else p for b, p in enumerate(prompts)]
+        # what goes through the prefill graphs whole: the scored text, each prompt with its forced tokens
+        longest = max([len(q) for q in seqs if forced is not None] + ([len(score)] if score is not None else []),
+                      default=0)
+        if longest > self.C:
+            raise ValueError(f"expected at most the context length {self.C} tokens, found {longest}")
         bar = _progress.bar(what=progress, total=P if forced is not None else steps,
                             unit="graph" if forced is not None else "step") if progress else None
-        seqs = [list(p) + list(forced[b][:steps - 1]) if forced is not None else p for b, p in enumerate(prompts)]
         blocks = [prompt_windows(q, self.S) for q in seqs] + ([prompt_windows(score, self.S)] if score else [])
         xs = [self._inputs(blk, self.S) for blk in blocks]
         caches = [[None] * P for _ in range(B)]
@@ -387,7 +387,6 @@ class PartStream:
                     caches[b][i] = part[b]
             if bar is not None:
                 bar.update(1 if forced is not None else 0)
-        self._drop("prefill")
 
         def positions(b, lo=0, hi=None):
             """float32 [hi - lo, V]: the last part's logits at real positions lo..hi - 1 of call b."""

@@ -105,8 +105,8 @@ def run(inputs, files, params, out: Path) -> dict:
     Raises the memory check's error before work."""
     import tempfile
 
-    from .compare import verify_llm
     from ..budget import held_bytes
+    from .compare import verify_llm
     from .memory import available_bytes, check_export_stage, weight_bits_of
 
     with tempfile.TemporaryDirectory(prefix="verify-parts-") as tmp:
