@@ -38,6 +38,21 @@ def matmul_weight_overrides(model, weight_type: str, axis: int = 1, symmetric: b
     return out
 
 
+def per_tensor_4bit(overrides: dict) -> dict:
+    """``overrides`` (:func:`matmul_weight_overrides`' form) with every 4-bit weight's axis
+    dropped: onnxruntime quantizes those weights per-tensor, one numpy pass each, instead of its
+    per-channel path, a Python loop over the output channels (cProfile on a Qwen2.5-7B part's
+    prefill graph: ~85 s of the quantizer's 102 s; benchmarks/README.md "What onnxruntime's
+    quantizer computed for nothing"). Only for weights whose encoding is replaced whole
+    afterwards (:func:`tasks.weights.reencode` with LPBQ blocks or GPTQ): the QDQ model it leaves
+    is then the same bytes (tests/qnn/test_int4.py). Returns a new dict; 8-bit entries as they are."""
+    out = {}
+    for name, specs in overrides.items():
+        out[name] = [{k: v for k, v in s.items() if k != "axis"}
+                     if getattr(s.get("quant_type"), "name", "") in ("QInt4", "QUInt4") else s for s in specs]
+    return out
+
+
 def matching_weights(model, pattern: str) -> set[str]:
     """Constant weight names (2-D or more) whose own name or consuming node's name matches
     ``pattern`` (``re.search``): what a recipe ``quantize.overrides`` pattern selects, in

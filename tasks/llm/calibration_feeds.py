@@ -103,12 +103,19 @@ def text_ids(model_dir, text_path) -> tuple[list[int], int]:
     return ids, eos
 
 
-def schedule(ids: list[int], S: int, C: int, *, n_prompts: int = 8, decode_steps: int = 24,
+def schedule(ids: list[int], S: int, C: int, *, n_prompts: int = 8, decode_steps: int = 4,
              decode_keep: int = 4, seed: int = 0) -> list[dict]:
     """The teacher-forced calls: per prompt ``{"prompt": ids, "decode": ids, "keep": [steps]}``.
     Prompt lengths cycle over ~S/4, S/2, S, 1.5*S (capped so prompt + decode fits C); ``keep``
     are ``decode_keep`` evenly spaced decode steps whose feeds are recorded. Raises ValueError
-    when the text is too short."""
+    when the text is too short.
+
+    By default every decode step is recorded (4 of 4): a decode call reads all of its part's
+    weights whether or not it is recorded, so a step run only to move the cache costs a whole
+    call (a Qwen2.5-7B part: 0.35 s, against 4.1 s for a prefill call; 24 steps with 4 kept
+    made 320 of a part's 384 decode calls, ~112 s of its ~290 s calibrate, benchmarks/README.md
+    "calibrate's decode calls"). The cache fill levels the decode feeds see come from the
+    prompt lengths' cycle."""
     rng = random.Random(seed)
     lengths = [max(1, S // 4), max(1, S // 2), S, S + max(1, S // 2)]
     max_prompt = min(C - S, C - 1 - decode_steps)  # every call needs n + S <= C (runner.PartGraph.call)

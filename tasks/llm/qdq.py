@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..quantconfig import fast_int4_packing, matmul_weight_overrides, qtype
+from ..quantconfig import fast_int4_packing, matmul_weight_overrides, per_tensor_4bit, qtype
 from .layout import ROPE_TABLES
 
 
@@ -95,7 +95,10 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
         if four_bit and not block_size:
             keep_8bit = ("lm_head", *keep_8bit)
         if matmul_per_channel or four_bit:
-            overrides.update(matmul_weight_overrides(model, weight_type, keep_8bit=keep_8bit))
+            mm = matmul_weight_overrides(model, weight_type, keep_8bit=keep_8bit)
+            # reencode replaces every int4 MatMul weight's encoding whole (LPBQ blocks, GPTQ codes):
+            # what onnxruntime computes for them is thrown away, so it takes its cheap path
+            overrides.update(per_tensor_4bit(mm) if four_bit and (block_size or rounding != "nearest") else mm)
         weight_bytes = sum(i.ByteSize() if not i.external_data else
                            int(next(e.value for e in i.external_data if e.key == "length"))
                            for i in model.graph.initializer)

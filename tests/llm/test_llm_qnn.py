@@ -125,3 +125,44 @@ def test_decode_graph_takes_the_prefills_int4_encodings(qwen2_qdq, tmp_path):
     onnx.save(onnx.load(str(ex / "part0" / "prefill.onnx")), str(other / "prefill.onnx"))  # weights inline
     with pytest.raises(ValueError, match="expected the same fp32 data for weight"):
         q("decode", "dec_bad.onnx", same_as=(other / "prefill.onnx", pre))
+
+
+@pytest.mark.parametrize("kw", [dict(block_size=64), dict(rounding="gptq")], ids=["lpbq", "gptq-per-channel"])
+def test_int4_weights_reencoded_whole_are_quantized_per_tensor_first_and_leave_the_same_bytes(qwen2_qdq, tmp_path,
+                                                                                            monkeypatch, kw):
+    """When reencode replaces every int4 MatMul weight's encoding (LPBQ blocks, GPTQ codes),
+    onnxruntime's quantizer is handed those weights per-tensor (its cheap path,
+    :func:`tasks.quantconfig.per_tensor_4bit`); the QDQ model left is the bytes its per-channel
+    path leaves (the override switched back to it for the comparison)."""
+    import hashlib
+
+    import onnx
+
+    from tasks.llm import qdq
+
+    ex, feeds = tiny_export("qwen2"), qwen2_qdq["feeds"]
+
+    def q(out):
+        return qdq.quantize_qdq(ex / "part0" / "prefill.onnx", tmp_path / out, feeds["prefill"][0],
+                                weight_type="int4", **kw)
+
+    fast = q("fast.onnx")
+    calls = []
+    monkeypatch.setattr(qdq, "per_tensor_4bit", lambda o: calls.append(o) or o)  # onnxruntime's per-channel path
+    slow = q("slow.onnx")
+    assert len(calls) == 1 and sum("axis" in s for specs in calls[0].values() for s in specs) >= 14
+    assert hashlib.sha256(fast.read_bytes()).digest() == hashlib.sha256(slow.read_bytes()).digest()
+    m = onnx.load(str(fast))
+    int4 = [i for i in m.graph.initializer if i.data_type == onnx.TensorProto.INT4 and i.name.endswith("_quantized")]
+    assert len(int4) >= 14
+
+
+def test_per_tensor_4bit_drops_the_axis_of_4_bit_weights_only():
+    from onnxruntime.quantization import QuantType
+
+    from tasks.quantconfig import per_tensor_4bit
+
+    o = {"a": [{"quant_type": QuantType.QInt4, "axis": 1, "symmetric": True}],
+         "b": [{"quant_type": QuantType.QUInt8, "axis": 1, "symmetric": True}]}
+    assert per_tensor_4bit(o) == {"a": [{"quant_type": QuantType.QInt4, "symmetric": True}], "b": o["b"]}
+    assert o["a"][0]["axis"] == 1  # a new dict
