@@ -76,6 +76,24 @@ def test_lpbq_scale_search_never_loses_to_the_rounded_max_rule():
         assert new.sum() < 0.9 * old.sum(), (new.sum(), old.sum())
 
 
+def test_lpbq_scale_search_is_the_same_on_one_thread_or_two():
+    """The search runs on torch's threads; its choice must not depend on how many (the bytes
+    of a build would): a 3584 x 1024 weight (Qwen2.5-7B's in-features), block 128."""
+    import torch
+
+    W = (np.random.default_rng(3).standard_normal((3584, 1024)) * 0.02).astype(np.float32)
+    n = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = weights.lpbq_scales(W, 128)
+        torch.set_num_threads(2)
+        two = weights.lpbq_scales(W, 128)
+    finally:
+        torch.set_num_threads(n)
+    assert one[0].tobytes() == two[0].tobytes() and one[1].tobytes() == two[1].tobytes()
+    assert len(np.unique(one[0])) > 3  # the search chose among several integer scales
+
+
 @pytest.mark.parametrize("block", [16, 32, 128])
 def test_lpbq_matmul_runs_all_on_htp_and_computes_its_weights(tmp_path, block):
     """The LPBQ encoding compiles with every node on HTP (CPU fallback disabled) and the
