@@ -93,7 +93,10 @@ def check(stage: str, estimate: int, part: int, *, recipe_keys: str | None, held
     """Raise :class:`NotEnoughMemory` when ``estimate`` + ``held`` (what the process running
     the stage holds already: :func:`held_bytes`) exceeds :func:`available_bytes`, naming the
     stage, the part, both figures (with the decimals that tell them apart), the held share and
-    ``recipe_keys`` (what to change; None: no recipe key lowers it, so more memory is the fix)."""
+    ``recipe_keys`` (what to change; None: no recipe key lowers it, so more memory is the fix);
+    when the stage alone would fit, the message says to run the command again (a new doit
+    process holds nothing of the earlier stages': the 7B's compile.part0 was refused at 17.0
+    GiB with 2.6 GiB held, and built in a new process, benchmarks/README.md)."""
     from .metrics import apart
 
     avail = available_bytes()
@@ -109,4 +112,7 @@ def check(stage: str, estimate: int, part: int, *, recipe_keys: str | None, held
             fix = f"to lower it change {recipe_keys}"
         need, have = apart(estimate / GiB, avail / GiB)
         of = f" ({held / GiB:.1f} GiB of it held already by the process that runs it)" if held >= GiB // 10 else ""
+        if of and estimate - held <= avail:  # a new process starts without what earlier stages left
+            fix = ("it fits in a new process: run the same command again (the stages built so far are cache hits), "
+                   f"or {fix}")
         raise NotEnoughMemory(f"{stage}: part {part} needs about {need} GiB{of}, {have} GiB is available ({src}); {fix}")

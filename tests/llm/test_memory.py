@@ -144,8 +144,13 @@ def test_the_check_adds_what_the_stage_process_holds_already(monkeypatch):
     est = int(63.5 * budget.GiB)
     budget.check("compile", est, 0, recipe_keys="export.parts (now 4)")  # fits without what is held
     with pytest.raises(budget.NotEnoughMemory, match=r"compile: part 0 needs about 6\d\.\d GiB \(\d\.\d GiB of it held "
-                                                     r"already by the process that runs it\), 64\.0 GiB is available"):
+                                                     r"already by the process that runs it\), 64\.0 GiB is available "
+                                                     r"\(NPUBUILD_MEMORY_GB\); it fits in a new process: run the same "
+                                                     r"command again .*, or to lower it change export\.parts"):
         budget.check("compile", est, 0, recipe_keys="export.parts (now 4)", held=child)
+    with pytest.raises(budget.NotEnoughMemory) as e:  # too big even alone: no advice to run it again
+        budget.check("compile", int(64.5 * budget.GiB), 0, recipe_keys="export.parts (now 4)", held=child)
+    assert "new process" not in str(e.value) and str(e.value).endswith("to lower it change export.parts (now 4)")
     del keep
 
 
