@@ -42,10 +42,10 @@ def per_tensor_4bit(overrides: dict) -> dict:
     """``overrides`` (:func:`matmul_weight_overrides`' form) with every 4-bit weight's axis
     dropped: onnxruntime quantizes those weights per-tensor, one numpy pass each, instead of its
     per-channel path, a Python loop over the output channels (cProfile on a Qwen2.5-7B part's
-    prefill graph: ~85 s of the quantizer's 102 s; benchmarks/README.md "What onnxruntime's
-    quantizer computed for nothing"). Only for weights whose encoding is replaced whole
-    afterwards (:func:`tasks.weights.reencode` with LPBQ blocks or GPTQ): the QDQ model it leaves
-    is then the same bytes (tests/qnn/test_int4.py). Returns a new dict; 8-bit entries as they are."""
+    prefill graph: ~85 s of the quantizer's 102 s; benchmarks/README.md "Where the rest of the
+    7B's time went"). Only for weights whose encoding is replaced whole afterwards
+    (:func:`tasks.weights.reencode` with LPBQ blocks or GPTQ): the QDQ model it leaves is then
+    the same bytes (tests/llm/test_llm_qnn.py compares both paths). Returns a new dict; 8-bit entries as they are."""
     out = {}
     for name, specs in overrides.items():
         out[name] = [{k: v for k, v in s.items() if k != "axis"}

@@ -114,7 +114,7 @@ def schedule(ids: list[int], S: int, C: int, *, n_prompts: int = 8, decode_steps
     weights whether or not it is recorded, so a step run only to move the cache costs a whole
     call (a Qwen2.5-7B part: 0.35 s, against 4.1 s for a prefill call; 24 steps with 4 kept
     made 320 of a part's 384 decode calls, ~112 s of its ~290 s calibrate, benchmarks/README.md
-    "calibrate's decode calls"). The cache fill levels the decode feeds see come from the
+    "Where the rest of the 7B's time went"). The cache fill levels the decode feeds see come from the
     prompt lengths' cycle."""
     rng = random.Random(seed)
     lengths = [max(1, S // 4), max(1, S // 2), S, S + max(1, S // 2)]
