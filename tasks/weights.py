@@ -246,6 +246,13 @@ def int4_weights(qdq, fp32_inits: dict) -> list[str]:
     return out
 
 
+def replaces_int4(block: int | None, rounding: str) -> bool:
+    """True when :func:`reencode` replaces every int4 MatMul weight's encoding whole (LPBQ
+    ``block``, or codes by a ``rounding`` other than ``nearest``), so what onnxruntime's
+    quantizer wrote for them is not kept (:func:`tasks.quantconfig.per_tensor_4bit`)."""
+    return bool(block) or rounding != "nearest"
+
+
 def reencode(fp32_path, qdq_path, feeds, block: int | None, rounding: str, tables: bool, more=(),
              same_as=None, span: int | None = None) -> dict:
     """Re-encode the int4 MatMul weights of the QDQ model at ``qdq_path`` in place: LPBQ blocks
@@ -272,7 +279,7 @@ def reencode(fp32_path, qdq_path, feeds, block: int | None, rounding: str, table
     from .gather_tables import narrow_gather_tables
     from .graphs import save_model
 
-    if not (block or rounding != "nearest" or tables):
+    if not (replaces_int4(block, rounding) or tables):
         return {}
     fp32_path, qdq_path = Path(fp32_path), Path(qdq_path)
     old_data = {e.value for t in onnx.load(str(qdq_path), load_external_data=False).graph.initializer
@@ -280,7 +287,7 @@ def reencode(fp32_path, qdq_path, feeds, block: int | None, rounding: str, table
     q = onnx.load(str(qdq_path))
     fp32 = onnx.load(str(fp32_path), load_external_data=False)
     fp = {i.name: i for i in fp32.graph.initializer}
-    names = int4_weights(q, fp) if block or rounding != "nearest" else []
+    names = int4_weights(q, fp) if replaces_int4(block, rounding) else []
     if block:
         bad = [f"{w} ({fp[w].dims[0]})" for w in names if fp[w].dims[0] % block]
         if bad:

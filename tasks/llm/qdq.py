@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..quantconfig import fast_int4_packing, matmul_weight_overrides, per_tensor_4bit, qtype
+from ..weights import replaces_int4
 from .layout import ROPE_TABLES
 
 
@@ -98,7 +99,7 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
             mm = matmul_weight_overrides(model, weight_type, keep_8bit=keep_8bit)
             # reencode replaces every int4 MatMul weight's encoding whole (LPBQ blocks, GPTQ codes):
             # what onnxruntime computes for them is thrown away, so it takes its cheap path
-            overrides.update(per_tensor_4bit(mm) if four_bit and (block_size or rounding != "nearest") else mm)
+            overrides.update(per_tensor_4bit(mm) if four_bit and replaces_int4(block_size, rounding) else mm)
         weight_bytes = sum(i.ByteSize() if not i.external_data else
                            int(next(e.value for e in i.external_data if e.key == "length"))
                            for i in model.graph.initializer)
