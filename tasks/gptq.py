@@ -2,7 +2,7 @@
 Pre-trained Transformers", 2022, Algorithm 1; reference code github.com/IST-DASLab/gptq
 ``gptq.py`` ``fasterquant``), in torch on the CPU: the inverse-Hessian factor of one MatMul
 input and the codes of every weight that reads that input. :mod:`tasks.weights` encodes the
-result; :mod:`tasks.seqgptq` gathers the Hessians layer by layer.
+result; :mod:`tasks.seqgptq` gathers the Hessians one MatMul input at a time.
 
 Precision: float32 throughout (Hessian sums, damping, factor, updates). Measured against
 float64 on the same Hessians (benchmarks/README.md, "Sequential GPTQ"; ``tests/qnn/test_gptq_seq.py``
@@ -112,7 +112,8 @@ def codes(W, U, dead, S, qmin: int = -8, qmax: int = 7, step: int = 32, chunk_by
     ``step``: rows of K updated lazily together (the paper's "lazy batch", 128 there; the
     result is the same up to float rounding; 32 measured fastest here: each row's update touches
     step/2 x N elements). Output channels are independent given U, so they are done
-    ``chunk_bytes`` of W at a time (memory: the codes plus ~3 chunks, whatever N)."""
+    at most ``chunk_bytes`` of W at a time, in chunks of equal width (memory: the codes plus ~3
+    chunks, whatever N)."""
     if isinstance(U, list):
         Q = np.empty(np.shape(W), np.int8)
         S = np.broadcast_to(S, Q.shape)
@@ -123,6 +124,7 @@ def codes(W, U, dead, S, qmin: int = -8, qmax: int = 7, step: int = 32, chunk_by
     Q = np.empty(np.shape(W), np.int8)
     K, N = Q.shape
     cols = max(64, chunk_bytes // (4 * K))
+    cols = -(-N // -(-N // cols))  # equal chunks: each costs a pass of K rows, however narrow
     S = np.broadcast_to(S, (K, N))
     for n0 in range(0, N, cols):
         n1 = min(N, n0 + cols)

@@ -1,31 +1,26 @@
-"""Sequential (layer-by-layer) GPTQ over an ONNX graph: the reference method of Frantar et al.
-2022 (github.com/IST-DASLab/gptq ``llama.py`` ``llama_sequential``): the MatMul weights are
-grouped by layer, and for each layer in graph order its inputs' Hessians are gathered with the
-layers before it already quantized (their dequantized GPTQ weights), its weights quantized,
-and the layer run again with them to give the next layer its inputs. Only one layer's Hessians
-are in memory at a time.
+"""Sequential GPTQ over an ONNX graph, one MatMul input at a time: the reference method of
+Frantar et al. 2022 (github.com/IST-DASLab/gptq ``llama.py`` ``llama_sequential`` with
+``--true-sequential``): the MatMul weights are grouped by the tensor they read (a decoder layer's
+q/k/v projections, its o_proj, its gate/up projections, its down_proj, an LM head), and for each
+group in graph order its input's Hessian is gathered with every group before it already quantized
+(their dequantized GPTQ weights), its weights quantized, and the graph run on with them. Only one
+group's Hessian is in memory at a time.
 
-How the graph is cut (no per-layer prefix re-run): every node gets the index of the last layer
-whose weights it depends on (``-1``: none; such nodes, e.g. positions, masks, the token
-embedding, are recomputed by each piece that needs them). After layer k, the *carried* tensors
-are those that depend on layers <= k and are read by a node of a later layer on the way to a
-later layer's MatMul inputs (for a decoder: the residual stream and the next layer's normed
-input; for an encoder: the layer's output). Layer k is two subgraphs of the fp32 graph, cut by
-tensor name: from the carried tensors and graph inputs to the layer's MatMul inputs (Hessian
-run, fp32 weights of layer k), and to the next carried tensors (with layer k's weights
-overridden by their dequantized GPTQ values). So each layer's nodes run twice over the feeds
-(as the reference code does), and the forward cost is about two passes over the feeds per
-graph, whatever the depth. Several graphs of the same weights (an LLM part's prefill and
+How the graph is cut (no prefix re-run): every node gets the rank of the last group whose weights
+it depends on (``-1``: none; such nodes, e.g. positions, masks, the token embedding, are
+recomputed by each piece that needs them). After group g, the *carried* tensors are those that
+depend on groups <= g and are read by a node of a later group on the way to a later group's
+MatMul inputs (a decoder after its q/k/v projections: the residual stream and the attention's
+output, o_proj's input; after o_proj: the residual and the normed input of gate/up). So a
+group's input is already carried when its turn comes (the first group's is computed from the
+graph inputs), and each group's piece runs from the carried tensors through its MatMuls to the
+next carried tensors, with its weights overridden by their GPTQ values: every node runs once over
+the feeds, about one pass per graph whatever the depth (the reference runs each layer
+once per group and once more). Several graphs of the same weights (an LLM part's prefill and
 decode graphs) are cut alike and their inputs summed into the same Hessians.
-
-Layers: the index in a weight's name or its MatMul node's name (``layers.3.``, ``layer.3/``,
-``h.3.``, ``blocks.3``); a weight with none (an LM head, a pooler) is a group of the weights
-that read the same input. Groups run in the order their first MatMul appears in the graph.
 """
 
 from __future__ import annotations
-
-import re
 
 from .gptq import block_factors, spans
 from .proc import lazy
@@ -34,55 +29,49 @@ np = lazy.module("numpy")
 onnx = lazy.module("onnx")
 torch = lazy.module("torch")
 
-_LAYER = re.compile(r"(?:^|[./_])(?:layers?|h|blocks?)[./_](\d+)(?:[./_]|$)")
-
-
-def layer_key(weight: str, node: str) -> str | None:
-    """The layer a MatMul weight belongs to: ``"layer <i>"`` from the weight's name, else from
-    its node's name; None when neither holds a layer index."""
-    for s in (weight, node):
-        m = _LAYER.search(s)
-        if m:
-            return f"layer {int(m.group(1))}"
-    return None
-
 
 class Plan:
     """How one graph is cut for sequential GPTQ. ``model``: the fp32 ModelProto, structure only
     (``load_external_data=False``); ``weights``: the MatMul weight names to quantize.
 
-    Attributes: ``keys`` (group names in run order), ``acts[key]`` ({MatMul input tensor:
-    [weight names]}), ``carry[key]`` (tensors held after that group, sorted). Raises ValueError
-    (naming the weight) when a group's MatMul reads a tensor that depends on a later group
-    (the names put one layer's weights after another's in the graph)."""
+    Attributes: ``keys`` (group names in run order: the group's first weight name in sorted
+    order, so a prefill and a decode graph of the same weights name their groups alike),
+    ``acts[key]`` ({MatMul input tensor: [weight names]}: one input per group), ``carry[key]``
+    (tensors held after that group, sorted). Raises ValueError naming the weight when one weight
+    is read by MatMuls of two different inputs (its Hessian would not be one input's)."""
 
     def __init__(self, model, weights: set[str]):
         g = model.graph
         self.model = model
-        by_act: dict[str, list[tuple[int, str, str]]] = {}
+        by_act: dict[str, list[tuple[int, str]]] = {}
+        read_by: dict[str, str] = {}
         for i, n in enumerate(g.node):
             if n.op_type == "MatMul" and len(n.input) > 1 and n.input[1] in weights:
-                by_act.setdefault(n.input[0], []).append((i, n.input[1], n.name))
+                w, act = n.input[1], n.input[0]
+                if read_by.setdefault(w, act) != act:
+                    raise ValueError(f"{w}: expected its MatMuls to read one input, found {read_by[w]} and {act} "
+                                     f"(node {n.name})")
+                by_act.setdefault(act, []).append((i, w))
         key_of, first = {}, {}
         for act, uses in by_act.items():
-            for i, w, node in uses:
-                k = layer_key(w, node) or f"input of {uses[0][1]}"
+            k = min(w for _, w in uses)
+            first[k] = min(i for i, _ in uses)
+            for _, w in uses:
                 key_of[w] = k
-                first[k] = min(first.get(k, i), i)
         self.keys = sorted(first, key=first.get)
         rank = {k: r for r, k in enumerate(self.keys)}
         self.acts = {k: {} for k in self.keys}
         for act, uses in by_act.items():
-            for _, w, _ in uses:
-                self.acts[key_of[w]].setdefault(act, []).append(w)
+            self.acts[key_of[uses[0][1]]][act] = sorted({w for _, w in uses}, key=[w for _, w in uses].index)
         dep, node_dep = {}, []
         for n in g.node:
             d = max((dep.get(t, -1) for t in n.input if t), default=-1)
             if n.op_type == "MatMul" and len(n.input) > 1 and n.input[1] in key_of:
                 r = rank[key_of[n.input[1]]]
                 if d > r:
-                    raise ValueError(f"{n.input[1]}: expected its MatMul ({n.name}) to read only tensors of layers "
-                                     f"before {self.keys[r]}, found one of {self.keys[d]}")
+                    raise ValueError(f"{n.input[1]}: expected its MatMul ({n.name}) to read only tensors of the "
+                                     f"groups before its own ({self.keys[r]}), found one of {self.keys[d]} "
+                                     f"(the graph's nodes are not in topological order)")
                 d = r
             node_dep.append(d)
             for o in n.output:
@@ -171,13 +160,15 @@ def sequential(graphs, weights: set[str], quantize, damp: float, dtype: str = "f
     one input with the inverse-Hessian factor of that input (:func:`tasks.gptq.inverse_factor`;
     with ``span`` and an input wider than it, ``[(k0, U_b)]``: the factors of the Hessian's
     diagonal blocks of :func:`tasks.gptq.spans`, only those blocks summed: ``quantize.gptq_span``)
-    and returns their dequantized values, float32 [K, N], which the later layers' inputs are
+    and returns their dequantized values, float32 [K, N], which the later groups' inputs are
     computed with ({} when ``last``: the last group, nothing runs after it). Hessians are X^T X / rows in
     ``dtype`` (rows of padding tokens left out where a feed has ``attention_mask`` with one
     entry per row). ``log``: called with one line per group (its weights, rows, and the wall
-    seconds of its three steps: the inputs' pass, the rounding, the outputs' pass). Returns
+    seconds of its three steps: the inputs' pass (none but for the first group: the later
+    groups' inputs are carried), the rounding, the outputs' pass). Returns
     {"groups": n, "rows": {group: rows}, "hessian_bytes": the largest group's Hessians in
-    bytes, "seconds": {"inputs", "rounding", "outputs"}: wall seconds summed over the groups}."""
+    bytes, "batched": the groups' outputs pieces that ran row-wise, over the graphs (:func:`_carry`),
+    "seconds": {"inputs", "rounding", "outputs"}: wall seconds summed over the groups}."""
     import time
     from pathlib import Path
 
@@ -188,7 +179,7 @@ def sequential(graphs, weights: set[str], quantize, damp: float, dtype: str = "f
         states.append([{} for _ in range(len(feeds))])
     keys = plans[0][0].keys
     t = getattr(torch, dtype)
-    report = {"groups": len(keys), "rows": {}, "hessian_bytes": 0,
+    report = {"groups": len(keys), "rows": {}, "hessian_bytes": 0, "batched": 0,
               "seconds": {"inputs": 0.0, "rounding": 0.0, "outputs": 0.0}}
     for gi, key in enumerate(keys):
         t0 = time.perf_counter()
@@ -234,33 +225,124 @@ def sequential(graphs, weights: set[str], quantize, damp: float, dtype: str = "f
             W_hat.update(quantize(list(a), U, dead, gi == len(keys) - 1))
             del U
         t2 = time.perf_counter()
-        if gi < len(keys) - 1:
-            _carry(plans, states, key, W_hat)
+        batched = _carry(plans, states, key, W_hat) if gi < len(keys) - 1 else 0
+        report["batched"] += batched
         t3 = time.perf_counter()
         for k, a, b in (("inputs", t0, t1), ("rounding", t1, t2), ("outputs", t2, t3)):
             report["seconds"][k] += b - a
         if log:
             log(f"GPTQ {key}: {sum(len(a) for a in rows)} weights, {report['rows'][key]} rows; inputs {t1 - t0:.1f} s, "
-                f"rounding {t2 - t1:.1f} s, outputs {t3 - t2:.1f} s")
+                f"rounding {t2 - t1:.1f} s, outputs {t3 - t2:.1f} s ({batched} of {len(plans)} graphs row-wise)")
     return report
 
 
-def _carry(plans, states, key: str, W_hat: dict) -> None:
+def _carry(plans, states, key: str, W_hat: dict) -> int:
     """Run each graph's piece from the tensors carried before group ``key`` to those carried
     after it, with the group's weights overridden by their dequantized GPTQ values ``W_hat``,
-    for every feed; ``states`` (per graph, per feed: {tensor: array}) is updated in place."""
+    for every feed; ``states`` (per graph, per feed: {tensor: array}) is updated in place. A
+    piece whose nodes keep rows apart (:func:`rowwise`) and reads only carried tensors runs
+    over the rows of many feeds at once (:data:`ROWS_PER_CALL`): the same values, a decode
+    feed's one row no longer a pass over the group's weights of its own. Returns how many
+    graphs' pieces ran so."""
+    batched = 0
     for (plan, folder, feeds), state in zip(plans, states):
         carry = plan.carry.get(key, [])
         new = [c for c in carry if not state or c not in state[0]]
+        got = [{} for _ in range(len(feeds))]
         if new:
             given = set(state[0]) if state else set()
             types = {k: v.dtype for k, v in state[0].items()} if state else {}
             mb, ins, inits = plan.subgraph(new, given, types)
             sess = _session(mb, folder, {w: W_hat[w] for w in inits if w in W_hat})
+            if all(i in given for i in ins) and rowwise(onnx.load_from_string(mb).graph, ins, state):
+                _run_rows(sess, ins, new, state, got)
+                batched += 1
+            else:
+                for i in range(len(feeds)):
+                    f = _feed(feeds, i, ins)
+                    got[i] = dict(zip(new, sess.run(new, _inputs(ins, f, state[i]))))
+            sess = None
         for i in range(len(feeds)):
-            got = {}
-            if new:
-                f = _feed(feeds, i, ins)
-                got = dict(zip(new, sess.run(new, _inputs(ins, f, state[i]))))
-            state[i] = {c: got[c] if c in got else state[i][c] for c in carry}
-        sess = None
+            state[i] = {c: got[i][c] if c in got[i] else state[i][c] for c in carry}
+    return batched
+
+
+#: rows (tokens) of many feeds run through a row-wise piece in one call (:func:`_run_rows`)
+ROWS_PER_CALL = 512
+
+#: ops whose every output row is computed from the same row of their inputs alone, with the
+#: features on the last axis (their constant inputs checked by :func:`rowwise`)
+ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Reciprocal", "Neg", "Sigmoid", "Tanh",
+                         "Erf", "Relu", "Exp", "Log", "Abs", "Softplus", "Cast", "Identity", "Clip", "Max", "Min"})
+LAST_AXIS = frozenset({"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceL2", "LayerNormalization",
+                       "SimplifiedLayerNormalization", "RMSNormalization"})
+
+
+def rowwise(graph, inputs: list[str], state: list[dict]) -> bool:
+    """True when the piece ``graph`` (from :meth:`Plan.subgraph`) computes every row of its
+    outputs from the same row of its ``inputs`` only, so the rows of several feeds can go
+    through it at once: every input of every feed in ``state`` is [1, ..., 1, rows, features]
+    of one rank r with the same rows within a feed; every node is a MatMul by a 2-D
+    initializer, an op of :data:`ELEMENTWISE` whose constant inputs vary along the last axis
+    only, or an op of :data:`LAST_AXIS` over the last axis (keepdims). Anything else (attention,
+    a reshape, a gather by position) gives False, and the piece runs one feed at a time."""
+    ranks = {state[i][n].ndim for i in range(len(state)) for n in inputs}
+    if len(ranks) != 1 or min(ranks) < 2:
+        return False
+    r = ranks.pop()
+    for fs in state:
+        if any(int(np.prod(fs[n].shape[:-2])) != 1 for n in inputs) or len({fs[n].shape[-2] for n in inputs}) != 1:
+            return False
+    inits = {i.name: list(i.dims) for i in graph.initializer}
+    const = dict(inits)
+    last = (-1, r - 1)
+    for n in graph.node:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+        if n.op_type == "Constant":
+            t = attrs.get("value")
+            if t is None:
+                return False
+            const[n.output[0]] = list(t.dims)
+            continue
+        if n.op_type == "MatMul":
+            if len(inits.get(n.input[1], [])) != 2 or n.input[0] in const:
+                return False
+        elif n.op_type in ELEMENTWISE:
+            if any(int(np.prod(const[x][:-1])) != 1 for x in n.input if x in const):
+                return False
+        elif n.op_type in LAST_AXIS:
+            if n.op_type.startswith("Reduce"):
+                axes = attrs.get("axes")
+                if axes is None and len(n.input) > 1 and n.input[1]:
+                    t = next((i for i in graph.initializer if i.name == n.input[1]), None)
+                    axes = None if t is None else onnx.numpy_helper.to_array(t).reshape(-1).tolist()
+                if axes is None or len(axes) != 1 or axes[0] not in last or attrs.get("keepdims", 1) != 1:
+                    return False
+            elif attrs.get("axis", -1) not in last or any(x in const and len(const[x]) > 1 for x in n.input[1:]):
+                return False
+        else:
+            return False
+    return True
+
+
+def _run_rows(sess, ins: list[str], outs: list[str], state: list[dict], got: list[dict]) -> None:
+    """Run the row-wise piece ``sess`` over every feed's rows, :data:`ROWS_PER_CALL` at a time
+    (whole feeds: one larger than that goes alone), the inputs joined along the rows axis
+    (-2); each output is cut back into the feeds' rows in ``got`` (per feed: {name: array})."""
+    i, n = 0, len(state)
+    while i < n:
+        j, rows = i, 0
+        while j < n and (j == i or rows + state[j][ins[0]].shape[-2] <= ROWS_PER_CALL):
+            rows += state[j][ins[0]].shape[-2]
+            j += 1
+        feed = {k: np.concatenate([state[f][k] for f in range(i, j)], axis=-2) for k in ins}
+        res = sess.run(outs, feed)
+        for name, y in zip(outs, res):
+            if y.shape[-2] != rows:
+                raise RuntimeError(f"{name}: expected {rows} rows from a row-wise GPTQ piece, found shape {y.shape}")
+        at = 0
+        for f in range(i, j):
+            m = state[f][ins[0]].shape[-2]
+            got[f] = {name: np.ascontiguousarray(y[..., at:at + m, :]) for name, y in zip(outs, res)}
+            at += m
+        i = j

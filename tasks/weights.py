@@ -26,7 +26,7 @@ rounds, the rule this module used first). HTP stores these weights at 4 bits plu
 Pre-trained Transformers", 2022, Algorithm 1): codes chosen row by row of K, each row's
 rounding error spread over the rows not yet quantized through the inverse of the layer's
 input Hessian H = X^T X / n (X: the MatMul's inputs on the calibration set, real tokens only,
-computed with the layers before it already quantized: sequential GPTQ, :mod:`tasks.seqgptq`;
+computed with the weights before it already quantized: sequential GPTQ, :mod:`tasks.seqgptq`;
 the arithmetic, float32 in torch: :mod:`tasks.gptq`). Scales are fixed before (per-channel or
 LPBQ from the fp32 weights), so the result is an encoding of the same form as
 round-to-nearest. Damping: ``damp`` x mean(diag H) added to the diagonal; 0.1 measured best on
@@ -260,8 +260,8 @@ def reencode(fp32_path, qdq_path, feeds, block: int | None, rounding: str, table
     ``feeds``, the calibration feed dicts of the fp32 graph, iterated once more); with
     ``tables`` the Gather tables go to 8 bits (:func:`tasks.gather_tables.narrow_gather_tables`). ``fp32_path``: the
     fp32 graph the QDQ model was quantized from; its weights are read one at a time (external
-    data included); GPTQ is sequential (:mod:`tasks.seqgptq`: one layer's Hessians at a time,
-    each layer's inputs computed with the layers before it already quantized). Saved with external data
+    data included); GPTQ is sequential (:mod:`tasks.seqgptq`: one MatMul input's Hessian at a time,
+    each input computed with the weights before it already quantized). Saved with external data
     above 2 GB. ``more``: (fp32 graph path, feeds) of other graphs that use the same weights (an
     LLM part's decode graph): their inputs join the Hessians, rows weighted equally.
     ``same_as``: (fp32 path, re-encoded QDQ path) of a graph with the same weights (an LLM
@@ -316,7 +316,7 @@ def reencode(fp32_path, qdq_path, feeds, block: int | None, rounding: str, table
                 out[w] = np.multiply(c, S, dtype=np.float32)
         return out
 
-    if todo:  # layer by layer, each layer's inputs from the layers before it already quantized
+    if todo:  # input by input, each computed with the weights before it already quantized
         from .seqgptq import sequential
 
         sequential([(fp32_path, feeds), *more], todo, quantize, GPTQ_DAMP, span=span,

@@ -136,10 +136,13 @@ def schedule(ids: list[int], S: int, C: int, *, n_prompts: int = 8, decode_steps
 
 
 class FeedStore:
-    """Feed dicts kept on disk, one compressed ``.npz`` each; a sequence (len, index, iteration)
-    that loads one feed at a time. Also an onnxruntime ``CalibrationDataReader``
-    (``get_next``/``rewind``). Compressed because a decode feed's past K/V is mostly the
-    cache's empty (zero) slots: for Qwen2.5-7B at C=4096 a part's decode feed is 117 MB raw."""
+    """Feed dicts kept on disk, one ``.npz`` each (:func:`save_npz`); a sequence (len, index,
+    iteration) that loads one feed at a time. Also an onnxruntime ``CalibrationDataReader``
+    (``get_next``/``rewind``). An array whose longest axis ends in all-zero slices over at
+    least half its length is stored cut before them and padded back with zeros when read
+    (exact): a KV buffer's empty cache slots, which for Qwen2.5-7B at C=4096 are ~95 % of a
+    part's 117 MB decode feed (deflating those zeros took ~1 s a feed to write and ~0.1 s per
+    layer to read back, benchmarks/README.md)."""
 
     def __init__(self, folder):
         self.dir = Path(folder)
@@ -148,7 +151,14 @@ class FeedStore:
         self._i = 0
 
     def add(self, feeds: dict) -> None:
-        save_npz(self.dir / f"{self.n:06d}.npz", feeds)
+        arrays, cuts = {}, {}
+        for name, a in feeds.items():
+            arrays[name], cut = _cut_zero_tail(np.asarray(a))
+            if cut:
+                cuts[name] = cut
+        if cuts:
+            arrays[_CUTS] = np.array(json.dumps(cuts, sort_keys=True))
+        save_npz(self.dir / f"{self.n:06d}.npz", arrays)
         self.n += 1
 
     def __len__(self):
@@ -159,17 +169,19 @@ class FeedStore:
             return [self[j] for j in range(*i.indices(self.n))]
         if not -self.n <= i < self.n:
             raise IndexError(i)
-        with np.load(self.dir / f"{i % self.n:06d}.npz") as z:
-            return {k: z[k] for k in z.files}
+        return self.load(i, None)
 
     def __iter__(self):
         return (self[i] for i in range(self.n))
 
     def load(self, i: int, names) -> dict:
         """Feed ``i``'s arrays named in ``names`` (those it has): only these are read and
-        decompressed (a piece of a part's graph reads one layer's KV cache of the feed)."""
+        padded (a piece of a part's graph reads one layer's KV cache of the feed); ``None``:
+        every array."""
         with np.load(self.dir / f"{i % self.n:06d}.npz") as z:
-            return {k: z[k] for k in names if k in z.files}
+            cuts = json.loads(str(z[_CUTS])) if _CUTS in z.files else {}
+            names = [k for k in z.files if k != _CUTS] if names is None else [k for k in names if k in z.files]
+            return {k: _pad_zero_tail(z[k], *cuts[k]) if k in cuts else z[k] for k in names}
 
     def get_next(self):
         if self._i >= self.n:
@@ -181,16 +193,46 @@ class FeedStore:
         self._i = 0
 
 
+#: the member of a :class:`FeedStore` file naming its cut arrays: {name: [axis, full length]}
+_CUTS = "__cut__"
+
+
+def _cut_zero_tail(a):
+    """``(a cut, [axis, length] or None)``: ``a`` cut along its longest axis before the
+    all-zero slices that end it, when they are at least half of that axis; else ``a`` as is."""
+    if a.ndim == 0 or a.dtype.kind not in "fiu":
+        return a, None
+    ax = int(np.argmax(a.shape))
+    n = a.shape[ax]
+    if n < 2:
+        return a, None
+    used = np.flatnonzero(a.any(axis=tuple(i for i in range(a.ndim) if i != ax)))
+    m = int(used[-1]) + 1 if used.size else 0
+    if m > n // 2:
+        return a, None
+    return a[(slice(None),) * ax + (slice(0, m),)], [ax, n]
+
+
+def _pad_zero_tail(a, ax: int, n: int):
+    """:func:`_cut_zero_tail` undone: ``a`` with zeros after it along ``ax`` up to length ``n``."""
+    shape = list(a.shape)
+    shape[ax] = n
+    out = np.zeros(shape, a.dtype)
+    out[(slice(None),) * ax + (slice(0, a.shape[ax]),)] = a
+    return out
+
+
 def save_npz(path, arrays: dict) -> None:
-    """``np.savez_compressed`` with fixed zip member times, so the same arrays give the same
-    bytes (numpy stamps each member with the current time; a calibration entry's output digest
-    enters its quantize key, so it must not change between two builds of the same inputs)."""
+    """``np.savez`` (stored, not deflated: what is left of a feed once :class:`FeedStore` cuts its
+    empty cache slots is mostly float data that deflate shrank by ~7 % at ~1 s a feed) with fixed
+    zip member times, so the same arrays give the same bytes (numpy stamps each member with the
+    current time; a calibration entry's output digest enters its quantize key, so it must not
+    change between two builds of the same inputs)."""
     import zipfile
 
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as z:
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as z:
         for name, a in arrays.items():
             info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
-            info.compress_type = zipfile.ZIP_DEFLATED
             with z.open(info, "w", force_zip64=True) as f:
                 np.lib.format.write_array(f, np.asanyarray(a), allow_pickle=False)
 
@@ -263,16 +305,15 @@ RANGE_BYTES_PER_LAYER = 8192
 def disk_bytes(desc: dict, sched: list[dict], part: int) -> int:
     """Estimated bytes :func:`run_part` writes for part ``part`` of the export ``desc``
     (``export.json``) over the schedule ``sched`` (:func:`schedule`), at their most (just before
-    the scratch is removed): the kept feeds (``.npz`` compressed: every input in full except
-    the past K/V buffers, counted by their written slots, since the empty ones compress to
-    almost nothing), the hidden states for the next part (``.npy``, every call; none for the
+    the scratch is removed): the kept feeds (``.npz``: every input in full except
+    the past K/V buffers, counted by their written slots, since :class:`FeedStore` cuts the
+    empty ones), the hidden states for the next part (``.npy``, every call; none for the
     last part) and the prompts' KV caches in the scratch folder (:meth:`KVCache.save`, written
     slots only). The slots are known from the schedule alone: a prompt of L tokens fills
     ``ceil(L/S) * S`` slots (its last window is padded), decode step t then ``max(that, L+t)``.
     With the two graphs' ranges files (:data:`RANGE_BYTES_PER_LAYER`, the embedding and the
-    head counted as a layer each). Counts written data uncompressed, so it is at least what
-    deflate makes of it: the tiny Qwen2 in 3 parts, 1.12-1.13x what the entries hold, scratch included
-    (tests/test_llm_parts.py); Qwen2.5-7B's shape at 16 prompts (S=128, C=4096), 0.37-0.52 GB
+    head counted as a layer each). Counts what is written: the tiny Qwen2 in 3 parts, 1.12-1.13x what the entries hold, scratch included
+    (tests/llm/test_llm_parts.py); Qwen2.5-7B's shape at 16 prompts (S=128, C=4096), 0.37-0.52 GB
     a part where its entries held about 0.28 GB (benchmarks/README.md)."""
     p = desc["parts"][part]
     S, C = desc["seq_len"], desc["context_len"]

@@ -44,24 +44,26 @@ def gptq_peak(config: dict, lo: int, hi: int, last: bool, seq_len: int, samples:
     """Peak bytes of sequential GPTQ (:mod:`tasks.seqgptq`) on part layers lo..hi-1 (+ the LM
     head when ``last``) with ``samples`` calibration prompts, after onnxruntime's quantizer has
     returned its memory, in the quantize child of the prefill graph: the QDQ graph (``qdq``
-    bytes) + one layer's input Hessians in float32 (hidden^2 twice, (heads x head_dim)^2,
-    intermediate^2: 1.59 GiB for Qwen2.5-7B) + torch's K x K workspace of the largest factor
-    + the layer's float32 weights twice (the piece's session and their dequantized GPTQ values)
-    + 13 bytes per element of the largest single weight (its float32 values, scales, codes and
-    dequantized values; an LM head is split at :data:`SPLIT_ELEMENTS`) + 768 MiB of GPTQ
-    chunks + the carried hidden states (two [S, hidden] float32 tensors per prefill feed: at
-    most 2 prefill and 4 decode feeds per prompt, :func:`tasks.llm.calibration_feeds.schedule`).
-    With ``quantize.gptq_span`` the wide inputs' Hessians are diagonal blocks, smaller than
-    counted here: the figure is then an upper bound."""
+    bytes) + one input's Hessian in float32 (the widest of hidden, heads x head_dim and
+    intermediate, squared: 1.34 GiB for Qwen2.5-7B's down_proj input) + torch's K x K workspace
+    of its factor + the largest group's float32 weights twice (the piece's session and their
+    dequantized GPTQ values: gate and up, 2 x hidden x intermediate) + 13 bytes per element of the
+    largest single weight (its float32 values, scales, codes and dequantized values; an LM head
+    is split at :data:`SPLIT_ELEMENTS`) + 768 MiB of GPTQ chunks + the carried tensors (the
+    residual stream and the next input, at most hidden + intermediate float32 values per row, per
+    prefill feed [S rows] and decode feed [1 row]: at most 2 prefill and 4 decode feeds per
+    prompt, :func:`tasks.llm.calibration_feeds.schedule`). With ``quantize.gptq_span`` the wide
+    inputs' Hessians are diagonal blocks, smaller than counted here: the figure is then an upper
+    bound."""
     D, I, V = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
     H = config["num_attention_heads"]
     d = config.get("head_dim") or D // H
-    ins = [D, H * d, D, I] if hi > lo else [D]
-    layer = part_params(config, 0, 1, False, False, False) if hi > lo else 0
+    kv = (config.get("num_key_value_heads") or H) * d
+    widest = max(D, H * d, I) if hi > lo else D
+    group = max(D * (H * d + 2 * kv), H * d * D, 2 * D * I) if hi > lo else 0
     biggest = max(D * I, H * d * D, min(V * D, SPLIT_ELEMENTS) if last else 0)
-    state = 4 * D * 2 * (2 * samples * seq_len + 4 * samples)
-    return BASE + qdq + 4 * sum(k * k for k in ins) + 4 * max(ins) ** 2 + 8 * layer + 13 * biggest \
-        + 768 * 2**20 + state
+    state = 4 * (D + max(H * d, I)) * (2 * samples * seq_len + 4 * samples)
+    return BASE + qdq + 8 * widest * widest + 8 * group + 13 * biggest + 768 * 2**20 + state
 
 
 def estimates(config: dict, ranges: list[tuple[int, int]], seq_len: int, context_len: int,

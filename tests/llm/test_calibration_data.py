@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import json
 
+import numpy as np
 import pytest
 
 from conftest import REPO
@@ -100,3 +101,34 @@ def test_english_calibration_set_is_apart_from_the_verify_sentences():
     ver = {s.strip().lower() for s in (REPO / "recipes" / "data" / "verify-en.txt").read_text(encoding="utf-8").splitlines()}
     assert len([c for c in cal if c.strip()]) == 379
     assert not {c.strip().lower() for c in cal} & ver
+
+
+def test_a_feed_store_cuts_empty_cache_slots_and_reads_them_back_exactly(tmp_path):
+    """:class:`tasks.llm.calibration_feeds.FeedStore` stores a KV buffer [1, Hkv, C, d] cut after
+    its last written slot (and an all-zero one empty) and pads the zeros back when read: every
+    array comes back equal, dtype and shape included; arrays with no long zero tail are stored
+    whole; the same feeds give the same bytes; ``load`` reads only the names asked for."""
+    from tasks.llm.calibration_feeds import FeedStore
+
+    rng = np.random.default_rng(0)
+    k = np.zeros((1, 2, 64, 8), np.float32)
+    k[:, :, :5] = rng.standard_normal((1, 2, 5, 8))
+    k[0, 1, 3, 7] = 0.0  # a zero inside the written slots stays
+    feed = {"past_key_0": k, "past_value_0": np.zeros((1, 2, 64, 8), np.float32),
+            "hidden": rng.standard_normal((1, 16, 24)).astype(np.float32),
+            "input_ids": np.array([[5, 6, 7] + [0] * 13], np.int32),
+            "past_seq_len": np.array([[15]], np.int32), "total_seq_len": np.array([64], np.int32)}
+    stores = [FeedStore(tmp_path / d) for d in ("a", "b")]
+    for s in stores:
+        s.add(feed)
+        s.add({**feed, "hidden": feed["hidden"] + 1})
+    got = stores[0][0]
+    assert sorted(got) == sorted(feed)
+    for name, a in feed.items():
+        assert got[name].dtype == a.dtype and got[name].shape == a.shape and np.array_equal(got[name], a), name
+    assert np.array_equal(stores[0].load(1, ["hidden", "nope"])["hidden"], feed["hidden"] + 1)
+    assert list(stores[0].load(1, ["past_key_0"])) == ["past_key_0"]
+    files = [sorted(p.read_bytes() for p in (tmp_path / d).glob("*.npz")) for d in ("a", "b")]
+    assert files[0] == files[1]
+    raw = sum(a.nbytes for a in feed.values())
+    assert (tmp_path / "a" / "000000.npz").stat().st_size < raw - k.nbytes - feed["past_value_0"].nbytes + 4096

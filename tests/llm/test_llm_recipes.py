@@ -229,9 +229,17 @@ def test_every_module_an_llm_stage_runs_is_in_its_key(llm_project, tmp_path):
     assert children.count("quantize.part0:tiny-qwen2-trace") == 2, children
     assert children.count("compile.part0:tiny-qwen2-trace") == 3, children
     assert traced_modules_outside_keys(llm_project, ["tiny-qwen2-trace"], trace) == {}
-    # the quantize child's GPTQ lines reach the entry's log: a line per layer (4) and the LM head
+    # the quantize child's GPTQ lines reach the entry's log: a line per MatMul input, in graph
+    # order (4 a layer: q/k/v, o_proj, gate/up, down_proj; 4 layers) and the LM head
     stages = json.loads((llm_project.root / "build" / "tiny-qwen2-trace" / "stages.json").read_text())
     log = Path(stages["quantize.part0"]["entry"]) / "log.txt"
     lines = [ln for ln in log.read_text().splitlines() if ": GPTQ " in ln]
-    assert [ln.split(": GPTQ ")[1].split(":")[0] for ln in lines][:4] == [f"layer {i}" for i in range(4)], lines
-    assert len(lines) == 5 and all(" rows; inputs " in ln for ln in lines), lines
+    groups = [ln.split(": GPTQ ")[1].split(":")[0] for ln in lines]
+    per_layer = ["self_attn.k_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj"]  # k < q < v
+    assert groups == [f"model.layers.{i}.{w}.weight.T" for i in range(4) for w in per_layer] + ["lm_head.weight.T"]
+    assert all(" rows; inputs " in ln for ln in lines), lines
+    # the pieces after o_proj, gate/up and down_proj keep rows apart and run every feed's rows at
+    # once, prefill and decode graphs alike; the attention's do not; nor layer 0's o_proj piece,
+    # which recomputes the residual from the token ids (a Gather)
+    wise = [ln.rsplit("(", 1)[1].split(" of 2 graphs row-wise")[0] for ln in lines]
+    assert wise == ["0", "0", "2", "2"] + ["0", "2", "2", "2"] * 3 + ["0"], lines

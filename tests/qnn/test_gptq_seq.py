@@ -1,5 +1,5 @@
-"""Sequential GPTQ (issue 35): each layer's Hessian from the outputs of the layers before it
-already quantized, one layer's Hessians at a time, float32 arithmetic that gives float64's
+"""Sequential GPTQ (issue 35): each MatMul input's Hessian from the outputs of the weights before
+it already quantized (within a layer too), one input's Hessian at a time, float32 arithmetic that gives float64's
 codes, byte-identical re-encodes, and the quantize stage's memory check counting its peak."""
 
 from __future__ import annotations
@@ -14,13 +14,17 @@ from tasks import gptq, weights
 K0, K1, N1, M = 64, 96, 32, 24  # x [1, M, K0] -> layer 0 [K0, K1] -> Relu -> layer 1 [K1, N1]
 
 
-def _two_layers(W0, W1, qdq: bool):
+TWO_LAYERS = ("model.layers.0.w", "model.layers.1.w")
+ONE_LAYER = ("model.layers.0.mlp.up", "model.layers.0.mlp.down")  # two inputs of one layer
+
+
+def _two_layers(W0, W1, qdq: bool, weight_names=TWO_LAYERS):
     """The fp32 graph (``qdq`` False) or a QDQ graph as onnxruntime's quantizer names its int4
     per-channel weights (``<w>_quantized`` / ``_scale`` / ``_zero_point``) of x -> MatMul
-    (model.layers.0.w) -> Relu -> MatMul (model.layers.1.w)."""
+    (``weight_names[0]``) -> Relu -> MatMul (``weight_names[1]``)."""
     inits, nodes, names = [], [], []
     for i, W in enumerate((W0, W1)):
-        w = f"model.layers.{i}.w"
+        w = weight_names[i]
         if qdq:
             s = (np.abs(W).max(0) / 7.5).astype(np.float32)
             q = np.clip(np.round(W / s), -8, 7).astype(np.int8)
@@ -49,11 +53,11 @@ def _case():
     return feeds, W0, W1
 
 
-def _reencoded(tmp_path, sub: str, feeds, W0, W1):
+def _reencoded(tmp_path, sub: str, feeds, W0, W1, weight_names=TWO_LAYERS):
     d = tmp_path / sub
     d.mkdir()
-    onnx.save(_two_layers(W0, W1, False), str(d / "fp.onnx"))
-    onnx.save(_two_layers(W0, W1, True), str(d / "q.onnx"))
+    onnx.save(_two_layers(W0, W1, False, weight_names), str(d / "fp.onnx"))
+    onnx.save(_two_layers(W0, W1, True, weight_names), str(d / "q.onnx"))
     info = weights.reencode(d / "fp.onnx", d / "q.onnx", feeds, 32, "gptq", False)
     assert info["int4_weights"] == 2
     return d / "q.onnx"
@@ -67,28 +71,31 @@ def _codes(model, w: str) -> np.ndarray:
     return np.where(c > 7, c - 16, c).reshape(tuple(t.dims))
 
 
-def test_layer_1_hessian_comes_from_the_quantized_layer_0_and_reencodes_are_byte_identical(tmp_path):
-    """Through :func:`tasks.weights.reencode`: layer 1's codes are GPTQ's codes for the Hessian
-    of relu(x @ W0_hat) (W0_hat: layer 0's dequantized GPTQ codes), not of relu(x @ W0) (the
-    per-graph method's); the two Hessians differ. Two runs on the same inputs write the same
-    bytes."""
+@pytest.mark.parametrize("weight_names", [TWO_LAYERS, ONE_LAYER], ids=["two-layers", "one-layer"])
+def test_the_second_inputs_hessian_comes_from_the_quantized_first_weight_and_reencodes_are_byte_identical(
+        tmp_path, weight_names):
+    """Through :func:`tasks.weights.reencode`: the second weight's codes are GPTQ's codes for the
+    Hessian of relu(x @ W0_hat) (W0_hat: the first weight's dequantized GPTQ codes), not of
+    relu(x @ W0) (the per-graph method's); the two Hessians differ. The same when both weights
+    are in one layer (the reference's ``--true-sequential``: a layer's later inputs come from its
+    quantized earlier weights). Two runs on the same inputs write the same bytes."""
     feeds, W0, W1 = _case()
-    a = _reencoded(tmp_path, "a", feeds, W0, W1)
-    b = _reencoded(tmp_path, "b", feeds, W0, W1)
+    a = _reencoded(tmp_path, "a", feeds, W0, W1, weight_names)
+    b = _reencoded(tmp_path, "b", feeds, W0, W1, weight_names)
     assert a.read_bytes() == b.read_bytes()
     q = onnx.load(str(a))
     X = np.concatenate([f["x"].reshape(-1, K0) for f in feeds]).astype(np.float64)
     bint, pc = weights.lpbq_scales(W0, 32)
     S0 = np.repeat(bint.astype(np.float32) * pc, 32, axis=0)
     c0 = gptq.gptq(W0, X.T @ X / len(X), S0)
-    assert np.array_equal(_codes(q, "model.layers.0.w"), c0)
+    assert np.array_equal(_codes(q, weight_names[0]), c0)
     bint, pc = weights.lpbq_scales(W1, 32)
     S1 = np.repeat(bint.astype(np.float32) * pc, 32, axis=0)
     R_seq = np.maximum(X @ (c0 * S0), 0)
     R_fp = np.maximum(X @ W0, 0)
     H_seq, H_fp = R_seq.T @ R_seq / len(X), R_fp.T @ R_fp / len(X)
     assert np.abs(H_seq - H_fp).max() > 0.01 * np.abs(H_fp).max()  # the quantized layer 0 shows
-    got = _codes(q, "model.layers.1.w")
+    got = _codes(q, weight_names[1])
     want, per_graph = gptq.gptq(W1, H_seq, S1), gptq.gptq(W1, H_fp, S1)
     assert (got == want).mean() >= 0.999 and (got != per_graph).sum() > (got != want).sum()
 
@@ -136,9 +143,9 @@ def test_a_span_rounds_each_diagonal_block_of_the_hessian_on_its_own(tmp_path):
     assert (b / "q.onnx").read_bytes() == a.read_bytes()
 
 
-def test_one_layers_hessians_at_a_time():
-    """:func:`tasks.seqgptq.sequential` holds one layer's Hessians: the largest group's float32
-    bytes, not the graph's sum; each group's weights come to ``quantize`` once, layer 0 first,
+def test_one_inputs_hessian_at_a_time():
+    """:func:`tasks.seqgptq.sequential` holds one input's Hessian: the largest group's float32
+    bytes, not the graph's sum; each group's weights come to ``quantize`` once, in graph order,
     and the last group is told nothing runs after it."""
     from tasks.seqgptq import sequential
 
@@ -158,7 +165,7 @@ def test_one_layers_hessians_at_a_time():
         rep = sequential([(Path(d) / "fp.onnx", feeds)], {"model.layers.0.w", "model.layers.1.w"}, quantize, 0.1)
     assert seen == [(["model.layers.0.w"], (K0, K0), False), (["model.layers.1.w"], (K1, K1), True)]
     assert rep["hessian_bytes"] == 4 * K1 * K1 < 4 * (K0 * K0 + K1 * K1)
-    assert rep["rows"] == {"layer 0": 6 * M, "layer 1": 6 * M}
+    assert rep["rows"] == {"model.layers.0.w": 6 * M, "model.layers.1.w": 6 * M}
 
 
 def test_float32_gives_float64s_codes_on_correlated_inputs():
@@ -186,7 +193,7 @@ QWEN7B = {"hidden_size": 3584, "intermediate_size": 18944, "vocab_size": 152064,
 
 def test_the_quantize_check_counts_gptq_and_fails_before_work_in_one_line(monkeypatch):
     """The 7B's quantize with GPTQ on (4 parts, 16 prompts) is estimated under 16 GiB, the
-    recipe's budget (sequential GPTQ's peak, 7.0-7.8 GiB + the QDQ graph, is below the
+    recipe's budget (sequential GPTQ's peak, 6.4-7.2 GiB + the QDQ graph, is below the
     quantizer's); with a part per layer GPTQ's peak is the larger, and a budget between the two
     estimates stops the stage before work with one line naming ``quantize.rounding``."""
     from tasks.budget import NotEnoughMemory
@@ -209,3 +216,87 @@ def test_the_quantize_check_counts_gptq_and_fails_before_work_in_one_line(monkey
     with pytest.raises(NotEnoughMemory) as e:
         memory.check_stage("quantize", QWEN7B, **kw, gptq_samples=16)
     assert "\n" not in str(e.value) and "quantize.rounding (now gptq)" in str(e.value), str(e.value)
+
+
+def _norm_chain(W0, W1, W2, gamma):
+    """x [1, M, K0] -> MatMul (layers.0.a) -> Relu -> MatMul (layers.0.b) -> RMS norm (Mul,
+    ReduceMean over the last axis, Add, Sqrt, Div, Mul by ``gamma``) -> MatMul (layers.1.c)."""
+    inits = [numpy_helper.from_array(W, n) for W, n in ((W0, "model.layers.0.a"), (W1, "model.layers.0.b"),
+                                                          (W2, "model.layers.1.c"))]
+    inits += [numpy_helper.from_array(gamma, "gamma"), numpy_helper.from_array(np.array(1e-6, np.float32), "eps"),
+              numpy_helper.from_array(np.array([-1], np.int64), "last")]
+    nodes = [helper.make_node("MatMul", ["x", "model.layers.0.a"], ["h0"]),
+             helper.make_node("Relu", ["h0"], ["r"]),
+             helper.make_node("MatMul", ["r", "model.layers.0.b"], ["h"]),
+             helper.make_node("Mul", ["h", "h"], ["sq"]),
+             helper.make_node("ReduceMean", ["sq", "last"], ["ms"], keepdims=1),
+             helper.make_node("Add", ["ms", "eps"], ["mse"]),
+             helper.make_node("Sqrt", ["mse"], ["rms"]),
+             helper.make_node("Div", ["h", "rms"], ["hn"]),
+             helper.make_node("Mul", ["hn", "gamma"], ["n"]),
+             helper.make_node("MatMul", ["n", "model.layers.1.c"], ["y"])]
+    g = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, M, K0])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, M, N1])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_a_rowwise_piece_runs_every_feeds_rows_at_once_with_the_same_values(tmp_path, monkeypatch):
+    """The piece from layer 0's b input to layer 1's c input (MatMul, an RMS norm) keeps rows
+    apart: it runs over all feeds' rows together (``batched`` 1), and the c input's Hessian it
+    gives equals the one from running it feed by feed, as does a call per feed
+    (``ROWS_PER_CALL`` 1)."""
+    from tasks import seqgptq
+
+    feeds, W0, _ = _case()
+    rng = np.random.default_rng(3)
+    W1 = (rng.standard_normal((K1, K1)) * 0.1).astype(np.float32)
+    W2 = (rng.standard_normal((K1, N1)) * 0.1).astype(np.float32)
+    gamma = (1 + rng.standard_normal(K1) * 0.1).astype(np.float32)
+    onnx.save(_norm_chain(W0, W1, W2, gamma), str(tmp_path / "fp.onnx"))
+    W = {"model.layers.0.a": W0, "model.layers.0.b": W1, "model.layers.1.c": W2}
+
+    def run():
+        seen = {}
+
+        def quantize(names, U, dead, last):
+            seen[names[0]] = U.numpy().copy()
+            return {} if last else {n: np.round(W[n] * 20) / 20 for n in names}
+        rep = seqgptq.sequential([(tmp_path / "fp.onnx", feeds)], set(W), quantize, 0.1)
+        return rep, seen
+
+    rep, seen = run()
+    assert rep["batched"] == 1 and list(seen) == list(W)
+    monkeypatch.setattr(seqgptq, "ROWS_PER_CALL", 1)
+    one, seen_one = run()
+    monkeypatch.setattr(seqgptq, "rowwise", lambda *a: False)
+    per_feed, seen_per_feed = run()
+    assert one["batched"] == 1 and per_feed["batched"] == 0
+    for w in W:
+        assert np.allclose(seen[w], seen_per_feed[w], rtol=1e-5, atol=1e-6), w
+        assert np.allclose(seen_one[w], seen_per_feed[w], rtol=1e-5, atol=1e-6), w
+
+
+@pytest.mark.parametrize("change", ["transpose", "matmul-of-two", "const-by-row", "reduce-rows", "no-keepdims"])
+def test_rowwise_refuses_what_mixes_rows(change):
+    """:func:`tasks.seqgptq.rowwise` says False for a piece where a row's result depends on
+    other rows or on its position: a Transpose, a MatMul of two computed tensors, a constant
+    that varies by row, a reduction over the rows axis, one that drops the last axis."""
+    from tasks.seqgptq import rowwise
+
+    F = 8
+    inits = [numpy_helper.from_array(np.ones((F, F), np.float32), "w"),
+             numpy_helper.from_array(np.ones((M, F), np.float32), "by_row"),
+             numpy_helper.from_array(np.array([1], np.int64), "rows"),
+             numpy_helper.from_array(np.array([-1], np.int64), "last")]
+    ok = [helper.make_node("MatMul", ["h", "w"], ["a"]), helper.make_node("Sigmoid", ["a"], ["y"])]
+    bad = {"transpose": [helper.make_node("Transpose", ["h"], ["y"], perm=[0, 2, 1])],
+           "matmul-of-two": [helper.make_node("Transpose", ["h"], ["t"], perm=[0, 2, 1]),
+                             helper.make_node("MatMul", ["h", "t"], ["y"])],
+           "const-by-row": [helper.make_node("Add", ["h", "by_row"], ["y"])],
+           "reduce-rows": [helper.make_node("ReduceMean", ["h", "rows"], ["y"], keepdims=1)],
+           "no-keepdims": [helper.make_node("ReduceMean", ["h", "last"], ["y"], keepdims=0)]}
+    state = [{"h": np.zeros((1, M, F), np.float32)}, {"h": np.zeros((1, 1, F), np.float32)}]
+    for nodes, want in ((ok, True), (bad[change], False)):
+        g = helper.make_graph(nodes, "piece", [helper.make_tensor_value_info("h", TensorProto.FLOAT, None)],
+                              [onnx.ValueInfoProto(name="y")], inits)
+        assert rowwise(g, ["h"], state) is want, change
