@@ -155,7 +155,7 @@ def _feed(feeds, i: int, names: list[str]) -> dict:
 def sequential(graphs, weights: set[str], quantize, damp: float, dtype: str = "float32",
                log=None, span: int | None = None) -> dict:
     """Run sequential GPTQ. ``graphs``: [(fp32 graph path, feeds)] of graphs holding the same
-    ``weights`` (feeds: a sequence of feed dicts or a :class:`tasks.llm.calibration_feeds.FeedStore`);
+    ``weights`` (feeds: a sequence of feed dicts or a :class:`tasks.llm.feed_store.FeedStore`);
     ``quantize(names, U, dead, last) -> {name: W_hat}``: encodes the weights ``names`` that read
     one input with the inverse-Hessian factor of that input (:func:`tasks.gptq.inverse_factor`;
     with ``span`` and an input wider than it, ``[(k0, U_b)]``: the factors of the Hessian's
@@ -241,9 +241,10 @@ def _carry(plans, states, key: str, W_hat: dict) -> int:
     after it, with the group's weights overridden by their dequantized GPTQ values ``W_hat``,
     for every feed; ``states`` (per graph, per feed: {tensor: array}) is updated in place. A
     piece whose nodes keep rows apart (:func:`rowwise`) and reads only carried tensors runs
-    over the rows of many feeds at once (:data:`ROWS_PER_CALL`): the same values, a decode
-    feed's one row no longer a pass over the group's weights of its own. Returns how many
-    graphs' pieces ran so."""
+    over the rows of many feeds at once (:data:`ROWS_PER_CALL`): the same values up to float
+    rounding (onnxruntime's kernels may round a row's last bit differently with the rows in the
+    call; the same feeds always make the same calls), and a decode feed's one row no longer a
+    pass over the group's weights of its own. Returns how many graphs' pieces ran so."""
     batched = 0
     for (plan, folder, feeds), state in zip(plans, states):
         carry = plan.carry.get(key, [])
@@ -282,10 +283,13 @@ def rowwise(graph, inputs: list[str], state: list[dict]) -> bool:
     """True when the piece ``graph`` (from :meth:`Plan.subgraph`) computes every row of its
     outputs from the same row of its ``inputs`` only, so the rows of several feeds can go
     through it at once: every input of every feed in ``state`` is [1, ..., 1, rows, features]
-    of one rank r with the same rows within a feed; every node is a MatMul by a 2-D
-    initializer, an op of :data:`ELEMENTWISE` whose constant inputs vary along the last axis
-    only, or an op of :data:`LAST_AXIS` over the last axis (keepdims). Anything else (attention,
-    a reshape, a gather by position) gives False, and the piece runs one feed at a time."""
+    of one rank r with the same rows within a feed; every node reads at least one tensor
+    computed from the inputs (none is computed from constants alone) and is a MatMul by a 2-D
+    initializer, an op of :data:`ELEMENTWISE` whose constant inputs have at most r dimensions
+    and vary along the last axis only (so no broadcast adds a dimension), or an op of
+    :data:`LAST_AXIS` over the last axis (keepdims) with constant parameters of at most one
+    dimension. Anything else (attention, a reshape, a gather by position) gives False, and the
+    piece runs one feed at a time."""
     ranks = {state[i][n].ndim for i in range(len(state)) for n in inputs}
     if len(ranks) != 1 or min(ranks) < 2:
         return False
@@ -304,13 +308,17 @@ def rowwise(graph, inputs: list[str], state: list[dict]) -> bool:
                 return False
             const[n.output[0]] = list(t.dims)
             continue
+        if all(x in const for x in n.input if x):
+            return False  # a tensor of constants alone: its shape is not known here
         if n.op_type == "MatMul":
             if len(inits.get(n.input[1], [])) != 2 or n.input[0] in const:
                 return False
         elif n.op_type in ELEMENTWISE:
-            if any(int(np.prod(const[x][:-1])) != 1 for x in n.input if x in const):
+            if any(len(const[x]) > r or int(np.prod(const[x][:-1])) != 1 for x in n.input if x in const):
                 return False
         elif n.op_type in LAST_AXIS:
+            if n.input[0] in const:
+                return False
             if n.op_type.startswith("Reduce"):
                 axes = attrs.get("axes")
                 if axes is None and len(n.input) > 1 and n.input[1]:

@@ -192,7 +192,7 @@ def calibrate_parts(model_dir, entry: Path, out: Path, samples: int) -> list[Pat
 
 def feed_stores(dirs: list[Path]) -> dict:
     """{"prefill": [FeedStore per part], "decode": [...]} of :func:`calibrate_parts`' folders."""
-    from tasks.llm.calibration_feeds import FeedStore
+    from tasks.llm.feed_store import FeedStore
 
     return {g: [FeedStore(d / "feeds" / g) for d in dirs] for g in ("prefill", "decode")}
 

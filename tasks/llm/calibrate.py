@@ -12,7 +12,7 @@ source). Writes the feeds that ``quantize.part{k}`` calibrates on
 ranges of the graphs' tensors over the recorded calls, taken while the graphs run
 (``ranges/{prefill,decode}.json``: :class:`tasks.llm.calibration_feeds.RangeTaps`), which
 quantize reads instead of running the graphs over the feeds again. Same inputs, same bytes
-(:func:`tasks.llm.calibration_feeds.save_npz`, :func:`~tasks.llm.calibration_feeds.save_ranges`).
+(:func:`tasks.llm.feed_store.save_npz`, :func:`~tasks.llm.calibration_feeds.save_ranges`).
 """
 
 from __future__ import annotations

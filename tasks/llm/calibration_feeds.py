@@ -15,7 +15,7 @@ How, in bounded memory: the whole schedule of graph calls is fixed by the text a
 forcing), so the fp32 graphs can run part by part instead of token by token. Part i runs every
 prompt's prefill chunks with its prefill graph (keeping each prompt's KV cache on disk), then
 every decode step with its decode graph, reading part i-1's hidden states from disk and
-writing its own for part i+1; the feeds to keep go to ``.npz`` files (:class:`FeedStore`). At
+writing its own for part i+1; the feeds to keep go to ``.npz`` files (:class:`tasks.llm.feed_store.FeedStore`). At
 any time one part's fp32 session (weights memory-mapped, :func:`tasks.llm.sessions.cpu_session`),
 one prompt's KV cache and one call's activations are in memory.
 
@@ -48,6 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .feed_store import FeedStore
 from .runner import KVCache, PartGraph, block_ids, prompt_windows
 
 
@@ -135,108 +136,6 @@ def schedule(ids: list[int], S: int, C: int, *, n_prompts: int = 8, decode_steps
     return out
 
 
-class FeedStore:
-    """Feed dicts kept on disk, one ``.npz`` each (:func:`save_npz`); a sequence (len, index,
-    iteration) that loads one feed at a time. Also an onnxruntime ``CalibrationDataReader``
-    (``get_next``/``rewind``). An array whose longest axis ends in all-zero slices over at
-    least half its length is stored cut before them and padded back with zeros when read
-    (exact): a KV buffer's empty cache slots, which for Qwen2.5-7B at C=4096 are ~95 % of a
-    part's 117 MB decode feed (deflating those zeros took ~1 s a feed to write and ~0.1 s per
-    layer to read back, benchmarks/README.md)."""
-
-    def __init__(self, folder):
-        self.dir = Path(folder)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.n = len(list(self.dir.glob("*.npz")))
-        self._i = 0
-
-    def add(self, feeds: dict) -> None:
-        arrays, cuts = {}, {}
-        for name, a in feeds.items():
-            arrays[name], cut = _cut_zero_tail(np.asarray(a))
-            if cut:
-                cuts[name] = cut
-        if cuts:
-            arrays[_CUTS] = np.array(json.dumps(cuts, sort_keys=True))
-        save_npz(self.dir / f"{self.n:06d}.npz", arrays)
-        self.n += 1
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(self.n))]
-        if not -self.n <= i < self.n:
-            raise IndexError(i)
-        return self.load(i, None)
-
-    def __iter__(self):
-        return (self[i] for i in range(self.n))
-
-    def load(self, i: int, names) -> dict:
-        """Feed ``i``'s arrays named in ``names`` (those it has): only these are read and
-        padded (a piece of a part's graph reads one layer's KV cache of the feed); ``None``:
-        every array."""
-        with np.load(self.dir / f"{i % self.n:06d}.npz") as z:
-            cuts = json.loads(str(z[_CUTS])) if _CUTS in z.files else {}
-            names = [k for k in z.files if k != _CUTS] if names is None else [k for k in names if k in z.files]
-            return {k: _pad_zero_tail(z[k], *cuts[k]) if k in cuts else z[k] for k in names}
-
-    def get_next(self):
-        if self._i >= self.n:
-            return None
-        self._i += 1
-        return self[self._i - 1]
-
-    def rewind(self):
-        self._i = 0
-
-
-#: the member of a :class:`FeedStore` file naming its cut arrays: {name: [axis, full length]}
-_CUTS = "__cut__"
-
-
-def _cut_zero_tail(a):
-    """``(a cut, [axis, length] or None)``: ``a`` cut along its longest axis before the
-    all-zero slices that end it, when they are at least half of that axis; else ``a`` as is."""
-    if a.ndim == 0 or a.dtype.kind not in "fiu":
-        return a, None
-    ax = int(np.argmax(a.shape))
-    n = a.shape[ax]
-    if n < 2:
-        return a, None
-    used = np.flatnonzero(a.any(axis=tuple(i for i in range(a.ndim) if i != ax)))
-    m = int(used[-1]) + 1 if used.size else 0
-    if m > n // 2:
-        return a, None
-    return a[(slice(None),) * ax + (slice(0, m),)], [ax, n]
-
-
-def _pad_zero_tail(a, ax: int, n: int):
-    """:func:`_cut_zero_tail` undone: ``a`` with zeros after it along ``ax`` up to length ``n``."""
-    shape = list(a.shape)
-    shape[ax] = n
-    out = np.zeros(shape, a.dtype)
-    out[(slice(None),) * ax + (slice(0, a.shape[ax]),)] = a
-    return out
-
-
-def save_npz(path, arrays: dict) -> None:
-    """``np.savez`` (stored, not deflated: what is left of a feed once :class:`FeedStore` cuts its
-    empty cache slots is mostly float data that deflate shrank by ~7 % at ~1 s a feed) with fixed
-    zip member times, so the same arrays give the same bytes (numpy stamps each member with the
-    current time; a calibration entry's output digest enters its quantize key, so it must not
-    change between two builds of the same inputs)."""
-    import zipfile
-
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as z:
-        for name, a in arrays.items():
-            info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
-            with z.open(info, "w", force_zip64=True) as f:
-                np.lib.format.write_array(f, np.asanyarray(a), allow_pickle=False)
-
-
 def run_part(desc: dict, export_dir: Path, p: dict, sched: list[dict], work: Path, make_session,
              record: bool, pad_id: int, embed_table, bar=None, *, prev: Path, here: Path, feeds: Path,
              ranges: Path | None = None) -> dict:
@@ -306,7 +205,7 @@ def disk_bytes(desc: dict, sched: list[dict], part: int) -> int:
     """Estimated bytes :func:`run_part` writes for part ``part`` of the export ``desc``
     (``export.json``) over the schedule ``sched`` (:func:`schedule`), at their most (just before
     the scratch is removed): the kept feeds (``.npz``: every input in full except
-    the past K/V buffers, counted by their written slots, since :class:`FeedStore` cuts the
+    the past K/V buffers, counted by their written slots, since :class:`tasks.llm.feed_store.FeedStore` cuts the
     empty ones), the hidden states for the next part (``.npy``, every call; none for the
     last part) and the prompts' KV caches in the scratch folder (:meth:`KVCache.save`, written
     slots only). The slots are known from the schedule alone: a prompt of L tokens fills

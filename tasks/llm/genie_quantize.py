@@ -16,7 +16,7 @@ calibration text (its ``schedule.json``: the same prompts, teacher-forced contin
 kept decode steps the genai graphs calibrate on), fed as Genie feeds them
 (:meth:`tasks.llm.genie_host_loop.GenieHostLoop.teacher_forced`: prompt chunks of S padded at the end,
 additive 0/-1000 mask, cos/sin rows, a host KV cache sliced to C-S); every prompt-graph call
-and the kept token-graph calls of part k are recorded (``.npz``, :class:`tasks.llm.calibration_feeds.FeedStore`)
+and the kept token-graph calls of part k are recorded (``.npz``, :class:`tasks.llm.feed_store.FeedStore`)
 and their MinMax ranges, taken while part k's graphs run (``RangeTaps``, as the calibrate stage
 takes the genai graphs'), go to onnxruntime's ``quantize_static`` through
 :func:`tasks.llm.qdq.quantize_part`, the genai graphs' quantizer (same weight types,
@@ -60,7 +60,8 @@ def record_feeds(export_dir: Path, k: int, sched: list[dict], feeds: Path, range
     reads, and the MinMax ranges of part ``k``'s graphs over those calls, taken while they run
     (:class:`tasks.llm.calibration_feeds.RangeTaps`), in ``ranges/{prefill,decode}.json``.
     Returns {"prefill": n, "decode": n} feeds."""
-    from .calibration_feeds import FeedStore, RangeTaps, save_ranges
+    from .calibration_feeds import RangeTaps, save_ranges
+    from .feed_store import FeedStore
     from .genie_host_loop import GenieHostLoop
     from .sessions import cpu_session
 

@@ -41,7 +41,7 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
     Args:
         fp32_path: the graph, in a writable folder (see :func:`stage_part`).
         feeds: calibration feed dicts for this graph, any iterable (a list, or a
-            :class:`tasks.llm.calibration_feeds.FeedStore` reading them from disk one at a time).
+            :class:`tasks.llm.feed_store.FeedStore` reading them from disk one at a time).
         weight_type: one of ``tasks.quantconfig.WEIGHT_TYPES`` (``"uint8"`` for w8a16, ``"int4"`` for w4a16).
         activation_type: ``"uint16"`` (default) or ``"uint8"``.
         per_channel: ORT's QNN per-channel switch (Conv/ConvTranspose/Gemm weights).
@@ -130,7 +130,7 @@ def quantize_part(src, p: dict, feeds, params: dict, out, work, ranges=None) -> 
     """Quantize part ``p`` (an ``export.json`` part row) of the fp32 export in ``src`` into
     ``out`` (same relative paths): its prefill then its decode graph, each in a child process
     (so each graph's memory is returned and measured). ``feeds``: the folder of the part's
-    calibration feeds (``prefill/``, ``decode/``: :class:`tasks.llm.calibration_feeds.FeedStore`), read
+    calibration feeds (``prefill/``, ``decode/``: :class:`tasks.llm.feed_store.FeedStore`), read
     only. ``ranges``: the folder of the graphs' MinMax ranges (``prefill.json``, ``decode.json``:
     the calibrate stage's), or None to stream them over the feeds. ``params``: the quantize
     stage params (precision, per_channel, block_size, rounding, embedding_bits, overrides
@@ -147,7 +147,7 @@ def quantize_part(src, p: dict, feeds, params: dict, out, work, ranges=None) -> 
     from ..graphs import load_structure
     from ..precisions import get as get_precision
     from ..proc.child import run_function
-    from .calibration_feeds import FeedStore
+    from .feed_store import FeedStore
 
     src, out, work, feeds = Path(src), Path(out), Path(work), Path(feeds)
     prec = get_precision(params["precision"])

@@ -113,7 +113,7 @@ def run_function(fn, *args, cwd=None, env: dict | None = None, timeout: float | 
     no traceback (:data:`DISK_FULL_EXIT`).
 
     ``fn`` must be a module-level function (it is pickled by reference: module and name) and
-    ``args`` / ``kwargs`` picklable (paths, numbers, dicts, :class:`tasks.llm.calibration_feeds.FeedStore`).
+    ``args`` / ``kwargs`` picklable (paths, numbers, dicts, :class:`tasks.llm.feed_store.FeedStore`).
     The caller imports ``fn`` itself, so the module the child runs is in the caller's import
     graph (the stage key's code digest, ``tasks.core.keys.code_modules``). Raises
     pickle.PicklingError (a lambda) or AttributeError (a nested function) before any child

@@ -104,11 +104,12 @@ def test_english_calibration_set_is_apart_from_the_verify_sentences():
 
 
 def test_a_feed_store_cuts_empty_cache_slots_and_reads_them_back_exactly(tmp_path):
-    """:class:`tasks.llm.calibration_feeds.FeedStore` stores a KV buffer [1, Hkv, C, d] cut after
+    """:class:`tasks.llm.feed_store.FeedStore` stores a KV buffer [1, Hkv, C, d] cut after
     its last written slot (and an all-zero one empty) and pads the zeros back when read: every
     array comes back equal, dtype and shape included; arrays with no long zero tail are stored
-    whole; the same feeds give the same bytes; ``load`` reads only the names asked for."""
-    from tasks.llm.calibration_feeds import FeedStore
+    whole; -0.0 is not cut (its bits are not zero); the same feeds give the same bytes; ``load``
+    reads only the names asked for; names the format cannot hold are refused, nothing written."""
+    from tasks.llm.feed_store import FeedStore
 
     rng = np.random.default_rng(0)
     k = np.zeros((1, 2, 64, 8), np.float32)
@@ -118,6 +119,8 @@ def test_a_feed_store_cuts_empty_cache_slots_and_reads_them_back_exactly(tmp_pat
             "hidden": rng.standard_normal((1, 16, 24)).astype(np.float32),
             "input_ids": np.array([[5, 6, 7] + [0] * 13], np.int32),
             "past_seq_len": np.array([[15]], np.int32), "total_seq_len": np.array([64], np.int32)}
+    feed["signed"] = np.array([1.0] + [-0.0] * 9, np.float32)  # -0.0 is not an empty slot: kept bit for bit
+    feed["flags"] = np.array([True] + [False] * 9)
     stores = [FeedStore(tmp_path / d) for d in ("a", "b")]
     for s in stores:
         s.add(feed)
@@ -125,7 +128,11 @@ def test_a_feed_store_cuts_empty_cache_slots_and_reads_them_back_exactly(tmp_pat
     got = stores[0][0]
     assert sorted(got) == sorted(feed)
     for name, a in feed.items():
-        assert got[name].dtype == a.dtype and got[name].shape == a.shape and np.array_equal(got[name], a), name
+        assert got[name].dtype == a.dtype and got[name].shape == a.shape and got[name].tobytes() == a.tobytes(), name
+    for bad in ("__cut__", "x.npy"):  # the format's own member, a name np.load would confuse
+        with pytest.raises(ValueError, match="feed names"):
+            stores[0].add({**feed, bad: np.zeros(2, np.float32)})
+    assert len(stores[0]) == 2 and sorted(p.name for p in (tmp_path / "a").iterdir()) == ["000000.npz", "000001.npz"]
     assert np.array_equal(stores[0].load(1, ["hidden", "nope"])["hidden"], feed["hidden"] + 1)
     assert list(stores[0].load(1, ["past_key_0"])) == ["past_key_0"]
     files = [sorted(p.read_bytes() for p in (tmp_path / d).glob("*.npz")) for d in ("a", "b")]

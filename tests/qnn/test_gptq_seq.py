@@ -276,25 +276,35 @@ def test_a_rowwise_piece_runs_every_feeds_rows_at_once_with_the_same_values(tmp_
         assert np.allclose(seen_one[w], seen_per_feed[w], rtol=1e-5, atol=1e-6), w
 
 
-@pytest.mark.parametrize("change", ["transpose", "matmul-of-two", "const-by-row", "reduce-rows", "no-keepdims"])
+@pytest.mark.parametrize("change", ["transpose", "matmul-of-two", "const-by-row", "reduce-rows", "no-keepdims",
+                                    "broadcast-adds-an-axis", "reduce-of-a-constant"])
 def test_rowwise_refuses_what_mixes_rows(change):
     """:func:`tasks.seqgptq.rowwise` says False for a piece where a row's result depends on
     other rows or on its position: a Transpose, a MatMul of two computed tensors, a constant
-    that varies by row, a reduction over the rows axis, one that drops the last axis."""
+    that varies by row, a reduction over the rows axis, one that drops the last axis, a
+    constant of one more dimension (the broadcast makes axis 2 the rows axis of the norm after
+    it), a tensor of constants alone (a reduced [rows, 2] table added to the rows)."""
     from tasks.seqgptq import rowwise
 
     F = 8
     inits = [numpy_helper.from_array(np.ones((F, F), np.float32), "w"),
              numpy_helper.from_array(np.ones((M, F), np.float32), "by_row"),
              numpy_helper.from_array(np.array([1], np.int64), "rows"),
-             numpy_helper.from_array(np.array([-1], np.int64), "last")]
+             numpy_helper.from_array(np.array([-1], np.int64), "last"),
+             numpy_helper.from_array(np.ones((1, 1, 1, F), np.float32), "four_d"),
+             numpy_helper.from_array(np.ones((M, 2), np.float32), "table"),
+             numpy_helper.from_array(np.ones(F, np.float32), "scale")]
     ok = [helper.make_node("MatMul", ["h", "w"], ["a"]), helper.make_node("Sigmoid", ["a"], ["y"])]
     bad = {"transpose": [helper.make_node("Transpose", ["h"], ["y"], perm=[0, 2, 1])],
            "matmul-of-two": [helper.make_node("Transpose", ["h"], ["t"], perm=[0, 2, 1]),
                              helper.make_node("MatMul", ["h", "t"], ["y"])],
            "const-by-row": [helper.make_node("Add", ["h", "by_row"], ["y"])],
            "reduce-rows": [helper.make_node("ReduceMean", ["h", "rows"], ["y"], keepdims=1)],
-           "no-keepdims": [helper.make_node("ReduceMean", ["h", "last"], ["y"], keepdims=0)]}
+           "no-keepdims": [helper.make_node("ReduceMean", ["h", "last"], ["y"], keepdims=0)],
+           "broadcast-adds-an-axis": [helper.make_node("Add", ["h", "four_d"], ["b"]),
+                                      helper.make_node("LayerNormalization", ["b", "scale"], ["y"], axis=2)],
+           "reduce-of-a-constant": [helper.make_node("ReduceSum", ["table", "last"], ["s"], keepdims=1),
+                                    helper.make_node("Add", ["h", "s"], ["y"])]}
     state = [{"h": np.zeros((1, M, F), np.float32)}, {"h": np.zeros((1, 1, F), np.float32)}]
     for nodes, want in ((ok, True), (bad[change], False)):
         g = helper.make_graph(nodes, "piece", [helper.make_tensor_value_info("h", TensorProto.FLOAT, None)],
