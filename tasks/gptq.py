@@ -102,24 +102,33 @@ def block_factors(blocks: list, damp: float = GPTQ_DAMP, dtype: str = "float32",
     return (U[0][1] if len(U) == 1 else U), np.concatenate(dead)
 
 
-def codes(W, U, dead, S, qmin: int = -8, qmax: int = 7, step: int = 32, chunk_bytes: int = 256 * 2**20):
+def codes(W, U, dead, S, qmin: int = -8, qmax: int = 7, step: int = 16, block: int = 256,
+          chunk_bytes: int = 256 * 2**20):
     """GPTQ codes int8 [K, N] in [qmin, qmax] for weight W [K, N] (float, a MatMul's constant
     input: K in-features) with fixed scales S (broadcastable to [K, N]) and ``(U, dead)`` of its
     input from :func:`inverse_factor` (U's dtype is the arithmetic's); U may also be
     ``[(k0, U_b)]``, the factors of the Hessian's diagonal blocks (rows k0.. of each, their
     widths U_b's; :func:`tasks.seqgptq.sequential` with a span): each block of rows is then
     rounded on its own (a row's error is carried to the later rows of its block only).
-    ``step``: rows of K updated lazily together (the paper's "lazy batch", 128 there; the
-    result is the same up to float rounding; 32 measured fastest here: each row's update touches
-    step/2 x N elements). Output channels are independent given U, so they are done
-    at most ``chunk_bytes`` of W at a time, in chunks of equal width (memory: the codes plus ~3
-    chunks, whatever N)."""
+
+    The updates are the paper's "lazy batch" on two levels (the result is Algorithm 1's up to
+    float rounding: ``tests/qnn/test_gptq_seq.py`` compares it with the row-by-row algorithm in
+    float64): within ``step`` rows each row's error goes to the next rows at once (rank-1
+    updates, ``step``/2 x N elements a row), a ``step``'s errors go to the rest of its ``block``
+    of rows in one product, and a ``block``'s (128, the paper's) to every later row in one
+    product (the paper has one level, its lazy batch of 128 rows). One level of 32 rows wrote the
+    rest of W once per 32 rows, bound by memory: a Qwen2.5-7B gate_proj (3584 x 18944) took
+    2.35-2.58 s of codes on this 2-core machine, 1.41-1.96 s with ``step`` 16 and ``block`` 256
+    (the fastest of 16/32 x 128/256/512 measured; down_proj's 4736-row blocks 0.77 -> 0.61 s;
+    benchmarks/README.md, "GPTQ's updates on two levels"). Output channels are independent given U, so they are done at most
+    ``chunk_bytes`` of W at a time, in chunks of equal width (memory: the codes plus ~3 chunks,
+    whatever N)."""
     if isinstance(U, list):
         Q = np.empty(np.shape(W), np.int8)
         S = np.broadcast_to(S, Q.shape)
         for k0, Ub in U:
             k1 = k0 + Ub.shape[0]
-            Q[k0:k1] = codes(W[k0:k1], Ub, dead[k0:k1], S[k0:k1], qmin, qmax, step, chunk_bytes)
+            Q[k0:k1] = codes(W[k0:k1], Ub, dead[k0:k1], S[k0:k1], qmin, qmax, step, block, chunk_bytes)
         return Q
     Q = np.empty(np.shape(W), np.int8)
     K, N = Q.shape
@@ -128,38 +137,41 @@ def codes(W, U, dead, S, qmin: int = -8, qmax: int = 7, step: int = 32, chunk_by
     S = np.broadcast_to(S, (K, N))
     for n0 in range(0, N, cols):
         n1 = min(N, n0 + cols)
-        Q[:, n0:n1] = _codes(W[:, n0:n1], U, dead, S[:, n0:n1], qmin, qmax, step)
+        Q[:, n0:n1] = _codes(W[:, n0:n1], U, dead, S[:, n0:n1], qmin, qmax, step, block)
     return Q
 
 
-def _codes(W, U, dead, S, qmin, qmax, step):
+def _codes(W, U, dead, S, qmin, qmax, step, block):
     t = U.dtype
     W = torch.as_tensor(np.array(W, np.float32)).to(t)  # [K, n]: row k = in-feature k, contiguous
     S = torch.as_tensor(np.array(S, np.float32)).to(t)
     W[torch.as_tensor(dead)] = 0
     K, N = W.shape
+    block = max(block, step)
     Q = torch.empty((K, N), dtype=torch.int8)
     q = torch.empty(N, dtype=t)
-    e = torch.empty(N, dtype=t)
-    for c0 in range(0, K, step):
-        c1 = min(c0 + step, K)
-        Wb, E = W[c0:c1], torch.empty((c1 - c0, N), dtype=t)
-        for j in range(c1 - c0):
-            w, s = Wb[j], S[c0 + j]
-            torch.div(w, s, out=q).round_().clamp_(qmin, qmax)
-            Q[c0 + j] = q
-            torch.sub(w, q.mul_(s), out=e).div_(U[c0 + j, c0 + j])
-            if j + 1 < c1 - c0:
-                Wb[j + 1:].addr_(U[c0 + j, c0 + j + 1:c1], e, alpha=-1)
-            E[j] = e
-        if c1 < K:
-            W[c1:].addmm_(U[c0:c1, c1:].T, E, alpha=-1)
+    E = torch.empty((block, N), dtype=t)  # the errors of the current block's rows, scaled by U's diagonal
+    for b0 in range(0, K, block):
+        b1 = min(b0 + block, K)
+        for c0 in range(b0, b1, step):
+            c1 = min(c0 + step, b1)
+            Wb = W[c0:c1]
+            for j in range(c1 - c0):
+                w, s, e = Wb[j], S[c0 + j], E[c0 - b0 + j]
+                torch.div(w, s, out=q).round_().clamp_(qmin, qmax)
+                Q[c0 + j] = q
+                torch.sub(w, q.mul_(s), out=e).div_(U[c0 + j, c0 + j])
+                if j + 1 < c1 - c0:
+                    Wb[j + 1:].addr_(U[c0 + j, c0 + j + 1:c1], e, alpha=-1)
+            if c1 < b1:
+                W[c1:b1].addmm_(U[c0:c1, c1:b1].T, E[c0 - b0:c1 - b0], alpha=-1)
+        if b1 < K:
+            W[b1:].addmm_(U[b0:b1, b1:].T, E[:b1 - b0], alpha=-1)
     return Q.numpy()
 
 
-def gptq(W, H, S, damp: float = GPTQ_DAMP, qmin: int = -8, qmax: int = 7, step: int = 128,
-         dtype: str = "float32"):
+def gptq(W, H, S, damp: float = GPTQ_DAMP, qmin: int = -8, qmax: int = 7, dtype: str = "float32", **lazy):
     """GPTQ codes int8 [K, N] for one weight W [K, N] with scales S and input Hessian H [K, K]:
-    :func:`inverse_factor` then :func:`codes`."""
+    :func:`inverse_factor` then :func:`codes` (``lazy``: its ``step`` and ``block``)."""
     U, dead = inverse_factor(H, damp, dtype)
-    return codes(W, U, dead, S, qmin, qmax, step)
+    return codes(W, U, dead, S, qmin, qmax, **lazy)

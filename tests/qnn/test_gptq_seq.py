@@ -310,3 +310,36 @@ def test_rowwise_refuses_what_mixes_rows(change):
         g = helper.make_graph(nodes, "piece", [helper.make_tensor_value_info("h", TensorProto.FLOAT, None)],
                               [onnx.ValueInfoProto(name="y")], inits)
         assert rowwise(g, ["h"], state) is want, change
+
+
+def _algorithm1(W, U, dead, S):
+    """GPTQ's Algorithm 1 row by row (Frantar et al. 2022), no lazy batch, float64 numpy."""
+    W, U, S = np.array(W, np.float64), np.asarray(U, np.float64), np.broadcast_to(np.asarray(S, np.float64), W.shape)
+    W[dead] = 0
+    Q = np.empty(W.shape, np.int8)
+    for k in range(W.shape[0]):
+        q = np.clip(np.round(W[k] / S[k]), -8, 7)
+        Q[k] = q
+        W[k + 1:] -= np.outer(U[k, k + 1:], (W[k] - q * S[k]) / U[k, k])
+    return Q
+
+
+@pytest.mark.parametrize("step,block", [(32, 128), (16, 64), (32, 32), (7, 50)])
+def test_the_two_level_lazy_batch_gives_algorithm_1s_codes(step, block):
+    """:func:`tasks.gptq.codes` (errors carried within ``step`` rows, then to the rest of the
+    ``block``, then to every later row) chooses the codes of the row-by-row algorithm, in
+    float64, with a dead input and K not a multiple of either level (the last block and step
+    shorter), and output channels in two chunks."""
+    rng = np.random.default_rng(2)
+    K, N = 300, 70
+    X = rng.standard_normal((2000, K)) @ (np.eye(K) + rng.standard_normal((K, K)) / np.sqrt(K))
+    X[:, 5] = 0  # an input that never varies: its row of W is zeroed
+    W = (rng.standard_normal((K, N)) * 0.05).astype(np.float32)
+    S = (np.abs(W).max(0) / 7.5).astype(np.float32)
+    U, dead = gptq.inverse_factor(X.T @ X / len(X), dtype="float64")
+    assert dead[5] and dead.sum() == 1
+    want = _algorithm1(W, U.numpy(), dead, S)
+    got = gptq.codes(W, U, dead, S, step=step, block=block, chunk_bytes=4 * K * 40)
+    assert np.array_equal(got, want), (got != want).sum()
+    # and the errors do move codes: round to nearest alone is not what either chose
+    assert (want != np.clip(np.round(np.where(dead[:, None], 0, W) / S), -8, 7)).mean() > 0.05
