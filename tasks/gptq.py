@@ -115,14 +115,14 @@ def codes(W, U, dead, S, qmin: int = -8, qmax: int = 7, step: int = 16, block: i
     float rounding: ``tests/qnn/test_gptq_seq.py`` compares it with the row-by-row algorithm in
     float64): within ``step`` rows each row's error goes to the next rows at once (rank-1
     updates, ``step``/2 x N elements a row), a ``step``'s errors go to the rest of its ``block``
-    of rows in one product, and a ``block``'s (128, the paper's) to every later row in one
-    product (the paper has one level, its lazy batch of 128 rows). One level of 32 rows wrote the
-    rest of W once per 32 rows, bound by memory: a Qwen2.5-7B gate_proj (3584 x 18944) took
-    2.35-2.58 s of codes on this 2-core machine, 1.41-1.96 s with ``step`` 16 and ``block`` 256
-    (the fastest of 16/32 x 128/256/512 measured; down_proj's 4736-row blocks 0.77 -> 0.61 s;
-    benchmarks/README.md, "GPTQ's updates on two levels"). Output channels are independent given U, so they are done at most
-    ``chunk_bytes`` of W at a time, in chunks of equal width (memory: the codes plus ~3 chunks,
-    whatever N)."""
+    of rows in one product, and a ``block``'s to every later row in one product (the paper has
+    one level, a lazy batch of 128 rows). One level of 32 rows wrote the rest of W once per 32
+    rows, bound by memory: a Qwen2.5-7B gate_proj (3584 x 18944) took 2.35-2.58 s of codes on
+    this 2-core machine, 1.41-1.96 s with ``step`` 16 and ``block`` 256 (the fastest of the
+    pairs of 8/16/32 x 128/256/512 measured; down_proj's 4736-row blocks 0.77 -> 0.61 s;
+    benchmarks/README.md, "GPTQ's updates on two levels"). Output channels are independent
+    given U, so they are done at most ``chunk_bytes`` of W at a time, in chunks of equal width
+    (memory: the codes plus ~3 chunks, whatever N)."""
     if isinstance(U, list):
         Q = np.empty(np.shape(W), np.int8)
         S = np.broadcast_to(S, Q.shape)

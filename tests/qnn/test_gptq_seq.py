@@ -324,12 +324,12 @@ def _algorithm1(W, U, dead, S):
     return Q
 
 
-@pytest.mark.parametrize("step,block", [(32, 128), (16, 64), (32, 32), (7, 50)])
+@pytest.mark.parametrize("step,block", [(16, 256), (32, 128), (16, 64), (32, 32), (7, 50)])
 def test_the_two_level_lazy_batch_gives_algorithm_1s_codes(step, block):
     """:func:`tasks.gptq.codes` (errors carried within ``step`` rows, then to the rest of the
     ``block``, then to every later row) chooses the codes of the row-by-row algorithm, in
     float64, with a dead input and K not a multiple of either level (the last block and step
-    shorter), and output channels in two chunks."""
+    shorter), and output channels in two chunks; (16, 256) is what the quantize stage uses."""
     rng = np.random.default_rng(2)
     K, N = 300, 70
     X = rng.standard_normal((2000, K)) @ (np.eye(K) + rng.standard_normal((K, K)) / np.sqrt(K))
