@@ -181,10 +181,10 @@ def bench_recipe(a) -> None:
     _build_and_print(root, a, a.recipe)
 
 
-def _build_and_print(root: Path, a, recipe: str = "bench") -> None:
-    """``doit build:<recipe>`` (or ``--task``, one stage of it and what it needs) in ``root``,
-    the process tree sampled, then the stage x part table of what it recorded."""
-    target = a.task or f"build:{recipe}"
+def _build_and_print(root: Path, a, recipe: str = "bench", task: str | None = None, table: bool = True) -> None:
+    """``doit build:<recipe>`` (or ``task`` / ``--task``, one stage of it and what it needs) in
+    ``root``, the process tree sampled, then (``table``) the stage x part table of what it recorded."""
+    target = task or a.task or f"build:{recipe}"
     env = {**os.environ, **_env(root), "NPUBUILD_PROGRESS": "0"}
     if a.memory_gb:
         env["NPUBUILD_MEMORY_GB"] = str(a.memory_gb)
@@ -197,7 +197,8 @@ def _build_and_print(root: Path, a, recipe: str = "bench") -> None:
     sampler.stop()
     print(f"doit {target} exited {r.returncode} after {time.perf_counter() - t0:.0f} s (this call); "
           f"process tree peak {sampler.peak / 2**30:.2f} GiB (VmRSS summed over doit and its children, sampled 1/s)")
-    print_table(root, recipe, sampler)
+    if table:
+        print_table(root, recipe, sampler)
 
 
 def _print_bins(folder: Path) -> None:
@@ -231,7 +232,32 @@ def bench_7b(a) -> None:
         subprocess.run([sys.executable, __file__, "--make", str(root / "model"), "--shape", a.shape], check=True)
         print(f"random {a.shape} checkpoint made in {time.perf_counter() - t0:.0f} s "
               f"({sum(p.stat().st_size for p in (root / 'model').glob('*.safetensors')) / 1e9:.1f} GB)")
+    if not a.task:  # the download stage first, then the checkpoint's files become links to its entry's
+        _build_and_print(root, a, task="download:bench", table=False)
+        _link_to_entry(root / "model", root / "build" / "bench" / "stages.json")
     _build_and_print(root, a)
+
+
+def _link_to_entry(model: Path, stages: Path) -> None:
+    """Make each file of the path source ``model`` a hard link to the same file in the download
+    stage's entry, when the bytes are equal (compared in full): the key, a digest of the folder's
+    content, stays the same and the 15 GB checkpoint is on disk once, not twice (the 7B build
+    needs ~80 GB otherwise: issue 35's DiskFull at quantize.part3). For the benchmark only: a
+    user's source folder is never linked into the cache (an edit in place would change an entry)."""
+    import filecmp
+
+    st = json.loads(stages.read_text()) if stages.is_file() else {}
+    entry = Path(st["download"]["entry"]) / "out" if "download" in st else None
+    freed = 0
+    for f in sorted(model.iterdir()) if entry else []:
+        twin = entry / f.name
+        if not twin.is_file() or twin.stat().st_ino == f.stat().st_ino or not filecmp.cmp(f, twin, shallow=False):
+            continue
+        tmp = f.with_name(f.name + ".link")
+        os.link(twin, tmp)
+        os.replace(tmp, f)
+        freed += twin.stat().st_size
+    print(f"path source linked to the download entry's files: {freed / 1e9:.1f} GB freed")
 
 
 def print_table(root: Path, recipe: str, sampler: "TreeSampler | None" = None) -> None:
