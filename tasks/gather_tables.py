@@ -24,12 +24,23 @@ def gather_tables_8bit(qdq) -> list[str]:
                    and dq[g.input[0]] in inits and inits[dq[g.input[0]]].data_type == onnx.TensorProto.UINT8})
 
 
-def narrow_gather_tables(qdq, min_rows: int = 1024) -> list[str]:
+#: elements of a table narrowed at a time (:func:`narrow_gather_tables`): float64 temporaries
+#: of 16 MiB each instead of the table's size (a 0.86 B Qwen2's 78 M-element chunk took the
+#: quantize child to 2.67 GiB with whole-table float64 temporaries, benchmarks/README.md)
+NARROW_BLOCK = 1 << 21
+
+
+def narrow_gather_tables(qdq, min_rows: int = 1024, block: int = NARROW_BLOCK) -> list[str]:
     """Store each Gather's constant table of at least ``min_rows`` rows (the token embedding)
     at uint8 per-tensor (asymmetric, min/max of the table) instead of 16 bits, in place, and
     give the Gather's output Q/DQ pair the table's type, scale and zero point (so HTP gathers
     8-bit rows; the next op reads them through its own DequantizeLinear). Returns the tables'
-    names. Tables onnxruntime did not quantize (no DequantizeLinear in front) are left."""
+    names. Tables onnxruntime did not quantize (no DequantizeLinear in front) are left.
+
+    The table's real values ``(q16 - zp) * scale`` are computed in float64 on about ``block``
+    elements at a time (whole rows), twice: once for the min/max, once for the uint8 codes
+    ``clip(round(real / s8) + z8, 0, 255)``; every element gets the same arithmetic as on the
+    whole table, so the bytes do not depend on ``block`` (tests/qnn/test_int4.py)."""
     from onnx import numpy_helper
 
     inits = {i.name: i for i in qdq.graph.initializer}
@@ -48,11 +59,21 @@ def narrow_gather_tables(qdq, min_rows: int = 1024) -> list[str]:
             continue
         scale = numpy_helper.to_array(inits[dq.input[1]]).astype(np.float64)
         zp = numpy_helper.to_array(inits[dq.input[2]]).astype(np.float64)
-        real = (numpy_helper.to_array(table).astype(np.float64) - zp) * scale
-        lo, hi = min(real.min(), 0.0), max(real.max(), 0.0)
+        q16 = numpy_helper.to_array(table)
+        step = max(1, block // max(1, q16.shape[1]))
+        rows = [slice(r, r + step) for r in range(0, q16.shape[0], step)]
+
+        def real(r):
+            return (q16[r].astype(np.float64) - zp) * scale
+
+        lo = min(min(real(r).min() for r in rows), 0.0)
+        hi = max(max(real(r).max() for r in rows), 0.0)
         s8 = np.float32((hi - lo) / 255 or 1.0)
         z8 = np.uint8(np.clip(np.round(-lo / s8), 0, 255))
-        q8 = np.clip(np.round(real / s8) + z8, 0, 255).astype(np.uint8)
+        q8 = np.empty(q16.shape, np.uint8)
+        for r in rows:
+            q8[r] = np.clip(np.round(real(r) / s8) + z8, 0, 255)
+        del q16
         for name, arr in ((dq.input[0], q8), (dq.input[1], np.asarray(s8)), (dq.input[2], np.asarray(z8))):
             inits[name].CopyFrom(numpy_helper.from_array(arr, name))
         qs = [c for c in consumers.get(g.output[0], []) if c.op_type == "QuantizeLinear"]

@@ -35,11 +35,6 @@ def part_params(config: dict, lo: int, hi: int, first: bool, last: bool, embed_i
     return n
 
 
-#: the export's largest tensor (``tasks.llm.part_weights.MAX_TENSOR_ELEMENTS``, not imported:
-#: the memory checks stay off the checkpoint readers' imports; a test keeps the two equal)
-SPLIT_ELEMENTS = 1 << 27
-
-
 def gptq_peak(config: dict, lo: int, hi: int, last: bool, seq_len: int, samples: int, qdq: int) -> int:
     """Peak bytes of sequential GPTQ (:mod:`tasks.seqgptq`) on part layers lo..hi-1 (+ the LM
     head when ``last``) with ``samples`` calibration prompts, after onnxruntime's quantizer has
@@ -49,19 +44,22 @@ def gptq_peak(config: dict, lo: int, hi: int, last: bool, seq_len: int, samples:
     of its factor + the largest group's float32 weights twice (the piece's session and their
     dequantized GPTQ values: gate and up, 2 x hidden x intermediate) + 13 bytes per element of the
     largest single weight (its float32 values, scales, codes and dequantized values; an LM head
-    is split at :data:`SPLIT_ELEMENTS`) + 768 MiB of GPTQ chunks + the carried tensors (the
+    is its widest chunk, :func:`tasks.llm.parts.split_sizes`: 77.8 M of a 0.86 B Qwen2's 155.6 M
+    elements, GPTQ'd chunk by chunk) + 768 MiB of GPTQ chunks + the carried tensors (the
     residual stream and the next input, at most hidden + intermediate float32 values per row, per
     prefill feed [S rows] and decode feed [1 row]: at most 2 prefill and 4 decode feeds per
     prompt, :func:`tasks.llm.calibration_feeds.schedule`). With ``quantize.gptq_span`` the wide
     inputs' Hessians are diagonal blocks, smaller than counted here: the figure is then an upper
     bound."""
+    from .parts import split_sizes
+
     D, I, V = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
     H = config["num_attention_heads"]
     d = config.get("head_dim") or D // H
     kv = (config.get("num_key_value_heads") or H) * d
     widest = max(D, H * d, I) if hi > lo else D
     group = max(D * (H * d + 2 * kv), H * d * D, 2 * D * I) if hi > lo else 0
-    biggest = max(D * I, H * d * D, min(V * D, SPLIT_ELEMENTS) if last else 0)
+    biggest = max(D * I, H * d * D, D * max(split_sizes(D, V)) if last else 0)
     state = 4 * (D + max(H * d, I)) * (2 * samples * seq_len + 4 * samples)
     return BASE + qdq + 8 * widest * widest + 8 * group + 13 * biggest + 768 * 2**20 + state
 

@@ -1,8 +1,31 @@
-"""How a decoder's layers are split into parts (the unit of memory and of NPU sessions)."""
+"""How a decoder's layers are split into parts (the unit of memory and of NPU sessions), and
+how a part's widest weights are split into chunks (:func:`split_sizes`): the arithmetic that
+both the exporter and the memory estimates (:mod:`tasks.llm.memory`) follow."""
 
 from __future__ import annotations
 
 from functools import lru_cache
+
+# Largest weight initializer, in elements. onnxruntime's quantizer holds about four float copies
+# of the tensor it is quantizing (quant_utils.quantize_nparray: astype, divide, round, add), so a
+# 545 M-element table (Qwen2.5-7B's embedding or LM head, 2.2 GB in float32) alone cost ~9 GB
+# (measured: 2.4 GB peak for a 0.55 GB Gather table). Wider tables are split along their output
+# axis into equal chunks (then a Concat): exact in float32, and per-channel weight scales are
+# unchanged; a 16-bit Gather table gets one scale per column group instead of one.
+MAX_TENSOR_ELEMENTS = 1 << 27
+
+
+def split_sizes(rows: int, cols: int, limit: int = MAX_TENSOR_ELEMENTS) -> list[int]:
+    """Column counts of the chunks a [rows, cols] weight is split into so that each chunk has at
+    most ``limit`` elements: the fewest equal chunks (a divisor of ``cols``), else near-equal."""
+    if rows * cols <= limit:
+        return [cols]
+    k = -(-rows * cols // limit)
+    for n in range(k, cols + 1):
+        if cols % n == 0 and rows * (cols // n) <= limit:
+            return [cols // n] * n
+    base, rem = divmod(cols, k)
+    return [base + (1 if i < rem else 0) for i in range(k)]
 
 
 def layer_elements(config: dict) -> int:

@@ -88,8 +88,9 @@ from pathlib import Path
 from ..proc import lazy
 
 from .layout import IO_LAYOUT
-from .part_weights import (MASK_VALUE, MAX_TENSOR_ELEMENTS, WEIGHTS_FILE, cache_tables, embedding_table,
-                           model_dims, rope_tables, special_tokens, write_part_weights)
+from .part_weights import (MASK_VALUE, WEIGHTS_FILE, cache_tables, embedding_table, model_dims, rope_tables,
+                           special_tokens, write_part_weights)
+from .parts import MAX_TENSOR_ELEMENTS
 
 np = lazy.module("numpy")
 

@@ -200,9 +200,6 @@ def test_the_quantize_check_counts_gptq_and_fails_before_work_in_one_line(monkey
     from tasks.llm import memory
     from tasks.llm.parts import split_for
 
-    from tasks.llm.part_weights import MAX_TENSOR_ELEMENTS
-
-    assert memory.SPLIT_ELEMENTS == MAX_TENSOR_ELEMENTS
     four = [memory.estimates(QWEN7B, split_for(QWEN7B, 4), 128, 4096, True, 4, p, 16)["quantize"][0]
             for p in range(4)]
     assert max(four) <= 16 * 2**30, max(four) / 2**30

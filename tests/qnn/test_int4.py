@@ -281,3 +281,67 @@ def test_fast_int4_packing_is_onnxruntimes_packing():
     with fast_int4_packing():
         assert quant_utils.pack_bytes_to_4bit is pack_int4 and base_quantizer.pack_bytes_to_4bit is pack_int4
     assert quant_utils.pack_bytes_to_4bit is ort_pack and base_quantizer.pack_bytes_to_4bit is ort_pack
+
+
+def _qdq_gather(q16: np.ndarray, scale: float, zp: int):
+    """ids -> Gather(DQ(uint16 table)) -> Q/DQ uint16: the token embedding as onnxruntime's QNN
+    quantizer leaves it (a 16-bit per-tensor table, the Gather output's own Q/DQ pair)."""
+    rows, cols = q16.shape
+    inits = [numpy_helper.from_array(q16, "t_quantized"), numpy_helper.from_array(np.array(scale, np.float32), "t_scale"),
+             numpy_helper.from_array(np.array(zp, np.uint16), "t_zero_point"),
+             numpy_helper.from_array(np.array(0.01, np.float32), "gs"), numpy_helper.from_array(np.array(32768, np.uint16), "gz")]
+    nodes = [helper.make_node("DequantizeLinear", ["t_quantized", "t_scale", "t_zero_point"], ["td"]),
+             helper.make_node("Gather", ["td", "ids"], ["g"]),
+             helper.make_node("QuantizeLinear", ["g", "gs", "gz"], ["gq"]),
+             helper.make_node("DequantizeLinear", ["gq", "gs", "gz"], ["out"])]
+    g = helper.make_graph(nodes, "emb", [helper.make_tensor_value_info("ids", TensorProto.INT32, [1, 4])],
+                          [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 4, cols])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+
+
+def test_narrowed_table_is_the_whole_tables_rule_block_by_block():
+    """The 8-bit table is uint8 per-tensor from the 16-bit table's real min/max (with 0), the
+    same bytes whatever the block of rows it is computed on (whole rows, a short last block),
+    and the Gather's output pair takes the table's scale and zero point."""
+    from tasks.gather_tables import narrow_gather_tables
+
+    rng = np.random.default_rng(7)
+    q16 = rng.integers(9000, 61000, size=(1537, 24), dtype=np.uint16)
+    scale, zp = 3.1e-5, 30000
+    real = (q16.astype(np.float64) - zp) * scale  # the rule, on the whole table
+    lo, hi = min(real.min(), 0.0), max(real.max(), 0.0)
+    s8 = np.float32((hi - lo) / 255)
+    z8 = np.uint8(np.clip(np.round(-lo / s8), 0, 255))
+    want = np.clip(np.round(real / s8) + z8, 0, 255).astype(np.uint8)
+    got = {}
+    for block in (24 * 100, 24 * 1537 * 4, 7):  # 16 blocks with a short last one; the whole table; a row at a time
+        m = _qdq_gather(q16, scale, zp)
+        assert narrow_gather_tables(m, block=block) == ["t_quantized"]
+        t = {i.name: numpy_helper.to_array(i) for i in m.graph.initializer}
+        assert t["t_quantized"].dtype == np.uint8 and t["t_scale"] == s8 and t["t_zero_point"] == z8
+        assert t["gs"] == s8 and t["gz"] == z8
+        np.testing.assert_array_equal(t["t_quantized"], want)
+        got[block] = m.SerializeToString()
+    assert len(set(got.values())) == 1
+
+
+def test_narrowing_a_table_holds_blocks_not_float64_copies_of_it():
+    """Narrowing a 4 M-element table allocates (numpy, tracemalloc) less than one float64 copy
+    of it: the whole-table computation held several (32 MiB each) at once, which took a 0.86 B
+    Qwen2's quantize child to 2.67 GiB (benchmarks/README.md)."""
+    import tracemalloc
+
+    from tasks.gather_tables import narrow_gather_tables
+
+    q16 = np.random.default_rng(0).integers(0, 65535, size=(2048, 2048), dtype=np.uint16)
+    m = _qdq_gather(q16, 1e-4, 32768)
+    del q16
+    tracemalloc.start()
+    try:
+        narrow_gather_tables(m, block=1 << 18)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    f64 = 2048 * 2048 * 8
+    # held: the uint16 table read (8 MiB), its uint8 codes (4 MiB), float64 blocks of 2 MiB
+    assert peak < f64, f"{peak / 2**20:.1f} MiB traced, a float64 copy is {f64 / 2**20:.0f} MiB"
