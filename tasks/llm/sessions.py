@@ -65,7 +65,7 @@ def cpu_session_for(model_proto, folder, name: str):
         os.unlink(path)
 
 
-def cpu_session_on(model_proto, folder, arena: bool = True):
+def cpu_session_on(model_proto, folder, arena: bool = True, priority_order: bool = False):
     """A :func:`cpu_session` on ``model_proto`` (a graph whose external-data locations are
     relative to ``folder``) made from its bytes, the weights read from ``folder`` through
     onnxruntime's ``session.model_external_initializers_file_folder_path``: nothing is written,
@@ -73,11 +73,18 @@ def cpu_session_on(model_proto, folder, arena: bool = True):
     path (measured, onnxruntime 1.32: a 512 MiB weight, 31 MiB anonymous either way).
     ``arena`` False: onnxruntime's CPU memory arena off (each tensor from malloc, given back
     when freed), for a graph whose arena grows call after call (:class:`tasks.llm.calibration_feeds.RangeTaps`).
+    ``priority_order``: onnxruntime's ``ExecutionOrder.PRIORITY_BASED`` instead of its default
+    order, for a graph with many outputs read early (the range taps): the same values, bit for
+    bit, in another order of its nodes (measured: a 0.86 B Qwen2 part of 11 layers at S=128,
+    C=4096, tapped, every output and tap equal; a prefill call's peak 3.09 -> 1.22 GiB, 3.9 ->
+    2.6 s; the untapped graph's unchanged, 1.10 vs 1.14 GiB).
     Raises onnxruntime's errors (e.g. a missing external data file)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.enable_cpu_mem_arena = arena
+    if priority_order:
+        so.execution_order = ort.ExecutionOrder.PRIORITY_BASED
     for k, v in {**CPU_CONFIG, "session.model_external_initializers_file_folder_path": str(folder)}.items():
         so.add_session_config_entry(k, v)
     return ort.InferenceSession(model_proto.SerializeToString(), sess_options=so, providers=["CPUExecutionProvider"])
