@@ -37,10 +37,12 @@ def narrow_gather_tables(qdq, min_rows: int = 1024, block: int = NARROW_BLOCK) -
     8-bit rows; the next op reads them through its own DequantizeLinear). Returns the tables'
     names. Tables onnxruntime did not quantize (no DequantizeLinear in front) are left.
 
-    The table's real values ``(q16 - zp) * scale`` are computed in float64 on about ``block``
-    elements at a time (whole rows), twice: once for the min/max, once for the uint8 codes
+    The table's real values ``(q16 - zp) * scale`` (the DequantizeLinear's: per tensor, per
+    axis or blocked, :func:`_dq_param`) are computed in float64 on about ``block`` elements at a
+    time (whole rows, at least one), twice: once for the min/max, once for the uint8 codes
     ``clip(round(real / s8) + z8, 0, 255)``; every element gets the same arithmetic as on the
-    whole table, so the bytes do not depend on ``block`` (tests/qnn/test_int4.py)."""
+    whole table, so the bytes do not depend on ``block`` (tests/qnn/test_int4.py). Raises
+    ValueError naming the table when its scale or zero point does not fit its shape."""
     from onnx import numpy_helper
 
     inits = {i.name: i for i in qdq.graph.initializer}
@@ -57,14 +59,14 @@ def narrow_gather_tables(qdq, min_rows: int = 1024, block: int = NARROW_BLOCK) -
         table = inits[dq.input[0]]
         if len(table.dims) != 2 or table.dims[0] < min_rows:
             continue
-        scale = numpy_helper.to_array(inits[dq.input[1]]).astype(np.float64)
-        zp = numpy_helper.to_array(inits[dq.input[2]]).astype(np.float64)
         q16 = numpy_helper.to_array(table)
+        scale, zp = (_dq_param(dq, numpy_helper.to_array(inits[n]).astype(np.float64), q16.shape, table.name)
+                     for n in dq.input[1:3])
         step = max(1, block // max(1, q16.shape[1]))
         rows = [slice(r, r + step) for r in range(0, q16.shape[0], step)]
 
         def real(r):
-            return (q16[r].astype(np.float64) - zp) * scale
+            return (q16[r].astype(np.float64) - zp(r)) * scale(r)
 
         lo = min(min(real(r).min() for r in rows), 0.0)
         hi = max(max(real(r).max() for r in rows), 0.0)
@@ -83,3 +85,25 @@ def narrow_gather_tables(qdq, min_rows: int = 1024, block: int = NARROW_BLOCK) -
                     inits[name].CopyFrom(numpy_helper.from_array(arr, name))
         done.append(table.name)
     return done
+
+
+def _dq_param(dq, v, shape: tuple, name: str):
+    """A function of a row slice giving the DequantizeLinear ``dq``'s scale or zero point ``v``
+    (float64) for those rows of a 2-D table of ``shape``, broadcastable to them: one value,
+    per axis (``axis``, default 1: a value per column; 0: per row) or blocked (opset 21
+    ``block_size`` along ``axis``). Raises ValueError naming ``name`` when ``v``'s shape fits
+    none of these."""
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in dq.attribute}
+    axis, bs = attrs.get("axis", 1) % 2, attrs.get("block_size", 0)
+    if v.size == 1:
+        one = v.reshape(())
+        return lambda r: one
+    want = ((shape[0], -(-shape[1] // bs)) if axis == 1 else (-(-shape[0] // bs), shape[1])) if bs else (shape[axis],)
+    if v.shape != want:
+        raise ValueError(f"{name}: expected its DequantizeLinear's scale and zero point of shape {want} or one value "
+                         f"(axis {axis}, block_size {bs}, table {list(shape)}), found {list(v.shape)}")
+    if not bs:
+        return (lambda r: v) if axis == 1 else (lambda r: v[r, None])
+    if axis == 1:
+        return lambda r: np.repeat(v[r], bs, axis=1)[:, :shape[1]]
+    return lambda r: v[np.arange(shape[0])[r] // bs]

@@ -345,3 +345,49 @@ def test_narrowing_a_table_holds_blocks_not_float64_copies_of_it():
     f64 = 2048 * 2048 * 8
     # held: the uint16 table read (8 MiB), its uint8 codes (4 MiB), float64 blocks of 2 MiB
     assert peak < f64, f"{peak / 2**20:.1f} MiB traced, a float64 copy is {f64 / 2**20:.0f} MiB"
+
+
+@pytest.mark.parametrize("layout", ["per-column", "per-row", "blocked-rows"])
+def test_narrowing_reads_the_tables_dequantize_as_onnx_defines_it(layout):
+    """Per-axis (axis 1: a scale per column; axis 0: per row) and blocked (opset 21
+    ``block_size`` along axis 1, one block a row) DequantizeLinear tables narrow to the rule on
+    their real values, whatever the block of rows; a scale that fits none of these raises naming
+    the table (a [rows, 1] scale on a per-axis DequantizeLinear was broadcast before)."""
+    from tasks.gather_tables import narrow_gather_tables
+
+    rng = np.random.default_rng(3)
+    rows, cols = 9, 5
+    q16 = rng.integers(0, 65535, size=(rows, cols), dtype=np.uint16)
+    n = cols if layout == "per-column" else rows
+    s = rng.uniform(1e-4, 1e-3, n)
+    z = rng.integers(20000, 40000, n).astype(np.uint16)
+    col = layout == "per-column"
+    real = (q16 - (z if col else z[:, None]).astype(np.float64)) * (s.astype(np.float32).astype(np.float64)
+                                                                      if col else s.astype(np.float32)[:, None])
+    lo, hi = min(real.min(), 0.0), max(real.max(), 0.0)
+    s8 = np.float32((hi - lo) / 255)
+    want = np.clip(np.round(real / s8) + np.uint8(np.clip(np.round(-lo / s8), 0, 255)), 0, 255).astype(np.uint8)
+
+    def model():
+        m = _qdq_gather(q16, 0.0, 0)
+        t = {i.name: i for i in m.graph.initializer}
+        shp = (rows, 1) if layout == "blocked-rows" else (n,)
+        t["t_scale"].CopyFrom(numpy_helper.from_array(s.astype(np.float32).reshape(shp), "t_scale"))
+        t["t_zero_point"].CopyFrom(numpy_helper.from_array(z.reshape(shp), "t_zero_point"))
+        dq = m.graph.node[0]
+        dq.attribute.extend([helper.make_attribute("axis", 1 if layout != "per-row" else 0)]
+                            + ([helper.make_attribute("block_size", cols)] if layout == "blocked-rows" else []))
+        return m
+
+    for block in (7, rows * cols):
+        m = model()
+        onnx.checker.check_model(m, full_check=True)
+        assert narrow_gather_tables(m, min_rows=1, block=block) == ["t_quantized"]
+        np.testing.assert_array_equal(numpy_helper.to_array(m.graph.initializer[0]), want)
+    bad = model()
+    for a in list(bad.graph.node[0].attribute):
+        if a.name == "block_size":
+            bad.graph.node[0].attribute.remove(a)
+    if layout == "blocked-rows":  # [rows, 1] on a per-axis DequantizeLinear: not ONNX's layout
+        with pytest.raises(ValueError, match=r"t_quantized: expected .* of shape \(5,\) or one value .* found \[9, 1\]"):
+            narrow_gather_tables(bad, min_rows=1)
