@@ -68,8 +68,11 @@ def narrow_gather_tables(qdq, min_rows: int = 1024, block: int = NARROW_BLOCK) -
         def real(r):
             return (q16[r].astype(np.float64) - zp(r)) * scale(r)
 
-        lo = min(min(real(r).min() for r in rows), 0.0)
-        hi = max(max(real(r).max() for r in rows), 0.0)
+        lo = hi = np.float64(0.0)
+        for r in rows:  # each block's real values once for both extremes (NaN carried, as by min())
+            x = real(r)
+            lo, hi = np.minimum(lo, x.min()), np.maximum(hi, x.max())
+        del x
         s8 = np.float32((hi - lo) / 255 or 1.0)
         z8 = np.uint8(np.clip(np.round(-lo / s8), 0, 255))
         q8 = np.empty(q16.shape, np.uint8)

@@ -197,6 +197,7 @@ import onnx
 from tasks.llm.calibration_feeds import RangeTaps, augment_for_ranges
 from tasks.llm.runner import KVCache, PartGraph, block_ids
 from tasks.llm.sessions import cpu_session_on
+from tasks.proc.rss import peak_rss, peak_rss_reset, proc_bytes
 
 ex, order = Path(sys.argv[1]), sys.argv[2]
 desc = json.loads((ex / "export.json").read_text())
@@ -209,16 +210,12 @@ taps.armed = True
 g = PartGraph(taps.session)
 cache = KVCache(range(desc["num_layers"]), desc["num_kv_heads"], desc["context_len"], desc["head_dim"])
 ids = block_ids(list(range(5, 5 + desc["seq_len"])), g.S)
-def hwm():
-    return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM"))
-def rss():
-    return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmRSS"))
 g.call(ids, cache)  # the first call's one-time allocations
 res = g.call(ids, cache)
-before = rss()
-open("/proc/self/clear_refs", "w").write("5")  # VmHWM := VmRSS (Linux)
+before = proc_bytes("/proc/self/status", "VmRSS")
+peak_rss_reset()  # VmHWM := VmRSS (Linux)
 res = g.call(ids, cache)
-print(json.dumps({"peak": hwm() - before, "lo": taps.lo, "hi": taps.hi,
+print(json.dumps({"peak": peak_rss() - before, "lo": taps.lo, "hi": taps.hi,
                   "out": float(np.abs(res[g.out]).sum())}))
 """
 
