@@ -168,7 +168,9 @@ def _expand_parts(r, params, files) -> list[StageSpec]:
                                    {**params("quantize", "genie_quantize"), "part": k, "export": {
                                        "sequence_length": e.sequence_length, "context_length": e.context_length,
                                        "parts": P}},
-                                   {"source": "download", "calibration": part_name("calibrate", 0)}))
+                                   {"source": "download", "calibration": part_name("calibrate", 0),
+                                    # the encodings of the tensors it shares with the parts before it
+                                    **({"previous": part_name("genie_quantize", k - 1)} if k else {})}))
             for t, suffix in zip(r.compile.targets, suffixes):
                 specs.append(StageSpec(r.name, part_name("genie_compile", k, suffix), "genie_compile",
                                        {"target": t, **params("compile", "genie_compile"), "part": k,

@@ -26,7 +26,7 @@ from ..qnn import provider_options
 from ..stages.common import target_key_extra
 from ..stages.contract import Stage
 from ..stages.params import WEIGHT_SHARING
-from .genie_names import genie_files
+from .genie_names import genie_files, joined_genie_description
 from .memory import plan_estimate
 
 
@@ -140,8 +140,7 @@ def run(inputs, files, params, out: Path) -> dict:
         from .genie_config import config_binaries
 
         entries = [Path(inputs[f"genie.part{k}"]) for k in range(P)]
-        # each part's genie_compile entry holds the whole model's description (every part's graphs)
-        gdesc = json.loads((entries[0] / "genie_export.json").read_text())
+        gdesc = joined_genie_description(entries)  # each part's row from its own entry
         bins = genie_files(gdesc, params.get("weight_sharing", True))
         cfg = write_genie(gdesc, inputs["export.part0"], out, params, bins)
         # the binaries the config names, read back where they are (each part's entry; build/

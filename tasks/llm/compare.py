@@ -114,10 +114,10 @@ def read_back_bundle(views: dict, params: dict) -> dict:
     if views.get("genie_parts"):  # the Genie binaries: what genie_config.json names, and the per-graph ones
         from .genie_binaries import check_binaries
         from .genie_config import config_binaries
-        from .genie_names import planned_binaries
+        from .genie_names import joined_genie_description, planned_binaries
 
         entries = views["genie_parts"]
-        gdesc = json.loads((entries[0] / "genie_export.json").read_text())
+        gdesc = joined_genie_description(entries)  # each part's row from its own entry
         named = config_binaries(json.loads((Path(views["bundle"]) / "genie_config.json").read_text()), gdesc)
         for k, e in enumerate(entries):
             plan = {**planned_binaries(gdesc, k, flags["per_graph"], False),
@@ -216,11 +216,11 @@ def _genie_generate(inputs: dict, prompts: list[list[int]], K: int) -> dict:
     import os
     import tempfile
 
-    from .genie_names import genie_files
+    from .genie_names import genie_files, joined_genie_description
     from .libgenie import generate_in_child
 
     entries, bundle = inputs["genie_parts"], Path(inputs["bundle"])
-    desc = json.loads((entries[0] / "genie_export.json").read_text())
+    desc = joined_genie_description(entries)  # each part's row from its own entry
     cfg = json.loads((bundle / "genie_config.json").read_text())
     cfg["dialog"]["engine"]["model"]["binary"]["ctx-bins"] = genie_files(desc, False)
     with tempfile.TemporaryDirectory(prefix="npubuild-genie-") as tmp:

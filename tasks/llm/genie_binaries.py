@@ -62,7 +62,7 @@ def rename_graphs(bin_path, names: dict[str, str]) -> dict[str, str]:
 
 
 #: genie_export.json dtypes (numpy names) -> the ONNX names tasks.context_binary reports
-_ONNX_DTYPE = {"float32": "FLOAT", "int32": "INT32", "float16": "FLOAT16"}
+_ONNX_DTYPE = {"float32": "FLOAT", "int32": "INT32", "float16": "FLOAT16", "uint8": "UINT8", "uint16": "UINT16"}
 
 
 def expected_graph(desc: dict, name: str, source: str = "genie_export.json"):

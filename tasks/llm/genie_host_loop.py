@@ -30,6 +30,9 @@ class GenieHostLoop:
     layer keys [Hkv, 1, d, C-S_max] / values [Hkv, 1, C-S_max, d] ... sliced to each graph's
     P = C - S; after a call, the first n_process new entries go to slots n_past.. of the cache.
     Unwritten slots hold ``fill`` (0, or e.g. 7e34 to check that the graph ignores them).
+    Graphs whose boundary tensors are quantized (``genie_export.json`` declares their dtype,
+    scale and zero point: :mod:`tasks.llm.boundary`) are fed and read as Genie does: float
+    inputs quantized, the first output dequantized, the KV cache kept as the graph's integers.
 
     Args:
         export_dir: a :func:`tasks.llm.genie.export_genie` folder.
@@ -47,13 +50,39 @@ class GenieHostLoop:
         self.prompt = [make_session(rel(p["prompt"]["path"])) for p in parts]
         self.token = [make_session(rel(p["token"]["path"])) for p in parts]
         self.S, self.C, self.fill = self.desc["seq_len"], self.desc["context_len"], float(fill)
+        # quantized boundary tensors (tasks/llm/boundary.py): {name: (dtype, scale, zero point)}
+        self.enc = {t["name"]: (np.dtype(t["dtype"]), t["scale"], t["zero_point"])
+                    for p in parts for kind in ("prompt", "token")
+                    for t in p[kind]["inputs"] + p[kind]["outputs"] if "scale" in t}
 
     def new_cache(self) -> dict:
-        """{layer: (keys [Hkv, 1, d, C], values [Hkv, 1, C, d])} float32, every slot ``fill``."""
+        """{layer: (keys [Hkv, 1, d, C], values [Hkv, 1, C, d])}, every slot ``fill``: float32, or
+        for a KV cache quantized at the boundary its integers, empty slots at the zero point
+        (what Genie clears an 8-bit cache to)."""
         D = self.desc
-        return {l: (np.full((D["num_kv_heads"], 1, D["head_dim"], self.C), self.fill, np.float32),
-                    np.full((D["num_kv_heads"], 1, self.C, D["head_dim"]), self.fill, np.float32))
-                for l in range(D["num_layers"])}
+
+        def buf(name, shape):
+            dt, _, z = self.enc.get(name, (np.dtype(np.float32), None, self.fill))
+            return np.full(shape, z, dt)
+        return {l: (buf(f"past_key_{l}_in", (D["num_kv_heads"], 1, D["head_dim"], self.C)),
+                    buf(f"past_value_{l}_in", (D["num_kv_heads"], 1, self.C, D["head_dim"])))
+                for l in range(D["num_layers"]) if any(lo <= l < hi for lo, hi in
+                                                       (p["layers"] for p in D["parts"][:len(self.prompt)]))}
+
+    def _quantize(self, name: str, x):
+        """``x`` as the graph takes ``name``: quantized with its boundary encoding (onnxruntime's
+        QuantizeLinear: round half to even, saturate), else as it is."""
+        if name not in self.enc:
+            return x
+        dt, s, z = self.enc[name]
+        info = np.iinfo(dt)
+        return np.clip(np.rint(np.asarray(x, np.float32) / np.float32(s)) + z, info.min, info.max).astype(dt)
+
+    def _dequantize(self, name: str, x):
+        if name not in self.enc:
+            return x
+        _, s, z = self.enc[name]
+        return ((x.astype(np.int32) - z) * np.float32(s)).astype(np.float32)
 
     def teacher_forced(self, prompt_ids, next_ids, on_feed) -> None:
         """Feed ``prompt_ids`` (prompt graph, chunks of S) then each of ``next_ids`` (token graph,
@@ -83,8 +112,11 @@ class GenieHostLoop:
         cos, sin = rope_half_tables(pos, self.desc["rotary_dim"], self.desc["rope_theta"])
         x = ids
         for k, sess in enumerate(sessions):
-            feeds = {sess.get_inputs()[0].name: x, "attention_mask": mask,
-                     "position_ids_cos": cos[None, None], "position_ids_sin": sin[None, None]}
+            first = sess.get_inputs()[0].name
+            feeds = {first: x if k == 0 else self._quantize(first, x),
+                     **{n: self._quantize(n, v) for n, v in (
+                         ("attention_mask", mask), ("position_ids_cos", cos[None, None]),
+                         ("position_ids_sin", sin[None, None]))}}
             lo, hi = self.desc["parts"][k]["layers"]
             for l in range(lo, hi):
                 feeds[f"past_key_{l}_in"] = np.ascontiguousarray(cache[l][0][..., :P])
@@ -96,8 +128,22 @@ class GenieHostLoop:
             for l in range(lo, hi):
                 cache[l][0][..., n_past:n_past + n] = res[f"past_key_{l}_out"][..., :n]
                 cache[l][1][:, :, n_past:n_past + n] = res[f"past_value_{l}_out"][:, :, :n]
-            x = res[names[0]]
-        return x  # the last part's first output: logits [1, 1, S, V] or hidden_states [1, S, D]
+            x = self._dequantize(names[0], res[names[0]])
+        return x  # the last part's first output, float32: logits [1, 1, S, V] or hidden_states [1, S, D]
+
+    def logits(self, ids) -> "np.ndarray":
+        """float32 [len(ids), V]: the last part's logits at every position of ``ids``, fed through
+        the prompt graph in chunks of S as Genie feeds a prompt (teacher forced). Raises
+        ValueError when ``ids`` do not fit the context."""
+        if len(ids) > self.C - self.S:
+            raise ValueError(f"{len(ids)} tokens do not fit CL={self.C} with AR={self.S}")
+        cache, n_past, rows = self.new_cache(), 0, []
+        toks = [int(t) for t in ids]
+        for s in range(0, len(toks), self.S):
+            chunk = toks[s:s + self.S]
+            rows.append(self._call(self.prompt, self.S, chunk, n_past, cache)[0, 0, :len(chunk)])
+            n_past += len(chunk)
+        return np.concatenate(rows)
 
     def generate(self, prompt_ids, max_new_tokens: int, eos: int | None = None) -> list[int]:
         """Greedy continuation of ``prompt_ids`` (at most ``max_new_tokens``; stops after ``eos``

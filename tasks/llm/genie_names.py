@@ -30,3 +30,22 @@ def genie_files(desc: dict, weight_sharing: bool) -> list[str]:
     if weight_sharing:
         return [f"genie/{shared_name(desc, k)}" for k in range(len(desc["parts"]))]
     return [f"genie/part{p['index']}/{p[kind]['graph']}.bin" for kind in ("prompt", "token") for p in desc["parts"]]
+
+
+def joined_genie_description(entries) -> dict:
+    """The whole model's ``genie_export.json`` from the parts' ``genie_compile`` (or
+    ``genie_quantize``) entries, in part order: entry 0's description with part k's row taken
+    from entry k, whose quantize stage declared that part's quantized boundary tensors (dtype,
+    scale, zero point: :mod:`tasks.llm.boundary`); the other rows of an entry are as exported.
+    Raises ValueError when the entries describe different models (graph names differ)."""
+    import json
+    from pathlib import Path
+
+    descs = [json.loads((Path(e) / "genie_export.json").read_text()) for e in entries]
+    out = descs[0]
+    for k, d in enumerate(descs):
+        names = [(p["prompt"]["graph"], p["token"]["graph"]) for p in d["parts"]]
+        if names != [(p["prompt"]["graph"], p["token"]["graph"]) for p in out["parts"]]:
+            raise ValueError(f"{entries[k]}/genie_export.json: expected the graphs of {entries[0]}, found {names}")
+        out["parts"][k] = d["parts"][k]
+    return out

@@ -4,10 +4,16 @@ quantized to QDQ at the recipe's precision. Planned only for a recipe whose
 ``bundle.runtimes`` holds ``genie`` (``tasks/plan.py``).
 
 Output: ``part{k}/prompt_ar{S}_cl{C}_{k+1}_of_{N}.onnx`` and ``part{k}/token_ar1_cl{C}_{k+1}_of_{N}.onnx``
-(QDQ; float32 graph inputs and outputs, ``input_ids`` int32: the first node after an input is
-its QuantizeLinear, which compile keeps inside QNN, ``offload_graph_io_quantization=0``),
-``genie_export.json`` (every part's graph names and I/O, :func:`tasks.llm.genie.export_genie`)
-and the tokenizer files.
+(QDQ), ``genie_export.json`` (every part's graph names and I/O, :func:`tasks.llm.genie.export_genie`,
+with this part's quantized boundary tensors: dtype, scale, zero point) and the tokenizer files.
+
+What crosses the graphs' boundary (:mod:`tasks.llm.boundary`): with ``quantize.kv_bits: 8``
+(default) each layer's ``past_*_in`` / ``past_*_out`` are uint8, symmetric (zero point 128), one
+scale per layer and K/V for both graphs and both directions, as AI Hub's graphs and Genie's
+8-bit cache take them; ``16``: the KV cache at its uint16 activation encoding; ``32``: float32
+(the layout before 8-bit KV). ``input_ids`` is int32; every other input and output (mask,
+RoPE cos/sin, hidden states, logits) stays float32, with its QuantizeLinear / DequantizeLinear
+inside the QNN graph (``offload_graph_io_quantization=0``).
 
 How the graphs are calibrated: the Genie graphs get ranges of their own, from a calibration
 run in their own layout, not the genai graphs' ranges. The fp32 Genie graphs of parts 0..k
@@ -44,12 +50,61 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Literal
 
-from ..stages.contract import Stage
+from ..stages.contract import Param, Stage
 from ..stages.params import LLM_QUANT_PARAMS
 from .memory import plan_estimate
 #: the calibration schedule calibrate.part0 drew (tasks/llm/calibrate.py SCHEDULE)
 SCHEDULE = "schedule.json"
+
+KV_BITS = Param("quantize", "kv_bits", Literal[8, 16, 32], 8,
+                "the KV cache at the Genie graphs' boundary: 8 = uint8 symmetric, a scale per layer (AI Hub's "
+                "on-device layout; tasks/llm/boundary.py), 16 = its uint16 activation encoding, 32 = float32",
+                family=("llm",))
+
+
+def boundary_plan(desc_part: dict, ranges_dir: Path, kv_bits: int, earlier: dict | None = None) -> dict[str, dict]:
+    """{"prefill" / "decode": {tensor: encoding}} of one part (a ``genie_export.json`` part row):
+    every float input and output of its two graphs, quantized at the boundary
+    (:func:`tasks.llm.boundary.encodings` over both graphs' ranges in ``ranges_dir``: one
+    encoding per name; the KV cache at ``kv_bits``). A name in ``earlier`` ({tensor: encoding}
+    the parts before this one declared: the hidden states part k-1 gives, the mask and RoPE
+    inputs every part takes) keeps that encoding: Genie refuses one tensor name with two
+    encodings across its graphs, and the two parts' ranges of one tensor, each taken in its own
+    session, differed in the last bits (hidden_states_0 of the tiny Qwen2 in 2 parts:
+    scale 2.7046440e-4 vs 2.7046443e-4)."""
+    from .boundary import encodings
+
+    files = [json.loads((Path(ranges_dir) / f"{g}.json").read_text()) for g in ("prefill", "decode")]
+    out = {}
+    for g, kind in (("prefill", "prompt"), ("decode", "token")):
+        io = [t["name"] for t in desc_part[kind]["inputs"] + desc_part[kind]["outputs"] if t["dtype"] == "float32"]
+        out[g] = {**encodings(files, [n for n in io if n not in (earlier or {})], kv_bits),
+                  **{n: (earlier or {})[n] for n in io if n in (earlier or {})}}
+    return out
+
+
+def _earlier(previous) -> dict[str, dict]:
+    """{tensor: encoding} that the ``genie_quantize`` entry ``previous`` (part k-1's, None for
+    part 0) declared for its parts, which took theirs from the parts before them."""
+    if previous is None:
+        return {}
+    desc = json.loads((Path(previous) / "genie_export.json").read_text())
+    return {t["name"]: {f: t[f] for f in ("dtype", "scale", "zero_point")}
+            for p in desc["parts"] for kind in ("prompt", "token")
+            for t in p[kind]["inputs"] + p[kind]["outputs"] if "scale" in t}
+
+
+def declare_boundary(desc: dict, k: int, found: dict[str, dict[str, dict]]) -> dict:
+    """``desc`` (``genie_export.json``) with part ``k``'s graphs' quantized boundary tensors
+    (``found``: {"prompt" / "token": {tensor: encoding}}, :func:`boundary_plan`) declared:
+    their ``dtype`` and ``scale`` / ``zero_point``."""
+    for kind, tensors in found.items():
+        for t in desc["parts"][k][kind]["inputs"] + desc["parts"][k][kind]["outputs"]:
+            if t["name"] in tensors:
+                t.update(tensors[t["name"]])
+    return desc
 
 
 def record_feeds(export_dir: Path, k: int, sched: list[dict], feeds: Path, ranges: Path) -> dict[str, int]:
@@ -96,7 +151,8 @@ def record_feeds(export_dir: Path, k: int, sched: list[dict], feeds: Path, range
 def run(inputs, files, params, out: Path) -> dict:
     """Export part ``params["part"]`` (and, for its calibration, the parts before it) of the
     checkpoint ``inputs["source"]`` in Genie's layout, calibrate it on
-    ``inputs["calibration"]``'s schedule (``calibrate.part0``) and quantize it into ``out``
+    ``inputs["calibration"]``'s schedule (``calibrate.part0``) and quantize it into ``out``,
+    the boundary encodings of tensors shared with part k-1 taken from ``inputs["previous"]``
     (module docstring). Returns {"graphs": per-graph QuantizeLinear / DequantizeLinear /
     feed counts, "feeds": {"prefill", "decode"}, "quantize_peak_rss": bytes}. Raises
     ValueError for a model the Genie export does not write (``rope_scaling``), RuntimeError
@@ -115,8 +171,11 @@ def run(inputs, files, params, out: Path) -> dict:
         counts = record_feeds(exp, k, sched, work / "feeds", work / "ranges")
         p = desc["parts"][k]
         row = {"prefill": p["prompt"], "decode": p["token"], "weights": p["weights"]}
-        graphs, peak = quantize_part(exp, row, work / "feeds", params, out, work / "q", ranges=work / "ranges")
-        shutil.copyfile(exp / "genie_export.json", out / "genie_export.json")
+        plan = boundary_plan(p, work / "ranges", params.get("kv_bits", 8), _earlier(inputs.get("previous")))
+        graphs, peak = quantize_part(exp, row, work / "feeds", params, out, work / "q", ranges=work / "ranges",
+                                     boundary=plan)
+        found = {kind: plan[g] for g, kind in (("prefill", "prompt"), ("decode", "token"))}
+        (out / "genie_export.json").write_text(json.dumps(declare_boundary(desc, k, found), indent=1))
         copy_tokenizer(Path(inputs["source"]), out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -124,9 +183,9 @@ def run(inputs, files, params, out: Path) -> dict:
 
 
 STAGE = Stage(
-    kind="genie_quantize", family="llm", module=__name__, version=2,  # 2: ranges taken in the recording run
+    kind="genie_quantize", family="llm", module=__name__, version=3,  # 3: quantized KV at the boundary
     tools=("onnxruntime", "onnx", "numpy", "transformers", "tokenizers"), run=run,
-    params=LLM_QUANT_PARAMS,  # as tasks/llm/quantize.py reads them
+    params=(*LLM_QUANT_PARAMS, KV_BITS),  # as tasks/llm/quantize.py reads them, and the KV cache's bits
     wired=("part", "export"),  # export: sequence_length, context_length, parts
     memory_estimate=plan_estimate,
 )

@@ -35,7 +35,7 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
                  activation_type: str = "uint16", per_channel: bool = True,
                  matmul_per_channel: bool = True, keep_8bit: tuple = (), work=None,
                  block_size: int | None = None, rounding: str = "nearest", gptq_span: int | None = None,
-                 embedding_bits: int = 16, more=(), same_as=None, ranges=None) -> Path:
+                 embedding_bits: int = 16, more=(), same_as=None, ranges=None, boundary=None) -> Path:
     """Quantize ``fp32_path`` (one exported graph) to a QDQ model at ``out_path``.
 
     Args:
@@ -63,6 +63,9 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
             and (fp32 path, re-encoded QDQ path) of a graph with the same weights whose
             encodings this one takes (an LLM part's decode graph takes its prefill's:
             :func:`tasks.weights.reencode`).
+        boundary: {input or output name: {"dtype", "scale", "zero_point"}}
+            (:func:`tasks.llm.boundary.encodings`): those tensors cross the graph's boundary
+            quantized (:func:`tasks.llm.boundary.narrow_io`, last), the others stay float32.
 
     Calibration: MinMax ranges, ``ranges`` (the file the calibrate stage wrote while it ran the
     graph over ``feeds``: :func:`tasks.llm.calibration_feeds.save_ranges`) or, without it,
@@ -121,12 +124,17 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
             from ..weights import reencode
 
             reencode(src, out_path, feeds, block_size, rounding, embedding_bits == 8, more, same_as, span=gptq_span)
+        if boundary:
+            from .boundary import narrow_io
+
+            narrow_io(out_path, boundary)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out_path
 
 
-def quantize_part(src, p: dict, feeds, params: dict, out, work, ranges=None) -> tuple[dict, int]:
+def quantize_part(src, p: dict, feeds, params: dict, out, work, ranges=None,
+                  boundary: dict | None = None) -> tuple[dict, int]:
     """Quantize part ``p`` (an ``export.json`` part row) of the fp32 export in ``src`` into
     ``out`` (same relative paths): its prefill then its decode graph, each in a child process
     (so each graph's memory is returned and measured). ``feeds``: the folder of the part's
@@ -134,7 +142,8 @@ def quantize_part(src, p: dict, feeds, params: dict, out, work, ranges=None) -> 
     only. ``ranges``: the folder of the graphs' MinMax ranges (``prefill.json``, ``decode.json``:
     the calibrate stage's), or None to stream them over the feeds. ``params``: the quantize
     stage params (precision, per_channel, block_size, rounding, embedding_bits, overrides
-    with weight_bits 8 = MatMul name patterns kept at uint8).
+    with weight_bits 8 = MatMul name patterns kept at uint8). ``boundary``: {"prefill" /
+    "decode": {tensor: encoding}}, the graph's I/O to leave quantized (:func:`quantize_qdq`).
     ``work``: a scratch folder (the part's fp32 copy in it is removed; the caller owns the
     folder). Returns ({graph path: {"quantize_linear",
     "dequantize_linear", "calibration_feeds", and for 4-bit weights "block_wise_weights",
@@ -173,7 +182,7 @@ def quantize_part(src, p: dict, feeds, params: dict, out, work, ranges=None) -> 
                 rounding=params.get("rounding", "nearest"), gptq_span=params.get("gptq_span"),
                 embedding_bits=params.get("embedding_bits", 16),
                 more=more, same_as=same_as, ranges=str(Path(ranges) / f"{g}.json") if ranges else None,
-                timeout=24 * 3600, forward=True)
+                boundary=(boundary or {}).get(g), timeout=24 * 3600, forward=True)
             if r.returncode != 0:
                 raise RuntimeError(f"quantizing {rel} failed (exit {r.returncode}):\n{r.tail(2000)}")
             peaks.append(r.peak_rss or 0)

@@ -59,14 +59,22 @@ def test_tiny_qwen2_genie_bundle_builds_and_genie_tokens_equal_runner(genie_proj
     tgt = get("x-elite")
     assert ext["devices"][0]["soc_model"] == tgt.soc_model and ext["context"]["weight_sharing_enabled"] is True
     assert (build / "tokenizer.json").is_file()
-    # read back through libQnnSystem: AI Hub's graph names (as patched), float I/O, the target's SoC
+    # read back through libQnnSystem: AI Hub's graph names (as patched), quantized I/O, the target's SoC
     shared = context_binary.read(build / "genie" / "qwen2_part_1_of_1.bin")
     assert shared.soc_model == tgt.soc_model
     assert sorted(g.name.lstrip("_") for g in shared.graphs) == ["prompt_ar16_cl64_1_of_1", "token_ar1_cl64_1_of_1"]
     prompt = next(g for g in shared.graphs if g.name.endswith("prompt_ar16_cl64_1_of_1"))
     io = {t.name: (t.dtype, t.shape) for t in (*prompt.inputs, *prompt.outputs)}
-    assert io["input_ids"] == ("INT32", (1, 16)) and io["attention_mask"] == ("FLOAT", (1, 1, 16, 64))
-    assert io["logits"] == ("FLOAT", (1, 1, 16, 1024)) and io["past_key_0_in"] == ("FLOAT", (2, 1, 32, 48))
+    assert io["input_ids"] == ("INT32", (1, 16)) and io["attention_mask"] == ("UINT16", (1, 1, 16, 64))
+    assert io["logits"] == ("UINT16", (1, 1, 16, 1024)) and io["past_key_0_in"] == ("UINT8", (2, 1, 32, 48))
+    # the KV cache crosses every shipped graph's boundary in 8 bits, new slots only; nothing as float32
+    for b in (build / "genie").rglob("*.bin"):
+        for g in context_binary.read(b).graphs:
+            kv = {t.name: (t.dtype, t.shape) for t in (*g.inputs, *g.outputs) if t.name.startswith("past_")}
+            S = 16 if "prompt" in g.name else 1
+            assert len(kv) == 16 and {d for d, _ in kv.values()} == {"UINT8"}, (b, kv)
+            assert kv["past_key_3_out"][1] == (2, 1, 32, S) and kv["past_value_3_in"][1] == (2, 1, 64 - S, 32)
+            assert not [t.name for t in (*g.inputs, *g.outputs) if t.dtype == "FLOAT"], (b, g.name)
     single = {b.name: context_binary.read(b) for b in (build / "genie" / "part0").glob("*.bin")}
     assert sorted(single) == ["prompt_ar16_cl64_1_of_1.bin", "token_ar1_cl64_1_of_1.bin"]
     assert all(b.graphs[0].name.lstrip("_") + ".bin" == n for n, b in single.items())
