@@ -91,10 +91,13 @@ class ContextBinary:
     def figures(self) -> dict:
         """The figures a model card and ``verify.json`` show for this binary (JSON-able):
         size, SDK build id, SoC model, and per graph its weight, shared weight, spill-fill and
-        I/O bytes."""
+        I/O bytes and its inputs and outputs ([name, dtype, shape, bytes] each: what a call
+        moves across the graph's boundary)."""
+        io = lambda ts: [[t.name, t.dtype, list(t.shape), t.bytes] for t in ts]  # noqa: E731
         return {"bytes": self.bytes, "sdk_build_id": self.sdk_build_id, "soc_model": self.soc_model,
                 "graphs": {g.name: {"weight_bytes": g.weight_bytes, "shared_weight_bytes": g.shared_weight_bytes,
-                                    "spill_fill_bytes": g.spill_fill_bytes, "io_bytes": g.io_bytes}
+                                    "spill_fill_bytes": g.spill_fill_bytes, "io_bytes": g.io_bytes,
+                                    "inputs": io(g.inputs), "outputs": io(g.outputs)}
                            for g in self.graphs}}
 
     def as_dict(self) -> dict:

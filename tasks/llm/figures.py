@@ -10,17 +10,24 @@ here runs on a Snapdragon). Units: bytes, GB/s = 10^9 bytes/s, TOPS = 10^12 ops/
   ``embedding_bits`` (4-bit precision) or 16 bits, norms and biases at 16 bits
   (:func:`estimated_bundle_bytes`; Qwen2.5-7B w4a16: 4.14 GB estimated vs 4.37 GB built,
   README "LLMs").
-- **KV-cache bytes** at ``export.context_length``: layers x 2 (K, V) x KV heads x context x
-  head_dim x 4 bytes: the genai-pipeline graphs take and return each layer's cache as float32
-  [1, Hkv, C, d] (:mod:`tasks.llm.export`).
-- **memory on the device** = weights (bundle bytes) + KV cache + spill-fill + I/O buffers
-  (the read-back binaries' HTP figures, the largest graph of each binary; unknown before a
-  build) + the runtime's own, which is *not included*: not measured here and no public figure
-  was found.
-- **decode ceiling** (tokens/s) = DRAM bandwidth / bytes read per decoded token, where bytes
-  read = the weights every token streams (bundle bytes less the token table, of which one row
-  is read) + the whole KV cache (the AR-1 graph attends over every slot of the static
-  context). Compute, caches and the runtime can only make it slower.
+- **per runtime layout** (``"runtimes"``: ``genai``, and ``genie`` when the bundle serves it):
+  what one decode (AR-1) call and one prefill window (AR-S) move across the graphs' boundary,
+  bytes read (inputs) and written (outputs), the KV cache's among them, and the KV cache held on
+  the device. Once built, from the read-back shipped binaries' I/O tensors (dtype and shape as
+  libQnnSystem reports them: :func:`layout_traffic`); before, from the config: genai's graphs
+  read and rewrite the whole [1, Hkv, C, d] buffer per layer every call (onnxruntime-genai
+  0.18.0 gives a pipeline model no new-slots-only cache: :mod:`tasks.llm.genai`), Genie's read
+  C - AR slots and write the AR new ones (Genie keeps the cache: :mod:`tasks.llm.genie`), each at
+  ``quantize.kv_bits`` (8: uint8).
+- **memory on the device** = weights (bundle bytes) + KV cache at its real type + spill-fill +
+  I/O buffers other than the cache (the largest graph of each binary; unknown before a build)
+  + the runtime's own, which is *not included*: not measured here and no public figure was found.
+- **decode ceiling** (tokens/s) = DRAM bandwidth / bytes moved per decoded token, where bytes
+  moved = the weights every token streams (bundle bytes less the token table, of which one row
+  is read) + what the decode graphs read and write at their boundary (the KV cache above; once
+  built, every I/O tensor). Compute, caches and the runtime can only make it slower. The
+  top-level figures are those of the recipe's runtime that moves the fewest bytes per token
+  (``"runtime"``).
 - **first-token lower bound** (s) for a prompt of ``export.sequence_length`` tokens = the
   prefill graph's ops / the NPU's peak: 2 ops per multiply-add of every MatMul weight (the LM
   head included, the table lookup not) per token, plus the attention's 2 x 2 x heads x
@@ -31,15 +38,17 @@ here runs on a Snapdragon). Units: bytes, GB/s = 10^9 bytes/s, TOPS = 10^12 ops/
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from .memory import part_params
 
-CEILING_NOTE = ("ceilings, not measurements: decode tokens/s = DRAM bandwidth / bytes read per token; first-token "
+CEILING_NOTE = ("ceilings, not measurements: decode tokens/s = DRAM bandwidth / bytes read and written per token; first-token "
                 "time >= prefill ops / NPU peak ops; the runtime's own memory is not included (not measured, no public "
                 "figure found)")
 RUNTIME_NOTE = "not included: the runtime's own memory (QNN libraries, HTP sessions, onnxruntime-genai) is not measured here and no public figure was found"
-KV_BYTES_PER_ELEMENT = 4  # float32 KV buffers in and out of every graph (genai-pipeline layout)
+#: a KV cache tensor at a graph's boundary: genai's past_/present_{key,value}_{l}, Genie's past_*_{l}_{in,out}
+KV_NAME = re.compile(r"(past|present)_(key|value)_\d+(_in|_out)?")
 
 
 def _dims(c: dict) -> tuple[int, int, int, int, int, int]:
@@ -77,10 +86,28 @@ def estimated_bundle_bytes(config: dict, recipe) -> int:
     return rest * bits // 8 + scales + table * _table_bits(recipe) // 8
 
 
-def kv_cache_bytes(config: dict, context: int) -> int:
-    """Bytes of the KV cache at ``context`` positions (float32, every layer's K and V)."""
+def kv_cache_bytes(config: dict, context: int, element_bytes: int = 1) -> int:
+    """Bytes of the KV cache at ``context`` positions: every layer's K and V, ``element_bytes``
+    each (1: ``quantize.kv_bits`` 8)."""
     L, D, H, Hkv, d, V = _dims(config)
-    return L * 2 * Hkv * context * d * KV_BYTES_PER_ELEMENT
+    return L * 2 * Hkv * context * d * element_bytes
+
+
+def estimated_traffic(config: dict, recipe, runtime: str) -> dict:
+    """The KV cache's figures of ``runtime``'s layout before a build (module docstring):
+    {"kv_dtype", "kv_cache_bytes", "decode": {"kv_read", "kv_written"}, "prefill": {...},
+    "from"}; bytes."""
+    ex = recipe.export
+    b = recipe.quantize.kv_bits // 8
+    C, S = ex.context_length, ex.sequence_length
+    kv = lambda n: kv_cache_bytes(config, n, b)  # noqa: E731
+    if runtime == "genie":
+        decode, prefill = {"kv_read": kv(C - 1), "kv_written": kv(1)}, {"kv_read": kv(C - S), "kv_written": kv(S)}
+    else:
+        decode = prefill = {"kv_read": kv(C), "kv_written": kv(C)}
+    return {"kv_dtype": {1: "uint8", 2: "uint16", 4: "float32"}[b], "kv_cache_bytes": kv(C),
+            "decode": dict(decode), "prefill": dict(prefill),
+            "from": "estimated from the config (not built): the KV cache only"}
 
 
 def prefill_ops(config: dict, seq: int, context: int) -> int:
@@ -92,51 +119,111 @@ def prefill_ops(config: dict, seq: int, context: int) -> int:
     return 2 * weights * seq + 4 * L * H * d * seq * context
 
 
-def shipped_binaries(binaries: dict) -> dict:
-    """The binaries a bundle ships from ``verify.json`` ``"binaries"`` ({path: figures}): the
-    weight-shared ``shared/...`` ones when there are any, else all."""
-    shared = {k: v for k, v in binaries.items() if k.startswith("shared/")}
-    return shared or dict(binaries)
+def shipped_binaries(binaries: dict, runtime: str = "genai") -> dict:
+    """The binaries ``runtime``'s bundle layout ships, from ``verify.json`` ``"binaries"``
+    ({path: figures}): genai's weight-shared ``shared/part*`` ones, else its per-graph
+    ``part*/``; Genie's ``genie/*_part_{i}_of_{N}.bin``, else its per-graph ``genie/part*/``."""
+    if runtime == "genie":
+        own = {k: v for k, v in binaries.items() if k.startswith("genie/")}
+        shared = {k: v for k, v in own.items() if k.count("/") == 1}
+    else:
+        own = {k: v for k, v in binaries.items() if not k.startswith("genie/")}
+        shared = {k: v for k, v in own.items() if k.startswith("shared/")}
+    return shared or own
+
+
+def _ar(graph: dict) -> int | None:
+    """Tokens per call of a read-back graph: the second dim of its first input (``input_ids``
+    [1, S] or ``hidden_states_{i}`` [1, S, D])."""
+    ins = graph.get("inputs") or []
+    return ins[0][2][1] if ins and len(ins[0][2]) >= 2 else None
+
+
+def layout_traffic(binaries: dict, runtime: str) -> dict | None:
+    """What ``runtime``'s shipped binaries (:func:`shipped_binaries`) move and hold, from their
+    read-back I/O tensors ([name, dtype, shape, bytes] per tensor, :meth:`tasks.context_binary.ContextBinary.figures`):
+    {"kv_dtype", "kv_cache_bytes", "decode" / "prefill": {"read", "written", "kv_read",
+    "kv_written", "tokens"}, "io_buffer_bytes", "spill_fill_bytes", "bundle_bytes", "from"};
+    bytes, summed over the parts' graphs of that AR. The KV cache held = the decode graphs' KV
+    inputs, plus their KV outputs for Genie (one buffer per layer holds both: Genie's
+    ``KVCache``; genai shares the past and present buffer, which the graph rewrites whole); I/O
+    buffers = the other tensors of each binary's largest graph. None when no shipped binary
+    lists its tensors (built before they were recorded)."""
+    shipped = shipped_binaries(binaries, runtime)
+    graphs = [(b, g) for b in shipped.values() for g in b.get("graphs", {}).values()]
+    if not graphs or not all("inputs" in g for _, g in graphs):
+        return None
+    kv = lambda ts: sum(t[3] for t in ts if KV_NAME.fullmatch(t[0]))  # noqa: E731
+    names = {"FLOAT": "float32", "FLOAT16": "float16"}
+    out = {"kv_dtype": ", ".join(sorted({names.get(t[1], t[1].lower()) for _, g in graphs
+                                         for t in g["inputs"] if KV_NAME.fullmatch(t[0])})),
+           "from": f"read back: {len(shipped)} shipped context binaries"}
+    for kind, test in (("decode", lambda n: n == 1), ("prefill", lambda n: n is not None and n > 1)):
+        gs = [g for _, g in graphs if test(_ar(g))]
+        out[kind] = {"read": sum(t[3] for g in gs for t in g["inputs"]),
+                     "written": sum(t[3] for g in gs for t in g["outputs"]),
+                     "kv_read": sum(kv(g["inputs"]) for g in gs), "kv_written": sum(kv(g["outputs"]) for g in gs),
+                     "tokens": max((_ar(g) for g in gs), default=None)}
+    out["kv_cache_bytes"] = out["decode"]["kv_read"] + (out["decode"]["kv_written"] if runtime == "genie" else 0)
+    other = lambda g: sum(t[3] for t in g["inputs"] + g["outputs"] if not KV_NAME.fullmatch(t[0]))  # noqa: E731
+    out["io_buffer_bytes"] = sum(max(other(g) for g in b["graphs"].values()) for b in shipped.values() if b["graphs"])
+    out["spill_fill_bytes"] = sum(max((g.get("spill_fill_bytes") or 0 for g in b["graphs"].values()), default=0)
+                                  for b in shipped.values())
+    out["bundle_bytes"] = sum(b.get("bytes") or 0 for b in shipped.values())
+    return out
 
 
 def device_figures(config: dict, recipe, target: str, binaries: dict | None = None) -> dict:
     """The on-device figures of ``recipe`` (model ``config``) on ``target`` (module docstring:
-    formulas, units, what is and is not included), each with where it came from."""
+    formulas, units, what is and is not included), each with where it came from: per runtime
+    of ``bundle.runtimes`` under ``"runtimes"``, and at the top level those of the runtime that
+    moves the fewest bytes per decoded token (``"runtime"``)."""
     from ..targets import get as get_target
 
     t = get_target(target)
     ex = recipe.export
     L, D, H, Hkv, d, V = _dims(config)
     table_bytes = (V * D * _table_bits(recipe) // 8) if ex.embedding == "first-part" else 0
-    shipped = shipped_binaries(binaries or {})
-    if shipped:
-        bundle = sum(b.get("bytes") or 0 for b in shipped.values())
-        bundle_from = f"read back: {len(shipped)} context binaries in verify.json"
-        graphs = [[g for g in b.get("graphs", {}).values()] for b in shipped.values()]
-        spill = sum(max((g.get("spill_fill_bytes") or 0 for g in gs), default=0) for gs in graphs)
-        io = sum(max((g.get("io_bytes") or 0 for g in gs), default=0) for gs in graphs)
-    else:
-        bundle = estimated_bundle_bytes(config, recipe)
-        bundle_from = "estimated from the model's config and the recipe's precision (not built)"
-        spill = io = None
-    kv = kv_cache_bytes(config, ex.context_length)
-    weights_read = bundle - table_bytes + (D * _table_bits(recipe) // 8 if table_bytes else 0)
-    per_token = weights_read + kv
-    memory = bundle + kv + (spill or 0) + (io or 0)
     ops = prefill_ops(config, ex.sequence_length, ex.context_length)
+    per = {}
+    for rt in recipe.bundle.runtimes:
+        traffic = layout_traffic(binaries or {}, rt)
+        built = traffic is not None
+        if not built:
+            traffic = estimated_traffic(config, recipe, rt)
+            bundle = estimated_bundle_bytes(config, recipe)
+            bundle_from = "estimated from the model's config and the recipe's precision (not built)"
+            spill = io = None
+            dec = {"read": traffic["decode"]["kv_read"], "written": traffic["decode"]["kv_written"]}
+        else:
+            bundle, spill, io = traffic["bundle_bytes"], traffic["spill_fill_bytes"], traffic["io_buffer_bytes"]
+            bundle_from = traffic["from"]
+            dec = traffic["decode"]
+        weights_read = bundle - table_bytes + (D * _table_bits(recipe) // 8 if table_bytes else 0)
+        per_token = weights_read + dec["read"] + dec["written"]
+        kv = traffic["kv_cache_bytes"]
+        per[rt] = {
+            "bundle_bytes": bundle, "bundle_bytes_from": bundle_from,
+            "kv_dtype": traffic["kv_dtype"], "kv_cache_bytes": kv, "context_length": ex.context_length,
+            "spill_fill_bytes": spill, "io_bytes": io,
+            "memory_bytes": bundle + kv + (spill or 0) + (io or 0),
+            "memory_includes": ["weights", "kv_cache"] + (["spill_fill", "io_buffers"] if built else []),
+            "memory_note": ("weights + KV cache + spill-fill + I/O buffers (read back)" if built else
+                            "weights + KV cache; spill-fill and I/O buffers are known once built (read back from "
+                            "the binaries)") + "; " + RUNTIME_NOTE,
+            "weight_bytes_read_per_token": weights_read,
+            "kv_bytes_read_per_token": traffic["decode"]["kv_read"],
+            "kv_bytes_written_per_token": traffic["decode"]["kv_written"],
+            "io_bytes_read_per_token": dec["read"], "io_bytes_written_per_token": dec["written"],
+            "bytes_per_token": per_token, "bytes_per_token_over_weights": per_token / weights_read,
+            "prefill_window": traffic["prefill"],
+            "decode_tokens_per_s_ceiling": (t.dram_gbps * 1e9 / per_token) if t.dram_gbps else None,
+        }
+    best = min(per, key=lambda rt: per[rt]["bytes_per_token"])
     return {
-        "bundle_bytes": bundle, "bundle_bytes_from": bundle_from,
-        "kv_cache_bytes": kv, "context_length": ex.context_length,
-        "spill_fill_bytes": spill, "io_bytes": io,
+        **per[best], "runtime": best, "runtimes": per,
         "runtime_bytes": None, "runtime_note": RUNTIME_NOTE,
-        "memory_bytes": memory,
-        "memory_includes": ["weights", "kv_cache"] + (["spill_fill", "io_buffers"] if spill is not None else []),
-        "memory_note": ("weights + KV cache + spill-fill + I/O buffers (read back)" if spill is not None else
-                        "weights + KV cache; spill-fill and I/O buffers are known once built (read back from the binaries)")
-                       + "; " + RUNTIME_NOTE,
-        "weight_bytes_read_per_token": weights_read, "kv_bytes_read_per_token": kv, "bytes_per_token": per_token,
         "dram_gbps": t.dram_gbps, "dram_source": t.dram_source,
-        "decode_tokens_per_s_ceiling": (t.dram_gbps * 1e9 / per_token) if t.dram_gbps else None,
         "npu_tops": t.npu_tops, "npu_source": t.npu_source,
         "prefill_length": ex.sequence_length, "prefill_ops": ops,
         "first_token_s_lower_bound": (ops / (t.npu_tops * 1e12)) if t.npu_tops else None,
@@ -202,8 +289,10 @@ def plan_lines(recipe) -> list[str]:
         f = device_figures(cfg, recipe, t)
         dec = f"{f['decode_tokens_per_s_ceiling']:.1f} tokens/s" if f["decode_tokens_per_s_ceiling"] else "unknown (no DRAM figure)"
         ftl = f"{f['first_token_s_lower_bound'] * 1000:.0f} ms" if f["first_token_s_lower_bound"] else "unknown (no NPU figure)"
-        out.append(f"on {t}: memory {f['memory_bytes'] / 1e9:.2f} GB (weights + KV cache at {ex.context_length}), "
-                   f"decode ceiling {dec}, first token >= {ftl} for {ex.sequence_length} tokens (ceilings)")
+        out.append(f"on {t} ({f['runtime']} layout): memory {f['memory_bytes'] / 1e9:.2f} GB (weights + KV cache at "
+                   f"{ex.context_length}, {f['kv_dtype']}), {f['bytes_per_token'] / 1e9:.2f} GB moved per token "
+                   f"({f['bytes_per_token_over_weights']:.3f} x the weights read), decode ceiling {dec}, first token "
+                   f">= {ftl} for {ex.sequence_length} tokens (ceilings)")
     return out
 
 

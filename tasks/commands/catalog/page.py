@@ -129,8 +129,9 @@ def page_data(rows: list[dict]) -> dict:
                 "quality": {m: v["metrics"][m] for m in QUALITY
                             if isinstance((v or {}).get("metrics", {}).get(m), (int, float))} if built else {},
                 "device": None if not dev else {
-                    k: dev.get(k) for k in ("bundle_bytes", "kv_cache_bytes", "memory_bytes",
-                                            "decode_tokens_per_s_ceiling", "first_token_s_lower_bound")}
+                    k: dev.get(k) for k in ("bundle_bytes", "kv_cache_bytes", "kv_dtype", "runtime", "memory_bytes",
+                                            "bytes_per_token", "decode_tokens_per_s_ceiling",
+                                            "first_token_s_lower_bound")}
                 | {"estimated": not str(dev.get("bundle_bytes_from", "")).startswith("read back")},
             }
         recipes.append({"name": r["name"], "family": r["family"], "size": size_bucket(r),
@@ -269,7 +270,8 @@ DEVICE_COLUMNS = [
     ("Bundle", lambda r, t, f: _bytes(f.get("bundle_bytes")), lambda r, t, f: f.get("bundle_bytes") or 0, True),
     ("Bundle from", lambda r, t, f: "read back" if str(f.get("bundle_bytes_from", "")).startswith("read back")
      else "estimated", lambda r, t, f: str(f.get("bundle_bytes_from", "")), False),
-    ("KV cache", lambda r, t, f: f"{_bytes(f.get('kv_cache_bytes'))} at {f.get('context_length')}",
+    ("KV cache", lambda r, t, f: f"{_bytes(f.get('kv_cache_bytes'))} at {f.get('context_length')}"
+     + (f" ({f['kv_dtype']}, {f.get('runtime')})" if f.get("kv_dtype") else ""),
      lambda r, t, f: f.get("kv_cache_bytes") or 0, True),
     ("Memory on device", lambda r, t, f: _bytes(f.get("memory_bytes")), lambda r, t, f: f.get("memory_bytes") or 0, True),
     ("Memory includes", lambda r, t, f: ", ".join(f.get("memory_includes") or []),
