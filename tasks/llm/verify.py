@@ -115,11 +115,41 @@ def run(inputs, files, params, out: Path) -> dict:
         avail = available_bytes()  # what the compiled side may hold: the budget less what this process holds
         report = verify_llm(views, files, params, budget_bytes=None if avail is None else avail - held_bytes(False))
     run_info = report.pop("_run")
+    report["boundary"] = boundary_report(report.get("binaries") or {}, params.get("runtimes") or ["genai"])
     return {**common.write_report(out, report), **run_info}
 
 
+#: why a float32 tensor is left at a shipped graph's boundary, by runtime and tensor name
+FLOAT_WHY = {
+    ("genai", "logits"): "onnxruntime-genai reads logits as float32 or float16 only (src/models/logits.cpp)",
+    ("genai", "hidden_states"): "the parts' quantize stages do not tie one encoding for the tensor two genai "
+                                "graphs share (Genie's parts do: tasks/llm/genie_quantize.py)",
+}
+
+
+def boundary_report(binaries: dict, runtimes) -> dict:
+    """``verify.json`` ``"boundary"``: per runtime of the bundle, what its shipped binaries
+    (read back) move per decode call and prefill window (:func:`tasks.llm.figures.layout_traffic`,
+    bytes) and every float32 tensor left at a shipped graph's boundary, with why
+    (:data:`FLOAT_WHY`; "not narrowed" where no reason is known)."""
+    from .figures import layout_traffic, shipped_binaries
+
+    out = {}
+    for rt in runtimes:
+        left = []
+        for rel, b in sorted(shipped_binaries(binaries, rt).items()):
+            for gname, g in b.get("graphs", {}).items():
+                for t in g.get("inputs", []) + g.get("outputs", []):
+                    if t[1] == "FLOAT":
+                        why = FLOAT_WHY.get((rt, t[0].rstrip("0123456789").rstrip("_")), "not narrowed")
+                        left.append({"binary": rel, "graph": gname.lstrip("_"), "tensor": t[0], "shape": t[2],
+                                     "why": why})
+        out[rt] = {"traffic": layout_traffic(binaries, rt), "float32": left}
+    return out
+
+
 STAGE = Stage(
-    kind="verify", family="llm", module=__name__, version=7,  # 7: fp32 teacher-forced through its prefill graphs
+    kind="verify", family="llm", module=__name__, version=8,  # 8: "boundary" (traffic, float32 tensors left)
     tools=("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "transformers", "tokenizers", "numpy", "torch",
            "onnxruntime-genai"), run=run,
     params=(BACKEND, RUNTIME, DATA_SAMPLES, MAX_NEW_TOKENS, THRESHOLDS_PARAM),

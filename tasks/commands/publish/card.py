@@ -10,6 +10,33 @@ def _ran(v: dict) -> str:
     """A verify result's backend, with the LLM runtime that generated (``htp, genai``)."""
     return f"{v['backend']}, {v['runtime']}" if v.get("runtime") else v["backend"]
 
+def _device_lines(row: dict) -> list[str]:
+    """The card's "On the device" section: per target and runtime layout, what the shipped
+    binaries hold and move (:func:`tasks.llm.figures.device_figures`: read back once built,
+    else estimated), and the decode ceiling; [] without device figures (encoders)."""
+    dev = row.get("device") or {}
+    if not dev:
+        return []
+    def gb(b):
+        return ("unknown" if b is None else f"{b / 1e9:.3f} GB" if b >= 1e9 else f"{b / 1e6:.2f} MB" if b >= 1e6
+                else f"{b / 1e3:.1f} kB")
+    out = ["", "## On the device", "",
+           "Per runtime layout: the KV cache's type at the graphs' boundary, memory (weights + KV cache + "
+           "spill-fill + I/O buffers; the runtime's own is not included), and bytes moved per decoded token "
+           "(weights read + what the decode graphs read and write). The ceiling is DRAM bandwidth / bytes "
+           "moved: a bound, not a measurement.", "",
+           "| target | runtime | KV cache | memory | read per token | written per token | x weights | decode ceiling | from |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for target, f in sorted(dev.items()):
+        for rt, r in (f.get("runtimes") or {}).items():
+            tps = r.get("decode_tokens_per_s_ceiling")
+            out.append(f"| {target} | {rt} | {gb(r['kv_cache_bytes'])} {r['kv_dtype']} at {r['context_length']} | "
+                       f"{gb(r['memory_bytes'])} | {gb(r['weight_bytes_read_per_token'] + r['io_bytes_read_per_token'])} | "
+                       f"{gb(r['io_bytes_written_per_token'])} | {r['bytes_per_token_over_weights']:.3f} | "
+                       f"{'unknown' if tps is None else f'{tps:.1f} tokens/s'} | {r['bundle_bytes_from']} |")
+    return out
+
+
 def model_card(recipe, row: dict, short: str) -> str:
     """The bundle's README.md: a ``huggingface_hub.ModelCard`` (YAML metadata: license,
     library, tags, base model for Hub sources, eval results = verify metrics) and a body with
@@ -77,6 +104,7 @@ def model_card(recipe, row: dict, short: str) -> str:
                          f"{max((g['shared_weight_bytes'] or 0 for g in gs), default=0)} | "
                          f"{max((g['spill_fill_bytes'] or 0 for g in gs), default=0)} | {total('io_bytes')} | "
                          f"{b['sdk_build_id']} |")
+    lines += _device_lines(row)
     lines += ["", "## Stage keys", "", "| stage | key |", "|---|---|",
               *(f"| {s} | `{k}` |" for s, k in row["stage_keys"].items()), "",
               "`manifest.json` lists the sha256 of every file; `doit check_bundle --path <folder>` checks them.", ""]
