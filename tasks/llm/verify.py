@@ -39,15 +39,23 @@ THRESHOLDS = (
 
 
 def preflight(recipe) -> list[tuple[str, str]]:
-    """``verify.runtime: genai`` needs what onnxruntime-genai can drive (tasks/llm/genai.py): the
+    """The verify prompts' room: one prompt window and ``max_new_tokens`` fit the context (issue
+    51: a recipe beyond it failed with a ValueError after 84 s of stages). ``verify.runtime:
+    genai`` needs what onnxruntime-genai can drive (tasks/llm/genai.py): the
     embedding in part 0 (genai's pipeline starts from input_ids), a context length that is a
     multiple of the prefill length (padded prompt windows must fit the cache), and the
     onnxruntime-genai package."""
     import importlib.util
 
+    e, v = recipe.export, recipe.verify
+    if e.sequence_length + v.max_new_tokens > e.context_length - 1:  # the runners' bound (tasks/llm/runner.py)
+        return [("verify.max_new_tokens", f"expected verify.max_new_tokens + export.sequence_length (one padded prompt "
+                                          f"window) <= export.context_length - 1 = {e.context_length - 1}, found "
+                                          f"{v.max_new_tokens} + {e.sequence_length} = "
+                                          f"{v.max_new_tokens + e.sequence_length}")]
     if recipe.verify.runtime != "genai":
         return []
-    e, bad = recipe.export, []  # (what runtime genai needs, what the recipe has)
+    bad = []  # (what runtime genai needs, what the recipe has)
     if e.embedding != "first-part":
         bad.append(("export.embedding: first-part", f"export.embedding: {e.embedding}"))
     if e.context_length % e.sequence_length:

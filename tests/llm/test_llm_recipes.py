@@ -243,3 +243,18 @@ def test_every_module_an_llm_stage_runs_is_in_its_key(llm_project, tmp_path):
     # which recomputes the residual from the token ids (a Gather)
     wise = [ln.rsplit("(", 1)[1].split(" of 2 graphs row-wise")[0] for ln in lines]
     assert wise == ["0", "0", "2", "2"] + ["0", "2", "2", "2"] * 3 + ["0"], lines
+
+
+def test_max_new_tokens_beyond_the_context_is_refused_at_load(llm_project):
+    """verify.max_new_tokens with one prompt window beyond the context (issue 51: a ValueError
+    after 84 s of stages): ``build:`` fails before any stage runs, in one line naming both keys
+    and the figures."""
+    llm_project.recipe("tiny-qwen2-long", "extends: tiny-qwen2-w8a16\nverify: {max_new_tokens: 48}\n")
+    before = {k: llm_project.entries(k) for k in ("download", "export")}
+    run = llm_project.doit("run", "build:tiny-qwen2-long", check=False)
+    assert run.code != 0
+    said = [ln for ln in run.log().splitlines() if "verify.max_new_tokens" in ln]
+    assert said and "expected verify.max_new_tokens + export.sequence_length (one padded prompt window) <= " \
+                    "export.context_length - 1 = 63, found 48 + 16 = 64" in said[0], run.log()
+    assert "Traceback" not in run.log()
+    assert {k: llm_project.entries(k) for k in ("download", "export")} == before  # nothing built
