@@ -34,6 +34,13 @@ def _device_lines(row: dict) -> list[str]:
                        f"{gb(r['memory_bytes'])} | {gb(r['weight_bytes_read_per_token'] + r['io_bytes_read_per_token'])} | "
                        f"{gb(r['io_bytes_written_per_token'])} | {r['bytes_per_token_over_weights']:.3f} | "
                        f"{'unknown' if tps is None else f'{tps:.1f} tokens/s'} | {r['bundle_bytes_from']} |")
+    genai = [(t, f["runtimes"]["genai"]) for t, f in sorted(dev.items()) if "genai" in (f.get("runtimes") or {})]
+    if genai:
+        t, r = genai[0]
+        out += ["", f"genai rewrites the whole KV cache every call: onnxruntime-genai 0.18.0 gives a pipeline model no "
+                    f"new-slots-only cache (its windowed cache is for single models), so each decoded token writes "
+                    f"{gb(r['kv_bytes_written_per_token'])} of KV ({t}) where Genie, which keeps the cache, writes one "
+                    f"slot per layer."]
     return out
 
 
