@@ -232,10 +232,12 @@ def bench_7b(a) -> None:
         subprocess.run([sys.executable, __file__, "--make", str(root / "model"), "--shape", a.shape], check=True)
         print(f"random {a.shape} checkpoint made in {time.perf_counter() - t0:.0f} s "
               f"({sum(p.stat().st_size for p in (root / 'model').glob('*.safetensors')) / 1e9:.1f} GB)")
-    if not a.task:  # the download stage first, then the checkpoint's files become links to its entry's
-        _build_and_print(root, a, task="download:bench", table=False)
-        _link_to_entry(root / "model", root / "build" / "bench" / "stages.json")
-    _build_and_print(root, a)
+    # the download stage first, then the checkpoint's files become links to its entry's (also
+    # before ``--task bundle:bench``: compile and bundle, without verify)
+    _build_and_print(root, a, task="download:bench", table=False)
+    _link_to_entry(root / "model", root / "build" / "bench" / "stages.json")
+    if a.task != "download:bench":
+        _build_and_print(root, a)
 
 
 def _link_to_entry(model: Path, stages: Path) -> None:
