@@ -16,11 +16,15 @@ and a ``QuantizeLinear`` to a uint8 output compile with every node on HTP (onnxr
 The KV cache (Qualcomm AI Hub Models, ``qai_hub_models/models/_shared/llm/model.py``:
 ``_set_tensors_to_output_8b_sym``, ``_tie_quantizers_for_kv_cache``): 8 bits, symmetric
 (uint8 with zero point 128, the value Genie clears an 8-bit cache to: ``KVCache/smart-mask.cpp``),
-one scale per layer and K/V shared by the layer's ``past_*_in`` and ``past_*_out`` (the
-runtime copies the new entries' bytes into the cache the next call reads) and by the part's
-prompt and token graphs (one cache), from ``max |x|`` over every calibration call of both
-graphs, inputs and outputs (:func:`encodings`). Every other float tensor crosses at 16 bits,
-one encoding per name across the graphs.
+one scale per layer and K/V shared by every boundary tensor of that layer's K (or V) cache and
+by the part's prefill (prompt) and decode (token) graphs, from ``max |x|`` over every
+calibration call of both graphs, inputs and outputs (:func:`encodings`): the bytes a graph
+writes are the bytes the next call reads, so they must mean the same values. Which tensors
+those are (:func:`kv_cache`), by layout: Genie's ``past_{key,value}_{l}_in`` and ``_out``
+(:mod:`tasks.llm.genie`: the runtime copies the new entries' bytes into the cache), genai's
+``past_{key,value}_{l}`` and ``present_{key,value}_{l}`` (:mod:`tasks.llm.pipeline_graphs`:
+onnxruntime-genai binds both to one buffer). Every other float tensor crosses at 16 bits, one
+encoding per name across the graphs.
 """
 
 from __future__ import annotations
@@ -32,8 +36,21 @@ from ..proc import lazy
 
 np = lazy.module("numpy")
 
-#: a layer's KV boundary tensors (tasks/llm/genie.py's graph contract)
-KV_TENSOR = re.compile(r"past_(key|value)_(\d+)_(in|out)")
+#: a layer's KV boundary tensors, by layout: Genie's (tasks/llm/genie.py's graph contract) and
+#: genai's (tasks/llm/pipeline_graphs.py's); groups: "key" or "value", then the layer
+KV_TENSORS = (re.compile(r"past_(key|value)_(\d+)_(?:in|out)"), re.compile(r"(?:past|present)_(key|value)_(\d+)"))
+
+
+def kv_cache(name: str) -> str | None:
+    """The KV cache buffer a boundary tensor ``name`` reads or writes, as ``"key_{l}"`` /
+    ``"value_{l}"`` (one layer's K or V: :data:`KV_TENSORS`), or None for a tensor that is not
+    the KV cache. ``past_key_3_in``, ``past_key_3_out`` (Genie), ``past_key_3`` and
+    ``present_key_3`` (genai) are all ``"key_3"``."""
+    for pattern in KV_TENSORS:
+        m = pattern.fullmatch(name)
+        if m:
+            return f"{m.group(1)}_{m.group(2)}"
+    return None
 
 
 def encodings(ranges: list[dict[str, list[float]]], names, kv_bits: int = 8) -> dict[str, dict]:
@@ -44,30 +61,32 @@ def encodings(ranges: list[dict[str, list[float]]], names, kv_bits: int = 8) -> 
     identical quantization parameters found for the same tensor", seen on the simulator for
     ``position_ids_cos``), computed by onnxruntime's ``compute_scale_zp`` as its quantizer does.
 
-    - KV tensors (``past_{key,value}_{l}_{in,out}``) with ``kv_bits`` 8: uint8 symmetric (zero
-      point 128), one range per layer and K/V over ``_in`` and ``_out`` (module docstring);
-      with ``kv_bits`` 32 they are left out (float32 at the boundary).
-    - every other tensor, and KV with ``kv_bits`` 16: uint16 over its range (0 included), the
-      activations' encoding.
+    - KV tensors (:func:`kv_cache`: Genie's ``past_{key,value}_{l}_{in,out}``, genai's
+      ``past_{key,value}_{l}`` / ``present_{key,value}_{l}``): one range per layer and K/V, over
+      every tensor of that cache in every file (module docstring); ``kv_bits`` 8: uint8
+      symmetric (zero point 128); 16: uint16 over that range (0 included); 32: left out
+      (float32 at the boundary).
+    - every other tensor: uint16 over its range (0 included), the activations' encoding.
 
-    Raises ValueError naming a tensor no file has a range for."""
+    Raises ValueError naming a tensor no file has a range for, or a ``kv_bits`` not 8, 16 or 32."""
     from onnx import TensorProto
     from onnxruntime.quantization.quant_utils import compute_scale_zp, get_qmin_qmax_for_qType
 
+    if kv_bits not in (8, 16, 32):
+        raise ValueError(f"expected kv_bits 8, 16 or 32, found {kv_bits!r}")
     span: dict[str, list[float]] = {}
     for r in ranges:
         for name, (lo, hi) in r.items():
-            m = KV_TENSOR.fullmatch(name)
-            key = f"past_{m.group(1)}_{m.group(2)}" if m and kv_bits == 8 else name
+            key = kv_cache(name) or name
             old = span.get(key, [0.0, 0.0])
             span[key] = [min(old[0], float(lo)), max(old[1], float(hi))]
     out = {}
     for name in names:
-        m = KV_TENSOR.fullmatch(name)
-        if m and kv_bits == 32:
+        cache = kv_cache(name)
+        if cache and kv_bits == 32:
             continue
-        sym = bool(m) and kv_bits == 8
-        key = f"past_{m.group(1)}_{m.group(2)}" if sym else name
+        sym = bool(cache) and kv_bits == 8
+        key = cache or name
         if key not in span:
             raise ValueError(f"{name}: expected a calibration range, found none")
         lo, hi = span[key]

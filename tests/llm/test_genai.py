@@ -164,3 +164,28 @@ def test_genai_config_shape(qwen2_bundle, tmp_path):
     with pytest.raises(ValueError, match="layout"):
         genai_config({**desc, "io_layout": "old"}, bundle_files(desc))
     assert np.all([p["prefill"]["outputs"][0]["shape"][1] == desc["seq_len"] for p in desc["parts"]])
+
+
+def test_kv_encodings_one_per_layer_and_kv_in_either_layout():
+    """``tasks.llm.boundary.encodings`` gives every boundary tensor of one layer's K (or V) cache
+    one encoding over all its ranges, for genai's ``past_key_0`` / ``present_key_0`` as for
+    Genie's ``past_key_0_in`` / ``_out``: 8 bits symmetric over max |x| = 3 (scale 6 / 255,
+    zero point 128), 16 bits over [-3, 2.5] (scale 5.5 / 65535); 32 leaves them out; the
+    other tensors keep their own range."""
+    from tasks.llm.boundary import encodings, kv_cache
+
+    assert [kv_cache(n) for n in ("past_key_3", "present_value_3", "past_key_3_in", "past_value_3_out",
+                                  "hidden_states_0", "past_seq_len")] == ["key_3", "value_3", "key_3", "value_3",
+                                                                          None, None]
+    for past, present in (("past_key_0", "present_key_0"), ("past_key_0_in", "past_key_0_out")):
+        ranges = [{past: [-1.0, 2.0], present: [-3.0, 1.5], "logits": [-4.0, 8.0]}, {past: [-0.5, 2.5]}]
+        e8 = encodings(ranges, [past, present, "logits"], 8)
+        assert e8[past] == e8[present] and e8[past]["dtype"] == "uint8" and e8[past]["zero_point"] == 128
+        assert e8[past]["scale"] == pytest.approx(6 / 255, rel=1e-6)
+        assert e8["logits"]["dtype"] == "uint16" and e8["logits"]["scale"] == pytest.approx(12 / 65535, rel=1e-6)
+        e16 = encodings(ranges, [past, present], 16)
+        assert e16[past] == e16[present] and e16[past]["dtype"] == "uint16"
+        assert e16[past]["scale"] == pytest.approx(5.5 / 65535, rel=1e-6) and e16[past]["zero_point"] == 35746
+        assert encodings(ranges, [past, present, "logits"], 32).keys() == {"logits"}
+    with pytest.raises(ValueError, match="kv_bits 8, 16 or 32"):
+        encodings([], ["logits"], 4)
