@@ -29,23 +29,30 @@ inputs
     positions, all < C, are clipped to Max(total_seq_len, C)), but genai feeds ``past_seq_len``
     only to a graph that takes both, and an input no node reads is dropped by the compile.
   - for each layer l of the part: ``past_key_{l}`` (rotary applied) and ``past_value_{l}``,
-    float32 [1, Hkv, C, d]: the whole cache, slot j = the token at position j; slots >= p0 may
-    hold anything finite (genai starts them at 0).
+    float32 [1, Hkv, C, d] (uint8 once quantized: :mod:`tasks.llm.quantize`): the whole cache,
+    slot j = the token at position j; slots >= p0 may hold anything finite (genai starts them
+    at zero bytes: -128 x scale in 8 bits), the graph zeroes them before attention reads them.
 outputs
   - last part: ``logits`` float32 [1, S, V], every row: genai reads the row of the last real
     token (the prompt is padded at its end, so that is not always row S-1; ``logits.cpp``);
     other parts: ``hidden_states_{i}`` float32 [1, S, D].
-  - for each layer l: ``present_key_{l}``, ``present_value_{l}`` float32 [1, Hkv, C, d]: the
-    cache with slots p0..p0+S-1 replaced by this call's K/V (genai binds them to the same
-    buffer as ``past_*``; :class:`tasks.llm.runner.KVCache` swaps them in).
+  - for each layer l: ``present_key_{l}``, ``present_value_{l}`` [1, Hkv, C, d], ``past_*``'s
+    dtype: the cache with slots p0..p0+S-1 replaced by this call's K/V, the slots after zero
+    (genai binds them to ``past_*``'s buffer; :class:`tasks.llm.runner.KVCache` swaps them in).
 
 Inside: positions = Gather(table [C, S] of p0 + i, q); the new K/V are written with a one-hot
 matrix Gather(eye [C, C], positions) (exact 0/1 values, no Scatter/Where/Equal): present =
-past * (1 - colsum(onehot)) + onehotᵀ @ new; attention reads the updated cache with the
-additive causal mask Gather(table [C, C], positions) (row p: 0 for slots <= p, MASK_VALUE
+past * keep + onehotᵀ @ new, keep = 1 - colsum(onehot) - (the mask row of the call's last
+position / MASK_VALUE): 1 for slots < p0, 0 from p0 on; attention reads the updated cache with
+the additive causal mask Gather(table [C, C], positions) (row p: 0 for slots <= p, MASK_VALUE
 after), tiled over the query group. -100 (not -inf / float-min) keeps the 16-bit range of the
-masked scores small (exp(-100) ~ 4e-44, i.e. fully blocked). The two [C, C] tables live in
-the part's weight file (16-bit after quantization: 2*C*C bytes each, 32 MiB at C=4096).
+masked scores small (exp(-100) ~ 4e-44) but does not hide every key: slots at -100 moved the
+tiny Qwen2's fp32 logits by 18.1 (6 prompts x 16 steps), hence the zeroing. With the 8-bit
+cache and no zeroing, zero bytes (-128 x scale), byte 128 (0.0) and random bytes there gave
+the same logits bit for bit (the quantized scores are clipped to their calibrated range
+first): a bound only while that range spans less than ~80; the zeroing holds for any model,
+at three ops on [1, C] per call. The two [C, C] tables live in the part's weight file
+(16-bit after quantization: 2*C*C bytes each, 32 MiB at C=4096).
 
 Layer ``l`` uses its global index in names, so names are unique across parts.
 
@@ -260,11 +267,16 @@ def build_graph(dims: dict, lo: int, hi: int, first: bool, last: bool, S: int, C
     # node reads is dropped by the compile: positions (all < C) are clipped to Max(total, C), a no-op
     pos = g.op("positions", "Min", [pos, g.op("positions", "Max", ["total_seq_len", g.const("context_len", [C], np.int32)])])
     onehot = g.op("cache", "Gather", [g.w("kv_eye"), g.op("cache", "Squeeze", [pos, g.const("ax0", [0])])])  # [S, C]
+    mask = g.op("mask", "Gather", [g.w("causal_mask"), g.op("mask", "Squeeze", [pos, g.const("ax0", [0])])])  # [S, C]
+    # keep: 1 for the slots before this call's, 0 for its own and every slot after (module docstring)
+    last_row = mask if S == 1 else g.op("cache", "Slice", [mask, g.const(f"s_{S - 1}", [S - 1]), g.const(f"s_{S}", [S]),
+                                                             g.const("ax0", [0])])  # [1, C]: the last position's mask
+    after = g.op("cache", "Mul", [last_row, g.const("inv_mask_value", 1.0 / MASK_VALUE, np.float32)])  # [1, C] 0/1
     keep = g.op("cache", "Sub", [g.const("one", 1.0, np.float32),
                                  g.op("cache", "ReduceSum", [onehot, g.const("ax0", [0])], keepdims=1)])  # [1, C]
+    keep = g.op("cache", "Sub", [keep, after])
     keep = g.op("cache", "Reshape", [keep, g.const(f"shape_keep_{C}", [1, 1, C, 1])])
     onehot_t = g.op("cache", "Transpose", [onehot], perm=[1, 0])  # [C, S]
-    mask = g.op("mask", "Gather", [g.w("causal_mask"), g.op("mask", "Squeeze", [pos, g.const("ax0", [0])])])  # [S, C]
     if grp > 1:
         mask = g.op("mask", "Concat", [mask] * grp, axis=0)  # [grp*S, C]
     scale = g.const("attn_scale", 1.0 / math.sqrt(d), np.float32)

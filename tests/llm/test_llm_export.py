@@ -122,3 +122,46 @@ def test_llama3_rope_scaling_is_honoured(tmp_path):
             torch.tensor([list(range(3, 23))])).logits[0, -1].numpy() for m in (d, src)}
     np.testing.assert_allclose(got, ref[d], atol=2e-4, rtol=0)
     assert np.abs(got - ref[src]).max() > 1e-2
+
+
+def test_slots_after_the_call_cannot_reach_attention():
+    """What the KV buffer holds after this call's slots changes nothing: the fp32 graphs fed a
+    cache whose every slot starts at -1e4 (or random values up to 1e4) give the zero cache's
+    logits bit for bit over 2 prompts (one over two prefill windows, the second padded) and 8
+    greedy steps, and every ``present_*`` slot after the call's is 0. genai starts an 8-bit
+    buffer at zero bytes, -128 x scale with zero point 128 (tasks/llm/quantize.py); before the
+    graphs zeroed those slots, -100 in them moved these logits by up to 13.4, -1e4 by 14.1 (the
+    additive -100 mask does not hide such a key)."""
+    import json
+
+    import numpy as np
+
+    from tasks.llm.runner import LLMRunner
+    from tasks.llm.sessions import cpu_session
+
+    ex = tiny_export("qwen2")
+    desc = json.loads((ex / "export.json").read_text())
+    runner = LLMRunner.from_export(ex, cpu_session, pad_id=desc["pad_token_id"])
+    rng = np.random.default_rng(0)
+    prompts = [list(range(3, 8)), list(range(10, 10 + SEQ_LEN + 5))]
+
+    def run(fill):
+        out = []
+        for ids in prompts:
+            runner.reset()
+            for buf in [*runner.k.values(), *runner.v.values()]:
+                buf[...] = fill(buf.shape)
+            logits = runner.feed(ids)
+            end = -(-len(ids) // SEQ_LEN) * SEQ_LEN  # the last prefill window wrote up to here (pad rows too)
+            for _ in range(8):
+                out.append(logits)
+                for buf in [*runner.k.values(), *runner.v.values()]:
+                    assert not buf[:, :, end:].any(), end  # the slots after the last call's: zero
+                logits = runner.step(int(np.argmax(logits)))
+                end = runner.n
+        return np.array(out)
+
+    zero = run(lambda shape: 0.0)
+    assert len(set(np.argmax(zero, -1).tolist())) >= 4  # a varied continuation
+    np.testing.assert_array_equal(run(lambda shape: -1e4), zero)
+    np.testing.assert_array_equal(run(lambda shape: rng.uniform(-1e4, 1e4, shape)), zero)
