@@ -11,9 +11,10 @@ with a shared past/present buffer, ``models/logits.cpp``):
 - ``past_seq_len`` [1, 1] = (real tokens before the call) + S - 1 (so after prompt window k it
   is k*S - 1, in decode the number of real tokens so far), ``total_seq_len`` [1] = the
   generation's max length (genai: ``search.max_length``; the graphs ignore its value);
-- the KV cache of a layer is one float32 [1, Hkv, C, d] buffer, fed as ``past_*`` and replaced
-  by ``present_*``; the graph writes the call's rows at slots n..n+S-1 (pad rows too; the next
-  call overwrites them);
+- the KV cache of a layer is one [1, Hkv, C, d] buffer of the graphs' KV dtype (float32, or the
+  uint8 integers of ``quantize.kv_bits: 8``: :mod:`tasks.llm.quantize`), zero bytes at first as
+  genai allocates it, fed as ``past_*`` and replaced by ``present_*``; the graph writes the
+  call's rows at slots n..n+S-1 (pad rows too; the next call overwrites them);
 - the logits of a call are the row of its last real token.
 
 Bounds: slots n..n+S-1 must exist, so n + S <= C before every call (raises ValueError).
@@ -27,15 +28,27 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+#: onnxruntime's float element type names (``NodeArg.type`` "tensor(<name>)") that numpy spells otherwise
+_ORT_FLOATS = {"float": np.float32, "float16": np.float16, "double": np.float64}
+
+
+def ort_dtype(type_name: str) -> np.dtype:
+    """The numpy dtype of an onnxruntime ``NodeArg.type``: ``"tensor(float)"`` -> float32,
+    ``"tensor(uint8)"`` -> uint8. Raises TypeError for a type numpy does not know."""
+    inner = type_name.removeprefix("tensor(").removesuffix(")")
+    return np.dtype(_ORT_FLOATS.get(inner, inner))
+
 
 class PartGraph:
-    """One exported part graph's session and what the host needs to know of its inputs."""
+    """One exported part graph's session and what the host needs to know of its inputs
+    (``kv_dtype``: the numpy dtype of its ``past_*`` inputs)."""
 
     def __init__(self, session):
         self.sess = session
         self.inputs = {i.name: i for i in session.get_inputs()}
         self.output_names = [o.name for o in session.get_outputs()]
         self.layers = sorted(int(n[len("past_key_"):]) for n in self.inputs if n.startswith("past_key_"))
+        self.kv_dtype = ort_dtype(self.inputs[f"past_key_{self.layers[0]}"].type)
         self.first_input = next(n for n in self.inputs if n == "input_ids" or n == "inputs_embeds"
                                 or n.startswith("hidden_states_"))
         self.S = int(self.inputs[self.first_input].shape[1])
@@ -48,9 +61,12 @@ class PartGraph:
         ``cache.n``: feeds ``past_seq_len`` = n + S - 1, ``total_seq_len`` = ``total`` (default
         C) and this part's cache, which the ``present_*`` outputs then replace; returns
         {output name: array}. ``before(feeds)`` sees the feeds first (calibration records them).
-        Raises ValueError when slots n..n+S-1 do not fit in C."""
+        Raises ValueError when slots n..n+S-1 do not fit in C, or when the cache's dtype is not
+        the graph's KV dtype (its bytes would be cast, not fed)."""
         if cache.n + self.S > self.C:
             raise ValueError(f"context full: {cache.n} tokens cached, a call writes {self.S} slots, C={self.C}")
+        if cache.dtype != self.kv_dtype:
+            raise ValueError(f"expected a {self.kv_dtype.name} KV cache (the graph's past_* inputs), found {cache.dtype.name}")
         feeds = {self.first_input: x, "past_seq_len": np.array([[cache.n + self.S - 1]], np.int32),
                  "total_seq_len": np.array([self.C if total is None else total], np.int32),
                  **cache.past(self.layers)}
@@ -79,11 +95,13 @@ def block_ids(tokens, S: int, pad_id: int = 0) -> np.ndarray:
 
 
 class KVCache:
-    """Host KV cache of some layers: per layer ``k[l]``, ``v[l]`` float32 [1, Hkv, C, d] (slot j =
-    position j; slots >= n hold leftovers or zeros) and ``n``, the real tokens so far."""
+    """Host KV cache of some layers: per layer ``k[l]``, ``v[l]`` [1, Hkv, C, d] of ``dtype`` (the
+    graphs' :attr:`PartGraph.kv_dtype`), zero bytes at first as genai allocates it (slot j =
+    position j; slots >= n hold leftovers or zero bytes) and ``n``, the real tokens so far."""
 
-    def __init__(self, layers, n_kv: int, C: int, head_dim: int):
-        self.k = {l: np.zeros((1, n_kv, C, head_dim), np.float32) for l in layers}
+    def __init__(self, layers, n_kv: int, C: int, head_dim: int, dtype=np.float32):
+        self.dtype = np.dtype(dtype)
+        self.k = {l: np.zeros((1, n_kv, C, head_dim), self.dtype) for l in layers}
         self.v = {l: np.zeros_like(self.k[l]) for l in layers}
         self.n = 0
 
@@ -98,14 +116,15 @@ class KVCache:
         """Copy the ``present_*`` outputs into the buffers. Copied, not taken: onnxruntime's
         output arrays keep the memory of the session that made them (its arena) alive, which
         held 4 GiB after a Qwen2.5-7B part's calibration graph was gone (the cache of its last
-        prompt, 128 MiB, kept it)."""
+        prompt, 128 MiB, kept it). Raises TypeError when an output's dtype is not the cache's
+        (``casting="no"``: bytes are copied, never converted)."""
         for l in layers:
-            np.copyto(self.k[l], res[f"present_key_{l}"])
-            np.copyto(self.v[l], res[f"present_value_{l}"])
+            np.copyto(self.k[l], res[f"present_key_{l}"], casting="no")
+            np.copyto(self.v[l], res[f"present_value_{l}"], casting="no")
 
     def save(self, path) -> None:
         """Write the cache to ``path`` (.npz, uncompressed), each buffer cut after its last slot
-        that is not all zeros (slots past the prefill's last window are never written: a 7B
+        that is not all zero bytes (slots past the prefill's last window are never written: a 7B
         part's buffers at C=4096 are 128 MiB, their written slots a few MiB); :meth:`load`
         puts the zeros back, so the round trip is exact, leftover slots included."""
         def cut(a):
@@ -165,6 +184,7 @@ class LLMRunner:
         shp = self.prefill[0].inputs[f"past_key_{self.prefill[0].layers[0]}"].shape
         self.n_kv, self.head_dim = int(shp[1]), int(shp[3])
         self.layers = [l for g in self.prefill for l in g.layers]
+        self.kv_dtype = self.prefill[0].kv_dtype  # a graph of another KV dtype refuses the cache (PartGraph.call)
         self.reset()
 
     @classmethod
@@ -183,8 +203,8 @@ class LLMRunner:
         return cls(parts, make_session, **kw)
 
     def reset(self) -> None:
-        """Empty the KV cache (n = 0)."""
-        self.cache = KVCache(self.layers, self.n_kv, self.C, self.head_dim)
+        """Empty the KV cache (n = 0; zero bytes, as genai allocates it)."""
+        self.cache = KVCache(self.layers, self.n_kv, self.C, self.head_dim, self.kv_dtype)
 
     @property
     def n(self) -> int:
@@ -262,8 +282,9 @@ class PartStream:
     - :meth:`run` greedy: each part's prefill graph once (part-major), then per step every
       prompt through the decode graphs of parts 0, 1, ...: a decode graph is loaded once when
       ``resident`` covers every part, else once per step (the next token needs the last part's
-      output). In memory: every prompt's KV cache for every part, layers x 2 x Hkv x C x d x 4
-      bytes per prompt (Qwen2.5-7B at C=4096: 28 x 2 x 8 MiB = 448 MiB).
+      output). In memory: every prompt's KV cache for every part, layers x 2 x Hkv x C x d x the
+      graphs' KV element bytes per prompt (Qwen2.5-7B at C=4096: 28 x 2 x 8 MiB = 448 MiB at
+      float32, 112 MiB at uint8).
 
     Args:
         desc: the export description (``export.json``).
@@ -302,8 +323,10 @@ class PartStream:
             del self._open[key]
 
     def _cache(self, i: int) -> "KVCache":
-        """An empty KV cache of part ``i``'s layers (one prompt's)."""
-        return KVCache(range(*self.parts[i]["layers"]), self.desc["num_kv_heads"], self.C, self.desc["head_dim"])
+        """An empty KV cache of part ``i``'s layers (one prompt's), of its prefill graph's KV dtype
+        (the graph is opened if it is not: the next call runs it)."""
+        dtype = self._graph(i, "prefill").kv_dtype
+        return KVCache(range(*self.parts[i]["layers"]), self.desc["num_kv_heads"], self.C, self.desc["head_dim"], dtype)
 
     def _inputs(self, blocks: list[list[int]], width: int) -> list:
         """Part 0's inputs for token windows ``blocks``, each padded to ``width``: int32 ids
