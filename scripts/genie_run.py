@@ -34,7 +34,7 @@ def build(model_dir: Path, out: Path, seq: int, ctx: int, parts: int, sanitize: 
     ``out/export``), write the two config files; returns the export description + ``ctx_bins``."""
     from tasks.llm.genie import export_genie
     from tasks.llm.genie_binaries import rename_graph
-    from tasks.llm.genie_config import genie_config, htp_backend_ext_config
+    from tasks.llm.genie_config import SIMULATOR_SETTINGS, genie_config, htp_backend_ext_config, with_settings
     from tasks.qnn import compile_in_subprocess
     from tasks.targets import DEFAULT_TARGET
 
@@ -61,7 +61,8 @@ def build(model_dir: Path, out: Path, seq: int, ctx: int, parts: int, sanitize: 
     desc["ctx_bins"] = bins
     shutil.copyfile(exp / "tokenizer.json", bundle / "tokenizer.json")
     (bundle / "htp_backend_ext_config.json").write_text(json.dumps(htp_backend_ext_config(DEFAULT_TARGET), indent=1))
-    (bundle / "genie_config.json").write_text(json.dumps(genie_config(desc, bins), indent=1))
+    cfg = with_settings(genie_config(desc, bins), SIMULATOR_SETTINGS)  # runs on the simulator, as verify's copy
+    (bundle / "genie_config.json").write_text(json.dumps(cfg, indent=1))
     return desc
 
 

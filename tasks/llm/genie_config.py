@@ -1,41 +1,76 @@
 """Genie's config files for an :func:`tasks.llm.genie.export_genie` description:
-``genie_config.json`` (:func:`genie_config`) and ``htp_backend_ext_config.json``
-(:func:`htp_backend_ext_config`); which graphs each ``ctx-bins`` entry holds
-(:func:`config_binaries`); and Genie's own parser run on a config (:func:`parse_config`,
-``libGenie.so`` in a child process)."""
+``genie_config.json`` (:func:`genie_config`, with the device's engine settings
+:data:`DEVICE_SETTINGS`; :func:`with_settings` puts :data:`SIMULATOR_SETTINGS` into verify's
+copy) and ``htp_backend_ext_config.json`` (:func:`htp_backend_ext_config`); which graphs each
+``ctx-bins`` entry holds (:func:`config_binaries`); and Genie's own parser run on a config
+(:func:`parse_config`, ``libGenie.so`` in a child process)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+#: The engine settings a shipped ``genie_config.json`` carries, for the device (Genie's key
+#: names; ``n-threads`` is the engine's, the rest ``backend.QnnHtp``'s). Source: Qualcomm AI Hub
+#: Models, ``qai_hub_models/utils/llm_helpers.py`` ``create_genie_config``, which writes these
+#: values for every device; QAIRT's Genie docs say of ``use-mmap`` that it "typically should be
+#: turned on". ``cpu-mask`` 0xe0 = cores 5-7 (the performance cores of the Snapdragons AI Hub
+#: targets); ``poll`` true: the host thread spins on the NPU's completion instead of sleeping.
+DEVICE_SETTINGS = {"n-threads": 3, "use-mmap": True, "poll": True, "cpu-mask": "0xe0",
+                   "spill-fill-bufsize": 0, "mmap-budget": 0, "allow-async-init": False}
+
+#: What verify changes in its copy of the shipped config to run Genie on the x86_64 HTP
+#: simulator (:func:`tasks.llm.compare._genie_generate`); never shipped. Only ``poll``: the
+#: simulator runs with every device setting (tiny Qwen2, 6 prompts x 16 tokens on the per-graph
+#: binaries, 2 shared cores at load 8-17: Genie's tokens equal verify's under the device settings,
+#: each alone and all together), but polling spins a host core the simulated NPU computes on:
+#: poll true took 45-50 CPU s (58-71 s wall) where poll false took 13-25 CPU s (14-37 s), with
+#: the device's 3 threads, cpu-mask 0xe0 and use-mmap (19-25 CPU s) as with the settings shipped
+#: before (1 thread, cpu-mask 0x1, use-mmap false: 13-24 CPU s).
+SIMULATOR_SETTINGS = {"poll": False}
+
+ENGINE_KEYS = ("n-threads",)  # the settings that sit in ``dialog.engine``; the rest in ``backend.QnnHtp``
+
+
+def with_settings(cfg: dict, settings: dict) -> dict:
+    """A copy of the ``genie_config.json`` dict ``cfg`` with ``settings`` ({Genie key: value},
+    e.g. :data:`SIMULATOR_SETTINGS`) put where Genie's schema has them: :data:`ENGINE_KEYS` in
+    ``dialog.engine``, the others in ``dialog.engine.backend.QnnHtp``."""
+    import copy
+
+    out = copy.deepcopy(cfg)
+    engine = out["dialog"]["engine"]
+    for k, v in settings.items():
+        (engine if k in ENGINE_KEYS else engine["backend"]["QnnHtp"])[k] = v
+    return out
+
 
 def genie_config(desc: dict, ctx_bins: list[str], *, tokenizer: str = "tokenizer.json",
-                 extensions: str = "htp_backend_ext_config.json", n_threads: int = 1,
-                 use_mmap: bool = False, debug: dict | None = None) -> dict:
+                 extensions: str = "htp_backend_ext_config.json", settings: dict = DEVICE_SETTINGS,
+                 debug: dict | None = None) -> dict:
     """``genie_config.json`` (a ``dialog`` of type basic; schema: Genie's embedded
     ``urn:genie:schema:dialog``) for a :func:`tasks.llm.genie.export_genie` description and its compiled
     binaries ``ctx_bins`` (paths as Genie opens them: relative to its working folder).
     Sampler greedy (``top-k`` 1, ``greedy``); context size = CL; ``bos-token``: what the HF
     tokenizer prepends (:func:`tasks.llm.genie.prepended_bos`, -1 = none), so Genie's token sequence is HF's; ``kv-dim`` = head_dim;
-    ``pos-id-dim`` = rotary_dim / 2; ``rope-theta`` from the HF config (Genie reads an int)."""
+    ``pos-id-dim`` = rotary_dim / 2; ``rope-theta`` from the HF config (Genie reads an int).
+    Engine settings (threads, cpu-mask, poll, mmap...): ``settings``, by default the device's
+    (:data:`DEVICE_SETTINGS`), through :func:`with_settings`."""
     cfg = {"dialog": {
         "version": 1, "type": "basic",
         "context": {"version": 1, "size": desc["context_len"], "n-vocab": desc["vocab_size"],
                     "bos-token": desc["genie_bos_token"], "eos-token": desc["eos_token_id"]},
         "sampler": {"version": 1, "seed": 42, "temp": 0.8, "top-k": 1, "top-p": 1.0, "greedy": True},
         "tokenizer": {"version": 1, "path": tokenizer},
-        "engine": {"version": 1, "n-threads": n_threads,
+        "engine": {"version": 1, **{k: settings[k] for k in ENGINE_KEYS if k in settings},  # Genie's order
                    "backend": {"version": 1, "type": "QnnHtp",
-                               "QnnHtp": {"version": 1, "use-mmap": use_mmap, "spill-fill-bufsize": 0,
-                                          "mmap-budget": 0, "poll": False, "cpu-mask": "0x1",
-                                          "kv-dim": desc["head_dim"], "pos-id-dim": desc["rotary_dim"] // 2,
-                                          "allow-async-init": False, "rope-theta": int(desc["rope_theta"])},
+                               "QnnHtp": {"version": 1, "kv-dim": desc["head_dim"], "pos-id-dim": desc["rotary_dim"] // 2,
+                                          "rope-theta": int(desc["rope_theta"])},
                                "extensions": extensions},
                    "model": {"version": 1, "type": "binary", "binary": {"version": 1, "ctx-bins": list(ctx_bins)}}}}}
     if debug:
         cfg["dialog"]["debug"] = dict(debug)
-    return cfg
+    return with_settings(cfg, settings)
 
 
 def htp_backend_ext_config(target: str, weight_sharing: bool = False) -> dict:

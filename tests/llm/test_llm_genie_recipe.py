@@ -141,3 +141,32 @@ def test_two_parts_genie_bundle_orders_splits_and_agrees(genie_project):
     last = {g.name.lstrip("_"): g for g in context_binary.read(build / "genie" / "qwen2_part_2_of_2.bin").graphs}
     assert sorted(last) == ["prompt_ar16_cl64_2_of_2", "token_ar1_cl64_2_of_2"]
     assert {t.name: t.shape for t in last["token_ar1_cl64_2_of_2"].inputs}["hidden_states_0"] == (1, 1, 192)
+
+
+# ------------------------------------------------------------ what ships (dist/, `doit publish`)
+
+
+@pytest.fixture(scope="module")
+def published(genie_project):
+    """``dist/tiny-qwen2-genie/`` from ``doit publish`` (the build is a cache hit after the first test)."""
+    genie_project.doit("run", "build:tiny-qwen2-genie", "publish:tiny-qwen2-genie")
+    return genie_project.root / "dist" / "tiny-qwen2-genie"
+
+
+def test_published_genie_config_carries_the_device_settings(genie_project, published):
+    """The shipped genie_config.json has AI Hub Models' device settings
+    (``qai_hub_models/utils/llm_helpers.py`` ``create_genie_config``), never the simulator's
+    (1 thread, cpu-mask 0x1, poll false, use-mmap false, shipped before); only verify's copy runs
+    with poll false, and Genie's tokens still equal LLMRunner's."""
+    engine = json.loads((published / "genie_config.json").read_text())["dialog"]["engine"]
+    htp = engine["backend"]["QnnHtp"]
+    got = {"n-threads": engine["n-threads"], **{k: htp[k] for k in (
+        "use-mmap", "poll", "cpu-mask", "spill-fill-bufsize", "mmap-budget", "allow-async-init")}}
+    assert got == {"n-threads": 3, "use-mmap": True, "poll": True, "cpu-mask": "0xe0", "spill-fill-bufsize": 0,
+                   "mmap-budget": 0, "allow-async-init": False}, got
+    simulator = {"n-threads": 1, "cpu-mask": "0x1", "poll": False, "use-mmap": False}
+    assert [k for k, v in simulator.items() if got[k] == v] == [], got
+    build = genie_project.root / "build" / "tiny-qwen2-genie"
+    assert (build / "genie_config.json").read_bytes() == (published / "genie_config.json").read_bytes()
+    r = json.loads((build / "verify.json").read_text())
+    assert r["metrics"]["genie_runner_agreement"] == 1.0 and "poll false" in r["ran"], r["ran"]
