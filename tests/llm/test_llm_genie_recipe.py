@@ -153,6 +153,62 @@ def published(genie_project):
     return genie_project.root / "dist" / "tiny-qwen2-genie"
 
 
+def _named_by_runtime_configs(folder) -> dict[str, str]:
+    """{bundle path: the runtime config naming it}, read here from the configs themselves:
+    genai_config.json's pipeline models and the context binaries their EPContext nodes name
+    (``ep_cache_context``, relative to the model), genie_config.json's ctx-bins, tokenizer and
+    extensions."""
+    import posixpath
+
+    import onnx
+
+    named = {}
+    genai = folder / "genai_config.json"
+    if genai.is_file():
+        named["genai_config.json"] = "genai_config.json"
+        for entry in json.loads(genai.read_text())["model"]["decoder"]["pipeline"]:
+            (e,) = entry.values()
+            named[e["filename"]] = "genai_config.json"
+            for n in onnx.load(str(folder / e["filename"]), load_external_data=False).graph.node:
+                ref = next((a.s.decode() for a in n.attribute if a.name == "ep_cache_context"), "")
+                if n.op_type == "EPContext" and ref:
+                    named[posixpath.normpath(posixpath.join(posixpath.dirname(e["filename"]), ref))] = \
+                        f"genai_config.json ({e['filename']})"
+    genie = folder / "genie_config.json"
+    if genie.is_file():
+        d = json.loads(genie.read_text())["dialog"]
+        for rel in (*d["engine"]["model"]["binary"]["ctx-bins"], d["tokenizer"]["path"],
+                    d["engine"]["backend"]["extensions"], "genie_config.json"):
+            named.setdefault(rel, "genie_config.json")
+    return named
+
+
+def test_published_bundle_ships_only_files_a_runtime_config_or_the_card_names(genie_project, published):
+    """Every file of dist/<recipe>/ is named by genai_config.json or genie_config.json (through
+    the EPContext models they name, for binaries), or listed in the card's "Files" table; every
+    context binary and EPContext model by a runtime config. The per-graph binaries the
+    simulator runs in verify (``part0/``, ``genie/part0/``) stay in build/; check_bundle passes."""
+    files = sorted(p.relative_to(published).as_posix() for p in published.rglob("*") if p.is_file())
+    named = _named_by_runtime_configs(published)
+    card = (published / "README.md").read_text()
+    rows = dict(re.findall(r"^\| `([^`]+)` \| (.+) \|$", card.split("\n## Files\n", 1)[-1].split("\n## ", 1)[0], re.M))
+    assert set(rows) == set(files), sorted(set(rows) ^ set(files))  # the card lists every shipped file
+    unnamed = [f for f in files if f not in named and f not in rows]
+    assert unnamed == [], unnamed
+    binaries = [f for f in files if f.endswith(".bin") or f.endswith("_ctx.onnx")]
+    assert [f for f in binaries if f not in named] == [], binaries
+    assert sorted(binaries) == ["genie/qwen2_part_1_of_1.bin", "shared/part0/decode_ctx.onnx",
+                                "shared/part0/prefill_ctx.onnx", "shared/part0/prefill_ctx_qnn.bin"]
+    assert "Genie" in rows["genie/qwen2_part_1_of_1.bin"] and "genai" in rows["shared/part0/prefill_ctx_qnn.bin"]
+    assert "Genie" in rows["tokenizer.json"] and "genai" in rows["tokenizer.json"]
+    build = genie_project.root / "build" / "tiny-qwen2-genie"
+    assert (build / "part0" / "prefill_ctx_qnn.bin").is_file() and (build / "genie" / "part0").is_dir()  # verify's
+    m = json.loads((published / "manifest.json").read_text())
+    assert sorted(m["files"]) == [f for f in files if f != "manifest.json"]
+    check = genie_project.doit("run", "check_bundle", "--path", str(published))
+    assert "0 mismatched, 0 missing, 0 extra" in check.log(), check.log()
+
+
 def test_published_genie_config_carries_the_device_settings(genie_project, published):
     """The shipped genie_config.json has AI Hub Models' device settings
     (``qai_hub_models/utils/llm_helpers.py`` ``create_genie_config``), never the simulator's

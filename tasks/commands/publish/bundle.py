@@ -49,7 +49,7 @@ def short_key(status) -> str:
 def bundle_sources(status) -> dict[str, Path]:
     """{bundle-relative POSIX path: cache file} of the artifacts (:func:`tasks.core.state.artifacts`,
     the listing ``build/<recipe>/`` links): EPContext models and context binaries, tokenizer and
-    config files, ``verify.json``."""
+    config files, ``verify.json``. Publish ships those :func:`.contents.shipped_files` keeps."""
     return {rel: a.path for rel, a in artifacts(status.build).items()}
 
 

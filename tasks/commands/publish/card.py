@@ -44,10 +44,30 @@ def _device_lines(row: dict) -> list[str]:
     return out
 
 
-def model_card(recipe, row: dict, short: str) -> str:
+def _files_lines(loaded: dict[str, list[str]]) -> list[str]:
+    """The card's "Files" section: every file the bundle holds and who loads it (``loaded``:
+    :func:`.contents.shipped_files`, the rule of what ships, plus :data:`.contents.WRITTEN`), one
+    table row per file: ``| `path` | who; who |``."""
+    from .contents import WRITTEN
+    from .signing import SIGNATURE
+
+    rows = {**loaded, **{rel: [who] for rel, who in WRITTEN.items()}}
+    return ["", "## Files", "",
+            "Every file here and what loads it: onnxruntime-genai opens `genai_config.json`, Genie "
+            "`genie_config.json`, each naming its models or binaries; onnxruntime's QNN EP an encoder's "
+            "`*_ctx.onnx`, which names its context binary. Nothing else is shipped: the per-graph binaries an "
+            "LLM's verify runs on the simulator beside weight-shared ones stay in the build "
+            f"(`tasks/commands/publish/contents.py`, `shipped_files`). A signed bundle also holds `{SIGNATURE}`.", "",
+            "| file | loaded by |", "|---|---|",
+            *(f"| `{rel}` | {'; '.join(who)} |" for rel, who in sorted(rows.items()))]
+
+
+def model_card(recipe, row: dict, short: str, loaded: dict[str, list[str]] | None = None) -> str:
     """The bundle's README.md: a ``huggingface_hub.ModelCard`` (YAML metadata: license,
     library, tags, base model for Hub sources, eval results = verify metrics) and a body with
-    the source, the files, the verify metrics against their thresholds and the stage keys."""
+    the source, the files, the verify metrics against their thresholds and the stage keys.
+    ``loaded``: {bundle path: who loads it} of the shipped artifacts
+    (:func:`.contents.shipped_files`), listed under "Files" (none: no such section)."""
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
     src = row["source"]
@@ -107,11 +127,14 @@ def model_card(recipe, row: dict, short: str) -> str:
         for rel, b in sorted(v.get("binaries", {}).items()):
             gs = b["graphs"].values()
             total = lambda k: sum(g[k] or 0 for g in gs)
-            lines.append(f"| {target} | {rel} | {len(b['graphs'])} | {b['bytes']} | {total('weight_bytes')} | "
+            unshipped = loaded is not None and rel not in loaded and f"{target}/{rel}" not in loaded
+            lines.append(f"| {target} | {rel}{' (verify ran it; not shipped)' if unshipped else ''} | "
+                         f"{len(b['graphs'])} | {b['bytes']} | {total('weight_bytes')} | "
                          f"{max((g['shared_weight_bytes'] or 0 for g in gs), default=0)} | "
                          f"{max((g['spill_fill_bytes'] or 0 for g in gs), default=0)} | {total('io_bytes')} | "
                          f"{b['sdk_build_id']} |")
     lines += _device_lines(row)
+    lines += _files_lines(loaded) if loaded is not None else []
     lines += ["", "## Stage keys", "", "| stage | key |", "|---|---|",
               *(f"| {s} | `{k}` |" for s, k in row["stage_keys"].items()), "",
               "`manifest.json` lists the sha256 of every file; `doit check_bundle --path <folder>` checks them.", ""]

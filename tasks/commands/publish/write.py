@@ -16,8 +16,9 @@ from ...core.session import Session
 from ...core.status import RecipeStatus, catalog_recipes, recipe_status
 from ...digest import sha256_file
 from .archive import write_archive, write_bundle
-from .bundle import json_bytes, sha256_bytes, build_manifest, bundle_sources, shipped_digests, short_key
+from .bundle import build_manifest, bundle_sources, json_bytes, sha256_bytes, shipped_digests, short_key
 from .card import model_card
+from .contents import shipped_files
 from .errors import PublishError
 from .hub import hub_operations, push_to_hub
 from .signing import SIGNATURE, sign_bundle
@@ -46,7 +47,8 @@ def _verified_status(session: Session, recipe: str) -> RecipeStatus:
 
 
 def plan_bundle(recipe: str, session: Session | None = None) -> dict:
-    """Everything publish writes, computed in memory (nothing written). Raises PublishError
+    """Everything publish writes, computed in memory (nothing written): the artifacts
+    :func:`.contents.shipped_files` ships, the card, the manifest. Raises PublishError
     unless ``recipe`` is verified. Returns {"recipe", "short", "status", "files": {rel: Path
     (cache file) | bytes}, "manifest": dict, "folder": Path, "archive": Path, "mtime": int}.
     ``session``: the command's (default: a new one)."""
@@ -55,9 +57,11 @@ def plan_bundle(recipe: str, session: Session | None = None) -> dict:
     r = catalog_recipes(session)[recipe]
     row = catalog_row(recipe, r, st)
     short = short_key(st)
-    files: dict = dict(bundle_sources(st))
+    sources = bundle_sources(st)
+    loaded = shipped_files(sources)  # what the bundle's runtimes load; the rest stays in build/
+    files: dict = {rel: sources[rel] for rel in loaded}
     sums = shipped_digests(session, st, files)
-    files["README.md"] = model_card(r, row, short).encode("utf-8")
+    files["README.md"] = model_card(r, row, short, loaded).encode("utf-8")
     sums["README.md"] = (sha256_bytes(files["README.md"]), len(files["README.md"]))
     manifest = build_manifest(recipe, r, st, sums, row)
     files["manifest.json"] = json_bytes(manifest)
