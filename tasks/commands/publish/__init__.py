@@ -4,11 +4,13 @@
 :mod:`tasks.core.status`: verify failed, stale build, never built), saying why; it never builds.
 Otherwise it writes, from the cache entries of the recipe's current stage keys:
 
-- ``dist/<recipe>/`` (:func:`tasks.paths.dist_dir`): the compile outputs (``*_ctx.onnx``,
-  ``*.bin``, ``genai_config.json`` for LLMs; in a ``<target>/`` sub-folder each when the recipe
-  has several targets), the export's tokenizer and config files, ``README.md`` (a model card
-  made with ``huggingface_hub.ModelCard``: license, source, verify metrics; :mod:`.card`) and
-  ``manifest.json`` (:mod:`.bundle`);
+- ``dist/<recipe>/`` (:func:`tasks.paths.dist_dir`): of the build's artifacts, what the
+  bundle's runtimes load (:func:`.contents.shipped_files`, the rule: the models and binaries
+  ``genai_config.json`` / ``genie_config.json`` name, an encoder's ``*_ctx.onnx`` and its binary;
+  in a ``<target>/`` sub-folder each when the recipe has several targets; not the per-graph
+  binaries an LLM's verify runs beside weight-shared ones), the export's tokenizer and config
+  files, ``README.md`` (a model card made with ``huggingface_hub.ModelCard``: license, source,
+  verify metrics, every file and what loads it; :mod:`.card`) and ``manifest.json`` (:mod:`.bundle`);
 - ``dist/<recipe>-<short key>.tar.gz``, ``short key`` = the first 12 hex of the xxh3 of every
   stage's key (:func:`.bundle.short_key`), deterministic (:mod:`.archive`).
 
