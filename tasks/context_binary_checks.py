@@ -10,7 +10,7 @@ found. :func:`check_models` reads and checks every binary a set of compiled mode
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import NpubuildError
@@ -132,23 +132,40 @@ def check(binary: ContextBinary, expected: list[Expected], target: str | None = 
 class Declared:
     """What a runtime config declares of one compiled model's graph (e.g. ``genai_config.json``
     for a pipeline entry): tensor name -> shape (None: the config gives no shape) per direction,
-    and which file says so."""
+    which file says so, and ``dtypes``: tensor name -> element type as a binary reads back
+    (``FLOAT``, ``UINT8``: :data:`tasks.context_binary.QNN_DTYPES`) for the tensors whose type
+    the file gives (``export.json`` does; genai's config does not)."""
     inputs: dict[str, tuple[int, ...] | None]
     outputs: dict[str, tuple[int, ...] | None]
     source: str
+    dtypes: dict[str, str] = field(default_factory=dict)
+
+
+def onnx_dtype_name(numpy_name: str) -> str:
+    """The ONNX element type name a binary's tensor reads back as (``FLOAT``, ``UINT8``) of a
+    numpy dtype name as ``export.json`` writes it (``float32``, ``uint8``). Raises TypeError
+    for a name numpy does not know."""
+    import numpy as np
+    import onnx
+
+    return onnx.TensorProto.DataType.Name(onnx.helper.np_dtype_to_tensor_dtype(np.dtype(numpy_name)))
 
 
 def _declared_lines(where: str, said: dict, have: dict[str, Tensor], what: str, source: str,
-                    missing: str) -> list[str]:
+                    missing: str, dtypes: dict[str, str] | None = None) -> list[str]:
     """Lines for the tensors ``said`` ({name: shape or None}) that ``have`` ({name: Tensor})
-    lacks (``found {missing}``) or holds with another shape; ``where`` prefixes each line."""
+    lacks (``found {missing}``) or holds with another shape, or with another element type than
+    ``dtypes`` gives ({name: ONNX type name}); ``where`` prefixes each line."""
     lines = []
     for name, shape in sorted(said.items()):
         t = have.get(name)
         if t is None:
             lines.append(f"{where}{what} {name}: expected (named by {source}), found {missing}")
-        elif shape is not None and tuple(t.shape) != tuple(shape):
+            continue
+        if shape is not None and tuple(t.shape) != tuple(shape):
             lines.append(f"{where}{what} {name}: expected shape {list(shape)} ({source}), found {list(t.shape)}")
+        if dtypes and name in dtypes and t.dtype != dtypes[name]:
+            lines.append(f"{where}{what} {name}: expected {dtypes[name]} ({source}), found {t.dtype}")
     return lines
 
 
@@ -164,7 +181,8 @@ def check_models(root: Path, models: list[str], target: str | None, qdq: dict[st
     - ``qdq`` ({model: the QDQ model it was compiled from}): the compiled model's graph inputs
       and outputs are the QDQ graph's (what the ONNX graph said before compile);
     - ``declared`` ({model: [:class:`Declared`]}): every tensor a runtime config (or the
-      export's description) names for that model is in its graph in the binary, with its shape;
+      export's description) names for that model is in its graph in the binary, with its shape
+      and, where the declaration gives one (``Declared.dtypes``), its element type;
     - ``somewhere`` ([:class:`Declared`]): every tensor named is an input (output) of at least
       one of ``models``' graphs, with its shape (a runtime's KV names for every layer, which
       live in the part that holds the layer).
@@ -217,13 +235,13 @@ def check_models(root: Path, models: list[str], target: str | None, qdq: dict[st
             for what, said, have in (("input", d.inputs, g.inputs), ("output", d.outputs, g.outputs)):
                 lines += _declared_lines(f"{rel_bin}, graph {gname} ({rel}), ", said, {t.name: t for t in have}, what,
                                          d.source, f"no such tensor (the graph's {what}s: "
-                                                   f"{', '.join(sorted(t.name for t in have)) or 'none'})")
+                                                   f"{', '.join(sorted(t.name for t in have)) or 'none'})", d.dtypes)
     graphs = [found[b].graph(n) for b, n in graph_of.values() if b in found and found[b].graph(n)]
     for d in somewhere or []:
         for what, said in (("input", d.inputs), ("output", d.outputs)):
             have = {t.name: t for g in graphs for t in (g.inputs if what == "input" else g.outputs)}
             lines += _declared_lines("", said, have, what, d.source,
-                                     f"in none of the graphs of {', '.join(sorted(found))}")
+                                     f"in none of the graphs of {', '.join(sorted(found))}", d.dtypes)
     if lines:
         print("npubuild: context binaries read back, differences:\n  " + "\n  ".join(lines), flush=True)  # the stage's log
         raise Mismatch(lines)

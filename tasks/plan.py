@@ -180,8 +180,10 @@ def _expand_parts(r, params, files) -> list[StageSpec]:
     overrides = {"genie_config": r.bundle.genie_config} if genie and r.bundle.genie_config else {}
     for t, suffix in zip(r.compile.targets, suffixes):
         genie_ins = {f"genie.part{k}": part_name("genie_compile", k, suffix) for k in range(P)} if genie else {}
+        # qdq: the quantized parts' export.json, which declares their quantized boundary (tasks/llm/quantize.py)
         joined = {f"{role}.part{k}": up for k in range(P)
-                  for role, up in (("compiled", part_name("compile", k, suffix)), ("export", part_name("export", k)))}
+                  for role, up in (("compiled", part_name("compile", k, suffix)), ("export", part_name("export", k)),
+                                   ("qdq", qdq[k]))}
         specs.append(StageSpec(r.name, f"bundle{suffix}", "bundle",
                                {"target": t, **params("compile", "bundle"), "parts": P, **runtimes, **overrides},
                                {**joined, **genie_ins}))

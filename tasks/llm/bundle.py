@@ -3,7 +3,8 @@ of an LLM's parts.
 
 Each part is exported, calibrated, quantized and compiled by stages of its own
 (``tasks/plan.py``); this stage writes what belongs to the whole model, from the parts'
-export entries: ``export.json`` (every part's graph I/O, with each part's ``weight_bytes``
+entries: ``export.json`` (every part's graph I/O as the quantized parts declare it, the KV
+cache's dtype and encoding among it: :mod:`tasks.llm.quantize`; each part's ``weight_bytes``
 from its own export, and ``checkpoint_bytes_read`` summed over the parts), the host-side
 embedding table (``embedding: host``) and ``genai_config.json`` (:func:`write_genai_files`).
 ``build/<recipe>/`` links it beside the parts' compile entries: the same layout a whole-model compile wrote before the parts were stages.
@@ -55,9 +56,10 @@ def preflight(recipe) -> list[tuple[str, str]]:
 
 
 def joined_description(export_dirs: list[Path]) -> dict:
-    """The whole model's ``export.json`` from the parts' export folders (part k's folder
-    first describes every part and writes part k): part 0's description with each part's row
-    taken from that part's own export and ``checkpoint_bytes_read`` summed. Raises ValueError
+    """The whole model's ``export.json`` from the parts' export folders, or the quantized parts'
+    (part k's folder describes every part and writes part k; a quantize entry's copy declares
+    part k's quantized boundary tensors): part 0's description with each part's row taken from
+    that part's own folder and ``checkpoint_bytes_read`` summed. Raises ValueError
     when the parts disagree on anything else (they come from different exports)."""
     descs = [json.loads((Path(d) / "export.json").read_text()) for d in export_dirs]
     out = dict(descs[0])
@@ -124,12 +126,14 @@ def write_genie(genie_desc: dict, tokenizer_dir: Path, out: Path, params: dict, 
 
 
 def run(inputs, files, params, out: Path) -> dict:
-    """Write the bundle's own files for ``params["parts"]`` parts from ``inputs["export.part{k}"]``
-    (the parts' exports; ``inputs["compiled.part{k}"]`` are the parts' binaries, which
-    ``build/`` links beside). Returns {"parts": P, "binary_bytes": total bytes of the parts'
-    weight-shared (else per-graph) context binaries}."""
+    """Write the bundle's own files for ``params["parts"]`` parts from ``inputs["qdq.part{k}"]``
+    (the quantized parts, whose ``export.json`` declares the graphs' I/O as compiled) and
+    ``inputs["export.part{k}"]`` (the parts' exports: the host-side table, the tokenizer;
+    ``inputs["compiled.part{k}"]`` are the parts' binaries, which ``build/`` links beside).
+    Returns {"parts": P, "binary_bytes": total bytes of the parts' weight-shared (else
+    per-graph) context binaries}."""
     P = params["parts"]
-    desc = joined_description([inputs[f"export.part{k}"] for k in range(P)])
+    desc = joined_description([inputs[f"qdq.part{k}"] for k in range(P)])
     write_genai_files(desc, inputs["export.part0"], out, params)
     sub = "shared" if params.get("weight_sharing", True) else ""
     total = sum(b.stat().st_size for k in range(P)
@@ -155,7 +159,8 @@ def run(inputs, files, params, out: Path) -> dict:
 
 
 STAGE = Stage(
-    kind="bundle", family="llm", module=__name__, version=1, tools=(), run=run,
+    kind="bundle", family="llm", module=__name__, version=2,  # 2: export.json from the quantized parts
+    tools=(), run=run,
     params=(WEIGHT_SHARING,), wired=("target", "parts", "runtimes", "genie_config"),
     key_exclude=("target",),  # the name; the key holds what it resolves to (key_extra)
     key_extra=target_key_extra, preflight=preflight,

@@ -143,14 +143,18 @@ def resident_bytes(graph_path, parts: int, backend: str, prompts: int, desc: dic
     holds when every part's decode session stays open: each decode graph's files on disk
     (``graph_path(i, "decode")`` and the files beside it whose names start with its stem, its
     external data or context binary) x :data:`SESSION_BYTES_PER_FILE_BYTE` of ``backend``,
-    plus the KV caches of ``prompts`` prompts (layers x 2 x KV heads x context x head_dim x 4
-    bytes each, from ``desc``, the export description). The prefill sessions come before,
-    one at a time."""
+    plus the KV caches of ``prompts`` prompts (each decode graph's KV inputs, one buffer per
+    layer and K/V, [1, KV heads, context, head_dim] at the dtype ``desc`` declares: the bundle's
+    ``export.json``, 1 byte per element for a uint8 cache, 4 for float32). The prefill sessions
+    come before, one at a time."""
+    from .boundary import kv_cache
+
     total = 0
     for i in range(parts):
         g = Path(graph_path(i, "decode"))
         total += sum(f.stat().st_size for f in g.parent.iterdir() if f.name.startswith(g.stem))
-    kv = prompts * desc["num_layers"] * 2 * desc["num_kv_heads"] * desc["context_len"] * desc["head_dim"] * 4
+    kv = prompts * sum(int(np.prod(t["shape"])) * np.dtype(t["dtype"]).itemsize
+                       for p in desc["parts"] for t in p["decode"]["inputs"] if kv_cache(t["name"]))
     return int(total * SESSION_BYTES_PER_FILE_BYTE[backend]) + kv
 
 

@@ -10,10 +10,11 @@ with this part's quantized boundary tensors: dtype, scale, zero point) and the t
 What crosses the graphs' boundary (:mod:`tasks.llm.boundary`): with ``quantize.kv_bits: 8``
 (default) each layer's ``past_*_in`` / ``past_*_out`` are uint8, symmetric (zero point 128), one
 scale per layer and K/V for both graphs and both directions, as AI Hub's graphs and Genie's
-8-bit cache take them; ``16``: the KV cache at its uint16 activation encoding; ``32``: float32
-(the layout before 8-bit KV). ``input_ids`` is int32; every other input and output (mask,
-RoPE cos/sin, hidden states, logits) stays float32, with its QuantizeLinear / DequantizeLinear
-inside the QNN graph (``offload_graph_io_quantization=0``).
+8-bit cache take them; ``16``: uint16 over the layer's range, also one encoding per layer and
+K/V; ``32``: float32 (the layout before 8-bit KV). The quantize stage reads the same key for the
+genai graphs' ``past_*`` / ``present_*`` (:mod:`tasks.llm.quantize`). ``input_ids`` is int32;
+every other input and output (mask, RoPE cos/sin, hidden states, logits) stays float32, with its
+QuantizeLinear / DequantizeLinear inside the QNN graph (``offload_graph_io_quantization=0``).
 
 How the graphs are calibrated: the Genie graphs get ranges of their own, from a calibration
 run in their own layout, not the genai graphs' ranges. The fp32 Genie graphs of parts 0..k
@@ -50,18 +51,12 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Literal
 
-from ..stages.contract import Param, Stage
-from ..stages.params import LLM_QUANT_PARAMS
+from ..stages.contract import Stage
+from ..stages.params import KV_BITS, LLM_QUANT_PARAMS
 from .memory import plan_estimate
 #: the calibration schedule calibrate.part0 drew (tasks/llm/calibrate.py SCHEDULE)
 SCHEDULE = "schedule.json"
-
-KV_BITS = Param("quantize", "kv_bits", Literal[8, 16, 32], 8,
-                "the KV cache at the Genie graphs' boundary: 8 = uint8 symmetric, a scale per layer (AI Hub's "
-                "on-device layout; tasks/llm/boundary.py), 16 = its uint16 activation encoding, 32 = float32",
-                family=("llm",))
 
 
 def boundary_plan(desc_part: dict, ranges_dir: Path, kv_bits: int, earlier: dict | None = None) -> dict[str, dict]:

@@ -98,8 +98,9 @@ def read_back(compiled: Path, desc: dict, parts: list[int], params: dict, qdq_di
     """Read back the context binaries of ``parts`` under ``compiled`` and check them
     (:func:`tasks.context_binary_checks.check_models`): every planned model (:func:`planned_models`)
     and its binary, each binary holding exactly its models' graphs, every input and output as
-    the export declared it (``desc``, ``export.json``: name and shape) and, with ``qdq_dir``, as
-    the QDQ graph had it (name, dtype, shape); the SoC model of ``params["target"]``;
+    the export declared it (``desc``, ``export.json``: name, shape and dtype: the quantize
+    stage's declares its quantized KV cache, e.g. ``uint8``) and, with ``qdq_dir``, as the QDQ
+    graph had it (name, dtype, shape); the SoC model of ``params["target"]``;
     ``declared`` adds a runtime config's tensors ({model: Declared}), ``somewhere`` tensors it
     looks for in any graph ([Declared]). Returns {binary: figures}.
     Raises context_binary_checks.Mismatch, one line per difference."""
@@ -115,8 +116,10 @@ def read_back(compiled: Path, desc: dict, parts: list[int], params: dict, qdq_di
             models.append(rel)
             if qdq_dir is not None:
                 qdq[rel] = Path(qdq_dir) / row[g]["path"]
-            exported = context_binary_checks.Declared({t["name"]: tuple(t["shape"]) for t in row[g]["inputs"]},
-                                               {t["name"]: tuple(t["shape"]) for t in row[g]["outputs"]}, "export.json")
+            exported = context_binary_checks.Declared(
+                {t["name"]: tuple(t["shape"]) for t in row[g]["inputs"]},
+                {t["name"]: tuple(t["shape"]) for t in row[g]["outputs"]}, "export.json",
+                {t["name"]: context_binary_checks.onnx_dtype_name(t["dtype"]) for t in row[g]["inputs"] + row[g]["outputs"]})
             said[rel] = [exported, *([declared[rel]] if declared and rel in declared else [])]
     for rel, d in (declared or {}).items():  # a model the runtime config names that the plan did not make
         said.setdefault(rel, [d])

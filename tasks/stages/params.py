@@ -121,6 +121,11 @@ OVERRIDES = Param("quantize", "overrides", "tasks.stages.override:OVERRIDES", []
 #: the quantize params an LLM part's graphs take (``quantize`` and ``genie_quantize``;
 #: ``calibration`` is read by the ``calibrate`` stage)
 LLM_QUANT_PARAMS = (PRECISION, PER_CHANNEL, BLOCK_SIZE, ROUNDING, GPTQ_SPAN, EMBEDDING_BITS, OVERRIDES)
+KV_BITS = Param("quantize", "kv_bits", Literal[8, 16, 32], 8,
+                "the KV cache at the LLM graphs' boundary, genai's past_/present_* and Genie's past_*_in/_out "
+                "alike: 8 = uint8 symmetric, one scale per layer and K/V (AI Hub's on-device layout; "
+                "tasks/llm/boundary.py), 16 = uint16 over the layer's range, 32 = float32 (read by quantize and "
+                "genie_quantize)", family=("llm",))
 
 # ---------------------------------------------------------------- compile
 

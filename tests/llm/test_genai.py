@@ -31,7 +31,7 @@ def qwen2_bundle(tmp_path_factory):
     ctx = tmp_path_factory.mktemp("ctx")
     params = {"target": "x-elite", "weight_sharing": False}
     llm_compile.run({"model": qdq}, {}, {**params, "part": 0, "per_graph": True}, ctx)
-    bundle.run({"export.part0": entry, "compiled.part0": ctx}, {}, {**params, "parts": 1}, ctx)
+    bundle.run({"export.part0": entry, "qdq.part0": qdq, "compiled.part0": ctx}, {}, {**params, "parts": 1}, ctx)
     return {"qdq": qdq, "ctx": ctx, "desc": json.loads((ex / "export.json").read_text())}
 
 
@@ -44,9 +44,12 @@ def _prompts():
 
 def test_genai_on_qdq_graphs_equals_llmrunner(qwen2_bundle, tmp_path):
     """CPU EP: genai's tokens equal LLMRunner's (on verify's CPU sessions) for prompts shorter
-    and longer than the prefill window (two windows, the second padded at its end), 16 tokens each."""
+    and longer than the prefill window (two windows, the second padded at its end), 16 tokens
+    each. The graphs take the KV cache as uint8 (``quantize.kv_bits: 8``, the default): genai
+    feeds its own zero-filled uint8 buffer, LLMRunner a zero-filled buffer of the graphs' KV
+    dtype, and refuses a float32 one (its bytes would be cast, not fed)."""
     from tasks.llm.genai import GenaiRunner, bundle_files, link_parts, write_genai_config
-    from tasks.llm.runner import LLMRunner
+    from tasks.llm.runner import KVCache, LLMRunner, block_ids
     from tasks.llm.sessions import cpu_session
 
     desc = qwen2_bundle["desc"]
@@ -54,6 +57,10 @@ def test_genai_on_qdq_graphs_equals_llmrunner(qwen2_bundle, tmp_path):
     write_genai_config(desc, tmp_path / "genai_config.json", bundle_files(desc, suffix=".onnx"))
     genai = GenaiRunner(tmp_path)
     runner = LLMRunner.from_export(qwen2_bundle["qdq"], cpu_session)
+    assert runner.kv_dtype == np.uint8 and runner.k[0].dtype == np.uint8 and not runner.k[0].any()
+    fp32_cache = KVCache(runner.layers, runner.n_kv, runner.C, runner.head_dim)
+    with pytest.raises(ValueError, match="expected a uint8 KV cache .*, found float32"):
+        runner.prefill[0].call(block_ids([5, 6], runner.S), fp32_cache)
     prompts = _prompts()
     assert max(len(p) for p in prompts) > desc["seq_len"]
     eos = desc["eos_token_id"]

@@ -8,6 +8,7 @@ download and export."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -108,6 +109,64 @@ def test_w4a16_after_w8a16_reuses_download_and_export(llm_project):
     for recipe, bits in (("tiny-qwen2-w8a16", 8), ("tiny-qwen2-w4a16", 4)):
         qkey = json.loads((llm_project.root / "build" / recipe / "stages.json").read_text())["quantize.part0"]["key"]
         assert weight_bits_of(llm_project.cache / "quantize" / qkey / "out") == bits, recipe
+
+
+def _kv_io(build: Path) -> dict:
+    """{(binary, graph, tensor): (dtype, shape)} of every KV cache input and output of every
+    context binary under ``build`` (genai's ``past_*`` / ``present_*``), read back through
+    libQnnSystem (``tasks.context_binary.read``)."""
+    from tasks import context_binary
+
+    out = {}
+    for b in sorted(build.rglob("*.bin")):
+        for g in context_binary.read(b).graphs:
+            for t in (*g.inputs, *g.outputs):
+                if re.fullmatch(r"(past|present)_(key|value)_\d+", t.name):
+                    out[(b.relative_to(build).as_posix(), g.name, t.name)] = (t.dtype, tuple(t.shape))
+    return out
+
+
+def test_the_genai_binaries_take_the_kv_cache_in_8_bits(llm_project):
+    """Issue 48 item 1, genai layout: every context binary tiny-qwen2-w8a16 builds (the
+    weight-shared one that ships, the per-graph ones verify runs), read back, takes and gives
+    each layer's KV cache as UINT8 [1, Hkv, C, d], not one as FLOAT; the shipped export.json
+    declares its encoding: symmetric (zero point 128), one scale per layer and K/V for past and
+    present, prefill and decode (onnxruntime-genai binds them to one buffer). The same recipe
+    with ``quantize.kv_bits: 32`` compiles binaries that read back FLOAT, which the read-back of
+    the compile and verify stages refuses against that export.json, a line per KV tensor."""
+    llm_project.doit("run", "build:tiny-qwen2-w8a16")
+    build = llm_project.root / "build" / "tiny-qwen2-w8a16"
+    desc = json.loads((build / "export.json").read_text())
+    kv = _kv_io(build)
+    layers, shape = desc["num_layers"], (1, desc["num_kv_heads"], desc["context_len"], desc["head_dim"])
+    assert sorted({b for b, _, _ in kv}) == ["part0/decode_ctx_qnn.bin", "part0/prefill_ctx_qnn.bin",
+                                             "shared/part0/prefill_ctx_qnn.bin"]
+    assert len(kv) == 4 * layers * 4  # 4 graphs (2 per-graph binaries, 2 in the shared one) x 4 tensors a layer
+    assert set(kv.values()) == {("UINT8", shape)}, sorted({v for v in kv.values()})
+    enc = {}
+    for g in ("prefill", "decode"):
+        for t in desc["parts"][0][g]["inputs"] + desc["parts"][0][g]["outputs"]:
+            if re.fullmatch(r"(past|present)_(key|value)_\d+", t["name"]):
+                assert t["dtype"] == "uint8" and t["zero_point"] == 128, t
+                enc.setdefault(t["name"].split("_", 1)[1], set()).add(t["scale"])
+    assert sorted(enc) == sorted(f"{c}_{l}" for c in ("key", "value") for l in range(layers))
+    assert all(len(s) == 1 for s in enc.values()), enc  # one scale per layer and K/V
+
+    llm_project.recipe("tiny-qwen2-kv32", "extends: tiny-qwen2-w8a16\nquantize: {kv_bits: 32}\n")
+    llm_project.doit("run", "compile.part0:tiny-qwen2-kv32")  # the stages up to it, no verify
+    explain = llm_project.doit("run", "explain:tiny-qwen2-kv32").log()
+    key = re.search(r"compile\.part0:tiny-qwen2-kv32\s+\w+\s+([0-9a-f]{16})\s", explain).group(1)
+    (entry,) = [d for d in (llm_project.cache / "compile").iterdir() if d.name.startswith(key)]
+    assert set(_kv_io(entry / "out").values()) == {("FLOAT", shape)}
+    # the read-back compile and verify run refuses them against the 8-bit export.json, one line a tensor
+    from tasks.context_binary_checks import Mismatch
+    from tasks.llm.part_binaries import read_back
+
+    with pytest.raises(Mismatch) as e:
+        read_back(entry / "out", desc, [0], {"target": "x-elite", "weight_sharing": True, "per_graph": True})
+    assert len(e.value.lines) == 4 * layers * 4, e.value.lines
+    assert {ln.split(",")[0] for ln in e.value.lines} == {b for b, _, _ in kv}
+    assert all(ln.endswith(": expected UINT8 (export.json), found FLOAT") for ln in e.value.lines), e.value.lines
 
 
 def test_an_llm_threshold_fails_the_build_and_stays_out_of_the_verify_key(llm_project):

@@ -35,6 +35,7 @@ def test_verify_loads_each_part_once_per_side_whatever_the_tokens(tmp_path, tiny
     exactly), and a decode graph per token when nothing fits (the greedy side's next token
     needs the last part's output). The budget changes no figure: the report equals the
     stage's verify.json."""
+    from tasks.llm.boundary import kv_cache
     from tasks.llm.compare import SESSION_BYTES_PER_FILE_BYTE, resident_bytes, verify_llm
     from tasks.llm.verify import joined_views
 
@@ -55,7 +56,9 @@ def test_verify_loads_each_part_once_per_side_whatever_the_tokens(tmp_path, tiny
         decode_bytes = sum(f.stat().st_size for k in range(2) for f in (views["qdq"] / f"part{k}").iterdir()
                            if f.name.startswith("decode"))
         desc = json.loads((views["reference"] / "export.json").read_text())
-        kv = 3 * desc["num_layers"] * 2 * desc["num_kv_heads"] * desc["context_len"] * desc["head_dim"] * 4
+        assert {t["dtype"] for p in desc["parts"] for t in p["decode"]["inputs"] if kv_cache(t["name"])} \
+            == {"uint8"}  # the KV cache as the quantized graphs take it (quantize.kv_bits: 8)
+        kv = 3 * desc["num_layers"] * 2 * desc["num_kv_heads"] * desc["context_len"] * desc["head_dim"] * 1
         need = int(decode_bytes * SESSION_BYTES_PER_FILE_BYTE["cpu-qdq"]) + kv  # 3 prompts' KV caches
         assert resident_bytes(lambda i, kind: views["qdq"] / f"part{i}" / f"{kind}.onnx", 2, "cpu-qdq", 3, desc) == need
         for K in (4, 12):
