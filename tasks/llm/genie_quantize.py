@@ -13,8 +13,9 @@ scale per layer and K/V for both graphs and both directions, as AI Hub's graphs 
 8-bit cache take them; ``16``: uint16 over the layer's range, also one encoding per layer and
 K/V; ``32``: float32 (the layout before 8-bit KV). The quantize stage reads the same key for the
 genai graphs' ``past_*`` / ``present_*`` (:mod:`tasks.llm.quantize`). ``input_ids`` is int32;
-every other input and output (mask, RoPE cos/sin, hidden states, logits) stays float32, with its
-QuantizeLinear / DequantizeLinear inside the QNN graph (``offload_graph_io_quantization=0``).
+every other input and output (mask, RoPE cos/sin, hidden states, logits) crosses at uint16, one
+encoding per tensor name across every part's graphs (:func:`boundary_plan`), which Genie reads
+from the binary and quantizes / dequantizes on the host.
 
 How the graphs are calibrated: the Genie graphs get ranges of their own, from a calibration
 run in their own layout, not the genai graphs' ranges. The fp32 Genie graphs of parts 0..k
