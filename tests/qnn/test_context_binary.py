@@ -182,3 +182,27 @@ def test_compile_refuses_a_binary_missing_from_the_plan(tmp_path, tiny_bert):
     assert e.value.lines[0] == "other_ctx.onnx: expected (the plan compiles it), found no such file"
     assert e.value.lines[1].endswith("SoC model expected 43 (8gen2), found 60 (the binary was prepared for another SoC)")
     assert len(e.value.lines) == 2
+
+
+def test_an_encoder_compile_reads_its_binary_back(tmp_path, tiny_bert):
+    """The encoder's compile stage reads its context binary back (issue 51: removing the
+    read-back from the encoder compile passed every test): through the doit CLI, the compile
+    entry's manifest lists the binary with the figures libQnnSystem reports, equal to a read of
+    the file itself: one graph, x-elite's SoC model, the QNN SDK build, and the graph's inputs
+    (int32 [1, 16] ids and mask) as the QDQ model declares them."""
+    from tasks.targets import get
+
+    proj = Project(tmp_path / "proj", tiny_bert)
+    proj.recipe("enc")
+    proj.doit("run", "build:enc")
+    state = json.loads((proj.root / "build" / "enc" / "stages.json").read_text())
+    entry = Path(next(v["entry"] for k, v in state.items() if k.startswith("compile")))
+    info = json.loads((entry / "manifest.json").read_text())["info"]
+    assert len(info["binaries"]) == 1, info
+    rel, fig = next(iter(info["binaries"].items()))
+    assert fig == context_binary.read(entry / "out" / rel).figures()  # what the file holds, read again
+    assert fig["soc_model"] == get("x-elite").soc_model and fig["sdk_build_id"].startswith("v2.")
+    (graph,) = fig["graphs"].values()
+    ins = {t[0]: (t[1], t[2]) for t in graph["inputs"]}
+    assert ins["input_ids"][1] == [1, 16] and ins["attention_mask"][1] == [1, 16], ins
+    assert graph["weight_bytes"] > 0
