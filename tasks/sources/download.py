@@ -17,7 +17,9 @@ Sources (``recipe.source``):
 
 A Hub model whose facts are kept (``recipes/models/*.json``, :mod:`tasks.sources.model_facts`)
 is checked after the copy: its ``config.json`` must hold the kept values (one line naming the
-key, the value kept and the value found). ``revision: unpinned`` (no public source gave a
+key, the value kept and the value found). The facts are looked up by the resolved commit, not by
+the revision's text, and their digest is in the key (:func:`key_extra`): a ``revision: main``
+that names a pinned commit builds the pinned key and so must pass the pinned check. ``revision: unpinned`` (no public source gave a
 commit) loads and explains, and the download refuses it in one line until a commit is set.
 """
 
@@ -160,7 +162,9 @@ def _listing(folder: Path) -> dict[str, str]:
 
 
 def key_extra(params: dict) -> dict:
-    """hf: the resolved commit; path/package: the digest of the folder's files the stage
+    """hf: the resolved commit, and the digest of the facts kept for that commit when there are
+    any (:func:`tasks.sources.model_facts.key_digest`: what :func:`run` checks the snapshot
+    against); path/package: the digest of the folder's files the stage
     copies (:func:`tasks.sources.source_files`; the same as ``digest.tree_digest`` for a folder
     without ``.git`` or ``__pycache__``); a shape build: the kept facts' and tokenizer files'
     digests and the seed (:func:`tasks.sources.shape.key_material`)."""
@@ -169,7 +173,11 @@ def key_extra(params: dict) -> dict:
 
         return key_material(params)
     if params.get("hf"):
-        return {"commit": resolve_revision(params["hf"], params["revision"])}
+        from .model_facts import key_digest
+
+        commit = resolve_revision(params["hf"], params["revision"])
+        facts = key_digest(params["hf"], commit)
+        return {"commit": commit, **({"facts": facts} if facts else {})}
     listing = _listing(local_folder(params))
     content = digest.digest_json(listing)
     _HASHED[content] = listing
@@ -267,7 +275,7 @@ def run(inputs, files, params, out: Path) -> dict:
         names = _copy_tree(Path(folder), out)
         from .model_facts import check_download
 
-        check_download(out, params["hf"], params["revision"])  # the kept facts (recipes/models/) = what came
+        check_download(out, params["hf"], commit)  # the commit's kept facts (recipes/models/) = what came
         return {"source": "hf", "repo": params["hf"], "commit": commit, "files": len(names)}
     src = local_folder(params)
     what = f"source.path {params['path']!r}" if params.get("path") is not None else f"source.package {params['package']!r}"

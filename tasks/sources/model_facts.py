@@ -11,6 +11,11 @@ file naming the revision or holding the config).
 
 :func:`check_download` compares them with the downloaded ``config.json``: a difference is one
 :class:`tasks.sources.SourceError` line naming the key, the value kept and the value found.
+The facts are those of a commit: the download looks them up by the commit its revision resolves
+to, never by the revision's text, and its key holds their digest (:func:`key_digest`), so a
+snapshot refused under a pinned commit is refused as well under a branch or tag naming that
+commit (both names build one download key: issue 51 case 1), and an edit of the facts checks the
+snapshot again.
 """
 
 from __future__ import annotations
@@ -64,11 +69,22 @@ def config_of(repo: str | None, revision: str | None) -> dict | None:
     return dict(hit[1]["config"]) if hit else None
 
 
-def check_download(out: Path, repo: str, revision: str) -> None:
+def key_digest(repo: str, commit: str) -> str | None:
+    """xxh3 (hex) of the kept ``config`` of ``repo`` at 40-hex ``commit`` (canonical JSON: the
+    provenance strings beside it do not enter), or None when none is kept: what the download
+    key holds of the facts its check reads."""
+    from ..digest import digest_json
+
+    hit = find(repo, commit)
+    return digest_json(hit[1]["config"]) if hit else None
+
+
+def check_download(out: Path, repo: str, commit: str) -> None:
     """Raise SourceError (one line) when the downloaded ``out/config.json`` differs from the kept
-    facts of ``repo`` at ``revision`` in any kept key: the first such key, the value kept
-    (and its file) and the value found. A key the download lacks is found "absent"."""
-    hit = find(repo, revision)
+    facts of ``repo`` at ``commit`` (the 40-hex commit the recipe's revision resolved to, or a
+    shape build's revision, which is its facts') in any kept key: the first such key, the value
+    kept (and its file) and the value found. A key the download lacks is found "absent"."""
+    hit = find(repo, commit)
     if hit is None:
         return
     f, doc = hit
@@ -76,11 +92,11 @@ def check_download(out: Path, repo: str, revision: str) -> None:
     try:
         got = json.loads(cfg_file.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        raise SourceError(f"{repo}@{revision[:12]}: expected a readable config.json to check against {f.name}, "
+        raise SourceError(f"{repo}@{commit[:12]}: expected a readable config.json to check against {f.name}, "
                           f"found {type(e).__name__}: {e}") from None
     for key, want in doc["config"].items():
         found = got.get(key, "absent") if isinstance(got, dict) else "absent"
         if found != want and not (isinstance(want, (int, float)) and isinstance(found, (int, float))
                                   and not isinstance(found, bool) and float(found) == float(want)):
-            raise SourceError(f"{repo}@{revision[:12]} config.json key {key!r}: expected {json.dumps(want)[:200]} "
+            raise SourceError(f"{repo}@{commit[:12]} config.json key {key!r}: expected {json.dumps(want)[:200]} "
                               f"(kept in recipes/models/{f.name}), found {json.dumps(found)[:200]}")
