@@ -68,14 +68,39 @@ def _io(model) -> dict:
     return {"inputs": [desc(i) for i in model.graph.input], "outputs": [desc(o) for o in model.graph.output]}
 
 
+def config_shape_problem(src: Path) -> str:
+    """"" when every tensor of the checkpoint in ``src`` that transformers' ``AutoModel`` for its
+    ``config.json`` makes (its parameters, built on the ``meta`` device: names and shapes, no
+    memory) has the shape the config implies, else the one line of
+    :func:`tasks.sources.facts.shape_problem` naming the first that differs. A name may be
+    stored under the model's ``base_model_prefix`` (``bert.``); an absent tensor passes
+    (transformers initializes it, e.g. a pooler a sentence model never trained). Before this
+    check a tensor of another shape was a 40-line RuntimeError traceback out of
+    ``load_state_dict`` (issue 51 case 2)."""
+    import torch
+    from transformers import AutoConfig, AutoModel
+
+    from ..sources.facts import shape_problem
+
+    config = AutoConfig.from_pretrained(str(src), local_files_only=True)
+    with torch.device("meta"):
+        model = AutoModel.from_config(config)
+    return shape_problem(src, [(n, tuple(t.shape)) for n, t in model.named_parameters()], type(model).__name__,
+                         prefix=model.base_model_prefix, require=False)
+
+
 def run(inputs, files, params, out: Path) -> dict:
     """Export the model in ``inputs["source"]`` into ``out``. Returns the graphs' inputs and
-    outputs (names, dtypes, shapes). Raises SourceError for NaN/Inf weights or a tokenizer larger
-    than the embedding (``tasks.sources.facts``), whatever optimum raises for an unsupported model."""
+    outputs (names, dtypes, shapes). Raises SourceError for NaN/Inf weights, a tensor of another
+    shape than the config implies (:func:`config_shape_problem`) or a tokenizer larger than the
+    embedding (``tasks.sources.facts``), whatever optimum raises for an unsupported model."""
+    from ..sources import SourceError
     from ..sources.facts import check_finite_weights, check_vocabulary
 
     src = inputs["source"]
     check_finite_weights(src)
+    if bad := config_shape_problem(src):
+        raise SourceError(bad)
     check_vocabulary(src)
     info = _export_encoder(src, params, out)
     copy_tokenizer(src, out)

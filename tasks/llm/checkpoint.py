@@ -115,3 +115,29 @@ def part_tensor_names(ckpt: Checkpoint, lo: int, hi: int, *, embed: bool, head: 
         names.append("lm_head.weight" if "lm_head.weight" in ckpt and not tied_lm_head(ckpt.config)
                      else "model.embed_tokens.weight")
     return names
+
+
+def config_shape_problem(model_dir) -> str:
+    """"" when the checkpoint in ``model_dir`` holds every tensor its ``config.json`` implies at
+    the shape it implies, else one line naming the first tensor that differs
+    (:func:`tasks.sources.facts.shape_problem`: its file, the shape expected, the shape found or
+    "no such tensor", how many more differ).
+
+    The rule is transformers' own: the parameters ``AutoModelForCausalLM`` makes for the config
+    (:func:`tasks.sources.shape.parameter_shapes`, built on the ``meta`` device: names and
+    shapes, no memory). A tied LM head is not expected; a tensor the architecture marks
+    optional (:class:`tasks.llm.architectures.Piece`, biases) may be absent (the export writes
+    none); tensors the model does not make are ignored. Before this check, a checkpoint of
+    another shape exported and failed at calibrate in onnxruntime, and a missing tensor was a
+    KeyError (issue 51 case 2)."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from ..sources.facts import shape_problem
+    from ..sources.shape import parameter_shapes
+
+    config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
+    optional = {f"model.layers.{l}.{p.source}" for l in range(config.num_hidden_layers)
+                for p in pieces(config.model_type) if p.optional}
+    return shape_problem(model_dir, parameter_shapes(config),
+                         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type, "AutoModelForCausalLM"), optional)

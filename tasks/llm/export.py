@@ -37,13 +37,19 @@ def run(inputs, files, params, out: Path) -> dict:
     graph I/O; this part's ``weight_bytes``) and the tokenizer and config files. Returns
     {"llm": export.json's description, "parts": the part's wall time and peak RSS}. Raises
     ``tasks.llm.memory.NotEnoughMemory`` before work when the part cannot fit, ValueError for
-    an unsupported family or activation."""
+    an unsupported family or activation, SourceError (one line) for a tokenizer larger than the
+    embedding or a tensor that is absent or of another shape than the config implies
+    (:func:`tasks.llm.checkpoint.config_shape_problem`)."""
+    from ..sources import SourceError
     from ..sources.facts import check_vocabulary
+    from .checkpoint import config_shape_problem
     from .memory import check_stage, held_bytes
     from .pipeline_graphs import export_llm
 
     src = inputs["source"]
     check_vocabulary(src)
+    if bad := config_shape_problem(src):
+        raise SourceError(bad)
     check_stage("export", json.loads((src / "config.json").read_text(encoding="utf-8")), parts=params["parts"],
                 seq_len=params["sequence_length"], context_len=params["context_length"],
                 embed_in_part=params["embedding"] == "first-part", part=params["part"], held=held_bytes(False))
