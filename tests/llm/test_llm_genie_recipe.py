@@ -32,6 +32,14 @@ def genie_project(tmp_path_factory, tiny_bert) -> Project:
     return proj
 
 
+@pytest.fixture(scope="module")
+def built(genie_project) -> Project:
+    """The project with ``tiny-qwen2-genie`` built (a no-op after the first test's build), so
+    each test passes alone (``-k``) as after the others."""
+    genie_project.doit("run", "build:tiny-qwen2-genie")
+    return genie_project
+
+
 def _keys(proj: Project, recipe: str) -> dict[str, str]:
     """{stage: key} from ``doit explain:<recipe>`` (the plan, nothing built)."""
     out = proj.doit("run", f"explain:{recipe}").log()
@@ -84,7 +92,7 @@ def test_tiny_qwen2_genie_bundle_builds_and_genie_tokens_equal_runner(genie_proj
     assert {"genie/qwen2_part_1_of_1.bin", "genie/part0/prompt_ar16_cl64_1_of_1.bin"} <= set(r["binaries"])
 
 
-def test_genie_runtime_adds_stages_and_leaves_the_genai_chain_alone(genie_project):
+def test_genie_runtime_adds_stages_and_leaves_the_genai_chain_alone(genie_project, built):
     """The recipe without genie plans no Genie stage; with it, the genai chain's stages keep
     their keys (the genie build's entries are the plain recipe's: local hits, nothing built) and
     each part gains genie_quantize and genie_compile."""
@@ -96,10 +104,10 @@ def test_genie_runtime_adds_stages_and_leaves_the_genai_chain_alone(genie_projec
     assert all("-" not in genie[s] for s in same)  # real keys: the entries exist
 
 
-def test_genie_config_the_parser_refuses_fails_the_bundle_in_one_line(genie_project):
+def test_genie_config_the_parser_refuses_fails_the_bundle_in_one_line(genie_project, built):
     """A key Genie's schema does not know, merged in through ``bundle.genie_config``: the bundle
     stage fails with one line naming the file, Genie's status and the key; the stages before it
-    are cache hits (the test above built them)."""
+    are cache hits (``built`` built them)."""
     genie_project.recipe("tiny-qwen2-genie-bad", GENIE.replace(
         "extends: tiny-qwen2-w8a16\nbundle: {runtimes: [genai, genie]}",
         "extends: tiny-qwen2-w8a16\nbundle: {runtimes: [genai, genie], genie_config: {dialog: {engine: {n-threadz: 2}}}}"))
