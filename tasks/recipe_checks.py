@@ -78,7 +78,8 @@ def check_data_files(path: Path, r: Recipe, memo: dict | None = None) -> None:
     non-empty lines, and the implementations of the recipe's family that read a file find nothing
     wrong with it (their ``file_check``: a chat ``.jsonl`` calibration file's format);
     ``source.path`` lies inside the project too, and so does every file in it once links are
-    followed. Raises RecipeError with the
+    followed; a shape build's ``source.tokenizer`` lies inside and holds a tokenizer's files
+    (:func:`tasks.sources.shape.tokenizer_problem`). Raises RecipeError with the
     key paths. ``memo``: a dict shared by the calls of one :func:`load_all`, so a data file
     named by many recipes is resolved and read once."""
     from .paths import root
@@ -116,6 +117,17 @@ def check_data_files(path: Path, r: Recipe, memo: dict | None = None) -> None:
 
             if bad := folder_problem(root() / r.source.path, allowed_dirs(), f"source.path {r.source.path!r}"):
                 problems.append(("source.path", bad))
+    if r.source.tokenizer is not None:  # a shape build's tokenizer folder: inside, and a tokenizer's files
+        plancache.note(root() / r.source.tokenizer)
+        if bad := outside(r.source.tokenizer):
+            problems.append(("source.tokenizer", bad))
+        else:
+            from .sources.shape import TOKENIZER_FILES, tokenizer_problem
+
+            for name in TOKENIZER_FILES:
+                plancache.note(root() / r.source.tokenizer / name)
+            if bad := tokenizer_problem(root() / r.source.tokenizer, r.source.tokenizer):
+                problems.append(("source.tokenizer", bad))
     wanted = [("quantize.calibration.file", r.quantize.calibration, r.export.family == "encoder"),
               ("verify.data.file", r.verify.data, True)]
     if r.verify.perplexity_text:

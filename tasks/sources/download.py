@@ -296,6 +296,8 @@ WEIGHTS = (("model.safetensors", "model.safetensors.index.json"), ("pytorch_mode
 #: the file sets a tokenizer may be saved as (fast tokenizer, SentencePiece, WordPiece, BPE)
 TOKENIZERS = (("tokenizer.json",), ("tokenizer.model",), ("spiece.model",), ("sentencepiece.bpe.model",),
               ("vocab.txt",), ("vocab.json", "merges.txt"))
+#: what :data:`TOKENIZERS` asks of a folder, as messages say it
+TOKENIZER_WANTED = "tokenizer.json (or tokenizer.model, vocab.txt, or vocab.json and merges.txt)"
 
 
 def format_missing(folder: Path, names: set[str], patterns: list[str] | None = None) -> list[str]:
@@ -317,7 +319,7 @@ def format_missing(folder: Path, names: set[str], patterns: list[str] | None = N
     if not indexes and not any(single in names for single, _ in WEIGHTS):
         missing.add("model.safetensors (the weights; or model.safetensors.index.json and its shards)")
     if not any(all(n in names for n in group) for group in TOKENIZERS):
-        missing.add("tokenizer.json (or tokenizer.model, vocab.txt, or vocab.json and merges.txt)")
+        missing.add(TOKENIZER_WANTED)
     named = {m.split(" ", 1)[0] for m in missing}
     missing.update(p for p in patterns or () if not any(c in p for c in "*?[") and p not in names | named)
     return sorted(missing)

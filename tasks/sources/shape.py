@@ -26,8 +26,10 @@ from .errors import SourceError
 #: bytes per shard file (the Hub's checkpoints shard at 2-5 GB)
 SHARD_BYTES = 2 * 10**9
 #: tokenizer files taken from the ``tokenizer`` folder (the model's own config.json is written)
+#: (every file set :data:`tasks.sources.download.TOKENIZERS` accepts is among them)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
-                   "merges.txt", "tokenizer.model", "added_tokens.json", "generation_config.json")
+                   "merges.txt", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "vocab.txt",
+                   "added_tokens.json", "generation_config.json")
 
 
 def facts_of(params: dict) -> tuple[Path, dict]:
@@ -41,18 +43,34 @@ def facts_of(params: dict) -> tuple[Path, dict]:
     return hit
 
 
+def tokenizer_problem(folder: Path, rel: str) -> str:
+    """"" when ``folder`` (``source.tokenizer`` ``rel``, as the recipe writes it) holds one of
+    the file sets a tokenizer is saved as (:data:`tasks.sources.download.TOKENIZERS`, the
+    download's own completeness rule), else the message saying what it holds. A folder with
+    only ``tokenizer_config.json`` was taken, and transformers failed at download in a 44-line
+    TypeError / AttributeError (issue 51 case 3)."""
+    from .download import TOKENIZER_WANTED, TOKENIZERS
+
+    if not folder.is_dir():
+        return f"expected a folder of tokenizer files with {TOKENIZER_WANTED}, found no folder at {rel}"
+    names = sorted(f.name for f in folder.iterdir() if f.is_file())
+    if any(all(n in names for n in group) for group in TOKENIZERS):
+        return ""
+    found = f"only {', '.join(names[:8])}{' ...' if len(names) > 8 else ''}" if names else "no files"
+    return f"expected a folder of tokenizer files with {TOKENIZER_WANTED}, found {found} in {rel}"
+
+
 def tokenizer_folder(params: dict) -> Path:
-    """The ``tokenizer`` folder, resolved in the project. Raises SourceError when it is not a
-    folder holding ``tokenizer.json`` or ``tokenizer_config.json``."""
+    """The ``tokenizer`` folder, resolved in the project. Raises SourceError when it does not
+    hold a tokenizer's files (:func:`tokenizer_problem`)."""
     from .. import paths
 
     rel = params.get("tokenizer")
     if not rel:
         raise SourceError("source.shape: expected source.tokenizer (a folder of tokenizer files), found none")
     folder = Path(paths.root()) / rel
-    if not folder.is_dir() or not any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
-        raise SourceError(f"source.tokenizer: expected a folder with tokenizer.json, found {folder}"
-                          + ("" if folder.is_dir() else " (not a folder)"))
+    if bad := tokenizer_problem(folder, rel):
+        raise SourceError(f"source.tokenizer: {bad}")
     return folder
 
 
@@ -83,7 +101,8 @@ def parameter_shapes(config) -> list[tuple[str, tuple[int, ...]]]:
 def write_checkpoint(out: Path, params: dict) -> dict:
     """Write the shape build's model folder into ``out`` (module docstring). Returns {"source":
     "shape", "repo", "commit", "parameters", "shards", "files"}. Raises SourceError for missing
-    facts or tokenizer, or a tokenizer with ids the model has no row for."""
+    facts or tokenizer files, a tokenizer transformers cannot load (its exception's type and
+    message, one line), or a tokenizer with ids the model has no row for."""
     import torch
     from safetensors.torch import save_file
     from transformers import AutoConfig, AutoTokenizer
@@ -93,7 +112,12 @@ def write_checkpoint(out: Path, params: dict) -> dict:
     facts = dict(doc["config"])
     config = AutoConfig.for_model(facts.pop("model_type"), **facts)
     config.torch_dtype = "bfloat16"
-    vocab = len(AutoTokenizer.from_pretrained(str(tok), local_files_only=True))
+    try:
+        vocab = len(AutoTokenizer.from_pretrained(str(tok), local_files_only=True))
+    except Exception as e:  # files present that transformers cannot load: its reason, one line
+        why = " ".join(str(e).split())[:300]
+        raise SourceError(f"source.tokenizer {params['tokenizer']!r}: expected a tokenizer transformers loads, found "
+                          f"{type(e).__name__}: {why}") from None
     if vocab > config.vocab_size:
         raise SourceError(f"source.tokenizer {params['tokenizer']!r}: expected at most {config.vocab_size} tokens "
                           f"(the model's vocab_size), found {vocab}")

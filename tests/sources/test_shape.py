@@ -65,3 +65,34 @@ def test_a_shape_build_builds_offline_reproducibly_and_is_marked(tmp_path, tiny_
     assert row["shape_build"] is True and row["source"]["kind"] == "shape" and row["state"] == "shape-built"
     run = a.doit("run", "publish:shape", check=False)  # random weights are never shipped
     assert run.code != 0 and "refusing to publish shape: it is a shape build" in run.log()
+
+
+def test_a_tokenizer_folder_without_a_tokenizer_is_a_load_error(tmp_path, tiny_bert):
+    """A ``source.tokenizer`` folder with only ``tokenizer_config.json`` (issue 51 case 3; was a
+    44-line TypeError out of transformers at download) is a load error naming the key, the
+    folder and what it lacks, before any stage; tokenizer files transformers cannot load are one
+    line at download with its reason."""
+    import shutil
+
+    from console_cli import doit as console
+
+    p = _project(tmp_path / "proj", tiny_bert)
+    tok = p.root / "tok"
+    tok.mkdir()
+    shutil.copyfile(p.root / ".fixtures" / "tiny-qwen2" / "tokenizer_config.json", tok / "tokenizer_config.json")
+    recipe = p.root / "recipes" / "shape.yaml"
+    recipe.write_text(recipe.read_text().replace("tokenizer: .fixtures/tiny-qwen2", "tokenizer: tok"))
+    run = console(p, "run", "build:shape")
+    out = run.stdout + run.stderr
+    assert run.returncode != 0 and "Traceback" not in out, out
+    assert p.entries("download") == []
+    want = ("source.tokenizer: expected a folder of tokenizer files with tokenizer.json (or tokenizer.model, "
+            "vocab.txt, or vocab.json and merges.txt), found only tokenizer_config.json in tok")
+    assert any(ln.rstrip().endswith(want) for ln in out.splitlines()), out
+    (tok / "tokenizer.json").write_text("{not json")  # the files are there and transformers cannot load them
+    run = console(p, "run", "download:shape")
+    out = run.stdout + run.stderr
+    assert run.returncode != 0 and "Traceback" not in out, out
+    assert [ln for ln in out.splitlines() if ln.startswith("download:shape  SourceError")] == [
+        "download:shape  SourceError: source.tokenizer 'tok': expected a tokenizer transformers loads, found "
+        "Exception: key must be a string at line 1 column 2"], out
