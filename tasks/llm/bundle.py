@@ -94,6 +94,10 @@ class GenieConfigRefused(UserError, ValueError):
     """Genie's parser (``GenieDialogConfig_createFromJson``) refused the bundle's genie_config.json."""
 
 
+class GenieTokenizerMissing(UserError, ValueError):
+    """The model's tokenizer cannot be written as ``tokenizer.json``, the one format Genie reads."""
+
+
 def deep_merge(base: dict, over: dict) -> dict:
     """``base`` with ``over`` merged in, dicts key by key, anything else replaced."""
     out = dict(base)
@@ -107,7 +111,8 @@ def write_genie(genie_desc: dict, tokenizer_dir: Path, out: Path, params: dict, 
     with the recipe's ``bundle.genie_config`` merged over it), ``htp_backend_ext_config.json``
     (the target's SoC model and DSP arch) and ``tokenizer.json`` into ``out``, then run Genie's
     parser on the config. Returns the config. Raises :class:`GenieConfigRefused` in one line
-    naming the file, Genie's status and its reason."""
+    naming the file, Genie's status and its reason, :class:`GenieTokenizerMissing` when the
+    export has no ``tokenizer.json`` (:func:`tasks.llm.export.write_tokenizer_json` says why)."""
     from .genie_config import genie_config, htp_backend_ext_config, parse_config
 
     sharing = params.get("weight_sharing", True)
@@ -116,7 +121,16 @@ def write_genie(genie_desc: dict, tokenizer_dir: Path, out: Path, params: dict, 
     (out / "genie_config.json").write_text(text + "\n")
     (out / "htp_backend_ext_config.json").write_text(
         json.dumps(htp_backend_ext_config(params["target"], sharing), indent=1) + "\n")
-    shutil.copyfile(Path(tokenizer_dir) / "tokenizer.json", out / "tokenizer.json")
+    tok = Path(tokenizer_dir) / "tokenizer.json"
+    if not tok.is_file():  # the export writes one from any tokenizer transformers converts (export.json says why not)
+        from ..stages.common import TOKENIZER_FILES
+
+        have = [n for n in TOKENIZER_FILES if (Path(tokenizer_dir) / n).is_file() and n != "config.json"]
+        raise GenieTokenizerMissing(f"bundle.runtimes: expected a tokenizer.json for runtime genie (the one tokenizer "
+                                    f"format Genie reads), found the model's tokenizer as {', '.join(have) or 'no files'}, "
+                                    "which transformers converts to no fast tokenizer (tasks/llm/export.py "
+                                    "write_tokenizer_json); drop genie from bundle.runtimes for this model")
+    shutil.copyfile(tok, out / "tokenizer.json")
     status, why = parse_config(text)
     if status != 0:
         merged = " (bundle.genie_config merged in)" if params.get("genie_config") else ""

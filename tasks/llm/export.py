@@ -58,7 +58,32 @@ def run(inputs, files, params, out: Path) -> dict:
                       parts=params["parts"], embed={"first-part": "part0", "host": "separate"}[params["embedding"]],
                       meter=meter, only_parts={params["part"]})
     copy_tokenizer(src, out)
+    if not (out / "tokenizer.json").is_file():
+        info["tokenizer_json"] = write_tokenizer_json(src, out)
     return {"llm": info, "parts": meter}
+
+
+def write_tokenizer_json(src: Path, out: Path) -> str:
+    """Write ``out/tokenizer.json`` for a checkpoint whose tokenizer comes without one (a slow
+    tokenizer: ``vocab.json`` + ``merges.txt``, or a SentencePiece ``tokenizer.model``): the
+    fast tokenizer transformers converts from those files (``AutoTokenizer(use_fast=True)``,
+    ``convert_slow_tokenizer``), saved by the ``tokenizers`` library, the one format Genie
+    reads (``genie_config.json``'s ``tokenizer.path``) and onnxruntime-genai reads first.
+    Returns how it was made ("converted from <files>"), or why not ("no fast tokenizer: ..."),
+    kept in the manifest's info (``llm.tokenizer_json``); then the bundle refuses Genie in one
+    line (:func:`tasks.llm.bundle.write_genie`).
+    Before, such an export had no tokenizer.json and the Genie bundle failed with advice to
+    drop the upstream entry, which rebuilt the same entry (issue 51 case 6)."""
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(src), use_fast=True, local_files_only=True)
+    except Exception as e:  # no tokenizer files at all: the stages that read one say so
+        return f"no fast tokenizer: {type(e).__name__}: {' '.join(str(e).split())[:200]}"
+    if not tok.is_fast:
+        return f"no fast tokenizer: transformers has no converter for {type(tok).__name__}"
+    tok.backend_tokenizer.save(str(out / "tokenizer.json"))
+    return f"converted from {', '.join(n for n in ('vocab.json', 'merges.txt', 'tokenizer.model') if (src / n).is_file())}"
 
 
 def preflight(recipe) -> list[tuple[str, str]]:
