@@ -34,8 +34,8 @@ from .memory import plan_estimate
 def preflight(recipe) -> list[tuple[str, str]]:
     """``bundle.runtimes: [.., genie]`` needs what the Genie export writes and verify can run
     (tasks/llm/genie.py): the embedding in part 0 (Genie feeds ``input_ids``), verified on the
-    HTP simulator (verify runs Genie on the per-graph binaries); ``bundle.genie_config`` only
-    with genie."""
+    HTP simulator (verify runs Genie on the per-graph binaries), and ``libGenie.so`` installed
+    (:func:`genie_library_missing`); ``bundle.genie_config`` only with genie."""
     b = recipe.bundle
     if "genie" not in b.runtimes:
         if b.genie_config is not None:
@@ -45,6 +45,8 @@ def preflight(recipe) -> list[tuple[str, str]]:
                                             f"found {found(b.genie_config)}")]
         return []
     bad = []
+    if missing := genie_library_missing():
+        return [("bundle.runtimes", missing)]
     if recipe.export.embedding != "first-part":
         bad.append(("export.embedding: first-part", f"export.embedding: {recipe.export.embedding}"))
     if recipe.verify.backend != "htp":
@@ -53,6 +55,26 @@ def preflight(recipe) -> list[tuple[str, str]]:
         return [("bundle.runtimes", f"expected {', '.join(b[0] for b in bad)} for runtime genie, found "
                                     f"{', '.join(b[1] for b in bad)}")]
     return []
+
+
+def genie_library_missing() -> str:
+    """"" when onnxruntime-qnn's wheel holds ``libGenie.so`` (what the bundle's parser check and
+    verify load: :mod:`tasks.llm.libgenie`), else the message naming where it was looked for.
+    Found without importing the wheel (``importlib.util.find_spec``). Before, a missing library
+    was reported after five stages as a config Genie's parser refused (issue 51 case 5)."""
+    import importlib.util
+
+    from .. import plancache
+
+    plancache.note_sys_path()
+    spec = importlib.util.find_spec("onnxruntime_qnn")
+    if spec is None or not spec.submodule_search_locations:
+        return "expected onnxruntime-qnn installed for runtime genie (its wheel ships libGenie.so), found it missing"
+    lib = Path(list(spec.submodule_search_locations)[0]) / "libGenie.so"
+    plancache.note(lib)
+    if not lib.is_file():
+        return f"expected libGenie.so for runtime genie (onnxruntime-qnn's wheel ships it), found none at {lib}"
+    return ""
 
 
 def joined_description(export_dirs: list[Path]) -> dict:
