@@ -18,14 +18,15 @@ from .fileops import DiskFull, is_disk_full
 def disk_full(folder: Path, what: str, setting: str, need: int | None = None) -> DiskFull:
     """The one-line error for a full disk under ``folder`` while writing ``what`` (``need``
     bytes, when known); ``setting`` names the variable that moves the folder
-    (``NPUBUILD_BUILD``, ...)."""
+    (``NPUBUILD_BUILD``, ...), or the command-line option that names it (``--dest``)."""
     try:
         free = f"{shutil.disk_usage(folder).free / 1e6:.1f} MB free"
     except OSError:
         free = "free space unknown"
     size = f"{need / 1e6:.1f} MB, " if need is not None else ""
+    move = f"give {setting} a folder on" if setting.startswith("--") else f"set {setting} to"
     return DiskFull(f"{folder}: no space left on its device while writing {what} ({size}{free}); its previous "
-                    f"contents are whole; free space or set {setting} to a larger disk")
+                    f"contents are whole; free space or {move} a larger disk")
 
 
 @contextmanager

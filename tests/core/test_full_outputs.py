@@ -187,3 +187,35 @@ def test_a_home_that_fills_during_a_run_is_one_line_and_keeps_doits_database(pro
         f"npubuild: DiskFull: {home}: no space left on its device while writing doit's database doit.sqlite3 "
         f"(0.0 MB free); its previous contents are whole; free space or set NPUBUILD_HOME to a larger disk"], out
     assert (home / "doit.sqlite3").read_bytes() == db
+
+
+def test_a_full_dest_is_one_line_and_leaves_the_previous_copy_whole(project, small_fs, tmp_path):
+    """``publish --dest`` on a disk that fills: one DiskFull line naming the folder and the
+    option, the previous copy whole and nothing under the bundle's final name (before: a
+    19-line traceback and a partial bundle of empty files under ``<dest>/<recipe>/``)."""
+    shelf = tmp_path / "shelf"
+    small_fs(shelf, "6m")
+    project.recipe("r")
+    project.doit("run", "build:r", "publish:r", "--dest", str(shelf))
+    before = _contents(shelf)
+    assert "r/manifest.json" in before and [k for k in before if k.endswith(".tar.gz")]
+    project.recipe("r", TINY_RECIPE.format(precision="w8a16", targets="[x-elite]", backend="cpu-qdq")
+                   .replace("samples: 3", "samples: 2"))
+    project.doit("run", "build:r")
+    _fill(shelf, leave=64 << 10)
+    line = _one_line(console(project, "run", "publish:r", "--dest", str(shelf)), "publish:r  DiskFull: ")
+    assert line.startswith(f"publish:r  DiskFull: {shelf}: no space left on its device while writing the bundle "
+                           f"of r ("), line
+    assert line.endswith(" MB free); its previous contents are whole; free space or give --dest a folder on a "
+                         "larger disk"), line
+    assert {k: v for k, v in _contents(shelf).items() if k != "filler"} == before
+    assert sorted(p.name for p in shelf.iterdir()) == sorted({k.split("/")[0] for k in before} | {"filler"})
+
+    # a first copy that does not fit leaves no folder under the bundle's name
+    (shelf / "filler").unlink()
+    shutil.rmtree(shelf / "r")
+    for p in shelf.glob("r-*"):
+        p.unlink()
+    _fill(shelf, leave=64 << 10)
+    _one_line(console(project, "run", "publish:r", "--dest", str(shelf)), "publish:r  DiskFull: ")
+    assert sorted(p.name for p in shelf.iterdir()) == ["filler"]

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -87,6 +88,32 @@ def _print_ops(plan: dict, dest, hub_repo) -> None:
             print(f"[dry-run] would call HfApi.{op[0]}({', '.join(f'{k}={v!r}' for k, v in op[1].items())})")
 
 
+def _copy_to_dest(plan: dict, recipe: str, d: Path, sig: Path | None) -> None:
+    """Copy the written bundle folder, archive and (``sig``) signature into ``d`` (made):
+    under temp names first, renamed into place once all are copied, as ``dist/`` is written,
+    so a full disk is one DiskFull line (naming ``--dest``) and leaves ``d``'s previous copy
+    whole and nothing under the bundle's final name."""
+    from ... import outputs
+    from ...fileops import folder_bytes
+
+    names = [(plan["folder"], d / recipe), (plan["archive"], d / plan["archive"].name)]
+    if sig is not None:
+        names.append((sig, d / sig.name))
+    temps = [(src, final.with_name(f".{final.name}.{os.getpid()}.new"), final) for src, final in names]
+    need = sum(folder_bytes(src) if src.is_dir() else src.stat().st_size for src, _ in names)
+    with outputs.full_disk_is(d, f"the bundle of {recipe}", "--dest", [t for _, t, _ in temps], need=need):
+        d.mkdir(parents=True, exist_ok=True)
+        for src, tmp, _ in temps:
+            if src.is_dir():
+                shutil.copytree(src, tmp)
+            else:
+                shutil.copyfile(src, tmp)
+    for _, tmp, final in temps:
+        if final.is_dir() and not final.is_symlink():
+            shutil.rmtree(final)
+        tmp.replace(final)
+
+
 def publish(recipe: str, dest: str | Path | None = None, hub_repo: str | None = None, dry_run: bool = False,
             endpoint: str | None = None, token: str | None = None, sign: str | Path | None = None,
             signing_cert: str | Path | None = None, cert_chain: list | None = None,
@@ -132,13 +159,7 @@ def publish(recipe: str, dest: str | Path | None = None, hub_repo: str | None = 
         print(f"[publish:{recipe}] signed with {sign}: {out['signature']} and {sig_copy}")
     if dest:
         d = Path(dest).absolute()
-        d.mkdir(parents=True, exist_ok=True)
-        if (d / recipe).exists():
-            shutil.rmtree(d / recipe)
-        shutil.copytree(plan["folder"], d / recipe)
-        shutil.copyfile(plan["archive"], d / plan["archive"].name)
-        if sign:
-            shutil.copyfile(sig_copy, d / sig_copy.name)
+        _copy_to_dest(plan, recipe, d, sig_copy if sign else None)
         print(f"[publish:{recipe}] copied to {d}/")
         out["dest"] = d
     if hub_repo:
