@@ -104,13 +104,25 @@ def _field(p: Param):
     return (p.annotation, Field(p.default, description=p.description, **p.limits))
 
 
-def _validators(params: list[Param], leaf) -> dict:
+def _validators(params: list[Param], leaf, names) -> dict:
+    """The ``check`` and ``before`` validators of ``params`` (fields ``leaf(p)`` of a model
+    whose fields are ``names``). A check whose ``after`` key is a field of the model and
+    failed its own validation is not run: pydantic leaves a failed field out of the earlier
+    values, so the check would judge the key's default instead of what the recipe says (a
+    ``per_channel: false`` under ``rounding: gptq`` reported ``gptq_span`` as set "with
+    rounding nearest"); the failed key's own problem is reported."""
     out = {}
+
+    def checked(v, info, p):
+        if any(d in names and d not in info.data for d in p.after):
+            return v
+        return p.check(v, dict(info.data))
+
     for p in params:
         name = leaf(p)
         if p.check is not None:
             out[f"_check_{name}"] = field_validator(name, mode="after")(
-                lambda cls, v, info, p=p: p.check(v, dict(info.data)))
+                lambda cls, v, info, p=p: checked(v, info, p))
         if p.before is not None:
             out[f"_before_{name}"] = field_validator(name, mode="before")(lambda cls, v, p=p: p.before(v))
     return out
@@ -136,7 +148,7 @@ def _model(name: str, params: list[Param], depth: int) -> type[BaseModel]:
         else:
             fields[g] = (sub, Field(default_factory=sub, description=f"{name}.{g}"))
     leaf = lambda p: p.path.split(".")[depth]  # noqa: E731
-    return create_model(name, __base__=Strict, __validators__=_validators(flat, leaf), **fields)
+    return create_model(name, __base__=Strict, __validators__=_validators(flat, leaf, set(fields)), **fields)
 
 
 def section_models() -> dict[str, type[BaseModel]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import textwrap
 
 import pytest
+from conftest import TINY_RECIPE
 
 from tasks.plan import expand
 from tasks.recipe import RecipeError, load_recipe
@@ -309,3 +310,25 @@ def test_other_familys_threshold_is_a_load_error(tmp_path):
                                          "  data: {file: data/v.txt, samples: 2}\n  thresholds: {pooled_cosine_mean: 0.9}"))
     with pytest.raises(RecipeError, match=r"verify.thresholds.pooled_cosine_mean: expected a threshold an LLM verify"):
         load_recipe(p)
+
+
+def test_a_key_that_failed_is_not_judged_by_its_default_and_explain_says_why(project):
+    """``per_channel: false`` in a child of a GPTQ recipe: the problems are the keys it
+    conflicts with (block_size, rounding), not a ``gptq_span`` "with rounding nearest" that
+    the recipe never says (rounding failed, and its check saw the default); and
+    ``explain:<child>`` fails with the same reason as ``build:<child>`` (before: doit's
+    'Invalid parameter' and no reason). Through the real doit CLI."""
+    project.recipe("t4", TINY_RECIPE.format(precision="w4a16", targets="[x-elite]", backend="cpu-qdq")
+                   .replace("  calibration:", "  block_size: 32\n  rounding: gptq\n  gptq_span: 64\n  calibration:"))
+    project.recipe("child", "extends: t4\nquantize: {per_channel: false}\n")
+    errors = {}
+    for task in ("build:child", "explain:child"):
+        run = project.doit("run", task, check=False)
+        assert run.code != 0 and task in run.tasks, run.log()
+        errors[task] = run.tasks[task]["error"]
+    err = errors["build:child"]
+    assert "child.yaml: 2 problem(s)" in err, err
+    assert "quantize.block_size: expected per_channel: true with block_size 32" in err, err
+    assert 'quantize.rounding: expected per_channel: true with rounding "gptq"' in err, err
+    assert "gptq_span" not in err, err
+    assert errors["explain:child"] == err

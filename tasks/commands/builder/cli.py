@@ -119,7 +119,11 @@ def creators(session: Session) -> dict:
             }
 
     def task_explain():
-        """explain:<recipe> prints each stage's key, params, status and what changed."""
+        """explain:<recipe> prints each stage's key, params, status and what changed; of an
+        invalid or unsupported recipe it fails with the reason, as build:<recipe> does."""
+        for stem, err in sorted(_invalid(session).items()):
+            yield {"name": stem, "doc": f"INVALID recipe {stem}.yaml (run it to see why)",
+                   "actions": [(_fail, [str(err)])], "uptodate": [False], "verbosity": 2}
         for name in recipeset.buildable(session):
             yield {"name": name, "actions": [(_print_explain, [session, name])], "uptodate": [False],
                    "verbosity": 2, "doc": f"show {name}'s plan, stage keys and why a stage is stale"}
