@@ -35,8 +35,13 @@ def preflight(recipe) -> list[tuple[str, str]]:
     """``bundle.runtimes: [.., genie]`` needs what the Genie export writes and verify can run
     (tasks/llm/genie.py): the embedding in part 0 (Genie feeds ``input_ids``), verified on the
     HTP simulator (verify runs Genie on the per-graph binaries), and ``libGenie.so`` installed
-    (:func:`genie_library_missing`); ``bundle.genie_config`` only with genie."""
+    (:func:`genie_library_missing`); ``bundle.genie_config`` only with genie, and none that the
+    binaries cannot serve or that names a file the bundle does not ship
+    (:func:`genie_override_problems`)."""
     b = recipe.bundle
+    if "genie" in b.runtimes and b.genie_config:
+        if unservable := genie_override_problems(b.genie_config, recipe.export.context_length):
+            return unservable
     if "genie" not in b.runtimes:
         if b.genie_config is not None:
             from ..stages.schema import found
@@ -55,6 +60,44 @@ def preflight(recipe) -> list[tuple[str, str]]:
         return [("bundle.runtimes", f"expected {', '.join(b[0] for b in bad)} for runtime genie, found "
                                     f"{', '.join(b[1] for b in bad)}")]
     return []
+
+
+#: genie_config.json keys (path under ``dialog``) that name a file the bundle writes itself:
+#: the one tokenizer file Genie reads and the bundle ships, the HTP extensions config; and the
+#: context binaries, named from the Genie export (:func:`tasks.llm.genie_names.genie_files`).
+SHIPPED_FILES = {("tokenizer", "path"): "tokenizer.json",
+                 ("engine", "backend", "extensions"): "htp_backend_ext_config.json",
+                 ("engine", "model", "binary", "ctx-bins"): None}
+
+
+def genie_override_problems(over: dict, context_length: int) -> list[tuple[str, str]]:
+    """``(key path, message)`` for each key of ``bundle.genie_config`` (``over``, merged over
+    the generated config at bundle time) that Genie's parser accepts but the bundle cannot
+    serve, known from the recipe alone: ``dialog.context.size`` beyond ``context_length``
+    (tokens; the binaries' KV cache and attention mask are compiled for it: Genie fails
+    creating the dialog only in verify, ~80 s in, issue 51 case 4), and a file the bundle
+    does not ship (:data:`SHIPPED_FILES`: another tokenizer path, extensions file or
+    ``ctx-bins``, which Genie opens relative to the bundle)."""
+    from ..stages.schema import found
+
+    d = over.get("dialog") if isinstance(over, dict) else None
+    if not isinstance(d, dict):
+        return []
+    bad = []
+    size = (d.get("context") or {}).get("size") if isinstance(d.get("context"), dict) else None
+    if isinstance(size, int) and not isinstance(size, bool) and size > context_length:
+        bad.append(("bundle.genie_config.dialog.context.size",
+                    f"expected at most export.context_length {context_length} (the context the binaries are "
+                    f"compiled for), found {size}"))
+    for path, shipped in SHIPPED_FILES.items():
+        v = d
+        for k in path:
+            v = v.get(k, KeyError) if isinstance(v, dict) else KeyError
+        if v is KeyError or v == shipped:
+            continue
+        what = f"{shipped!r} (the file the bundle ships)" if shipped else "no ctx-bins (the bundle names its binaries)"
+        bad.append((f"bundle.genie_config.dialog.{'.'.join(path)}", f"expected {what}, found {found(v)}"))
+    return bad
 
 
 def genie_library_missing() -> str:

@@ -234,3 +234,25 @@ def test_published_genie_config_carries_the_device_settings(genie_project, publi
     assert (build / "genie_config.json").read_bytes() == (published / "genie_config.json").read_bytes()
     r = json.loads((build / "verify.json").read_text())
     assert r["metrics"]["genie_runner_agreement"] == 1.0 and "poll false" in r["ran"], r["ran"]
+
+
+def test_genie_config_the_binaries_cannot_serve_is_refused_at_load(genie_project):
+    """``bundle.genie_config`` overrides Genie's parser accepts but the bundle cannot serve: a
+    context beyond the binaries' 64 tokens and a tokenizer path it does not ship. Refused when
+    the recipe loads, one line per key naming expected and found, no stage run (before: every
+    stage built, then verify failed after ~80 s with Genie's reason at line 42 of 59)."""
+    genie_project.recipe("tiny-qwen2-genie-unservable", GENIE.replace(
+        "bundle: {runtimes: [genai, genie]}",
+        "bundle: {runtimes: [genai, genie], genie_config: {dialog: {context: {size: 4096}, "
+        "tokenizer: {path: tok/tokenizer.json}}}}"))
+    run = genie_project.doit("run", "build:tiny-qwen2-genie-unservable", check=False)
+    assert run.code != 0 and run.ran() == [], run.log()
+    err = run.tasks["build:tiny-qwen2-genie-unservable"]["error"]
+    assert "Traceback" not in err, err
+    lines = err.splitlines()
+    assert lines[0].endswith("tiny-qwen2-genie-unservable.yaml: 2 problem(s)"), lines
+    assert sorted(ln.strip() for ln in lines[1:]) == [
+        "bundle.genie_config.dialog.context.size: expected at most export.context_length 64 (the context the "
+        "binaries are compiled for), found 4096",
+        "bundle.genie_config.dialog.tokenizer.path: expected 'tokenizer.json' (the file the bundle ships), "
+        "found 'tok/tokenizer.json'"], lines
