@@ -75,17 +75,23 @@ def test_stat_cache_keeps_no_digest_of_a_racily_clean_file(tmp_path):
     try:
         f = mnt / "calib.txt"
         sc = StatCache(tmp_path / "sc.sqlite")
-        for _ in range(20):  # both writes inside one second of the clock
-            t0 = time.time()
-            if t0 % 1 < 0.7:
+
+        def fields(st):
+            return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+        # the condition itself, measured rather than timed: the second write kept every stat
+        # field of the first (both within one timestamp tick); a loaded machine that let a
+        # tick pass between them tries again
+        for _ in range(20):
+            f.write_bytes(b"A" * 100)
+            first = fields(f.stat())
+            a = sc.file_digest(f)
+            with open(f, "r+b") as h:
+                h.write(b"B" * 100)
+            if fields(f.stat()) == first:
                 break
-            time.sleep(0.05)
-        f.write_bytes(b"A" * 100)
-        a = sc.file_digest(f)
-        with open(f, "r+b") as h:
-            h.write(b"B" * 100)
-        assert int(t0) == int(time.time()), "the two writes fell in two seconds of the clock"
-        assert a == xxhash.xxh3_128_hexdigest(b"A" * 100) and f.stat().st_mtime_ns % 1_000_000_000 == 0  # 1 s stamps
+        assert fields(f.stat()) == first, "no two writes kept every stat field in 20 tries"
+        assert a == xxhash.xxh3_128_hexdigest(b"A" * 100) and first[2] % 1_000_000_000 == 0  # 1 s stamps
         assert sc.file_digest(f) == xxhash.xxh3_128_hexdigest(b"B" * 100)
     finally:
         subprocess.run(["umount", str(mnt)], check=True)

@@ -49,8 +49,15 @@ def test_parts_are_stages_resume_by_part_and_are_shared(parts_project):
         if line.startswith("quantize.part2:tiny3") or time.time() - t0 > 600:
             break
         if line.startswith("compile.part1:tiny3"):
-            time.sleep(2)  # quantize.part2 (about 7 s here) is running
+            # killed once quantize.part2 runs: its temp folder exists (parts 0 and 1 are committed
+            # by now, so a quantize temp folder is part 2's), measured rather than timed, as a
+            # loaded machine may take any time to start it
+            tmp = proj.cache / ".tmp"
+            while not any(tmp.glob("quantize-*")) and p.poll() is None and time.time() - t0 < 600:
+                time.sleep(0.05)
+            running = any(tmp.glob("quantize-*"))
             os.killpg(p.pid, signal.SIGKILL)
+            assert running, "quantize.part2 never started"
             break
     p.wait()
     assert p.returncode == -signal.SIGKILL, "".join(seen)
@@ -221,16 +228,16 @@ def test_calibration_disk_estimate_and_a_calibration_that_cannot_fit(parts_proje
     try:
         proj.recipe("many", "extends: tiny3\nquantize: {calibration: {samples: 100000}}\n")
         env = dict(proj.env, NPUBUILD_CACHE=str(huge))
-        t0 = time.time()
         p = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(proj.root), "run",
                             "calibrate.part0:many"], env=env, capture_output=True, text=True, timeout=600)
-        took = time.time() - t0
         assert p.returncode != 0, p.stdout + p.stderr
         line = [ln for ln in (p.stdout + p.stderr).splitlines() if "DiskFull" in ln]
         assert len(line) == 1 and "quantize.calibration.samples" in line[0] and "of part 0 writes about" in line[0] and f"({huge})" in line[0], p.stdout + p.stderr
         assert "Traceback" not in p.stdout + p.stderr
         assert not (huge / "calibrate").is_dir() or not any((huge / "calibrate").iterdir())
-        assert took < 120, took  # the download and export of the tiny model, then the check
+        # before work, not a failed write minutes in: the estimate's line (check_disk), not the
+        # "no space left on its device" of an ENOSPC while writing feeds
+        assert "no space left" not in line[0], line[0]
     finally:
         subprocess.run(["umount", str(huge)], check=False)
 
