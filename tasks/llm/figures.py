@@ -23,8 +23,9 @@ here runs on a Snapdragon). Units: bytes, GB/s = 10^9 bytes/s, TOPS = 10^12 ops/
   I/O buffers other than the cache (the largest graph of each binary; unknown before a build)
   + the runtime's own, which is *not included*: not measured here and no public figure was found.
 - **decode ceiling** (tokens/s) = DRAM bandwidth / bytes moved per decoded token, where bytes
-  moved = the weights every token streams (bundle bytes less the token table, of which one row
-  is read) + what the decode graphs read and write at their boundary (the KV cache above; once
+  moved = the weights every token streams (the binaries holding a decode graph, less the token
+  table, of which one row is read; without weight sharing the prefill graphs' own binaries are
+  not read per token) + what the decode graphs read and write at their boundary (the KV cache above; once
   built, every I/O tensor). Compute, caches and the runtime can only make it slower. The
   top-level figures are those of the recipe's runtime that moves the fewest bytes per token
   (``"runtime"``).
@@ -143,7 +144,9 @@ def layout_traffic(binaries: dict, runtime: str) -> dict | None:
     """What ``runtime``'s shipped binaries (:func:`shipped_binaries`) move and hold, from their
     read-back I/O tensors ([name, dtype, shape, bytes] per tensor, :meth:`tasks.context_binary.ContextBinary.figures`):
     {"kv_dtype", "kv_cache_bytes", "decode" / "prefill": {"read", "written", "kv_read",
-    "kv_written", "tokens"}, "io_buffer_bytes", "spill_fill_bytes", "bundle_bytes", "from"};
+    "kv_written", "tokens"}, "io_buffer_bytes", "spill_fill_bytes", "bundle_bytes",
+    "decode_binary_bytes" (the binaries holding a decode graph: what a decoded token streams),
+    "from"};
     bytes, summed over the parts' graphs of that AR. The KV cache held = the decode graphs' KV
     inputs, plus their KV outputs for Genie (one buffer per layer holds both: Genie's
     ``KVCache``; genai shares the past and present buffer, which the graph rewrites whole); I/O
@@ -170,6 +173,10 @@ def layout_traffic(binaries: dict, runtime: str) -> dict | None:
     out["spill_fill_bytes"] = sum(max((g.get("spill_fill_bytes") or 0 for g in b["graphs"].values()), default=0)
                                   for b in shipped.values())
     out["bundle_bytes"] = sum(b.get("bytes") or 0 for b in shipped.values())
+    # what a decoded token streams: the binaries that hold a decode graph (a weight-shared
+    # binary whole; without weight sharing the decode graph's own binary, not the prefill's)
+    out["decode_binary_bytes"] = sum(b.get("bytes") or 0 for b in shipped.values()
+                                     if any(_ar(g) == 1 for g in b.get("graphs", {}).values()))
     return out
 
 
@@ -195,11 +202,13 @@ def device_figures(config: dict, recipe, target: str, binaries: dict | None = No
             bundle_from = "estimated from the model's config and the recipe's precision (not built)"
             spill = io = None
             dec = {"read": traffic["decode"]["kv_read"], "written": traffic["decode"]["kv_written"]}
+            streamed = bundle
         else:
             bundle, spill, io = traffic["bundle_bytes"], traffic["spill_fill_bytes"], traffic["io_buffer_bytes"]
             bundle_from = traffic["from"]
             dec = traffic["decode"]
-        weights_read = bundle - table_bytes + (D * _table_bits(recipe) // 8 if table_bytes else 0)
+            streamed = traffic["decode_binary_bytes"]
+        weights_read = streamed - table_bytes + (D * _table_bits(recipe) // 8 if table_bytes else 0)
         per_token = weights_read + dec["read"] + dec["written"]
         kv = traffic["kv_cache_bytes"]
         per[rt] = {

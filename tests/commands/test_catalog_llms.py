@@ -164,3 +164,37 @@ def test_download_checks_kept_facts(facts_project, tmp_path):
     assert "\n" not in msg
     assert (f"config.json key 'num_hidden_layers': expected {kept['num_hidden_layers'] + 1} (kept in "
             f"recipes/models/tiny.json), found {kept['num_hidden_layers']}") in msg
+
+
+def _binary(ar: int, nbytes: int, kv_dtype: str = "UINT8") -> dict:
+    """A read-back binary's figures (tasks.context_binary.ContextBinary.figures) holding one
+    genai graph of ``ar`` tokens per call: ids in, logits and 2 layers' KV buffers in and out."""
+    kv = [[f"{d}_{kind}_{l}", kv_dtype, [1, 2, 64, 32], 4096] for d in ("past",) for kind in ("key", "value")
+          for l in range(2)]
+    out = [[n.replace("past", "present"), t, s, b] for n, t, s, b in kv]
+    return {"bytes": nbytes, "sdk_build_id": "v2.51", "soc_model": 60,
+            "graphs": {f"g{ar}": {"weight_bytes": nbytes - 4096, "shared_weight_bytes": 0, "spill_fill_bytes": 0,
+                                  "io_bytes": 0, "inputs": [["input_ids", "INT32", [1, ar], 4 * ar], *kv],
+                                  "outputs": [["logits", "FLOAT", [1, ar, 1024], 4096 * ar], *out]}}}
+
+
+def test_without_weight_sharing_a_token_streams_the_decode_binary_only(tmp_path):
+    """Per-graph binaries (``compile.weight_sharing: false``) each hold every weight; a decoded
+    token runs the decode graph's binary alone, so the weights read per token are that binary's
+    (a breaker found both binaries counted: bytes per token 2 x, the ceiling half)."""
+    from tasks.llm.figures import device_figures
+    from tasks.recipe import load_recipe
+
+    (tmp_path / "r.yaml").write_text((REPO / "recipes" / "tiny-qwen2-w8a16.yaml").read_text()
+                                     .replace("source: {path: .fixtures/tiny-qwen2}", "source: {path: m}")
+                                     .replace("weight_sharing: true", "weight_sharing: false"))
+    (tmp_path / "m").mkdir()
+    r = load_recipe(tmp_path / "r.yaml")
+    cfg = {"num_hidden_layers": 2, "hidden_size": 192, "num_attention_heads": 6, "num_key_value_heads": 2,
+           "vocab_size": 1024, "intermediate_size": 512, "tie_word_embeddings": False}
+    f = device_figures(cfg, r, "x-elite", {"part0/prefill_ctx_qnn.bin": _binary(16, 3_000_000),
+                                           "part0/decode_ctx_qnn.bin": _binary(1, 2_900_000)})
+    table = 1024 * 192 * 2  # the 16-bit token table, one row of which a token reads
+    assert f["bundle_bytes"] == 5_900_000 and f["weight_bytes_read_per_token"] == 2_900_000 - table + 192 * 2
+    assert f["kv_bytes_read_per_token"] == 4 * 4096 and f["io_bytes_written_per_token"] == 4 * 4096 + 4096
+    assert f["memory_bytes"] == 5_900_000 + 4 * 4096 + f["io_bytes"]

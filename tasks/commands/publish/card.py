@@ -39,8 +39,9 @@ def _device_lines(row: dict) -> list[str]:
         t, r = genai[0]
         out += ["", f"genai rewrites the whole KV cache every call: onnxruntime-genai 0.18.0 gives a pipeline model no "
                     f"new-slots-only cache (its windowed cache is for single models), so each decoded token writes "
-                    f"{gb(r['kv_bytes_written_per_token'])} of KV ({t}) where Genie, which keeps the cache, writes one "
-                    f"slot per layer."]
+                    f"{gb(r['kv_bytes_written_per_token'])} of KV ({t})"
+                    + (", where Genie, which keeps the cache, writes one slot per layer." if "genie" in
+                       (dev[t].get("runtimes") or {}) else ".")]
     return out
 
 
