@@ -277,3 +277,25 @@ def test_damaged_cache_file_is_never_shipped_and_build_links_are_cleared(proj):
     proj.doit("run", "build:a", "build:b")
     proj.doit("run", "publish:a")
     assert check_bundle(_bundle(proj)) == {"mismatch": [], "missing": [], "extra": []}
+
+
+def test_an_entry_edited_in_place_is_called_damaged_not_stale(proj):
+    """A cache entry's file edited in place (its mtime moves: the entry no longer matches its
+    manifest): publish refused it as "stale ... the recipe or a tool changed" (a breaker's case:
+    nothing of the recipe or the tools had changed). It now says the entry is damaged and names
+    the commands that recover; after them, publish ships the original bytes again."""
+    entry = _entry_of(proj, "export")
+    f = entry / "out" / "tokenizer_config.json"
+    original = f.read_bytes()
+    os.chmod(f, 0o644)
+    f.write_bytes(original.replace(b"}", b', "edited": 1}', 1))
+    run = proj.doit("run", "publish:a", check=False)
+    assert run.code != 0 and "Traceback" not in run.log()
+    line = next(ln for ln in run.log().splitlines() if "refusing to publish a" in ln)
+    assert f"a cache entry it ships is damaged" in line and "export/" in line and "doit cache_verify" in line, line
+    assert "the recipe or a tool changed" not in line
+    moved = proj.doit("run", "cache_verify", check=False)  # moves it aside (and exits 1: it found one)
+    assert f"DAMAGED export/{entry.name}: tokenizer_config.json" in moved.log() and not entry.exists()
+    proj.doit("run", "build:a", "build:b")
+    proj.doit("run", "publish:a")
+    assert (_bundle(proj) / "tokenizer_config.json").read_bytes() == original

@@ -37,6 +37,9 @@ def _verified_status(session: Session, recipe: str) -> RecipeStatus:
     st = recipe_status(recipe, session)
     if st.state == "verify-failed":
         raise PublishError(f"refusing to publish {recipe}: its verify failed:\n  " + "\n  ".join(st.failures))
+    if st.state == "stale" and "is damaged" in (st.reason or ""):  # an entry changed after it was built
+        raise PublishError(f"refusing to publish {recipe}: a cache entry it ships is damaged ({st.reason}). "
+                           f"Run `doit cache_verify` (it moves damaged entries aside) and `doit build:{recipe}`.")
     if st.state == "stale":
         raise PublishError(f"refusing to publish {recipe}: its build is stale ({st.reason}); the recipe or a "
                            f"tool changed since it was built. Run `doit build:{recipe}` first "
