@@ -37,6 +37,7 @@ from .. import digest, progress
 from ..proc.scrubbing import scrub
 from ..stages.contract import Stage
 from . import SourceError, local_folder, source_files
+from .folder_files import TOKENIZER_WANTED, TOKENIZERS, WEIGHTS
 
 def _offline() -> bool:
     from huggingface_hub import constants
@@ -289,15 +290,6 @@ def run(inputs, files, params, out: Path) -> dict:
 
         info["package_version"] = tools.version(params["package"].replace("_", "-"))
     return info
-
-
-#: weights a model folder may hold in one file, each with the index file that names its shards
-WEIGHTS = (("model.safetensors", "model.safetensors.index.json"), ("pytorch_model.bin", "pytorch_model.bin.index.json"))
-#: the file sets a tokenizer may be saved as (fast tokenizer, SentencePiece, WordPiece, BPE)
-TOKENIZERS = (("tokenizer.json",), ("tokenizer.model",), ("spiece.model",), ("sentencepiece.bpe.model",),
-              ("vocab.txt",), ("vocab.json", "merges.txt"))
-#: what :data:`TOKENIZERS` asks of a folder, as messages say it
-TOKENIZER_WANTED = "tokenizer.json (or tokenizer.model, vocab.txt, or vocab.json and merges.txt)"
 
 
 def format_missing(folder: Path, names: set[str], patterns: list[str] | None = None) -> list[str]:

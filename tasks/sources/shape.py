@@ -26,7 +26,7 @@ from .errors import SourceError
 #: bytes per shard file (the Hub's checkpoints shard at 2-5 GB)
 SHARD_BYTES = 2 * 10**9
 #: tokenizer files taken from the ``tokenizer`` folder (the model's own config.json is written)
-#: (every file set :data:`tasks.sources.download.TOKENIZERS` accepts is among them)
+#: (every file set :data:`tasks.sources.folder_files.TOKENIZERS` accepts is among them)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "vocab.txt",
                    "added_tokens.json", "generation_config.json")
@@ -45,11 +45,11 @@ def facts_of(params: dict) -> tuple[Path, dict]:
 
 def tokenizer_problem(folder: Path, rel: str) -> str:
     """"" when ``folder`` (``source.tokenizer`` ``rel``, as the recipe writes it) holds one of
-    the file sets a tokenizer is saved as (:data:`tasks.sources.download.TOKENIZERS`, the
+    the file sets a tokenizer is saved as (:data:`tasks.sources.folder_files.TOKENIZERS`, the
     download's own completeness rule), else the message saying what it holds. A folder with
     only ``tokenizer_config.json`` was taken, and transformers failed at download in a 44-line
     TypeError / AttributeError (issue 51 case 3)."""
-    from .download import TOKENIZER_WANTED, TOKENIZERS
+    from .folder_files import TOKENIZER_WANTED, TOKENIZERS
 
     if not folder.is_dir():
         return f"expected a folder of tokenizer files with {TOKENIZER_WANTED}, found no folder at {rel}"

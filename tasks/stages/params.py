@@ -95,7 +95,7 @@ ROUNDING = Param("quantize", "rounding", Literal["nearest", "gptq"], "nearest",
 def _gptq_only(v, earlier):
     if v is not None and v % 32:  # tasks.gptq.SPAN_ALIGN (not imported: it would lengthen the import chain)
         raise ValueError(f"expected a multiple of 32, found {v}")
-    if v is not None and earlier.get("rounding") != "gptq":
+    if v is not None and earlier.get("rounding") not in (None, "gptq"):  # None: rounding failed, unknown
         raise ValueError(f"expected null with rounding {json.dumps(earlier.get('rounding', 'nearest'))} (it applies "
                          f"to rounding: gptq; set it to null where it comes through extends), found {json.dumps(v)}")
     return v
@@ -174,7 +174,7 @@ def _thresholds(v, earlier):
     out = []
     for k, x in v.items():
         t = known[k]
-        high = earlier.get("max_new_tokens", math.inf) if t.high is None else t.high
+        high = (earlier.get("max_new_tokens") or math.inf) if t.high is None else t.high  # None: unknown (failed)
         if not (t.low <= x <= high) or (x == t.low and not t.low_in):
             out.append(((k,), f"expected {t.what} {range_text(t.low, t.low_in, high)}, found {x!r}", x))
     if out:

@@ -106,17 +106,19 @@ def _field(p: Param):
 
 def _validators(params: list[Param], leaf, names) -> dict:
     """The ``check`` and ``before`` validators of ``params`` (fields ``leaf(p)`` of a model
-    whose fields are ``names``). A check whose ``after`` key is a field of the model and
-    failed its own validation is not run: pydantic leaves a failed field out of the earlier
-    values, so the check would judge the key's default instead of what the recipe says (a
-    ``per_channel: false`` under ``rounding: gptq`` reported ``gptq_span`` as set "with
-    rounding nearest"); the failed key's own problem is reported."""
+    whose fields are ``names``). An ``after`` key of the model that failed its own validation
+    reaches the check as None ("unknown"; checks judge nothing by it): pydantic leaves a failed
+    field out of the earlier values, and a check reading it with ``.get(key, default)`` judged
+    the default instead of what the recipe says (a ``per_channel: false`` under ``rounding:
+    gptq`` reported ``gptq_span`` as set "with rounding nearest"). The check's other problems
+    are still reported, beside the failed key's own (``verify.thresholds`` out of range with a
+    bad ``verify.max_new_tokens``)."""
     out = {}
 
     def checked(v, info, p):
-        if any(d in names and d not in info.data for d in p.after):
-            return v
-        return p.check(v, dict(info.data))
+        earlier = dict(info.data)
+        earlier.update({d: None for d in p.after if d in names and d not in earlier})
+        return p.check(v, earlier)
 
     for p in params:
         name = leaf(p)
