@@ -99,6 +99,20 @@ def encodings(ranges: list[dict[str, list[float]]], names, kv_bits: int = 8) -> 
     return out
 
 
+def declare(desc: dict, k: int, encoded: dict[str, dict[str, dict]]) -> dict:
+    """``desc`` (an export description: genai's ``export.json`` or Genie's ``genie_export.json``;
+    changed in place) with part ``k``'s quantized boundary tensors declared: ``encoded`` is
+    {graph kind of the part row ("prefill" / "decode", "prompt" / "token"): {tensor: encoding}}
+    (:func:`encodings`), each tensor of that graph's inputs and outputs in it gains ``dtype``,
+    ``scale`` and ``zero_point`` (dequantized value = (integer - zero_point) x scale). What the
+    compile stage's read-back expects of the binaries and what the bundle ships. Returns ``desc``."""
+    for kind, tensors in encoded.items():
+        for t in desc["parts"][k][kind]["inputs"] + desc["parts"][k][kind]["outputs"]:
+            if t["name"] in tensors:
+                t.update(tensors[t["name"]])
+    return desc
+
+
 def narrow_io(path, narrow: dict[str, dict]) -> None:
     """Rewrite the QDQ graph at ``path`` (in place; external weight data untouched) so each
     input or output named in ``narrow`` crosses the boundary quantized (module docstring), with

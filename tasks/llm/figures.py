@@ -39,17 +39,15 @@ here runs on a Snapdragon). Units: bytes, GB/s = 10^9 bytes/s, TOPS = 10^12 ops/
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
+from .boundary import kv_cache
 from .memory import part_params
 
 CEILING_NOTE = ("ceilings, not measurements: decode tokens/s = DRAM bandwidth / bytes read and written per token; first-token "
                 "time >= prefill ops / NPU peak ops; the runtime's own memory is not included (not measured, no public "
                 "figure found)")
 RUNTIME_NOTE = "not included: the runtime's own memory (QNN libraries, HTP sessions, onnxruntime-genai) is not measured here and no public figure was found"
-#: a KV cache tensor at a graph's boundary: genai's past_/present_{key,value}_{l}, Genie's past_*_{l}_{in,out}
-KV_NAME = re.compile(r"(past|present)_(key|value)_\d+(_in|_out)?")
 
 
 def _dims(c: dict) -> tuple[int, int, int, int, int, int]:
@@ -156,10 +154,10 @@ def layout_traffic(binaries: dict, runtime: str) -> dict | None:
     graphs = [(b, g) for b in shipped.values() for g in b.get("graphs", {}).values()]
     if not graphs or not all("inputs" in g for _, g in graphs):
         return None
-    kv = lambda ts: sum(t[3] for t in ts if KV_NAME.fullmatch(t[0]))  # noqa: E731
+    kv = lambda ts: sum(t[3] for t in ts if kv_cache(t[0]))  # noqa: E731
     names = {"FLOAT": "float32", "FLOAT16": "float16"}
     out = {"kv_dtype": ", ".join(sorted({names.get(t[1], t[1].lower()) for _, g in graphs
-                                         for t in g["inputs"] if KV_NAME.fullmatch(t[0])})),
+                                         for t in g["inputs"] if kv_cache(t[0])})),
            "from": f"read back: {len(shipped)} shipped context binaries"}
     for kind, test in (("decode", lambda n: n == 1), ("prefill", lambda n: n is not None and n > 1)):
         gs = [g for _, g in graphs if test(_ar(g))]
@@ -168,7 +166,7 @@ def layout_traffic(binaries: dict, runtime: str) -> dict | None:
                      "kv_read": sum(kv(g["inputs"]) for g in gs), "kv_written": sum(kv(g["outputs"]) for g in gs),
                      "tokens": max((_ar(g) for g in gs), default=None)}
     out["kv_cache_bytes"] = out["decode"]["kv_read"] + (out["decode"]["kv_written"] if runtime == "genie" else 0)
-    other = lambda g: sum(t[3] for t in g["inputs"] + g["outputs"] if not KV_NAME.fullmatch(t[0]))  # noqa: E731
+    other = lambda g: sum(t[3] for t in g["inputs"] + g["outputs"] if not kv_cache(t[0]))  # noqa: E731
     out["io_buffer_bytes"] = sum(max(other(g) for g in b["graphs"].values()) for b in shipped.values() if b["graphs"])
     out["spill_fill_bytes"] = sum(max((g.get("spill_fill_bytes") or 0 for g in b["graphs"].values()), default=0)
                                   for b in shipped.values())

@@ -92,17 +92,6 @@ def _earlier(previous) -> dict[str, dict]:
             for t in p[kind]["inputs"] + p[kind]["outputs"] if "scale" in t}
 
 
-def declare_boundary(desc: dict, k: int, found: dict[str, dict[str, dict]]) -> dict:
-    """``desc`` (``genie_export.json``) with part ``k``'s graphs' quantized boundary tensors
-    (``found``: {"prompt" / "token": {tensor: encoding}}, :func:`boundary_plan`) declared:
-    their ``dtype`` and ``scale`` / ``zero_point``."""
-    for kind, tensors in found.items():
-        for t in desc["parts"][k][kind]["inputs"] + desc["parts"][k][kind]["outputs"]:
-            if t["name"] in tensors:
-                t.update(tensors[t["name"]])
-    return desc
-
-
 def record_feeds(export_dir: Path, k: int, sched: list[dict], feeds: Path, ranges: Path) -> dict[str, int]:
     """Run the fp32 Genie graphs of parts 0..``k`` in ``export_dir`` over ``sched`` (the
     calibration schedule: [{"prompt": ids, "decode": ids, "keep": [steps]}]) and store part
@@ -154,6 +143,7 @@ def run(inputs, files, params, out: Path) -> dict:
     ValueError for a model the Genie export does not write (``rope_scaling``), RuntimeError
     with the child's output when a graph fails to quantize."""
     from ..stages.common import copy_tokenizer
+    from .boundary import declare
     from .genie import export_genie
     from .qdq import quantize_part
 
@@ -170,8 +160,8 @@ def run(inputs, files, params, out: Path) -> dict:
         plan = boundary_plan(p, work / "ranges", params.get("kv_bits", 8), _earlier(inputs.get("previous")))
         graphs, peak = quantize_part(exp, row, work / "feeds", params, out, work / "q", ranges=work / "ranges",
                                      boundary=plan)
-        found = {kind: plan[g] for g, kind in (("prefill", "prompt"), ("decode", "token"))}
-        (out / "genie_export.json").write_text(json.dumps(declare_boundary(desc, k, found), indent=1))
+        encoded = {"prompt": plan["prefill"], "token": plan["decode"]}  # the Genie row's graph kinds
+        (out / "genie_export.json").write_text(json.dumps(declare(desc, k, encoded), indent=1))
         copy_tokenizer(Path(inputs["source"]), out)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -55,24 +55,13 @@ def kv_boundary(row: dict, ranges: Path, kv_bits: int) -> dict[str, dict[str, di
                          kv_bits) for g in ("prefill", "decode")}
 
 
-def declare_kv(desc: dict, k: int, plan: dict[str, dict[str, dict]]) -> dict:
-    """``desc`` (``export.json``, in place) with part ``k``'s quantized boundary tensors
-    (``plan``: :func:`kv_boundary`) declared: their ``dtype``, ``scale`` and ``zero_point``
-    (dequantized value = (integer - zero_point) x scale). Returns ``desc``."""
-    for g, tensors in plan.items():
-        for t in desc["parts"][k][g]["inputs"] + desc["parts"][k][g]["outputs"]:
-            if t["name"] in tensors:
-                t.update(tensors[t["name"]])
-    return desc
-
-
 def run(inputs, files, params, out: Path) -> dict:
     """Quantize part ``params["part"]`` of the LLM export in ``inputs["model"]`` into ``out``
     with the feeds of ``inputs["calibration"]`` (``calibrate.part{k}``), and copy the
     export's other files (``export.json``, tokenizer, config) beside it, with
     ``quantize.json`` (precision, weight bits); the KV cache crosses the graphs' boundary at
     ``params["kv_bits"]``, declared in ``out``'s ``export.json`` (:func:`kv_boundary`,
-    :func:`declare_kv`; an ``export.json`` already in ``out``, another part's, keeps its other
+    :func:`tasks.llm.boundary.declare`; an ``export.json`` already in ``out``, another part's, keeps its other
     rows). Returns {"graphs": per-graph counts,
     "parts": [{"part", "quantize_s", "quantize_peak_rss"}]}. Raises the memory check's error
     before work when the part cannot fit."""
@@ -80,6 +69,7 @@ def run(inputs, files, params, out: Path) -> dict:
     import tempfile
     import time
 
+    from .boundary import declare
     from .memory import QUANTIZED_AS, check_export_stage
     from ..precisions import get as get_precision
 
@@ -97,7 +87,7 @@ def run(inputs, files, params, out: Path) -> dict:
                                  Path(tempfile.mkdtemp(prefix="quantize-")), ranges=ranges, boundary=plan)
     copy_rest(src, out)  # export.json among them, unless out has one
     joined = json.loads((out / "export.json").read_text())
-    (out / "export.json").write_text(json.dumps(declare_kv(joined, k, plan), indent=1))
+    (out / "export.json").write_text(json.dumps(declare(joined, k, plan), indent=1))
     (out / QUANTIZED_AS).write_text(json.dumps({"precision": params["precision"], "weight_bits": bits}, sort_keys=True)
                                     + "\n")
     return {"graphs": graphs, "parts": [{"part": k, "quantize_s": time.perf_counter() - t0,

@@ -140,7 +140,8 @@ def boundary_report(binaries: dict, runtimes) -> dict:
     (read back) move per decode call and prefill window (:func:`tasks.llm.figures.layout_traffic`,
     bytes) and every float32 tensor left at a shipped graph's boundary, with why
     (:data:`FLOAT_WHY`; "not narrowed" where no reason is known)."""
-    from .figures import KV_NAME, layout_traffic, shipped_binaries
+    from .boundary import kv_cache
+    from .figures import layout_traffic, shipped_binaries
 
     out = {}
     for rt in runtimes:
@@ -149,7 +150,7 @@ def boundary_report(binaries: dict, runtimes) -> dict:
             for gname, g in b.get("graphs", {}).items():
                 for t in g.get("inputs", []) + g.get("outputs", []):
                     if t[1] == "FLOAT":
-                        why = ("the recipe's quantize.kv_bits: 32 (a float32 KV cache)" if KV_NAME.fullmatch(t[0])
+                        why = ("the recipe's quantize.kv_bits: 32 (a float32 KV cache)" if kv_cache(t[0])
                                else FLOAT_WHY.get((rt, t[0].rstrip("0123456789").rstrip("_")), "not narrowed"))
                         left.append({"binary": rel, "graph": gname.lstrip("_"), "tensor": t[0], "shape": t[2],
                                      "why": why})
