@@ -103,17 +103,15 @@ def genie_override_problems(over: dict, context_length: int) -> list[tuple[str, 
 def genie_library_missing() -> str:
     """"" when onnxruntime-qnn's wheel holds ``libGenie.so`` (what the bundle's parser check and
     verify load: :mod:`tasks.llm.libgenie`), else the message naming where it was looked for.
-    Found without importing the wheel (``importlib.util.find_spec``). Before, a missing library
+    Found without importing the wheel (:func:`tasks.llm.libgenie.library_path`). Before, a missing library
     was reported after five stages as a config Genie's parser refused (issue 51 case 5)."""
-    import importlib.util
-
     from .. import plancache
+    from .libgenie import library_path
 
     plancache.note_sys_path()
-    spec = importlib.util.find_spec("onnxruntime_qnn")
-    if spec is None or not spec.submodule_search_locations:
+    lib = library_path()
+    if lib is None:
         return "expected onnxruntime-qnn installed for runtime genie (its wheel ships libGenie.so), found it missing"
-    lib = Path(list(spec.submodule_search_locations)[0]) / "libGenie.so"
     plancache.note(lib)
     if not lib.is_file():
         return f"expected libGenie.so for runtime genie (onnxruntime-qnn's wheel ships it), found none at {lib}"

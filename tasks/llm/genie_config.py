@@ -7,7 +7,6 @@ copy) and ``htp_backend_ext_config.json`` (:func:`htp_backend_ext_config`); whic
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 #: The engine settings a shipped ``genie_config.json`` carries, for the device (Genie's key
@@ -114,9 +113,11 @@ def _parse_child(text: str) -> None:
     """Child side of :func:`parse_config`: prints ``STATUS <n>`` (libGenie prints its reason)."""
     import ctypes as C
 
-    import onnxruntime_qnn
+    import onnxruntime_qnn  # noqa: F401  (the wheel loaded first, as its EP registration does)
 
-    lib = C.CDLL(os.path.join(os.path.dirname(onnxruntime_qnn.__file__), "libGenie.so"))
+    from .libgenie import library_path
+
+    lib = C.CDLL(str(library_path()))
     lib.GenieDialogConfig_createFromJson.argtypes = [C.c_char_p, C.POINTER(C.c_void_p)]
     lib.GenieDialogConfig_free.argtypes = [C.c_void_p]
     h = C.c_void_p()

@@ -5,11 +5,26 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
 from ..errors import NpubuildError
+
+
+#: the file name of Genie's library in onnxruntime-qnn's wheel
+LIBRARY = "libGenie.so"
+
+
+def library_path() -> Path | None:
+    """Where onnxruntime-qnn's wheel keeps ``libGenie.so`` (its package folder), found without
+    importing the wheel (``importlib.util.find_spec``); None when the package is not installed.
+    The file itself may be missing (a build without Genie): callers check."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("onnxruntime_qnn")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0]) / LIBRARY
 
 
 class GenieError(NpubuildError, RuntimeError):
@@ -30,10 +45,10 @@ class GenieDialog:
     def __init__(self, config: str, *, log_level: int | None = None, log=None):
         import ctypes as C
 
-        import onnxruntime_qnn
+        import onnxruntime_qnn  # noqa: F401  (the wheel loaded first, as its EP registration does)
 
         self.C = C
-        lib = self.lib = C.CDLL(os.path.join(os.path.dirname(onnxruntime_qnn.__file__), "libGenie.so"))
+        lib = self.lib = C.CDLL(str(library_path()))
         vp, i32, u32 = C.c_void_p, C.c_int32, C.c_uint32
         self._LOGCB = C.CFUNCTYPE(None, vp, C.c_char_p, C.c_int, C.c_uint64, vp)
         self._TOKCB = C.CFUNCTYPE(None, C.POINTER(u32), u32, C.c_int, vp)
