@@ -111,7 +111,7 @@ def main() -> None:
 def _timeline(url: str) -> None:
     """Per worker, the stages it built (from the remote manifests: builder, build time, end
     time), with start and end in seconds from the first start."""
-    from tasks.plan import KINDS
+    from tasks.recipe.plan import KINDS
     from remote_contents import remote_fs
 
     fs, root = remote_fs(url)

@@ -9,7 +9,7 @@
    ``--dvc-venv``; skipped with a message when it cannot be installed): medians and the
    per-pair ratio npubuild / DVC (issue 11 asks for at most 0.1). Before timing, our package
    is byte-compiled (pip did that for DVC's) and one untimed no-op stores the plan cache
-   (tasks/plancache.py); the stats line says ``pydantic=0`` when the no-op used it.
+   (tasks/store/plancache.py); the stats line says ``pydantic=0`` when the no-op used it.
 2. Hashing a file of --gb GiB: our hasher (xxh3-128, streamed) cold, our hasher through the
    stat cache, and ``hashlib.md5`` streamed, as medians of --runs, with ratios. "Cold" means
    no stat-cache row; the file is in the OS page cache either way (dropping it needs
@@ -98,7 +98,7 @@ def noop_build(n: int, runs: int, dvc_venv: Path | None = None) -> None:
         # on every run: byte-compile it once, as pip does for an installed package
         subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "tasks")], check=True, capture_output=True)
         # one untimed no-op: the first build's recipe load was too close to the recipes' writing
-        # for the plan cache (tasks/plancache.py RACY_NS); this one stores the plan
+        # for the plan cache (tasks/store/plancache.py RACY_NS); this one stores the plan
         warm = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(proj.root), "build"],
                               env=env, capture_output=True, text=True)
         assert warm.returncode == 0, warm.stdout + warm.stderr
@@ -128,9 +128,9 @@ def noop_build(n: int, runs: int, dvc_venv: Path | None = None) -> None:
 
 
 def hashing(gb: float, runs: int) -> None:
-    from tasks.digest import StatCache, hash_file_uncached
+    from tasks.store.digest import StatCache, hash_file_uncached
 
-    from tasks.paths import state_dir
+    from tasks.store.paths import state_dir
 
     state_dir().mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=state_dir()) as tmp:  # on disk, not in a tmpfs

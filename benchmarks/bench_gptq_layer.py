@@ -1,6 +1,6 @@
 """Time GPTQ on one Qwen2.5-7B-shaped decoder layer (hidden 3584, intermediate 18944, 28 query
 heads / 4 KV heads of 128, LPBQ blocks of 128) with Hessians of random activations, as the
-sequential GPTQ of ``tasks/seqgptq.py`` runs it: per layer input, the Hessian (float32 sums of
+sequential GPTQ of ``tasks/qnn/seqgptq.py`` runs it: per layer input, the Hessian (float32 sums of
 X^T X), one inverse-Hessian factor shared by the weights that read it, the LPBQ scale search and
 the codes. Prints wall seconds per step and the CPU seconds, the layer total, x 28 layers, and the peak RSS
 (on a shared machine the CPU seconds / cores bound what an idle one takes).
@@ -8,7 +8,7 @@ the codes. Prints wall seconds per step and the CPU seconds, the layer total, x 
     python benchmarks/bench_gptq_layer.py [--rows 2064] [--dtype float32] [--span 4736]
 
 ``--span``: ``quantize.gptq_span`` (the Hessian of a wider input in diagonal blocks of at most
-this many in-features, each factored on its own: :func:`tasks.gptq.spans`).
+this many in-features, each factored on its own: :func:`tasks.qnn.gptq.spans`).
 """
 import argparse
 import resource
@@ -18,7 +18,8 @@ import numpy as np
 
 
 def main():
-    from tasks import gptq, weights
+    from tasks.qnn import gptq
+    from tasks.qnn import weights
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=16 * 128 + 16)  # the recipe's 16 windows of 128 + decode rows
@@ -44,7 +45,7 @@ def main():
             for k0, h in Hs:
                 h.addmm_(x[:, k0:k0 + h.shape[0]].T, x[:, k0:k0 + h.shape[0]])
         t1 = time.perf_counter()
-        U, dead = gptq.block_factors(Hs, dtype=a.dtype, rows=a.rows)  # as tasks.seqgptq.sequential
+        U, dead = gptq.block_factors(Hs, dtype=a.dtype, rows=a.rows)  # as tasks.qnn.seqgptq.sequential
         t2 = time.perf_counter()
         s0 = time.perf_counter()
         Ws, Ss = [], []

@@ -8,7 +8,7 @@ CLI in a project of its own (``--work``; the build cache is the resume: a second
 nothing), so verify has run Genie on the HTP simulator and compared its tokens with LLMRunner's
 on the genai binaries (``genie_runner_agreement``, measured; no bar here, so a flip is reported,
 not fatal). Then it feeds the Genie QDQ graphs of the ``genie_quantize``
-entry on the CPU EP as Genie feeds them (:class:`tasks.llm.genie_host_loop.GenieHostLoop`:
+entry on the CPU EP as Genie feeds them (:class:`tasks.llm.genie.host_loop.GenieHostLoop`:
 quantized mask / RoPE / hidden states, the KV cache kept as the graph's integers) and the fp32
 Genie export alike:
 
@@ -78,8 +78,8 @@ def measure(build_dir: Path, prompts: list[str], ppl_text: str, K: int = 16) -> 
     import numpy as np
     from transformers import AutoTokenizer
 
-    from tasks.llm.genie import export_genie
-    from tasks.llm.genie_host_loop import GenieHostLoop
+    from tasks.llm.genie.graphs import export_genie
+    from tasks.llm.genie.host_loop import GenieHostLoop
     from tasks.llm.sessions import cpu_session
 
     stages = json.loads((build_dir / "stages.json").read_text())
@@ -118,7 +118,7 @@ def traffic(build_dir: Path) -> dict:
     """{runtime: figures} of a built LLM recipe's folder, from its context binaries read back
     now (any build, also one made before verify recorded I/O tensors):
     :func:`tasks.llm.figures.layout_traffic` per runtime whose binaries are there."""
-    from tasks import context_binary
+    from tasks.qnn import context_binary
     from tasks.llm.figures import layout_traffic
 
     bins = {p.relative_to(build_dir).as_posix(): context_binary.read(p).figures()

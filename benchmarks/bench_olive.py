@@ -31,7 +31,7 @@ Both binaries are checked to exist (and Olive's EPContext model to hold only EPC
 
 What differs: our graph inputs are int32 (export's int64-to-int32), Olive's int64 (QNN takes
 them as is); our fold-constants patch (Olive's exporter folds constants itself); our MatMul
-weights are per-channel through quant overrides (tasks/quantconfig.py), Olive's per-tensor, as
+weights are per-channel through quant overrides (tasks/qnn/quantconfig.py), Olive's per-tensor, as
 onnxruntime's QNN config leaves them (Olive 0.13 has no way to name them in a config); we
 compile in a fresh child process (and again only for the SDK's racy padding variant), Olive in
 its own process, with ``backend_path=libQnnHtp.so`` (found in the plugin's folder) where we
@@ -127,7 +127,7 @@ def olive_python(venv: Path) -> Path | None:
 
 def olive_config(tmp: Path, recipe: dict) -> dict:
     """The Olive workflow doing what ``recipe`` does through compile, its cache/output in tmp."""
-    from tasks.targets import get as target
+    from tasks.qnn.targets import get as target
 
     spec = importlib.util.find_spec(recipe["source"]["package"])
     model = str(Path(spec.origin).parent / recipe["source"]["subdir"])

@@ -29,7 +29,7 @@ through the real ``doit`` CLI, as the tests do:
    left; and the rebuild built exactly the keys the kill left missing (from its console lines
    ``<task>  <key>  built``). A wrong output is also told apart when it is only the QNN SDK's
    other padding variant of a context binary (bytes 2..127 of a 128-byte block 0xff instead
-   of 0x00: tasks/qnn.py) and what follows from it (artifacts.json, stages.json, verify
+   of 0x00: tasks/qnn/ep.py) and what follows from it (artifacts.json, stages.json, verify
    keys): a compile that is not reproducible, not a kill fault; still a failed check.
    Differing build/ files (and every entry's manifest.json and log.txt) are copied to
    ``differ/<log number>/`` beside ``reference-build/`` (with --keep, to look at).
@@ -100,7 +100,7 @@ def _sha(root: Path) -> dict[str, str]:
 
 
 def racy_pair(a: Path, b: Path) -> bool:
-    """Whether two context binaries differ only as the QNN SDK's two padding variants (tasks/qnn.py,
+    """Whether two context binaries differ only as the QNN SDK's two padding variants (tasks/qnn/ep.py,
     "one racy padding run"): in bytes 2..127 of 128-byte blocks, all 0x00 in one, 0xff in the other."""
     import numpy as np
 
@@ -189,7 +189,7 @@ class Campaign:
                 for e in k.iterdir() if e.is_dir()} if c.is_dir() else set()
 
     def damaged(self, entries) -> list[str]:
-        from tasks.cache import Cache
+        from tasks.store.entries import Cache
 
         c = Cache(self.root / "cache")
         return [f"{k}/{key}: {'; '.join(probs)}" for k, key in sorted(entries)
@@ -299,7 +299,7 @@ class Campaign:
         racy = bool(racy) and not dmg and all(r in racy or r.rsplit("/", 1)[-1] in ("artifacts.json", "stages.json")
                                               for r in differ) and all(e.startswith("verify/") for e in wrong_entries)
         if racy:
-            bad.insert(0, "the QNN SDK's racy padding variant of a context binary (tasks/qnn.py compile_settled "
+            bad.insert(0, "the QNN SDK's racy padding variant of a context binary (tasks/qnn/ep.py compile_settled "
                           "kept it), and only what follows from it")
         left = self.leftovers()
         if left:

@@ -1,4 +1,4 @@
-"""End to end: a HF decoder -> Genie-layout graphs (tasks/llm/genie.py) -> one QNN context binary
+"""End to end: a HF decoder -> Genie-layout graphs (tasks/llm/genie/graphs.py) -> one QNN context binary
 per graph (fp32 IO, x86_64 HTP prepare) -> genie_config.json + htp_backend_ext_config.json +
 tokenizer.json -> GenieDialog_tokenQuery through libGenie.so on the HTP simulator, compared with
 transformers' fp32 greedy tokens and the same graphs on onnxruntime's CPU EP.
@@ -32,11 +32,11 @@ DEFAULT_PROMPTS = ["The old lighthouse", "To plant a tree,", "Every morning the 
 def build(model_dir: Path, out: Path, seq: int, ctx: int, parts: int, sanitize: bool) -> dict:
     """Export to ``out/export``, compile each graph into ``out/bundle`` (``*_ctx.onnx`` kept in
     ``out/export``), write the two config files; returns the export description + ``ctx_bins``."""
-    from tasks.llm.genie import export_genie
-    from tasks.llm.genie_binaries import rename_graph
-    from tasks.llm.genie_config import SIMULATOR_SETTINGS, genie_config, htp_backend_ext_config, with_settings
-    from tasks.qnn import compile_in_subprocess
-    from tasks.targets import DEFAULT_TARGET
+    from tasks.llm.genie.graphs import export_genie
+    from tasks.llm.genie.binaries import rename_graph
+    from tasks.llm.genie.config import SIMULATOR_SETTINGS, genie_config, htp_backend_ext_config, with_settings
+    from tasks.qnn.ep import compile_in_subprocess
+    from tasks.qnn.targets import DEFAULT_TARGET
 
     exp, bundle = out / "export", out / "bundle"
     shutil.rmtree(exp, ignore_errors=True)
@@ -68,7 +68,7 @@ def build(model_dir: Path, out: Path, seq: int, ctx: int, parts: int, sanitize: 
 
 def genie_child(spec: str) -> None:
     """Child process: run GenieDialog_tokenQuery for each prompt; prints one JSON line each."""
-    from tasks.llm.libgenie import GenieDialog
+    from tasks.llm.genie.libgenie import GenieDialog
 
     s = json.loads(spec)
     lines: list[str] = []
@@ -120,7 +120,7 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     import onnxruntime as ort
-    from tasks.llm.genie_host_loop import GenieHostLoop
+    from tasks.llm.genie.host_loop import GenieHostLoop
 
     model = a.model or tiny_model("qwen2")
     a.out.mkdir(parents=True, exist_ok=True)

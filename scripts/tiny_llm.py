@@ -223,7 +223,7 @@ def ensure_fixture(arch: str, dest: Path, seed: int = 0, train_seconds: float = 
 if __name__ == "__main__":  # .venv/bin/python scripts/tiny_llm.py qwen2 llama qwen3 phi3 gemma
     import sys
 
-    from tasks.paths import root
+    from tasks.store.paths import root
 
     for a in sys.argv[1:] or list(ARCHS):
         print(ensure_fixture(a, root() / ".fixtures" / f"tiny-{a}"))

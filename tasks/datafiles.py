@@ -8,7 +8,7 @@ from pathlib import Path
 
 def read_lines(path: Path, n: int) -> list[str]:
     """The first ``n`` non-empty, stripped lines of a UTF-8 text file (strict: the recipe's
-    load check reads it the same way, ``tasks.recipe``). Raises ValueError if the file has
+    load check reads it the same way, ``tasks.recipe.load``). Raises ValueError if the file has
     fewer, UnicodeDecodeError on bytes that are not UTF-8."""
     lines = [ln.strip() for ln in Path(path).read_text(encoding="utf-8").splitlines() if ln.strip()]
     if len(lines) < n:

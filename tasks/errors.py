@@ -8,7 +8,7 @@ part of its stage code digest); each derives from one of these two.
 
 This module imports nothing of the package, so any module can import it. The recipe errors
 live here so that the engine rebuilds an unsupported recipe's error from the plan cache
-(``tasks/plancache.py``) without importing the recipe schema (and pydantic with it)."""
+(``tasks/store/plancache.py``) without importing the recipe schema (and pydantic with it)."""
 
 from __future__ import annotations
 
@@ -46,8 +46,19 @@ class UnsupportedModel(RecipeError):
 
 class Unsupported(tuple):
     """A ``(key path, message)`` problem that says the model is not implemented (a
-    ``source_check`` hook's, :class:`tasks.stages.contract.Stage`): a recipe with this one
+    ``source_check`` hook's, :class:`tasks.contract.stage.Stage`): a recipe with this one
     problem and no other is an :class:`UnsupportedModel`."""
 
     def __new__(cls, key: str, message: str):
         return super().__new__(cls, (key, message))
+
+
+def apart(a: float, b: float, decimals: int = 1, most: int = 6) -> tuple[str, str]:
+    """``a`` and ``b`` printed with the fewest decimals (at least ``decimals``, at most
+    ``most``) at which the two strings differ, so a message comparing them never shows two
+    equal figures for unequal values ("needs 0.8 GiB, 0.8 GiB is available"). Equal values
+    print equal."""
+    d = decimals
+    while d < most and a != b and f"{a:.{d}f}" == f"{b:.{d}f}":
+        d += 1
+    return f"{a:.{d}f}", f"{b:.{d}f}"

@@ -5,14 +5,14 @@ Plain numpy; no model code, so any module can import it without cycles.
 
 from __future__ import annotations
 
-from .proc import lazy
+from tasks.proc import lazy
 
 np = lazy.module("numpy")
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
     """Cosine of two flattened arrays; NaN if either holds NaN/inf (a NaN never passes a
-    threshold: ``tasks.stages.common.checker``), 0.0 if either is all zeros."""
+    threshold: ``tasks.contract.common.checker``), 0.0 if either is all zeros."""
     a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
     den = np.linalg.norm(a) * np.linalg.norm(b)
     if not np.isfinite(den):
@@ -39,14 +39,3 @@ def perplexity(logits_rows: list[np.ndarray], targets: list[int]) -> float:
         m = lg.max()
         nll.append(m + np.log(np.exp(lg - m).sum()) - lg[t])
     return float(np.exp(np.mean(nll)))
-
-
-def apart(a: float, b: float, decimals: int = 1, most: int = 6) -> tuple[str, str]:
-    """``a`` and ``b`` printed with the fewest decimals (at least ``decimals``, at most
-    ``most``) at which the two strings differ, so a message comparing them never shows two
-    equal figures for unequal values ("needs 0.8 GiB, 0.8 GiB is available"). Equal values
-    print equal."""
-    d = decimals
-    while d < most and a != b and f"{a:.{d}f}" == f"{b:.{d}f}":
-        d += 1
-    return f"{a:.{d}f}", f"{b:.{d}f}"

@@ -5,7 +5,7 @@ stderr, or a no-op with the same surface (iterate, ``update``, ``close``, ``with
 are off. Bars are on when stderr is a terminal (so CI logs and pipes stay clean), unless
 ``NPUBUILD_PROGRESS`` says otherwise: ``0`` turns them off, ``1`` on even without a terminal.
 
-While a stage runs, its file descriptors 1 and 2 go to its log (``tasks/stagelog.py``); that
+While a stage runs, its file descriptors 1 and 2 go to its log (``tasks/store/stagelog.py``); that
 module points :data:`_console` at the terminal's stderr and :data:`_label` at the stage's task
 name (``verify:minilm-l6-w8a16``), which prefixes every bar. Bars do not stay on the screen
 once done (``leave=False``): the stage's one summary line does.
@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import sys
 
-_console = None  # the terminal's stderr while a stage's output is captured (set by tasks.stagelog)
+_console = None  # the terminal's stderr while a stage's output is captured (set by tasks.store.stagelog)
 _label = ""      # the running stage's task name
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from tasks import digest
+from tasks.store import digest
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

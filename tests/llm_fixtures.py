@@ -154,10 +154,10 @@ def random_phi3_hd80(out: Path) -> Path:
 def export_entry(model_dir, export_dir, into: Path) -> Path:
     """What the ``export`` stage's entries hold, seen as one folder ``into``: links to the cached
     export's files (:func:`tiny_export`) and the source's tokenizer and config files, copied as
-    the stage copies them (``tasks.stages.common.copy_tokenizer``). Returns ``into``."""
+    the stage copies them (``tasks.contract.common.copy_tokenizer``). Returns ``into``."""
     import os
 
-    from tasks.stages.common import copy_tokenizer
+    from tasks.contract.common import copy_tokenizer
 
     into = Path(into)
     into.mkdir(parents=True, exist_ok=True)

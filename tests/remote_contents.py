@@ -20,7 +20,7 @@ def remote_fs(url):
 
 def remote_manifests(url) -> dict[str, bytes]:
     """{"kind/key": manifest.json bytes} of every visible remote entry."""
-    from tasks.plan import KINDS as ALL_KINDS
+    from tasks.recipe.plan import KINDS as ALL_KINDS
 
     fs, root = remote_fs(url)
     out = {}

@@ -29,7 +29,7 @@ def test_fault_campaign_small(tmp_path, tiny_bert):
                                    syscall_points=[("link", 1, "no-build")], say=lines.append)
     report = "\n".join([*lines, fc.summary(counts, 2), *counts.failures, *at_calls.failures])
     # A fresh compile can keep the QNN SDK's other padding variant of the context binary when
-    # qnn.CONFIRM compiles in a row show it (tasks/qnn.py compile_settled; with two it was 1 compile in 180 under
+    # qnn.CONFIRM compiles in a row show it (tasks/qnn/ep.py compile_settled; with two it was 1 compile in 180 under
     # load): the campaign names it and the test lets it through, and nothing else.
     assert all("racy padding variant" in f for f in counts.failures + at_calls.failures), report
     assert counts.kills == 2 and counts.rebuilt_correctly + counts.racy_variant == 2, report

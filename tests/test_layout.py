@@ -1,5 +1,5 @@
-"""Issue 24: one table per concept. The precision names live in ``tasks/precisions.py`` and the
-targets (names, soc_model / htp_arch numbers, the default) in ``tasks/targets.py``; no other
+"""Issue 24: one table per concept. The precision names live in ``tasks/qnn/precisions.py`` and the
+targets (names, soc_model / htp_arch numbers, the default) in ``tasks/qnn/targets.py``; no other
 module of the package writes them in code (docstrings and comments may name them)."""
 import ast
 from pathlib import Path
@@ -7,8 +7,8 @@ from pathlib import Path
 from conftest import REPO
 from code_graph import import_cycles, package_modules
 
-from tasks.precisions import NAMES
-from tasks.targets import DEFAULT_TARGET, TARGETS
+from tasks.qnn.precisions import NAMES
+from tasks.qnn.targets import DEFAULT_TARGET, TARGETS
 
 
 def direct_imports(name: str) -> frozenset[str]:
@@ -36,7 +36,7 @@ def _modules(*skip):
 
 
 def test_precision_names_are_written_once():
-    found = [(f.relative_to(REPO).as_posix(), line, v) for f in _modules("precisions.py")
+    found = [(f.relative_to(REPO).as_posix(), line, v) for f in _modules("qnn/precisions.py")
              for line, v in _code_constants(f) if isinstance(v, str) and v in NAMES]
     assert found == [], found
     assert NAMES == ("w8a16", "w4a16", "w8a8")
@@ -45,7 +45,7 @@ def test_precision_names_are_written_once():
 def test_target_names_and_numbers_are_written_once():
     names = set(TARGETS) | {DEFAULT_TARGET}
     found = []
-    for f in _modules("targets.py"):
+    for f in _modules("qnn/targets.py"):
         consts = _code_constants(f)
         found += [(f.relative_to(REPO).as_posix(), line, v) for line, v in consts if isinstance(v, str) and v in names]
         # the target travels by name: no function takes soc_model / htp_arch numbers (the LLM
@@ -76,21 +76,24 @@ def test_the_longest_import_chain_inside_the_package_is_at_most_10_modules():
 
 
 def test_process_plumbing_imports_nothing_of_the_engine_or_the_families():
+    """``tasks/proc/`` (processes, RSS, the memory budget) imports only itself and the package's
+    errors (it imports nothing of the package)."""
     for f in sorted((REPO / "tasks" / "proc").glob("*.py")):
         name = "tasks.proc." + f.stem if f.stem != "__init__" else "tasks.proc"
-        assert all(d.startswith("tasks.proc") for d in direct_imports(name)), (name, direct_imports(name))
+        bad = [d for d in direct_imports(name) if not d.startswith("tasks.proc") and d != "tasks.errors"]
+        assert bad == [], (name, bad)
 
 
 def test_no_family_imports_the_other_familys_code_and_stages_imports_no_family():
     """Issue 24: the encoder family (``tasks/encoder/``) and the LLM family (``tasks/llm/``)
-    import nothing of each other, and the stage contract (``tasks/stages/``) imports neither."""
+    import nothing of each other, and the stage contract (``tasks/contract/``) imports neither."""
 
     def mods(folder):
         return ["tasks." + folder + ("" if f.stem == "__init__" else "." + f.stem)
                 for f in sorted((REPO / "tasks" / folder).glob("*.py"))]
 
     for folder, banned in (("encoder", ("tasks.llm",)), ("llm", ("tasks.encoder",)),
-                           ("stages", ("tasks.llm", "tasks.encoder"))):
+                           ("contract", ("tasks.llm", "tasks.encoder"))):
         for m in mods(folder):
             bad = sorted(d for d in direct_imports(m) if d.startswith(banned))
             assert bad == [], (m, bad)
@@ -98,9 +101,9 @@ def test_no_family_imports_the_other_familys_code_and_stages_imports_no_family()
 
 def test_the_recipe_the_plan_and_the_engine_import_no_family():
     """The recipe format, the plan and the engine know the families only through the registry
-    (``tasks.stages.implementation``, by name) and the ``Stage`` hooks: no module of them
+    (``tasks.contract.implementation``, by name) and the ``Stage`` hooks: no module of them
     imports ``tasks.llm`` or ``tasks.encoder``, at any level of a function."""
-    mods = ["tasks.recipe", "tasks.recipe_yaml", "tasks.recipe_checks", "tasks.plan",
+    mods = ["tasks.recipe.load", "tasks.recipe.yaml_files", "tasks.recipe.checks", "tasks.recipe.plan",
             *("tasks.core." + f.stem for f in sorted((REPO / "tasks" / "core").glob("*.py")) if f.stem != "__init__")]
     bad = {m: sorted(d for d in direct_imports(m) if d.startswith(("tasks.llm", "tasks.encoder"))) for m in mods}
     assert {m: b for m, b in bad.items() if b} == {}
@@ -110,9 +113,9 @@ def test_the_recipe_the_plan_and_the_engine_import_no_family():
 def test_no_stage_implementation_imports_another():
     """A stage's code digest covers every module its implementation imports (tasks/core/keys.py),
     so one implementation importing another (for a shared param, say) would rebuild it whenever
-    the other changes: what several implementations share lives in ``tasks/stages/params.py``
+    the other changes: what several implementations share lives in ``tasks/contract/params.py``
     or a library module."""
-    from tasks.stages import IMPLEMENTATIONS
+    from tasks.contract import IMPLEMENTATIONS
 
     impls = {m for by_family in IMPLEMENTATIONS.values() for m in by_family.values()}
     bad = {m: sorted(impls & direct_imports(m)) for m in sorted(impls)}
@@ -125,8 +128,8 @@ def test_each_stages_params_are_exactly_what_its_implementation_declares(monkeyp
     lists (``STAGE.params``; nested ones nested) plus what the plan wires in (``STAGE.wired``:
     ``target``, ``part``...), its files what ``STAGE.files`` names."""
     monkeypatch.setenv("NPUBUILD_ROOT", str(REPO))
-    from tasks.plan import expand
-    from tasks.recipe import load_recipe
+    from tasks.recipe.plan import expand
+    from tasks.recipe.load import load_recipe
 
     for name in ("minilm-l6-w4a16", "tiny-qwen2-w4a16", "qwen7b-int4"):
         for spec in expand(load_recipe(REPO / "recipes" / f"{name}.yaml")):
@@ -144,7 +147,7 @@ def test_each_stages_params_are_exactly_what_its_implementation_declares(monkeyp
 
 
 def test_no_import_cycles_between_subfolders():
-    """Issue 24: with each subfolder of ``tasks/`` (encoder, llm, stages, proc, patches, core) drawn as
+    """Issue 24: with each subfolder of ``tasks/`` (encoder, llm, contract, proc, patches, core, qnn, store, recipe, ...) drawn as
     one node beside the top-level modules, the import graph has no cycle."""
 
     def node(m):
@@ -156,7 +159,7 @@ def test_no_import_cycles_between_subfolders():
     for m in mods:
         graph.setdefault(node(m), set()).update(node(d) for d in direct_imports(m) if d in mods and node(d) != node(m))
     cycles = import_cycles(graph)
-    assert {"encoder", "llm", "stages", "proc", "patches", "core"} <= set(graph)
+    assert {"encoder", "llm", "contract", "proc", "patches", "core", "qnn", "store", "recipe"} <= set(graph)
     assert cycles == [], cycles
 
 
@@ -167,10 +170,10 @@ def test_every_recipe_param_has_exactly_one_definition():
     at least one family that reads it."""
     from pydantic import BaseModel
 
-    from tasks.recipe import SECTION_MODELS
-    from tasks.stages import implementations
-    from tasks.stages.params import PLAN_PARAMS
-    from tasks.stages.schema import declared, readers
+    from tasks.recipe.load import SECTION_MODELS
+    from tasks.contract import implementations
+    from tasks.contract.params import PLAN_PARAMS
+    from tasks.contract.schema import declared, readers
 
     listed = [*PLAN_PARAMS, *(p for st in implementations() for p in st.reads())]
     by_key: dict = {}
@@ -200,7 +203,7 @@ def test_every_param_an_implementation_reads_is_declared():
     nothing the key hashed."""
     from importlib import import_module
 
-    from tasks.stages import implementations
+    from tasks.contract import implementations
 
     def reads(tree):
         for n in ast.walk(tree):
@@ -363,11 +366,9 @@ def test_the_errors_module_imports_nothing_of_the_package():
     assert relative == [] and not [m for m in imported if m and m.split(".")[0] == "tasks"], imported
 
 
-#: Folders of tests/ that are not (yet) a folder of tasks/, and what they test.
-TEST_FOLDERS_AHEAD = {
-    "qnn": "the QNN domain (tasks/qnn.py, context_binary.py, weights.py, quantconfig.py, ...), still at "
-           "tasks/ top level (docs/layout.md, next steps); drop this once tasks/qnn/ exists",
-}
+#: Folders of tests/ that are not (yet) a folder of tasks/, and what they test (none now: every
+#: layer has its folder).
+TEST_FOLDERS_AHEAD: dict[str, str] = {}
 #: Test files at tests/ root, each about the package as a whole rather than one folder of it.
 ROOT_TESTS = {
     "test_layout.py": "the layout of every folder of tasks/, and of tests/ (this test)",
@@ -406,3 +407,25 @@ def test_every_test_file_sits_in_the_folder_of_the_code_it_tests():
     assert cross == [], cross
     assert sorted(ROOT_TESTS) == sorted(f.name for f in tests.glob("test_*.py"))  # the list stays true
     assert [d for d in TEST_FOLDERS_AHEAD if (REPO / "tasks" / d).is_dir()] == []
+
+
+#: The modules at tasks/ top level: leaves every layer may import (each imports nothing of the
+#: package but tasks/proc/), with what each holds. Everything else lives in a layer's folder.
+LEAVES = {
+    "errors.py": "the bases of every error the package raises on purpose",
+    "tools.py": "the versions of the tools that enter a stage key",
+    "metrics.py": "the comparisons every family's verify makes",
+    "datafiles.py": "recipe data files as every stage reads them",
+    "progress.py": "progress bars on a terminal",
+}
+#: The layer folders of tasks/ (docs/layout.md draws them).
+LAYERS = {"commands", "core", "encoder", "llm", "sources", "patches", "recipe", "contract", "qnn", "store", "proc"}
+
+
+def test_tasks_top_level_holds_the_layer_folders_and_the_leaves_only():
+    top = REPO / "tasks"
+    assert sorted(f.name for f in top.glob("*.py")) == sorted(LEAVES)
+    assert {d.name for d in top.iterdir() if d.is_dir() and d.name != "__pycache__"} == LAYERS
+    for leaf in LEAVES:
+        bad = [d for d in direct_imports("tasks." + leaf[:-3]) if not d.startswith("tasks.proc")]
+        assert bad == [], (leaf, bad)

@@ -8,9 +8,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from .. import paths
-from ..core import recipeset, record, resolve
-from ..core.session import Session
+from tasks.store import paths
+from tasks.core import recipeset, record, resolve
+from tasks.core.session import Session
 
 
 def referenced_entries(session: Session) -> set[tuple[str, str]]:
@@ -74,7 +74,7 @@ def push(session: Session, recipe: str):
     Returns a TaskFailed without a remote or when a push failed."""
     from doit.exceptions import TaskFailed
 
-    from ..remote import Rejected, RemoteError
+    from tasks.store.remote import Rejected, RemoteError
 
     res = resolve.Resolver(session, recipe, pull=False)
     if res.cache.remote is None:

@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 import sys
 
-from .. import remote
-from ..stagelog import LOG_NAME
-from . import recipeset
-from .resolve import Resolver
-from .run import failed_log_path
-from .session import Session
-from .record import read_state
-from .state import build_state, diff
+from tasks.store import remote
+from tasks.store.stagelog import LOG_NAME
+from tasks.core import recipeset
+from tasks.core.resolve import Resolver
+from tasks.core.run import failed_log_path
+from tasks.core.session import Session
+from tasks.core.record import read_state
+from tasks.core.state import build_state, diff
 
 
 def _named(change: str, files: dict) -> str:
@@ -32,7 +32,7 @@ def explain(session: Session, recipe_name: str) -> list[dict]:
     failed one the check's findings (``fails``), and, for a stale stage,
     what changed in its key material since the recipe's last build; for a blocked or unknown
     one, why; for a built verify, how each runtime the bundle serves was checked
-    (``runtimes``: :func:`tasks.stages.common.runtimes_checked`). Raises KeyError for a
+    (``runtimes``: :func:`tasks.contract.common.runtimes_checked`). Raises KeyError for a
     recipe that is not in the session's recipe set."""
     res = Resolver(session, recipe_name, pull=False)
     last = read_state(session, recipe_name)
@@ -55,7 +55,7 @@ def explain(session: Session, recipe_name: str) -> list[dict]:
         if st.failures:
             row["fails"] = list(st.failures)
         if e and spec.kind == "verify" and (e.out / "verify.json").is_file():
-            from ..stages.common import runtimes_checked
+            from tasks.contract.common import runtimes_checked
 
             row["runtimes"] = runtimes_checked(json.loads((e.out / "verify.json").read_text(encoding="utf-8")))
         rows.append(row)
@@ -80,14 +80,14 @@ def print_explain(session: Session, recipe_name: str, verbose: bool = True) -> N
             print(f"    fails: {f}")
         for rt, how in row.get("runtimes", {}).items():
             print(f"    serves {rt}: {how}")
-    from ..stages import implementation
+    from tasks.contract import implementation
 
     recipe = recipeset.recipes(session)[recipe_name]
     for line in (implementation("export", recipe.export.family).plan_lines or (lambda _: []))(recipe):
         print(f"    {line}")
     r = remote.from_env()
     print(f"    remote cache: {r.display if r else 'none (NPUBUILD_REMOTE unset)'}")
-    from ..budget import budget_line
+    from tasks.proc.budget import budget_line
 
     print(f"    memory budget: {budget_line()}")
     sys.stdout.flush()

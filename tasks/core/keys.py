@@ -15,7 +15,7 @@ The stage key (xxh3-128 of canonical JSON, :func:`key_material` + :func:`stage_k
 - whatever its optional ``key_extra(params)`` adds (a local source folder's digest, a Hub
   revision resolved to its commit).
 
-The implementation is the ``STAGE`` (:class:`tasks.stages.contract.Stage`) that
+The implementation is the ``STAGE`` (:class:`tasks.contract.stage.Stage`) that
 ``spec.impl`` names.
 """
 
@@ -25,9 +25,11 @@ import json
 import os
 from pathlib import Path
 
-from .. import digest, paths, tools
-from ..errors import NpubuildError
-from .session import Session
+from tasks import tools
+from tasks.store import digest
+from tasks.store import paths
+from tasks.errors import NpubuildError
+from tasks.core.session import Session
 
 #: the folder of the ``tasks`` package, and its name: the modules a code digest may cover
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
@@ -47,7 +49,7 @@ def project_file(rel: str) -> Path:
 
 
 def key_material(session: Session, spec, upstream: dict) -> dict:
-    """Everything the key of ``spec`` (a :class:`tasks.plan.StageSpec`) is the hash of, as a
+    """Everything the key of ``spec`` (a :class:`tasks.recipe.plan.StageSpec`) is the hash of, as a
     plain JSON-able dict: kind, impl, version, params, inputs, files, tools, code and, when the
     module has ``key_extra``, extra. ``upstream`` maps each role in ``spec.inputs`` to an
     object with an ``output_digest`` (its committed Entry). Raises FileNotFoundError for a
@@ -56,7 +58,7 @@ def key_material(session: Session, spec, upstream: dict) -> dict:
     st = spec.impl
     material = {
         "kind": spec.kind,
-        "impl": st.module,  # the family's implementation of the kind (tasks.stages)
+        "impl": st.module,  # the family's implementation of the kind (tasks.contract)
         "version": st.version,
         "params": {k: v for k, v in spec.params.items() if k not in st.key_exclude},
         "inputs": {role: upstream[role].output_digest for role in spec.inputs},
@@ -86,7 +88,7 @@ def remote_key(manifest: dict) -> str:
 def module_file(session: Session, name: str) -> Path | None:
     """The source file of module ``name`` of this package (``tasks.a.b`` -> ``tasks/a/b.py`` or
     ``tasks/a/b/__init__.py``), found on disk without importing anything; None if there is none
-    (e.g. ``tasks.paths.root``, a function). Remembered in ``session.module_files``."""
+    (e.g. ``tasks.store.paths.root``, a function). Remembered in ``session.module_files``."""
     if name in session.module_files:
         return session.module_files[name]
     found = None
@@ -103,7 +105,7 @@ def direct_imports(session: Session, name: str) -> frozenset[str]:
     statements anywhere in its source, functions included; read with ``ast``, nothing
     imported). Empty for a name with no source file. Raises SyntaxError for a module that
     does not parse. The parse is kept in the stat cache under the file's content digest
-    (:meth:`tasks.digest.StatCache.derived`), so an unchanged file is parsed once, not by every
+    (:meth:`tasks.store.digest.StatCache.derived`), so an unchanged file is parsed once, not by every
     process; and in ``session.imports`` for the rest of the session."""
     if name in session.imports:
         return session.imports[name]
@@ -190,7 +192,7 @@ def _code_files(session: Session, spec) -> dict[str, str]:
     for dep in st.code_deps:  # modules found by name at run time, not imported
         names.update(code_modules(session, dep))
     if spec.kind == "patch":
-        from .. import patches
+        from tasks import patches
 
         for s in spec.params["steps"]:
             names.update(code_modules(session, patches.get(s["name"]).fn.__module__))

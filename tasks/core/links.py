@@ -11,11 +11,11 @@ import shutil
 import sys
 from pathlib import Path
 
-from .. import paths
-from .record import read_state
-from .resolve import Resolver, checking_resolver
-from .run import task_width
-from .session import Session
+from tasks.store import paths
+from tasks.core.record import read_state
+from tasks.core.resolve import Resolver, checking_resolver
+from tasks.core.run import task_width
+from tasks.core.session import Session
 
 
 def _temp_name(dest: Path) -> Path:
@@ -55,7 +55,7 @@ def _remove_dead_links(root: Path) -> list[str]:
     build killed between :func:`_stage_link`'s link and its rename: found by the fault campaign,
     benchmarks/fault_campaign.py), and say so on stderr. A live process's are left alone
     (a concurrent materialize renames its own). Returns the removed names, relative to root."""
-    from ..proc.processes import process_state as _process_state
+    from tasks.proc.processes import process_state as _process_state
 
     gone = []
     for p in sorted(root.rglob(".*.tmp")):
@@ -92,8 +92,8 @@ def materialize(session: Session, recipe: str, res: Resolver | None = None) -> d
     earlier build linked (its ``artifacts.json``) that this one does not are removed, so the
     folder holds exactly what ``artifacts.json`` lists (no ``part2/`` of a 3-part build left
     beside a 2-part rebuild); files npubuild did not put there are left."""
-    from .. import outputs
-    from .state import artifacts, build_state  # (not imported by a no-op build)
+    from tasks.store import outputs
+    from tasks.core.state import artifacts, build_state  # (not imported by a no-op build)
 
     res = res or Resolver(session, recipe)
     arts = artifacts(build_state(res, read_state(session, recipe)))

@@ -6,14 +6,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .. import paths, plancache
-from ..plan import StageSpec, expand
-from .session import Session
+from tasks.store import paths
+from tasks.store import plancache
+from tasks.recipe.plan import StageSpec, expand
+from tasks.core.session import Session
 
 
 class RecipeSet:
     """One state of the recipes folder, as a command sees it: the valid recipes' names and
-    stage specs, from the plan cache (:mod:`tasks.plancache`: no YAML parsing, no pydantic)
+    stage specs, from the plan cache (:mod:`tasks.store.plancache`: no YAML parsing, no pydantic)
     when it matches, else from loading every recipe file (which then refreshes the plan
     cache when every file was valid). :meth:`full` loads the recipes themselves on demand.
 
@@ -34,7 +35,7 @@ class RecipeSet:
             stored, self._plans = None, {}
         self.from_plan_cache = stored is not None
         if stored is None:
-            from ..errors import UnsupportedModel
+            from tasks.errors import UnsupportedModel
 
             with plancache.recording() as noted:
                 recipes, errors = self.full()
@@ -59,7 +60,7 @@ class RecipeSet:
     def full(self) -> tuple[dict, dict]:
         """(recipes by name, {file stem: RecipeError}): every recipe file loaded and checked."""
         if self._full is None:
-            from ..recipe_checks import load_all
+            from tasks.recipe.checks import load_all
 
             self._full = load_all(Path(self.dir), collect_errors=True)
         return self._full
@@ -67,7 +68,7 @@ class RecipeSet:
     def errors(self) -> dict:
         """{file stem: RecipeError}; from the plan cache, its unsupported recipes' errors."""
         if self.from_plan_cache:
-            from ..errors import UnsupportedModel
+            from tasks.errors import UnsupportedModel
 
             return {n: UnsupportedModel(f, [tuple(p) for p in problems]) for n, (f, problems) in self._unsupported.items()}
         return self.full()[1]

@@ -9,9 +9,9 @@ import json
 import sys
 from pathlib import Path
 
-from .. import paths
-from ..cache import Entry
-from .session import Session
+from tasks.store import paths
+from tasks.store.entries import Entry
+from tasks.core.session import Session
 
 
 def state_path(recipe_name: str) -> Path:
@@ -50,10 +50,10 @@ def record(session: Session, recipe_name: str, stage: str, key: str, material: d
     """Remember the last key and key material of a stage of this recipe (for explain).
     ``names``: the recipe's stage names now (its Resolver's ``specs``): rows of other stages go.
     Writes nothing when ``stages.json`` already says so (a no-op build writes no state).
-    Raises DiskFull (``tasks.cache``) when the file cannot be written for want of space."""
+    Raises DiskFull (``tasks.store.entries``) when the file cannot be written for want of space."""
     from filelock import FileLock
 
-    from .. import outputs
+    from tasks.store import outputs
 
     row = json.loads(json.dumps({"key": key, "kind": entry.kind, "entry": str(entry.path), "material": material}))
     if read_state(session, recipe_name).get(stage) == row:

@@ -7,10 +7,11 @@ import json
 from functools import partial
 from pathlib import Path
 
-from .. import paths, remote
-from ..cache import Cache, Entry
-from . import keys, recipeset
-from .session import Session
+from tasks.store import paths
+from tasks.store import remote
+from tasks.store.entries import Cache, Entry
+from tasks.core import keys, recipeset
+from tasks.core.session import Session
 
 
 def cache(session: Session) -> Cache:
@@ -128,5 +129,5 @@ def checking_resolver(session: Session, recipe_name: str) -> Resolver:
     k = (id(recipeset.current(session)), recipe_name)
     if k not in session.checking:
         session.checking[k] = Resolver(session, recipe_name)
-        session.checking[k].cache.defer_rejections = True  # the stage that then runs says it (tasks/cache.py)
+        session.checking[k].cache.defer_rejections = True  # the stage that then runs says it (tasks/store/entries.py)
     return session.checking[k]

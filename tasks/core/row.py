@@ -39,7 +39,7 @@ local cache alone. Its fields:
                       {name: float}, ``thresholds`` {name: float}, ``failures`` [str],
                       ``cpu_nodes`` {op type: count} left on the CPU, ``runs_on`` (str)}}
   ``runs_on``         built only: ``npu`` when every node of the compiled graphs is on QNN HTP,
-                      else ``npu+cpu (<op type> x<count>, ...)`` (``tasks.qnn.runs_on``)
+                      else ``npu+cpu (<op type> x<count>, ...)`` (``tasks.qnn.ep.runs_on``)
   ``tools``           built only: {``qnn-sdk``, ``onnxruntime``, ``onnxruntime-qnn``,
                       ``optimum``, ``transformers``: version str} as recorded in the entries'
                       manifests (several values joined by ", " if targets differ)
@@ -67,10 +67,10 @@ import math
 from pathlib import Path
 from types import MappingProxyType
 
-from .. import qnn
-from ..cache import Entry
-from ..stages.common import runtimes_checked
-from .state import artifacts
+from tasks.qnn import ep as qnn
+from tasks.store.entries import Entry
+from tasks.contract.common import runtimes_checked
+from tasks.core.state import artifacts
 
 #: tool -> the stage kind whose entries record its version
 CATALOG_TOOLS = MappingProxyType({"qnn-sdk": "compile", "onnxruntime": "compile", "onnxruntime-qnn": "compile",
@@ -142,7 +142,7 @@ def verify_results(status) -> dict:
     """{target: {"backend", "runtime", "metrics", "thresholds", "failures", "cpu_nodes", "runs_on",
     "binaries" (each context binary read back: bytes, SDK build id, SoC, per graph weight /
     shared weight / spill-fill / I/O bytes), "runtimes" (how each runtime served was checked:
-    :func:`tasks.stages.common.runtimes_checked`)}} from each verify entry; ``runtime`` (LLMs) is what generated on the compiled graphs: "runner" (LLMRunner) or
+    :func:`tasks.contract.common.runtimes_checked`)}} from each verify entry; ``runtime`` (LLMs) is what generated on the compiled graphs: "runner" (LLMRunner) or
     "genai" (onnxruntime-genai), None for encoders."""
     out = {}
     for s in status.build.of_kind("verify"):
@@ -157,7 +157,7 @@ def verify_results(status) -> dict:
 
 def runs_on(row: dict) -> str | None:
     """``npu`` when every target's compiled graphs run all on HTP, else what runs on the CPU
-    (``tasks.qnn.runs_on``, per target when they differ); None before a build."""
+    (``tasks.qnn.ep.runs_on``, per target when they differ); None before a build."""
     if not row["verify"]:
         return None
     said = {t: v["runs_on"] for t, v in sorted(row["verify"].items())}
@@ -221,8 +221,8 @@ def catalog_row(name: str, recipe, st) -> dict:
 
 def _device(recipe, st, row: dict) -> dict:
     """``parameters_estimate`` and ``device`` (per target) of the row, from the family's
-    ``device_figures`` hook (:class:`tasks.stages.contract.Stage`); nulls without one (encoders)."""
-    from ..stages import implementation
+    ``device_figures`` hook (:class:`tasks.contract.stage.Stage`); nulls without one (encoders)."""
+    from tasks.contract import implementation
 
     hook = implementation("export", recipe.export.family).device_figures
     if hook is None:
@@ -234,9 +234,9 @@ def _device(recipe, st, row: dict) -> dict:
 
 
 def unsupported_row(stem: str, err) -> dict:
-    """The row of a recipe file whose model is unsupported (:class:`tasks.recipe.UnsupportedModel`):
+    """The row of a recipe file whose model is unsupported (:class:`tasks.recipe.load.UnsupportedModel`):
     state ``unsupported``, ``reason`` its one line, the recipe's own fields, the rest null."""
-    from ..recipe import load_recipe
+    from tasks.recipe.load import load_recipe
 
     recipe = load_recipe(Path(err.file))
     ex = recipe.export

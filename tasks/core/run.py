@@ -8,15 +8,17 @@ import sys
 import time
 from pathlib import Path
 
-from .. import digest, paths, tools
-from ..cache import Cache, Entry
-from ..errors import NpubuildError, UserError
-from ..proc import interrupt, rss
-from . import recipeset
-from .keys import key_material, project_file, stage_key
-from .resolve import Resolver, checking_resolver
-from .session import Session
-from .record import record
+from tasks import tools
+from tasks.store import digest
+from tasks.store import paths
+from tasks.store.entries import Cache, Entry
+from tasks.errors import NpubuildError, UserError
+from tasks.proc import interrupt, rss
+from tasks.core import recipeset
+from tasks.core.keys import key_material, project_file, stage_key
+from tasks.core.resolve import Resolver, checking_resolver
+from tasks.core.session import Session
+from tasks.core.record import record
 
 
 class StageFailed(NpubuildError):
@@ -33,7 +35,7 @@ def _names_entry(err: BaseException, upstream: dict[str, Entry]) -> Entry | None
     (its message or its ``filename``), when ``err`` is not one of ours (``tasks.*``: those
     say what is wrong themselves) and not an interrupt, a full disk or a ``ValueError`` other
     than an OSError (a recipe's value the entry does not fit: rebuilding it would not help)."""
-    from ..fileops import is_disk_full
+    from tasks.store.fileops import is_disk_full
 
     if isinstance(err, KeyboardInterrupt) or is_disk_full(err) or type(err).__module__.startswith("tasks."):
         return None
@@ -54,16 +56,16 @@ def _names_entry(err: BaseException, upstream: dict[str, Entry]) -> Entry | None
 def expected_errors() -> tuple:
     """Errors that explain themselves: a command shows them as one message, without a
     traceback (a stage's, ``build/<recipe>/``'s, a cluster build's)."""
-    from ..cache import DiskFull, EntryUnreadable
-    from ..context_binary import ReadError
-    from ..context_binary_checks import Mismatch
-    from ..digest import InputChanged, StoreUnwritable
-    from ..graphs import GraphError
-    from ..keylock import LockTimeout
-    from ..budget import NotEnoughMemory
-    from ..qnn import NotOnNPU
-    from ..recipe import RecipeError
-    from ..sources import SourceError
+    from tasks.store.entries import DiskFull, EntryUnreadable
+    from tasks.qnn.context_binary import ReadError
+    from tasks.qnn.context_binary_checks import Mismatch
+    from tasks.store.digest import InputChanged, StoreUnwritable
+    from tasks.qnn.graphs import GraphError
+    from tasks.store.keylock import LockTimeout
+    from tasks.proc.budget import NotEnoughMemory
+    from tasks.qnn.ep import NotOnNPU
+    from tasks.recipe.load import RecipeError
+    from tasks.sources import SourceError
 
     return (StageFailed, UpstreamUnusable, SourceError, NotOnNPU, GraphError, RecipeError,
             FileNotFoundError, ValueError, DiskFull, LockTimeout, InputChanged, StoreUnwritable, NotEnoughMemory,
@@ -90,9 +92,9 @@ def failed_log_path(recipe_name: str, stage: str) -> Path:
 def build_spec(session: Session, spec, upstream: dict[str, Entry], cache: Cache, material: dict | None = None,
                kept_log: Path | None = None) -> tuple[str, dict, Entry, bool]:
     """Build (or reuse: local hit, else remote pull) the cache entry of ``spec`` (a
-    :class:`tasks.plan.StageSpec`) in ``cache``, from its committed upstream entries (by
+    :class:`tasks.recipe.plan.StageSpec`) in ``cache``, from its committed upstream entries (by
     role); ``material``: its key material when already known. The stage's output goes to
-    ``log.txt`` in its entry (``tasks/stagelog.py``); when the build fails and ``kept_log`` is
+    ``log.txt`` in its entry (``tasks/store/stagelog.py``); when the build fails and ``kept_log`` is
     given, the log is copied there and the exception gets a note naming it. Returns (key, key
     material, entry, built). Knows nothing of recipes or of doit: :func:`run_stage` and
     cluster workers (tasks/commands/cluster/build.py) both call it. Checks nothing about the result (that is
@@ -101,8 +103,8 @@ def build_spec(session: Session, spec, upstream: dict[str, Entry], cache: Cache,
     import shutil
     import tempfile
 
-    from .. import stagelog
-    from ..proc import child, heap
+    from tasks.store import stagelog
+    from tasks.proc import child, heap
 
     st = spec.impl
     material = material or key_material(session, spec, upstream)
@@ -174,7 +176,7 @@ def run_stage(session: Session, recipe_name: str, stage: str) -> dict:
     Raises UpstreamUnusable when the stage failed reading an upstream entry's files,
     KeyboardInterrupt when stopped, else what :func:`build_spec` raises.
     """
-    from .. import stagelog
+    from tasks.store import stagelog
 
     res = Resolver(session, recipe_name)
     spec = res.specs[stage]
@@ -242,13 +244,13 @@ def is_up_to_date(session: Session, recipe_name: str, stage: str) -> bool:
 
 def memory_estimate(session: Session, recipe_name: str, stage: str) -> int:
     """Estimated peak bytes of one stage of a recipe, before anything is built: what its
-    implementation's ``memory_estimate`` hook says (:class:`tasks.stages.contract.Stage`; a
+    implementation's ``memory_estimate`` hook says (:class:`tasks.contract.stage.Stage`; a
     stage every family shares asks its family's export implementation), else
-    :data:`tasks.budget.DEFAULT_STAGE_BYTES`. What a cluster build asks of a worker's
+    :data:`tasks.proc.budget.DEFAULT_STAGE_BYTES`. What a cluster build asks of a worker's
     ``MEMORY`` resource. Raises what the hook raises (e.g. an LLM whose config.json is not at
     hand)."""
-    from ..stages import implementation
-    from ..budget import DEFAULT_STAGE_BYTES
+    from tasks.contract import implementation
+    from tasks.proc.budget import DEFAULT_STAGE_BYTES
 
     specs = recipeset.plan(session, recipe_name)
     spec = specs[stage]

@@ -15,7 +15,7 @@ States:
 ``shape-built``    a shape build (random weights of the model's exact config) whose every stage
                    has an entry: its verify figures are measured, never judged as quality
 ``unsupported``    a valid recipe of a model the LLM export does not implement
-                   (:class:`tasks.recipe.UnsupportedModel`); ``reason`` says what
+                   (:class:`tasks.recipe.load.UnsupportedModel`); ``reason`` says what
 =================  ==========================================================================
 
 Abstract recipes (templates, ``abstract: true``) are left out (:func:`catalog_recipes`), as from
@@ -27,13 +27,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from ..cache import Entry
-from . import recipeset
-from .keys import NotReady
-from .record import read_state
-from .resolve import Resolver
-from .session import Session
-from .state import BuildState, build_state
+from tasks.store.entries import Entry
+from tasks.core import recipeset
+from tasks.core.keys import NotReady
+from tasks.core.record import read_state
+from tasks.core.resolve import Resolver
+from tasks.core.session import Session
+from tasks.core.state import BuildState, build_state
 
 
 class ReadOnlyResolver(Resolver):
@@ -84,7 +84,7 @@ def recipe_status(name: str, session: Session | None = None) -> RecipeStatus:
     key, an upstream missing, a Hub source unavailable offline...); "stale" when the last
     build recorded every verify stage, else "not-built". ``session``: the command's (default: a
     new one). Raises KeyError for an unknown recipe."""
-    from ..proc.scrubbing import scrub
+    from tasks.proc.scrubbing import scrub
 
     session = session or Session()
     last = read_state(session, name)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..graphs import list_graphs
+from tasks.qnn.graphs import list_graphs
 
 
 def compiled_models(qdq: Path) -> dict[str, Path]:
@@ -23,10 +23,10 @@ def compiled_models(qdq: Path) -> dict[str, Path]:
 def read_back(compiled: Path, target: str, qdq: Path) -> dict:
     """Read back every context binary of an encoder's compile output ``compiled`` and check it
     against the graphs compiled from ``qdq`` and the SoC of ``target``
-    (:func:`tasks.context_binary_checks.check_models`). Returns {binary: figures} (bytes, SDK build
+    (:func:`tasks.qnn.context_binary_checks.check_models`). Returns {binary: figures} (bytes, SDK build
     id, SoC model, per graph weight / shared weight / spill-fill / I/O bytes). Raises
     context_binary_checks.Mismatch, one line per difference."""
-    from .. import context_binary_checks  # ctypes and the reader: not on a no-op's path
+    from tasks.qnn import context_binary_checks  # ctypes and the reader: not on a no-op's path
 
     models = compiled_models(qdq)
     found = context_binary_checks.check_models(compiled, sorted(models), target, qdq=models)

@@ -3,7 +3,7 @@ EPContext model + QNN context binary for one target.
 
 Each graph ``<g>.onnx`` of the input becomes ``<g>_ctx.onnx`` (one EPContext node) and
 ``<g>_ctx_qnn.bin`` (the context binary, ``ep.context_embed_mode=0``) through the
-onnxruntime-qnn plugin EP (``tasks/qnn.py``). With ``disable_cpu_ep_fallback`` (default) a
+onnxruntime-qnn plugin EP (``tasks/qnn/ep.py``). With ``disable_cpu_ep_fallback`` (default) a
 graph that does not go entirely to HTP fails with the op types left on the CPU. The QNN SDK version recorded in the EPContext node goes into the
 manifest.
 """
@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import progress, qnn
-from ..graphs import list_graphs, load_model
-from .binaries import read_back
-from ..stages.common import COMPILE_ARTIFACTS, target_key_extra
-from ..stages.contract import Param, Stage
+from tasks import progress
+from tasks.qnn import ep as qnn
+from tasks.qnn.graphs import list_graphs, load_model
+from tasks.encoder.binaries import read_back
+from tasks.contract.common import COMPILE_ARTIFACTS, target_key_extra
+from tasks.contract.stage import Param, Stage
 
 DISABLE_CPU_EP_FALLBACK = Param("compile", "disable_cpu_ep_fallback", bool, True,
                                 "no node may fall back to the CPU EP (false: allowed, and the card says npu+cpu)")
@@ -25,12 +26,12 @@ DISABLE_CPU_EP_FALLBACK = Param("compile", "disable_cpu_ep_fallback", bool, True
 def run(inputs, files, params, out: Path) -> dict:
     """Compile every graph of ``inputs["model"]`` for ``params["target"]``, each in a fresh
     process, once, or again while the binary shows the QNN SDK's racy padding variant (same
-    bytes in every build: tasks/qnn.py ``compile_in_subprocess`` and ``compile_settled``;
+    bytes in every build: tasks/qnn/ep.py ``compile_in_subprocess`` and ``compile_settled``;
     checked by tests building in several folders).
     Returns {"graphs": {graph: EPContext info}, "compiles": {graph: n}, "qnn_sdk", "nodes":
     {graph: {"htp": count of the QDQ graph's nodes QNN took, "cpu": {op type: count} left on the
     CPU}}, "binaries": {binary: figures}} (the CPU is empty unless ``disable_cpu_ep_fallback`` is
-    false). Every context binary is read back (:func:`tasks.context_binary_checks.check_models`): its
+    false). Every context binary is read back (:func:`tasks.qnn.context_binary_checks.check_models`): its
     graph holds the QDQ graph's inputs and outputs and the binary is for the target's SoC.
     Raises qnn.NotOnNPU or onnxruntime's error, context_binary_checks.Mismatch."""
     src = inputs["model"]

@@ -15,12 +15,12 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from .. import patches, progress
-from ..proc import lazy
-from ..graphs import load_model, save_model
-from ..stages.common import EXPORT_ARTIFACTS, copy_tokenizer
-from ..stages.contract import Param, Stage
-from ..stages.params import SEQUENCE_LENGTH
+from tasks import patches, progress
+from tasks.proc import lazy
+from tasks.qnn.graphs import load_model, save_model
+from tasks.contract.common import EXPORT_ARTIFACTS, copy_tokenizer
+from tasks.contract.stage import Param, Stage
+from tasks.contract.params import SEQUENCE_LENGTH
 
 onnx = lazy.module("onnx")
 
@@ -80,7 +80,7 @@ def config_shape_problem(src: Path) -> str:
     import torch
     from transformers import AutoConfig, AutoModel
 
-    from ..sources.facts import shape_problem
+    from tasks.sources.facts import shape_problem
 
     config = AutoConfig.from_pretrained(str(src), local_files_only=True)
     with torch.device("meta"):
@@ -94,8 +94,8 @@ def run(inputs, files, params, out: Path) -> dict:
     outputs (names, dtypes, shapes). Raises SourceError for NaN/Inf weights, a tensor of another
     shape than the config implies (:func:`config_shape_problem`) or a tokenizer larger than the
     embedding (``tasks.sources.facts``), whatever optimum raises for an unsupported model."""
-    from ..sources import SourceError
-    from ..sources.facts import check_finite_weights, check_vocabulary
+    from tasks.sources import SourceError
+    from tasks.sources.facts import check_finite_weights, check_vocabulary
 
     src = inputs["source"]
     check_finite_weights(src)
@@ -124,7 +124,7 @@ def tokenizer_problems(folder: Path) -> list[tuple[str, str]]:
     ``tokenizer_config.json``'s ``model_input_names`` (when it has one) must hold every input of
     :data:`tasks.encoder.inputs.REQUIRED_INPUTS`; the ones in ``ZERO_WHEN_ABSENT``
     (``token_type_ids``) may be missing, they are fed as zeros. [(key path, message)]."""
-    from .. import plancache
+    from tasks.store import plancache
 
     f = folder / "tokenizer_config.json"
     plancache.note(f)
@@ -134,7 +134,7 @@ def tokenizer_problems(folder: Path) -> list[tuple[str, str]]:
         return [("source", f"expected a readable JSON tokenizer_config.json, found {f} ({e})")]
     if names is None:
         return []
-    from .inputs import REQUIRED_INPUTS, ZERO_WHEN_ABSENT
+    from tasks.encoder.inputs import REQUIRED_INPUTS, ZERO_WHEN_ABSENT
 
     missing = [n for n in REQUIRED_INPUTS if not isinstance(names, list) or n not in names]
     if not missing:

@@ -28,7 +28,7 @@ def encoder_feeds(model_path: Path, tokenizer_dir: Path, texts: list[str], max_l
     import onnx
     from transformers import AutoTokenizer
 
-    from ..graphs import load_model
+    from tasks.qnn.graphs import load_model
 
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
     m = load_model(model_path, load_external_data=False)

@@ -1,7 +1,7 @@
 """quantize, the encoder implementation (LLMs: ``tasks/llm/quantize.py``): fp32 ONNX ->
 QDQ ONNX for QNN HTP, with onnxruntime's QNN quantization helpers.
 
-Precisions: the table in ``tasks/precisions.py`` (weight and activation types per name);
+Precisions: the table in ``tasks/qnn/precisions.py`` (weight and activation types per name);
 per-channel weights as the recipe says (default yes).
 
 Steps (onnxruntime docs, "QNN Execution Provider" -> "Generating a quantized model"):
@@ -11,7 +11,7 @@ feeds come from the recipe's text file: the first ``samples`` non-empty lines, t
 with the model's tokenizer and padded to ``max_length``. Its content digest enters the key.
 ``overrides`` keep matching weights (``re.search`` on initializer names) at other bit widths.
 With ``w4a16``, :func:`quantize_graph` then re-encodes the int4 weights (``block_size``,
-``rounding``) and the embedding table (``embedding_bits``): :mod:`tasks.weights`.
+``rounding``) and the embedding table (``embedding_bits``): :mod:`tasks.qnn.weights`.
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ import tempfile
 from pathlib import Path
 from typing import Literal
 
-from .. import progress
-from ..proc import lazy
-from ..datafiles import read_lines
-from ..graphs import list_graphs, load_model
-from .inputs import encoder_feeds
-from ..stages.common import copy_rest
-from ..stages.contract import Param, Stage
-from ..stages.params import (BLOCK_SIZE, CALIBRATION_FILE, CALIBRATION_SAMPLES, EMBEDDING_BITS, OVERRIDES, PER_CHANNEL,
+from tasks import progress
+from tasks.proc import lazy
+from tasks.datafiles import read_lines
+from tasks.qnn.graphs import list_graphs, load_model
+from tasks.encoder.inputs import encoder_feeds
+from tasks.contract.common import copy_rest
+from tasks.contract.stage import Param, Stage
+from tasks.contract.params import (BLOCK_SIZE, CALIBRATION_FILE, CALIBRATION_SAMPLES, EMBEDDING_BITS, OVERRIDES, PER_CHANNEL,
                              GPTQ_SPAN, PRECISION, ROUNDING)
 
 onnx = lazy.module("onnx")
@@ -92,8 +92,8 @@ def weight_overrides(model: onnx.ModelProto, precision: str, per_channel: bool) 
     """
     from onnxruntime.quantization import QuantType
 
-    from ..precisions import get as get_precision
-    from ..quantconfig import matmul_weight_overrides
+    from tasks.qnn.precisions import get as get_precision
+    from tasks.qnn.quantconfig import matmul_weight_overrides
 
     p = get_precision(precision)
     inits = {i.name for i in model.graph.initializer}
@@ -109,19 +109,19 @@ def weight_overrides(model: onnx.ModelProto, precision: str, per_channel: bool) 
 def quantize_graph(src: Path, dst: Path, feeds: list[dict], params: dict) -> dict:
     """Quantize one graph to QDQ with ``feeds`` as the calibration set. Returns counts of
     QuantizeLinear/DequantizeLinear nodes, the overrides applied and, at 4 bits, what
-    :mod:`tasks.weights` re-encoded (int4 weights, block size, rounding, 8-bit tables).
+    :mod:`tasks.qnn.weights` re-encoded (int4 weights, block size, rounding, 8-bit tables).
 
     4-bit weights (``w4a16``): MatMul + Add pairs that onnxruntime's pre-processing fused into
-    Gemm are split again (:func:`tasks.weights.unfuse_gemm`; HTP does not take int4 Gemm
+    Gemm are split again (:func:`tasks.qnn.weights.unfuse_gemm`; HTP does not take int4 Gemm
     weights), so every MatMul weight is int4 unless an override keeps it; then the int4 weights
     are re-encoded per ``block_size`` (LPBQ) and ``rounding`` (GPTQ on ``feeds``), and with
     ``embedding_bits: 8`` the Gather tables are stored at 8 bits."""
     from onnxruntime.quantization import CalibrationMethod, quantize
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config, qnn_preprocess_model
 
-    from .. import weights
-    from ..precisions import OVERRIDE_TYPES, get as get_precision
-    from ..quantconfig import fast_int4_packing, matching_weights, qtype
+    from tasks.qnn import weights
+    from tasks.qnn.precisions import OVERRIDE_TYPES, get as get_precision
+    from tasks.qnn.quantconfig import fast_int4_packing, matching_weights, qtype
 
     p = get_precision(params["precision"])
     four = p.weight_bits == 4
@@ -165,7 +165,7 @@ def run(inputs, files, params, out: Path) -> dict:
     Raises ValueError when the calibration file has too few lines. onnxruntime's quantizer
     logs advice through the root logger at WARNING (opset upgrade, "Axis 1 is out-of-range"
     for 1-D weights, pre-processing): it goes to the stage's log, and the known lines are kept
-    off the console (``tasks/stagelog.py`` ``HARMLESS``)."""
+    off the console (``tasks/store/stagelog.py`` ``HARMLESS``)."""
     src = inputs["model"]
     cal = params["calibration"]
     report = {}

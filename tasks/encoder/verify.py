@@ -17,10 +17,10 @@ Metrics, per sample and aggregated (``verify.json``):
 
 Before measuring, every context binary that ships is read back (``binaries``: its graph's
 inputs and outputs against the QDQ graph's, the SoC model against the target's, and its
-figures: weight, spill-fill and I/O bytes, QNN SDK build id; ``tasks/context_binary.py``).
+figures: weight, spill-fill and I/O bytes, QNN SDK build id; ``tasks/qnn/context_binary.py``).
 
 Thresholds are not part of the key (``key_exclude``): they judge a result, they don't change
-it. :func:`check` (``tasks/stages/common.py``, shared with the LLM verify) fails the build with
+it. :func:`check` (``tasks/contract/common.py``, shared with the LLM verify) fails the build with
 the metric, the threshold and the worst sample.
 """
 
@@ -31,16 +31,17 @@ import os
 import tempfile
 from pathlib import Path
 
-from .. import progress, qnn
-from ..proc import lazy
-from ..datafiles import read_lines
-from ..metrics import cosine
-from ..proc.scrubbing import sample_text
-from ..stages import common
-from ..stages.contract import Param, Stage, Threshold
-from ..stages.params import BACKEND, DATA_FILE, DATA_SAMPLES, THRESHOLDS as THRESHOLDS_PARAM
-from .binaries import read_back
-from .inputs import encoder_feeds
+from tasks import progress
+from tasks.qnn import ep as qnn
+from tasks.proc import lazy
+from tasks.datafiles import read_lines
+from tasks.metrics import cosine
+from tasks.proc.scrubbing import sample_text
+from tasks.contract import common
+from tasks.contract.stage import Param, Stage, Threshold
+from tasks.contract.params import BACKEND, DATA_FILE, DATA_SAMPLES, THRESHOLDS as THRESHOLDS_PARAM
+from tasks.encoder.binaries import read_back
+from tasks.encoder.inputs import encoder_feeds
 
 np = lazy.module("numpy")
 onnx = lazy.module("onnx")
@@ -115,7 +116,7 @@ def htp_outputs(ctx: Path, target: str, feeds: list[dict], out_name: str, work: 
     import time
     from concurrent.futures import ThreadPoolExecutor
 
-    from ..proc.child import run_function
+    from tasks.proc.child import run_function
 
     n = workers(len(feeds))
     for i, f in enumerate(feeds):
@@ -147,7 +148,7 @@ def _htp_child(first: int, ctx: str, target: str, work: str, count: int, step: i
 
 
 def _verify_encoder(inputs, files, params) -> dict:
-    # the shipped binaries read back first: graphs, I/O, SoC, figures (tasks/context_binary.py)
+    # the shipped binaries read back first: graphs, I/O, SoC, figures (tasks/qnn/context_binary.py)
     binaries = read_back(inputs["compiled"], params["target"], qdq=inputs["qdq"])
     d = params["data"]
     texts = read_lines(files["data"], d["samples"])

@@ -9,7 +9,7 @@ float tensors are the context binary's I/O: 4 bytes per element moved in and out
 call. :func:`narrow_io` drops that input ``QuantizeLinear`` / output ``DequantizeLinear``, so
 the graph takes and gives the quantized integers themselves; compiled, the binary's tensor is
 ``UFIXED_POINT_8`` / ``_16`` with the scale and offset in the binary (read back as ``UINT8`` /
-``UINT16``: :mod:`tasks.context_binary`). Checked here: a uint8 input into ``DequantizeLinear``
+``UINT16``: :mod:`tasks.qnn.context_binary`). Checked here: a uint8 input into ``DequantizeLinear``
 and a ``QuantizeLinear`` to a uint8 output compile with every node on HTP (onnxruntime-qnn
 2.7.0) and the simulator returns the CPU EP's bytes.
 
@@ -21,7 +21,7 @@ by the part's prefill (prompt) and decode (token) graphs, from ``max |x|`` over 
 calibration call of both graphs, inputs and outputs (:func:`encodings`): the bytes a graph
 writes are the bytes the next call reads, so they must mean the same values. Which tensors
 those are (:func:`kv_cache`), by layout: Genie's ``past_{key,value}_{l}_in`` and ``_out``
-(:mod:`tasks.llm.genie`: the runtime copies the new entries' bytes into the cache), genai's
+(:mod:`tasks.llm.genie.graphs`: the runtime copies the new entries' bytes into the cache), genai's
 ``past_{key,value}_{l}`` and ``present_{key,value}_{l}`` (:mod:`tasks.llm.pipeline_graphs`:
 onnxruntime-genai binds both to one buffer). Every other float tensor crosses at 16 bits, one
 encoding per name across the graphs.
@@ -32,11 +32,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ..proc import lazy
+from tasks.proc import lazy
 
 np = lazy.module("numpy")
 
-#: a layer's KV boundary tensors, by layout: Genie's (tasks/llm/genie.py's graph contract) and
+#: a layer's KV boundary tensors, by layout: Genie's (tasks/llm/genie/graphs.py's graph contract) and
 #: genai's (tasks/llm/pipeline_graphs.py's); groups: "key" or "value", then the layer
 KV_TENSORS = (re.compile(r"past_(key|value)_(\d+)_(?:in|out)"), re.compile(r"(?:past|present)_(key|value)_(\d+)"))
 

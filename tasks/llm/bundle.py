@@ -1,8 +1,8 @@
-"""The bundle stage, the LLM implementation (the contract: tasks/stages/__init__.py): the join
+"""The bundle stage, the LLM implementation (the contract: tasks/contract/__init__.py): the join
 of an LLM's parts.
 
 Each part is exported, calibrated, quantized and compiled by stages of its own
-(``tasks/plan.py``); this stage writes what belongs to the whole model, from the parts'
+(``tasks/recipe/plan.py``); this stage writes what belongs to the whole model, from the parts'
 entries: ``export.json`` (every part's graph I/O as the quantized parts declare it, the KV
 cache's dtype and encoding among it: :mod:`tasks.llm.quantize`; each part's ``weight_bytes``
 from its own export, and ``checkpoint_bytes_read`` summed over the parts), the host-side
@@ -22,18 +22,18 @@ import json
 import shutil
 from pathlib import Path
 
-from ..errors import UserError
-from ..qnn import provider_options
-from ..stages.common import target_key_extra
-from ..stages.contract import Stage
-from ..stages.params import WEIGHT_SHARING
-from .genie_names import genie_files, joined_genie_description
-from .memory import plan_estimate
+from tasks.errors import UserError
+from tasks.qnn.ep import provider_options
+from tasks.contract.common import target_key_extra
+from tasks.contract.stage import Stage
+from tasks.contract.params import WEIGHT_SHARING
+from tasks.llm.genie.names import genie_files, joined_genie_description
+from tasks.llm.memory import plan_estimate
 
 
 def preflight(recipe) -> list[tuple[str, str]]:
     """``bundle.runtimes: [.., genie]`` needs what the Genie export writes and verify can run
-    (tasks/llm/genie.py): the embedding in part 0 (Genie feeds ``input_ids``), verified on the
+    (tasks/llm/genie/graphs.py): the embedding in part 0 (Genie feeds ``input_ids``), verified on the
     HTP simulator (verify runs Genie on the per-graph binaries), and ``libGenie.so`` installed
     (:func:`genie_library_missing`); ``bundle.genie_config`` only with genie, and none that the
     binaries cannot serve or that names a file the bundle does not ship
@@ -44,7 +44,7 @@ def preflight(recipe) -> list[tuple[str, str]]:
             return unservable
     if "genie" not in b.runtimes:
         if b.genie_config is not None:
-            from ..stages.schema import found
+            from tasks.contract.schema import found
 
             return [("bundle.genie_config", "expected no genie_config without runtime genie in bundle.runtimes, "
                                             f"found {found(b.genie_config)}")]
@@ -64,7 +64,7 @@ def preflight(recipe) -> list[tuple[str, str]]:
 
 #: genie_config.json keys (path under ``dialog``) that name a file the bundle writes itself:
 #: the one tokenizer file Genie reads and the bundle ships, the HTP extensions config; and the
-#: context binaries, named from the Genie export (:func:`tasks.llm.genie_names.genie_files`).
+#: context binaries, named from the Genie export (:func:`tasks.llm.genie.names.genie_files`).
 SHIPPED_FILES = {("tokenizer", "path"): "tokenizer.json",
                  ("engine", "backend", "extensions"): "htp_backend_ext_config.json",
                  ("engine", "model", "binary", "ctx-bins"): None}
@@ -78,7 +78,7 @@ def genie_override_problems(over: dict, context_length: int) -> list[tuple[str, 
     creating the dialog only in verify, ~80 s in, issue 51 case 4), and a file the bundle
     does not ship (:data:`SHIPPED_FILES`: another tokenizer path, extensions file or
     ``ctx-bins``, which Genie opens relative to the bundle)."""
-    from ..stages.schema import found
+    from tasks.contract.schema import found
 
     d = over.get("dialog") if isinstance(over, dict) else None
     if not isinstance(d, dict):
@@ -102,11 +102,11 @@ def genie_override_problems(over: dict, context_length: int) -> list[tuple[str, 
 
 def genie_library_missing() -> str:
     """"" when onnxruntime-qnn's wheel holds ``libGenie.so`` (what the bundle's parser check and
-    verify load: :mod:`tasks.llm.libgenie`), else the message naming where it was looked for.
-    Found without importing the wheel (:func:`tasks.llm.libgenie.library_path`). Before, a missing library
+    verify load: :mod:`tasks.llm.genie.libgenie`), else the message naming where it was looked for.
+    Found without importing the wheel (:func:`tasks.llm.genie.libgenie.library_path`). Before, a missing library
     was reported after five stages as a config Genie's parser refused (issue 51 case 5)."""
-    from .. import plancache
-    from .libgenie import library_path
+    from tasks.store import plancache
+    from tasks.llm.genie.libgenie import library_path
 
     plancache.note_sys_path()
     lib = library_path()
@@ -142,7 +142,7 @@ def write_genai_files(desc: dict, embed_dir: Path, out: Path, params: dict) -> N
     copied from ``embed_dir``) and ``genai_config.json`` for onnxruntime-genai (only when
     part 0 takes ``input_ids``: genai's pipeline starts from them), naming the weight-shared
     binaries when ``params["weight_sharing"]``, else the per-graph ones."""
-    from .genai import bundle_files, write_genai_config
+    from tasks.llm.genai import bundle_files, write_genai_config
 
     (out / "export.json").write_text(json.dumps(desc, indent=1))
     if desc.get("embed_file"):
@@ -170,13 +170,13 @@ def deep_merge(base: dict, over: dict) -> dict:
 
 
 def write_genie(genie_desc: dict, tokenizer_dir: Path, out: Path, params: dict, ctx_bins: list[str]) -> dict:
-    """Write ``genie_config.json`` (:func:`tasks.llm.genie_config.genie_config` naming ``ctx_bins``,
+    """Write ``genie_config.json`` (:func:`tasks.llm.genie.config.genie_config` naming ``ctx_bins``,
     with the recipe's ``bundle.genie_config`` merged over it), ``htp_backend_ext_config.json``
     (the target's SoC model and DSP arch) and ``tokenizer.json`` into ``out``, then run Genie's
     parser on the config. Returns the config. Raises :class:`GenieConfigRefused` in one line
     naming the file, Genie's status and its reason, :class:`GenieTokenizerMissing` when the
     export has no ``tokenizer.json`` (:func:`tasks.llm.export.write_tokenizer_json` says why)."""
-    from .genie_config import genie_config, htp_backend_ext_config, parse_config
+    from tasks.llm.genie.config import genie_config, htp_backend_ext_config, parse_config
 
     sharing = params.get("weight_sharing", True)
     cfg = deep_merge(genie_config(genie_desc, ctx_bins), params.get("genie_config") or {})
@@ -186,7 +186,7 @@ def write_genie(genie_desc: dict, tokenizer_dir: Path, out: Path, params: dict, 
         json.dumps(htp_backend_ext_config(params["target"], sharing), indent=1) + "\n")
     tok = Path(tokenizer_dir) / "tokenizer.json"
     if not tok.is_file():  # the export writes one from any tokenizer transformers converts (export.json says why not)
-        from ..stages.common import TOKENIZER_FILES
+        from tasks.contract.common import TOKENIZER_FILES
 
         have = [n for n in TOKENIZER_FILES if (Path(tokenizer_dir) / n).is_file() and n != "config.json"]
         raise GenieTokenizerMissing(f"bundle.runtimes: expected a tokenizer.json for runtime genie (the one tokenizer "
@@ -217,8 +217,8 @@ def run(inputs, files, params, out: Path) -> dict:
                 for b in (Path(inputs[f"compiled.part{k}"]) / sub / f"part{k}").glob("*.bin"))
     info = {"parts": P, "binary_bytes": total}
     if "genie" in params.get("runtimes", ()):
-        from .genie_binaries import check_binaries
-        from .genie_config import config_binaries
+        from tasks.llm.genie.binaries import check_binaries
+        from tasks.llm.genie.config import config_binaries
 
         entries = [Path(inputs[f"genie.part{k}"]) for k in range(P)]
         gdesc = joined_genie_description(entries)  # each part's row from its own entry

@@ -1,4 +1,4 @@
-"""The calibrate stage, the LLM implementation (the contract: tasks/stages/__init__.py).
+"""The calibrate stage, the LLM implementation (the contract: tasks/contract/__init__.py).
 
 Part k's fp32 graphs run over the teacher-forced calibration schedule
 (:func:`tasks.llm.calibration_feeds.schedule`), reading part k-1's hidden states from
@@ -22,10 +22,10 @@ import os
 import shutil
 from pathlib import Path
 
-from ..stages.contract import Stage
-from ..stages.params import CALIBRATION_FILE, CALIBRATION_SAMPLES
-from .layout import RANGES
-from .memory import plan_estimate
+from tasks.contract.stage import Stage
+from tasks.contract.params import CALIBRATION_FILE, CALIBRATION_SAMPLES
+from tasks.llm.layout import RANGES
+from tasks.llm.memory import plan_estimate
 
 #: part 0's schedule, carried along the chain: {"eos": int, "calls": [{"prompt", "decode", "keep"}]}
 SCHEDULE = "schedule.json"
@@ -37,17 +37,17 @@ def run(inputs, files, params, out: Path) -> dict:
     part k > 0: ``inputs["previous"]``, ``calibrate.part{k-1}``'s output. Returns
     {"feeds": {"prefill": n, "decode": n}, "prompts": n} (the engine records the stage's time
     and peak RSS). Raises ValueError when the text is too short for the schedule, the memory
-    check's error before work, :class:`tasks.cache.DiskFull` before work when this part's
+    check's error before work, :class:`tasks.store.entries.DiskFull` before work when this part's
     calibration cannot fit on the cache's disk (:func:`check_disk`)."""
     import tempfile
 
     import numpy as np
 
-    from .. import progress
-    from ..digest import canonical_json
-    from .calibration_feeds import run_part, schedule, text_ids
-    from .memory import check_export_stage
-    from .sessions import cpu_session
+    from tasks import progress
+    from tasks.store.digest import canonical_json
+    from tasks.llm.calibration_feeds import run_part, schedule, text_ids
+    from tasks.llm.memory import check_export_stage
+    from tasks.llm.sessions import cpu_session
 
     src, k = Path(inputs["model"]), params["part"]
     check_export_stage("calibrate", src, part=k)
@@ -81,12 +81,12 @@ def check_disk(desc: dict, sched: list[dict], k: int, out: Path) -> int:
     (the stage's folder in the cache), estimated from the schedule by
     :func:`tasks.llm.calibration_feeds.disk_bytes`. This part only: the later parts' entries may be in the
     cache already (rebuilding part 0 alone must not be refused for the later parts' bytes).
-    Returns the estimate in bytes. Raises :class:`tasks.cache.DiskFull` naming the part, both
+    Returns the estimate in bytes. Raises :class:`tasks.store.entries.DiskFull` naming the part, both
     figures and ``quantize.calibration.samples``, before work rather than minutes in, as a
     failed write."""
-    from ..cache import DiskFull
-    from ..metrics import apart
-    from .calibration_feeds import disk_bytes
+    from tasks.store.entries import DiskFull
+    from tasks.errors import apart
+    from tasks.llm.calibration_feeds import disk_bytes
 
     need = disk_bytes(desc, sched, k)
     free = shutil.disk_usage(out).free
@@ -105,7 +105,7 @@ def file_check(role: str, f: Path, rel: str) -> str | None:
     """The first problem of a chat calibration file (``.jsonl``, read by
     :func:`tasks.llm.calibration_feeds.samples_of`), as a message naming the line; None for
     any other file."""
-    from .calibration_feeds import conversations
+    from tasks.llm.calibration_feeds import conversations
 
     if role != "calibration" or not rel.endswith(".jsonl"):
         return None

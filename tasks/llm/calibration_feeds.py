@@ -48,8 +48,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .feed_store import FeedStore
-from .runner import KVCache, PartGraph, block_ids, prompt_windows
+from tasks.llm.feed_store import FeedStore
+from tasks.llm.runner import KVCache, PartGraph, block_ids, prompt_windows
 
 
 def conversations(path) -> list[list[dict]]:
@@ -287,7 +287,7 @@ class RangeTaps:
     def __init__(self, model_path):
         import onnx
 
-        from .sessions import cpu_session_on
+        from tasks.llm.sessions import cpu_session_on
 
         self.path = Path(model_path)
         aug, self.names = augment_for_ranges(onnx.load(str(self.path), load_external_data=False))
@@ -370,7 +370,7 @@ def collect_ranges(model_path, feeds):
     ``MinMaxCalibrater.compute_data`` would. Raises ValueError on an empty ``feeds``."""
     import onnx
 
-    from .sessions import cpu_session_for
+    from tasks.llm.sessions import cpu_session_for
 
     model_path = Path(model_path)
     aug, names = augment_for_ranges(onnx.load(str(model_path), load_external_data=False))

@@ -18,8 +18,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..proc import lazy
-from .architectures import pieces
+from tasks.proc import lazy
+from tasks.llm.architectures import pieces
 
 np = lazy.module("numpy")
 
@@ -74,8 +74,8 @@ class Checkpoint:
             raise KeyError(f"{self.dir}: checkpoint has no tensor {name!r}")
         import torch
 
-        from ..sources import SourceError
-        from ..sources.facts import nonfinite
+        from tasks.sources import SourceError
+        from tasks.sources.facts import nonfinite
 
         with self._shard(self.weight_map[name]) as f:
             t = f.get_tensor(name)
@@ -133,8 +133,8 @@ def config_shape_problem(model_dir) -> str:
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    from ..sources.facts import shape_problem
-    from ..sources.shape import parameter_shapes
+    from tasks.sources.facts import shape_problem
+    from tasks.sources.shape import parameter_shapes
 
     config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
     optional = {f"model.layers.{l}.{p.source}" for l in range(config.num_hidden_layers)

@@ -51,7 +51,7 @@ Shared (weight-shared) binaries: on x86_64 loading a context binary that holds t
 crashes the HTP simulator (NOTES-qnn.md; reproduced by tasks/llm/htp.load_shared_probe),
 so verify runs the per-graph binaries compiled from the same QDQ graphs (``verify.json``
 ``"ran"``). Before it runs anything, every binary, the shipped weight-shared ones included, is
-read back (:func:`read_back_bundle`, ``tasks/context_binary.py``): its graphs, every input and
+read back (:func:`read_back_bundle`, ``tasks/qnn/context_binary.py``): its graphs, every input and
 output against the export, the QDQ graphs and ``genai_config.json``, its SoC; its figures
 (weight, shared weight, spill-fill and I/O bytes, SDK build id) go to ``verify.json``
 ``"binaries"``.
@@ -61,13 +61,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..proc import lazy
+from tasks.proc import lazy
 
 np = lazy.module("numpy")
 
 
 def _prompts(files, params, tok) -> tuple[list[str], list[list[int]]]:
-    from ..datafiles import read_lines
+    from tasks.datafiles import read_lines
 
     texts = read_lines(files["data"], params["data"]["samples"])
     return texts, [tok(t)["input_ids"] for t in texts]
@@ -79,14 +79,14 @@ def read_back_bundle(views: dict, params: dict) -> dict:
     (``export.json``), the QDQ graphs (``views["qdq"]``), the SoC of ``params["target"]`` and
     the bundle's ``genai_config.json``: every model and tensor it names is in a binary, with the
     shapes genai feeds (:func:`tasks.llm.genai.declared_tensors`), and its QNN ``soc_model`` is
-    the target's. Returns {binary: figures} (``tasks/context_binary.py``). Raises
+    the target's. Returns {binary: figures} (``tasks/qnn/context_binary.py``). Raises
     context_binary_checks.Mismatch, one line per difference."""
     import json
 
-    from .. import context_binary_checks
-    from ..targets import get as get_target
-    from .part_binaries import read_back
-    from .genai import declared_tensors
+    from tasks.qnn import context_binary_checks
+    from tasks.qnn.targets import get as get_target
+    from tasks.llm.part_binaries import read_back
+    from tasks.llm.genai import declared_tensors
 
     compiled = Path(views["compiled"])
     desc = json.loads((compiled / "export.json").read_text())
@@ -112,9 +112,9 @@ def read_back_bundle(views: dict, params: dict) -> dict:
     if lines:
         raise context_binary_checks.Mismatch(lines)
     if views.get("genie_parts"):  # the Genie binaries: what genie_config.json names, and the per-graph ones
-        from .genie_binaries import check_binaries
-        from .genie_config import config_binaries
-        from .genie_names import joined_genie_description, planned_binaries
+        from tasks.llm.genie.binaries import check_binaries
+        from tasks.llm.genie.config import config_binaries
+        from tasks.llm.genie.names import joined_genie_description, planned_binaries
 
         entries = views["genie_parts"]
         gdesc = joined_genie_description(entries)  # each part's row from its own entry
@@ -147,7 +147,7 @@ def resident_bytes(graph_path, parts: int, backend: str, prompts: int, desc: dic
     layer and K/V, [1, KV heads, context, head_dim] at the dtype ``desc`` declares: the bundle's
     ``export.json``, 1 byte per element for a uint8 cache, 4 for float32). The prefill sessions
     come before, one at a time."""
-    from .boundary import kv_cache
+    from tasks.llm.boundary import kv_cache
 
     total = 0
     for i in range(parts):
@@ -188,8 +188,8 @@ def _genai_generate(desc: dict, inputs: dict, params: dict, prompts: list[list[i
     takes only relative paths). genai holds every part's sessions at once."""
     import tempfile
 
-    from .. import qnn as _qnn
-    from .genai import GenaiRunner, bundle_files, link_parts, write_genai_config
+    from tasks.qnn import ep as _qnn
+    from tasks.llm.genai import GenaiRunner, bundle_files, link_parts, write_genai_config
 
     with tempfile.TemporaryDirectory(prefix="npubuild-genai-") as tmp:
         if params["backend"] == "htp":
@@ -201,7 +201,7 @@ def _genai_generate(desc: dict, inputs: dict, params: dict, prompts: list[list[i
             link_parts(desc, inputs["qdq"], tmp)
             write_genai_config(desc, Path(tmp) / "genai_config.json", bundle_files(desc, suffix=".onnx"))
         runner = GenaiRunner(tmp, qnn=params["backend"] == "htp")
-        from .. import progress
+        from tasks import progress
 
         out = [runner.generate(p, K) for p in progress.bar(prompts, "genai prompts", unit="prompt")]
         del runner
@@ -210,21 +210,21 @@ def _genai_generate(desc: dict, inputs: dict, params: dict, prompts: list[list[i
 
 def _genie_generate(inputs: dict, prompts: list[list[int]], K: int) -> dict:
     """Greedy tokens of every prompt through Genie on the HTP simulator
-    (:func:`tasks.llm.libgenie.generate_in_child`): the bundle's ``genie_config.json`` with its
+    (:func:`tasks.llm.genie.libgenie.generate_in_child`): the bundle's ``genie_config.json`` with its
     ``ctx-bins`` turned to the per-graph binaries (the simulator cannot load a two-graph
     binary: Genie on the shipped ``qwen2_part_1_of_1.bin`` ended with SIGSEGV, exit -11, as
     onnxruntime does on the genai shared binaries), in a temporary folder whose ``genie/part{k}`` link to the ``genie_compile.part{k}``
     entries (the bytes that ship without weight sharing, names patched as shipped), beside the
     bundle's ``htp_backend_ext_config.json`` and ``tokenizer.json``. The shipped config carries
     the device's engine settings; this copy gets the simulator's
-    (:data:`tasks.llm.genie_config.SIMULATOR_SETTINGS`: poll false), nothing else changed."""
+    (:data:`tasks.llm.genie.config.SIMULATOR_SETTINGS`: poll false), nothing else changed."""
     import json
     import os
     import tempfile
 
-    from .genie_config import SIMULATOR_SETTINGS, with_settings
-    from .genie_names import genie_files, joined_genie_description
-    from .libgenie import generate_in_child
+    from tasks.llm.genie.config import SIMULATOR_SETTINGS, with_settings
+    from tasks.llm.genie.names import genie_files, joined_genie_description
+    from tasks.llm.genie.libgenie import generate_in_child
 
     entries, bundle = inputs["genie_parts"], Path(inputs["bundle"])
     desc = joined_genie_description(entries)  # each part's row from its own entry
@@ -258,13 +258,13 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
 
     from transformers import AutoTokenizer
 
-    from .. import qnn
-    from ..metrics import agreement, cosine, perplexity
-    from ..proc.scrubbing import scrub
-    from . import htp
-    from .runner import PartStream
-    from .qdq_session import qdq_session
-    from .sessions import cpu_session
+    from tasks.qnn import ep as qnn
+    from tasks.metrics import agreement, cosine, perplexity
+    from tasks.proc.scrubbing import scrub
+    from tasks.llm import htp
+    from tasks.llm.runner import PartStream
+    from tasks.llm.qdq_session import qdq_session
+    from tasks.llm.sessions import cpu_session
 
     binaries = read_back_bundle(inputs, params)  # what ships, read back before anything runs
     model_dir, ref_dir = inputs["source"], Path(inputs["reference"])
@@ -335,7 +335,7 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
                        genai_runner_agreement=float(np.mean(same)))
         ran += "; tokens generated by onnxruntime-genai " + _genai_version()
     if "genie" in params.get("runtimes", ()):
-        from .genie_config import SIMULATOR_SETTINGS
+        from tasks.llm.genie.config import SIMULATOR_SETTINGS
 
         got_genie = _genie_generate(inputs, prompts, K)
         eos = desc.get("eos_token_id")

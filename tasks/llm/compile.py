@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..stages.common import COMPILE_ARTIFACTS, target_key_extra
-from ..stages.contract import Stage
-from ..stages.params import WEIGHT_SHARING
-from .part_binaries import compile_part, read_back
-from .memory import plan_estimate
+from tasks.contract.common import COMPILE_ARTIFACTS, target_key_extra
+from tasks.contract.stage import Stage
+from tasks.contract.params import WEIGHT_SHARING
+from tasks.llm.part_binaries import compile_part, read_back
+from tasks.llm.memory import plan_estimate
 
 def run(inputs, files, params, out: Path) -> dict:
     """Compile part ``params["part"]`` of ``inputs["model"]`` for ``params["target"]`` into
@@ -23,7 +23,7 @@ def run(inputs, files, params, out: Path) -> dict:
     ({binary: figures}, :func:`read_back`). Raises the memory check's error before work,
     RuntimeError with the compile child's output, context_binary_checks.Mismatch when a binary is not
     what was planned."""
-    from .memory import check_export_stage, weight_bits_of
+    from tasks.llm.memory import check_export_stage, weight_bits_of
 
     # the recipe's own bits (a w8a16 LLM's weights count 8, not 4)
     check_export_stage("compile", inputs["model"], weight_bits_of(inputs["model"]), part=params["part"], in_child=True)

@@ -12,11 +12,11 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from ..stages.common import EXPORT_ARTIFACTS, copy_tokenizer
-from ..stages.contract import Param, Stage
-from ..stages.params import SEQUENCE_LENGTH
-from .figures import catalog_figures, plan_lines
-from .memory import plan_estimate
+from tasks.contract.common import EXPORT_ARTIFACTS, copy_tokenizer
+from tasks.contract.stage import Param, Stage
+from tasks.contract.params import SEQUENCE_LENGTH
+from tasks.llm.figures import catalog_figures, plan_lines
+from tasks.llm.memory import plan_estimate
 
 DECODE_LENGTH = Param("export", "decode_length", int, 1, "tokens per decode call (AR-1)", limits={"ge": 1, "le": 1})
 CONTEXT_LENGTH = Param("export", "context_length", int, 4096, "KV cache length + current tokens",
@@ -40,11 +40,11 @@ def run(inputs, files, params, out: Path) -> dict:
     an unsupported family or activation, SourceError (one line) for a tokenizer larger than the
     embedding or a tensor that is absent or of another shape than the config implies
     (:func:`tasks.llm.checkpoint.config_shape_problem`)."""
-    from ..sources import SourceError
-    from ..sources.facts import check_vocabulary
-    from .checkpoint import config_shape_problem
-    from .memory import check_stage, held_bytes
-    from .pipeline_graphs import export_llm
+    from tasks.sources import SourceError
+    from tasks.sources.facts import check_vocabulary
+    from tasks.llm.checkpoint import config_shape_problem
+    from tasks.llm.memory import check_stage, held_bytes
+    from tasks.llm.pipeline_graphs import export_llm
 
     src = inputs["source"]
     check_vocabulary(src)
@@ -101,8 +101,8 @@ def source_check(recipe, cfg: dict, config_file: Path) -> list[tuple[str, str]]:
     :class:`tasks.errors.Unsupported` problem), an MLP activation it does not write, more
     ``export.parts`` than ``num_hidden_layers``, an ``export.context_length`` above
     ``max_position_embeddings``."""
-    from ..errors import Unsupported
-    from .architectures import ACTIVATIONS, SUPPORTED, unsupported
+    from tasks.errors import Unsupported
+    from tasks.llm.architectures import ACTIVATIONS, SUPPORTED, unsupported
 
     problems, e, name = [], recipe.export, config_file.name
     mt = cfg.get("model_type")

@@ -1,5 +1,5 @@
 """Calibration feeds on disk (:class:`FeedStore`): what the calibrate stage records for quantize
-(:mod:`tasks.llm.calibration_feeds` writes them; GPTQ, :mod:`tasks.seqgptq`, reads them one feed
+(:mod:`tasks.llm.calibration_feeds` writes them; GPTQ, :mod:`tasks.qnn.seqgptq`, reads them one feed
 and one layer's arrays at a time)."""
 
 from __future__ import annotations

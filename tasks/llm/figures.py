@@ -1,6 +1,6 @@
 """On-device figures of an LLM recipe per target: what its bundle weighs, what it holds in
 memory on the device, and two **ceilings** from the target's published figures
-(:mod:`tasks.targets`). They bound what a device can do; they are not measurements (nothing
+(:mod:`tasks.qnn.targets`). They bound what a device can do; they are not measurements (nothing
 here runs on a Snapdragon). Units: bytes, GB/s = 10^9 bytes/s, TOPS = 10^12 ops/s, seconds.
 
 - **bundle bytes**: once built, the sum of the shipped context binaries' sizes as verify read
@@ -17,7 +17,7 @@ here runs on a Snapdragon). Units: bytes, GB/s = 10^9 bytes/s, TOPS = 10^12 ops/
   libQnnSystem reports them: :func:`layout_traffic`); before, from the config: genai's graphs
   read and rewrite the whole [1, Hkv, C, d] buffer per layer every call (onnxruntime-genai
   0.18.0 gives a pipeline model no new-slots-only cache: :mod:`tasks.llm.genai`), Genie's read
-  C - AR slots and write the AR new ones (Genie keeps the cache: :mod:`tasks.llm.genie`), each at
+  C - AR slots and write the AR new ones (Genie keeps the cache: :mod:`tasks.llm.genie.graphs`), each at
   ``quantize.kv_bits`` (8: uint8).
 - **memory on the device** = weights (bundle bytes) + KV cache at its real type + spill-fill +
   I/O buffers other than the cache (the largest graph of each binary; unknown before a build)
@@ -41,8 +41,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .boundary import kv_cache
-from .memory import part_params
+from tasks.llm.boundary import kv_cache
+from tasks.llm.memory import part_params
 
 CEILING_NOTE = ("ceilings, not measurements: decode tokens/s = DRAM bandwidth / bytes read and written per token; first-token "
                 "time >= prefill ops / NPU peak ops; the runtime's own memory is not included (not measured, no public "
@@ -64,7 +64,7 @@ def parameters(config: dict) -> int:
 
 
 def _table_bits(recipe) -> int:
-    from ..precisions import FOUR_BIT
+    from tasks.qnn.precisions import FOUR_BIT
 
     return recipe.quantize.embedding_bits if recipe.quantize.precision == FOUR_BIT else 16
 
@@ -74,7 +74,7 @@ def estimated_bundle_bytes(config: dict, recipe) -> int:
     embedding table in part 0 at the table bits, every other weight element (the LM head a copy
     of its own even when tied) at ``weight_bits``, plus 4 bits per ``block_size`` elements
     (LPBQ scales) when block-wise."""
-    from ..precisions import get
+    from tasks.qnn.precisions import get
 
     L, D, H, Hkv, d, V = _dims(config)
     n = part_params(config, 0, L, True, True, recipe.export.embedding == "first-part")
@@ -140,7 +140,7 @@ def _ar(graph: dict) -> int | None:
 
 def layout_traffic(binaries: dict, runtime: str) -> dict | None:
     """What ``runtime``'s shipped binaries (:func:`shipped_binaries`) move and hold, from their
-    read-back I/O tensors ([name, dtype, shape, bytes] per tensor, :meth:`tasks.context_binary.ContextBinary.figures`):
+    read-back I/O tensors ([name, dtype, shape, bytes] per tensor, :meth:`tasks.qnn.context_binary.ContextBinary.figures`):
     {"kv_dtype", "kv_cache_bytes", "decode" / "prefill": {"read", "written", "kv_read",
     "kv_written", "tokens"}, "io_buffer_bytes", "spill_fill_bytes", "bundle_bytes",
     "decode_binary_bytes" (the binaries holding a decode graph: what a decoded token streams),
@@ -183,7 +183,7 @@ def device_figures(config: dict, recipe, target: str, binaries: dict | None = No
     formulas, units, what is and is not included), each with where it came from: per runtime
     of ``bundle.runtimes`` under ``"runtimes"``, and at the top level those of the runtime that
     moves the fewest bytes per decoded token (``"runtime"``)."""
-    from ..targets import get as get_target
+    from tasks.qnn.targets import get as get_target
 
     t = get_target(target)
     ex = recipe.export
@@ -242,8 +242,8 @@ def recipe_config(recipe, download_out: Path | None = None) -> tuple[dict | None
     """(config, where it was read) of an LLM recipe's model without building anything: the
     download entry's ``config.json`` when given, a local source's, or the facts kept in the repo
     for a Hub model (``recipes/models/``); (None, why) when none can be read."""
-    from ..sources import SourceError, local_folder
-    from ..sources.model_facts import find
+    from tasks.sources import SourceError, local_folder
+    from tasks.sources.model_facts import find
 
     src = recipe.source
     files = [(download_out / "config.json" if download_out else None, "the download's config.json")]
@@ -271,9 +271,9 @@ def plan_lines(recipe) -> list[str]:
     target. [] for an encoder; one line saying why when the config cannot be read."""
     if recipe.export.family != "llm":
         return []
-    from ..precisions import get
-    from .memory import GiB, estimates
-    from .parts import split_for
+    from tasks.qnn.precisions import get
+    from tasks.llm.memory import GiB, estimates
+    from tasks.llm.parts import split_for
 
     cfg, where = recipe_config(recipe)
     if cfg is None:

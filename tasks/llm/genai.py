@@ -64,7 +64,7 @@ def genai_config(desc: dict, model_files: dict, *, provider_options: dict | None
     Raises ValueError for an export genai cannot drive (separate embedding table; an old
     layout; C not a multiple of S, since padded prompt windows must fit the cache).
     """
-    from .layout import IO_LAYOUT
+    from tasks.llm.layout import IO_LAYOUT
 
     if desc.get("io_layout") != IO_LAYOUT:
         raise ValueError(f"export layout {desc.get('io_layout')!r} is not genai's windowed layout; re-export")
@@ -84,7 +84,7 @@ def genai_config(desc: dict, model_files: dict, *, provider_options: dict | None
                 "run_on_prompt": g == "prefill",
                 "run_on_token_gen": g == "decode",
             }})
-    from .sessions import CPU_CONFIG
+    from tasks.llm.sessions import CPU_CONFIG
 
     base = CPU_CONFIG if provider_options is None else {}  # the CPU EP computes as LLMRunner's sessions
     so = {"log_id": "npubuild", **{k: str(v) for k, v in {**base, **(session_config or {})}.items()}}
@@ -149,7 +149,7 @@ def write_genai_config(desc: dict, out_path, model_files: dict, **kw) -> dict:
 
 def declared_tensors(config: dict, source: str = "genai_config.json") -> tuple[dict, list]:
     """What a ``genai_config.json`` (``config``, the parsed dict) says of each compiled model
-    genai will load: {pipeline entry's ``filename``: :class:`tasks.context_binary_checks.Declared`}
+    genai will load: {pipeline entry's ``filename``: :class:`tasks.qnn.context_binary_checks.Declared`}
     with every input and output the entry names, and the shapes genai feeds or expects for
     those it manages: ``input_ids`` [1, S] on prompt entries and [1, 1] on token entries
     (S = ``sliding_window.window_size``), ``logits`` [1, S or 1, ``vocab_size``], each layer's
@@ -158,7 +158,7 @@ def declared_tensors(config: dict, source: str = "genai_config.json") -> tuple[d
     some graph, as one ``Declared``: every layer's KV names from ``past_key_names`` /
     ``past_value_names`` (inputs) and ``present_key_names`` / ``present_value_names`` (outputs),
     ``%d`` = the layer (``num_hidden_layers``)."""
-    from ..context_binary_checks import Declared
+    from tasks.qnn.context_binary_checks import Declared
 
     m = config["model"]
     dec = m["decoder"]

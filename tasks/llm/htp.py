@@ -18,15 +18,15 @@ import os
 import time
 from pathlib import Path
 
-from .. import qnn as _qnn
-from ..targets import DEFAULT_TARGET
+from tasks.qnn import ep as _qnn
+from tasks.qnn.targets import DEFAULT_TARGET
 
 
 def make_qnn_session(path, *, target: str = DEFAULT_TARGET, config: dict | None = None,
                      cpu_fallback: bool = False, **extra_provider_options):
     """``onnxruntime.InferenceSession`` on QNN HTP for ``path`` (QDQ or ``_ctx.onnx``; ``bytes``
-    are passed through), built with :func:`tasks.qnn.session_options` for the named ``target``
-    (``tasks/targets.py``; a KeyError lists the known ones).
+    are passed through), built with :func:`tasks.qnn.ep.session_options` for the named ``target``
+    (``tasks/qnn/targets.py``; a KeyError lists the known ones).
 
     ``config``: extra session config entries; ``cpu_fallback=False`` sets
     ``session.disable_cpu_ep_fallback=1`` (session creation fails if any node is not on HTP)."""
@@ -46,7 +46,7 @@ def _compile(qdq, ctx_path: Path, target: str, config=None, **extra):
            "ep.context_file_path": str(ctx_path)}
     cfg.update(config or {})
     t = time.perf_counter()
-    # the path as given names the compiled graph (see tasks/qnn.py compile_graph): callers run
+    # the path as given names the compiled graph (see tasks/qnn/ep.py compile_graph): callers run
     # in the graphs' folder (tasks/llm/compile.py) so it is "prefill.onnx" / "decode.onnx"
     src = os.path.relpath(qdq)
     sess = make_qnn_session(src, target=target, config=cfg, **extra)
@@ -110,7 +110,7 @@ def load_shared_probe(ctx_paths, *, target: str = DEFAULT_TARGET, timeout: float
     binary) in one process with ``ep.share_ep_contexts=1`` and run nothing. Returns
     ``{"returncode": int, "loaded": bool, "tail": str}``; returncode -11 = the simulator segfault
     seen for multi-graph binaries on x86_64 (onnxruntime-qnn 2.7.0 / QNN 2.51)."""
-    from ..proc.child import run_function
+    from tasks.proc.child import run_function
 
     r = run_function(_load_shared, [str(p) for p in ctx_paths], target, timeout=timeout)
     return {"returncode": r.returncode, "loaded": r.returncode == 0 and "LOADED" in r.stdout, "tail": r.tail(600)}

@@ -1,5 +1,5 @@
 """Peak-memory estimates for the LLM stages, checked before a stage starts against the budget
-(:mod:`tasks.budget`) and asked by a cluster build (the ``memory_estimate`` hook of every
+(:mod:`tasks.proc.budget`) and asked by a cluster build (the ``memory_estimate`` hook of every
 LLM stage implementation: :func:`plan_estimate`).
 
 Every LLM stage holds one part at a time, so its peak follows the largest part, not the model.
@@ -8,15 +8,15 @@ measured on this project's benchmarks (benchmarks/README.md: Qwen2.5-0.5B and Qw
 shapes; the factor each term uses is named next to it). They are meant to catch a build that
 cannot fit before it spends an hour, not to predict to the MiB.
 
-When an estimate exceeds the memory available, :func:`tasks.budget.check` raises
-:class:`tasks.budget.NotEnoughMemory` naming the recipe keys that lower it.
+When an estimate exceeds the memory available, :func:`tasks.proc.budget.check` raises
+:class:`tasks.proc.budget.NotEnoughMemory` naming the recipe keys that lower it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..budget import BASE, GiB, NotEnoughMemory, available_bytes, check, held_bytes  # noqa: F401  (what the stages use)
+from tasks.proc.budget import BASE, GiB, NotEnoughMemory, available_bytes, check, held_bytes  # noqa: F401  (what the stages use)
 
 
 def part_params(config: dict, lo: int, hi: int, first: bool, last: bool, embed_in_part: bool) -> int:
@@ -36,7 +36,7 @@ def part_params(config: dict, lo: int, hi: int, first: bool, last: bool, embed_i
 
 
 def gptq_peak(config: dict, lo: int, hi: int, last: bool, seq_len: int, samples: int, qdq: int) -> int:
-    """Peak bytes of sequential GPTQ (:mod:`tasks.seqgptq`) on part layers lo..hi-1 (+ the LM
+    """Peak bytes of sequential GPTQ (:mod:`tasks.qnn.seqgptq`) on part layers lo..hi-1 (+ the LM
     head when ``last``) with ``samples`` calibration prompts, after onnxruntime's quantizer has
     returned its memory, in the quantize child of the prefill graph: the QDQ graph (``qdq``
     bytes) + one input's Hessian in float32 (the widest of hidden, heads x head_dim and
@@ -51,7 +51,7 @@ def gptq_peak(config: dict, lo: int, hi: int, last: bool, seq_len: int, samples:
     prompt, :func:`tasks.llm.calibration_feeds.schedule`). With ``quantize.gptq_span`` the wide
     inputs' Hessians are diagonal blocks, smaller than counted here: the figure is then an upper
     bound."""
-    from .parts import split_sizes
+    from tasks.llm.parts import split_sizes
 
     D, I, V = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
     H = config["num_attention_heads"]
@@ -125,15 +125,15 @@ def check_stage(stage: str, config: dict, *, parts: int, seq_len: int, context_l
                 embed_in_part: bool = True, weight_bits: int = 4, part: int | None = None,
                 gptq_samples: int | None = None, held: int = 0) -> int:
     """Estimate ``stage``'s peak for this model and export shape and :func:`check` it; returns
-    the estimate in bytes. ``weight_bits``: of the quantized weights (``tasks/precisions.py``;
+    the estimate in bytes. ``weight_bits``: of the quantized weights (``tasks/qnn/precisions.py``;
     compile and verify read them from the quantize output: :func:`weight_bits_of`).
     ``part``: the one part the stage builds (default: the largest part's estimate). ``held``:
-    bytes the process running the stage holds already (:func:`tasks.budget.held_bytes`), added
+    bytes the process running the stage holds already (:func:`tasks.proc.budget.held_bytes`), added
     to the estimate for the check. Raises :class:`NotEnoughMemory` (naming ``export.parts``,
     ``export.context_length``, ``export.sequence_length`` with their values; for export, whose
     peak follows the model's largest tensor, that no recipe key lowers it) or ValueError
     for a bad ``parts``."""
-    from .parts import split_for
+    from tasks.llm.parts import split_for
 
     ranges = split_for(config, parts, embed_in_part)
     est, part = estimates(config, ranges, seq_len, context_len, embed_in_part, weight_bits, part, gptq_samples)[stage]
@@ -165,7 +165,7 @@ def check_export_stage(stage: str, export_dir, weight_bits: int = 4, part: int |
     """:func:`check_stage` for a stage whose input is an export (or a copy of one): the model
     config and the export shape are read from ``export_dir`` (``config.json``, ``export.json``).
     ``part``: the one part the stage builds (default: the largest part). What this process
-    holds already is added (:func:`tasks.budget.held_bytes`; ``in_child``: the stage's work
+    holds already is added (:func:`tasks.proc.budget.held_bytes`; ``in_child``: the stage's work
     runs in child processes, as quantize's and compile's)."""
     import json
 
@@ -186,7 +186,7 @@ def source_config(download_params: dict) -> dict:
     import json
 
     if download_params.get("hf"):
-        from ..sources.model_facts import config_of
+        from tasks.sources.model_facts import config_of
 
         kept = config_of(download_params["hf"], download_params.get("revision"))
         if kept is not None:  # the facts kept in the repo (recipes/models/): no Hub needed
@@ -195,7 +195,7 @@ def source_config(download_params: dict) -> dict:
 
         f = hf_hub_download(download_params["hf"], "config.json", revision=download_params.get("revision"))
     else:
-        from ..sources import local_folder
+        from tasks.sources import local_folder
 
         f = local_folder(download_params) / "config.json"
     return json.loads(Path(f).read_text(encoding="utf-8"))
@@ -203,7 +203,7 @@ def source_config(download_params: dict) -> dict:
 
 def plan_estimate(specs: dict, stage: str) -> int:
     """Estimated peak bytes of ``stage`` of an LLM recipe's plan (``{stage name: StageSpec}``,
-    as ``tasks.plan.expand`` makes it), known before any stage runs: the ``memory_estimate``
+    as ``tasks.recipe.plan.expand`` makes it), known before any stage runs: the ``memory_estimate``
     hook of the LLM stages, what a cluster build asks of a worker's ``MEMORY`` resource.
     :func:`estimates` from the source's config.json and the export params (a patch stage
     counts as the quantize (before it) or compile (after it) of its model, a Genie stage as
@@ -214,10 +214,10 @@ def plan_estimate(specs: dict, stage: str) -> int:
         return BASE
     by_kind = {s.kind: s for s in specs.values()}
     ex = by_kind["export"].params
-    from .parts import split_for
+    from tasks.llm.parts import split_for
 
     cfg = source_config(by_kind["download"].params)
-    from ..precisions import get as get_precision
+    from tasks.qnn.precisions import get as get_precision
 
     bits = get_precision(by_kind["quantize"].params["precision"]).weight_bits
     embed_in_part = ex.get("embedding", "first-part") == "first-part"

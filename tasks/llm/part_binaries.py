@@ -9,11 +9,11 @@ Per part ``i`` the stage writes:
 - ``part{i}/{prefill,decode}_ctx.onnx`` + one binary per graph: what ships without weight
   sharing, and what verify runs on the x86_64 HTP simulator, which crashes loading a two-graph
   binary (NOTES-qnn.md, reproduced); made only when one of the two needs them (``per_graph``,
-  set by the plan: ``tasks/plan.py``), so a weight-shared LLM verified on ``cpu-qdq`` (the 7B)
+  set by the plan: ``tasks/recipe/plan.py``), so a weight-shared LLM verified on ``cpu-qdq`` (the 7B)
   compiles one binary per part, not three.
 
 Every compile runs in a fresh process (a second compile in one process writes other tensor ids
-into the binary; see tasks/qnn.py ``compile_in_subprocess``). What belongs to the whole
+into the binary; see tasks/qnn/ep.py ``compile_in_subprocess``). What belongs to the whole
 model (``export.json``, ``genai_config.json``) is the ``bundle`` stage's (:mod:`tasks.llm.bundle`).
 """
 
@@ -22,12 +22,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..targets import get as get_target
+from tasks.qnn.targets import get as get_target
 
 
 def run_child(fn, *args, cwd=None, **kwargs) -> int:
     """``fn(*args, **kwargs)`` in a fresh process (in ``cwd``); returns its peak RSS in bytes (0 if unknown)."""
-    from ..proc.child import run_function
+    from tasks.proc.child import run_function
 
     r = run_function(fn, *args, cwd=cwd, timeout=24 * 3600, forward=True, **kwargs)
     if r.returncode != 0:
@@ -47,8 +47,8 @@ def compile_part(src: Path, out: Path, params: dict, k: int) -> dict:
     fails (e.g. a node not on HTP)."""
     import time
 
-    from .. import progress
-    from . import htp
+    from tasks import progress
+    from tasks.llm import htp
 
     target = get_target(params["target"]).name  # a KeyError listing the targets, before any child starts
     desc = json.loads((src / "export.json").read_text())
@@ -80,7 +80,7 @@ def compile_part(src: Path, out: Path, params: dict, k: int) -> dict:
 
 
 def _sdk(ctx: Path) -> str:
-    from ..qnn import ep_context_info
+    from tasks.qnn.ep import ep_context_info
 
     return next((n.get("ep_sdk_version", "?") for n in ep_context_info(ctx)), "?")
 
@@ -96,7 +96,7 @@ def planned_models(k: int, per_graph: bool, sharing: bool) -> list[str]:
 def read_back(compiled: Path, desc: dict, parts: list[int], params: dict, qdq_dir: Path | None = None,
               declared: dict | None = None, somewhere: list | None = None) -> dict:
     """Read back the context binaries of ``parts`` under ``compiled`` and check them
-    (:func:`tasks.context_binary_checks.check_models`): every planned model (:func:`planned_models`)
+    (:func:`tasks.qnn.context_binary_checks.check_models`): every planned model (:func:`planned_models`)
     and its binary, each binary holding exactly its models' graphs, every input and output as
     the export declared it (``desc``, ``export.json``: name, shape and dtype: the quantize
     stage's declares its quantized KV cache, e.g. ``uint8``) and, with ``qdq_dir``, as the QDQ
@@ -104,7 +104,7 @@ def read_back(compiled: Path, desc: dict, parts: list[int], params: dict, qdq_di
     ``declared`` adds a runtime config's tensors ({model: Declared}), ``somewhere`` tensors it
     looks for in any graph ([Declared]). Returns {binary: figures}.
     Raises context_binary_checks.Mismatch, one line per difference."""
-    from .. import context_binary_checks
+    from tasks.qnn import context_binary_checks
 
     sharing = params.get("weight_sharing", True)
     per_graph = params.get("per_graph", True)

@@ -23,13 +23,13 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..proc import lazy
+from tasks.proc import lazy
 
-from .layout import ROPE_TABLES
-from .parts import MAX_TENSOR_ELEMENTS, split_sizes
+from tasks.llm.layout import ROPE_TABLES
+from tasks.llm.parts import MAX_TENSOR_ELEMENTS, split_sizes
 
 if TYPE_CHECKING:
-    from .checkpoint import Checkpoint
+    from tasks.llm.checkpoint import Checkpoint
 
 np = lazy.module("numpy")
 
@@ -41,7 +41,7 @@ def model_dims(config: dict) -> dict:
     num_heads, num_kv_heads, head_dim, rotary_dim, vocab_size, intermediate_size, rms_eps``.
     Raises ValueError for an unsupported ``model_type`` (see :data:`SUPPORTED`,
     :mod:`tasks.llm.architectures`) or activation (``act``: :func:`tasks.llm.architectures.activation`)."""
-    from .architectures import activation, architecture, rotary_dim
+    from tasks.llm.architectures import activation, architecture, rotary_dim
 
     architecture(config.get("model_type"))  # ValueError naming the supported architectures
     H = config["num_attention_heads"]
@@ -131,8 +131,8 @@ def write_part_weights(ckpt: Checkpoint, lo: int, hi: int, *, embed: bool, head:
     above ``max_tensor_elements`` (:func:`split_sizes`). Returns {name: TensorProto with
     external data}. ``tables``: more constant tables to store first ({name: array}, e.g.
     :func:`cache_tables`)."""
-    from .checkpoint import part_tensor_names
-    from .architectures import architecture, is_norm
+    from tasks.llm.checkpoint import part_tensor_names
+    from tasks.llm.architectures import architecture, is_norm
 
     wf = _WeightFile(path)
     fam = architecture(ckpt.config.get("model_type"))
@@ -174,7 +174,7 @@ def embedding_table(ckpt: Checkpoint) -> np.ndarray:
     """float32 [V, D]: the token embedding as the graphs (or a host-side lookup) use it: the
     checkpoint's ``model.embed_tokens.weight``, times ``sqrt(hidden_size)`` for an architecture with
     :attr:`tasks.llm.architectures.Architecture.embed_scale` (Gemma)."""
-    from .architectures import architecture
+    from tasks.llm.architectures import architecture
 
     table = ckpt.get("model.embed_tokens.weight").astype(np.float32, copy=False)
     if architecture(ckpt.config.get("model_type")).embed_scale:

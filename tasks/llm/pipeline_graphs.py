@@ -92,12 +92,12 @@ import json
 import math
 from pathlib import Path
 
-from ..proc import lazy
+from tasks.proc import lazy
 
-from .layout import IO_LAYOUT
-from .part_weights import (MASK_VALUE, WEIGHTS_FILE, cache_tables, embedding_table, model_dims, rope_tables,
+from tasks.llm.layout import IO_LAYOUT
+from tasks.llm.part_weights import (MASK_VALUE, WEIGHTS_FILE, cache_tables, embedding_table, model_dims, rope_tables,
                            special_tokens, write_part_weights)
-from .parts import MAX_TENSOR_ELEMENTS
+from tasks.llm.parts import MAX_TENSOR_ELEMENTS
 
 np = lazy.module("numpy")
 
@@ -190,7 +190,7 @@ def _linear(g: _Graph, scope: str, x: str, prefix: str, bias: bool) -> str:
 def layer_heads(g: _Graph, s: str, p: str, x: str, dims: dict, eps: float, S: int, has_bias: bool,
                 weights: dict) -> dict[str, str]:
     """The start of decoder layer ``p`` (ONNX scope ``s``), for both graph layouts (this module's
-    and Genie's, :mod:`tasks.llm.genie`): the input RMSNorm of the hidden state ``x`` [1, S, D],
+    and Genie's, :mod:`tasks.llm.genie.graphs`): the input RMSNorm of the hidden state ``x`` [1, S, D],
     then the q, k and v projections (with biases when ``has_bias``: Qwen2), each reshaped to
     heads [1, S, n, d] (n = ``num_heads`` for q, ``num_kv_heads`` for k and v) and, where the
     checkpoint has ``<p>.self_attn.{q,k}_norm.weight`` in ``weights`` (Qwen3), RMS-normalized
@@ -210,7 +210,7 @@ def layer_heads(g: _Graph, s: str, p: str, x: str, dims: dict, eps: float, S: in
 def layer_tail(g: _Graph, s: str, p: str, x: str, o: str, dims: dict, eps: float, S: int,
                out: str | None = None) -> str:
     """The rest of decoder layer ``p`` (ONNX scope ``s``) after attention, for both graph layouts
-    (this module's and Genie's, :mod:`tasks.llm.genie`): the heads' outputs ``o``, rows of the
+    (this module's and Genie's, :mod:`tasks.llm.genie.graphs`): the heads' outputs ``o``, rows of the
     query heads in their order (H x S x d elements), back to [1, S, H*d], ``o_proj`` added to the
     residual ``x`` [1, S, D], then the post-attention RMSNorm, the gated MLP (``dims["act"]``)
     and its residual add. ``out``: the name of the layer's output (a part's hidden state), or a
@@ -387,14 +387,14 @@ def export_llm(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 409
     Raises ValueError on bad arguments, an unsupported ``model_type`` or activation
     (:mod:`tasks.llm.architectures`).
     """
-    from .checkpoint import Checkpoint
-    from .parts import split_for
+    from tasks.llm.checkpoint import Checkpoint
+    from tasks.llm.parts import split_for
 
     import time
 
     import onnx
 
-    from ..proc.rss import peak_rss, peak_rss_reset
+    from tasks.proc.rss import peak_rss, peak_rss_reset
 
     if embed not in ("part0", "separate"):
         raise ValueError(f"embed must be 'part0' or 'separate', got {embed!r}")
@@ -417,7 +417,7 @@ def export_llm(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 409
         if only_parts is None or 0 in only_parts:  # part 0 takes inputs_embeds
             np.save(out_dir / "embed_tokens.npy", embedding_table(ckpt))
         desc["embed_file"] = "embed_tokens.npy"
-    from .. import progress
+    from tasks import progress
 
     for i, (lo, hi) in progress.bar(list(enumerate(ranges)), "parts", unit="part"):
         first, last = i == 0, i == len(ranges) - 1

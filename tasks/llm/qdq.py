@@ -1,5 +1,5 @@
 """QDQ quantization of the exported LLM graphs for QNN HTP (onnxruntime.quantization, QNN config);
-the ``quantize`` and ``genie_quantize`` stages (:mod:`tasks.llm.quantize`, :mod:`tasks.llm.genie_quantize`)
+the ``quantize`` and ``genie_quantize`` stages (:mod:`tasks.llm.quantize`, :mod:`tasks.llm.genie.quantize`)
 run :func:`quantize_part` on one part.
 
 w8a16: uint16 activations, uint8 per-channel weights; w4a16: uint16 activations, int4 per-channel
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..quantconfig import fast_int4_packing, matmul_weight_overrides, per_tensor_4bit, qtype
-from ..weights import replaces_int4
-from .layout import ROPE_TABLES
+from tasks.qnn.quantconfig import fast_int4_packing, matmul_weight_overrides, per_tensor_4bit, qtype
+from tasks.qnn.weights import replaces_int4
+from tasks.llm.layout import ROPE_TABLES
 
 
 def stage_part(export_dir, part: dict, work) -> Path:
@@ -42,7 +42,7 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
         fp32_path: the graph, in a writable folder (see :func:`stage_part`).
         feeds: calibration feed dicts for this graph, any iterable (a list, or a
             :class:`tasks.llm.feed_store.FeedStore` reading them from disk one at a time).
-        weight_type: one of ``tasks.quantconfig.WEIGHT_TYPES`` (``"uint8"`` for w8a16, ``"int4"`` for w4a16).
+        weight_type: one of ``tasks.qnn.quantconfig.WEIGHT_TYPES`` (``"uint8"`` for w8a16, ``"int4"`` for w4a16).
         activation_type: ``"uint16"`` (default) or ``"uint8"``.
         per_channel: ORT's QNN per-channel switch (Conv/ConvTranspose/Gemm weights).
         matmul_per_channel: also make MatMul weights per-channel (axis 1, symmetric) via
@@ -57,12 +57,12 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
             Non-MatMul weights (norm scales, biases) then use uint8 as the default type.
         work: scratch folder (default: a temporary one beside ``out_path``).
         block_size, rounding, gptq_span, embedding_bits: the recipe's ``quantize`` params for 4-bit
-            weights, applied after onnxruntime's quantizer by :func:`tasks.weights.reencode`
+            weights, applied after onnxruntime's quantizer by :func:`tasks.qnn.weights.reencode`
             (LPBQ blocks, GPTQ codes on ``feeds``, an 8-bit embedding table).
         more, same_as: the other graph's (path, feeds) whose inputs join the GPTQ Hessians,
             and (fp32 path, re-encoded QDQ path) of a graph with the same weights whose
             encodings this one takes (an LLM part's decode graph takes its prefill's:
-            :func:`tasks.weights.reencode`).
+            :func:`tasks.qnn.weights.reencode`).
         boundary: {input or output name: {"dtype", "scale", "zero_point"}}
             (:func:`tasks.llm.boundary.encodings`): those tensors cross the graph's boundary
             quantized (:func:`tasks.llm.boundary.narrow_io`, last), the others stay float32.
@@ -83,7 +83,7 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
     from onnxruntime.quantization.calibrate import save_tensors_data
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
-    from .calibration_feeds import collect_ranges, load_ranges
+    from tasks.llm.calibration_feeds import collect_ranges, load_ranges
 
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -121,11 +121,11 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
                 use_external_data_format=weight_bytes > 2 * 1024**3, extra_options=cfg.extra_options,
                 calibration_cache_path=str(ranges_path))
         if four_bit:
-            from ..weights import reencode
+            from tasks.qnn.weights import reencode
 
             reencode(src, out_path, feeds, block_size, rounding, embedding_bits == 8, more, same_as, span=gptq_span)
         if boundary:
-            from .boundary import narrow_io
+            from tasks.llm.boundary import narrow_io
 
             narrow_io(out_path, boundary)
     finally:
@@ -153,10 +153,10 @@ def quantize_part(src, p: dict, feeds, params: dict, out, work, ranges=None,
 
     import onnx
 
-    from ..graphs import load_structure
-    from ..precisions import get as get_precision
-    from ..proc.child import run_function
-    from .feed_store import FeedStore
+    from tasks.qnn.graphs import load_structure
+    from tasks.qnn.precisions import get as get_precision
+    from tasks.proc.child import run_function
+    from tasks.llm.feed_store import FeedStore
 
     src, out, work, feeds = Path(src), Path(out), Path(work), Path(feeds)
     prec = get_precision(params["precision"])
@@ -190,8 +190,8 @@ def quantize_part(src, p: dict, feeds, params: dict, out, work, ranges=None,
             ops = [n.op_type for n in qm.graph.node]
             report[rel] = {"quantize_linear": ops.count("QuantizeLinear"),
                            "dequantize_linear": ops.count("DequantizeLinear"), "calibration_feeds": len(store)}
-            if weight == "int4":  # what tasks.weights.reencode wrote: LPBQ weights, 8-bit tables
-                from ..gather_tables import gather_tables_8bit
+            if weight == "int4":  # what tasks.qnn.weights.reencode wrote: LPBQ weights, 8-bit tables
+                from tasks.qnn.gather_tables import gather_tables_8bit
 
                 inits = {t.name: t.data_type for t in qm.graph.initializer}
                 report[rel].update(

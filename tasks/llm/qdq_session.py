@@ -2,7 +2,7 @@
 int4 weight MatMuls fused into onnxruntime's ``MatMulNBits`` with pre-packed weights, computed
 in fp32.
 
-An LPBQ weight (:func:`tasks.weights.reencode`) is ``DequantizeLinear(codes int4 [K, N],
+An LPBQ weight (:func:`tasks.qnn.weights.reencode`) is ``DequantizeLinear(codes int4 [K, N],
 scale, axis 0, block_size)`` whose per-block ``scale`` is itself computed by a
 ``DequantizeLinear`` of the 8-bit block scales (``<w>_block_scales``: ``(bint - zp) * pc``). A
 computed scale is not a constant, so onnxruntime does not fuse the pair into ``MatMulNBits``
@@ -12,7 +12,7 @@ and every call dequantizes the whole weight to fp32 first: a Qwen2.5-7B part's d
 initializer, computed as the operator does (``(bint - zero_point) * pc``: an exact small
 integer times a float32, one rounding, the same bits: ONNX ``DequantizeLinear``), so the
 weight's ``DequantizeLinear`` has constant inputs and onnxruntime fuses it with its MatMul; with
-pre-packing on and accuracy level 1 (:data:`tasks.precisions.QDQ_MATMUL_FP32`: fp32 compute)
+pre-packing on and accuracy level 1 (:data:`tasks.qnn.precisions.QDQ_MATMUL_FP32`: fp32 compute)
 the same decode call takes 0.2 s. The weights' values are the graph's to the bit; the sums
 run in another order (MLAS's blocked int4 kernel), so outputs differ from the unfused graph by
 fp32 rounding (tests/llm/test_qdq_session.py bounds it on the trained tiny models).
@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..precisions import QDQ_MATMUL_FP32
+from tasks.qnn.precisions import QDQ_MATMUL_FP32
 
-#: suffix of the node :func:`tasks.weights.reencode` names for an LPBQ weight's block scales
+#: suffix of the node :func:`tasks.qnn.weights.reencode` names for an LPBQ weight's block scales
 BLOCK_SCALES = "_block_scales"
 
 

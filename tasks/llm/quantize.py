@@ -24,12 +24,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..stages.common import copy_rest
-from ..stages.contract import Stage
-from ..stages.params import KV_BITS, LLM_QUANT_PARAMS
-from .layout import RANGES
-from .qdq import quantize_part
-from .memory import plan_estimate
+from tasks.contract.common import copy_rest
+from tasks.contract.stage import Stage
+from tasks.contract.params import KV_BITS, LLM_QUANT_PARAMS
+from tasks.llm.layout import RANGES
+from tasks.llm.qdq import quantize_part
+from tasks.llm.memory import plan_estimate
 
 
 def preflight(recipe) -> list[tuple[str, str]]:
@@ -48,7 +48,7 @@ def kv_boundary(row: dict, ranges: Path, kv_bits: int) -> dict[str, dict[str, di
     ValueError naming a KV tensor no range file covers (:func:`tasks.llm.boundary.encodings`)."""
     import json
 
-    from .boundary import encodings, kv_cache
+    from tasks.llm.boundary import encodings, kv_cache
 
     files = [json.loads((Path(ranges) / f"{g}.json").read_text()) for g in ("prefill", "decode")]
     return {g: encodings(files, [t["name"] for t in row[g]["inputs"] + row[g]["outputs"] if kv_cache(t["name"])],
@@ -69,9 +69,9 @@ def run(inputs, files, params, out: Path) -> dict:
     import tempfile
     import time
 
-    from .boundary import declare
-    from .memory import QUANTIZED_AS, check_export_stage
-    from ..precisions import get as get_precision
+    from tasks.llm.boundary import declare
+    from tasks.llm.memory import QUANTIZED_AS, check_export_stage
+    from tasks.qnn.precisions import get as get_precision
 
     src, k = Path(inputs["model"]), params["part"]
     bits = get_precision(params["precision"]).weight_bits

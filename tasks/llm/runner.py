@@ -380,7 +380,7 @@ class PartStream:
         steps (greedy) or of the part graphs (forced). Raises ValueError when ``steps`` < 1,
         when ``forced`` does not give ``steps - 1`` tokens for every prompt, when a prompt plus
         steps overflow C, when ``score`` overflows C or holds fewer than 2 tokens."""
-        from .. import progress as _progress
+        from tasks import progress as _progress
 
         B, P = len(prompts), len(self.parts)
         if steps < 1:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..precisions import QDQ_MATMUL_FP32
+from tasks.qnn.precisions import QDQ_MATMUL_FP32
 
 #: session config entries of every CPU session an LLM stage runs (:func:`cpu_session`), and of
 #: onnxruntime-genai's CPU sessions on the same graphs (:func:`tasks.llm.genai.genai_config`),

@@ -2,7 +2,7 @@
 of the verify prompts through the compiled bundle (onnxruntime-genai or our ``LLMRunner``,
 ``verify.runtime``) against the fp32 export graphs: token agreement, prefill logits cosine,
 perplexity ratio (:func:`tasks.llm.compare.verify_llm`, on the parts' entries joined by
-:func:`joined_views`); judged by the shared :func:`tasks.stages.common.checker`.
+:func:`joined_views`); judged by the shared :func:`tasks.contract.common.checker`.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import math
 from pathlib import Path
 from typing import Literal, Optional
 
-from ..stages import common
-from ..stages.contract import Param, Stage, Threshold
-from ..stages.params import BACKEND, DATA_FILE, DATA_SAMPLES, THRESHOLDS as THRESHOLDS_PARAM
-from .memory import plan_estimate
+from tasks.contract import common
+from tasks.contract.stage import Param, Stage, Threshold
+from tasks.contract.params import BACKEND, DATA_FILE, DATA_SAMPLES, THRESHOLDS as THRESHOLDS_PARAM
+from tasks.llm.memory import plan_estimate
 
 RUNTIME = Param("verify", "runtime", Literal["runner", "genai"], "runner",
                 "what generates on the compiled graphs: our LLMRunner, or onnxruntime-genai driving them "
@@ -113,9 +113,9 @@ def run(inputs, files, params, out: Path) -> dict:
     Raises the memory check's error before work."""
     import tempfile
 
-    from ..budget import held_bytes
-    from .compare import verify_llm
-    from .memory import available_bytes, check_export_stage, weight_bits_of
+    from tasks.proc.budget import held_bytes
+    from tasks.llm.compare import verify_llm
+    from tasks.llm.memory import available_bytes, check_export_stage, weight_bits_of
 
     with tempfile.TemporaryDirectory(prefix="verify-parts-") as tmp:
         views = joined_views(inputs, Path(tmp))
@@ -131,7 +131,7 @@ def run(inputs, files, params, out: Path) -> dict:
 FLOAT_WHY = {
     ("genai", "logits"): "onnxruntime-genai reads logits as float32 or float16 only (src/models/logits.cpp)",
     ("genai", "hidden_states"): "the parts' quantize stages do not tie one encoding for the tensor two genai "
-                                "graphs share (Genie's parts do: tasks/llm/genie_quantize.py)",
+                                "graphs share (Genie's parts do: tasks/llm/genie/quantize.py)",
 }
 
 
@@ -140,8 +140,8 @@ def boundary_report(binaries: dict, runtimes) -> dict:
     (read back) move per decode call and prefill window (:func:`tasks.llm.figures.layout_traffic`,
     bytes) and every float32 tensor left at a shipped graph's boundary, with why
     (:data:`FLOAT_WHY`; "not narrowed" where no reason is known)."""
-    from .boundary import kv_cache
-    from .figures import layout_traffic, shipped_binaries
+    from tasks.llm.boundary import kv_cache
+    from tasks.llm.figures import layout_traffic, shipped_binaries
 
     out = {}
     for rt in runtimes:

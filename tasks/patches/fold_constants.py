@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 import tempfile
 
-from ..proc import lazy
-from . import PatchResult, register
+from tasks.proc import lazy
+from tasks.patches import PatchResult, register
 
 onnx = lazy.module("onnx")
 

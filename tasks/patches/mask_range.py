@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from ..proc import lazy
-from . import PatchResult, register
+from tasks.proc import lazy
+from tasks.patches import PatchResult, register
 
 np = lazy.module("numpy")
 onnx = lazy.module("onnx")

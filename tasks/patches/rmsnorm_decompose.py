@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..proc import lazy
-from . import PatchResult, register
+from tasks.proc import lazy
+from tasks.patches import PatchResult, register
 
 np = lazy.module("numpy")
 onnx = lazy.module("onnx")

@@ -11,9 +11,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from .. import digest, patches
-from ..graphs import list_graphs, load_model, save_model
-from ..stages.contract import Stage
+from tasks import patches
+from tasks.store import digest
+from tasks.qnn.graphs import list_graphs, load_model, save_model
+from tasks.contract.stage import Stage
 
 
 def run(inputs, files, params, out: Path) -> dict:

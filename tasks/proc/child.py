@@ -7,7 +7,7 @@ graph, and with it the stage key's code digest, covers what the child runs (text
 ``python -c`` would be in no key).
 :func:`run_python` (a code string) is left for benchmarks and tests.
 
-Used by the encoder compile (``tasks/qnn.py``: the QNN EP numbers tensors with process-wide
+Used by the encoder compile (``tasks/qnn/ep.py``: the QNN EP numbers tensors with process-wide
 counters, so each graph compiles in a new process), the LLM quantize and compile (one graph's
 memory at a time, and a peak that belongs to that graph) and the benchmarks. Imports nothing
 of either family, so both sit above it.

@@ -23,7 +23,7 @@ _SEEN = threading.Event()
 
 
 def _handler(signum, frame):
-    from . import child
+    from tasks.proc import child
 
     _SEEN.set()
     child.kill_all()

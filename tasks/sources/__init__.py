@@ -10,8 +10,8 @@ import importlib.util
 import re
 from pathlib import Path
 
-from .. import paths
-from .errors import SourceError  # noqa: F401  (the package's error, where callers import it)
+from tasks.store import paths
+from tasks.sources.errors import SourceError  # noqa: F401  (the package's error, where callers import it)
 
 
 #: what a source folder holds that is not the model: never copied, never in the key
@@ -20,8 +20,8 @@ SKIPPED_PARTS = ("__pycache__", ".git")
 
 def source_files(folder: Path) -> list[Path]:
     """The files of a local source folder the download stage copies and its key hashes
-    (:func:`tasks.digest.list_files`, without :data:`SKIPPED_PARTS`), sorted."""
-    from ..digest import list_files
+    (:func:`tasks.store.digest.list_files`, without :data:`SKIPPED_PARTS`), sorted."""
+    from tasks.store.digest import list_files
 
     return [f for f in list_files(folder) if not any(p in SKIPPED_PARTS for p in f.relative_to(folder).parts)]
 
@@ -42,7 +42,7 @@ def folder_problem(folder: Path, roots: list[Path], what: str) -> str:
     the source as the recipe names it. One walk of the folder for both checks."""
     import os
 
-    from ..digest import links_out
+    from tasks.store.digest import links_out
 
     files = source_files(folder)
     if odd := [f for f in files if not _utf8(str(f.relative_to(folder)))]:  # keys, manifests and logs are UTF-8

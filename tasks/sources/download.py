@@ -33,11 +33,12 @@ from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
-from .. import digest, progress
-from ..proc.scrubbing import scrub
-from ..stages.contract import Stage
-from . import SourceError, local_folder, source_files
-from .folder_files import TOKENIZER_WANTED, TOKENIZERS, WEIGHTS
+from tasks import progress
+from tasks.store import digest
+from tasks.proc.scrubbing import scrub
+from tasks.contract.stage import Stage
+from tasks.sources import SourceError, local_folder, source_files
+from tasks.sources.folder_files import TOKENIZER_WANTED, TOKENIZERS, WEIGHTS
 
 def _offline() -> bool:
     from huggingface_hub import constants
@@ -58,7 +59,7 @@ def resolve_revision(repo: str, revision: str) -> str:
     access."""
     if re.fullmatch(r"[0-9a-f]{40}", revision):
         return revision
-    from .model_facts import UNPINNED
+    from tasks.sources.model_facts import UNPINNED
 
     if revision == UNPINNED:
         raise SourceError(f"Hub model {repo!r} is unpinned (source.revision: {UNPINNED}): no public source gave "
@@ -170,11 +171,11 @@ def key_extra(params: dict) -> dict:
     without ``.git`` or ``__pycache__``); a shape build: the kept facts' and tokenizer files'
     digests and the seed (:func:`tasks.sources.shape.key_material`)."""
     if params.get("shape"):
-        from .shape import key_material
+        from tasks.sources.shape import key_material
 
         return key_material(params)
     if params.get("hf"):
-        from .model_facts import key_digest
+        from tasks.sources.model_facts import key_digest
 
         commit = resolve_revision(params["hf"], params["revision"])
         facts = key_digest(params["hf"], commit)
@@ -193,7 +194,7 @@ def check_read(out: Path, material: dict, params: dict) -> None:
     (``material["extra"]["content"]``), so an entry never holds a file edited while it was
     read. Raises digest.InputChanged naming the files that differ now."""
     if params.get("shape"):  # the facts and tokenizer files read are the ones the key hashed
-        from .shape import key_material
+        from tasks.sources.shape import key_material
 
         if key_material(params) != material.get("extra"):
             raise digest.InputChanged(f"source.shape: the kept facts of {params['hf']!r} or the tokenizer folder "
@@ -218,7 +219,7 @@ def _hub_bars():
     """huggingface_hub's own progress bars (files, bytes per file) on the terminal when bars are
     on (``tasks.progress.enabled``), else turned off for the call. Its bars write to
     ``sys.stderr`` as it is when each bar starts, which during a stage is the log
-    (``tasks/stagelog.py``), so ``sys.stderr`` is the terminal for the call; what
+    (``tasks/store/stagelog.py``), so ``sys.stderr`` is the terminal for the call; what
     huggingface_hub prints meanwhile goes there too, not to the log."""
     from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
@@ -253,8 +254,8 @@ def run(inputs, files, params, out: Path) -> dict:
     "files": count}; a shape build writes its random checkpoint instead (tasks/sources/shape.py).
     Raises SourceError."""
     if params.get("shape"):
-        from .model_facts import check_download
-        from .shape import write_checkpoint
+        from tasks.sources.model_facts import check_download
+        from tasks.sources.shape import write_checkpoint
 
         info = write_checkpoint(out, params)
         check_download(out, params["hf"], params["revision"])  # what was written is the kept config
@@ -274,7 +275,7 @@ def run(inputs, files, params, out: Path) -> dict:
         if bad := incomplete(Path(folder), params, commit):
             raise SourceError(_incomplete_message(params["hf"], commit, Path(folder), bad))
         names = _copy_tree(Path(folder), out)
-        from .model_facts import check_download
+        from tasks.sources.model_facts import check_download
 
         check_download(out, params["hf"], commit)  # the commit's kept facts (recipes/models/) = what came
         return {"source": "hf", "repo": params["hf"], "commit": commit, "files": len(names)}
@@ -286,7 +287,7 @@ def run(inputs, files, params, out: Path) -> dict:
     names = _copy_tree(src, out)
     info = {"source": "package" if params.get("package") else "path", "files": len(names)}
     if params.get("package"):
-        from .. import tools
+        from tasks import tools
 
         info["package_version"] = tools.version(params["package"].replace("_", "-"))
     return info

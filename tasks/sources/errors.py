@@ -1,7 +1,7 @@
 """The error of a model source (``tasks/sources/``): a module of its own, imported by the recipe
 loader's checks without the rest of the package."""
 
-from ..errors import UserError
+from tasks.errors import UserError
 
 
 class SourceError(UserError):

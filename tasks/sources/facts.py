@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from . import SourceError
+from tasks.sources import SourceError
 
 
 def nonfinite(name: str, t) -> str:

@@ -24,14 +24,14 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-from .errors import SourceError
+from tasks.sources.errors import SourceError
 
 #: the revision an hf source names when no public source pinned one: its download refuses
 UNPINNED = "unpinned"
 
 
 def facts_dir() -> Path:
-    from ..paths import recipes_dir
+    from tasks.store.paths import recipes_dir
 
     return Path(recipes_dir()) / "models"
 
@@ -73,7 +73,7 @@ def key_digest(repo: str, commit: str) -> str | None:
     """xxh3 (hex) of the kept ``config`` of ``repo`` at 40-hex ``commit`` (canonical JSON: the
     provenance strings beside it do not enter), or None when none is kept: what the download
     key holds of the facts its check reads."""
-    from ..digest import digest_json
+    from tasks.store.digest import digest_json
 
     hit = find(repo, commit)
     return digest_json(hit[1]["config"]) if hit else None

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .errors import SourceError
+from tasks.sources.errors import SourceError
 
 #: bytes per shard file (the Hub's checkpoints shard at 2-5 GB)
 SHARD_BYTES = 2 * 10**9
@@ -34,7 +34,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 def facts_of(params: dict) -> tuple[Path, dict]:
     """(facts file, document) of the source's Hub model. Raises SourceError when none is kept."""
-    from .model_facts import find
+    from tasks.sources.model_facts import find
 
     hit = find(params.get("hf"), params.get("revision"))
     if hit is None:
@@ -49,7 +49,7 @@ def tokenizer_problem(folder: Path, rel: str) -> str:
     download's own completeness rule), else the message saying what it holds. A folder with
     only ``tokenizer_config.json`` was taken, and transformers failed at download in a 44-line
     TypeError / AttributeError (issue 51 case 3)."""
-    from .folder_files import TOKENIZER_WANTED, TOKENIZERS
+    from tasks.sources.folder_files import TOKENIZER_WANTED, TOKENIZERS
 
     if not folder.is_dir():
         return f"expected a folder of tokenizer files with {TOKENIZER_WANTED}, found no folder at {rel}"
@@ -63,7 +63,7 @@ def tokenizer_problem(folder: Path, rel: str) -> str:
 def tokenizer_folder(params: dict) -> Path:
     """The ``tokenizer`` folder, resolved in the project. Raises SourceError when it does not
     hold a tokenizer's files (:func:`tokenizer_problem`)."""
-    from .. import paths
+    from tasks.store import paths
 
     rel = params.get("tokenizer")
     if not rel:
@@ -76,7 +76,7 @@ def tokenizer_folder(params: dict) -> Path:
 
 def key_material(params: dict) -> dict:
     """What the checkpoint is a function of: the facts file's and the tokenizer files' xxh3."""
-    from .. import digest
+    from tasks.store import digest
 
     f, _ = facts_of(params)
     tok = tokenizer_folder(params)

@@ -49,7 +49,7 @@ def test_qwen7b_decode_ceiling_on_x_elite(catalog):
     """decode ceiling = DRAM bandwidth / (weights read + KV cache read and written per token),
     to 1 %, the KV cache recomputed here from the kept config (uint8: quantize.kv_bits 8; genai's
     layout reads and rewrites the whole buffer every call), and each figure with its source."""
-    from tasks.targets import get
+    from tasks.qnn.targets import get
 
     _, rows, _ = catalog
     f = rows["qwen7b-int4"]["device"]["x-elite"]
@@ -167,7 +167,7 @@ def test_download_checks_kept_facts(facts_project, tmp_path):
 
 
 def _binary(ar: int, nbytes: int, kv_dtype: str = "UINT8") -> dict:
-    """A read-back binary's figures (tasks.context_binary.ContextBinary.figures) holding one
+    """A read-back binary's figures (tasks.qnn.context_binary.ContextBinary.figures) holding one
     genai graph of ``ar`` tokens per call: ids in, logits and 2 layers' KV buffers in and out."""
     kv = [[f"{d}_{kind}_{l}", kv_dtype, [1, 2, 64, 32], 4096] for d in ("past",) for kind in ("key", "value")
           for l in range(2)]
@@ -183,7 +183,7 @@ def test_without_weight_sharing_a_token_streams_the_decode_binary_only(tmp_path)
     token runs the decode graph's binary alone, so the weights read per token are that binary's
     (a breaker found both binaries counted: bytes per token 2 x, the ceiling half)."""
     from tasks.llm.figures import device_figures
-    from tasks.recipe import load_recipe
+    from tasks.recipe.load import load_recipe
 
     (tmp_path / "r.yaml").write_text((REPO / "recipes" / "tiny-qwen2-w8a16.yaml").read_text()
                                      .replace("source: {path: .fixtures/tiny-qwen2}", "source: {path: m}")

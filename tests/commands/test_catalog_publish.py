@@ -101,7 +101,7 @@ def test_publish_makes_bundle_manifest_card_and_archive(proj):
     assert m["resolved_recipe"]["name"] == "t8" and m["resolved_recipe"]["quantize"]["precision"] == "w8a16"
     assert {"qnn-sdk", "onnxruntime", "onnxruntime-qnn", "optimum", "transformers"} <= set(m["tools"])
     assert m["source"]["kind"] == "path" and m["build_platform"]["machine"]
-    from tasks.digest import digest_json
+    from tasks.store.digest import digest_json
 
     assert m["build_key"] == digest_json({s: v["key"] for s, v in st.items()})[:12]  # every stage's key
     assert _archive(proj).name == f"t8-{m['build_key']}.tar.gz"
@@ -168,7 +168,7 @@ def test_three_builds_from_empty_caches_are_byte_identical(proj, tmp_path):
     """Two more builds of t8 from empty caches, each in its own folder (other names, other
     depths, another doit database) and its own processes, give bundles and archives that are
     byte-identical to the first by sha256, every file included: no excused file or region
-    (issue 12; the context binary's racy padding variant is compiled again: tasks/qnn.py compile_settled)."""
+    (issue 12; the context binary's racy padding variant is compiled again: tasks/qnn/ep.py compile_settled)."""
     bundles, archives = [tree_sums(_bundle(proj))], [_archive(proj)]
     for folder in (tmp_path / "b", tmp_path / "a much longer folder name" / "deeper" / "c"):
         env = dict(proj.env, NPUBUILD_CACHE=str(folder / "cache"), NPUBUILD_BUILD=str(folder / "build"),
@@ -569,7 +569,7 @@ def test_racy_marks_are_the_starts_of_long_0xff_runs_two_bytes_into_a_block(tmp_
     import random
     import re
 
-    from tasks import qnn
+    from tasks.qnn import ep as qnn
 
     def by_definition(data: bytes) -> tuple:
         return tuple(m.start() for m in re.finditer(rb"\xff{256,}", data) if m.start() % 128 == 2)
@@ -608,7 +608,7 @@ def test_racy_variant_is_compiled_again_never_rewritten(proj, tmp_path):
     made so from a real compile's bytes), compile_settled compiles again and keeps the common
     variant: the bytes of a plain compile, 2 compiles; a first compile without the mark is kept
     after 1."""
-    from tasks import qnn
+    from tasks.qnn import ep as qnn
 
     qdq = _t8_qdq(proj, tmp_path)
     plain = tmp_path / "plain"
@@ -644,7 +644,7 @@ def test_weights_that_look_like_the_racy_run_are_kept(tiny_bert, tmp_path):
     qnn.CONFIRM binaries in a row are identical, keeps them, and the binary equals a plain compile's."""
     from transformers import BertModel
 
-    from tasks import qnn
+    from tasks.qnn import ep as qnn
 
     m = BertModel.from_pretrained(tiny_bert)
     w = m.embeddings.word_embeddings.weight.data

@@ -50,7 +50,7 @@ def _cluster_run(p: Project, cluster: DaskCluster, *recipes: str, check: bool = 
 
 def _same_build(a: dict[str, bytes], b: dict[str, bytes]) -> None:
     """Assert two build/<recipe>/ folders are byte-identical, every file (issue 12: no excused
-    context-binary padding; tasks/qnn.py compile_settled)."""
+    context-binary padding; tasks/qnn/ep.py compile_settled)."""
     assert set(a) == set(b)
     assert [rel for rel in sorted(a) if a[rel] != b[rel]] == []
 
@@ -119,7 +119,7 @@ def test_worker_with_other_code_refuses(tmp_path, tiny_bert, cluster):
     line, first on its PYTHONPATH) refuses the export stage, naming the module and both digests."""
     from tasks.core import keys
     from tasks.core.session import Session
-    from tasks.plan import StageSpec
+    from tasks.recipe.plan import StageSpec
 
     url = (tmp_path / "remote").as_uri()
     client = Project(tmp_path / "client", tiny_bert)
@@ -129,7 +129,7 @@ def test_worker_with_other_code_refuses(tmp_path, tiny_bert, cluster):
     shutil.copytree(REPO / "tasks", copy / "tasks", ignore=shutil.ignore_patterns("__pycache__"))
     f = copy / "tasks" / "encoder" / "export.py"
     f.write_text(f.read_text() + "\n# edited on this worker\n")
-    from tasks import digest
+    from tasks.store import digest
 
     ours, theirs = digest.hash_file_uncached(REPO / "tasks" / "encoder" / "export.py"), digest.hash_file_uncached(f)
     cluster.add_worker("E", _worker_env(client, "E", url, tmp_path, pythonpath=copy))
@@ -150,7 +150,7 @@ def test_killed_worker_mid_push(tmp_path, tiny_bert, cluster):
     lands there): its data folder stays without manifest, invisible; Dask reruns the stage on
     worker B, which builds it, pushes it, and the build completes."""
     from tasks.core.keys import remote_key
-    from tasks.remote import Remote
+    from tasks.store.remote import Remote
 
     url = (tmp_path / "remote").as_uri()
     client = Project(tmp_path / "client", tiny_bert)

@@ -15,8 +15,8 @@ import textwrap
 from conftest import REPO, TINY_RECIPE
 from console_cli import doit
 
-from tasks import stagelog
-from tasks.cache import Cache
+from tasks.store import stagelog
+from tasks.store.entries import Cache
 
 STAGES = ["download", "export", "prepatch", "quantize", "compile", "verify"]
 KIND = {"prepatch": "patch"}
@@ -223,7 +223,7 @@ def test_capture_takes_fds_and_shows_only_what_matters(tmp_path):
     code = textwrap.dedent(f"""
         import ctypes, logging, os, sys, warnings
         sys.path.insert(0, {str(REPO)!r})
-        from tasks import stagelog
+        from tasks.store import stagelog
         with stagelog.capture({str(tmp_path / 'log.txt')!r}, "export:x"):
             print("ours on stdout")
             os.write(1, b"native stdout\\n")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import Project
 
-from tasks import digest
+from tasks.store import digest
 from tasks.commands.publish.check import check_bundle
 from tasks.commands.publish.errors import PublishError
 from tasks.commands.publish.signing import SIGNATURE

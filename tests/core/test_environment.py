@@ -77,7 +77,7 @@ def test_a_full_home_is_one_line_and_its_databases_stay(project, tmp_path):
 def test_a_stat_cache_that_cannot_grow_is_one_line_and_is_not_moved(tmp_path):
     """SQLite's own "database or disk is full" (SQLITE_FULL, from a page limit): the stat cache
     says which file and what to do, and the database stays where it is, valid."""
-    from tasks import digest
+    from tasks.store import digest
 
     db = tmp_path / "home" / "statcache.sqlite"
     sc = digest.StatCache(db)
@@ -160,7 +160,7 @@ def test_a_stat_cache_another_process_holds_is_waited_for_not_refused(tmp_path):
     import threading
     import time
 
-    from tasks import digest
+    from tasks.store import digest
 
     db = tmp_path / "home" / "statcache.sqlite"
     digest.StatCache(db).file_digest(Path(__file__))

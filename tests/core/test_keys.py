@@ -13,8 +13,8 @@ PROBE = r"""
 import json, sys
 from tasks.core import keys
 from tasks.core.session import Session
-from tasks.plan import StageSpec
-from tasks.stages import implementation
+from tasks.recipe.plan import StageSpec
+from tasks.contract import implementation
 
 stage, family = sys.argv[1], sys.argv[2]
 spec = StageSpec("r", stage, stage, {"target": "x-elite"}, family=family)
@@ -30,12 +30,12 @@ for name in keys.code_modules(Session(), implementation(stage, family).module):
     f.write_text(text + "\n# an edit\n")
     (changed if key()[0] != base[0] else unchanged).append(name)
     f.write_text(text)
-t = keys.module_file(Session(), "tasks.targets")
+t = keys.module_file(Session(), "tasks.qnn.targets")
 text = t.read_text()
 t.write_text(text.replace('Target("x-elite", 60, 73,', 'Target("x-elite", 61, 73,'))
-import importlib, tasks.targets, tasks.qnn
-importlib.reload(tasks.targets); importlib.reload(tasks.qnn)
-importlib.reload(tasks.stages.common)
+import importlib, tasks.qnn.targets, tasks.qnn.ep
+importlib.reload(tasks.qnn.targets); importlib.reload(tasks.qnn.ep)
+importlib.reload(tasks.contract.common)
 st = importlib.reload(importlib.import_module(implementation(stage, family).module)).STAGE
 after = (keys.code_digest(Session(), spec), st.key_extra(spec.params) if stage in ("compile", "verify") else None)
 t.write_text(text)
@@ -58,29 +58,29 @@ def test_editing_any_module_quantize_imports_changes_its_key(tmp_path):
     r = _probe(tmp_path, "quantize", "llm")
     # the LLM path's helpers are found without being listed anywhere
     for m in ("tasks.llm.quantize", "tasks.llm.qdq", "tasks.llm.calibration_feeds", "tasks.llm.sessions",
-              "tasks.llm.runner", "tasks.stages.common"):
+              "tasks.llm.runner", "tasks.contract.common"):
         assert m in r["modules"], (m, r["modules"])
     assert r["unchanged"] == [] and len(r["changed"]) == len(r["modules"]) >= 8
     enc = _probe(tmp_path / "encoder", "quantize")
-    assert "tasks.graphs" in enc["modules"] and enc["unchanged"] == [] and len(enc["changed"]) == len(enc["modules"])
+    assert "tasks.qnn.graphs" in enc["modules"] and enc["unchanged"] == [] and len(enc["changed"]) == len(enc["modules"])
 
 
 def test_editing_a_targets_soc_model_changes_compile_and_verify_keys(tmp_path):
     for stage, family in (("compile", "encoder"), ("verify", "encoder"), ("compile", "llm"), ("verify", "llm")):
         r = _probe(tmp_path / stage / family, stage, family)
-        assert "tasks.targets" in r["modules"]
+        assert "tasks.qnn.targets" in r["modules"]
         assert r["extra_before"]["provider_options"]["soc_model"] == "60"
         assert r["extra_after"]["provider_options"]["soc_model"] == "61"
         assert r["code_after_target_edit_differs"]
 
 
 def test_each_family_hashes_its_own_implementation_only():
-    """A stage kind has one module per family (tasks.stages.IMPLEMENTATIONS), chosen in plan:
+    """A stage kind has one module per family (tasks.contract.IMPLEMENTATIONS), chosen in plan:
     an encoder stage's key holds no LLM code and the reverse, so editing the LLM export leaves
     every encoder key alone; ``tasks/llm/export.py`` counts under its own dotted name."""
     from tasks.core import keys
     from tasks.core.session import Session
-    from tasks.stages import IMPLEMENTATIONS, implementation
+    from tasks.contract import IMPLEMENTATIONS, implementation
 
     def code_modules(name):
         return keys.code_modules(Session(), name)
@@ -97,7 +97,7 @@ def test_each_family_hashes_its_own_implementation_only():
 def test_no_stage_module_branches_on_the_family():
     import ast
 
-    # tasks/stages/params.py defines export.family itself (the key the plan picks implementations by)
+    # tasks/contract/params.py defines export.family itself (the key the plan picks implementations by)
     impls = [*(f for f in (REPO / "tasks" / "stages").glob("*.py") if f.name != "params.py"),
              *(REPO / "tasks" / "encoder").glob("*.py"),
              REPO / "tasks" / "sources" / "download.py", REPO / "tasks" / "patches" / "stage.py",
@@ -149,9 +149,9 @@ def test_children_run_the_package_copy_their_parent_runs(tmp_path):
     copy, not an installed checkout, so it runs the code the stage key hashed."""
     shutil.copytree(REPO / "tasks", tmp_path / "copy" / "tasks", ignore=shutil.ignore_patterns("__pycache__"))
     code = ("from tasks.proc.child import run_function, run_python\n"
-            "import tasks.targets\n"
-            "print(run_python('import tasks.targets as t; print(t.__file__)', cwd='/').stdout.strip())\n"
-            "r = run_function(tasks.targets.get, 'x-elite', cwd='/')\n"
+            "import tasks.qnn.targets\n"
+            "print(run_python('import tasks.qnn.targets as t; print(t.__file__)', cwd='/').stdout.strip())\n"
+            "r = run_function(tasks.qnn.targets.get, 'x-elite', cwd='/')\n"
             "print(r.returncode)\n")
     p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path / "copy", capture_output=True, text=True)
     assert p.returncode == 0, p.stderr[-2000:]

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from conftest import REPO, TINY_RECIPE
 
-from tasks import keylock
-from tasks.cache import Cache
-from tasks.keylock import LockTimeout
+from tasks.store import keylock
+from tasks.store.entries import Cache
+from tasks.store.keylock import LockTimeout
 
 KEY = "k" * 32
 
@@ -197,7 +197,7 @@ def test_temp_files_of_a_stage_live_in_its_cache_temp_folder(tmp_path):
 HOLDER = """\
 import os, subprocess, sys, time
 sys.path.insert(0, {repo!r})
-from tasks.cache import Cache
+from tasks.store.entries import Cache
 lock = Cache({root!r})._lock("export", {key!r})
 lock.acquire()
 if {leave_child}:  # a program it started kept the lock's descriptor; the pid the lock file names exits
@@ -359,7 +359,7 @@ def test_two_processes_removing_one_dead_temp_folder_both_succeed(tmp_path):
     start together remove the same folder, and the one that finds a file already gone must
     go on (a tester's concurrent resumes failed a stage with FileNotFoundError). Two real
     processes, 20,000 files, three rounds."""
-    code = ("import sys, time; from pathlib import Path; from tasks.fileops import rmtree\n"
+    code = ("import sys, time; from pathlib import Path; from tasks.store.fileops import rmtree\n"
             "t = float(sys.argv[2])\nwhile time.time() < t: pass\nrmtree(Path(sys.argv[1]))\n")
     for round_ in range(3):
         d = tmp_path / f"dead{round_}" / "out"

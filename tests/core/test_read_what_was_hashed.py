@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from tasks import digest
+from tasks.store import digest
 
 TRACEBACK = "Traceback (most recent call last)"
 

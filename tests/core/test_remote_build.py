@@ -9,7 +9,7 @@ import json
 
 from conftest import Project
 from remote_contents import build_files, remote_fs, remote_manifests
-from tasks import digest
+from tasks.store import digest
 
 KINDS = ["compile", "download", "export", "patch", "quantize", "verify"]
 STAGES = {"download": "download", "export": "export", "prepatch": "patch", "quantize": "quantize",

@@ -79,7 +79,7 @@ def test_a_bom_is_allowed(tmp_path):
 
 
 def test_an_llm_recipe_with_a_bad_chat_file_is_a_load_error(tmp_path, monkeypatch):
-    from tasks.recipe_checks import load_all
+    from tasks.recipe.checks import load_all
 
     monkeypatch.setenv("NPUBUILD_ROOT", str(tmp_path))
     (tmp_path / "recipes").mkdir()

@@ -132,7 +132,7 @@ def test_int4_weights_reencoded_whole_are_quantized_per_tensor_first_and_leave_t
                                                                                             monkeypatch, kw):
     """When reencode replaces every int4 MatMul weight's encoding (LPBQ blocks, GPTQ codes),
     onnxruntime's quantizer is handed those weights per-tensor (its cheap path,
-    :func:`tasks.quantconfig.per_tensor_4bit`); the QDQ model left is the bytes its per-channel
+    :func:`tasks.qnn.quantconfig.per_tensor_4bit`); the QDQ model left is the bytes its per-channel
     path leaves (the override switched back to it for the comparison)."""
     import hashlib
 
@@ -160,7 +160,7 @@ def test_int4_weights_reencoded_whole_are_quantized_per_tensor_first_and_leave_t
 def test_per_tensor_4bit_drops_the_axis_of_4_bit_weights_only():
     from onnxruntime.quantization import QuantType
 
-    from tasks.quantconfig import per_tensor_4bit
+    from tasks.qnn.quantconfig import per_tensor_4bit
 
     o = {"a": [{"quant_type": QuantType.QInt4, "axis": 1, "symmetric": True}],
          "b": [{"quant_type": QuantType.QUInt8, "axis": 1, "symmetric": True}]}

@@ -114,8 +114,8 @@ def test_w4a16_after_w8a16_reuses_download_and_export(llm_project):
 def _kv_io(build: Path) -> dict:
     """{(binary, graph, tensor): (dtype, shape)} of every KV cache input and output of every
     context binary under ``build`` (genai's ``past_*`` / ``present_*``), read back through
-    libQnnSystem (``tasks.context_binary.read``)."""
-    from tasks import context_binary
+    libQnnSystem (``tasks.qnn.context_binary.read``)."""
+    from tasks.qnn import context_binary
 
     out = {}
     for b in sorted(build.rglob("*.bin")):
@@ -159,7 +159,7 @@ def test_the_genai_binaries_take_the_kv_cache_in_8_bits(llm_project):
     (entry,) = [d for d in (llm_project.cache / "compile").iterdir() if d.name.startswith(key)]
     assert set(_kv_io(entry / "out").values()) == {("FLOAT", shape)}
     # the read-back compile and verify run refuses them against the 8-bit export.json, one line a tensor
-    from tasks.context_binary_checks import Mismatch
+    from tasks.qnn.context_binary_checks import Mismatch
     from tasks.llm.part_binaries import read_back
 
     with pytest.raises(Mismatch) as e:
@@ -238,7 +238,7 @@ def test_tiny_llm_builds_byte_identical_in_two_folders(llm_project, tmp_path):
     """tiny-qwen2-w8a16 built and published from empty caches in two folders (the second's
     path has a space), each in its own processes, gives the same bundle by sha256, every file: the weight-shared
     context binary, EPContext models, genai_config.json, manifest, model card and archive
-    (issue 12; LLM graphs showed no racy padding run in 40 of 40 compiles, tasks/qnn.py). The
+    (issue 12; LLM graphs showed no racy padding run in 40 of 40 compiles, tasks/qnn/ep.py). The
     per-graph binaries verify runs stay in build/ (issue 48: a bundle ships what its runtimes load)."""
     import hashlib
 

@@ -153,7 +153,7 @@ def test_the_check_adds_what_the_stage_process_holds_already(monkeypatch):
     (MemAvailable leaves it out already). The message says how much was held."""
     import numpy as np
 
-    from tasks import budget
+    from tasks.proc import budget
     from tasks.proc.rss import proc_bytes
 
     monkeypatch.delenv("NPUBUILD_MEMORY_GB", raising=False)
@@ -182,7 +182,7 @@ def test_export_check_names_its_part_and_that_no_recipe_key_lowers_it(monkeypatc
     the decimals that tell them apart (testers saw "part 0" for part 1, advice to change
     export.parts, and "needs 0.8 GiB, 0.8 GiB is available")."""
     from tasks.llm import memory
-    from tasks.metrics import apart
+    from tasks.errors import apart
 
     cfg = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
                num_key_value_heads=4, vocab_size=152064)

@@ -9,14 +9,14 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tasks import weights
+from tasks.qnn import weights
 from tasks.llm.qdq_session import fold_block_scales, qdq_session
 from tasks.llm.sessions import cpu_session
 
 
 def _lpbq_matmul(K: int, N: int, block: int, seed: int = 0):
     """(model, W): y = x [1, M, K] @ DQ(w) with w an LPBQ int4 weight of ``block`` rows
-    (:func:`tasks.weights.encode_int4`), named as onnxruntime's quantizer names weights."""
+    (:func:`tasks.qnn.weights.encode_int4`), named as onnxruntime's quantizer names weights."""
     rng = np.random.default_rng(seed)
     W = (rng.standard_normal((K, N)) * np.exp(rng.standard_normal((K, 1)))).astype(np.float32) * 0.05
     s = (np.abs(W).max(0) / 7.5).astype(np.float32)

@@ -1,5 +1,5 @@
-"""Every context binary read back (tasks/context_binary.py, its checks
-tasks/context_binary_checks.py): the reader against the binaries the build makes, and, through the doit CLI, a built LLM whose shipped files are tampered with as a
+"""Every context binary read back (tasks/qnn/context_binary.py, its checks
+tasks/qnn/context_binary_checks.py): the reader against the binaries the build makes, and, through the doit CLI, a built LLM whose shipped files are tampered with as a
 faulty compile, bundle or cache would leave them (the entry re-sealed, so the cache's own
 integrity check passes): each fault fails verify with one line naming binary, graph, tensor,
 expected and found."""
@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from conftest import Project
-from tasks import context_binary, context_binary_checks, digest
+from tasks.qnn import context_binary
+from tasks.qnn import context_binary_checks
+from tasks.store import digest
 from llm_projects import parts_project_at
 
 TAMPER_RECIPE = """\
@@ -190,7 +192,7 @@ def test_an_encoder_compile_reads_its_binary_back(tmp_path, tiny_bert):
     entry's manifest lists the binary with the figures libQnnSystem reports, equal to a read of
     the file itself: one graph, x-elite's SoC model, the QNN SDK build, and the graph's inputs
     (int32 [1, 16] ids and mask) as the QDQ model declares them."""
-    from tasks.targets import get
+    from tasks.qnn.targets import get
 
     proj = Project(tmp_path / "proj", tiny_bert)
     proj.recipe("enc")

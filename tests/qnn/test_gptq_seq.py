@@ -9,7 +9,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tasks import gptq, weights
+from tasks.qnn import gptq
+from tasks.qnn import weights
 
 K0, K1, N1, M = 64, 96, 32, 24  # x [1, M, K0] -> layer 0 [K0, K1] -> Relu -> layer 1 [K1, N1]
 
@@ -74,7 +75,7 @@ def _codes(model, w: str) -> np.ndarray:
 @pytest.mark.parametrize("weight_names", [TWO_LAYERS, ONE_LAYER], ids=["two-layers", "one-layer"])
 def test_the_second_inputs_hessian_comes_from_the_quantized_first_weight_and_reencodes_are_byte_identical(
         tmp_path, weight_names):
-    """Through :func:`tasks.weights.reencode`: the second weight's codes are GPTQ's codes for the
+    """Through :func:`tasks.qnn.weights.reencode`: the second weight's codes are GPTQ's codes for the
     Hessian of relu(x @ W0_hat) (W0_hat: the first weight's dequantized GPTQ codes), not of
     relu(x @ W0) (the per-graph method's); the two Hessians differ. The same when both weights
     are in one layer (the reference's ``--true-sequential``: a layer's later inputs come from its
@@ -102,11 +103,11 @@ def test_the_second_inputs_hessian_comes_from_the_quantized_first_weight_and_ree
 
 def test_a_span_rounds_each_diagonal_block_of_the_hessian_on_its_own(tmp_path):
     """``quantize.gptq_span`` 32: layer 0 (64 inputs) and layer 1 (96) are cut into diagonal
-    blocks of 32 (:func:`tasks.gptq.spans`), and each block's codes are
+    blocks of 32 (:func:`tasks.qnn.gptq.spans`), and each block's codes are
     GPTQ's for that block of rows alone with its own Hessian block (layer 1's from the quantized
     layer 0); they differ from the whole Hessian's codes. A span as wide as the widest input
     writes the bytes of no span."""
-    from tasks.stages.params import GPTQ_SPAN
+    from tasks.contract.params import GPTQ_SPAN
 
     feeds, W0, W1 = _case()
     with pytest.raises(ValueError, match=f"expected a multiple of {gptq.SPAN_ALIGN}"):  # the load check's rule is spans'
@@ -144,10 +145,10 @@ def test_a_span_rounds_each_diagonal_block_of_the_hessian_on_its_own(tmp_path):
 
 
 def test_one_inputs_hessian_at_a_time():
-    """:func:`tasks.seqgptq.sequential` holds one input's Hessian: the largest group's float32
+    """:func:`tasks.qnn.seqgptq.sequential` holds one input's Hessian: the largest group's float32
     bytes, not the graph's sum; each group's weights come to ``quantize`` once, in graph order,
     and the last group is told nothing runs after it."""
-    from tasks.seqgptq import sequential
+    from tasks.qnn.seqgptq import sequential
 
     feeds, W0, W1 = _case()
     import tempfile
@@ -196,7 +197,7 @@ def test_the_quantize_check_counts_gptq_and_fails_before_work_in_one_line(monkey
     recipe's budget (sequential GPTQ's peak, 6.4-7.2 GiB + the QDQ graph, is below the
     quantizer's); with a part per layer GPTQ's peak is the larger, and a budget between the two
     estimates stops the stage before work with one line naming ``quantize.rounding``."""
-    from tasks.budget import NotEnoughMemory
+    from tasks.proc.budget import NotEnoughMemory
     from tasks.llm import memory
     from tasks.llm.parts import split_for
 
@@ -242,7 +243,7 @@ def test_a_rowwise_piece_runs_every_feeds_rows_at_once_with_the_same_values(tmp_
     apart: it runs over all feeds' rows together (``batched`` 1), and the c input's Hessian it
     gives equals the one from running it feed by feed, as does a call per feed
     (``ROWS_PER_CALL`` 1)."""
-    from tasks import seqgptq
+    from tasks.qnn import seqgptq
 
     feeds, W0, _ = _case()
     rng = np.random.default_rng(3)
@@ -276,12 +277,12 @@ def test_a_rowwise_piece_runs_every_feeds_rows_at_once_with_the_same_values(tmp_
 @pytest.mark.parametrize("change", ["transpose", "matmul-of-two", "const-by-row", "reduce-rows", "no-keepdims",
                                     "broadcast-adds-an-axis", "reduce-of-a-constant"])
 def test_rowwise_refuses_what_mixes_rows(change):
-    """:func:`tasks.seqgptq.rowwise` says False for a piece where a row's result depends on
+    """:func:`tasks.qnn.seqgptq.rowwise` says False for a piece where a row's result depends on
     other rows or on its position: a Transpose, a MatMul of two computed tensors, a constant
     that varies by row, a reduction over the rows axis, one that drops the last axis, a
     constant of one more dimension (the broadcast makes axis 2 the rows axis of the norm after
     it), a tensor of constants alone (a reduced [rows, 2] table added to the rows)."""
-    from tasks.seqgptq import rowwise
+    from tasks.qnn.seqgptq import rowwise
 
     F = 8
     inits = [numpy_helper.from_array(np.ones((F, F), np.float32), "w"),
@@ -323,7 +324,7 @@ def _algorithm1(W, U, dead, S):
 
 @pytest.mark.parametrize("step,block", [(16, 256), (32, 128), (16, 64), (32, 32), (7, 50)])
 def test_the_two_level_lazy_batch_gives_algorithm_1s_codes(step, block):
-    """:func:`tasks.gptq.codes` (errors carried within ``step`` rows, then to the rest of the
+    """:func:`tasks.qnn.gptq.codes` (errors carried within ``step`` rows, then to the rest of the
     ``block``, then to every later row) chooses the codes of the row-by-row algorithm, in
     float64, with a dead input and K not a multiple of either level (the last block and step
     shorter), and output channels in two chunks; (16, 256) is what the quantize stage uses."""

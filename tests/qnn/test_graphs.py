@@ -1,4 +1,4 @@
-"""tasks/graphs.py: a model's structure read without its initializers' values."""
+"""tasks/qnn/graphs.py: a model's structure read without its initializers' values."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tasks.graphs import GraphError, load_structure
+from tasks.qnn.graphs import GraphError, load_structure
 
 
 def _model(weight_rows: int = 64):
@@ -63,7 +63,7 @@ def test_a_truncated_or_foreign_file_is_one_error_naming_it(tmp_path):
 #: mark; ru_maxrss would carry the parent's across exec)
 PEAK = """
 import sys
-from tasks.graphs import load_structure
+from tasks.qnn.graphs import load_structure
 import onnx
 def hwm():
     line = next(l for l in open("/proc/self/status") if l.startswith("VmHWM:"))

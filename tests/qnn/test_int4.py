@@ -11,7 +11,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tasks import qnn, weights
+from tasks.qnn import ep as qnn
+from tasks.qnn import weights
 
 
 def _qdq_matmul(W: np.ndarray, M: int = 32):
@@ -54,7 +55,7 @@ def _dequantized(m) -> np.ndarray:
 
 
 def test_lpbq_scale_search_never_loses_to_the_rounded_max_rule():
-    """:func:`tasks.weights.lpbq_scales` searches the per-channel scale and each block's 4-bit
+    """:func:`tasks.qnn.weights.lpbq_scales` searches the per-channel scale and each block's 4-bit
     integer scale for the least squared rounding error; its grid holds the first rule's choice
     (pc = largest block absmax / 7 / 16, bint = round(absmax / 7 / pc)), so per channel its error
     is never larger, and on heavy-tailed weights it is clearly smaller."""
@@ -99,7 +100,7 @@ def test_lpbq_matmul_runs_all_on_htp_and_computes_its_weights(tmp_path, block):
     """The LPBQ encoding compiles with every node on HTP (CPU fallback disabled) and the
     simulator's output equals x @ (block-dequantized weights) (cosine >= 0.999). With integer
     block scales past 16 the same graph compiled and computed garbage (cosine 0.004), which is
-    why :func:`tasks.weights.lpbq_scales` keeps them in 1..16."""
+    why :func:`tasks.qnn.weights.lpbq_scales` keeps them in 1..16."""
     rng = np.random.default_rng(block)
     W = (rng.standard_normal((256, 96)) * np.exp(rng.standard_normal((256, 1)))).astype(np.float32) * 0.05
     m = _qdq_matmul(W)
@@ -210,7 +211,7 @@ def test_override_patterns_are_regular_expressions_for_llm_matmuls():
     """An ``overrides`` pattern is a regex (the recipe schema says so) for LLM MatMuls too: it
     used to be a plain substring there, so ``down_proj|v_proj`` matched nothing and the recipe
     built all-int4 without a word."""
-    from tasks.quantconfig import matmul_weight_overrides
+    from tasks.qnn.quantconfig import matmul_weight_overrides
 
     nodes, inits = [], []
     for name in ("/model/layers.0/mlp/down_proj/MatMul", "/model/layers.0/self_attn/v_proj/MatMul",
@@ -266,12 +267,12 @@ def test_reencode_leaves_no_stale_external_data(tmp_path):
 
 
 def test_fast_int4_packing_is_onnxruntimes_packing():
-    """:func:`tasks.quantconfig.pack_int4` (used inside onnxruntime's quantizer: its own packing
+    """:func:`tasks.qnn.quantconfig.pack_int4` (used inside onnxruntime's quantizer: its own packing
     is a Python loop per byte) gives the bytes onnxruntime's ``pack_bytes_to_4bit`` gives, odd
     and even lengths, signed and unsigned codes; the context restores onnxruntime's function."""
     from onnxruntime.quantization import base_quantizer, quant_utils
 
-    from tasks.quantconfig import fast_int4_packing, pack_int4
+    from tasks.qnn.quantconfig import fast_int4_packing, pack_int4
 
     ort_pack = quant_utils.pack_bytes_to_4bit
     rng = np.random.default_rng(0)
@@ -303,7 +304,7 @@ def test_narrowed_table_is_the_whole_tables_rule_block_by_block():
     """The 8-bit table is uint8 per-tensor from the 16-bit table's real min/max (with 0), the
     same bytes whatever the block of rows it is computed on (whole rows, a short last block),
     and the Gather's output pair takes the table's scale and zero point."""
-    from tasks.gather_tables import narrow_gather_tables
+    from tasks.qnn.gather_tables import narrow_gather_tables
 
     rng = np.random.default_rng(7)
     q16 = rng.integers(9000, 61000, size=(1537, 24), dtype=np.uint16)
@@ -331,7 +332,7 @@ def test_narrowing_a_table_holds_blocks_not_float64_copies_of_it():
     Qwen2's quantize child to 2.67 GiB (benchmarks/README.md)."""
     import tracemalloc
 
-    from tasks.gather_tables import narrow_gather_tables
+    from tasks.qnn.gather_tables import narrow_gather_tables
 
     q16 = np.random.default_rng(0).integers(0, 65535, size=(2048, 2048), dtype=np.uint16)
     m = _qdq_gather(q16, 1e-4, 32768)
@@ -353,7 +354,7 @@ def test_narrowing_reads_the_tables_dequantize_as_onnx_defines_it(layout):
     ``block_size`` along axis 1, one block a row) DequantizeLinear tables narrow to the rule on
     their real values, whatever the block of rows; a scale that fits none of these raises naming
     the table (a [rows, 1] scale on a per-axis DequantizeLinear was broadcast before)."""
-    from tasks.gather_tables import narrow_gather_tables
+    from tasks.qnn.gather_tables import narrow_gather_tables
 
     rng = np.random.default_rng(3)
     rows, cols = 9, 5

@@ -17,7 +17,7 @@ from conftest import TINY_RECIPE, Project
 from console_cli import doit as console
 from hub_cache import COMMIT, fake_hub_cache
 
-from tasks import digest
+from tasks.store import digest
 
 REPO = "acme/tiny-bert"
 HF_RECIPE = TINY_RECIPE.format(precision="w8a16", targets="[x-elite]", backend="cpu-qdq").replace(

@@ -7,7 +7,7 @@
   every recipe.
 - ``explain:<recipe>`` prints each stage's key, status and what changed since its last build.
 
-A stage's own output goes to its cache entry's ``log.txt`` (``tasks/stagelog.py``); the console
+A stage's own output goes to its cache entry's ``log.txt`` (``tasks/store/stagelog.py``); the console
 gets one line per stage (:mod:`.reporter`).
 """
 
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import sys
 
-from ...core import links, recipeset, run
-from ...core.session import Session
-from .threads import THREAD_MODE
+from tasks.core import links, recipeset, run
+from tasks.core.session import Session
+from tasks.commands.builder.threads import THREAD_MODE
 
 
 def _invalid(session: Session) -> dict:
@@ -25,7 +25,7 @@ def _invalid(session: Session) -> dict:
     for stem, e in errs.items():
         if stem not in session.warned:
             session.warned.add(stem)
-            from ...errors import UnsupportedModel
+            from tasks.errors import UnsupportedModel
 
             # a valid recipe of a model not implemented yet is said where it is asked for: its
             # build task fails with the reason, `doit list` (_list_fails_on_invalid_recipes) and
@@ -64,7 +64,7 @@ def _materialize_action(session: Session, recipe: str):
 
 
 def _print_explain(session: Session, recipe: str) -> None:
-    from ...core.explain import print_explain
+    from tasks.core.explain import print_explain
 
     print_explain(session, recipe)
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ...core import run
-from ...core.session import Session
+from tasks.core import run
+from tasks.core.session import Session
 
 
 def console_reporter(session: Session):

@@ -12,12 +12,12 @@ import shutil
 import sys
 from pathlib import Path
 
-from ... import paths
-from ...core import recipeset
-from ...core.session import Session
-from ...proc import interrupt
-from .reporter import console_reporter
-from .threads import THREAD_MODE, thread_mode
+from tasks.store import paths
+from tasks.core import recipeset
+from tasks.core.session import Session
+from tasks.proc import interrupt
+from tasks.commands.builder.reporter import console_reporter
+from tasks.commands.builder.threads import THREAD_MODE, thread_mode
 
 
 def environment_problems() -> list[str]:
@@ -25,11 +25,11 @@ def environment_problems() -> list[str]:
     made (each would be a 40-line traceback): a relative ``NPUBUILD_*`` folder, a relative
     ``NPUBUILD_ALLOW_PATHS`` entry, an ``NPUBUILD_REMOTE`` URL fsspec cannot open (unknown
     scheme, backend not installed), a cache, build or home folder this user cannot write
-    (:func:`tasks.outputs.unwritable`: read-only file system, mode, owner; dist/ and catalog/
+    (:func:`tasks.store.outputs.unwritable`: read-only file system, mode, owner; dist/ and catalog/
     are checked by the tasks that write them), an ``NPUBUILD_HOME`` disk
     with less than :data:`HOME_MIN_FREE` free, an ``NPUBUILD_LOCK_TIMEOUT`` or
     ``NPUBUILD_MEMORY_GB`` that is not a number in range. Reads nothing from the network."""
-    from ... import outputs
+    from tasks.store import outputs
 
     problems = []
     for where in (paths.root, paths.recipes_dir, paths.cache_dir, paths.build_dir, paths.state_dir,
@@ -46,8 +46,8 @@ def environment_problems() -> list[str]:
                 problems.append(bad)
         except ValueError:
             pass  # said above
-    from ...keylock import lock_timeout
-    from ...budget import budget_gib
+    from tasks.store.keylock import lock_timeout
+    from tasks.proc.budget import budget_gib
 
     for check in (lock_timeout, budget_gib):  # numbers: NPUBUILD_LOCK_TIMEOUT, NPUBUILD_MEMORY_GB
         try:
@@ -55,7 +55,7 @@ def environment_problems() -> list[str]:
         except ValueError as e:
             problems.append(str(e))
     if os.environ.get("NPUBUILD_REMOTE"):
-        from ... import remote
+        from tasks.store import remote
 
         try:
             remote.from_env()
@@ -87,7 +87,7 @@ def _home_problem() -> str:
 
 def _interrupted(exc_type, exc, tb, _default=sys.excepthook):
     """``sys.excepthook`` of the doit process: Ctrl-C is one line, not doit's traceback. What a
-    stage was building stays out of the cache (``tasks/cache.py``: only a finished build is
+    stage was building stays out of the cache (``tasks/store/entries.py``: only a finished build is
     renamed into place); the process still ends by SIGINT, so shells see an interrupt."""
     if not issubclass(exc_type, KeyboardInterrupt):
         return _default(exc_type, exc, tb)
@@ -137,7 +137,7 @@ def _check_doit_db(path: Path) -> None:
     starting with an empty one costs nothing but a re-check."""
     import sqlite3
 
-    from ...digest import reset_database
+    from tasks.store.digest import reset_database
 
     if not path.exists():
         return
@@ -147,7 +147,7 @@ def _check_doit_db(path: Path) -> None:
             bad = conn.execute("PRAGMA quick_check").fetchone()[0]
         conn.close()
     except sqlite3.DatabaseError as e:
-        from ...digest import damaged
+        from tasks.store.digest import damaged
 
         if damaged(e):
             reset_database(path, e, "doit's database")
@@ -166,7 +166,7 @@ def _doit_db_full_is_one_line() -> None:
 
     from doit.dependency import SqliteDB
 
-    from ... import outputs
+    from tasks.store import outputs
 
     plain = SqliteDB.dump
     if getattr(plain, "npubuild", False):
@@ -213,7 +213,7 @@ def _list_fails_on_invalid_recipes(session: Session) -> None:
             return 1
         errs = recipeset.recipe_errors(session)
         if errs:  # (the recipe module, and pydantic with it, only when a stored plan did not serve)
-            from ...errors import UnsupportedModel
+            from tasks.errors import UnsupportedModel
 
             for e in errs.values():  # listed as unsupported, not invalid: one line each
                 if isinstance(e, UnsupportedModel):

@@ -3,15 +3,16 @@
 
 from __future__ import annotations
 
-from ...core.session import Session
+from tasks.core.session import Session
 
 
 def _catalog_action(session: Session):
     from doit.exceptions import TaskFailed
 
-    from ... import outputs, paths
-    from ...cache import DiskFull
-    from .write import write_catalog
+    from tasks.store import outputs
+    from tasks.store import paths
+    from tasks.store.entries import DiskFull
+    from tasks.commands.catalog.write import write_catalog
 
     if bad := outputs.unwritable("NPUBUILD_CATALOG", paths.catalog_dir()):
         return TaskFailed(bad)

@@ -59,7 +59,7 @@ import os
 from pathlib import Path
 from urllib.parse import quote
 
-from .table import COLUMNS, STATES, human_bytes, human_count
+from tasks.commands.catalog.table import COLUMNS, STATES, human_bytes, human_count
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 
@@ -94,7 +94,7 @@ def size_bucket(row: dict) -> str:
 
 
 def runs_on_kind(said: str | None) -> str:
-    """``npu`` / ``npu+cpu`` from a ``runs_on`` string (``tasks.qnn.runs_on``), else unknown."""
+    """``npu`` / ``npu+cpu`` from a ``runs_on`` string (``tasks.qnn.ep.runs_on``), else unknown."""
     if not said:
         return UNKNOWN
     return "npu+cpu" if "cpu" in said else "npu"
@@ -178,7 +178,7 @@ def published_bundles(rows: list[dict], dist_dir: Path, catalog_dir: Path) -> di
     relative to ``catalog_dir`` (where index.html is); ``archive`` is None when
     ``<recipe>-<build_key>.tar.gz`` is absent; ``current`` says whether the bundle is of the
     row's present stage keys (:func:`tasks.commands.publish.bundle.short_key`'s digest)."""
-    from ...digest import digest_json
+    from tasks.store.digest import digest_json
 
     out = {}
     for r in rows:
@@ -305,7 +305,7 @@ def _td(text, sort, cls: str = "", title: str = "", raw: bool = False) -> str:
 def render_page(rows: list[dict], published: dict | None = None) -> str:
     """The page (module docstring) for catalog ``rows`` and the ``published`` bundles
     (:func:`published_bundles`; None: no links to bundles)."""
-    from ...llm.figures import CEILING_NOTE
+    from tasks.llm.figures import CEILING_NOTE
 
     esc = html.escape
     published = published or {}
@@ -347,7 +347,7 @@ def render_page(rows: list[dict], published: dict | None = None) -> str:
                '<div class="chart" id="device-chart" data-count="" data-points=""></div>\n'
                '<p class="note ceiling"><strong>Ceilings and bounds, not measurements</strong>: nothing here ran on a '
                "Snapdragon device. Per target, from its published DRAM bandwidth and NPU peak "
-               f"(<code>tasks/targets.py</code>): {esc(CEILING_NOTE.removeprefix('ceilings, not measurements: '))}. "
+               f"(<code>tasks/qnn/targets.py</code>): {esc(CEILING_NOTE.removeprefix('ceilings, not measurements: '))}. "
                "Filled: the bundle read back from a build; "
                "hollow: estimated from the model's config before a build. Targets without a published figure "
                "are left out.</p>\n</section>\n</div>\n")
@@ -391,7 +391,7 @@ def render_page(rows: list[dict], published: dict | None = None) -> str:
 
 def catalog_page(rows: list[dict], catalog_dir: Path) -> str:
     """index.html for ``catalog_dir``: :func:`render_page` with the bundles published in
-    :func:`tasks.paths.dist_dir`, linked relative to ``catalog_dir``."""
-    from ... import paths
+    :func:`tasks.store.paths.dist_dir`, linked relative to ``catalog_dir``."""
+    from tasks.store import paths
 
     return render_page(rows, published_bundles(rows, paths.dist_dir(), Path(catalog_dir)))

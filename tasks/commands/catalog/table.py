@@ -4,7 +4,7 @@ sort value, numeric) that the Markdown table (:mod:`.write`) and the page
 
 from __future__ import annotations
 
-from ...core.row import arch
+from tasks.core.row import arch
 
 #: what the catalog says of a recipe, best first
 STATES = ("verified", "verify-failed", "stale", "not-built", "shape-built", "unsupported")

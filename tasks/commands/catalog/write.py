@@ -1,5 +1,5 @@
 """The catalog (``doit catalog``, :func:`write_catalog`): every recipe, its state and, once
-built, what came out; written into :func:`tasks.paths.catalog_dir`:
+built, what came out; written into :func:`tasks.store.paths.catalog_dir`:
 
 - ``catalog.json``: ``{"schema_version": 1, "recipes": [row, ...]}``, rows sorted by recipe
   name, keys sorted, 2-space indent, no timestamps (same inputs, same bytes). A row's fields
@@ -19,12 +19,12 @@ import json
 import os
 from pathlib import Path
 
-from ... import paths
-from ...core import recipeset
-from ...core.row import catalog_row, unsupported_row
-from ...core.session import Session
-from ...core.status import catalog_recipes, recipe_status
-from .table import COLUMNS, human_bytes, human_count, per_target, tps
+from tasks.store import paths
+from tasks.core import recipeset
+from tasks.core.row import catalog_row, unsupported_row
+from tasks.core.session import Session
+from tasks.core.status import catalog_recipes, recipe_status
+from tasks.commands.catalog.table import COLUMNS, human_bytes, human_count, per_target, tps
 
 SCHEMA_VERSION = 1
 
@@ -32,7 +32,7 @@ SCHEMA_VERSION = 1
 def catalog_rows(session: Session | None = None) -> list[dict]:
     """Every non-abstract recipe's row, sorted by name. ``session``: the command's (default: a
     new one). Raises RecipeError for an invalid recipe file (the catalog is then not written)."""
-    from ...errors import UnsupportedModel
+    from tasks.errors import UnsupportedModel
 
     session = session or Session()
     rows = [catalog_row(n, r, recipe_status(n, session)) for n, r in catalog_recipes(session).items()]
@@ -82,12 +82,12 @@ def terminal_table(rows: list[dict]) -> str:
 
 def write_catalog(out_dir: Path | None = None, session: Session | None = None) -> dict[str, Path]:
     """Write catalog.json, README.md and index.html into ``out_dir`` (default
-    :func:`tasks.paths.catalog_dir`). Returns {file name: path}. The files are written under
+    :func:`tasks.store.paths.catalog_dir`). Returns {file name: path}. The files are written under
     temp names and renamed once all three are, so a reader never sees half a file, and a full
     disk is one DiskFull error that leaves the previous files whole. ``session``: the
     command's (default: a new one)."""
-    from ... import outputs
-    from .page import catalog_page
+    from tasks.store import outputs
+    from tasks.commands.catalog.page import catalog_page
 
     out_dir = Path(out_dir or paths.catalog_dir())
     with outputs.full_disk_is(out_dir.parent, f"{out_dir.name}/", "NPUBUILD_CATALOG"):

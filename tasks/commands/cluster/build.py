@@ -33,13 +33,13 @@ import time
 import uuid
 from types import SimpleNamespace
 
-from ... import remote
-from ...core import keys, recipeset, resolve
-from ...core.record import record
-from ...core.run import build_spec, memory_estimate
-from ...core.session import Session
-from ...errors import UserError
-from ...plan import KINDS
+from tasks.store import remote
+from tasks.core import keys, recipeset, resolve
+from tasks.core.record import record
+from tasks.core.run import build_spec, memory_estimate
+from tasks.core.session import Session
+from tasks.errors import UserError
+from tasks.recipe.plan import KINDS
 
 ENV_SCHEDULER = "NPUBUILD_SCHEDULER"
 RESOURCE = "MEMORY"
@@ -236,7 +236,7 @@ def build(recipes: list[str] | None, scheduler: str | None, link=None, log=print
         results.update(_run(nodes, done, scheduler, log, timeout))
     # the client's part: pull what build/ and the checks read, check, record, link (builds
     # nothing: a Resolver only fetches; the other stages' keys come from remote manifests)
-    from ...stages import artifact_patterns, implementations
+    from tasks.contract import artifact_patterns, implementations
 
     wanted = frozenset(k for k in KINDS if artifact_patterns(k) or any(st.check for st in implementations(k)))
     failed, pulled = [], 0

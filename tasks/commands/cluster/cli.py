@@ -4,14 +4,14 @@ tcp://host:8786 [recipe ...]`` builds the stale stages on a Dask cluster and pul
 
 from __future__ import annotations
 
-from ...core.session import Session
+from tasks.core.session import Session
 
 
 def _cluster_action(session: Session, scheduler: str, recipes: list):
     from doit.exceptions import TaskFailed
 
-    from ...core import links, run
-    from . import build
+    from tasks.core import links, run
+    from tasks.commands.cluster import build
 
     try:
         build.build(recipes, scheduler, link=lambda recipe, res: links.materialize(session, recipe, res),

@@ -4,7 +4,7 @@
 :mod:`tasks.core.status`: verify failed, stale build, never built), saying why; it never builds.
 Otherwise it writes, from the cache entries of the recipe's current stage keys:
 
-- ``dist/<recipe>/`` (:func:`tasks.paths.dist_dir`): of the build's artifacts, what the
+- ``dist/<recipe>/`` (:func:`tasks.store.paths.dist_dir`): of the build's artifacts, what the
   bundle's runtimes load (:func:`.contents.shipped_files`, the rule: the models and binaries
   ``genai_config.json`` / ``genie_config.json`` name, an encoder's ``*_ctx.onnx`` and its binary;
   in a ``<target>/`` sub-folder each when the recipe has several targets; not the per-graph
@@ -15,7 +15,7 @@ Otherwise it writes, from the cache entries of the recipe's current stage keys:
   stage's key (:func:`.bundle.short_key`), deterministic (:mod:`.archive`).
 
 Two builds from *empty* caches agree on every file, the context binaries included
-(tasks/qnn.py ``compile_settled``: a compile that comes out as the QNN SDK's racy padding
+(tasks/qnn/ep.py ``compile_settled``: a compile that comes out as the QNN SDK's racy padding
 variant is compiled again); no file or region is excused (tests/test_catalog_publish.py).
 
 Shipped bytes are checked: every cache file that goes into the bundle is read in full and

@@ -17,11 +17,11 @@ import json
 import os
 from pathlib import Path
 
-from ... import digest
-from ...core.resolve import cache as cache_of
-from ...core.session import Session
-from ...core.state import artifacts
-from .errors import PublishError
+from tasks.store import digest
+from tasks.core.resolve import cache as cache_of
+from tasks.core.session import Session
+from tasks.core.state import artifacts
+from tasks.commands.publish.errors import PublishError
 
 MANIFEST_SCHEMA = 1
 NOT_RECORDED = {

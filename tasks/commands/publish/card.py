@@ -3,7 +3,7 @@ the recipe and its catalog row (:mod:`tasks.core.row`)."""
 
 from __future__ import annotations
 
-from ...core.row import arch
+from tasks.core.row import arch
 
 
 def _ran(v: dict) -> str:
@@ -49,8 +49,8 @@ def _files_lines(loaded: dict[str, list[str]]) -> list[str]:
     """The card's "Files" section: every file the bundle holds and who loads it (``loaded``:
     :func:`.contents.shipped_files`, the rule of what ships, plus :data:`.contents.WRITTEN`), one
     table row per file: ``| `path` | who; who |``."""
-    from .contents import WRITTEN
-    from .signing import SIGNATURE
+    from tasks.commands.publish.contents import WRITTEN
+    from tasks.commands.publish.signing import SIGNATURE
 
     rows = {**loaded, **{rel: [who] for rel, who in WRITTEN.items()}}
     return ["", "## Files", "",

@@ -8,9 +8,9 @@ import json
 import re
 from pathlib import Path
 
-from ...digest import sha256_file
-from .errors import PublishError
-from .signing import SIGNATURE, verify_signature
+from tasks.store.digest import sha256_file
+from tasks.commands.publish.errors import PublishError
+from tasks.commands.publish.signing import SIGNATURE, verify_signature
 
 MANIFEST_MAX_BYTES = 16 * 1024**2  # ~100,000 listed files; a larger manifest.json is refused unread
 _SHA256 = re.compile(r"[0-9a-f]{64}")

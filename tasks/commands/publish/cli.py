@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import os
 
-from ...core import recipeset
-from ...core.session import Session
+from tasks.core import recipeset
+from tasks.core.session import Session
 
 
 def _publish_action(session: Session, recipe: str, dest: str, hub_repo: str, dry_run: bool, sign: str, signing_cert: str,
                     cert_chain: str):
     from doit.exceptions import TaskFailed
 
-    from ... import outputs, paths
-    from ...cache import DiskFull
-    from .errors import PublishError
-    from .write import publish
+    from tasks.store import outputs
+    from tasks.store import paths
+    from tasks.store.entries import DiskFull
+    from tasks.commands.publish.errors import PublishError
+    from tasks.commands.publish.write import publish
 
     if not dry_run and (bad := outputs.unwritable("NPUBUILD_DIST", paths.dist_dir())):
         return TaskFailed(bad)
@@ -32,8 +33,8 @@ def _publish_action(session: Session, recipe: str, dest: str, hub_repo: str, dry
 def _reproduce_action(session: Session, recipe: str):
     from doit.exceptions import TaskFailed
 
-    from .errors import PublishError
-    from .reproduce import reproduce
+    from tasks.commands.publish.errors import PublishError
+    from tasks.commands.publish.reproduce import reproduce
 
     try:
         same = reproduce(recipe, session=session)
@@ -45,8 +46,8 @@ def _reproduce_action(session: Session, recipe: str):
 def _check_bundle_action(path: str, public_key: str, cert_chain: str):
     from doit.exceptions import TaskFailed
 
-    from .check import print_check
-    from .errors import PublishError
+    from tasks.commands.publish.check import print_check
+    from tasks.commands.publish.errors import PublishError
 
     if not path:
         return TaskFailed("give the bundle folder: doit check_bundle --path dist/<recipe>")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .errors import PublishError
+from tasks.commands.publish.errors import PublishError
 
 GENAI, GENIE, QNN_EP, RUNNER = "onnxruntime-genai", "Genie", "onnxruntime QNN EP", "npubuild LLMRunner"
 _TOKENIZER_NAMES = ("tokenizer*", "vocab*", "merges.txt", "special_tokens_map.json", "added_tokens.json")
@@ -25,7 +25,7 @@ def _ep_binaries(ctx_path: Path, rel: str) -> list[str]:
     ``rel``) names (``ep_cache_context``, relative to the model; embedded ones have none)."""
     import posixpath
 
-    from ...qnn import ep_context_info
+    from tasks.qnn.ep import ep_context_info
 
     refs = {n.get("ep_cache_context") for n in ep_context_info(ctx_path) if int(n.get("embed_mode", 0)) == 0}
     return sorted(posixpath.normpath(posixpath.join(posixpath.dirname(rel), r)) for r in refs if r)
@@ -103,7 +103,7 @@ def shipped_files(sources: dict[str, Path]) -> dict[str, list[str]]:
                 name(at(desc["embed_file"]), f"{RUNNER} (export.json embed_file: the host-side embedding table)",
                      at("export.json"))
             if at("genai_config.json") not in sources:
-                from ...llm.genai import bundle_files
+                from tasks.llm.genai import bundle_files
 
                 shared = any(r.startswith(at("shared/")) for r in sources)
                 models(d, list(bundle_files(desc, "shared" if shared else "").values()), RUNNER, at("export.json"))

@@ -1,6 +1,6 @@
 """The publish command's error."""
 
-from ...errors import UserError
+from tasks.errors import UserError
 
 
 class PublishError(UserError):

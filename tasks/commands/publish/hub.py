@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from .errors import PublishError
+from tasks.commands.publish.errors import PublishError
 
 
 def hub_operations(plan: dict, repo_id: str) -> list[tuple[str, dict]]:
@@ -25,7 +25,7 @@ def push_to_hub(plan: dict, repo_id: str, endpoint: str | None = None, token: st
     Raises PublishError (token scrubbed) when a call fails."""
     from huggingface_hub import HfApi
 
-    from ...proc.scrubbing import scrub
+    from tasks.proc.scrubbing import scrub
 
     api = HfApi(endpoint=endpoint, token=token)
     ops = hub_operations(plan, repo_id)

@@ -12,15 +12,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ... import paths
-from ...core.resolve import cache as cache_of
-from ...core.session import Session
-from ...core.state import diff
-from ...core.status import catalog_recipes
-from ...digest import sha256_file
-from ...stages import artifact_patterns
-from .check import check_bundle, read_manifest
-from .errors import PublishError
+from tasks.store import paths
+from tasks.core.resolve import cache as cache_of
+from tasks.core.session import Session
+from tasks.core.state import diff
+from tasks.core.status import catalog_recipes
+from tasks.store.digest import sha256_file
+from tasks.contract import artifact_patterns
+from tasks.commands.publish.check import check_bundle, read_manifest
+from tasks.commands.publish.errors import PublishError
 
 
 def differing_ranges(a: Path, b: Path, limit: int = 8, chunk: int = 1 << 20) -> list[tuple[int, int]] | str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .errors import PublishError
+from tasks.commands.publish.errors import PublishError
 
 SIGNATURE = "npubuild.sig"  # the OpenSSF model-signing signature of a signed bundle (publish --sign)
 

@@ -11,18 +11,18 @@ import os
 import shutil
 from pathlib import Path
 
-from ... import paths
-from ...core.row import catalog_row
-from ...core.session import Session
-from ...core.status import RecipeStatus, catalog_recipes, recipe_status
-from ...digest import sha256_file
-from .archive import write_archive, write_bundle
-from .bundle import build_manifest, bundle_sources, json_bytes, sha256_bytes, shipped_digests, short_key
-from .card import model_card
-from .contents import shipped_files
-from .errors import PublishError
-from .hub import hub_operations, push_to_hub
-from .signing import SIGNATURE, sign_bundle
+from tasks.store import paths
+from tasks.core.row import catalog_row
+from tasks.core.session import Session
+from tasks.core.status import RecipeStatus, catalog_recipes, recipe_status
+from tasks.store.digest import sha256_file
+from tasks.commands.publish.archive import write_archive, write_bundle
+from tasks.commands.publish.bundle import build_manifest, bundle_sources, json_bytes, sha256_bytes, shipped_digests, short_key
+from tasks.commands.publish.card import model_card
+from tasks.commands.publish.contents import shipped_files
+from tasks.commands.publish.errors import PublishError
+from tasks.commands.publish.hub import hub_operations, push_to_hub
+from tasks.commands.publish.signing import SIGNATURE, sign_bundle
 
 
 def _verified_status(session: Session, recipe: str) -> RecipeStatus:
@@ -96,8 +96,8 @@ def _copy_to_dest(plan: dict, recipe: str, d: Path, sig: Path | None) -> None:
     under temp names first, renamed into place once all are copied, as ``dist/`` is written,
     so a full disk is one DiskFull line (naming ``--dest``) and leaves ``d``'s previous copy
     whole and nothing under the bundle's final name."""
-    from ... import outputs
-    from ...fileops import folder_bytes
+    from tasks.store import outputs
+    from tasks.store.fileops import folder_bytes
 
     names = [(plan["folder"], d / recipe), (plan["archive"], d / plan["archive"].name)]
     if sig is not None:
@@ -137,7 +137,7 @@ def publish(recipe: str, dest: str | Path | None = None, hub_repo: str | None = 
         if sign:
             print(f"[dry-run] would sign {plan['folder']}/ with {sign} into {SIGNATURE} and {plan['archive'].name}.sig")
         return {"folder": plan["folder"], "archive": plan["archive"], "short": plan["short"], "dry_run": True}
-    from ... import outputs
+    from tasks.store import outputs
 
     # the folder and the archive are written under temp names, then renamed into place together:
     # a full disk is one DiskFull line and leaves the previous bundle and archive whole

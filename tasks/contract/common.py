@@ -1,0 +1,130 @@
+"""What several implementations of a stage kind share (encoder and LLM): the files copied
+beside the graphs, the target's resolved session options in compile/verify keys, and the
+judging of ``verify.json`` against a recipe's thresholds. Imports no family's code.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Callable
+
+from tasks.store import digest
+from tasks.qnn import ep as qnn
+from tasks.errors import apart
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
+                   "merges.txt", "vocab.json", "config.json", "generation_config.json", "tokenizer.model",
+                   "added_tokens.json")
+
+
+#: what a user gets (fnmatch patterns on file names; linked into build/<recipe>/ and copied into
+#: published bundles) of an export (either family): the tokenizer and config files
+EXPORT_ARTIFACTS = ("tokenizer*", "vocab*", "merges.txt", "special_tokens_map.json", "config.json",
+                    "generation_config.json", "added_tokens.json")
+
+#: ... of a compile: EPContext models, context binaries, and the LLM's runtime description
+COMPILE_ARTIFACTS = ("*_ctx.onnx", "*.bin", "genai_config.json", "export.json", "*.npy")
+#: ... of a verify: its report
+VERIFY_ARTIFACTS = ("verify.json",)
+
+
+def copy_tokenizer(src: Path, out: Path) -> list[str]:
+    """Copy tokenizer and config files present in ``src`` to ``out``; returns their names."""
+    names = []
+    for name in TOKENIZER_FILES:
+        if (src / name).is_file():
+            shutil.copyfile(src / name, out / name)
+            names.append(name)
+    return names
+
+
+def copy_rest(src: Path, out: Path) -> None:
+    """Copy the non-graph files of ``src`` (tokenizer, ``export.json``, ...) that the next
+    stages read into ``out`` (same relative paths), leaving files already there alone."""
+    for f in digest.list_files(src):
+        if f.suffix not in (".onnx", ".data") and not (out / f.relative_to(src)).exists():
+            (out / f.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(f, out / f.relative_to(src))
+
+
+def target_key_extra(params: dict) -> dict:
+    """The target as the session sees it, for compile and verify keys: the QNN provider options
+    ``params["target"]`` resolves to in ``tasks/qnn/targets.py`` (soc_model, htp_arch, ...), so
+    editing the table makes binaries stale and two names for one SoC share entries."""
+    return {"provider_options": qnn.provider_options(params["target"])}
+
+def write_report(out: Path, report: dict) -> dict:
+    """Write ``out/verify.json`` (sorted keys, 2-space indent, a final newline: the same bytes
+    for the same report) and return the manifest info every verify gives: backend and sample
+    count."""
+    (out / "verify.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return {"backend": report["backend"], "samples": len(report.get("samples", []))}
+
+
+def checker(thresholds: tuple) -> "Callable[[Path, dict, dict], list[str]]":
+    """The ``check`` hook of a verify implementation measuring ``thresholds``
+    (:class:`tasks.contract.stage.Threshold`): ``check(out, manifest, params)`` gives the
+    failures of ``out/verify.json`` against ``params["thresholds"]``, one line per failed bar
+    naming the metric, its value, the bar and the worst sample. Where the nodes run is reported
+    (``all_on_htp``, ``cpu_nodes``), not judged here: compile refuses a CPU node unless the
+    recipe allows it (``compile.disable_cpu_ep_fallback: false``), and the card and the catalog
+    then say ``npu+cpu``."""
+    table = {t.name: t for t in thresholds}
+
+    def check(out: Path, manifest: dict, params: dict) -> list[str]:
+        report = json.loads((out / "verify.json").read_text(encoding="utf-8"))
+        fails = []
+        for name, bar in sorted(params.get("thresholds", {}).items()):
+            direction, per_sample = table[name].direction, table[name].per_sample
+            value = report["metrics"].get(name)
+            if value is None:
+                fails.append(f"{name}: not measured by this verify")
+                continue
+            bad = not math.isfinite(value) or (value < bar if direction == "min" else value > bar)
+            if bad:
+                worst = ""
+                samples = report.get("samples") or []
+                if per_sample and samples and per_sample in samples[0]:
+                    pick = min if direction == "min" else max
+                    w = pick(range(len(samples)), key=lambda i: samples[i][per_sample])
+                    worst = f"; worst sample #{w} ({per_sample}={samples[w][per_sample]:.4f}): {samples[w].get('text', '')!r}"
+                shown = apart(value, float(bar), 4)[0] if math.isfinite(value) else f"{value}"
+                fails.append(f"{name} = {shown}{' (not a number: the compiled model gave NaN/inf)' if not math.isfinite(value) else ''}, threshold {'>=' if direction == 'min' else '<='} {bar}{worst}")
+        return fails
+
+    return check
+
+
+def runtimes_checked(report: dict) -> dict[str, str]:
+    """How each runtime a bundle serves was checked, read from its ``verify.json`` (``report``):
+    {runtime: one sentence}. Encoders serve onnxruntime's QNN EP (``model_ctx.onnx``); LLMs
+    serve onnxruntime-genai (``genai_config.json``) and, with it in the report, Genie. What ran
+    on the HTP simulator says so; what was only read back (every context binary: graphs,
+    inputs/outputs, SoC; ``tasks/qnn/context_binary.py``) says that, since nothing here can load a
+    weight-shared binary."""
+    bins = report.get("binaries", {})
+    socs = sorted({b.get("soc_model") for b in bins.values()})
+    read = (f"{len(bins)} context binar{'y' if len(bins) == 1 else 'ies'} read back (graphs, inputs/outputs, "
+            f"SoC model {', '.join(map(str, socs))})") if bins else "no context binary read back"
+    htp = report.get("backend") == "htp"
+    if "runtime" not in report:  # an encoder: the EPContext model through onnxruntime's QNN EP
+        ran = ("ran on the HTP simulator as shipped (model_ctx.onnx + its binary)" if htp else
+               "not run: the QDQ graph ran on the CPU EP (quantization only)")
+        return {"onnxruntime-qnn": f"{ran}; {read}"}
+    shared = sorted(b for b in bins if b.startswith("shared/"))
+    twins = ("the per-graph binaries (same QDQ graphs) on the HTP simulator" if htp else
+             "the QDQ graphs on the CPU EP")
+    if report.get("runtime") == "genai":
+        genai = f"generated every verify prompt through onnxruntime-genai on {twins}"
+    else:
+        genai = f"not run through genai (verify.runtime: {report.get('runtime')}); LLMRunner generated on {twins}"
+    genai += (f"; the shipped weight-shared binaries ({len(shared)}) read back against genai_config.json, not "
+              "run (the simulator cannot load a weight-shared binary)" if shared else f"; {read}")
+    out = {"onnxruntime-genai": genai}
+    if "genie_runner_agreement" in report.get("metrics", {}):
+        out["genie"] = "generated every verify prompt through Genie (libGenie.so) on the HTP simulator"
+    return out
+

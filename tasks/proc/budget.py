@@ -1,0 +1,118 @@
+"""The memory budget every stage is checked against, whatever its family: the user's
+``NPUBUILD_MEMORY_GB`` or, unset, ``MemAvailable``; :func:`check` stops a stage whose estimated
+peak exceeds it (:class:`NotEnoughMemory`, naming what lowers it); :func:`budget_line` is how
+``doit explain`` states it. The estimates are the families' (the ``memory_estimate`` hook of
+:class:`tasks.contract.stage.Stage`; LLMs: :mod:`tasks.llm.memory`);
+:data:`DEFAULT_STAGE_BYTES` stands in for a stage without one.
+"""
+
+from __future__ import annotations
+
+import os
+
+from tasks.errors import UserError
+from tasks.proc.rss import proc_bytes as _proc_bytes
+
+GiB = 1 << 30
+BASE = int(0.8 * GiB)  # Python + torch/onnxruntime/transformers imports, measured: 0.6-0.8 GiB
+
+
+class NotEnoughMemory(UserError, RuntimeError):
+    """A stage's estimated peak exceeds the memory available; the message says what to change."""
+
+
+#: the largest budget taken (GiB): a larger one, e.g. 1e300, would overflow every stage's sums
+MAX_BUDGET_GIB = 1 << 20
+
+
+def budget_gib() -> float | None:
+    """The user's memory budget, ``NPUBUILD_MEMORY_GB`` (GiB), or None when unset. Raises
+    ValueError naming the variable for a value that is not a finite number > 0 (checked when
+    doit starts: :func:`tasks.commands.builder.startup.environment_problems`)."""
+    import math
+
+    env = os.environ.get("NPUBUILD_MEMORY_GB", "").strip()
+    if not env:
+        return None
+    try:
+        v = float(env) if "_" not in env else math.nan  # Python's float() reads "1_0" as 10
+    except ValueError:
+        v = math.nan
+    if not (math.isfinite(v) and 0 < v <= MAX_BUDGET_GIB):
+        raise ValueError(f"NPUBUILD_MEMORY_GB: expected a number of GiB > 0 and at most {MAX_BUDGET_GIB}, found {env!r}")
+    return v
+
+
+def available_bytes() -> int | None:
+    """Memory a stage may use: ``NPUBUILD_MEMORY_GB`` (GiB, float) if set, else Linux's
+    ``MemAvailable``; None when neither is known (then nothing is checked). Raises ValueError
+    for a budget that is not a number > 0 (:func:`budget_gib`)."""
+    gib = budget_gib()
+    if gib is not None:
+        return int(gib * GiB)
+    return _proc_bytes("/proc/meminfo", "MemAvailable")
+
+
+def budget_line() -> str:
+    """How ``doit explain`` states the memory budget: the user's
+    ``NPUBUILD_MEMORY_GB``, which every LLM stage's estimate is checked against and which
+    decides whether the LLM verify keeps every part's compiled decode graph open (when their
+    sessions and the KV caches fit in it: :func:`tasks.llm.compare.resident_bytes`), else that
+    there is none and what stands in for it (``MemAvailable``, which varies with what else
+    runs)."""
+    gib = budget_gib()
+    if gib is not None:
+        return (f"{gib:g} GiB (NPUBUILD_MEMORY_GB): LLM stages whose estimate exceeds it stop before work; "
+                f"LLM verify keeps every compiled decode graph open only when they and the KV caches fit in it")
+    avail = available_bytes()
+    now = f", {avail / GiB:.1f} GiB now" if avail is not None else ""
+    return (f"none set (NPUBUILD_MEMORY_GB): LLM stages are checked against the memory available{now}, "
+            "which changes with what else runs; set NPUBUILD_MEMORY_GB for a peak you can plan for")
+
+
+#: what a stage without a ``memory_estimate`` hook asks of a cluster worker: the encoders built
+#: here (MiniLM-sized) peak well under 1 GiB above the imports (BASE); 2 GiB leaves room for a
+#: BERT-large
+DEFAULT_STAGE_BYTES = 2 * GiB
+
+
+def held_bytes(in_child: bool) -> int:
+    """Bytes this process holds now that a stage's estimate (which counts one fresh process's
+    :data:`BASE`) leaves out, when ``NPUBUILD_MEMORY_GB`` is set (0 otherwise: ``MemAvailable``
+    already leaves out what this process holds): its whole resident set when the stage's work
+    runs in a child process (this one waits, holding it), else its resident set above BASE
+    (what earlier stages of the same doit process left: 2.97 GiB while a Llama-3.2-1B shape's
+    quantize child ran, benchmarks/README.md). 0 where ``/proc`` is absent."""
+    if budget_gib() is None:
+        return 0
+    rss = _proc_bytes("/proc/self/status", "VmRSS") or 0
+    return rss if in_child else max(0, rss - BASE)
+
+
+def check(stage: str, estimate: int, part: int, *, recipe_keys: str | None, held: int = 0) -> None:
+    """Raise :class:`NotEnoughMemory` when ``estimate`` + ``held`` (what the process running
+    the stage holds already: :func:`held_bytes`) exceeds :func:`available_bytes`, naming the
+    stage, the part, both figures (with the decimals that tell them apart), the held share and
+    ``recipe_keys`` (what to change; None: no recipe key lowers it, so more memory is the fix);
+    when the stage alone would fit, the message says to run the command again (a new doit
+    process holds nothing of the earlier stages': the 7B's compile.part0 was refused at 17.0
+    GiB with 2.6 GiB held, and built in a new process, benchmarks/README.md)."""
+    from tasks.errors import apart
+
+    avail = available_bytes()
+    estimate += held
+    if avail is not None and estimate > avail:
+        src = "NPUBUILD_MEMORY_GB" if budget_gib() is not None else "MemAvailable now"
+        more = "raise NPUBUILD_MEMORY_GB" if src == "NPUBUILD_MEMORY_GB" else "free memory or use a larger machine"
+        if avail <= BASE:
+            fix = f"the budget is below the {BASE / GiB:.1f} GiB any stage takes (Python and its libraries): {more}"
+        elif recipe_keys is None:
+            fix = f"no recipe key lowers it: {more}"
+        else:
+            fix = f"to lower it change {recipe_keys}"
+        need, have = apart(estimate / GiB, avail / GiB)
+        of = f" ({held / GiB:.1f} GiB of it held already by the process that runs it)" if held >= GiB // 10 else ""
+        if of and estimate - held <= avail:  # a new process starts without what earlier stages left
+            fix = ("it fits in a new process: run the same command again (the stages built so far are cache hits), "
+                   f"or {fix}")
+        raise NotEnoughMemory(f"{stage}: part {part} needs about {need} GiB{of}, {have} GiB is available ({src}); {fix}")

@@ -1,0 +1,5 @@
+"""The QNN domain: onnxruntime + the onnxruntime-qnn EP (``ep``), context binaries read back and
+checked (``context_binary``, ``context_binary_checks``), the quantizer's settings and the weight
+encodings it does not write (``quantconfig``, ``weights``, ``gather_tables``, ``gptq``,
+``seqgptq``), the precision and target tables (``precisions``, ``targets``) and ONNX graphs in
+stage folders (``graphs``). It knows no recipe, stage or family."""
