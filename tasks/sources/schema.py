@@ -10,7 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 class Source(BaseModel):
     """Where the model comes from: exactly one of ``hf`` (a Hub repo at a revision), ``path`` (a
-    folder of the project) or ``package`` (an installed package's folder); ``shape: true`` makes
+    folder or one model file of the project) or ``package`` (an installed package's folder, or
+    with ``file`` one model file inside it, found without importing the package: a package such
+    as silero_vad imports torch when imported); ``shape: true`` makes
     random weights of an ``hf`` model's kept config instead (:mod:`tasks.sources.shape`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
@@ -21,6 +23,9 @@ class Source(BaseModel):
     path: Optional[str] = Field(None, description="local folder, relative to the project root")
     package: Optional[str] = Field(None, description="importable package that ships a model folder")
     subdir: str = Field("", description="folder inside the package (package only)")
+    file: Optional[str] = Field(None, description="package only: one model file (an ONNX graph) inside the package's "
+                                                  "folder, e.g. models/ch_PP-OCRv4_rec_infer.onnx; a path source "
+                                                  "names a file by its path")
     shape: bool = Field(False, description="hf only: a shape build, random weights of the model's kept config "
                                            "(recipes/models/) instead of the Hub's (tasks/sources/shape.py)")
     tokenizer: Optional[str] = Field(None, description="shape only: folder of tokenizer files, relative to the project root")
@@ -40,6 +45,13 @@ class Source(BaseModel):
             raise ValueError("'revision' and 'allow_patterns' apply to hf sources only")
         if self.subdir and self.package is None:
             raise ValueError("'subdir' applies to package sources only")
+        if self.file is not None:
+            if self.package is None:
+                raise ValueError("'file' applies to package sources only (a path source names its file by its path)")
+            if self.subdir:
+                raise ValueError("expected one of 'subdir' (a model folder) and 'file' (one model file), found both")
+            if self.file.startswith("/") or ".." in self.file.split("/") or not self.file.strip("/"):
+                raise ValueError(f"expected a path relative to the package's folder, without '..', found {self.file!r}")
         if self.shape and (self.hf is None or self.tokenizer is None):
             raise ValueError("expected 'hf', 'revision' and 'tokenizer' with 'shape: true' (random weights of the Hub "
                              f"model's kept config), found {'no tokenizer' if self.hf else 'no hf'}")

@@ -89,6 +89,8 @@ def model_card(recipe, row: dict, short: str, loaded: dict[str, list[str]] | Non
     elif src["kind"] == "shape":
         origin = (f"**random weights** in the exact configuration of [{src['repo']}](https://huggingface.co/{src['repo']}) "
                   f"at commit `{src.get('revision')}` (a shape build: its verify figures are not the model's quality)")
+    elif src["kind"] == "package" and src.get("file"):
+        origin = f"the file `{src['file']}` of the Python package `{src['package']}` {src.get('package_version', '')}"
     elif src["kind"] == "package":
         origin = f"the Python package `{src['package']}` {src.get('package_version', '')} (folder `{src.get('subdir', '')}`)"
     else:
@@ -97,7 +99,7 @@ def model_card(recipe, row: dict, short: str, loaded: dict[str, list[str]] | Non
         "---", data.to_yaml(), "---", "", f"# {recipe.name}", "", recipe.description or "", "",
         f"Built by npubuild from {origin}, quantized {recipe.quantize.precision} and compiled to QNN context "
         f"binaries for {', '.join(recipe.compile.targets)} (onnxruntime QNN EP, EPContext models). "
-        f"Build key `{short}`. License: {recipe.license}.", "",
+        f"Build key `{short}`. License: {row.get('license', recipe.license)}.", "",
         ("Every node of the compiled graphs runs on the NPU (QNN HTP)." if row.get("runs_on") == "npu" else
          f"Not every node runs on the NPU: {row.get('runs_on')} (the recipe allows CPU fallback: "
          f"`compile.disable_cpu_ep_fallback: false`)."), "",
