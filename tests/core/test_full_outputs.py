@@ -11,7 +11,7 @@ import signal
 import subprocess
 
 import pytest
-from conftest import TINY_RECIPE
+from conftest import TINY_RECIPE, needs
 from console_cli import doit as console
 
 TRACEBACK = "Traceback (most recent call last)"
@@ -24,9 +24,8 @@ def small_fs():
 
     def mount(path, size: str):
         path.mkdir(parents=True, exist_ok=True)
-        if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                          capture_output=True).returncode:
-            pytest.skip("mounting a tmpfs needs root")
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
+        needs(done.returncode == 0, f"a tmpfs mount, root ({done.stderr.decode().strip()})")
         mounted.append(path)
 
     yield mount

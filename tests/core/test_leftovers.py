@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, TINY_RECIPE
+from conftest import REPO, TINY_RECIPE, can_unshare, needs
 
 from tasks.store import keylock
 from tasks.store.entries import Cache
@@ -301,17 +301,13 @@ def test_damaged_state_databases_are_rebuilt_with_one_warning(project):
 # ------------------------------------------------------------ a full disk (fault 11)
 
 
-def _unshare_ok() -> bool:
-    return shutil.which("unshare") is not None and subprocess.run(
-        ["unshare", "-Urm", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /mnt"], capture_output=True).returncode == 0
 
-
-@pytest.mark.skipif(not _unshare_ok(), reason="needs unshare -Urm with tmpfs mounts (user namespaces)")
 @pytest.mark.parametrize("size, stage", [("3m", "download"), ("8m", "export")])
 def test_full_disk_is_one_line_naming_the_folder(project, size, stage):
     """The cache on a real small file system (a tmpfs of ``size`` mounted in a user namespace:
     no root needed), so the stage gets a real ENOSPC from the kernel: in download (copying
     the 4.8 MB model) or, with room for that, deep in export (optimum / onnx writing)."""
+    needs(can_unshare(), "unshare -Urm with tmpfs mounts (user namespaces)")
     project.recipe("t8")
     project.cache.mkdir()
     doit = [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(project.root), "run", "build:t8"]
@@ -333,10 +329,10 @@ run_python("import os, time, pathlib; pathlib.Path({pidfile!r}).write_text(str(o
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_child_dies_with_its_parent(tmp_path):
     """A stage process killed alone (SIGKILL to its pid, not its group) takes its child with it:
     a tester's plain ``kill -9`` of doit left a quantize child writing on beside the next build."""
+    needs(sys.platform.startswith("linux"), "Linux (PR_SET_PDEATHSIG)")
     from tasks.proc.processes import process_state
 
     pidfile = tmp_path / "child.pid"
@@ -374,13 +370,13 @@ def test_two_processes_removing_one_dead_temp_folder_both_succeed(tmp_path):
         assert not d.parent.exists()
 
 
-@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (writes to it fail with ENOSPC)")
 def test_a_child_that_meets_a_full_disk_says_one_line_and_the_parent_raises_enospc(tmp_path):
     """A stage's child process (the LLM quantize and compile, the encoder compile) that meets a
     full disk: no traceback on its stderr (the console shows a stage's stderr; a tester saw 18
     lines before the DiskFull line), and the parent gets an OSError with ENOSPC, which the
     cache reports as its one DiskFull line. The kernel's ENOSPC, from /dev/full; any other
     error keeps its traceback."""
+    needs(os.path.exists("/dev/full"), "/dev/full (writes to it fail with ENOSPC)")
     import errno
 
     from tasks.proc.child import run_function

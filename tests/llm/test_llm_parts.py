@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import REPO, Project
+from conftest import REPO, Project, needs
 from llm_projects import parts_project_at
 
 @pytest.fixture
@@ -218,13 +218,11 @@ def test_calibration_disk_estimate_and_a_calibration_that_cannot_fit(parts_proje
         est = disk_bytes(desc, sched, k)
         assert held <= est <= 2 * held, (k, held, est)
 
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs for the cache needs root")
+    needs(os.geteuid() == 0, "root (to mount a small tmpfs for the cache)")
     huge = proj.root / "huge"
     huge.mkdir()
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(huge)], capture_output=True)
-    if mounted.returncode:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    needs(mounted.returncode == 0, f"a tmpfs mount ({mounted.stderr.decode().strip()})")
     try:
         proj.recipe("many", "extends: tiny3\nquantize: {calibration: {samples: 100000}}\n")
         env = dict(proj.env, NPUBUILD_CACHE=str(huge))

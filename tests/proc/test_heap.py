@@ -11,10 +11,14 @@ import textwrap
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, needs
 from tasks.proc import heap
 
-pytestmark = pytest.mark.skipif(not heap.available(), reason="needs glibc (Linux)")
+
+
+@pytest.fixture(autouse=True)
+def _glibc():
+    needs(heap.available(), "glibc (Linux)")
 
 # allocate and free a 96 MiB buffer (written in full) twice; report the minor page faults of
 # the second allocation
