@@ -111,12 +111,12 @@ def main() -> None:
 def _timeline(url: str) -> None:
     """Per worker, the stages it built (from the remote manifests: builder, build time, end
     time), with start and end in seconds from the first start."""
-    from tasks.recipe.plan import KINDS
+    from tasks.contract import kinds
     from remote_contents import remote_fs
 
     fs, root = remote_fs(url)
     rows = []
-    for kind in KINDS:
+    for kind in kinds():
         if fs.exists(f"{root}/{kind}"):
             for d in fs.ls(f"{root}/{kind}", detail=False):
                 try:

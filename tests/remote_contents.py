@@ -20,11 +20,11 @@ def remote_fs(url):
 
 def remote_manifests(url) -> dict[str, bytes]:
     """{"kind/key": manifest.json bytes} of every visible remote entry."""
-    from tasks.recipe.plan import KINDS as ALL_KINDS
+    from tasks.contract import kinds
 
     fs, root = remote_fs(url)
     out = {}
-    for kind in ALL_KINDS:
+    for kind in kinds():
         if not fs.exists(f"{root}/{kind}"):
             continue
         for d in fs.ls(f"{root}/{kind}", detail=False):

@@ -115,9 +115,9 @@ def test_no_stage_implementation_imports_another():
     so one implementation importing another (for a shared param, say) would rebuild it whenever
     the other changes: what several implementations share lives in ``tasks/contract/params.py``
     or a library module."""
-    from tasks.contract import IMPLEMENTATIONS
+    from tasks.contract import implementation_modules
 
-    impls = {m for by_family in IMPLEMENTATIONS.values() for m in by_family.values()}
+    impls = set(implementation_modules())
     bad = {m: sorted(impls & direct_imports(m)) for m in sorted(impls)}
     assert {m: b for m, b in bad.items() if b} == {}
     assert len(impls) >= 14
@@ -172,10 +172,9 @@ def test_every_recipe_param_has_exactly_one_definition():
 
     from tasks.recipe.load import SECTION_MODELS
     from tasks.contract import implementations
-    from tasks.contract.params import PLAN_PARAMS
-    from tasks.contract.schema import declared, readers
+    from tasks.contract.schema import declared, plan_params, readers
 
-    listed = [*PLAN_PARAMS, *(p for st in implementations() for p in st.reads())]
+    listed = [*plan_params(), *(p for st in implementations() for p in st.reads())]
     by_key: dict = {}
     for p in listed:
         assert by_key.setdefault(p.key, p) is p, f"{p.key} defined twice"

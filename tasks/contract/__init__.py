@@ -1,56 +1,87 @@
-"""The stage implementations, found by kind and model family.
+"""The model families and their stage implementations, found by name.
 
-A stage kind (:data:`tasks.recipe.plan.KINDS`) has one implementation per model family (``export.family``:
-``encoder`` or ``llm``), or one for every family: :data:`IMPLEMENTATIONS` names the module, whose
-``STAGE`` (:class:`tasks.contract.stage.Stage`) declares everything the engine, the plan and the
-recipe schema need: version, tools, the recipe params it reads, files, hooks, artifacts. The plan
-picks the implementation once (``StageSpec.family``), so no stage branches on the family inside.
-An LLM's stages each build one part (``params["part"]``); ``bundle`` and ``verify`` join the
-parts (``tasks/recipe/plan.py``). ``common.py`` here is what several implementations share, ``params.py``
-the recipe keys several families read, ``schema.py`` the recipe sections assembled from all of it.
+A model family (``export.family``) is a folder of ``tasks/`` whose ``family.py`` declares it
+(:class:`tasks.contract.model_family.Family`): its stage table (stage kind -> the module
+implementing it), its plan (the DAG a recipe of it expands into) and its family-wide hooks.
+:data:`FAMILIES` names each declaration's module, so the recipe schema, the plan and the engine
+find a family by name and import none. An implementation module's ``STAGE``
+(:class:`tasks.contract.stage.Stage`) declares everything the engine and the recipe schema need
+of one stage: version, tools, the recipe params it reads, files, hooks, artifacts. The plan picks
+the implementation once (``StageSpec.family``), so no stage branches on the family inside.
+``common.py`` here is what several implementations share, ``params.py`` the recipe keys several
+read, ``schema.py`` the recipe sections assembled from all of it.
 
 A stage never imports doit and never writes into the cache itself.
 """
 
 from importlib import import_module
 
-#: stage kind -> {model family (None: every family): dotted module name holding ``STAGE``}
-IMPLEMENTATIONS = {
-    "download": {None: "tasks.sources.download"},
-    "export": {"encoder": "tasks.encoder.export", "llm": "tasks.llm.export"},
-    "patch": {None: "tasks.patches.stage"},
-    "calibrate": {"llm": "tasks.llm.calibrate"},  # LLM parts: the fp32 part over the calibration schedule
-    "quantize": {"encoder": "tasks.encoder.quantize", "llm": "tasks.llm.quantize"},
-    "compile": {"encoder": "tasks.encoder.compile", "llm": "tasks.llm.compile"},
-    "genie_quantize": {"llm": "tasks.llm.genie.quantize"},  # LLM parts in Genie's layout, QDQ (bundle.runtimes: genie)
-    "genie_compile": {"llm": "tasks.llm.genie.compile"},  # ... their context binaries, named for Genie
-    "bundle": {"llm": "tasks.llm.bundle"},  # LLM parts joined: export.json, genai_config.json, genie_config.json
-    "verify": {"encoder": "tasks.encoder.verify", "llm": "tasks.llm.verify"},
+#: model family (``export.family``) -> the module holding its ``FAMILY``; adding a family is
+#: its folder and one line here (docs/layout.md)
+FAMILIES = {
+    "encoder": "tasks.encoder.family",
+    "llm": "tasks.llm.family",
 }
-#: the model families (``export.family``)
-FAMILIES = ("encoder", "llm")
+#: the family of a recipe that does not set ``export.family``
+DEFAULT_FAMILY = "encoder"
 
 
-def _module_name(kind: str, family: str) -> str:
-    if kind not in IMPLEMENTATIONS:
-        raise KeyError(f"unknown stage kind {kind!r}; known: {', '.join(IMPLEMENTATIONS)}")
-    impls = IMPLEMENTATIONS[kind]
-    name = impls.get(None) or impls.get(family)
-    if name is None:
-        raise KeyError(f"no {family} implementation of stage kind {kind!r}; families: {', '.join(impls)}")
-    return name
+def family(name: str):
+    """The :class:`~tasks.contract.model_family.Family` named ``name`` (its module imported;
+    Python keeps it). Raises KeyError for an unknown family, naming the known ones."""
+    if name not in FAMILIES:
+        raise KeyError(f"unknown model family {name!r}; known: {', '.join(FAMILIES)}")
+    return import_module(FAMILIES[name]).FAMILY
 
 
-def implementation(kind: str, family: str = "encoder"):
-    """The :class:`~tasks.contract.stage.Stage` of ``kind`` for models of ``family`` (its module
-    imported; Python keeps it). Raises KeyError for an unknown kind or family."""
-    return import_module(_module_name(kind, family)).STAGE
+def families() -> list:
+    """Every registered :class:`~tasks.contract.model_family.Family`, in :data:`FAMILIES` order."""
+    return [family(n) for n in FAMILIES]
+
+
+def kinds() -> tuple[str, ...]:
+    """Every stage kind some family has, in build order: the families' tables merged, each kind
+    placed after the kind before it in the first table that has it (``calibrate`` after
+    ``patch``, ``bundle`` before ``verify``)."""
+    out: list[str] = []
+    for fam in families():
+        before = None
+        for kind in fam.stages:
+            if kind not in out:
+                out.insert(out.index(before) + 1 if before is not None else 0, kind)
+            before = kind
+    return tuple(out)
+
+
+def implementation(kind: str, family_name: str | None = None):
+    """The :class:`~tasks.contract.stage.Stage` of ``kind`` for models of family ``family_name``
+    (its module imported; Python keeps it); without a family, the one module every family that
+    has ``kind`` names (the shared ``download`` and ``patch``). Raises KeyError for an unknown
+    family, a kind the family has not, or a kind without one shared module."""
+    if family_name is not None:
+        return import_module(family(family_name).implementation_module(kind)).STAGE
+    mods = implementation_modules(kind)
+    if len(mods) != 1:
+        raise KeyError(f"stage kind {kind!r} has {len(mods)} implementations ({', '.join(mods) or 'none'}): "
+                       f"name the family")
+    return import_module(mods[0]).STAGE
+
+
+def implementation_modules(kind: str | None = None) -> list[str]:
+    """The dotted module names implementing ``kind`` (every kind: in :func:`kinds` order), each
+    once, in :data:`FAMILIES` order."""
+    fams = families()
+    return list(dict.fromkeys(f.stages[k] for k in ([kind] if kind else kinds()) for f in fams if k in f.stages))
 
 
 def implementations(kind: str | None = None) -> list:
-    """Every implementation (of ``kind``), in :data:`IMPLEMENTATIONS` order."""
-    kinds = [kind] if kind else list(IMPLEMENTATIONS)
-    return [import_module(n).STAGE for k in kinds for n in IMPLEMENTATIONS[k].values()]
+    """Every implementation (of ``kind``): the ``STAGE`` of each of :func:`implementation_modules`."""
+    return [import_module(n).STAGE for n in implementation_modules(kind)]
+
+
+def readers_of(module: str) -> tuple[str, ...]:
+    """The names of the families whose stage tables name implementation module ``module``."""
+    return tuple(f.name for f in families() if module in f.stages.values())
 
 
 def _pick(data: dict, path: str):
@@ -61,13 +92,13 @@ def _pick(data: dict, path: str):
     return data, True
 
 
-def params_from(section: dict, kind: str, family: str) -> dict:
-    """The params of ``kind``'s ``family`` implementation from its recipe section (a plain dict,
+def params_from(section: dict, kind: str, family_name: str) -> dict:
+    """The params of ``kind``'s implementation for family ``family_name`` from its recipe section (a plain dict,
     the validated section dumped): the keys it lists in ``params``, nested ones kept nested
     (``calibration.samples`` -> ``{"calibration": {"samples": ...}}``). Raises KeyError for an
     unknown kind or family."""
     out: dict = {}
-    for p in implementation(kind, family).params:
+    for p in implementation(kind, family_name).params:
         value, found = _pick(section, p.path)
         if found:
             *parents, leaf = p.path.split(".")
@@ -78,11 +109,12 @@ def params_from(section: dict, kind: str, family: str) -> dict:
     return out
 
 
-def files_from(section: dict, kind: str, family: str) -> dict[str, str]:
-    """{role: project-relative path} of the files ``kind``'s ``family`` implementation reads,
+def files_from(section: dict, kind: str, family_name: str) -> dict[str, str]:
+    """{role: project-relative path} of the files ``kind``'s implementation for family
+    ``family_name`` reads,
     from its recipe section (its ``files``; keys set to null are left out)."""
     out = {}
-    for p, role in implementation(kind, family).files.items():
+    for p, role in implementation(kind, family_name).files.items():
         value, found = _pick(section, p.path)
         if found and value not in (None, ""):
             out[role] = value
@@ -92,6 +124,6 @@ def files_from(section: dict, kind: str, family: str) -> dict[str, str]:
 def artifact_patterns(kind: str) -> tuple[str, ...]:
     """The fnmatch patterns of the files a user gets of stage ``kind`` (every family's
     implementation's ``artifacts``); () for a kind that gives none or is unknown."""
-    if kind not in IMPLEMENTATIONS:
+    if kind not in kinds():
         return ()
     return tuple(dict.fromkeys(p for st in implementations(kind) for p in st.artifacts))

@@ -13,6 +13,7 @@ from typing import Any, Literal, Optional
 
 from tasks.qnn.precisions import DEFAULT_PRECISION, FOUR_BIT, NAMES as PRECISION_NAMES
 from tasks.qnn.targets import DEFAULT_TARGET, TARGETS
+from tasks.contract import DEFAULT_FAMILY, FAMILIES
 from tasks.contract.stage import REQUIRED, Param
 
 
@@ -35,28 +36,14 @@ def _one_of_each(v, earlier):
     return v
 
 
-def _runtimes(v, earlier):
-    if "genai" not in v or len(set(v)) != len(v):
-        raise ValueError(f"expected distinct runtimes including genai (its config is in every LLM bundle), found {v}")
-    return v
-
-
-FAMILY = Param("export", "family", Literal["encoder", "llm"], "encoder",
-               "encoder: one static graph; llm: prefill+decode graphs per part (picks the stage implementations)",
-               family=("encoder", "llm"))
+FAMILY = Param("export", "family", Literal[tuple(FAMILIES)], DEFAULT_FAMILY,
+               "the model family: a folder of tasks/ declaring its stages and the DAG a recipe of it expands "
+               "into (tasks.contract.FAMILIES)")
 TARGETS_PARAM = Param("compile", "targets", list[str], [DEFAULT_TARGET],
                       "the SoCs to compile for (tasks/qnn/targets.py): one compile and verify stage each",
-                      limits={"min_length": 1}, check=_one_of_each, family=("encoder", "llm"))
-RUNTIMES = Param("bundle", "runtimes", list[Literal["genai", "genie"]], ["genai"],
-                 "the runtimes the bundle serves: genai (genai_config.json, always) and genie (Genie-layout "
-                 "binaries, genie_config.json, htp_backend_ext_config.json: tasks/llm/genie/graphs.py, "
-                 "genie_config.py)",
-                 check=_runtimes, family=("llm",))
-GENIE_CONFIG = Param("bundle", "genie_config", Optional[dict[str, Any]], None,
-                     "runtime genie: merged over the generated genie_config.json (e.g. {dialog: {engine: "
-                     "{n-threads: 4}}}); Genie's parser checks the result at bundle time", family=("llm",))
-#: the keys the plan reads itself (tasks/recipe/plan.py), not a stage implementation
-PLAN_PARAMS = (FAMILY, TARGETS_PARAM, RUNTIMES, GENIE_CONFIG)
+                      limits={"min_length": 1}, check=_one_of_each)
+#: the keys every family's plan reads (a family's own: :attr:`tasks.contract.model_family.Family.params`)
+PLAN_PARAMS = (FAMILY, TARGETS_PARAM)
 
 # ---------------------------------------------------------------- export
 
@@ -125,7 +112,7 @@ KV_BITS = Param("quantize", "kv_bits", Literal[8, 16, 32], 8,
                 "the KV cache at the LLM graphs' boundary, genai's past_/present_* and Genie's past_*_in/_out "
                 "alike: 8 = uint8 symmetric, one scale per layer and K/V (AI Hub's on-device layout; "
                 "tasks/llm/boundary.py), 16 = uint16 over the layer's range, 32 = float32 (read by quantize and "
-                "genie_quantize)", family=("llm",))
+                "genie_quantize)")
 
 # ---------------------------------------------------------------- compile
 

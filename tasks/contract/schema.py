@@ -1,9 +1,11 @@
 """The recipe's stage sections (``export``, ``quantize``, ``compile``, ``bundle``, ``verify``)
-assembled from what the stage implementations declare: every :class:`~tasks.contract.stage.Param`
-an implementation lists (and the plan's own, :data:`tasks.contract.params.PLAN_PARAMS`) becomes one
-field of its section's pydantic model, with its one type, default, range and description. Which
-families read a key follows from which implementations list it (:func:`readers`); a recipe that
-sets a key only the other family reads is a load error (:func:`family_problems`).
+assembled from what the families and their stage implementations declare: every
+:class:`~tasks.contract.stage.Param` an implementation lists (and the plans' own:
+:data:`tasks.contract.params.PLAN_PARAMS`, a family's ``params``) becomes one field of its
+section's pydantic model, with its one type, default, range and description. Which families read
+a key follows from which implementations list it and which families' tables name those
+(:func:`readers`); a recipe that sets a key only other families read is a load error
+(:func:`family_problems`).
 
 Nothing here is cached: :mod:`tasks.recipe.load` builds its models once, at import.
 """
@@ -15,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
-from tasks.contract import implementations
+from tasks.contract import families, implementations, readers_of
 from tasks.contract.stage import Param, Threshold
 from tasks.contract.params import PLAN_PARAMS
 
@@ -45,13 +47,14 @@ def found(value) -> str:
 
 
 def declared() -> dict[str, list[Param]]:
-    """{section: its Params in field order}: the plan's, then each implementation's in registry
-    order, a key whose ``check`` reads others (``Param.after``) placed after them. Raises
-    ValueError when two Param objects define one key (a key has one definition)."""
+    """{section: its Params in field order}: the plans' (every family's, then each family's own),
+    then each implementation's in registry order, a key whose ``check`` reads others
+    (``Param.after``) placed after them. Raises ValueError when two Param objects define one key
+    (a key has one definition)."""
     seen: dict[str, Param] = {}
     order: dict[str, list[Param]] = {s: [] for s in SECTIONS}
     impls = sorted(implementations(), key=lambda st: st.kind not in SECTIONS)  # a section's own kind first
-    for p in (*PLAN_PARAMS, *(p for st in impls for p in st.reads())):
+    for p in (*plan_params(), *(p for st in impls for p in st.reads())):
         if p.section not in order:
             raise ValueError(f"{p.key}: expected a section from {', '.join(SECTIONS)}, found {p.section!r}")
         if p.key in seen:
@@ -75,14 +78,23 @@ def _after_first(params: list[Param]) -> list[Param]:
     return out
 
 
+def plan_params() -> tuple[Param, ...]:
+    """The keys the plans read themselves: every family's (:data:`PLAN_PARAMS`), then each
+    family's own (``Family.params``), each once."""
+    return tuple(dict.fromkeys((*PLAN_PARAMS, *(p for f in families() for p in f.params))))
+
+
 def readers(param: Param) -> tuple[str, ...]:
-    """The families whose stages read ``param``: the implementations listing it (an
-    implementation for every family counts for both), else ``param.family``."""
-    fams: set[str] = set()
+    """The names of the families that read ``param``, sorted: every family for a key of
+    :data:`PLAN_PARAMS`; else the families whose plan reads it (``Family.params``) or whose
+    stage table names an implementation listing it."""
+    if any(param is p for p in PLAN_PARAMS):
+        return tuple(sorted(f.name for f in families()))
+    fams = {f.name for f in families() if any(param is p for p in f.params)}
     for st in implementations():
         if any(p is param for p in st.reads()):
-            fams |= {"encoder", "llm"} if st.family is None else {st.family}
-    return tuple(sorted(fams or set(param.family or ())))
+            fams |= set(readers_of(st.module))
+    return tuple(sorted(fams))
 
 
 def thresholds() -> dict[str, Threshold]:
@@ -90,9 +102,10 @@ def thresholds() -> dict[str, Threshold]:
     return dict(sorted((t.name, t) for st in implementations() for t in st.thresholds))
 
 
-def threshold_family(name: str) -> str | None:
-    """The family whose verify measures threshold ``name`` (None: unknown)."""
-    return next((st.family for st in implementations() for t in st.thresholds if t.name == name), None)
+def threshold_families(name: str) -> tuple[str, ...]:
+    """The names of the families whose verify measures threshold ``name`` (empty: unknown)."""
+    return tuple(f for st in implementations("verify") if any(t.name == name for t in st.thresholds)
+                 for f in readers_of(st.module))
 
 
 def _field(p: Param):
@@ -159,14 +172,17 @@ def section_models() -> dict[str, type[BaseModel]]:
     return {section: _model(section, params, 0) for section, params in declared().items()}
 
 
-def _a(family: str) -> str:
-    return {"llm": "an LLM", "encoder": "an encoder"}[family]
+def _a(name: str) -> str:
+    """A recipe of family ``name`` in a message: its declaration's ``title`` (``an LLM``)."""
+    from tasks.contract import family
+
+    return family(name).title
 
 
 def family_problems(recipe) -> list[tuple[str, str]]:
     """``(key path, message)`` for each key ``recipe`` sets (explicitly, or through ``extends``)
-    that no stage of its family reads: only the other family's implementations list it (or
-    measure the threshold), so this recipe's stages would silently ignore it."""
+    that no stage of its family reads: only other families' implementations or plans list it
+    (or measure the threshold), so this recipe's stages would silently ignore it."""
     fam = recipe.export.family
     by_key = {p.key: p for params in declared().values() for p in params}
     out: list[tuple[str, str]] = []
@@ -177,20 +193,20 @@ def family_problems(recipe) -> list[tuple[str, str]]:
             p = by_key.get(key)
             who = readers(p) if p else tuple(sorted({f for q in by_key.values() if q.key.startswith(key + ".")
                                                      for f in readers(q)}))
-            if fam not in who and len(who) == 1:
+            if who and fam not in who:
                 why = type(obj).model_fields[name].description if p else ""
                 out.append((key, f"expected no such key in {_a(fam)} recipe (export.family: {fam}): only "
-                                 f"{_a(who[0])} recipe reads it" + (f" ({why})" if why else "")
+                                 f"{' or '.join(map(_a, who))} recipe reads it" + (f" ({why})" if why else "")
                                  + "; remove it (or set it to null where it comes through extends)"))
             elif isinstance(value, BaseModel):
                 walk(value, key + ".")
 
     for section in SECTIONS:
         walk(getattr(recipe, section), section + ".")
-    mine = sorted(n for n in thresholds() if threshold_family(n) == fam)
+    mine = sorted(n for n in thresholds() if fam in threshold_families(n))
     for name in sorted(recipe.verify.thresholds):
-        other = threshold_family(name)
-        if other is not None and other != fam:
+        others = threshold_families(name)
+        if others and fam not in others:
             out.append((f"verify.thresholds.{name}", f"expected a threshold {_a(fam)} verify measures ({', '.join(mine)}), "
-                                                     f"found {name!r}, which only {_a(other)} verify measures"))
+                                                     f"found {name!r}, which only {' or '.join(map(_a, others))} verify measures"))
     return out

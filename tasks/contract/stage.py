@@ -41,9 +41,7 @@ class Param:
     pydantic ``Field`` keywords (``ge``, ``le``, ``min_length``...); ``check(value, earlier)``:
     an after-validator given the section's earlier values by name, returns the value or raises
     ValueError (its message is the problem's text); ``before(value)``: the same, before type
-    checks; ``family``: the families that read the key when no implementation lists it (keys
-    the plan reads itself: ``export.family``, ``compile.targets``); ``after``: the section's
-    keys ``check`` reads (the key is validated after them)."""
+    checks; ``after``: the section's keys ``check`` reads (the key is validated after them)."""
 
     section: str
     path: str
@@ -53,7 +51,6 @@ class Param:
     limits: dict = field(default_factory=dict)
     check: Callable[[Any, dict], Any] | None = None
     before: Callable[[Any], Any] | None = None
-    family: tuple[str, ...] | None = None
     after: tuple[str, ...] = ()
 
     @property
@@ -92,7 +89,8 @@ class Threshold:
 
 @dataclass(frozen=True)
 class Stage:
-    """One stage kind's implementation for one model family (``family`` None: every family).
+    """One stage kind's implementation: what the engine, the plan and the recipe schema need of
+    one stage, and nothing of the family it builds for.
 
     - ``version`` enters the stage key; bumped on any change of behaviour.
     - ``tools``: tools whose versions enter the key (:mod:`tasks.tools`).
@@ -120,28 +118,20 @@ class Stage:
     - ``memory_estimate(specs, stage) -> int``: the estimated peak bytes of stage ``stage`` of a
       recipe's plan (``specs``: {stage name: :class:`tasks.recipe.plan.StageSpec`}, as
       :func:`tasks.recipe.plan.expand` makes it), known before anything is built: what a cluster build
-      asks of a worker (:func:`tasks.core.run.memory_estimate`). A stage every family shares
-      (``family`` None: download, patch) is estimated by the hook of its family's ``export``
-      implementation; without a hook, :data:`tasks.proc.budget.DEFAULT_STAGE_BYTES`.
-    - ``source_check(recipe, config, config_file) -> [(key path, message)]``: what this
-      implementation cannot build of the recipe's model, from its ``config.json`` (``config``,
-      the parsed dict; ``config_file``, where it was read, beside the tokenizer files when the
-      source is local), at load; a problem saying the model is not implemented is a
-      :class:`tasks.errors.Unsupported`. ``file_check(role, path, rel) -> str | None``: the
-      problem of a project file it reads (``role`` as in ``files``; ``path`` the file, ``rel``
-      as the recipe names it), at load, after the loader's own checks (inside the project,
-      UTF-8, sample lines).
-    - ``plan_lines(recipe) -> list[str]``: what ``doit explain`` prints of a recipe before any
-      stage runs (asked of the family's ``export`` implementation; LLMs: parts, estimated peak
-      memory and disk per stage).
-    - ``device_figures(recipe, download_out, binaries) -> dict``: what the catalog row states of
-      the model on a device (asked of the family's ``export`` implementation): {"parameters_estimate":
-      int | None, "device": {target: figures} | None}; ``download_out`` the download entry's folder
-      or None (before a build), ``binaries`` {target: verify.json's read-back figures}. LLMs:
-      :func:`tasks.llm.figures.catalog_figures`."""
+      asks of a worker (:func:`tasks.core.run.memory_estimate`). Without it, the family's
+      (:attr:`tasks.contract.model_family.Family.memory_estimate`: how the shared download and
+      patch are estimated), else :data:`tasks.proc.budget.DEFAULT_STAGE_BYTES`.
+    - ``file_check(role, path, rel) -> str | None``: the problem of a project file it reads
+      (``role`` as in ``files``; ``path`` the file, ``rel`` as the recipe names it), at load,
+      after the loader's own checks (inside the project, UTF-8, sample lines).
+    - ``line_samples``: the roles of ``files`` it reads one sample per non-empty line, so the
+      recipe's ``samples`` beside the file key may not exceed the file's lines (checked at load).
+
+    Which family a stage builds for is its family's stage table
+    (:class:`tasks.contract.model_family.Family`), not the stage's: two families may name one
+    implementation."""
 
     kind: str
-    family: str | None
     module: str
     version: int
     tools: tuple[str, ...]
@@ -159,10 +149,8 @@ class Stage:
     check_read: Callable[..., None] | None = None
     preflight: Callable[..., list] | None = None
     memory_estimate: Callable[[dict, str], int] | None = None
-    plan_lines: Callable[..., list] | None = None
-    device_figures: Callable[..., dict] | None = None
-    source_check: Callable[..., list] | None = None
     file_check: Callable[..., str | None] | None = None
+    line_samples: tuple[str, ...] = ()
 
     def whole_model(self):
         """The pydantic model of the section it takes whole (``whole[1]``, resolved), or None."""

@@ -32,7 +32,7 @@ def explain(session: Session, recipe_name: str) -> list[dict]:
     failed one the check's findings (``fails``), and, for a stale stage,
     what changed in its key material since the recipe's last build; for a blocked or unknown
     one, why; for a built verify, how each runtime the bundle serves was checked
-    (``runtimes``: :func:`tasks.contract.common.runtimes_checked`). Raises KeyError for a
+    (``runtimes``: :func:`tasks.contract.report.runtimes_checked`). Raises KeyError for a
     recipe that is not in the session's recipe set."""
     res = Resolver(session, recipe_name, pull=False)
     last = read_state(session, recipe_name)
@@ -55,7 +55,7 @@ def explain(session: Session, recipe_name: str) -> list[dict]:
         if st.failures:
             row["fails"] = list(st.failures)
         if e and spec.kind == "verify" and (e.out / "verify.json").is_file():
-            from tasks.contract.common import runtimes_checked
+            from tasks.contract.report import runtimes_checked
 
             row["runtimes"] = runtimes_checked(json.loads((e.out / "verify.json").read_text(encoding="utf-8")))
         rows.append(row)
@@ -80,10 +80,10 @@ def print_explain(session: Session, recipe_name: str, verbose: bool = True) -> N
             print(f"    fails: {f}")
         for rt, how in row.get("runtimes", {}).items():
             print(f"    serves {rt}: {how}")
-    from tasks.contract import implementation
+    from tasks.contract import family
 
     recipe = recipeset.recipes(session)[recipe_name]
-    for line in (implementation("export", recipe.export.family).plan_lines or (lambda _: []))(recipe):
+    for line in (family(recipe.export.family).plan_lines or (lambda _: []))(recipe):
         print(f"    {line}")
     r = remote.from_env()
     print(f"    remote cache: {r.display if r else 'none (NPUBUILD_REMOTE unset)'}")

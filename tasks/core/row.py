@@ -41,7 +41,7 @@ local cache alone. Its fields:
                       {name: float}, ``thresholds`` {name: float}, ``failures`` [str],
                       ``cpu_nodes`` {op type: count} left on the CPU, ``runs_on`` (str)}}
   ``runs_on``         built only: ``npu`` when every node of the compiled graphs is on QNN HTP,
-                      else ``npu+cpu (<op type> x<count>, ...)`` (``tasks.qnn.ep.runs_on``)
+                      else ``npu+cpu (<op type> x<count>, ...)`` (:func:`tasks.contract.report.runs_on`)
   ``tools``           built only: {``qnn-sdk``, ``onnxruntime``, ``onnxruntime-qnn``,
                       ``optimum``, ``transformers``: version str} as recorded in the entries'
                       manifests (several values joined by ", " if targets differ)
@@ -69,9 +69,8 @@ import math
 from pathlib import Path
 from types import MappingProxyType
 
-from tasks.qnn import ep as qnn
 from tasks.store.entries import Entry
-from tasks.contract.common import runtimes_checked
+from tasks.contract.report import runs_on as where_runs, runtimes_checked
 from tasks.core.state import artifacts
 
 #: tool -> the stage kind whose entries record its version
@@ -164,7 +163,7 @@ def verify_results(status) -> dict:
     """{target: {"backend", "runtime", "metrics", "thresholds", "failures", "cpu_nodes", "runs_on",
     "binaries" (each context binary read back: bytes, SDK build id, SoC, per graph weight /
     shared weight / spill-fill / I/O bytes), "runtimes" (how each runtime served was checked:
-    :func:`tasks.contract.common.runtimes_checked`)}} from each verify entry; ``runtime`` (LLMs) is what generated on the compiled graphs: "runner" (LLMRunner) or
+    :func:`tasks.contract.report.runtimes_checked`)}} from each verify entry; ``runtime`` (LLMs) is what generated on the compiled graphs: "runner" (LLMRunner) or
     "genai" (onnxruntime-genai), None for encoders."""
     out = {}
     for s in status.build.of_kind("verify"):
@@ -172,14 +171,14 @@ def verify_results(status) -> dict:
         cpu = report.get("cpu_nodes", {})
         out[s.target] = {"backend": report.get("backend"), "runtime": report.get("runtime"),
                          "metrics": report.get("metrics", {}), "thresholds": s.spec.params.get("thresholds", {}),
-                         "failures": list(s.failures), "cpu_nodes": cpu, "runs_on": qnn.runs_on(cpu),
+                         "failures": list(s.failures), "cpu_nodes": cpu, "runs_on": where_runs(cpu),
                          "binaries": report.get("binaries", {}), "runtimes": runtimes_checked(report)}
     return out
 
 
 def runs_on(row: dict) -> str | None:
     """``npu`` when every target's compiled graphs run all on HTP, else what runs on the CPU
-    (``tasks.qnn.ep.runs_on``, per target when they differ); None before a build."""
+    (:func:`tasks.contract.report.runs_on`, per target when they differ); None before a build."""
     if not row["verify"]:
         return None
     said = {t: v["runs_on"] for t, v in sorted(row["verify"].items())}
@@ -218,8 +217,7 @@ def catalog_row(name: str, recipe, st) -> dict:
         "description": recipe.description, "license": recipe.license, "task": recipe.task,
         "family": ex.family, "precision": recipe.quantize.precision, "targets": list(recipe.compile.targets),
         "batch_size": ex.batch_size, "sequence_length": ex.sequence_length,
-        "context_length": ex.context_length if ex.family == "llm" else None,
-        "parts": ex.parts if ex.family == "llm" else None,
+        "context_length": None, "parts": None,  # the family's (_family_fields)
         "stage_keys": st.stage_keys,
         "source": source_info(recipe, st.entries.get("download")),
         # random weights of the model's exact config (tasks/sources/shape.py): its figures are time,
@@ -238,22 +236,30 @@ def catalog_row(name: str, recipe, st) -> dict:
                    artifacts=arts, artifact_bytes=sum(sum(f.values()) for f in arts.values()),
                    verify=verify_results(st), tools=tool_versions(st), qnn_context_sdk=sdks)
         row["runs_on"] = runs_on(row)
-    row.update(_device(recipe, st, row))
+    row.update(_family_fields(recipe, st, row))
     return row
 
 
-def _device(recipe, st, row: dict) -> dict:
-    """``parameters_estimate`` and ``device`` (per target) of the row, from the family's
-    ``device_figures`` hook (:class:`tasks.contract.stage.Stage`); nulls without one (encoders)."""
-    from tasks.contract import implementation
+def _family_fields(recipe, st, row: dict) -> dict:
+    """The row's fields the recipe's family states (``context_length``, ``parts``,
+    ``parameters_estimate``, ``device`` per target: :data:`tasks.contract.model_family.CATALOG_FIELDS`),
+    from its ``catalog_fields`` hook (:class:`tasks.contract.model_family.Family`); null where
+    it states none (encoders: all). Raises ValueError when the hook returns another field."""
+    from tasks.contract import family
+    from tasks.contract.model_family import CATALOG_FIELDS
 
-    hook = implementation("export", recipe.export.family).device_figures
+    out = dict.fromkeys(CATALOG_FIELDS)
+    hook = family(recipe.export.family).catalog_fields
     if hook is None:
-        return {"parameters_estimate": None, "device": None}
+        return out
     dl = st.entries.get("download") if st is not None else None
     verify = row.get("verify") or {}
-    return hook(recipe, dl.out if dl is not None else None,
+    said = hook(recipe, dl.out if dl is not None else None,
                 {t: (verify.get(t) or {}).get("binaries") for t in recipe.compile.targets})
+    if set(said) - set(CATALOG_FIELDS):
+        raise ValueError(f"family {recipe.export.family}: catalog_fields gave {sorted(set(said) - set(CATALOG_FIELDS))}, "
+                         f"expected fields of {', '.join(CATALOG_FIELDS)}")
+    return {**out, **said}
 
 
 def unsupported_row(stem: str, err) -> dict:
@@ -267,9 +273,8 @@ def unsupported_row(stem: str, err) -> dict:
            "description": recipe.description, "license": recipe.license, "task": recipe.task, "family": ex.family,
            "precision": recipe.quantize.precision, "targets": list(recipe.compile.targets),
            "batch_size": ex.batch_size, "sequence_length": ex.sequence_length,
-           "context_length": ex.context_length if ex.family == "llm" else None,
-           "parts": ex.parts if ex.family == "llm" else None, "stage_keys": {},
+           "context_length": None, "parts": None, "stage_keys": {},
            "source": source_info(recipe, None), "architecture": None, "parameters": None, "artifacts": None,
            "artifact_bytes": None, "verify": None, "tools": None, "qnn_context_sdk": None, "runs_on": None}
-    row.update(_device(recipe, None, row))
+    row.update(_family_fields(recipe, None, row))
     return row

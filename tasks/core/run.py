@@ -244,17 +244,15 @@ def is_up_to_date(session: Session, recipe_name: str, stage: str) -> bool:
 
 def memory_estimate(session: Session, recipe_name: str, stage: str) -> int:
     """Estimated peak bytes of one stage of a recipe, before anything is built: what its
-    implementation's ``memory_estimate`` hook says (:class:`tasks.contract.stage.Stage`; a
-    stage every family shares asks its family's export implementation), else
-    :data:`tasks.proc.budget.DEFAULT_STAGE_BYTES`. What a cluster build asks of a worker's
+    implementation's ``memory_estimate`` hook says (:class:`tasks.contract.stage.Stage`), else
+    its family's (:class:`tasks.contract.model_family.Family`: the shared download and patch),
+    else :data:`tasks.proc.budget.DEFAULT_STAGE_BYTES`. What a cluster build asks of a worker's
     ``MEMORY`` resource. Raises what the hook raises (e.g. an LLM whose config.json is not at
     hand)."""
-    from tasks.contract import implementation
+    from tasks.contract import family
     from tasks.proc.budget import DEFAULT_STAGE_BYTES
 
     specs = recipeset.plan(session, recipe_name)
     spec = specs[stage]
-    hook = spec.impl.memory_estimate
-    if hook is None and spec.impl.family is None:
-        hook = implementation("export", spec.family).memory_estimate
+    hook = spec.impl.memory_estimate or family(spec.family).memory_estimate
     return hook(specs, stage) if hook else DEFAULT_STAGE_BYTES

@@ -58,7 +58,7 @@ def _compile_graphs(src: Path, out: Path, params: dict) -> tuple[dict, dict, dic
 
 
 STAGE = Stage(
-    kind="compile", family="encoder", module=__name__, version=8,  # 8: every binary read back
+    kind="compile", module=__name__, version=8,  # 8: every binary read back
     tools=("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "onnx"), run=run,
     params=(DISABLE_CPU_EP_FALLBACK,), wired=("target",),
     key_exclude=("target",),  # the name; the key holds what it resolves to (key_extra)

@@ -11,7 +11,6 @@ int64). Weights above 2 GB go to external data (protobuf's 2 GB limit).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
@@ -107,47 +106,10 @@ def run(inputs, files, params, out: Path) -> dict:
     return info
 
 
-def source_check(recipe, cfg: dict, config_file: Path) -> list[tuple[str, str]]:
-    """What the encoder export cannot build of the model whose ``config.json`` is ``cfg``: an
-    ``export.sequence_length`` above ``max_position_embeddings``, a tokenizer whose
-    ``model_input_names`` lack an input the graph requires (:func:`tokenizer_problems`, the
-    files beside ``config_file``)."""
-    limit, problems = cfg.get("max_position_embeddings"), []
-    if isinstance(limit, int) and recipe.export.sequence_length > limit:
-        problems.append(("export.sequence_length", f"expected at most the model's max_position_embeddings "
-                                                   f"({limit}), found {recipe.export.sequence_length}"))
-    return problems + tokenizer_problems(config_file.parent)
-
-
-def tokenizer_problems(folder: Path) -> list[tuple[str, str]]:
-    """What the source's tokenizer files say against the exported encoder graph's inputs:
-    ``tokenizer_config.json``'s ``model_input_names`` (when it has one) must hold every input of
-    :data:`tasks.encoder.inputs.REQUIRED_INPUTS`; the ones in ``ZERO_WHEN_ABSENT``
-    (``token_type_ids``) may be missing, they are fed as zeros. [(key path, message)]."""
-    from tasks.store import plancache
-
-    f = folder / "tokenizer_config.json"
-    plancache.note(f)
-    try:
-        names = json.loads(f.read_text(encoding="utf-8")).get("model_input_names") if f.is_file() else None
-    except (OSError, ValueError, AttributeError) as e:
-        return [("source", f"expected a readable JSON tokenizer_config.json, found {f} ({e})")]
-    if names is None:
-        return []
-    from tasks.encoder.inputs import REQUIRED_INPUTS, ZERO_WHEN_ABSENT
-
-    missing = [n for n in REQUIRED_INPUTS if not isinstance(names, list) or n not in names]
-    if not missing:
-        return []
-    return [("source", f"expected a tokenizer whose model_input_names include {', '.join(REQUIRED_INPUTS)} (inputs "
-                       f"every exported encoder graph requires; {', '.join(ZERO_WHEN_ABSENT)} may be absent: fed as "
-                       f"zeros), found model_input_names {json.dumps(names)} in {f}")]
-
-
 STAGE = Stage(
-    kind="export", family="encoder", module=__name__, version=1,
+    kind="export", module=__name__, version=1,
     tools=("torch", "transformers", "optimum", "optimum-onnx", "onnx"), run=run,
     params=(TASK, OPSET, BATCH_SIZE, SEQUENCE_LENGTH), key_extra=key_extra,
     code_deps=("tasks.patches.int64_to_int32",),  # found by name through the patch registry
-    artifacts=EXPORT_ARTIFACTS, source_check=source_check,
+    artifacts=EXPORT_ARTIFACTS,
 )

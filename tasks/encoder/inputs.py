@@ -14,7 +14,7 @@ from pathlib import Path
 ZERO_WHEN_ABSENT = ("token_type_ids",)
 # Inputs every exported encoder graph declares (optimum's text encoder ONNX configs) and no
 # default can stand in for: refused at recipe load when the tokenizer does not give them
-# (``tasks.encoder.export.tokenizer_problems``).
+# (``tasks.encoder.family.tokenizer_problems``).
 REQUIRED_INPUTS = ("input_ids", "attention_mask")
 
 

@@ -180,10 +180,10 @@ def run(inputs, files, params, out: Path) -> dict:
 
 
 STAGE = Stage(
-    kind="quantize", family="encoder", module=__name__,
+    kind="quantize", module=__name__,
     version=4,  # 4: block-wise int4 (LPBQ), GPTQ, 8-bit tables, Gemm split at 4 bits
     tools=("onnxruntime", "onnx", "transformers", "tokenizers", "numpy"), run=run,
     params=(PRECISION, PER_CHANNEL, BLOCK_SIZE, ROUNDING, GPTQ_SPAN, EMBEDDING_BITS, CALIBRATION_SAMPLES, CALIBRATION_MAX_LENGTH,
             CALIBRATE_METHOD, OVERRIDES),
-    files={CALIBRATION_FILE: "calibration"}, preflight=preflight,
+    files={CALIBRATION_FILE: "calibration"}, line_samples=("calibration",), preflight=preflight,
 )

@@ -236,7 +236,7 @@ def run(inputs, files, params, out: Path) -> dict:
 
 
 STAGE = Stage(
-    kind="bundle", family="llm", module=__name__, version=2,  # 2: export.json from the quantized parts
+    kind="bundle", module=__name__, version=2,  # 2: export.json from the quantized parts
     tools=(), run=run,
     params=(WEIGHT_SHARING,), wired=("target", "parts", "runtimes", "genie_config"),
     key_exclude=("target",),  # the name; the key holds what it resolves to (key_extra)

@@ -117,7 +117,7 @@ def file_check(role: str, f: Path, rel: str) -> str | None:
 
 
 STAGE = Stage(
-    kind="calibrate", family="llm", module=__name__, version=4,  # 4: every decode step recorded (4 of 4, was 4 of 24)
+    kind="calibrate", module=__name__, version=4,  # 4: every decode step recorded (4 of 4, was 4 of 24)
     tools=("onnxruntime", "onnx", "transformers", "tokenizers", "numpy"), run=run,
     params=(CALIBRATION_SAMPLES,), files={CALIBRATION_FILE: "calibration"},  # the file: part 0 only
     wired=("part",),

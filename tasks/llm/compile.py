@@ -33,7 +33,7 @@ def run(inputs, files, params, out: Path) -> dict:
 
 
 STAGE = Stage(
-    kind="compile", family="llm", module=__name__, version=3,  # 3: every binary read back
+    kind="compile", module=__name__, version=3,  # 3: every binary read back
     tools=("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "onnx"), run=run,
     params=(WEIGHT_SHARING,), wired=("target", "part", "per_graph"),
     key_exclude=("target",),  # the name; the key holds what it resolves to (key_extra)

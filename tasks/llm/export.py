@@ -15,7 +15,6 @@ from typing import Literal
 from tasks.contract.common import EXPORT_ARTIFACTS, copy_tokenizer
 from tasks.contract.stage import Param, Stage
 from tasks.contract.params import SEQUENCE_LENGTH
-from tasks.llm.figures import catalog_figures, plan_lines
 from tasks.llm.memory import plan_estimate
 
 DECODE_LENGTH = Param("export", "decode_length", int, 1, "tokens per decode call (AR-1)", limits={"ge": 1, "le": 1})
@@ -95,40 +94,9 @@ def preflight(recipe) -> list[tuple[str, str]]:
     return []
 
 
-def source_check(recipe, cfg: dict, config_file: Path) -> list[tuple[str, str]]:
-    """What the LLM export cannot write of the model whose ``config.json`` is ``cfg``: a
-    ``model_type`` or feature it does not implement (:mod:`tasks.llm.architectures`; an
-    :class:`tasks.errors.Unsupported` problem), an MLP activation it does not write, more
-    ``export.parts`` than ``num_hidden_layers``, an ``export.context_length`` above
-    ``max_position_embeddings``."""
-    from tasks.errors import Unsupported
-    from tasks.llm.architectures import ACTIVATIONS, SUPPORTED, unsupported
-
-    problems, e, name = [], recipe.export, config_file.name
-    mt = cfg.get("model_type")
-    why = "; ".join(unsupported(cfg))
-    if mt not in SUPPORTED or why:
-        problems.append(Unsupported("export.family", f"expected a model_type the LLM export supports "
-                                                     f"({', '.join(SUPPORTED)}), found {mt!r} in {name}"
-                                    + (f" with {why} (not in tasks/llm/architectures.py)" if why else "")))
-    act = cfg.get("hidden_act", "silu")
-    if act not in ACTIVATIONS:
-        problems.append(("export.family", f"expected an MLP activation the LLM export writes "
-                                          f"({', '.join(ACTIVATIONS)}), found hidden_act {act!r} in {name}"))
-    layers, limit = cfg.get("num_hidden_layers"), cfg.get("max_position_embeddings")
-    if isinstance(layers, int) and e.parts > layers:
-        problems.append(("export.parts", f"expected at most the model's {layers} layers "
-                                         f"(num_hidden_layers), found {e.parts}"))
-    if isinstance(limit, int) and e.context_length > limit:
-        problems.append(("export.context_length", f"expected at most the model's max_position_embeddings "
-                                                  f"({limit}), found {e.context_length}"))
-    return problems
-
-
 STAGE = Stage(
-    kind="export", family="llm", module=__name__, version=2,  # 2: one part per stage
+    kind="export", module=__name__, version=2,  # 2: one part per stage
     tools=("torch", "transformers", "onnx", "numpy", "safetensors"), run=run,
     params=(SEQUENCE_LENGTH, DECODE_LENGTH, CONTEXT_LENGTH, PARTS, EMBEDDING, LM_HEAD, LAYOUT), wired=("part",),
-    artifacts=EXPORT_ARTIFACTS, preflight=preflight,
-    memory_estimate=plan_estimate, plan_lines=plan_lines, device_figures=catalog_figures, source_check=source_check,
+    artifacts=EXPORT_ARTIFACTS, preflight=preflight, memory_estimate=plan_estimate,
 )

@@ -95,7 +95,7 @@ def run(inputs, files, params, out: Path) -> dict:
 
 
 STAGE = Stage(
-    kind="quantize", family="llm", module=__name__, version=5,  # 5: the KV cache quantized at the boundary
+    kind="quantize", module=__name__, version=5,  # 5: the KV cache quantized at the boundary
     tools=("onnxruntime", "onnx", "numpy"), run=run, params=(*LLM_QUANT_PARAMS, KV_BITS), wired=("part",),
     preflight=preflight,
     memory_estimate=plan_estimate,

@@ -159,11 +159,11 @@ def boundary_report(binaries: dict, runtimes) -> dict:
 
 
 STAGE = Stage(
-    kind="verify", family="llm", module=__name__, version=8,  # 8: "boundary" (traffic, float32 tensors left)
+    kind="verify", module=__name__, version=8,  # 8: "boundary" (traffic, float32 tensors left)
     tools=("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "transformers", "tokenizers", "numpy", "torch",
            "onnxruntime-genai"), run=run,
     params=(BACKEND, RUNTIME, DATA_SAMPLES, MAX_NEW_TOKENS, THRESHOLDS_PARAM),
-    files={DATA_FILE: "data", PERPLEXITY_TEXT: "perplexity_text"},
+    files={DATA_FILE: "data", PERPLEXITY_TEXT: "perplexity_text"}, line_samples=("data",),
     wired=("target", "task", "runtimes"), key_exclude=("thresholds",),  # bars judge a result, not change it
     key_extra=common.target_key_extra, check=common.checker(THRESHOLDS), thresholds=THRESHOLDS,
     preflight=preflight, artifacts=common.VERIFY_ARTIFACTS,

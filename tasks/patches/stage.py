@@ -53,5 +53,5 @@ def run(inputs, files, params, out: Path) -> dict:
     return {"patches": report}
 
 
-STAGE = Stage(kind="patch", family=None, module=__name__, version=1, tools=("onnx", "onnxruntime"), run=run,
+STAGE = Stage(kind="patch", module=__name__, version=1, tools=("onnx", "onnxruntime"), run=run,
               wired=("steps",))  # the recipe's ``patches`` (pre- or post-quantize) as the plan resolves them

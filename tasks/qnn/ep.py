@@ -303,14 +303,6 @@ def placement(*folders: Path) -> dict:
     return {"all_on_htp": not total, "cpu_nodes": dict(sorted(total.items()))}
 
 
-def runs_on(cpu: dict[str, int]) -> str:
-    """How a model card and the catalog say where a model runs: ``npu`` when nothing is on the
-    CPU, else ``npu+cpu`` with the op types left on the CPU, e.g. ``npu+cpu (Einsum x2)``."""
-    if not cpu:
-        return "npu"
-    return "npu+cpu (" + ", ".join(f"{op} x{n}" for op, n in sorted(cpu.items())) + ")"
-
-
 def htp_session(ctx: Path, target: str, config: dict | None = None):
     """A session that runs a compiled EPContext model on QNN HTP (the simulator on x86_64).
     CPU fallback is disabled unless the model itself holds nodes outside its EPContext nodes

@@ -5,7 +5,7 @@ unique names, the data files a recipe names (:func:`check_data_files`: inside th
 numerous enough, and whatever the implementations that read a file find wrong with it: their
 ``file_check`` hook), ``source.path`` inside the project with every file in it, a recipe file
 that is a link out of the recipes folder, and the source's ``config.json``
-(:func:`check_source_config`: the implementations' ``source_check`` hooks).
+(:func:`check_source_config`: the family's ``source_check`` hook).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from pathlib import Path
 from tasks.store import plancache
 from tasks.errors import RecipeError, Unsupported, UnsupportedModel
 from tasks.recipe.load import Recipe, Source, family_implementations, load_recipe
-from tasks.contract import IMPLEMENTATIONS, implementation
 
 
 #: longest sample line a calibration or verify file may hold (characters): far above any real
@@ -131,8 +130,8 @@ def check_data_files(path: Path, r: Recipe, memo: dict | None = None) -> None:
             folder = root() / r.source.tokenizer
             if folder.is_dir() and (bad := tokenizer_problem(folder, r.source.tokenizer)):
                 problems.append(("source.tokenizer", bad))
-    wanted = [("quantize.calibration.file", r.quantize.calibration, r.export.family == "encoder"),
-              ("verify.data.file", r.verify.data, True)]
+    wanted = [(key, data, line_samples(r.export.family, key))
+              for key, data in (("quantize.calibration.file", r.quantize.calibration), ("verify.data.file", r.verify.data))]
     if r.verify.perplexity_text:
         wanted.append(("verify.perplexity_text", None, False))
     for key, data, per_line in wanted:
@@ -158,20 +157,27 @@ def check_data_files(path: Path, r: Recipe, memo: dict | None = None) -> None:
         raise RecipeError(path, problems)
 
 
+def _readers(family: str, key: str):
+    """(Stage, role) of each implementation of ``family`` that reads file key ``key`` (its ``files``)."""
+    return [(st, role) for st in family_implementations(family) for param, role in st.files.items() if param.key == key]
+
+
+def line_samples(family: str, key: str) -> bool:
+    """Whether a stage of ``family`` reads the file of recipe key ``key`` one sample per
+    non-empty line (its ``line_samples``), so the ``samples`` beside the key may not exceed them."""
+    return any(role in st.line_samples for st, role in _readers(family, key))
+
+
 def file_problem(family: str, key: str, f: Path, rel: str, memo: dict) -> str | None:
     """The first problem the ``file_check`` hooks of ``family``'s implementations that read
     recipe key ``key`` (their ``files``) find with file ``f`` (``rel``, as the recipe names it),
     or None; each hook asked once per file (``memo``)."""
-    for kind, impls in IMPLEMENTATIONS.items():
-        if not set(impls) & {None, family}:
-            continue
-        st = implementation(kind, family)
-        for param, role in st.files.items():
-            if param.key == key and st.file_check is not None:
-                if ("file_check", st.module, role, rel) not in memo:
-                    memo["file_check", st.module, role, rel] = st.file_check(role, f, rel)
-                if bad := memo["file_check", st.module, role, rel]:
-                    return bad
+    for st, role in _readers(family, key):
+        if st.file_check is not None:
+            if ("file_check", st.module, role, rel) not in memo:
+                memo["file_check", st.module, role, rel] = st.file_check(role, f, rel)
+            if bad := memo["file_check", st.module, role, rel]:
+                return bad
     return None
 
 
@@ -263,8 +269,8 @@ def source_config_path(src: Source) -> Path | None:
 
 def check_source_config(path: Path, r: Recipe) -> None:
     """What the source's ``config.json`` (:func:`source_config_path`) can tell before any stage
-    runs: a custom-code model (``auto_map``) is refused; the ``source_check`` hooks of the
-    recipe's family's implementations say what they cannot build of it (LLMs: the
+    runs: a custom-code model (``auto_map``) is refused; the ``source_check`` hook of the
+    recipe's family says what it cannot build of it (LLMs: the
     ``model_type``, activation, parts and context length; encoders: the sequence length and the
     tokenizer's inputs); ``quantize.block_size`` divides the model's in-features. Raises
     RecipeError with the key paths, :class:`UnsupportedModel` when the one problem is a model
@@ -292,9 +298,10 @@ def check_source_config(path: Path, r: Recipe) -> None:
                                    "(custom modelling code that runs only with trust_remote_code=True); npubuild "
                                    "refuses custom-code models: that code would run unreviewed and is not part "
                                    "of any stage key"))
-    for st in family_implementations(r.export.family):
-        if st.source_check is not None:
-            problems += st.source_check(r, cfg, Path(f))
+    from tasks.contract import family
+
+    if (check := family(r.export.family).source_check) is not None:
+        problems += check(r, cfg, Path(f))
     bs = r.quantize.block_size
     feats = {k: cfg.get(k) for k in ("hidden_size", "intermediate_size", "dim", "hidden_dim", "n_embd")}
     if isinstance(cfg.get("head_dim"), int) and isinstance(cfg.get("num_attention_heads"), int):

@@ -3,7 +3,8 @@
 A recipe is data (``recipes/<name>.yaml``, documented in ``recipes/README.md``). This module
 turns the files into validated :class:`Recipe` objects with every default applied. It knows
 nothing of doit or of what the stages do, and no model family: what a family cannot build is
-its stage implementations' hooks (``preflight``, ``source_check``, ``file_check``:
+its declaration's and its stage implementations' hooks (``source_check``:
+:class:`tasks.contract.model_family.Family`; ``preflight``, ``file_check``:
 :class:`tasks.contract.stage.Stage`). A recipe set (:func:`tasks.recipe.checks.load_all`) is
 checked further against the project: data files, the source's ``config.json``, names.
 
@@ -269,12 +270,12 @@ def load_recipe(path: Path) -> Recipe:
     return r
 
 
-def family_implementations(family: str) -> list:
-    """The stage implementations a recipe of model family ``family`` runs (one per kind that
-    has one for it), in :data:`tasks.contract.IMPLEMENTATIONS` order."""
-    from tasks.contract import IMPLEMENTATIONS
+def family_implementations(name: str) -> list:
+    """The stage implementations a recipe of model family ``name`` runs: its declaration's stage
+    table (:class:`tasks.contract.model_family.Family`), in its order."""
+    from tasks.contract import family
 
-    return [implementation(kind, family) for kind in IMPLEMENTATIONS if set(IMPLEMENTATIONS[kind]) & {None, family}]
+    return [implementation(kind, name) for kind in family(name).stages]
 
 
 def preflight(r: Recipe) -> list[tuple[str, str]]:

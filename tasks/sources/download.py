@@ -423,7 +423,7 @@ def _incomplete_message(repo: str, commit: str, folder: Path, bad: list[str]) ->
 
 
 STAGE = Stage(
-    kind="download", family=None, module=__name__, version=1, tools=("huggingface-hub",), run=run,
+    kind="download", module=__name__, version=1, tools=("huggingface-hub",), run=run,
     whole=("source", "tasks.sources.schema:Source"),  # imported when the recipe schema is assembled
     # the content (a local folder's digest, the resolved Hub commit) is in key_extra; where it
     # came from, and a branch name, do not change the output

@@ -75,12 +75,12 @@ def test_editing_a_targets_soc_model_changes_compile_and_verify_keys(tmp_path):
 
 
 def test_each_family_hashes_its_own_implementation_only():
-    """A stage kind has one module per family (tasks.contract.IMPLEMENTATIONS), chosen in plan:
+    """A stage kind has one module per family (its stage table: tasks.contract.family), chosen in plan:
     an encoder stage's key holds no LLM code and the reverse, so editing the LLM export leaves
     every encoder key alone; ``tasks/llm/export.py`` counts under its own dotted name."""
     from tasks.core import keys
     from tasks.core.session import Session
-    from tasks.contract import IMPLEMENTATIONS, implementation
+    from tasks.contract import implementation, implementation_modules
 
     def code_modules(name):
         return keys.code_modules(Session(), name)
@@ -91,19 +91,19 @@ def test_each_family_hashes_its_own_implementation_only():
         assert not any(m.startswith("tasks.llm.") for m in enc), (kind, enc)
         assert f"tasks.encoder.{kind}" in enc and not any(m.startswith("tasks.encoder.") for m in llm), (kind, llm)
     assert "tasks.llm.export" in code_modules("tasks.llm.export")
-    assert set(IMPLEMENTATIONS["download"]) == {None}
+    assert implementation_modules("download") == ["tasks.sources.download"]  # one module every family names
 
 
 def test_no_stage_module_branches_on_the_family():
+    """No implementation module (every family's stage table: tasks.contract.implementation_modules)
+    reads ``family``: the plan picks the implementation, so a stage never asks which family it builds."""
     import ast
 
-    # tasks/contract/params.py defines export.family itself (the key the plan picks implementations by)
-    impls = [*(f for f in (REPO / "tasks" / "stages").glob("*.py") if f.name != "params.py"),
-             *(REPO / "tasks" / "encoder").glob("*.py"),
-             REPO / "tasks" / "sources" / "download.py", REPO / "tasks" / "patches" / "stage.py",
-             *(REPO / "tasks" / "llm" / f"{m}.py" for m in ("export", "calibrate", "quantize", "compile", "bundle", "verify",
-                                                             "genie_quantize", "genie_compile"))]
-    for f in sorted(impls):
+    from tasks.contract import implementation_modules
+
+    files = [REPO.joinpath(*m.split(".")).with_suffix(".py") for m in implementation_modules()]
+    assert len(files) >= 14 and all(f.is_file() for f in files), files
+    for f in sorted(files):
         tree = ast.parse(f.read_text())
         reads = [n for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value == "family"]
         assert reads == [], f"{f.name} reads params['family'] (line {reads[0].lineno})"
@@ -156,4 +156,4 @@ def test_children_run_the_package_copy_their_parent_runs(tmp_path):
     p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path / "copy", capture_output=True, text=True)
     assert p.returncode == 0, p.stderr[-2000:]
     first, rc = p.stdout.split()
-    assert first == str(tmp_path / "copy" / "tasks" / "targets.py") and rc == "0", p.stdout
+    assert first == str(tmp_path / "copy" / "tasks" / "qnn" / "targets.py") and rc == "0", p.stdout

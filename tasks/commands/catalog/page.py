@@ -94,7 +94,7 @@ def size_bucket(row: dict) -> str:
 
 
 def runs_on_kind(said: str | None) -> str:
-    """``npu`` / ``npu+cpu`` from a ``runs_on`` string (``tasks.qnn.ep.runs_on``), else unknown."""
+    """``npu`` / ``npu+cpu`` from a ``runs_on`` string (:func:`tasks.contract.report.runs_on`), else unknown."""
     if not said:
         return UNKNOWN
     return "npu+cpu" if "cpu" in said else "npu"

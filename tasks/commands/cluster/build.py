@@ -39,7 +39,7 @@ from tasks.core.record import record
 from tasks.core.run import build_spec, memory_estimate
 from tasks.core.session import Session
 from tasks.errors import UserError
-from tasks.recipe.plan import KINDS
+from tasks.contract import kinds
 
 ENV_SCHEDULER = "NPUBUILD_SCHEDULER"
 RESOURCE = "MEMORY"
@@ -238,7 +238,7 @@ def build(recipes: list[str] | None, scheduler: str | None, link=None, log=print
     # nothing: a Resolver only fetches; the other stages' keys come from remote manifests)
     from tasks.contract import artifact_patterns, implementations
 
-    wanted = frozenset(k for k in KINDS if artifact_patterns(k) or any(st.check for st in implementations(k)))
+    wanted = frozenset(k for k in kinds() if artifact_patterns(k) or any(st.check for st in implementations(k)))
     failed, pulled = [], 0
     for recipe in recipes:
         res = resolve.Resolver(session, recipe, pull=wanted)

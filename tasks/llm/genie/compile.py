@@ -92,7 +92,7 @@ def run(inputs, files, params, out: Path) -> dict:
 
 
 STAGE = Stage(
-    kind="genie_compile", family="llm", module=__name__, version=1,
+    kind="genie_compile", module=__name__, version=1,
     tools=("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "onnx"), run=run,
     params=(WEIGHT_SHARING,), wired=("target", "part", "per_graph"),
     key_exclude=("target",),  # the name; the key holds what it resolves to (key_extra)

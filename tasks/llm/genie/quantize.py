@@ -169,7 +169,7 @@ def run(inputs, files, params, out: Path) -> dict:
 
 
 STAGE = Stage(
-    kind="genie_quantize", family="llm", module=__name__, version=3,  # 3: quantized KV at the boundary
+    kind="genie_quantize", module=__name__, version=3,  # 3: quantized KV at the boundary
     tools=("onnxruntime", "onnx", "numpy", "transformers", "tokenizers"), run=run,
     params=(*LLM_QUANT_PARAMS, KV_BITS),  # as tasks/llm/quantize.py reads them, and the KV cache's bits
     wired=("part", "export"),  # export: sequence_length, context_length, parts
