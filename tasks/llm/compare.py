@@ -237,7 +237,8 @@ def _genie_generate(inputs: dict, prompts: list[list[int]], K: int) -> dict:
         for f in ("htp_backend_ext_config.json", "tokenizer.json"):
             os.symlink(bundle / f, Path(tmp) / f)
         (Path(tmp) / "genie_config.json").write_text(json.dumps(cfg, indent=1))
-        return generate_in_child(tmp, prompts, K)
+        return generate_in_child(tmp, prompts, K, what="the bundle's genie_config.json (verify: per-graph binaries, "
+                                                        "the simulator's settings)")
 
 
 def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None = None,

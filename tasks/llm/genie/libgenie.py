@@ -8,7 +8,7 @@ import json
 import time
 from pathlib import Path
 
-from tasks.errors import NpubuildError
+from tasks.errors import NpubuildError, UserError
 
 
 #: the file name of Genie's library in onnxruntime-qnn's wheel
@@ -137,20 +137,52 @@ class GenieDialog:
 
 
 def _dialog_child(config: str, prompts: list[list[int]], max_new_tokens: int) -> None:
-    """Child side of :func:`generate_in_child`: one JSON line per prompt."""
-    with GenieDialog(config) as d:
-        print(json.dumps({"create_seconds": d.create_seconds}), flush=True)
-        for ids in prompts:
-            toks, status, secs = d.generate(ids, max_new_tokens)
-            print(json.dumps({"tokens": toks, "status": status, "seconds": secs}), flush=True)
+    """Child side of :func:`generate_in_child`: one JSON line per prompt; a failed Genie call
+    is one ``{"error": ...}`` line and exit 3 (Genie prints its own reason beside it)."""
+    try:
+        with GenieDialog(config) as d:
+            print(json.dumps({"create_seconds": d.create_seconds}), flush=True)
+            for ids in prompts:
+                toks, status, secs = d.generate(ids, max_new_tokens)
+                print(json.dumps({"tokens": toks, "status": status, "seconds": secs}), flush=True)
+    except GenieError as e:
+        print(json.dumps({"error": str(e)}), flush=True)
+        raise SystemExit(3) from None
 
 
-def generate_in_child(folder, prompts: list[list[int]], max_new_tokens: int, timeout: float = 3600) -> dict:
+class GenieRunFailed(UserError, RuntimeError):
+    """Genie could not create the dialog or answer every prompt; the message is one line with
+    the failed call (or the signal that ended the process) and Genie's own reason."""
+
+
+#: lines libGenie and the QNN libraries print that say nothing about a failure
+_NOISE = ("# LIBNATIVE:", "[INFO]", "Traceback", "File ", "^", "~")
+
+
+def genie_said(output: str) -> str:
+    """What Genie printed of its own in a child's ``output`` (stdout + stderr), one line: the
+    lines that are neither our JSON rows nor Python's traceback nor the QNN libraries'
+    notices, joined with "; " (the last three), e.g. "Failure to initialize model. Config
+    specifies context->size=4096, but loaded max-CL=64"; "" when it printed nothing else."""
+    keep = []
+    for ln in output.splitlines():
+        s = ln.strip()
+        if not s or s.startswith("{") or s.startswith(_NOISE) or s.startswith(("tasks.", "SystemExit")) \
+                or s.startswith(("with ", "self.", "fn(", "_main()", "raise ")):
+            continue
+        keep.append(s)
+    return "; ".join(keep[-3:])
+
+
+def generate_in_child(folder, prompts: list[list[int]], max_new_tokens: int, timeout: float = 3600,
+                      what: str | None = None) -> dict:
     """Greedy tokens of every prompt (token ids) through ``GenieDialog_tokenQuery`` on
     ``folder/genie_config.json`` (paths in it relative to ``folder``), in a child process
-    working in ``folder`` (a crash in the QNN libraries stays there). Returns {"tokens": [[id]],
+    working in ``folder`` (a crash in the QNN libraries stays there); ``what`` names the config
+    in messages (default: the folder). Returns {"tokens": [[id]],
     "status": [Genie status per prompt], "seconds": [per prompt], "create_seconds"}. Raises
-    RuntimeError with the child's output tail when it fails or answers fewer prompts."""
+    :class:`GenieRunFailed` (one line: the failed call or signal and :func:`genie_said`) when
+    it fails or answers fewer prompts (issue 51 case 4: Genie's reason was line 42 of 59)."""
     from tasks.proc.child import run_function
 
     text = (Path(folder) / "genie_config.json").read_text()
@@ -159,7 +191,15 @@ def generate_in_child(folder, prompts: list[list[int]], max_new_tokens: int, tim
     rows = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
     got = [x for x in rows if "tokens" in x]
     if r.returncode != 0 or len(got) != len(prompts):
-        raise RuntimeError(f"Genie on {folder}: expected {len(prompts)} answers, found {len(got)} "
-                           f"(exit {r.returncode}): {r.tail(1500)}")
+        import signal
+
+        failed = next((x["error"] for x in rows if "error" in x), None)
+        if failed is None:
+            code = r.returncode
+            failed = (f"the process ended with {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals()
+                      else f"the process ended with exit {code}")
+        said = genie_said(r.stdout + "\n" + r.stderr)
+        raise GenieRunFailed(f"Genie on {what or Path(folder) / 'genie_config.json'}: {failed} after {len(got)} of "
+                             f"{len(prompts)} prompts; Genie said: {said or 'nothing'}")
     return {"tokens": [x["tokens"] for x in got], "status": [x["status"] for x in got],
             "seconds": [x["seconds"] for x in got], "create_seconds": rows[0].get("create_seconds")}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -256,3 +257,29 @@ def test_genie_config_the_binaries_cannot_serve_is_refused_at_load(genie_project
         "binaries are compiled for), found 4096",
         "bundle.genie_config.dialog.tokenizer.path: expected 'tokenizer.json' (the file the bundle ships), "
         "found 'tok/tokenizer.json'"], lines
+
+
+def test_a_genie_failure_in_verify_is_one_line_with_genies_reason(built, tmp_path):
+    """Verify's Genie run (``compare._genie_generate``, what the verify stage calls) on the
+    built bundle with a context Genie cannot create (4096 on binaries compiled for 64, written
+    past the load check into a copy of the bundle): one line naming the failed call and
+    Genie's own reason (before: a RuntimeError with 1500 characters of the child's output, the
+    reason at line 42 of 59)."""
+    from tasks.llm.compare import _genie_generate
+    from tasks.llm.genie.libgenie import GenieRunFailed
+
+    st = json.loads((built.root / "build" / "tiny-qwen2-genie" / "stages.json").read_text())
+    bundle = tmp_path / "bundle"
+    shutil.copytree(Path(st["bundle"]["entry"]) / "out", bundle)
+    cfg = json.loads((bundle / "genie_config.json").read_text())
+    cfg["dialog"]["context"]["size"] = 4096
+    (bundle / "genie_config.json").chmod(0o644)
+    (bundle / "genie_config.json").write_text(json.dumps(cfg))
+    entries = [Path(st["genie_compile.part0"]["entry"]) / "out"]
+    with pytest.raises(GenieRunFailed) as e:
+        _genie_generate({"genie_parts": entries, "bundle": bundle}, [[1, 2, 3]], 2)
+    msg = str(e.value)
+    assert "\n" not in msg and "Traceback" not in msg, msg
+    assert msg.startswith("Genie on the bundle's genie_config.json (verify: "), msg
+    assert "GenieDialog_create -> status -1 after 0 of 1 prompts" in msg, msg
+    assert "Config specifies context->size=4096, but loaded max-CL=64" in msg, msg
