@@ -1,8 +1,8 @@
 """Drive headless Chromium through its DevTools protocol over a pipe (no port, no extra
 package): open a page, evaluate script in it, record its network requests and script errors,
-and take screenshots. Used by tests/commands/test_catalog_page.py and to make docs/catalog-page.png:
+and take screenshots. Used by tests/commands/test_catalog_page.py and to make docs/catalog-page-*.png:
 
-    .venv/bin/python scripts/chromium_page.py catalog/index.html '#family=llm' docs/catalog-page.png
+    .venv/bin/python scripts/chromium_page.py catalog/index.html '' docs/catalog-page-1280.png 1280x900
 
 Chromium is started with ``--remote-debugging-pipe``: it reads protocol messages (JSON, each
 ended by a NUL byte) on file descriptor 3 and writes on 4.

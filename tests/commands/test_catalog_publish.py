@@ -314,9 +314,9 @@ class _TableParser(HTMLParser):
             return
         if tag in ("thead", "tbody"):
             self._where = tag
-        elif tag == "tr" and self._where == "tbody":
+        elif tag == "tr" and self._where == "tbody" and a.get("class") != "details":  # a row's facts: not a row
             self._row = []
-        elif tag in ("td", "th"):
+        elif tag in ("td", "th") and (self._row is not None or self._where == "thead"):
             self._cell = [a.get("data-sort"), ""]
 
     def handle_data(self, data):
@@ -341,18 +341,21 @@ def test_catalog_html_parses_to_one_row_per_recipe(proj):
     p.feed(page)
     p.close()
     heads = [h[1] for h in p.heads]
-    assert heads[:2] == ["Recipe", "State"] and "Parameters" in heads and "QNN SDK" in heads
+    assert heads == ["Recipe", "Task", "Licence", "Size", "Precision", "Context", "Memory", "Decode", "State", "Links"]
     assert [r[0][1] for r in p.rows] == ["failing", "hub", "stale", "t8"]
-    assert {r[0][1]: r[1][1] for r in p.rows} == {
+    assert {r[0][1]: r[heads.index("State")][1] for r in p.rows} == {
         "t8": "verified", "failing": "verify-failed", "stale": "stale", "hub": "not-built"}
     assert all(len(r) == len(heads) and all(c[0] is not None for c in r) for r in p.rows)  # sortable cells
-    params = heads.index("Parameters")
+    assert "<dt>QNN SDK</dt>" in page  # the other facts, in each row's details
+    params = heads.index("Size")
     t8 = next(r for r in p.rows if r[0][1] == "t8")
     assert int(t8[params][0]) > 900_000
-    # nothing loaded (scripts and styles inline); links only to the source's Hub card or PyPI page and,
-    # once published, the bundle under dist/ (t8: published by the fixture)
+    # nothing loaded (scripts and styles inline); links only to the source's Hub card or PyPI page,
+    # once published the bundle under dist/ (t8: published by the fixture), and the pages of the
+    # figures measured by others (tasks/commands/catalog/published.json)
     assert p.net == [] and p.scripts >= 1 and "http://" not in page, (p.net, p.scripts)
-    assert all(u.startswith(("https://huggingface.co/", "https://pypi.org/project/", "../dist/")) for u in p.links), p.links
+    assert all(u.startswith(("https://huggingface.co/", "https://pypi.org/project/", "../dist/",
+                             "https://github.com/quic/ai-hub-models/")) for u in p.links), p.links
     assert {"../dist/t8/README.md", "../dist/t8/"} <= set(p.links), p.links
 
 

@@ -1,39 +1,40 @@
-"""The catalog page, ``catalog/index.html``: one self-contained file a maintainer chooses models with.
+"""The catalog page, ``catalog/index.html``: one self-contained file to pick a model with.
 
 It opens from disk with no network: its CSS, scripts and data are inline, and nothing on it
 loads a resource (its only URLs are links a reader may follow: the source model's card on the
-Hugging Face Hub or PyPI, and a published bundle's card, folder and archive under ``dist/``).
+Hugging Face Hub or PyPI, a published bundle's card, folder and archive under ``dist/``, and the
+public pages the measured figures come from).
 
-What it shows, all from the catalog rows (:mod:`tasks.core.row`):
+What it shows, all from the catalog rows (:mod:`tasks.core.row`, :func:`.write.catalog_rows`):
 
-- **Filters** (``<form id="filters">``, one ``<select>`` each): family, size (parameter-count
-  ranges, :data:`SIZES`, from ``parameters`` once built, else ``parameters_estimate``),
-  precision, target, state, runs on (``npu`` / ``npu+cpu``) and runtime (what a bundle serves,
-  as verify checked it: ``onnxruntime-qnn``, ``onnxruntime-genai``, ``genie``). A recipe that
-  is not built has ``unknown`` size (encoders), runs-on and runtime. The filter state lives in
-  the URL's fragment (``#family=llm&target=x-elite``, in :data:`FILTERS` order): a filtered
-  view can be linked, and changing a filter rewrites the fragment.
-- **Quality versus size** (``#quality-chart``): one point per built recipe and target
-  (verified or verify-failed; shape builds are left out: their verify figures are a random
-  network's). x = the target's shipped bytes (LLMs: the bundle's context binaries as verify
-  read them back, ``device.<target>.bundle_bytes``; encoders: the compile artifacts, the
-  EPContext model and its binary), log scale; y = a verify metric against fp32 (1 = identical),
-  the row's first of :data:`QUALITY` unless the ``quality`` selector (``#quality=...``) names
-  one; one series per metric, verify-failed points hollow. A chart of at most 12 points names
-  them beside the points; hovering a point shows its figures, clicking it marks its table row.
-- **Decode ceiling versus memory on the device** (``#device-chart``) and the table of on-device
-  figures per LLM and target (``#device``): bundle bytes, KV-cache bytes, memory on the device,
-  the decode ceiling (tokens/s) and the first-token lower bound (:mod:`tasks.llm.figures`,
-  read back once built, estimated before). The page says, beside both, that they are ceilings
-  and bounds from published figures, not measurements.
-- **The catalog table** (``#catalog``): :data:`.table.COLUMNS` plus links (a recipe not
-  built shows its parameters from the config, ``~``); every cell carries its sort value in
-  ``data-sort``; a click on a header sorts (both tables).
+- **Real models by default.** A switch (``#all``, fragment ``all=1``) adds the rows whose
+  ``listing`` is not ``model``: shape builds, fixtures, unsupported recipes and aliases
+  (:mod:`.listing`).
+- **Filters** (``<form id="filters">``, one ``<select>`` each, :data:`FILTERS`): task, licence,
+  family, size (parameter-count ranges, :data:`SIZES`), fits in N GB (:data:`FITS`: the
+  memory on the device of some target, known and at most N x 10^9 bytes), precision, target,
+  state, runs on and runtime (what a bundle serves: as verify checked it once built, else as
+  the recipe states it). The filters and the sort live in the URL's fragment
+  (``#task=text-generation&fits=8``, in :data:`FILTERS` order): a filtered view can be linked.
+- **One chart per metric family**, each point labelled (its name, else a number keyed under
+  the chart; points on the same spot share a label): encoder quality (mean-pooled cosine vs
+  fp32 against the bytes shipped), LLM quality (greedy token agreement vs fp32 against the
+  bytes shipped) and LLM decode speed (tokens/s against memory on the device: our ceilings,
+  read back or estimated, and the figures others measured on devices, :data:`SERIES`).
+- **The recipes** (``#catalog``): :data:`PICK` columns, which fit a 1280-pixel screen; every
+  other fact of a row (:data:`.table.COLUMNS`, the reason it is not verified, its links) in a
+  details row its name's button opens. Below 760 pixels each row is a card (no sideways
+  scrolling). A click on a header, or the ``sort`` selector, sorts.
+- **Ceilings beside measurements** (``#device``): per LLM and target, memory on the device,
+  the decode ceiling and the first-token bound (:mod:`tasks.llm.figures`), and beside them what
+  others measured on a device for the same model and precision (``published.json``: the
+  figure, its page and date), with measured / ceiling.
 
 For tests and readers without eyes on the canvas, each chart's container holds what it drew:
-``data-count`` (points drawn) and ``data-points`` (JSON ``[{name, target, series, x, y}]``,
-sorted), and ``#shown`` holds ``data-count`` (table rows shown). ``body[data-rendered]`` counts
-renders (a script waits for it).
+``data-count`` (points drawn), ``data-points`` (JSON ``[{name, target, series, x, y}]``,
+sorted) and ``data-labels`` (JSON ``[{text, names, box: [x, y, w, h]}]``: each label drawn, the
+points it names, its box in CSS pixels of the plot); ``#shown`` holds ``data-count`` (recipes
+shown). ``body[data-rendered]`` counts renders (a script waits for it).
 
 Charting library: **uPlot 1.6.32** (MIT, https://github.com/leeoniya/uPlot), vendored from the
 npm tarball ``uplot-1.6.32.tgz`` into ``tasks/commands/catalog/assets/``: ``uPlot.iife.min.js`` (51,081
@@ -41,7 +42,7 @@ bytes, sha256 19c8d4c6...), ``uPlot.min.css`` (1,857 bytes) and ``uPlot.LICENSE`
 copied into the page, as the license asks). Chosen because it is the smallest maintained library
 with scatter plots (``mode: 2``) and log axes, draws on a canvas with no dependencies, and is
 made for static pages; Chart.js 4.6.1 (MIT, ``chart.umd.min.js`` 210,082 bytes, 4.1 x) has
-built-in tooltips and labels, which for a few dozen points are some 50 lines of ``page.js`` here;
+built-in tooltips and labels, which for a few dozen points are some 80 lines of ``page.js`` here;
 Vega-Lite needs Vega (together several hundred kB). The page's own script and style are
 ``page.js`` and ``page.css`` beside it.
 
@@ -55,33 +56,44 @@ from __future__ import annotations
 import html
 import json
 import math
-import os
 from pathlib import Path
-from urllib.parse import quote
 
-from tasks.commands.catalog.table import COLUMNS, STATES, human_bytes, human_count
+from tasks.commands.catalog.listing import LISTINGS
+from tasks.commands.catalog.page_tables import PICK, device_table, published_bundles, ratio, recipe_rows, sources_note
+from tasks.commands.catalog.table import COLUMNS, STATES
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 
 #: the filters, in the order the page shows them and writes them into the URL fragment
-FILTERS = (("family", "Family"), ("size", "Size (parameters)"), ("precision", "Precision"),
-           ("target", "Target"), ("state", "State"), ("runs_on", "Runs on"), ("runtime", "Runtime"))
+FILTERS = (("task", "Task"), ("license", "Licence"), ("family", "Family"), ("size", "Size"),
+           ("fits", "Fits in"), ("precision", "Precision"), ("target", "Target"), ("state", "State"),
+           ("runs_on", "Runs on"), ("runtime", "Runtime"))
 
 #: parameter-count ranges: (fragment value, label, from (inclusive), to (exclusive))
 SIZES = (("lt100m", "under 100 M", 0, 1e8), ("100m-1b", "100 M to 1 B", 1e8, 1e9),
          ("1b-3b", "1 B to 3 B", 1e9, 3e9), ("3b-5b", "3 B to 5 B", 3e9, 5e9),
          ("5b-10b", "5 B to 10 B", 5e9, 1e10), ("10b-up", "10 B and more", 1e10, math.inf))
 
+#: the "fits in" choices, GB of memory on the device (10^9 bytes): phones have 8 to 16 GB of
+#: RAM shared with everything else, X Elite laptops 16 to 64 GB
+FITS = (1, 2, 4, 6, 8, 12, 16, 24, 32)
+
 UNKNOWN = "unknown"
 
-#: verify metrics the quality chart can plot (each against fp32, higher is better, 1 = identical),
-#: in the order a row's default ("primary") metric is picked
-QUALITY = {"pooled_cosine_mean": "mean-pooled cosine vs fp32 (encoders)",
-           "token_agreement": "greedy token agreement vs fp32 (LLMs)",
-           "logits_cosine_mean": "prefill logits cosine vs fp32 (LLMs)",
-           "cosine_mean": "per-token cosine vs fp32 (encoders)"}
+#: one chart per metric family: (element id, title, family, metric plotted, its description)
+QUALITY_CHARTS = (("encoder-chart", "Encoders: quality versus size", "encoder", "pooled_cosine_mean",
+                   "mean-pooled cosine vs fp32"),
+                  ("llm-chart", "LLMs: quality versus size", "llm", "token_agreement",
+                   "greedy token agreement vs fp32"))
 
-BUILT = ("verified", "verify-failed")
+#: the decode chart's series
+SERIES = {"read back": "our ceiling, built", "estimated": "our ceiling, estimated",
+          "measured": "measured by others"}
+
+#: the sort selector's choices: (fragment value, label, column key, descending)
+SORTS = (("name", "name", "name", False), ("size", "size, smallest first", "parameters", False),
+         ("memory", "memory, smallest first", "memory", False), ("decode", "decode, fastest first", "decode", True),
+         ("state", "state, verified first", "state", False))
 
 
 def size_bucket(row: dict) -> str:
@@ -101,7 +113,7 @@ def runs_on_kind(said: str | None) -> str:
 
 
 def shipped_bytes(row: dict, target: str) -> int | None:
-    """The target's shipped bytes, the quality chart's x: an LLM's bundle (its context
+    """The target's shipped bytes, the quality charts' x: an LLM's bundle (its context
     binaries read back by verify), else the compile artifacts of that target."""
     dev = (row.get("device") or {}).get(target) or {}
     if dev.get("bundle_bytes") and str(dev.get("bundle_bytes_from", "")).startswith("read back"):
@@ -110,38 +122,61 @@ def shipped_bytes(row: dict, target: str) -> int | None:
     return sum(files.values()) if files else None
 
 
+def memory(row: dict, target: str) -> tuple[int | None, str]:
+    """(bytes, where from) of the memory the model holds on the device on ``target``, without
+    the runtime's own: an LLM's ``device`` figure (weights + KV cache, + spill-fill and I/O
+    buffers once built: :mod:`tasks.llm.figures`); a built encoder's context binaries as verify
+    read them back, each with its largest graph's spill-fill and I/O buffers; else unknown."""
+    dev = (row.get("device") or {}).get(target)
+    if dev and dev.get("memory_bytes") is not None:
+        built = str(dev.get("bundle_bytes_from", "")).startswith("read back")
+        return dev["memory_bytes"], ("read back" if built else "estimated")
+    bins = ((row.get("verify") or {}).get(target) or {}).get("binaries") or {}
+    if bins and all(b.get("bytes") for b in bins.values()):
+        extra = sum(max(((g.get("spill_fill_bytes") or 0) + (g.get("io_bytes") or 0)
+                         for g in (b.get("graphs") or {}).values()), default=0) for b in bins.values())
+        return sum(b["bytes"] for b in bins.values()) + extra, "read back"
+    return None, UNKNOWN
+
+
 def page_data(rows: list[dict]) -> dict:
-    """What the page's script works from: per recipe its facets (family, size, precision,
-    state) and per target its runs-on kind, runtimes, shipped bytes, quality metrics and
-    on-device figures; plus the filter names and the quality metrics, in order."""
+    """What the page's script works from: per recipe its facets (task, licence, family, size,
+    precision, state, listing) and per target its runs-on kind, runtimes, shipped bytes,
+    quality metrics, memory and on-device figures with the measured ones; plus the filter
+    names, the charts and the sorts."""
     recipes = []
     for r in rows:
         targets = {}
         for t in r["targets"]:
             v = (r.get("verify") or {}).get(t)
             dev = (r.get("device") or {}).get(t)
-            built = v is not None and r["state"] in BUILT
+            built = v is not None  # verify results: a build whose every stage has an entry
+            mem, mem_from = memory(r, t)
+            ceiling = dev.get("decode_tokens_per_s_ceiling") if dev else None
             targets[t] = {
                 "runs_on": runs_on_kind(v["runs_on"]) if v else UNKNOWN,
-                "runtimes": (sorted(v.get("runtimes") or {}) if v else []) or [UNKNOWN],
+                "runtimes": (sorted(v.get("runtimes") or {}) if v else []) or r.get("runtimes") or [UNKNOWN],
                 "failed": bool(v and v.get("failures")),
                 "bytes": shipped_bytes(r, t) if built else None,
-                "quality": {m: v["metrics"][m] for m in QUALITY
+                "quality": {m: v["metrics"][m] for _, _, _, m, _ in QUALITY_CHARTS
                             if isinstance((v or {}).get("metrics", {}).get(m), (int, float))} if built else {},
-                "device": None if not dev else {
-                    k: dev.get(k) for k in ("bundle_bytes", "kv_cache_bytes", "kv_dtype", "runtime", "memory_bytes",
-                                            "bytes_per_token", "decode_tokens_per_s_ceiling",
-                                            "first_token_s_lower_bound")}
-                | {"estimated": not str(dev.get("bundle_bytes_from", "")).startswith("read back")},
+                "memory": mem, "memory_from": mem_from,
+                "decode": None if ceiling is None else {"ceiling": ceiling, "from": mem_from},
+                "measured": [{"tps": m["decode_tokens_per_s"], "device": m["device"], "url": m["url"],
+                              "ratio": ratio(m["decode_tokens_per_s"], ceiling)}
+                             for m in (r.get("measured") or {}).get(t, [])],
             }
-        recipes.append({"name": r["name"], "family": r["family"], "size": size_bucket(r),
-                        "precision": r["precision"], "state": r["state"], "targets": targets,
-                        "plotted": r["state"] in BUILT and not r.get("shape_build")})
-    return {"filters": [k for k, _ in FILTERS], "quality": list(QUALITY), "recipes": recipes}
+        recipes.append({"name": r["name"], "family": r["family"], "task": r["task"], "license": r["license"],
+                        "size": size_bucket(r), "precision": r["precision"], "state": r["state"],
+                        "listing": r.get("listing") or "model", "targets": targets,
+                        "plotted": bool(r.get("verify")) and not r.get("shape_build")})
+    return {"filters": [k for k, _ in FILTERS], "charts": [[c[0], c[2], c[3]] for c in QUALITY_CHARTS],
+            "series": SERIES, "sorts": {v: [col, desc] for v, _, col, desc in SORTS}, "recipes": recipes}
 
 
 def _facets(recipe: dict, key: str) -> set[str]:
-    """The values a :func:`page_data` recipe has for filter ``key`` (several for per-target ones)."""
+    """The values a :func:`page_data` recipe has for filter ``key`` (several for per-target
+    ones; ``fits``: every :data:`FITS` choice some target's known memory is within)."""
     tvs = recipe["targets"].values()
     if key == "target":
         return set(recipe["targets"])
@@ -149,91 +184,28 @@ def _facets(recipe: dict, key: str) -> set[str]:
         return {tv["runs_on"] for tv in tvs}
     if key == "runtime":
         return {rt for tv in tvs for rt in tv["runtimes"]}
+    if key == "fits":
+        return {str(n) for n in FITS for tv in tvs if tv["memory"] is not None and tv["memory"] <= n * 1e9}
     return {recipe[key]}
 
 
 def _options(data: dict) -> dict[str, list[tuple[str, str, int]]]:
-    """{filter: [(value, label, recipes that have it)]}: sizes and states in their own order,
-    other values sorted, ``unknown`` last; values no recipe has are left out."""
+    """{filter: [(value, label, recipes that have it)]}, counted over the real models
+    (``listing`` model) and, after a slash, all recipes: sizes, fits and states in their own
+    order, other values sorted, ``unknown`` last; values no recipe has are left out."""
     from collections import Counter
 
-
-    fixed = {"size": [v for v, *_ in SIZES], "state": list(STATES)}
-    labels = {v: lab for v, lab, *_ in SIZES} | {UNKNOWN: "unknown (not built)"}
+    fixed = {"size": [v for v, *_ in SIZES], "state": list(STATES), "fits": [str(n) for n in FITS]}
+    labels = ({v: lab for v, lab, *_ in SIZES} | {str(n): f"{n} GB" for n in FITS}
+              | {UNKNOWN: "unknown (not built)"})
     out = {}
     for key, _ in FILTERS:
-        counts = Counter(v for r in data["recipes"] for v in _facets(r, key))
+        every = Counter(v for r in data["recipes"] for v in _facets(r, key))
+        real = Counter(v for r in data["recipes"] if r["listing"] == "model" for v in _facets(r, key))
         order = fixed.get(key, [])
-        vals = sorted(counts, key=lambda v: (v == UNKNOWN, order.index(v) if v in order else 0, v))
-        out[key] = [(v, labels.get(v, v), counts[v]) for v in vals]
+        vals = sorted(every, key=lambda v: (v == UNKNOWN, order.index(v) if v in order else len(order), v))
+        out[key] = [(v, labels.get(v, v), real[v], every[v]) for v in vals]
     return out
-
-
-# ------------------------------------------------------------ links
-
-
-def published_bundles(rows: list[dict], dist_dir: Path, catalog_dir: Path) -> dict[str, dict]:
-    """{recipe: {"card", "folder", "archive", "build_key", "current"}} of each recipe published
-    in ``dist_dir`` (``<recipe>/manifest.json`` readable, with its ``build_key``): the links are
-    relative to ``catalog_dir`` (where index.html is); ``archive`` is None when
-    ``<recipe>-<build_key>.tar.gz`` is absent; ``current`` says whether the bundle is of the
-    row's present stage keys (:func:`tasks.commands.publish.bundle.short_key`'s digest)."""
-    from tasks.store.digest import digest_json
-
-    out = {}
-    for r in rows:
-        folder = Path(dist_dir) / r["name"]
-        try:
-            key = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))["build_key"]
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        keys = r.get("stage_keys") or {}
-        current = bool(keys) and None not in keys.values() and digest_json(keys)[:12] == key
-        archive = Path(dist_dir) / f"{r['name']}-{key}.tar.gz"
-        out[r["name"]] = {"card": _rel(folder / "README.md", catalog_dir), "folder": _rel(folder, catalog_dir) + "/",
-                          "archive": _rel(archive, catalog_dir) if archive.is_file() else None,
-                          "build_key": key, "current": current}
-    return out
-
-
-def _rel(path: Path, start: Path) -> str:
-    """``path`` as a URL relative to the folder ``start`` (an absolute file URL when there is
-    no relative path, e.g. another drive)."""
-    try:
-        rel = os.path.relpath(path, start)
-    except ValueError:
-        return Path(path).resolve().as_uri()
-    return quote(Path(rel).as_posix())
-
-
-def _source_link(row: dict) -> tuple[str, str] | None:
-    """(URL, text) of the source model's page: its Hub card (hf and shape sources) or PyPI."""
-    s = row["source"]
-    if s.get("repo") and s["kind"] in ("hf", "shape"):
-        return f"https://huggingface.co/{quote(s['repo'])}", "source card"
-    if s.get("package"):
-        return f"https://pypi.org/project/{quote(s['package'])}/", "source package"
-    return None
-
-
-def _links_cell(row: dict, pub: dict | None) -> tuple[str, str]:
-    """(HTML, sort value) of a row's links cell."""
-    esc = html.escape
-    parts = []
-    src = _source_link(row)
-    if src:
-        parts.append(f'<a href="{esc(src[0])}">{esc(src[1])}</a>')
-    if pub:
-        parts.append(f'<a href="{esc(pub["card"])}">card</a>')
-        parts.append(f'<a href="{esc(pub["folder"])}">bundle</a>')
-        if pub["archive"]:
-            parts.append(f'<a href="{esc(pub["archive"])}">archive</a>')
-        if not pub["current"]:
-            parts.append(f'<span class="note">(published from another build: {esc(pub["build_key"])})</span>')
-    elif row["state"] == "verified" and not row.get("shape_build"):
-        parts.append(f'<span class="note">not published: <code>doit publish:{esc(row["name"])}</code></span>')
-    sort = ("2" if pub and pub["current"] else "1" if pub else "0") + (src[1] if src else "")
-    return " ".join(parts), sort
 
 
 # ------------------------------------------------------------ rendering
@@ -249,59 +221,6 @@ def _script_json(obj) -> str:
     return text.replace("<", "\\u003c")
 
 
-def _bytes(n) -> str:
-
-    return human_bytes(n) if n is not None else "unknown"
-
-
-def _human_count(n) -> str:
-    return human_count(n)
-
-
-def _device_rows(rows: list[dict]) -> list[tuple[dict, str, dict]]:
-    return [(r, t, f) for r in rows for t, f in sorted((r.get("device") or {}).items())]
-
-
-#: the on-device table's columns: header, cell text, sort value, numeric
-DEVICE_COLUMNS = [
-    ("Recipe", lambda r, t, f: r["name"], lambda r, t, f: r["name"], False),
-    ("Target", lambda r, t, f: t, lambda r, t, f: t, False),
-    ("State", lambda r, t, f: r["state"], lambda r, t, f: r["state"], False),
-    ("Bundle", lambda r, t, f: _bytes(f.get("bundle_bytes")), lambda r, t, f: f.get("bundle_bytes") or 0, True),
-    ("Bundle from", lambda r, t, f: "read back" if str(f.get("bundle_bytes_from", "")).startswith("read back")
-     else "estimated", lambda r, t, f: str(f.get("bundle_bytes_from", "")), False),
-    ("KV cache", lambda r, t, f: f"{_bytes(f.get('kv_cache_bytes'))} at {f.get('context_length')}"
-     + (f" ({f['kv_dtype']}, {f.get('runtime')})" if f.get("kv_dtype") else ""),
-     lambda r, t, f: f.get("kv_cache_bytes") or 0, True),
-    ("Memory on device", lambda r, t, f: _bytes(f.get("memory_bytes")), lambda r, t, f: f.get("memory_bytes") or 0, True),
-    ("Memory includes", lambda r, t, f: ", ".join(f.get("memory_includes") or []),
-     lambda r, t, f: ", ".join(f.get("memory_includes") or []), False),
-    ("Decode ceiling", lambda r, t, f: "unknown" if f.get("decode_tokens_per_s_ceiling") is None
-     else f"{f['decode_tokens_per_s_ceiling']:.1f} tok/s", lambda r, t, f: f.get("decode_tokens_per_s_ceiling") or 0, True),
-    ("DRAM", lambda r, t, f: "unknown" if f.get("dram_gbps") is None else f"{f['dram_gbps']} GB/s",
-     lambda r, t, f: f.get("dram_gbps") or 0, True),
-    ("First token >=", lambda r, t, f: "unknown" if f.get("first_token_s_lower_bound") is None
-     else f"{f['first_token_s_lower_bound'] * 1000:.1f} ms for {f.get('prefill_length')} tokens",
-     lambda r, t, f: f.get("first_token_s_lower_bound") or 0, True),
-    ("NPU peak", lambda r, t, f: "unknown" if f.get("npu_tops") is None else f"{f['npu_tops']} TOPS",
-     lambda r, t, f: f.get("npu_tops") or 0, True),
-]
-
-
-def _table(table_id: str, heads: list[tuple[str, bool]], body: list[str]) -> str:
-    esc = html.escape
-    th = "".join(f'<th data-type="{"num" if num else "text"}">{esc(h)}</th>' for h, num in heads)
-    return (f'<div class="scroll"><table id="{table_id}" class="sortable">\n<thead><tr>{th}</tr></thead>\n<tbody>\n'
-            + "".join(body) + "</tbody>\n</table></div>\n")
-
-
-def _td(text, sort, cls: str = "", title: str = "", raw: bool = False) -> str:
-    esc = html.escape
-    c = f' class="{esc(cls)}"' if cls else ""
-    t = f' title="{esc(title)}"' if title else ""
-    return f'<td{c}{t} data-sort="{esc(str(sort))}">{text if raw else esc(str(text))}</td>'
-
-
 def render_page(rows: list[dict], published: dict | None = None) -> str:
     """The page (module docstring) for catalog ``rows`` and the ``published`` bundles
     (:func:`published_bundles`; None: no links to bundles)."""
@@ -311,6 +230,8 @@ def render_page(rows: list[dict], published: dict | None = None) -> str:
     published = published or {}
     data = page_data(rows)
     options = _options(data)
+    real = sum(r["listing"] == "model" for r in data["recipes"])
+    others = {k: sum(r["listing"] == k for r in data["recipes"]) for k in LISTINGS[1:]}
 
     out = ['<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n',
            '<meta name="viewport" content="width=device-width, initial-scale=1">\n',
@@ -319,69 +240,58 @@ def render_page(rows: list[dict], published: dict | None = None) -> str:
            _asset("uPlot.LICENSE").replace("--", "- -"), "-->\n",
            "<style>\n", _asset("uPlot.min.css"), "\n", _asset("page.css"), "</style>\n</head>\n<body>\n",
            "<h1>npubuild model catalog</h1>\n",
-           f"<p>Generated by <code>doit catalog</code> from recipes and the build cache: {len(rows)} recipes. "
-           "Filters are kept in the address's <code>#</code> part, so a filtered view can be linked. "
-           "Click a column header to sort.</p>\n"]
+           f"<p>{real} models to build for Snapdragon NPUs, from <code>doit catalog</code> (recipes and the local "
+           "build cache). Filter by what you need; the address keeps the filters, so a view can be linked. "
+           "Open a recipe's name for every fact of it.</p>\n"]
 
     out.append('<form id="filters">\n')
     for key, label in FILTERS:
-        opts = "".join(f'<option value="{esc(v)}">{esc(lab)} ({n})</option>' for v, lab, n in options[key])
-        out.append(f'<label>{esc(label)} <select name="{key}" id="filter-{key}"><option value="">all</option>'
+        opts = "".join(f'<option value="{esc(v)}" data-real="{n}" data-all="{a}">{esc(lab)} ({n})</option>'
+                       for v, lab, n, a in options[key])
+        first = "any size" if key == "fits" else "all"
+        out.append(f'<label>{esc(label)} <select name="{key}" id="filter-{key}"><option value="">{first}</option>'
                    f"{opts}</select></label>\n")
-    out.append('<button type="button" id="reset">all recipes</button>\n</form>\n'
+    sorts = "".join(f'<option value="{esc(v)}">{esc(lab)}</option>' for v, lab, *_ in SORTS)
+    out.append(f'<label>Sort by <select name="sort" id="sort">{sorts}</select></label>\n')
+    also = ", ".join(f"{n} {k}{'' if n == 1 else ('es' if k.endswith('s') else 's')}" for k, n in others.items() if n)
+    out.append(f'<label class="switch"><input type="checkbox" id="all" name="all"> also shape builds, fixtures, '
+               f'unsupported recipes and aliases{f" ({esc(also)})" if also else ""}</label>\n'
+               '<button type="button" id="reset">reset</button>\n</form>\n'
                '<p id="shown" data-count="">&nbsp;</p>\n<p id="hash-note" hidden></p>\n')
 
-    metrics = sorted({m for r in data["recipes"] for tv in r["targets"].values() for m in tv["quality"]},
-                     key=list(QUALITY).index)
-    qopts = "".join(f'<option value="{esc(m)}" title="{esc(QUALITY[m])}">{esc(m)}</option>' for m in metrics)
-    out.append('<div class="charts">\n<section class="panel">\n<h2>Quality versus size (built models)</h2>\n'
-               f'<label>Quality <select id="quality" name="quality" title="the first of {esc(", ".join(QUALITY))} '
-               f'that a point has, unless one is chosen"><option value="">automatic: the first of these a point has'
-               f'</option>{qopts}</select></label>\n'
-               '<div class="chart" id="quality-chart" data-count="" data-points=""></div>\n'
-               '<p class="note">One point per built recipe and target: x = the bytes shipped for that target '
-               "(LLMs: the bundle's context binaries as verify read them back; encoders: the EPContext model and its "
-               "binary), y = a verify metric against fp32 (1 = identical). Hollow: below a verify threshold. "
-               "Shape builds (random weights) are left out.</p>\n</section>\n"
-               '<section class="panel">\n<h2>Decode ceiling versus memory on the device (LLMs)</h2>\n'
-               '<div class="chart" id="device-chart" data-count="" data-points=""></div>\n'
-               '<p class="note ceiling"><strong>Ceilings and bounds, not measurements</strong>: nothing here ran on a '
-               "Snapdragon device. Per target, from its published DRAM bandwidth and NPU peak "
-               f"(<code>tasks/qnn/targets.py</code>): {esc(CEILING_NOTE.removeprefix('ceilings, not measurements: '))}. "
-               "Filled: the bundle read back from a build; "
-               "hollow: estimated from the model's config before a build. Targets without a published figure "
-               "are left out.</p>\n</section>\n</div>\n")
+    out.append('<div class="charts">\n')
+    for cid, title, family, metric, what in QUALITY_CHARTS:
+        out.append(f'<section class="panel">\n<h2>{esc(title)}</h2>\n'
+                   f'<div class="chart" id="{cid}" data-count="" data-points="" data-labels=""></div>\n'
+                   f'<ol class="key" id="{cid}-key"></ol>\n'
+                   f'<p class="note">One point per built {"encoder" if family == "encoder" else "LLM"} and target: '
+                   f"x = the bytes shipped for the target, y = <code>{esc(metric)}</code> ({esc(what)}, 1 = identical). "
+                   "Hollow: below a verify bar. Shape builds (random weights) are never plotted.</p>\n</section>\n")
+    out.append('<section class="panel">\n<h2>LLMs: decode speed versus memory</h2>\n'
+               '<div class="chart" id="device-chart" data-count="" data-points="" data-labels=""></div>\n'
+               '<ol class="key" id="device-chart-key"></ol>\n'
+               '<p class="note ceiling"><strong>Our figures are ceilings, not measurements</strong>: nothing here ran '
+               f"on a Snapdragon device ({esc(CEILING_NOTE.removeprefix('ceilings, not measurements: '))}). "
+               "Green: decode rates others measured on a device for the same model and precision (their own "
+               "bundles), drawn at our build's memory; the table below gives each with its page, date and the "
+               "ratio to our ceiling.</p>\n</section>\n</div>\n")
 
     out.append("<h2>Recipes</h2>\n")
-    body = []
-    for r in rows:
-        cells = []
-        for head, text, sort, _ in COLUMNS:
-            if head == "State":
-                why = r["reason"] or "; ".join(r["failures"])
-                cells.append(_td(text(r), sort(r), cls=r["state"], title=why or ""))
-            elif head == "Parameters" and r["parameters"] is None and r.get("parameters_estimate"):
-                cells.append(_td("~" + _human_count(r["parameters_estimate"]), r["parameters_estimate"],
-                                 title="from the model's config (not counted: not built)"))
-            else:
-                cells.append(_td(text(r), sort(r)))
-        links, lsort = _links_cell(r, published.get(r["name"]))
-        cells.append(_td(links, lsort, raw=True))
-        body.append(f'<tr id="recipe-{esc(r["name"])}" data-name="{esc(r["name"])}">{"".join(cells)}</tr>\n')
-    out.append(_table("catalog", [(h, num) for h, _, _, num in COLUMNS] + [("Links", False)], body))
+    body = [recipe_rows(r, d, published.get(r["name"]),
+                        [(head, text(r)) for head, text, _, _ in COLUMNS if head not in ("Recipe", "State", "Precision")])
+            for r, d in zip(rows, data["recipes"])]
+    th = "".join(f'<th data-key="{k}" data-type="{"num" if num else "text"}">{esc(h)}</th>' for k, h, num in PICK)
+    out.append(f'<div class="scroll"><table id="catalog" class="sortable cards">\n<thead><tr>{th}</tr></thead>\n'
+               + "".join(body) + "</table></div>\n")
 
-    out.append('<h2>On-device figures per LLM and target: ceilings and bounds, not measurements</h2>\n'
-               '<p class="note ceiling">Bundle bytes are read back from a build, else estimated from the model\'s '
-               "config and the recipe's precision; memory on the device is weights + KV cache (+ spill-fill and I/O "
-               "buffers once built), without the runtime's own (not measured; no public figure); the decode ceiling is "
-               "DRAM bandwidth / bytes read per token, the first-token bound the prefill's ops / the NPU's INT8 peak "
-               "(<code>tasks/llm/figures.py</code>). A real device is slower.</p>\n")
-    body = []
-    for r, t, f in _device_rows(rows):
-        cells = "".join(_td(text(r, t, f), sort(r, t, f), cls=r["state"] if head == "State" else "")
-                        for head, text, sort, _ in DEVICE_COLUMNS)
-        body.append(f'<tr data-name="{esc(r["name"])}" data-target="{esc(t)}">{cells}</tr>\n')
-    out.append(_table("device", [(h, num) for h, _, _, num in DEVICE_COLUMNS], body))
+    out.append('<h2 id="ceilings">Our ceilings beside measurements on devices</h2>\n'
+               '<p class="note ceiling">Memory on the device is weights + KV cache (+ spill-fill and I/O buffers once '
+               "built), without the runtime's own (not measured; no public figure); ~ marks an estimate before a "
+               "build. The decode ceiling is DRAM bandwidth / bytes read and written per token, the first-token bound "
+               "the prefill's ops / the NPU's INT8 peak (<code>tasks/llm/figures.py</code>): a real device is slower, "
+               "and the measured figures show by how much.</p>\n")
+    out.append(device_table(rows, data))
+    out.append(sources_note())
 
     out.append(f'<script type="application/json" id="catalog-data">{_script_json(data)}</script>\n')
     out.append("<script>\n" + _asset("uPlot.iife.min.js") + "</script>\n")

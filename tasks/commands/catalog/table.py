@@ -1,28 +1,11 @@
-"""The catalog's table as data: the states a recipe can be in and the columns (header, cell text,
-sort value, numeric) that the Markdown table (:mod:`.write`) and the page
-(:mod:`.page`) both show, with their number formats."""
+"""The catalog's table as data: the columns (header, cell text, sort value, numeric) of the
+Markdown table (:mod:`.write`) and of the page's details rows (:mod:`.page`); the states and
+number formats are :mod:`.formats`."""
 
 from __future__ import annotations
 
 from tasks.core.row import arch
-
-#: what the catalog says of a recipe, best first
-STATES = ("verified", "verify-failed", "stale", "not-built", "shape-built", "unsupported")
-
-
-def human_bytes(n) -> str:
-    if n is None:
-        return ""
-    for unit in ("B", "kB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-
-
-def human_count(n) -> str:
-    if n is None:
-        return ""
-    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M" if n >= 1e6 else str(n)
+from tasks.commands.catalog.formats import STATES, human_bytes, human_count, state_order  # noqa: F401  (STATES: the catalog's states)
 
 
 def metrics_summary(row: dict) -> str:
@@ -52,7 +35,7 @@ def source(row: dict) -> str:
 
 COLUMNS = [  # (header, cell text, sort value, numeric)
     ("Recipe", lambda r: r["name"], lambda r: r["name"], False),
-    ("State", lambda r: r["state"], lambda r: STATES.index(r["state"]), True),
+    ("State", lambda r: r["state"], lambda r: state_order(r["state"]), True),
     ("Source", source, source, False),
     ("Architecture", arch, arch, False),
     ("Parameters", lambda r: human_count(r["parameters"]), lambda r: r["parameters"] or 0, True),

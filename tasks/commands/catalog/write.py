@@ -24,6 +24,8 @@ from tasks.core import recipeset
 from tasks.core.row import catalog_row, unsupported_row
 from tasks.core.session import Session
 from tasks.core.status import catalog_recipes, recipe_status
+from tasks.commands.catalog.listing import alias_of, listing, stated_runtimes
+from tasks.commands.catalog.measured import measured
 from tasks.commands.catalog.table import COLUMNS, human_bytes, human_count, per_target, tps
 
 SCHEMA_VERSION = 1
@@ -31,13 +33,25 @@ SCHEMA_VERSION = 1
 
 def catalog_rows(session: Session | None = None) -> list[dict]:
     """Every non-abstract recipe's row, sorted by name. ``session``: the command's (default: a
-    new one). Raises RecipeError for an invalid recipe file (the catalog is then not written)."""
+    new one). Raises RecipeError for an invalid recipe file (the catalog is then not written).
+
+    Beside :mod:`tasks.core.row`'s fields, a row here has ``listing`` (model, shape, fixture,
+    unsupported or alias: :mod:`.listing`), ``alias_of`` (the recipe it is the same build as,
+    else null), ``runtimes`` (what its bundle serves, as the recipe states it) and ``measured``
+    ({target: [figure]}: what others measured on devices for its model and precision,
+    :func:`.measured.measured`)."""
     from tasks.errors import UnsupportedModel
+    from tasks.recipe.load import load_recipe
 
     session = session or Session()
-    rows = [catalog_row(n, r, recipe_status(n, session)) for n, r in catalog_recipes(session).items()]
-    rows += [unsupported_row(stem, e) for stem, e in recipeset.recipe_errors(session).items()
-             if isinstance(e, UnsupportedModel)]
+    recipes = catalog_recipes(session)
+    rows = [catalog_row(n, r, recipe_status(n, session)) | {"runtimes": stated_runtimes(r)}
+            for n, r in recipes.items()]
+    rows += [unsupported_row(stem, e) | {"runtimes": stated_runtimes(load_recipe(Path(e.file)))}
+             for stem, e in recipeset.recipe_errors(session).items() if isinstance(e, UnsupportedModel)]
+    aliases = alias_of(session, rows)
+    for r in rows:
+        r.update(listing=listing(r, aliases), alias_of=aliases.get(r["name"]), measured=measured(r))
     return sorted(rows, key=lambda r: r["name"])
 
 
