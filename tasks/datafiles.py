@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tasks.errors import InputError
+
 
 def read_lines(path: Path, n: int) -> list[str]:
     """The first ``n`` non-empty, stripped lines of a UTF-8 text file (strict: the recipe's
@@ -12,5 +14,5 @@ def read_lines(path: Path, n: int) -> list[str]:
     fewer, UnicodeDecodeError on bytes that are not UTF-8."""
     lines = [ln.strip() for ln in Path(path).read_text(encoding="utf-8").splitlines() if ln.strip()]
     if len(lines) < n:
-        raise ValueError(f"{path}: wants {n} samples, the file has {len(lines)} non-empty lines")
+        raise InputError(f"{path}: wants {n} samples, the file has {len(lines)} non-empty lines")
     return lines[:n]

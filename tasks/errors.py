@@ -1,10 +1,15 @@
-"""The bases of every error npubuild raises on purpose, and the recipe loader's errors.
+"""The bases of every error npubuild raises on purpose, how a command shows an error, and the
+recipe loader's errors.
 
 :class:`NpubuildError` is the base of each exception class the package defines;
-:class:`UserError` (one of them) marks the errors whose cause the user can fix: a bad recipe
-or source, too little memory, a full disk, a lock held too long, a refused publish, an
-unreachable remote. The classes stay in the modules that raise them (a module's errors are
-part of its stage code digest); each derives from one of these two.
+:class:`UserError` (one of them) marks the errors that explain themselves: a bad recipe, source
+or data file, too little memory, a full disk, a lock held too long, a refused publish, an
+unreachable remote, a stage whose result fails its recipe's check. A command shows such an
+error as its message alone (:func:`shown`); any other exception (a bug, a tool's failure, an
+internal signal that escaped its catcher) keeps its traceback. So the class hierarchy alone
+decides how an error is shown: no command lists error types. The classes stay in the modules
+that raise them (a module's errors are part of its stage code digest); each derives from one of
+these two.
 
 This module imports nothing of the package, so any module can import it. The recipe errors
 live here so that the engine rebuilds an unsupported recipe's error from the plan cache
@@ -17,13 +22,41 @@ from pathlib import Path
 
 class NpubuildError(Exception):
     """An error npubuild raises on purpose: its message says what went wrong, naming the
-    recipe, stage, file or entry concerned. Not a bug report: a bug is any other exception."""
+    recipe, stage, file or entry concerned. One that is not a :class:`UserError` is an internal
+    signal its callers catch (a key that cannot be computed yet, a remote entry that fails its
+    check) or a tool's failure (a Genie C API status): should it reach a command, it shows with
+    its traceback, as a bug does (a bug is any other exception)."""
 
 
 class UserError(NpubuildError):
-    """An error whose cause the user can fix: bad input (a recipe, a source, a data file, a
-    publish that is refused) or the environment (memory, disk space, permissions, the network,
-    a key lock held too long). The message says what to change."""
+    """An error that explains itself: its cause is the user's input (a recipe, a source, a data
+    file, a publish that is refused), the environment (memory, disk space, permissions, the
+    network, a key lock held too long) or a result that fails the recipe's own check (a verify
+    threshold, nodes left off the NPU, a bundle that differs from what it declares). The message
+    says what to change; a command shows it alone (:func:`shown`), without a traceback."""
+
+
+class InputError(UserError, ValueError):
+    """A value given to a stage that it finds unusable only when it runs: a data file's content,
+    a recipe value against the model it is applied to, an ``NPUBUILD_*`` variable. The message
+    names the file, key or variable, what was expected and what was found. A ``ValueError`` too,
+    for the callers that catch one."""
+
+
+class InputMissing(UserError, FileNotFoundError):
+    """A file the recipe, the model or the installation names is not there (a data file, a
+    checkpoint's weights, a library of the QNN SDK); the message names it and where it was looked
+    for. A ``FileNotFoundError`` too, for the callers that catch one."""
+
+
+def shown(err: BaseException) -> str | None:
+    """How a command shows ``err``: for an error that explains itself (a :class:`UserError`),
+    ``<class name>: <message>`` followed by its notes (e.g. the stage's kept log), one per line;
+    None for any other exception, which the command lets go so that its traceback shows. The one
+    place that decides it, from the class hierarchy alone."""
+    if not isinstance(err, UserError):
+        return None
+    return "\n".join([f"{type(err).__name__}: {err}", *getattr(err, "__notes__", ())])
 
 
 class RecipeError(UserError):

@@ -28,7 +28,7 @@ from pathlib import Path
 from tasks import tools
 from tasks.store import digest
 from tasks.store import paths
-from tasks.errors import NpubuildError
+from tasks.errors import InputMissing, NpubuildError
 from tasks.core.session import Session
 
 #: the folder of the ``tasks`` package, and its name: the modules a code digest may cover
@@ -44,7 +44,7 @@ def project_file(rel: str) -> Path:
     """A recipe's data file, relative to the project root. Raises FileNotFoundError."""
     p = (paths.root() / rel).absolute()
     if not p.is_file():
-        raise FileNotFoundError(f"data file {rel!r} not found (looked at {p})")
+        raise InputMissing(f"data file {rel!r} not found (looked at {p})")
     return p
 
 

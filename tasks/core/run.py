@@ -12,7 +12,7 @@ from tasks import tools
 from tasks.store import digest
 from tasks.store import paths
 from tasks.store.entries import Cache, Entry
-from tasks.errors import NpubuildError, UserError
+from tasks.errors import UserError
 from tasks.proc import interrupt, rss
 from tasks.core import recipeset
 from tasks.core.keys import key_material, project_file, stage_key
@@ -21,8 +21,9 @@ from tasks.core.session import Session
 from tasks.core.record import record
 
 
-class StageFailed(NpubuildError):
-    """A stage ran and its result does not pass (e.g. verify below threshold)."""
+class StageFailed(UserError):
+    """A stage ran and its result does not pass its recipe's check (e.g. verify below a
+    threshold): the message lists each failed check and where the details are."""
 
 
 class UpstreamUnusable(UserError):
@@ -51,25 +52,6 @@ def _names_entry(err: BaseException, upstream: dict[str, Entry]) -> Entry | None
         if any(str(entry.path) + os.sep in t or t.endswith(str(entry.path)) for t in texts):
             return entry
     return None
-
-
-def expected_errors() -> tuple:
-    """Errors that explain themselves: a command shows them as one message, without a
-    traceback (a stage's, ``build/<recipe>/``'s, a cluster build's)."""
-    from tasks.store.entries import DiskFull, EntryUnreadable
-    from tasks.qnn.context_binary import ReadError
-    from tasks.qnn.context_binary_checks import Mismatch
-    from tasks.store.digest import InputChanged, StoreUnwritable
-    from tasks.qnn.graphs import GraphError
-    from tasks.store.keylock import LockTimeout
-    from tasks.proc.budget import NotEnoughMemory
-    from tasks.qnn.ep import NotOnNPU
-    from tasks.recipe.load import RecipeError
-    from tasks.sources import SourceError
-
-    return (StageFailed, UpstreamUnusable, SourceError, NotOnNPU, GraphError, RecipeError,
-            FileNotFoundError, ValueError, DiskFull, LockTimeout, InputChanged, StoreUnwritable, NotEnoughMemory,
-            Mismatch, ReadError, EntryUnreadable)
 
 
 def line(task: str, key: str, status: str, seconds: float, width: int = 0) -> str:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tasks.errors import InputError
+
 # Encoder graph inputs a tokenizer may not give, which the model reads as all zeros when they
 # are absent: fed as zeros then. token_type_ids: transformers' BERT-family models default it
 # to zeros (``BertModel.forward``: "token_type_ids ... defaults to zeros"), which is what e5-
@@ -40,7 +42,7 @@ def encoder_feeds(model_path: Path, tokenizer_dir: Path, texts: list[str], max_l
         enc = tok(t, padding="max_length", truncation=True, max_length=max_length, return_tensors="np")
         missing = [n for n in want if n not in enc and n not in ZERO_WHEN_ABSENT]
         if missing:
-            raise ValueError(f"{model_path}: graph inputs {missing}: expected the tokenizer in {tokenizer_dir} to "
+            raise InputError(f"{model_path}: graph inputs {missing}: expected the tokenizer in {tokenizer_dir} to "
                              f"give them, found only {sorted(enc)} (inputs fed as zeros when absent: "
                              f"{', '.join(ZERO_WHEN_ABSENT)})")
         shape = np.asarray(enc["input_ids"]).shape

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tasks.errors import InputError
+
 
 @dataclass(frozen=True)
 class Piece:
@@ -151,7 +153,7 @@ def architecture(model_type: str) -> Architecture:
     """The :class:`Architecture` of ``model_type``. Raises ValueError naming the supported ones
     for any other."""
     if model_type not in ARCHITECTURES:
-        raise ValueError(f"unsupported model_type {model_type!r}; supported LLM families: {', '.join(SUPPORTED)}")
+        raise InputError(f"unsupported model_type {model_type!r}; supported LLM families: {', '.join(SUPPORTED)}")
     return ARCHITECTURES[model_type]
 
 
@@ -165,7 +167,7 @@ def activation(config: dict) -> str:
     :data:`ACTIVATIONS`. Raises ValueError naming the supported ones."""
     act = config.get("hidden_act", "silu")
     if act not in ACTIVATIONS:
-        raise ValueError(f"unsupported hidden_act {act!r}; the LLM export writes {', '.join(ACTIVATIONS)}")
+        raise InputError(f"unsupported hidden_act {act!r}; the LLM export writes {', '.join(ACTIVATIONS)}")
     return act
 
 

@@ -26,6 +26,7 @@ from tasks.contract.stage import Stage
 from tasks.contract.params import CALIBRATION_FILE, CALIBRATION_SAMPLES
 from tasks.llm.layout import RANGES
 from tasks.llm.memory import plan_estimate
+from tasks.errors import InputError
 
 #: part 0's schedule, carried along the chain: {"eos": int, "calls": [{"prompt", "decode", "keep"}]}
 SCHEDULE = "schedule.json"
@@ -57,7 +58,7 @@ def run(inputs, files, params, out: Path) -> dict:
         try:
             sched = schedule(ids, desc["seq_len"], desc["context_len"], n_prompts=params["calibration"]["samples"])
         except ValueError as e:  # name the recipe key and the file, not the bare reason
-            raise ValueError(f"quantize.calibration.file ({files['calibration']}): {e}") from None
+            raise InputError(f"quantize.calibration.file ({files['calibration']}): {e}") from None
     else:
         drawn = json.loads((Path(inputs["previous"]) / SCHEDULE).read_text())
         eos, sched = drawn["eos"], drawn["calls"]

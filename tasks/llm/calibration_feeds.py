@@ -50,6 +50,7 @@ import numpy as np
 
 from tasks.llm.feed_store import FeedStore
 from tasks.llm.runner import KVCache, PartGraph, block_ids, prompt_windows
+from tasks.errors import InputError
 
 
 def conversations(path) -> list[list[dict]]:
@@ -65,13 +66,13 @@ def conversations(path) -> list[list[dict]]:
         try:
             row = json.loads(line)
         except ValueError as e:
-            raise ValueError(f"{where}: expected one JSON object per line, found invalid JSON ({e})") from None
+            raise InputError(f"{where}: expected one JSON object per line, found invalid JSON ({e})") from None
         msgs = row.get("messages") if isinstance(row, dict) else None
         if not isinstance(msgs, list) or not msgs:
-            raise ValueError(f"{where}: expected a JSON object with a non-empty list 'messages', found {line[:80]!r}")
+            raise InputError(f"{where}: expected a JSON object with a non-empty list 'messages', found {line[:80]!r}")
         for k, m in enumerate(msgs):
             if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
-                raise ValueError(f"{where}: expected messages[{k}] to be {{\"role\": text, \"content\": text}}, "
+                raise InputError(f"{where}: expected messages[{k}] to be {{\"role\": text, \"content\": text}}, "
                                  f"found {json.dumps(m, ensure_ascii=False)[:80]}")
         out.append(msgs)
     return out
@@ -125,10 +126,10 @@ def schedule(ids: list[int], S: int, C: int, *, n_prompts: int = 8, decode_steps
     for k in range(n_prompts):
         L = min(lengths[k % len(lengths)], max_prompt)
         if L < 1:
-            raise ValueError(f"expected a context of more than {max(S, decode_steps + 1)} tokens for a calibration "
+            raise InputError(f"expected a context of more than {max(S, decode_steps + 1)} tokens for a calibration "
                              f"prompt and {decode_steps} decode steps, found {C}")
         if len(ids) < L + decode_steps + 1:
-            raise ValueError(f"expected at least {L + decode_steps + 1} tokens of text (a {L}-token prompt and "
+            raise InputError(f"expected at least {L + decode_steps + 1} tokens of text (a {L}-token prompt and "
                              f"{decode_steps} decode steps), found {len(ids)}")
         start = rng.randrange(0, len(ids) - L - decode_steps)
         out.append({"prompt": ids[start:start + L], "decode": ids[start + L:start + L + decode_steps],

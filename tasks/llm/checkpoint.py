@@ -20,6 +20,7 @@ from pathlib import Path
 
 from tasks.proc import lazy
 from tasks.llm.architectures import pieces
+from tasks.errors import InputMissing
 
 np = lazy.module("numpy")
 
@@ -47,7 +48,7 @@ class Checkpoint:
             with safe_open(str(self.dir / "model.safetensors"), framework="pt") as f:
                 self.weight_map = {k: "model.safetensors" for k in f.keys()}
         else:
-            raise FileNotFoundError(f"{self.dir}: no model.safetensors or model.safetensors.index.json "
+            raise InputMissing(f"{self.dir}: no model.safetensors or model.safetensors.index.json "
                                     "(only safetensors checkpoints can be read part by part)")
         self.tensors_read = 0
         self.bytes_read = 0

@@ -39,6 +39,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tasks.errors import InputError
+
 GRAPHS = {"prefill": "context", "decode": "iterator"}
 _REGISTERED = False
 
@@ -72,7 +74,7 @@ def genai_config(desc: dict, model_files: dict, *, provider_options: dict | None
         raise ValueError("embed='separate' needs a host-side lookup; genai's pipeline here starts from input_ids")
     S, C = desc["seq_len"], desc["context_len"]
     if C % S:
-        raise ValueError(f"context_length {C} must be a multiple of the prefill length {S} for genai's windows")
+        raise InputError(f"context_length {C} must be a multiple of the prefill length {S} for genai's windows")
     pipeline = []
     for p in desc["parts"]:
         for g in ("prefill", "decode"):
@@ -218,7 +220,7 @@ class GenaiRunner:
         m = self.config["model"]
         ids = [int(t) for t in prompt_ids]
         if len(ids) < 2 or m["pad_token_id"] in ids:
-            raise ValueError(f"genai's windowed pipeline needs >= 2 prompt tokens and none equal to "
+            raise InputError(f"genai's windowed pipeline needs >= 2 prompt tokens and none equal to "
                              f"pad_token_id={m['pad_token_id']}: {ids}")
         S = m["decoder"]["sliding_window"]["window_size"]
         padded = -(-len(ids) // S) * S  # genai's sequence holds the padded prompt (generators.cpp)

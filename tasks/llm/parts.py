@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from tasks.errors import InputError
+
 # Largest weight initializer, in elements. onnxruntime's quantizer holds about four float copies
 # of the tensor it is quantizing (quant_utils.quantize_nparray: astype, divide, round, add), so a
 # 545 M-element table (Qwen2.5-7B's embedding or LM head, 2.2 GB in float32) alone cost ~9 GB
@@ -56,7 +58,7 @@ def split_layers(n_layers: int, parts: int, first_extra: float = 0.0, last_extra
     extras that is the even split, the remainder going to the earlier parts. Raises ValueError if
     parts < 1 or parts > n_layers."""
     if not 1 <= parts <= n_layers:
-        raise ValueError(f"parts must be in [1, {n_layers}], got {parts}")
+        raise InputError(f"parts must be in [1, {n_layers}], got {parts}")
     sizes = _best(n_layers, parts, round(first_extra, 6), round(last_extra, 6))[1]
     out, lo = [], 0
     for s in sizes:

@@ -28,6 +28,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from tasks.errors import InputError
+
 #: onnxruntime's float element type names (``NodeArg.type`` "tensor(<name>)") that numpy spells otherwise
 _ORT_FLOATS = {"float": np.float32, "float16": np.float16, "double": np.float64}
 
@@ -395,7 +397,7 @@ class PartStream:
         longest = max([len(q) for q in seqs if forced is not None] + ([len(score)] if score is not None else []),
                       default=0)
         if longest > self.C:
-            raise ValueError(f"expected at most the context length {self.C} tokens, found {longest}")
+            raise InputError(f"expected at most the context length {self.C} tokens, found {longest}")
         bar = _progress.bar(what=progress, total=P if forced is not None else steps,
                             unit="graph" if forced is not None else "step") if progress else None
         blocks = [prompt_windows(q, self.S) for q in seqs] + ([prompt_windows(score, self.S)] if score else [])

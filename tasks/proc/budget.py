@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from tasks.errors import UserError
+from tasks.errors import InputError, UserError
 from tasks.proc.rss import proc_bytes as _proc_bytes
 
 GiB = 1 << 30
@@ -39,7 +39,7 @@ def budget_gib() -> float | None:
     except ValueError:
         v = math.nan
     if not (math.isfinite(v) and 0 < v <= MAX_BUDGET_GIB):
-        raise ValueError(f"NPUBUILD_MEMORY_GB: expected a number of GiB > 0 and at most {MAX_BUDGET_GIB}, found {env!r}")
+        raise InputError(f"NPUBUILD_MEMORY_GB: expected a number of GiB > 0 and at most {MAX_BUDGET_GIB}, found {env!r}")
     return v
 
 

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from tasks.errors import UserError
+from tasks.errors import InputMissing, UserError
 
 #: QNN ``Qnn_DataType_t`` codes (QnnTypes.h) -> the ONNX TensorProto name of the same element
 #: type as seen at a graph's boundary (fixed-point types carry their integer container)
@@ -175,7 +175,7 @@ def library_path() -> Path:
     for name in ("libQnnSystem.so", "QnnSystem.dll"):
         if (folder / name).is_file():
             return folder / name
-    raise FileNotFoundError(f"no libQnnSystem.so or QnnSystem.dll in {folder} (onnxruntime-qnn)")
+    raise InputMissing(f"no libQnnSystem.so or QnnSystem.dll in {folder} (onnxruntime-qnn)")
 
 
 @lru_cache(maxsize=1)

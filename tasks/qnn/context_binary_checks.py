@@ -13,13 +13,14 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tasks.errors import NpubuildError
+from tasks.errors import UserError
 from tasks.qnn.context_binary import ContextBinary, Tensor, read
 
 
-class Mismatch(NpubuildError, RuntimeError):
+class Mismatch(UserError, RuntimeError):
     """A context binary differs from what the build expects: one line per difference, each
-    naming the binary, the graph, the tensor, what was expected and what was found."""
+    naming the binary, the graph, the tensor, what was expected and what was found (an entry
+    edited or damaged since it was built, or a bundle that declares what its binaries lack)."""
 
     def __init__(self, lines: list[str]):
         self.lines = list(lines)

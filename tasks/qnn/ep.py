@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tasks.errors import NpubuildError
+from tasks.errors import UserError
 from tasks.qnn.precisions import QDQ_MATMUL_FP32
 from tasks.proc import lazy
 from tasks.qnn.targets import get as get_target
@@ -233,8 +233,9 @@ def compile_settled(compile_into, ctx: Path, tries: int = 8) -> int:
     return n
 
 
-class NotOnNPU(NpubuildError):
-    """Some nodes of a graph would run on the CPU EP, not on QNN HTP."""
+class NotOnNPU(UserError):
+    """Some nodes of a graph would run on the CPU EP, not on QNN HTP: the message names the op
+    types left on the CPU (the recipe's model, precision or patches decide them)."""
 
     def __init__(self, model: Path, op_types: dict[str, int], detail: str):
         self.op_types = op_types

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from tasks.qnn.gptq import GPTQ_DAMP, gptq  # noqa: F401  (what callers and tests use)
 from tasks.proc import lazy
+from tasks.errors import InputError
 
 np = lazy.module("numpy")
 onnx = lazy.module("onnx")
@@ -175,7 +176,7 @@ def encode_int4(model, wname: str, W, block: int | None, codes=None) -> dict:
                                            int4_tensor(z, np.zeros(N, np.int8))])
         return {"scales": S}
     if K % block:
-        raise ValueError(f"{wname}: expected in-features divisible by quantize.block_size {block}, found {K}")
+        raise InputError(f"{wname}: expected in-features divisible by quantize.block_size {block}, found {K}")
     bint, pc = lpbq_scales(W, block)
     S = np.repeat(bint.astype(np.float32) * pc, block, axis=0)
     if codes is None:
@@ -291,7 +292,7 @@ def reencode(fp32_path, qdq_path, feeds, block: int | None, rounding: str, table
     if block:
         bad = [f"{w} ({fp[w].dims[0]})" for w in names if fp[w].dims[0] % block]
         if bad:
-            raise ValueError(f"{fp32_path.name}: expected MatMul in-features divisible by quantize.block_size {block}, "
+            raise InputError(f"{fp32_path.name}: expected MatMul in-features divisible by quantize.block_size {block}, "
                              f"found {len(bad)} weights that are not: {', '.join(bad[:6])}"
                              + (" ..." if len(bad) > 6 else ""))
     own = names  # the weights encoded here; with same_as, none: each takes the other graph's

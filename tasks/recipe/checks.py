@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 from tasks.store import plancache
-from tasks.errors import RecipeError, Unsupported, UnsupportedModel
+from tasks.errors import InputError, RecipeError, Unsupported, UnsupportedModel
 from tasks.recipe.load import Recipe, Source, family_implementations, load_recipe
 
 
@@ -67,7 +67,7 @@ def read_data_text(f: Path, rel: str) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         line = raw.count(b"\n", 0, e.start) + 1
-        raise ValueError(f"expected UTF-8 text, found byte {raw[e.start]:#04x} at line {line} "
+        raise InputError(f"expected UTF-8 text, found byte {raw[e.start]:#04x} at line {line} "
                          f"(byte offset {e.start}) of {rel}") from None
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from tasks.errors import UserError
+from tasks.errors import InputError, UserError
 from tasks.proc.processes import process_state as _process_state
 
 LOCK_TIMEOUT_DEFAULT = 600.0  # seconds a stopped or gone lock holder is waited for
@@ -34,7 +34,7 @@ def lock_timeout() -> float:
     except ValueError:
         t = -1.0
     if not t >= 0:
-        raise ValueError(f"NPUBUILD_LOCK_TIMEOUT: expected a number of seconds >= 0, found {v!r}")
+        raise InputError(f"NPUBUILD_LOCK_TIMEOUT: expected a number of seconds >= 0, found {v!r}")
     return t
 
 

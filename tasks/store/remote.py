@@ -56,7 +56,7 @@ from typing import Callable
 from urllib.parse import urlsplit, urlunsplit
 
 from tasks.store import digest
-from tasks.errors import NpubuildError, UserError
+from tasks.errors import InputError, NpubuildError, UserError
 
 ENV = "NPUBUILD_REMOTE"
 
@@ -131,12 +131,12 @@ class Remote:
         self.display = redact(url)
         protocol = fsspec.utils.get_protocol(url)
         if protocol in ("file", "local") and (rel := _relative_local(url)) is not None:
-            raise ValueError(f"{ENV}={self.display!r}: expected an absolute path or file:///absolute/path (doit "
+            raise InputError(f"{ENV}={self.display!r}: expected an absolute path or file:///absolute/path (doit "
                              f"changes into the dodo.py folder), found the relative path {rel!r}")
         try:
             self.fs, root = fsspec.core.url_to_fs(url, **_storage_options(protocol))
         except (ImportError, ValueError) as e:
-            raise ValueError(f"{ENV}={self.display}: cannot open it with fsspec ({type(e).__name__}: {e}; "
+            raise InputError(f"{ENV}={self.display}: cannot open it with fsspec ({type(e).__name__}: {e}; "
                              "s3:// needs s3fs, gs:// gcsfs)") from None
         self.root = root.rstrip("/")
         self.local = isinstance(self.fs, LocalFileSystem)

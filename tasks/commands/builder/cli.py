@@ -17,6 +17,7 @@ import sys
 
 from tasks.core import links, recipeset, run
 from tasks.core.session import Session
+from tasks.errors import UnsupportedModel, UserError, shown
 from tasks.commands.builder.threads import THREAD_MODE
 
 
@@ -25,8 +26,6 @@ def _invalid(session: Session) -> dict:
     for stem, e in errs.items():
         if stem not in session.warned:
             session.warned.add(stem)
-            from tasks.errors import UnsupportedModel
-
             # a valid recipe of a model not implemented yet is said where it is asked for: its
             # build task fails with the reason, `doit list` (_list_fails_on_invalid_recipes) and
             # the catalog name it unsupported; every other command stays quiet about it
@@ -50,8 +49,8 @@ def _stage_action(session: Session, recipe: str, stage: str):
         return TaskFailed(THREAD_MODE)
     try:
         return run.run_stage(session, recipe, stage)
-    except run.expected_errors() as e:  # the notes name the stage's log (run.run_stage)
-        return TaskFailed("\n".join([f"{type(e).__name__}: {e}", *getattr(e, "__notes__", ())]))
+    except UserError as e:  # its notes name the stage's log (run.run_stage)
+        return TaskFailed(shown(e))
 
 
 def _materialize_action(session: Session, recipe: str):
@@ -59,8 +58,8 @@ def _materialize_action(session: Session, recipe: str):
     build disk: DiskFull) is its one line, as a stage's is."""
     try:
         return links.materialize(session, recipe)
-    except run.expected_errors() as e:
-        return _fail(f"{type(e).__name__}: {e}")
+    except UserError as e:
+        return _fail(shown(e))
 
 
 def _print_explain(session: Session, recipe: str) -> None:

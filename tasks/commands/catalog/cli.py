@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from tasks.core.session import Session
+from tasks.errors import UserError, shown
 
 
 def _catalog_action(session: Session):
@@ -11,15 +12,14 @@ def _catalog_action(session: Session):
 
     from tasks.store import outputs
     from tasks.store import paths
-    from tasks.store.entries import DiskFull
     from tasks.commands.catalog.write import write_catalog
 
     if bad := outputs.unwritable("NPUBUILD_CATALOG", paths.catalog_dir()):
         return TaskFailed(bad)
     try:
         write_catalog(session=session)
-    except DiskFull as e:
-        return TaskFailed(f"DiskFull: {e}")
+    except UserError as e:  # DiskFull, ...
+        return TaskFailed(shown(e))
 
 
 def creators(session: Session) -> dict:

@@ -10,14 +10,15 @@ from tasks.core.session import Session
 def _cluster_action(session: Session, scheduler: str, recipes: list):
     from doit.exceptions import TaskFailed
 
-    from tasks.core import links, run
+    from tasks.core import links
     from tasks.commands.cluster import build
+    from tasks.errors import UserError, shown
 
     try:
         build.build(recipes, scheduler, link=lambda recipe, res: links.materialize(session, recipe, res),
                     session=session)
-    except (build.ClusterError, *run.expected_errors()) as e:
-        return TaskFailed(f"{type(e).__name__}: {e}")
+    except UserError as e:
+        return TaskFailed(shown(e))
 
 
 def creators(session: Session) -> dict:

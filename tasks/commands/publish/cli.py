@@ -7,6 +7,7 @@ import os
 
 from tasks.core import recipeset
 from tasks.core.session import Session
+from tasks.errors import UserError, shown
 
 
 def _publish_action(session: Session, recipe: str, dest: str, hub_repo: str, dry_run: bool, sign: str, signing_cert: str,
@@ -15,8 +16,6 @@ def _publish_action(session: Session, recipe: str, dest: str, hub_repo: str, dry
 
     from tasks.store import outputs
     from tasks.store import paths
-    from tasks.store.entries import DiskFull
-    from tasks.commands.publish.errors import PublishError
     from tasks.commands.publish.write import publish
 
     if not dry_run and (bad := outputs.unwritable("NPUBUILD_DIST", paths.dist_dir())):
@@ -24,22 +23,19 @@ def _publish_action(session: Session, recipe: str, dest: str, hub_repo: str, dry
     try:
         publish(recipe, dest=dest or None, hub_repo=hub_repo or None, dry_run=dry_run, sign=sign or None,
                 signing_cert=signing_cert or None, cert_chain=_paths_list(cert_chain), session=session)
-    except PublishError as e:
-        return TaskFailed(str(e))
-    except DiskFull as e:
-        return TaskFailed(f"DiskFull: {e}")
+    except UserError as e:  # PublishError, DiskFull, ...
+        return TaskFailed(shown(e))
 
 
 def _reproduce_action(session: Session, recipe: str):
     from doit.exceptions import TaskFailed
 
-    from tasks.commands.publish.errors import PublishError
     from tasks.commands.publish.reproduce import reproduce
 
     try:
         same = reproduce(recipe, session=session)
-    except PublishError as e:
-        return TaskFailed(str(e))
+    except UserError as e:
+        return TaskFailed(shown(e))
     return True if same else TaskFailed(f"{recipe}: the rebuild is not byte-identical to dist/{recipe}/")
 
 
@@ -47,14 +43,13 @@ def _check_bundle_action(path: str, public_key: str, cert_chain: str):
     from doit.exceptions import TaskFailed
 
     from tasks.commands.publish.check import print_check
-    from tasks.commands.publish.errors import PublishError
 
     if not path:
         return TaskFailed("give the bundle folder: doit check_bundle --path dist/<recipe>")
     try:
         ok = print_check(path, public_key or None, _paths_list(cert_chain))
-    except PublishError as e:
-        return TaskFailed(str(e))
+    except UserError as e:
+        return TaskFailed(shown(e))
     return True if ok else TaskFailed(f"{path}: bundle does not match its manifest (or its signature)")
 
 

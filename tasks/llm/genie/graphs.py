@@ -62,6 +62,7 @@ import math
 from pathlib import Path
 
 from tasks.proc import lazy
+from tasks.errors import InputError
 
 np = lazy.module("numpy")
 
@@ -192,7 +193,7 @@ def export_genie(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 4
         raise ValueError(f"need 1 < seq_len < context_len, got {seq_len}, {context_len}")
     ckpt = Checkpoint(model_dir)
     if ckpt.config.get("rope_scaling"):
-        raise ValueError(f"rope_scaling {ckpt.config['rope_scaling']!r}: the Genie export writes default RoPE only")
+        raise InputError(f"rope_scaling {ckpt.config['rope_scaling']!r}: the Genie export writes default RoPE only")
     dims = model_dims(ckpt.config)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
