@@ -24,6 +24,7 @@ from tasks import progress
 from tasks.proc import lazy
 from tasks.datafiles import read_lines
 from tasks.qnn.graphs import list_graphs, load_model
+from tasks.qnn.precisions import Precision
 from tasks.encoder.inputs import encoder_feeds
 from tasks.contract.common import copy_rest
 from tasks.contract.stage import Param, Stage
@@ -79,8 +80,9 @@ class ListReader:
         raise NotImplementedError
 
 
-def weight_overrides(model: onnx.ModelProto, precision: str, per_channel: bool) -> dict:
-    """``init_overrides`` for ``get_qnn_qdq_config``: {initializer name: [{quant_type, ...}]}.
+def weight_overrides(model: onnx.ModelProto, p: Precision, per_channel: bool) -> dict:
+    """``init_overrides`` for ``get_qnn_qdq_config``: {initializer name: [{quant_type, ...}]};
+    ``p``: the recipe's precision, resolved once by :func:`quantize_graph`.
 
     - ``per_channel``: MatMul weights [K, N] get symmetric per-channel scales on axis 1 (the
       output channels). onnxruntime's QNN config leaves MatMul weights per-tensor ("QNN does
@@ -92,10 +94,8 @@ def weight_overrides(model: onnx.ModelProto, precision: str, per_channel: bool) 
     """
     from onnxruntime.quantization import QuantType
 
-    from tasks.qnn.precisions import get as get_precision
     from tasks.qnn.quantconfig import matmul_weight_overrides
 
-    p = get_precision(precision)
     inits = {i.name for i in model.graph.initializer}
     out = matmul_weight_overrides(model, p.weight_type) if per_channel else {}
     for n in model.graph.node:
@@ -136,7 +136,7 @@ def quantize_graph(src: Path, dst: Path, feeds: list[dict], params: dict) -> dic
             if info["unfused_gemm"]:
                 pre = Path(tmp) / "pre_unfused.onnx"
                 onnx.save(model, str(pre))
-        overrides = weight_overrides(model, params["precision"], params["per_channel"])
+        overrides = weight_overrides(model, p, params["per_channel"])
         for o in params.get("overrides", []):
             for name in sorted(matching_weights(model, o["pattern"])):
                 overrides[name] = [{"quant_type": qtype(OVERRIDE_TYPES[o["weight_bits"]]),

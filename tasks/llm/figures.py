@@ -43,6 +43,7 @@ from pathlib import Path
 
 from tasks.llm.boundary import kv_cache
 from tasks.llm.memory import part_params
+from tasks.qnn.precisions import Precision
 
 CEILING_NOTE = ("ceilings, not measurements: decode tokens/s = DRAM bandwidth / bytes read and written per token; first-token "
                 "time >= prefill ops / NPU peak ops; the runtime's own memory is not included (not measured, no public "
@@ -63,26 +64,21 @@ def parameters(config: dict) -> int:
     return n - (V * D if config.get("tie_word_embeddings") else 0)
 
 
-def _table_bits(recipe) -> int:
-    from tasks.qnn.precisions import FOUR_BIT
-
-    return recipe.quantize.embedding_bits if recipe.quantize.precision == FOUR_BIT else 16
+def _table_bits(recipe, precision: Precision) -> int:
+    return recipe.quantize.embedding_bits if precision.weight_bits == 4 else 16
 
 
-def estimated_bundle_bytes(config: dict, recipe) -> int:
-    """Bytes of the bundle's weights estimated from ``config`` and the recipe's precision: the
-    embedding table in part 0 at the table bits, every other weight element (the LM head a copy
-    of its own even when tied) at ``weight_bits``, plus 4 bits per ``block_size`` elements
-    (LPBQ scales) when block-wise."""
-    from tasks.qnn.precisions import get
-
+def estimated_bundle_bytes(config: dict, recipe, precision: Precision) -> int:
+    """Bytes of the bundle's weights estimated from ``config`` and the recipe's ``precision``
+    (its ``quantize.precision`` resolved): the embedding table in part 0 at the table bits, every
+    other weight element (the LM head a copy of its own even when tied) at ``weight_bits``, plus
+    4 bits per ``block_size`` elements (LPBQ scales) when block-wise."""
     L, D, H, Hkv, d, V = _dims(config)
     n = part_params(config, 0, L, True, True, recipe.export.embedding == "first-part")
     table = V * D if recipe.export.embedding == "first-part" else 0
     rest = n - table
-    bits = get(recipe.quantize.precision).weight_bits
     scales = rest // recipe.quantize.block_size // 2 if recipe.quantize.block_size else 0
-    return rest * bits // 8 + scales + table * _table_bits(recipe) // 8
+    return rest * precision.weight_bits // 8 + scales + table * _table_bits(recipe, precision) // 8
 
 
 def kv_cache_bytes(config: dict, context: int, element_bytes: int = 1) -> int:
@@ -183,12 +179,15 @@ def device_figures(config: dict, recipe, target: str, binaries: dict | None = No
     formulas, units, what is and is not included), each with where it came from: per runtime
     of ``bundle.runtimes`` under ``"runtimes"``, and at the top level those of the runtime that
     moves the fewest bytes per decoded token (``"runtime"``)."""
+    from tasks.qnn.precisions import get as get_precision
     from tasks.qnn.targets import get as get_target
 
     t = get_target(target)
+    precision = get_precision(recipe.quantize.precision)
     ex = recipe.export
     L, D, H, Hkv, d, V = _dims(config)
-    table_bytes = (V * D * _table_bits(recipe) // 8) if ex.embedding == "first-part" else 0
+    table_bits = _table_bits(recipe, precision)
+    table_bytes = (V * D * table_bits // 8) if ex.embedding == "first-part" else 0
     ops = prefill_ops(config, ex.sequence_length, ex.context_length)
     per = {}
     for rt in recipe.bundle.runtimes:
@@ -196,7 +195,7 @@ def device_figures(config: dict, recipe, target: str, binaries: dict | None = No
         built = traffic is not None
         if not built:
             traffic = estimated_traffic(config, recipe, rt)
-            bundle = estimated_bundle_bytes(config, recipe)
+            bundle = estimated_bundle_bytes(config, recipe, precision)
             bundle_from = "estimated from the model's config and the recipe's precision (not built)"
             spill = io = None
             dec = {"read": traffic["decode"]["kv_read"], "written": traffic["decode"]["kv_written"]}
@@ -206,7 +205,7 @@ def device_figures(config: dict, recipe, target: str, binaries: dict | None = No
             bundle_from = traffic["from"]
             dec = traffic["decode"]
             streamed = traffic["decode_binary_bytes"]
-        weights_read = streamed - table_bytes + (D * _table_bits(recipe) // 8 if table_bytes else 0)
+        weights_read = streamed - table_bytes + (D * table_bits // 8 if table_bytes else 0)
         per_token = weights_read + dec["read"] + dec["written"]
         kv = traffic["kv_cache_bytes"]
         per[rt] = {

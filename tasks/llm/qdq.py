@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tasks.qnn.precisions import Precision
 from tasks.qnn.quantconfig import fast_int4_packing, matmul_weight_overrides, per_tensor_4bit, qtype
 from tasks.qnn.weights import replaces_int4
 from tasks.llm.layout import ROPE_TABLES
@@ -134,7 +135,7 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
 
 
 def quantize_part(src, p: dict, feeds, params: dict, out, work, ranges=None,
-                  boundary: dict | None = None) -> tuple[dict, int]:
+                  boundary: dict | None = None, *, precision: Precision) -> tuple[dict, int]:
     """Quantize part ``p`` (an ``export.json`` part row) of the fp32 export in ``src`` into
     ``out`` (same relative paths): its prefill then its decode graph, each in a child process
     (so each graph's memory is returned and measured). ``feeds``: the folder of the part's
@@ -145,7 +146,8 @@ def quantize_part(src, p: dict, feeds, params: dict, out, work, ranges=None,
     with weight_bits 8 = MatMul name patterns kept at uint8). ``boundary``: {"prefill" /
     "decode": {tensor: encoding}}, the graph's I/O to leave quantized (:func:`quantize_qdq`).
     ``work``: a scratch folder (the part's fp32 copy in it is removed; the caller owns the
-    folder). Returns ({graph path: {"quantize_linear",
+    folder). ``precision``: the :class:`tasks.qnn.precisions.Precision` of ``params["precision"]``,
+    resolved once by the stage. Returns ({graph path: {"quantize_linear",
     "dequantize_linear", "calibration_feeds", and for 4-bit weights "block_wise_weights",
     "int4_weights", "tables_8bit"}}, the largest child's peak RSS in bytes). Raises
     RuntimeError with the child's output when a graph fails to quantize."""
@@ -154,13 +156,11 @@ def quantize_part(src, p: dict, feeds, params: dict, out, work, ranges=None,
     import onnx
 
     from tasks.qnn.graphs import load_structure
-    from tasks.qnn.precisions import get as get_precision
     from tasks.proc.child import run_function
     from tasks.llm.feed_store import FeedStore
 
     src, out, work, feeds = Path(src), Path(out), Path(work), Path(feeds)
-    prec = get_precision(params["precision"])
-    weight, act = prec.weight_type, prec.activation_type
+    weight, act = precision.weight_type, precision.activation_type
     keep = tuple(o["pattern"] for o in params.get("overrides", []) if o["weight_bits"] == 8)
     report, peaks = {}, []
     staged = stage_part(src, p, work / "fp32")

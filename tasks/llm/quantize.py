@@ -74,7 +74,8 @@ def run(inputs, files, params, out: Path) -> dict:
     from tasks.qnn.precisions import get as get_precision
 
     src, k = Path(inputs["model"]), params["part"]
-    bits = get_precision(params["precision"]).weight_bits
+    precision = get_precision(params["precision"])  # resolved once: the helpers take the object
+    bits = precision.weight_bits
     # with GPTQ the estimate counts its peak; the prompts are at most the prefill feeds (one or two each)
     prompts = len(list((Path(inputs["calibration"]) / "feeds" / "prefill").glob("*.npz")))
     check_export_stage("quantize", src, bits, part=k, gptq_samples=prompts if params.get("rounding") == "gptq" else None,
@@ -84,7 +85,8 @@ def run(inputs, files, params, out: Path) -> dict:
     plan = kv_boundary(desc["parts"][k], ranges, params.get("kv_bits", KV_BITS.default))
     t0 = time.perf_counter()
     graphs, peak = quantize_part(src, desc["parts"][k], inputs["calibration"] / "feeds", params, out,
-                                 Path(tempfile.mkdtemp(prefix="quantize-")), ranges=ranges, boundary=plan)
+                                 Path(tempfile.mkdtemp(prefix="quantize-")), ranges=ranges, boundary=plan,
+                                 precision=precision)
     copy_rest(src, out)  # export.json among them, unless out has one
     joined = json.loads((out / "export.json").read_text())
     (out / "export.json").write_text(json.dumps(declare(joined, k, plan), indent=1))

@@ -138,6 +138,7 @@ def test_calibrate_records_the_ranges_quantize_would_stream(tmp_path):
     from llm_fixtures import calibrate_parts, export_entry, feed_stores
     from tasks.llm import calibration_feeds as calib
     from tasks.llm.qdq import quantize_part
+    from tasks.qnn.precisions import get as get_precision
 
     mdir, ex = tiny_model("qwen2"), tiny_export("qwen2", parts=2)
     entry = export_entry(mdir, ex, tmp_path / "export")
@@ -151,9 +152,10 @@ def test_calibrate_records_the_ranges_quantize_would_stream(tmp_path):
             assert set(mine) == set(ref) and len(ref) > 50
             assert all(np.array_equal(mine[t].range_value, ref[t].range_value) for t in ref), (k, g)
     params = {"precision": "w8a16", "per_channel": True}
+    w8a16 = get_precision(params["precision"])
     quantize_part(entry, desc["parts"][1], cal[1] / "feeds", params, tmp_path / "a", tmp_path / "wa",
-                  ranges=cal[1] / "ranges")
-    quantize_part(entry, desc["parts"][1], cal[1] / "feeds", params, tmp_path / "b", tmp_path / "wb")
+                  ranges=cal[1] / "ranges", precision=w8a16)
+    quantize_part(entry, desc["parts"][1], cal[1] / "feeds", params, tmp_path / "b", tmp_path / "wb", precision=w8a16)
     for g in ("prefill", "decode"):
         a, b = (tmp_path / d / "part1" / f"{g}.onnx" for d in "ab")
         assert a.read_bytes() == b.read_bytes(), g

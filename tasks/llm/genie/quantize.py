@@ -146,6 +146,7 @@ def run(inputs, files, params, out: Path) -> dict:
     from tasks.llm.boundary import declare
     from tasks.llm.genie.graphs import export_genie
     from tasks.llm.qdq import quantize_part
+    from tasks.qnn.precisions import get as get_precision
 
     k, e = params["part"], params["export"]
     sched = json.loads((Path(inputs["calibration"]) / SCHEDULE).read_text())["calls"]
@@ -159,7 +160,7 @@ def run(inputs, files, params, out: Path) -> dict:
         row = {"prefill": p["prompt"], "decode": p["token"], "weights": p["weights"]}
         plan = boundary_plan(p, work / "ranges", params.get("kv_bits", 8), _earlier(inputs.get("previous")))
         graphs, peak = quantize_part(exp, row, work / "feeds", params, out, work / "q", ranges=work / "ranges",
-                                     boundary=plan)
+                                     boundary=plan, precision=get_precision(params["precision"]))
         encoded = {"prompt": plan["prefill"], "token": plan["decode"]}  # the Genie row's graph kinds
         (out / "genie_export.json").write_text(json.dumps(declare(desc, k, encoded), indent=1))
         copy_tokenizer(Path(inputs["source"]), out)
