@@ -282,6 +282,61 @@ def test_core_modules_are_short_and_keep_no_state():
     assert found == [], found
 
 
+#: The module-level mutable containers the package keeps, each a registry or a fact of the
+#: whole process, with why it is not a command's (``tasks.core.session.Session``).
+MODULE_STATE = {
+    "tasks.patches.REGISTRY": "the registry: each patch module registers its patches when imported",
+    "tasks.proc.child._RUNNING": "the children this process runs, any thread's: stopped with it on Ctrl-C",
+    "tasks.store.stagelog._STREAMS": "one text stream per file descriptor of this process (its stdout/stderr)",
+    "tasks.store.paths._MEMO": "a pure function's memo, keyed by the environment values it reads",
+    "tasks.sources.download._HASHED": "content digest -> the listing it hashes: true in any session",
+}
+_MUTATORS = {"add", "append", "update", "setdefault", "pop", "popitem", "clear", "discard", "extend", "insert",
+             "remove"}
+
+
+def _module_state() -> dict[str, int]:
+    """{module.NAME: line} of every module-level name bound to a mutable container (a dict,
+    list or set display, comprehension or call) that its module mutates (a mutating method
+    call, an item assigned or deleted), or rebinds under ``global``."""
+    mutable = (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)
+    found = {}
+    for f in _modules():
+        parts = f.relative_to(REPO).with_suffix("").parts
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        tree = ast.parse(f.read_text(encoding="utf-8"))
+        containers = {}
+        for node in tree.body:
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                v = node.value
+                if isinstance(v, mutable) or (isinstance(v, ast.Call) and ast.unparse(v.func).split(".")[-1] in (
+                        "dict", "list", "set", "defaultdict", "OrderedDict", "deque", "Counter")):
+                    for t in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                        if isinstance(t, ast.Name):
+                            containers[t.id] = node.lineno
+        changed = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _MUTATORS \
+                    and isinstance(node.func.value, ast.Name):
+                changed.add(node.func.value.id)
+            if isinstance(node, (ast.Assign, ast.AugAssign, ast.Delete)):
+                for t in (node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]):
+                    if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name):
+                        changed.add(t.value.id)
+            if isinstance(node, ast.Global):
+                changed.update(n for n in node.names if n in containers)
+        found.update({f"{module}.{n}": line for n, line in containers.items() if n in changed})
+    return found
+
+
+def test_module_level_state_is_a_registry_or_a_process_wide_fact():
+    """At most 5 module-level mutable containers in the package, each listed in
+    :data:`MODULE_STATE` with its reason; a command's memos are its session's."""
+    found = _module_state()
+    assert sorted(found) == sorted(MODULE_STATE), sorted(set(found) ^ set(MODULE_STATE))
+    assert len(MODULE_STATE) <= 5
+
+
 def test_no_command_imports_another_commands_modules():
     """The commands stand side by side (``tasks/commands/<x>``: a module or a package): no
     module of one imports a module of another. What two share is lower: :mod:`tasks.core`

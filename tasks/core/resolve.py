@@ -19,7 +19,7 @@ def cache(session: Session) -> Cache:
     entry is unlinked from ``build/`` (:func:`unlink_build_copies`). Raises ValueError for a
     relative NPUBUILD_CACHE or a remote URL fsspec cannot open."""
     return Cache(paths.cache_dir(), remote=remote.from_env(), key_of=keys.remote_key,
-                 on_quarantine=partial(unlink_build_copies, session))
+                 on_quarantine=partial(unlink_build_copies, session), cleaned=session.cleaned)
 
 
 def unlink_build_copies(session: Session, kind: str, key: str) -> list[Path]:

@@ -38,6 +38,8 @@ class Session:
     - ``code_files``: {(implementation module, patch step names): (stats of its files,
       {module: xxh3 of its source})}, reused while the stats are unchanged;
     - ``warned``: recipe file stems whose problem the command has printed;
+    - ``cleaned``: the cache roots whose dead builds' leftovers the command removed (once each:
+      ``tasks.store.entries.Cache.clean_stale``);
     - ``stage_tasks``: {stage task name: its recipe} of the stage tasks the command made (the
       doit console reporter and its "Did you mean" read them).
     """
@@ -55,4 +57,5 @@ class Session:
         self.code_modules: dict[str, tuple[str, ...]] = {}
         self.code_files: dict[tuple, tuple[tuple, dict[str, str]]] = {}
         self.warned: set[str] = set()
+        self.cleaned: set[str] = set()
         self.stage_tasks: dict[str, str] = {}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
@@ -55,19 +56,17 @@ def register(name: str, version: int):
     return deco
 
 
-_LOADED: list[bool] = []
 STAGE_MODULE = "stage"  # tasks/patches/stage.py: the patch stage (every family)
+#: the patch modules of this package (``stage`` is the patch stage that applies them, not a patch)
+MODULES = tuple(f"{__name__}.{m.name}" for m in pkgutil.iter_modules(__path__) if m.name != STAGE_MODULE)
 
 
 def _load_all() -> None:
-    """Import every patch module of this package (once per process, after all imported);
-    ``stage`` is the patch stage that applies them, not a patch."""
-    if _LOADED:
-        return
-    for mod in pkgutil.iter_modules(__path__):
-        if mod.name != STAGE_MODULE:
-            importlib.import_module(f"{__name__}.{mod.name}")
-    _LOADED.append(True)
+    """Import every patch module of this package that is not imported yet (each registers
+    its patches when imported)."""
+    for name in MODULES:
+        if name not in sys.modules:
+            importlib.import_module(name)
 
 
 def get(name: str) -> Patch:

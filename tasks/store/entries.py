@@ -64,9 +64,6 @@ class EntryUnreadable(UserError):
                          "or set NPUBUILD_CACHE to a cache of your own")
 
 
-_CLEANED: set[str] = set()  # cache roots whose leftovers this process removed (once each)
-
-
 @dataclass
 class Entry:
     """A committed cache entry: where it is and its manifest. ``origin`` is "local" (found
@@ -91,16 +88,19 @@ class Entry:
 
 class Cache:
     """The local cache at ``root``; with ``remote`` (and ``key_of(manifest) -> key``, the
-    stage key recomputed from a manifest's key material) also the remote level."""
+    stage key recomputed from a manifest's key material) also the remote level. ``cleaned``:
+    the roots already rid of dead builds' leftovers (:meth:`clean_stale`): a command's caches
+    share its session's; by default this cache's own."""
 
     def __init__(self, root: Path, remote: Remote | None = None, key_of: Callable[[dict], str] | None = None,
-                 on_quarantine: Callable[[str, str], list] | None = None):
+                 on_quarantine: Callable[[str, str], list] | None = None, cleaned: set[str] | None = None):
         if remote is not None and key_of is None:
             raise ValueError("a Cache with a remote needs key_of, to check remote manifests")
         self.root = Path(root)
         self.remote = remote
         self.key_of = key_of
         self.on_quarantine = on_quarantine  # (kind, key) -> what was marked (for the message)
+        self.cleaned = set() if cleaned is None else cleaned
         # a remote entry this cache rejects is said by the next cache that looks it up and does
         # not defer: doit's up-to-date checks defer, so the stage that then builds it says it (in
         # its own output, which doit's JSON reporter keeps; the checks' output it does not)
@@ -426,13 +426,13 @@ class Cache:
         return True
 
     def clean_stale(self) -> list[str]:
-        """Remove what dead builds left (once per process and cache): ``.tmp/`` folders whose
+        """Remove what dead builds left (once per root and ``cleaned``): ``.tmp/`` folders whose
         key lock is free (:meth:`_unowned_tmp`; a SIGKILL'd build leaves its temp folder) and
         lock files nobody holds (each is taken, then removed while held). Returns the removed
         names, relative to the cache root; reports them on stderr."""
-        if str(self.root) in _CLEANED:
+        if str(self.root) in self.cleaned:
             return []
-        _CLEANED.add(str(self.root))
+        self.cleaned.add(str(self.root))
         gone = []
         tmp = self.root / ".tmp"
         for p in sorted(tmp.iterdir()) if tmp.is_dir() else []:

@@ -33,6 +33,7 @@ here: they are computed from these specs as always.
 
 from __future__ import annotations
 
+import contextvars
 import json
 import os
 import sys
@@ -44,8 +45,9 @@ VERSION = 2
 PREFIX = "plans-"
 KEEP = 8
 ENV_PREFIXES = ("NPUBUILD_", "HF_", "HUGGINGFACE_", "XDG_")
-_NOTED: list | None = None  # [path, realpath, stat] rows of the load under way (see :func:`recording`)
-_UNCACHEABLE: list[str] = []
+#: the [path, realpath, stat] rows of the load under way (:class:`recording`), None outside one
+#: (a context variable: what one thread loads is never noted into another's recording)
+_NOTED: contextvars.ContextVar[list | None] = contextvars.ContextVar("npubuild_plan_rows", default=None)
 _CODE = Path(__file__).resolve().parents[1]  # the package: every module of tasks/
 
 
@@ -66,8 +68,8 @@ def note(path) -> None:
     """Record that the recipe load under way is about to read (or look for) ``path``, as it
     is now; a no-op outside :func:`recording`. Called by ``tasks/recipe/load.py`` wherever a
     load-time check reads a file."""
-    if _NOTED is not None:
-        _NOTED.append(_row(path))
+    if (noted := _NOTED.get()) is not None:
+        noted.append(_row(path))
 
 
 def note_sys_path() -> None:
@@ -77,26 +79,22 @@ def note_sys_path() -> None:
 
 
 def uncacheable(why: str) -> None:
-    """The load under way met something files do not describe: store no plan after it."""
-    if _NOTED is not None:
-        _UNCACHEABLE.append(why)
+    """The load under way met something files do not describe (``why``): store no plan after
+    it (a None row marks the rows unusable for :func:`save`)."""
+    if (noted := _NOTED.get()) is not None:
+        noted.append(None)
 
 
 class recording:
-    """``with recording() as noted:`` collects the rows :func:`note` made; ``noted`` is None
-    afterwards when :func:`uncacheable` was called."""
+    """``with recording() as noted:`` collects the rows :func:`note` made; ``noted`` holds a
+    None row when :func:`uncacheable` was called."""
 
     def __enter__(self) -> list:
-        global _NOTED
-        _NOTED = []
-        _UNCACHEABLE.clear()
-        return _NOTED
+        self._token = _NOTED.set([])
+        return _NOTED.get()
 
     def __exit__(self, *exc) -> None:
-        global _NOTED
-        if _UNCACHEABLE:
-            _NOTED.append(None)  # marks the rows as unusable for save()
-        _NOTED = None
+        _NOTED.reset(self._token)
 
 
 def _code() -> list:
