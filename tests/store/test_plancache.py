@@ -143,7 +143,7 @@ def test_code_change_invalidates(tmp_path, monkeypatch):
     shutil.copytree(REPO / "tasks", code, ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setattr(plancache, "_CODE", code)
     before = plancache.signature("/x", ())
-    f = code / "targets.py"
+    f = code / "qnn" / "targets.py"
     os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 1_000_000))
     assert plancache.signature("/x", ()) != before
 
