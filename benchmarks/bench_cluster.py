@@ -80,11 +80,20 @@ def main() -> None:
 
         cluster = DaskCluster(tmp / "dask")
         try:
-            workers = [cluster.add_worker(
-                chr(65 + i), dict(client.env, NPUBUILD_CACHE=str(tmp / f"w{i}" / "cache"),
-                                  NPUBUILD_HOME=str(tmp / f"w{i}" / "home"), NPUBUILD_BUILD=str(tmp / f"w{i}" / "build"),
-                                  NPUBUILD_REMOTE=url, PYTHONPATH=str(REPO)))
-                for i in range(args.workers)]
+            workers = [
+                cluster.add_worker(
+                    chr(65 + i),
+                    dict(
+                        client.env,
+                        NPUBUILD_CACHE=str(tmp / f"w{i}" / "cache"),
+                        NPUBUILD_HOME=str(tmp / f"w{i}" / "home"),
+                        NPUBUILD_BUILD=str(tmp / f"w{i}" / "build"),
+                        NPUBUILD_REMOTE=url,
+                        PYTHONPATH=str(REPO),
+                    ),
+                )
+                for i in range(args.workers)
+            ]
             before = {w.name: 0 for w in workers}
             for label in ("cold remote", "warm remote"):
                 t0 = time.time()
@@ -94,7 +103,9 @@ def main() -> None:
                 counts = dict(re.findall(r"(\w+) (\d+(?:\.\d+)?)", line.group(0))) if line else {}
                 built = {w.name: len(w.built()) - before[w.name] for w in workers}
                 before = {w.name: len(w.built()) for w in workers}
-                worker_pulls = sum(_pulled(Path(w.env["NPUBUILD_CACHE"])) for w in workers) if label.startswith("cold") else 0
+                worker_pulls = (
+                    sum(_pulled(Path(w.env["NPUBUILD_CACHE"])) for w in workers) if label.startswith("cold") else 0
+                )
                 if label.startswith("cold"):
                     _timeline(url)
                 print(f"{len(names)} recipe(s), {args.workers}-worker cluster, {label}: {wall:.1f} s "
@@ -104,8 +115,13 @@ def main() -> None:
                       f"{counts.get('pulled')} pulled by the client")
         finally:
             cluster.stop()
-        differ = [f"{n}/{rel}" for n in names for rel, data in _files(local, n).items() if _files(client, n).get(rel) != data]
-        print(f"build/ byte-identical to the local build: {not differ}" + (f" (differ: {', '.join(differ)})" if differ else ""))
+        differ = [
+            f"{n}/{rel}" for n in names for rel, data in _files(local, n).items() if _files(client, n).get(rel) != data
+        ]
+        print(
+            f"build/ byte-identical to the local build: {not differ}"
+            + (f" (differ: {', '.join(differ)})" if differ else "")
+        )
 
 
 def _timeline(url: str) -> None:
@@ -125,7 +141,9 @@ def _timeline(url: str) -> None:
                     continue
                 end, secs = m["timings"]["finished"], m["timings"]["build_seconds"]
                 part = m["params"].get("part")
-                rows.append((end - secs, end, m["builder"].get("name", "?"), kind + ("" if part is None else f".part{part}")))
+                rows.append(
+                    (end - secs, end, m["builder"].get("name", "?"), kind + ("" if part is None else f".part{part}"))
+                )
     if not rows:
         return
     t0 = min(r[0] for r in rows)

@@ -90,8 +90,11 @@ def noop_build(n: int, runs: int, dvc_venv: Path | None = None) -> None:
                                                             targets="[x-elite]", backend="cpu-qdq"))
         t0 = time.time()
         first = proj.doit("run", "build")
-        print(f"first build of {n} recipes: {time.time() - t0:.1f} s, {len(first.ran())} stage tasks ran, "
-              f"{sum(len(proj.entries(k)) for k in ('download', 'export', 'patch', 'quantize', 'compile', 'verify'))} cache entries")
+        print(
+            f"first build of {n} recipes: {time.time() - t0:.1f} s, {len(first.ran())} stage tasks ran, "
+            f"{sum(len(proj.entries(k)) for k in ('download', 'export', 'patch', 'quantize', 'compile', 'verify'))}"
+            " cache entries"
+        )
         env = dict(proj.env, NPUBUILD_STATS="1")
         # DVC's venv was byte-compiled by pip; our package is an editable install, and with
         # PYTHONDONTWRITEBYTECODE set (as on our CI machines) Python would compile it from source
@@ -99,8 +102,12 @@ def noop_build(n: int, runs: int, dvc_venv: Path | None = None) -> None:
         subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "tasks")], check=True, capture_output=True)
         # one untimed no-op: the first build's recipe load was too close to the recipes' writing
         # for the plan cache (tasks/store/plancache.py RACY_NS); this one stores the plan
-        warm = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(proj.root), "build"],
-                              env=env, capture_output=True, text=True)
+        warm = subprocess.run(
+            [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(proj.root), "build"],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         assert warm.returncode == 0, warm.stdout + warm.stderr
         dvc = _dvc(dvc_venv) if dvc_venv else None
         dvc_cmd = dvc_project(Path(tmp) / "dvcproj", n, dvc) if dvc else None
@@ -163,9 +170,13 @@ def hashing(gb: float, runs: int) -> None:
         gbs = size / 1e9
         print(f"hashing a {size / (1 << 30):.2f} GiB file, median of {runs}:")
         print(f"  xxh3-128 streamed      {t_xxh:7.3f} s  {gbs / t_xxh:6.2f} GB/s")
-        print(f"  md5 streamed           {t_md5:7.3f} s  {gbs / t_md5:6.2f} GB/s   (xxh3 is {t_md5 / t_xxh:.1f}x faster)")
+        print(
+            f"  md5 streamed           {t_md5:7.3f} s  {gbs / t_md5:6.2f} GB/s   (xxh3 is {t_md5 / t_xxh:.1f}x faster)"
+        )
         print(f"  ours, cold stat cache  {t_cold:7.3f} s  {gbs / t_cold:6.2f} GB/s")
-        print(f"  ours, stat-cache hit   {t_warm * 1e3:7.3f} ms ({t_cold / t_warm:,.0f}x faster than cold; no bytes read)")
+        print(
+            f"  ours, stat-cache hit   {t_warm * 1e3:7.3f} ms ({t_cold / t_warm:,.0f}x faster than cold; no bytes read)"
+        )
 
 
 if __name__ == "__main__":

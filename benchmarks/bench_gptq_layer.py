@@ -49,7 +49,7 @@ def main():
         t2 = time.perf_counter()
         s0 = time.perf_counter()
         Ws, Ss = [], []
-        for name, N in ws:  # the weights reading this input: one factor, codes of their concatenation
+        for _name, N in ws:  # the weights reading this input: one factor, codes of their concatenation
             W = rng.standard_normal((K, N), dtype=np.float32) * 0.02
             bint, pc = weights.lpbq_scales(W, a.block)
             Ws.append(W)
@@ -60,8 +60,12 @@ def main():
         del Ws, Ss, q
         del U
         times[g] = (t1 - t0, t2 - t1, ts, tc)
-        print(f"{g:8s} K={K:5d} ({len(cuts)} block{'s' if len(cuts) > 1 else ''}): hessian {t1 - t0:6.1f} s, factor {t2 - t1:6.1f} s, scales {ts:6.1f} s, "
-              f"codes {tc:6.1f} s (wall); {time.process_time() - c0:6.1f} s CPU", flush=True)
+        print(
+            f"{g:8s} K={K:5d} ({len(cuts)} block{'s' if len(cuts) > 1 else ''}): hessian {t1 - t0:6.1f} s, "
+            f"factor {t2 - t1:6.1f} s, scales {ts:6.1f} s, "
+            f"codes {tc:6.1f} s (wall); {time.process_time() - c0:6.1f} s CPU",
+            flush=True,
+        )
     tot, cpu = time.perf_counter() - total, time.process_time() - cpu
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     print(f"layer: {tot:.1f} s wall (x 28 layers: {tot * 28 / 60:.1f} min), {cpu:.1f} s CPU (/ 2 cores x 28: "

@@ -152,7 +152,10 @@ def main() -> None:
             r = {"arch": arch, "kv_bits": bits, **measure(build(proj, f"tiny-{arch}-kv{bits}"), prompts, ppl_text)}
             print(json.dumps(r), flush=True)
             rows.append(r)
-    print("\n| fixture | KV at the boundary | token agreement | logits cosine mean (worst) | perplexity ratio | Genie = LLMRunner |")
+    print(
+        "\n| fixture | KV at the boundary | token agreement | logits cosine mean (worst) | perplexity ratio "
+        "| Genie = LLMRunner |"
+    )
     print("|---|---|---|---|---|---|")
     for r in rows:
         print(f"| tiny-{r['arch']} | {r['kv_dtype']} | {r['token_agreement']:.3f} | {r['logits_cosine_mean']:.5f} "

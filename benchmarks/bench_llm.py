@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/bench_llm.py [--shape qwen2.5-0.5b] [--context 4096] [--parts 2] [--calib 4]
     .venv/bin/python benchmarks/bench_llm.py --shape qwen2.5-7b [--keep DIR]
-    .venv/bin/python benchmarks/bench_llm.py --recipe llama3.2-1b-shape [--keep DIR] [--memory-gb G] [--task compile.part0:...]
+    .venv/bin/python benchmarks/bench_llm.py --recipe llama3.2-1b-shape [--keep DIR] [--memory-gb G] [--task
+    compile.part0:...]
 
 Both shapes use a random-weight checkpoint with the model's exact config.json (dims from the
 public config of Qwen/Qwen2.5-0.5B-Instruct and Qwen/Qwen2.5-7B-Instruct), bf16, sharded
@@ -262,7 +263,7 @@ def _link_to_entry(model: Path, stages: Path) -> None:
     print(f"path source linked to the download entry's files: {freed / 1e9:.1f} GB freed")
 
 
-def print_table(root: Path, recipe: str, sampler: "TreeSampler | None" = None) -> None:
+def print_table(root: Path, recipe: str, sampler: TreeSampler | None = None) -> None:
     """The stage x part table of ``recipe``'s last build in ``root`` (``build/<recipe>/stages.json``
     names each stage's entry): wall seconds of the build that made the entry, the stage
     process's peak RSS, its largest child's (per-graph quantize / compile processes) and their

@@ -258,9 +258,12 @@ def main() -> None:
             with tempfile.TemporaryDirectory(prefix=f"bench-olive-{side}-") as tmp:
                 results.append(run_npubuild(Path(tmp)) if side == "npubuild" else run_olive(py, Path(tmp)))
         n, o = ours[-1], theirs[-1]
-        print(f"pair {i + 1}: npubuild {n['secs']:6.1f} s  peak {n['peak'] / 2**30:.2f} GiB  bin {n['bin'] / 1e6:.1f} MB"
-              f" | Olive {o['secs']:6.1f} s  peak {o['peak'] / 2**30:.2f} GiB  bin {o['bin'] / 1e6:.1f} MB"
-              f" | npubuild / Olive {n['secs'] / o['secs']:.3f}   (load {os.getloadavg()[0]:.2f})", flush=True)
+        print(
+            f"pair {i + 1}: npubuild {n['secs']:6.1f} s  peak {n['peak'] / 2**30:.2f} GiB  bin {n['bin'] / 1e6:.1f} MB"
+            f" | Olive {o['secs']:6.1f} s  peak {o['peak'] / 2**30:.2f} GiB  bin {o['bin'] / 1e6:.1f} MB"
+            f" | npubuild / Olive {n['secs'] / o['secs']:.3f}   (load {os.getloadavg()[0]:.2f})",
+            flush=True,
+        )
     print("last pair, per stage (s): npubuild " + ", ".join(f"{k} {v}" for k, v in ours[-1]["stages"].items())
           + "; Olive passes " + ", ".join(f"{k} {float(v):.1f}" for k, v in theirs[-1]["stages"].items()))
     ts, to = [r["secs"] for r in ours], [r["secs"] for r in theirs]

@@ -169,9 +169,24 @@ class Campaign:
         log = self.work / "logs" / f"{self.n_logs:03d}.txt"
         log.parent.mkdir(exist_ok=True)
         with open(log, "w") as f:
-            p = subprocess.Popen([*prefix, sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(self.root),
-                                  "run", *targets], env=self.env, stdout=f, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
+            p = subprocess.Popen(
+                [
+                    *prefix,
+                    sys.executable,
+                    "-m",
+                    "doit",
+                    "-f",
+                    str(REPO / "dodo.py"),
+                    "-d",
+                    str(self.root),
+                    "run",
+                    *targets,
+                ],
+                env=self.env,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         return p, log
 
     def targets(self, reverse: bool = False) -> list[str]:
@@ -214,7 +229,9 @@ class Campaign:
         found in TMPDIR and cache/.damaged (so a later round counts only its own)."""
         c = self.root / "cache"
         out = [f"cache/.tmp/{n}" for n in _listing(c / ".tmp")] + [f"cache/.locks/{n}" for n in _listing(c / ".locks")]
-        out += [f"cache/.damaged/{n}" for n in _listing(c / ".damaged")] + [f"TMPDIR/{n}" for n in _listing(self.systmp)]
+        out += [f"cache/.damaged/{n}" for n in _listing(c / ".damaged")] + [
+            f"TMPDIR/{n}" for n in _listing(self.systmp)
+        ]
         _rm(c / ".damaged")
         for n in _listing(self.systmp):
             _rm(self.systmp / n)
@@ -240,10 +257,16 @@ class Campaign:
         self.startup = max(self.ref_wall - sum(self.seconds.values()), 0.5)
         left = self.leftovers()
         kinds = Counter(k for k, _ in self.ref_entries)
-        self.say(f"reference build of {len(self.names)} recipes ({', '.join(self.names)}) from an empty cache: "
-                 f"{self.ref_wall:.1f} s, {len(self.ref_entries)} entries ({', '.join(f'{k} {n}' for k, n in sorted(kinds.items()))}), "
-                 f"{len(self.ref_files)} files in build/; start-up and linking {self.startup:.1f} s, stages "
-                 + ", ".join(f"{self.stage_of[k]} {s:.1f}" for k, s in sorted(self.seconds.items(), key=lambda x: self.stage_of[x[0]])))
+        self.say(
+            f"reference build of {len(self.names)} recipes ({', '.join(self.names)}) from an empty cache: "
+            f"{self.ref_wall:.1f} s, {len(self.ref_entries)} entries "
+            f"({', '.join(f'{k} {n}' for k, n in sorted(kinds.items()))}), "
+            f"{len(self.ref_files)} files in build/; start-up and linking {self.startup:.1f} s, stages "
+            + ", ".join(
+                f"{self.stage_of[k]} {s:.1f}"
+                for k, s in sorted(self.seconds.items(), key=lambda x: self.stage_of[x[0]])
+            )
+        )
         if len(self.seconds) != len(self.ref_entries) or left:
             raise SystemExit(f"the reference build is not a clean build (built lines {len(self.seconds)}, "
                              f"entries {len(self.ref_entries)}, left {left}):\n{out}")
@@ -327,8 +350,10 @@ class Campaign:
             code = p.wait()
             if code != -signal.SIGKILL:  # finished (or failed) before the kill time: draw again
                 counts.redrawn += 1
-                self.say(f"kill {i:2d}  start {how:<10}  the build ended ({code}) after {time.monotonic() - t0:4.1f} s, "
-                         f"before its kill time {at:.1f} s: drawn again")
+                self.say(
+                    f"kill {i:2d}  start {how:<10}  the build ended ({code}) after {time.monotonic() - t0:4.1f} s, "
+                    f"before its kill time {at:.1f} s: drawn again"
+                )
                 if code != 0:
                     counts.failures.append(f"kill {i}: the build to be killed failed on its own ({code}):\n"
                                            f"{log.read_text()[-3000:]}")
@@ -369,9 +394,11 @@ class Campaign:
         else:
             counts.failures.append(f"{label.strip()} ({how}, during {where}): " + "; ".join(bad)
                                    + f"\n  log: {self.work / 'logs'}")
-        self.say(f"{label}  start {how:<10}  {said}"
-                 f"during {where:<15}  entries left {len(left_by_kill)}/{len(self.ref_entries)}  "
-                 f"rebuild {wall:5.1f} s, built {sum(built.values())}: " + ("ok" if not bad else "FAILED: " + "; ".join(bad)))
+        self.say(
+            f"{label}  start {how:<10}  {said}"
+            f"during {where:<15}  entries left {len(left_by_kill)}/{len(self.ref_entries)}  "
+            f"rebuild {wall:5.1f} s, built {sum(built.values())}: " + ("ok" if not bad else "FAILED: " + "; ".join(bad))
+        )
 
     def syscall_kills(self, counts: Counts, points: list[tuple[str, int, str]] | None = None) -> None:
         """SIGKILL at the i-th rename(2) / link(2) of a build, for every i (or only ``points``:
@@ -457,7 +484,9 @@ class Campaign:
         counts.concurrent_leftovers = len(left)
         counts.concurrent_build_equal, counts.concurrent_racy = not wrong, racy
         if counts.keys_built_more_than_once or counts.keys_never_built or set(built) - keys:
-            bad.append("built per key: " + ", ".join(f"{self.stage_of.get(k, k)} {c}" for k, c in sorted(built.items())))
+            bad.append(
+                "built per key: " + ", ".join(f"{self.stage_of.get(k, k)} {c}" for k, c in sorted(built.items()))
+            )
         if bad:
             counts.failures.append(f"{n} concurrent builds: " + "; ".join(bad) + f"\n  log: {self.work / 'logs'}")
         self.say(f"{n} concurrent builds on an empty cache: {wall:.1f} s, exit codes {codes}, stages built per process "
@@ -543,8 +572,11 @@ def edit_rounds(work: Path, model: Path, rounds: int, seed: int = 0, say=print) 
             wrong.append(f"the build after the edit differs from a clean build of B (exit {second.code}): {differ}")
         if proc.returncode != 0 and not named:
             wrong.append(f"the first build failed without naming the file: {first[-300:]}")
-        say(f"edit {i}: rewritten at {at:.1f} s; first build {'failed naming the file' if named else 'exit %d' % proc.returncode}; "
-            f"quantize entries of {'+'.join(sorted(hashed))}; {'WRONG: ' + '; '.join(wrong) if wrong else 'right'}")
+        say(
+            f"edit {i}: rewritten at {at:.1f} s; "
+            f"first build {'failed naming the file' if named else f'exit {proc.returncode}'}; "
+            f"quantize entries of {'+'.join(sorted(hashed))}; {'WRONG: ' + '; '.join(wrong) if wrong else 'right'}"
+        )
         out["failed_naming_the_file"] += named
         out["wrong_outputs"] += bool(wrong)
         out["right"] += not wrong

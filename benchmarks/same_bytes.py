@@ -78,7 +78,9 @@ def json_differences(a, b, path: str = "") -> list[str]:
     import re
 
     def norm(v):
-        return re.sub(r"[0-9a-f]{12,}", "H", re.sub(r"/(a|b)/(cache|build)/", r"/X/\2/", v)) if isinstance(v, str) else v
+        return (
+            re.sub(r"[0-9a-f]{12,}", "H", re.sub(r"/(a|b)/(cache|build)/", r"/X/\2/", v)) if isinstance(v, str) else v
+        )
 
     if isinstance(a, dict) and isinstance(b, dict):
         return [d for k in sorted(set(a) | set(b)) for d in json_differences(a.get(k), b.get(k), f"{path}/{k}")]
@@ -98,7 +100,9 @@ def main() -> None:
     for s, checkout in sides.items():
         project(a.work / s, checkout)
     for s, checkout in sides.items():
-        head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        head = subprocess.run(
+            ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        )
         print(f"side {s}: {checkout} at {head.stdout.strip() or '?'}")
     print(f"{'recipe':22} {'files':>5} {'same':>5}  {'a s':>6} {'b s':>6}  differ")
     for r in a.recipes:

@@ -161,7 +161,9 @@ class Chromium:
         params = {"format": "png"}
         if full_height:
             h = self.evaluate("document.documentElement.scrollHeight")
-            params.update(clip={"x": 0, "y": 0, "width": self.width, "height": h, "scale": 1}, captureBeyondViewport=True)
+            params.update(
+                clip={"x": 0, "y": 0, "width": self.width, "height": h, "scale": 1}, captureBeyondViewport=True
+            )
         Path(out).write_bytes(base64.b64decode(self.call("Page.captureScreenshot", params)["data"]))
         return Path(out)
 
@@ -186,7 +188,7 @@ class Chromium:
                 self.proc.stderr.close()
             shutil.rmtree(self.profile, ignore_errors=True)
 
-    def __enter__(self) -> "Chromium":
+    def __enter__(self) -> Chromium:
         return self
 
     def __exit__(self, *exc) -> None:

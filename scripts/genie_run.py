@@ -126,7 +126,9 @@ def main() -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     if a.skip_build:
         desc = json.loads((a.out / "export" / "genie_export.json").read_text())
-        desc["ctx_bins"] = json.loads((a.out / "bundle" / "genie_config.json").read_text())["dialog"]["engine"]["model"]["binary"]["ctx-bins"]
+        desc["ctx_bins"] = json.loads((a.out / "bundle" / "genie_config.json").read_text())["dialog"]["engine"][
+            "model"
+        ]["binary"]["ctx-bins"]
     else:
         desc = build(model, a.out, a.seq, a.ctx, a.parts, not a.no_sanitize)
     tok = AutoTokenizer.from_pretrained(str(model))
@@ -147,7 +149,23 @@ def main() -> None:
                "genie_first_diff": next((k for k, (x, y) in enumerate(zip(gt or [], h)) if x != y), None),
                "genie_text": tok.decode(gt) if gt else None, "status": g and g["status"], "seconds": g and g["seconds"]}
         per.append(row)
-        print(json.dumps({k: row[k] for k in ("prompt", "genie_eq_hf", "onnx_cpu_eq_hf", "genie_first_diff", "status", "seconds", "genie_text")}), flush=True)
+        print(
+            json.dumps(
+                {
+                    k: row[k]
+                    for k in (
+                        "prompt",
+                        "genie_eq_hf",
+                        "onnx_cpu_eq_hf",
+                        "genie_first_diff",
+                        "status",
+                        "seconds",
+                        "genie_text",
+                    )
+                }
+            ),
+            flush=True,
+        )
     rep = {"model": str(model), "seq_len": desc["seq_len"], "context_len": desc["context_len"],
            "parts": len(desc["parts"]), "sanitize_past": desc["sanitize_past"], "ctx_bins": desc["ctx_bins"],
            "log_level": a.log_level, "genie_returncode": rc, "genie_create_seconds": create,

@@ -111,10 +111,16 @@ class Project:
         return p
 
     def popen(self, *args: str, **kw) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(self.root), *args],
-                                env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+        return subprocess.Popen(
+            [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(self.root), *args],
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            **kw,
+        )
 
-    def doit(self, *args: str, check: bool = True) -> "Run":
+    def doit(self, *args: str, check: bool = True) -> Run:
         """Run ``doit <args> -r json``; return the tasks that executed / were up to date."""
         report = self.root / f".report-{os.getpid()}.json"
         report.unlink(missing_ok=True)  # a run that stops before doit writes one must not show the last one

@@ -49,7 +49,7 @@ class MotoS3:
             except OSError:
                 if self.proc.poll() is not None or time.time() > deadline:
                     self.stop()
-                    raise RuntimeError(f"moto_server did not start on port {self.port}")
+                    raise RuntimeError(f"moto_server did not start on port {self.port}") from None
                 time.sleep(0.1)
         import s3fs
 

@@ -9,6 +9,7 @@ from code_graph import import_cycles, package_modules
 
 from tasks.qnn.precisions import NAMES
 from tasks.qnn.targets import DEFAULT_TARGET, TARGETS
+import functools
 
 
 def direct_imports(name: str) -> frozenset[str]:
@@ -61,12 +62,11 @@ def test_the_longest_import_chain_inside_the_package_is_at_most_10_modules():
     """Issue 24: 12 modules deep before (dodo_tasks -> publish -> catalog -> buildstate -> engine
     -> plan -> recipe -> plancache -> cache -> remote -> digest -> paths); process plumbing
     moved to ``tasks/proc/`` and encoder input facts to ``tasks/encoder/inputs.py``."""
-    from functools import lru_cache
 
     mods = package_modules()
     graph = {m: sorted(d for d in direct_imports(m) if d in mods and d != m) for m in mods}
 
-    @lru_cache(maxsize=None)
+    @functools.cache
     def chain(m):
         return max(([m] + chain(d) for d in graph[m]), key=len, default=[m])
 
@@ -159,7 +159,8 @@ def test_each_stages_params_are_exactly_what_its_implementation_declares(monkeyp
 
 
 def test_no_import_cycles_between_subfolders():
-    """Issue 24: with each subfolder of ``tasks/`` (encoder, llm, contract, proc, patches, core, qnn, store, recipe, ...) drawn as
+    """Issue 24: with each subfolder of ``tasks/`` (encoder, llm, contract, proc, patches, core, qnn, store, recipe,
+    ...) drawn as
     one node beside the top-level modules, the import graph has no cycle."""
 
     def node(m):
@@ -486,7 +487,7 @@ TEST_FOLDERS_AHEAD: dict[str, str] = {}
 #: Test files at tests/ root, each about the package as a whole rather than one folder of it.
 ROOT_TESTS = {
     "test_layout.py": "the layout of every folder of tasks/, and of tests/ (this test)",
-    "test_fault_campaign.py": "runs benchmarks/fault_campaign.py: whole builds killed and run concurrently, every layer",
+    "test_fault_campaign.py": "runs benchmarks/fault_campaign.py: whole builds killed and run concurrently, all layers",
 }
 
 
@@ -542,7 +543,9 @@ def test_tasks_top_level_holds_the_layer_folders_and_the_leaves_only():
     assert sorted(f.name for f in top.glob("*.py")) == sorted(LEAVES)
     assert {d.name for d in top.iterdir() if d.is_dir() and d.name != "__pycache__"} == LAYERS
     for leaf in LEAVES:
-        bad = [d for d in direct_imports("tasks." + leaf[:-3]) if not d.startswith("tasks.proc") and d != "tasks.errors"]
+        bad = [
+            d for d in direct_imports("tasks." + leaf[:-3]) if not d.startswith("tasks.proc") and d != "tasks.errors"
+        ]
         assert bad == [], (leaf, bad)
 
 
@@ -568,9 +571,9 @@ def test_the_skip_policy_fails_as_root_and_names_the_skip_otherwise(tmp_path):
     import subprocess
     import sys
 
-    (tmp_path / "test_x.py").write_text("import sys\nsys.path.insert(0, %r)\nfrom conftest import needs\n\n"
-                                        "def test_x():\n    needs(False, 'a right this run lacks')\n"
-                                        % str(REPO / "tests"))
+    (tmp_path / "test_x.py").write_text(f"import sys\nsys.path.insert(0, {str(REPO / 'tests')!r})\n"
+                                        "from conftest import needs\n\n"
+                                        "def test_x():\n    needs(False, 'a right this run lacks')\n")
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-rs",
                           "-o", "addopts=", str(tmp_path / "test_x.py")],
                          capture_output=True, text=True, cwd=tmp_path, timeout=120)

@@ -9,7 +9,7 @@ import json
 import math
 import shutil
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from tasks.store import digest
 from tasks.qnn import ep as qnn
@@ -64,7 +64,7 @@ def write_report(out: Path, report: dict) -> dict:
     return {"backend": report["backend"], "samples": len(report.get("samples", []))}
 
 
-def checker(thresholds: tuple) -> "Callable[[Path, dict, dict], list[str]]":
+def checker(thresholds: tuple) -> Callable[[Path, dict, dict], list[str]]:
     """The ``check`` hook of a verify implementation measuring ``thresholds``
     (:class:`tasks.contract.stage.Threshold`): ``check(out, manifest, params)`` gives the
     failures of ``out/verify.json`` against ``params["thresholds"]``, one line per failed bar
@@ -90,9 +90,11 @@ def checker(thresholds: tuple) -> "Callable[[Path, dict, dict], list[str]]":
                 if per_sample and samples and per_sample in samples[0]:
                     pick = min if direction == "min" else max
                     w = pick(range(len(samples)), key=lambda i: samples[i][per_sample])
-                    worst = f"; worst sample #{w} ({per_sample}={samples[w][per_sample]:.4f}): {samples[w].get('text', '')!r}"
+                    worst = (f"; worst sample #{w} ({per_sample}={samples[w][per_sample]:.4f}): "
+                             f"{samples[w].get('text', '')!r}")
                 shown = apart(value, float(bar), 4)[0] if math.isfinite(value) else f"{value}"
-                fails.append(f"{name} = {shown}{' (not a number: the compiled model gave NaN/inf)' if not math.isfinite(value) else ''}, threshold {'>=' if direction == 'min' else '<='} {bar}{worst}")
+                nan = "" if math.isfinite(value) else " (not a number: the compiled model gave NaN/inf)"
+                fails.append(f"{name} = {shown}{nan}, threshold {'>=' if direction == 'min' else '<='} {bar}{worst}")
         return fails
 
     return check

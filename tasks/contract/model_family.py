@@ -21,7 +21,7 @@ A :class:`tasks.contract.stage.Stage` keeps what is about one stage. Nothing her
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from tasks.contract.stage import Param
 

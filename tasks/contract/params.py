@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-import re
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from tasks.qnn.precisions import DEFAULT_PRECISION, FOUR_BIT, NAMES as PRECISION_NAMES
 from tasks.qnn.targets import DEFAULT_TARGET, TARGETS
@@ -70,7 +69,7 @@ def _four_bit_only(param: str, default):
 PRECISION = Param("quantize", "precision", Literal[PRECISION_NAMES], DEFAULT_PRECISION,
                   "weight and activation types (tasks/qnn/precisions.py)")
 PER_CHANNEL = Param("quantize", "per_channel", bool, True, "one weight scale per output channel")
-BLOCK_SIZE = Param("quantize", "block_size", Optional[Literal[16, 32, 64, 128]], None,
+BLOCK_SIZE = Param("quantize", "block_size", Literal[16, 32, 64, 128] | None, None,
                    "4-bit weights: null = per-channel, else rows of in-features per block (LPBQ, "
                    "tasks/qnn/weights.py); in-features must divide by it (checked at load against config.json)",
                    check=_four_bit_only("block_size", None), after=("precision", "per_channel"))
@@ -88,7 +87,7 @@ def _gptq_only(v, earlier):
     return v
 
 
-GPTQ_SPAN = Param("quantize", "gptq_span", Optional[int], None,
+GPTQ_SPAN = Param("quantize", "gptq_span", int | None, None,
                   "GPTQ: the widest input whose Hessian is taken whole (a multiple of 32); a wider input's is cut "
                   "into equal diagonal blocks no wider than this, a row's rounding error carried to the "
                   "later rows of its block only (tasks/qnn/gptq.py spans): the factor costs K x span^2 multiply-adds "

@@ -113,7 +113,8 @@ def _field(p: Param):
         return (p.annotation, Field(description=p.description, **p.limits))
     if isinstance(p.default, (list, dict)):
         d = p.default
-        return (p.annotation, Field(default_factory=lambda d=d: copy.deepcopy(d), description=p.description, **p.limits))
+        return (p.annotation, Field(default_factory=lambda d=d: copy.deepcopy(d), description=p.description,
+                                    **p.limits))
     return (p.annotation, Field(p.default, description=p.description, **p.limits))
 
 
@@ -207,6 +208,7 @@ def family_problems(recipe) -> list[tuple[str, str]]:
     for name in sorted(recipe.verify.thresholds):
         others = threshold_families(name)
         if others and fam not in others:
-            out.append((f"verify.thresholds.{name}", f"expected a threshold {_a(fam)} verify measures ({', '.join(mine)}), "
-                                                     f"found {name!r}, which only {' or '.join(map(_a, others))} verify measures"))
+            out.append((f"verify.thresholds.{name}",
+                        f"expected a threshold {_a(fam)} verify measures ({', '.join(mine)}), "
+                        f"found {name!r}, which only {' or '.join(map(_a, others))} verify measures"))
     return out

@@ -11,7 +11,8 @@ the engine keys and runs a stage from its declaration alone. Nothing here import
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 #: ``Param.default`` of a key the recipe must set
 REQUIRED = object()

@@ -70,7 +70,9 @@ class RecipeSet:
         if self.from_plan_cache:
             from tasks.errors import UnsupportedModel
 
-            return {n: UnsupportedModel(f, [tuple(p) for p in problems]) for n, (f, problems) in self._unsupported.items()}
+            return {
+                n: UnsupportedModel(f, [tuple(p) for p in problems]) for n, (f, problems) in self._unsupported.items()
+            }
         return self.full()[1]
 
     def plan(self, recipe_name: str) -> dict[str, StageSpec]:

@@ -105,7 +105,9 @@ class Resolver:
                 e = self.cache.fetch(spec.kind, key)
             elif e is None:
                 e = self.cache.lookup(spec.kind, key) or self.cache.peek_remote(spec.kind, key)
-            if e is not None and self.session.pinned is not None and e.origin == "local":  # "pulled" is this lookup's news
+            if (
+                e is not None and self.session.pinned is not None and e.origin == "local"
+            ):  # "pulled" is this lookup's news
                 intact[(spec.kind, key)] = e
             if e is None:
                 raise keys.NotReady(f"waits for {spec.task}, which has no cache entry yet")

@@ -23,9 +23,9 @@ local cache alone. Its fields:
                       ``tasks/sources/shape.py``): its verify figures are not the model's quality
   ``source``          ``kind`` (hf/shape/path/package) and ``repo``/``revision``/``path``/``package``/
                       ``file`` from the recipe; ``license`` (a package file source: the package's
-                      declared licence, :func:`tasks.sources.licence.package_licence`'s summary); once built also ``commit`` (hf: the resolved 40-hex
-                      commit), ``package_version`` and ``content_digest`` (xxh3 of a local
-                      folder) from the download entry's manifest
+                      declared licence, :func:`tasks.sources.licence.package_licence`'s summary); once built also
+                      ``commit`` (hf: the resolved 40-hex commit), ``package_version`` and ``content_digest`` (xxh3 of a
+                      local folder) from the download entry's manifest
   ``stage_keys``      {stage name: 32-hex key, or null when it cannot be computed now}
   ``architecture``    built only: {``model_type``, ``architectures``} from the source's
                       config.json (else null)
@@ -163,7 +163,8 @@ def verify_results(status) -> dict:
     """{target: {"backend", "runtime", "metrics", "thresholds", "failures", "cpu_nodes", "runs_on",
     "binaries" (each context binary read back: bytes, SDK build id, SoC, per graph weight /
     shared weight / spill-fill / I/O bytes), "runtimes" (how each runtime served was checked:
-    :func:`tasks.contract.report.runtimes_checked`)}} from each verify entry; ``runtime`` (LLMs) is what generated on the compiled graphs: "runner" (LLMRunner) or
+    :func:`tasks.contract.report.runtimes_checked`)}} from each verify entry; ``runtime`` (LLMs) is what generated on
+    the compiled graphs: "runner" (LLMRunner) or
     "genai" (onnxruntime-genai), None for encoders."""
     out = {}
     for s in status.build.of_kind("verify"):
@@ -190,7 +191,9 @@ def runs_on(row: dict) -> str | None:
 def arch(row: dict) -> str:
     """A row's ``architecture`` as one line: ``model_type (Architectures, ...)``; "" before a build."""
     a = row["architecture"]
-    return "" if not a else (a.get("model_type") or "") + (f" ({', '.join(a['architectures'])})" if a.get("architectures") else "")
+    if not a:
+        return ""
+    return (a.get("model_type") or "") + (f" ({', '.join(a['architectures'])})" if a.get("architectures") else "")
 
 
 def tool_versions(status, names=CATALOG_TOOLS) -> dict:
@@ -232,7 +235,8 @@ def catalog_row(name: str, recipe, st) -> dict:
         arts = artifact_sizes(st)
         sdks = sorted({v for s, e in ents.items() if e.kind == "compile"
                        for v in e.manifest.get("info", {}).get("qnn_sdk", [])})
-        row.update(architecture=architecture(ents["download"]), parameters=parameter_count(ents["download"], *[e for e in ents.values() if e.kind == "export"]),
+        row.update(architecture=architecture(ents["download"]),
+                   parameters=parameter_count(ents["download"], *[e for e in ents.values() if e.kind == "export"]),
                    artifacts=arts, artifact_bytes=sum(sum(f.values()) for f in arts.values()),
                    verify=verify_results(st), tools=tool_versions(st), qnn_context_sdk=sdks)
         row["runs_on"] = runs_on(row)
@@ -257,8 +261,8 @@ def _family_fields(recipe, st, row: dict) -> dict:
     said = hook(recipe, dl.out if dl is not None else None,
                 {t: (verify.get(t) or {}).get("binaries") for t in recipe.compile.targets})
     if set(said) - set(CATALOG_FIELDS):
-        raise ValueError(f"family {recipe.export.family}: catalog_fields gave {sorted(set(said) - set(CATALOG_FIELDS))}, "
-                         f"expected fields of {', '.join(CATALOG_FIELDS)}")
+        raise ValueError(f"family {recipe.export.family}: catalog_fields gave "
+                         f"{sorted(set(said) - set(CATALOG_FIELDS))}, expected fields of {', '.join(CATALOG_FIELDS)}")
     return {**out, **said}
 
 

@@ -220,7 +220,11 @@ def is_up_to_date(session: Session, recipe_name: str, stage: str) -> bool:
     if res.failures(stage, e):
         return False
     record(session, recipe_name, stage, e.key, res.material(stage), e, res.specs)
-    session.checked[res.specs[stage].task] = (e.key, time.time() - t0, "pulled" if e.origin == "pulled" else "cache hit")
+    session.checked[res.specs[stage].task] = (
+        e.key,
+        time.time() - t0,
+        "pulled" if e.origin == "pulled" else "cache hit",
+    )
     return True
 
 

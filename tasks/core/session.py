@@ -1,8 +1,8 @@
 """What one command remembers between calls into :mod:`tasks.core`: a :class:`Session`.
 
 A command creates one and passes it to every core function: the doit task creators
-(``dodo.py`` makes one per doit process and gives it to every command's ``creators``), a cluster worker (one per stage it builds),
-the catalog and publish (one per call unless given one). The core modules keep no state of
+(``dodo.py`` makes one per doit process and gives it to every command's ``creators``), a cluster worker (one per stage
+it builds), the catalog and publish (one per call unless given one). The core modules keep no state of
 their own, so two sessions never see each other's memos.
 """
 

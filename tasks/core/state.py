@@ -74,7 +74,9 @@ class StageState:
     @property
     def target(self) -> str:
         """The compile target of a compile, bundle or verify stage, else ""."""
-        return self.spec.params.get("target", "") if self.kind in ("compile", "genie_compile", "bundle", "verify") else ""
+        return (
+            self.spec.params.get("target", "") if self.kind in ("compile", "genie_compile", "bundle", "verify") else ""
+        )
 
 
 @dataclass(frozen=True)

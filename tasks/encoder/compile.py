@@ -4,8 +4,8 @@ EPContext model + QNN context binary for one target.
 Each graph ``<g>.onnx`` of the input becomes ``<g>_ctx.onnx`` (one EPContext node) and
 ``<g>_ctx_qnn.bin`` (the context binary, ``ep.context_embed_mode=0``) through the
 onnxruntime-qnn plugin EP (``tasks/qnn/ep.py``). With ``disable_cpu_ep_fallback`` (default) a
-graph that does not go entirely to HTP fails with the op types left on the CPU. The QNN SDK version recorded in the EPContext node goes into the
-manifest.
+graph that does not go entirely to HTP fails with the op types left on the CPU. The QNN SDK version recorded in the
+EPContext node goes into the manifest.
 """
 
 from __future__ import annotations

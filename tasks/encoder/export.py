@@ -12,7 +12,6 @@ int64). Weights above 2 GB go to external data (protobuf's 2 GB limit).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 from tasks import patches, progress
 from tasks.proc import lazy
@@ -32,7 +31,7 @@ def _one_sequence(v, earlier):
     return v
 
 
-TASK = Param("export", "task", Optional[str], None, "optimum task; inferred when absent")
+TASK = Param("export", "task", str | None, None, "optimum task; inferred when absent")
 OPSET = Param("export", "opset", int, 17, "ONNX opset of the exported graph", limits={"ge": 13, "le": 23})
 BATCH_SIZE = Param("export", "batch_size", int, 1, "sequences per call; 1 (the one value the stages feed)",
                    check=_one_sequence)

@@ -28,8 +28,8 @@ from tasks.qnn.precisions import Precision
 from tasks.encoder.inputs import encoder_feeds
 from tasks.contract.common import copy_rest
 from tasks.contract.stage import Param, Stage
-from tasks.contract.params import (BLOCK_SIZE, CALIBRATION_FILE, CALIBRATION_SAMPLES, EMBEDDING_BITS, OVERRIDES, PER_CHANNEL,
-                             GPTQ_SPAN, PRECISION, ROUNDING)
+from tasks.contract.params import (BLOCK_SIZE, CALIBRATION_FILE, CALIBRATION_SAMPLES, EMBEDDING_BITS, OVERRIDES,
+                                   PER_CHANNEL, GPTQ_SPAN, PRECISION, ROUNDING)
 
 onnx = lazy.module("onnx")
 
@@ -183,7 +183,7 @@ STAGE = Stage(
     kind="quantize", module=__name__,
     version=4,  # 4: block-wise int4 (LPBQ), GPTQ, 8-bit tables, Gemm split at 4 bits
     tools=("onnxruntime", "onnx", "transformers", "tokenizers", "numpy"), run=run,
-    params=(PRECISION, PER_CHANNEL, BLOCK_SIZE, ROUNDING, GPTQ_SPAN, EMBEDDING_BITS, CALIBRATION_SAMPLES, CALIBRATION_MAX_LENGTH,
-            CALIBRATE_METHOD, OVERRIDES),
+    params=(PRECISION, PER_CHANNEL, BLOCK_SIZE, ROUNDING, GPTQ_SPAN, EMBEDDING_BITS, CALIBRATION_SAMPLES,
+            CALIBRATION_MAX_LENGTH, CALIBRATE_METHOD, OVERRIDES),
     files={CALIBRATION_FILE: "calibration"}, line_samples=("calibration",), preflight=preflight,
 )

@@ -178,10 +178,18 @@ def _verify_encoder(inputs, files, params) -> dict:
 
 
 STAGE = Stage(
-    kind="verify", module=__name__, version=3,  # 3: every context binary read back
-    tools=("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "transformers", "tokenizers", "numpy"), run=run,
-    params=(BACKEND, DATA_SAMPLES, DATA_MAX_LENGTH, THRESHOLDS_PARAM), files={DATA_FILE: "data"},
-    line_samples=("data",), wired=("target", "task"), key_exclude=("thresholds",),  # bars judge a result, they do not change it
-    key_extra=common.target_key_extra, check=common.checker(THRESHOLDS), thresholds=THRESHOLDS,
+    kind="verify",
+    module=__name__,
+    version=3,  # 3: every context binary read back
+    tools=("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "transformers", "tokenizers", "numpy"),
+    run=run,
+    params=(BACKEND, DATA_SAMPLES, DATA_MAX_LENGTH, THRESHOLDS_PARAM),
+    files={DATA_FILE: "data"},
+    line_samples=("data",),
+    wired=("target", "task"),
+    key_exclude=("thresholds",),  # bars judge a result, they do not change it
+    key_extra=common.target_key_extra,
+    check=common.checker(THRESHOLDS),
+    thresholds=THRESHOLDS,
     artifacts=common.VERIFY_ARTIFACTS,
 )

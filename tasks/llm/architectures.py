@@ -82,7 +82,10 @@ _NORMS = (Piece("input_layernorm.weight", "input_layernorm.weight"),
 _SEPARATE_QKV = tuple(Piece(f"self_attn.{p}_proj.{w}", f"self_attn.{p}_proj.{w}", optional=w == "bias")
                       for p in "qkv" for w in ("weight", "bias"))
 _SEPARATE_MLP = tuple(Piece(f"mlp.{p}_proj.weight", f"mlp.{p}_proj.weight") for p in ("gate", "up"))
-_COMMON = (Piece("self_attn.o_proj.weight", "self_attn.o_proj.weight"), Piece("mlp.down_proj.weight", "mlp.down_proj.weight"))
+_COMMON = (
+    Piece("self_attn.o_proj.weight", "self_attn.o_proj.weight"),
+    Piece("mlp.down_proj.weight", "mlp.down_proj.weight"),
+)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ entries: ``export.json`` (every part's graph I/O as the quantized parts declare 
 cache's dtype and encoding among it: :mod:`tasks.llm.quantize`; each part's ``weight_bytes``
 from its own export, and ``checkpoint_bytes_read`` summed over the parts), the host-side
 embedding table (``embedding: host``) and ``genai_config.json`` (:func:`write_genai_files`).
-``build/<recipe>/`` links it beside the parts' compile entries: the same layout a whole-model compile wrote before the parts were stages.
+``build/<recipe>/`` links it beside the parts' compile entries: the same layout a whole-model compile wrote before the
+parts were stages.
 
 With ``runtimes`` holding ``genie`` (recipe ``bundle.runtimes``) it also writes Genie's files
 (:func:`write_genie`): ``genie_config.json`` naming the parts' Genie binaries
@@ -55,7 +56,9 @@ def preflight(recipe) -> list[tuple[str, str]]:
     if recipe.export.embedding != "first-part":
         bad.append(("export.embedding: first-part", f"export.embedding: {recipe.export.embedding}"))
     if recipe.verify.backend != "htp":
-        bad.append(("verify.backend: htp (verify runs Genie on the simulator)", f"verify.backend: {recipe.verify.backend}"))
+        bad.append(
+            ("verify.backend: htp (verify runs Genie on the simulator)", f"verify.backend: {recipe.verify.backend}")
+        )
     if bad:
         return [("bundle.runtimes", f"expected {', '.join(b[0] for b in bad)} for runtime genie, found "
                                     f"{', '.join(b[1] for b in bad)}")]
@@ -189,10 +192,12 @@ def write_genie(genie_desc: dict, tokenizer_dir: Path, out: Path, params: dict, 
         from tasks.contract.common import TOKENIZER_FILES
 
         have = [n for n in TOKENIZER_FILES if (Path(tokenizer_dir) / n).is_file() and n != "config.json"]
-        raise GenieTokenizerMissing(f"bundle.runtimes: expected a tokenizer.json for runtime genie (the one tokenizer "
-                                    f"format Genie reads), found the model's tokenizer as {', '.join(have) or 'no files'}, "
-                                    "which transformers converts to no fast tokenizer (tasks/llm/export.py "
-                                    "write_tokenizer_json); drop genie from bundle.runtimes for this model")
+        raise GenieTokenizerMissing(
+            f"bundle.runtimes: expected a tokenizer.json for runtime genie (the one tokenizer "
+            f"format Genie reads), found the model's tokenizer as {', '.join(have) or 'no files'}, "
+            "which transformers converts to no fast tokenizer (tasks/llm/export.py "
+            "write_tokenizer_json); drop genie from bundle.runtimes for this model"
+        )
     shutil.copyfile(tok, out / "tokenizer.json")
     status, why = parse_config(text)
     if status != 0:

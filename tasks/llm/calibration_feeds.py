@@ -29,9 +29,9 @@ last float32 bits (measured on the tiny Qwen2: at most 4e-6); the other calls ru
 
 :func:`collect_ranges` (the Genie graphs' quantize): streaming min/max over the outputs of an augmented graph
 (ReduceMin/ReduceMax added after every float tensor onnxruntime's MinMax calibrator would
-calibrate; the weights stay memory-mapped from the graph's data file), one feed at a time, so the peak does not grow with the number of samples. Not
-onnxruntime's calibrator itself: it loads the whole model into a ``ModelProto`` before making a
-session (two copies of the weights), and its ``CalibMaxIntermediateOutputs`` chunking clears the
+calibrate; the weights stay memory-mapped from the graph's data file), one feed at a time, so the peak does not grow
+with the number of samples. Not onnxruntime's calibrator itself: it loads the whole model into a ``ModelProto`` before
+making a session (two copies of the weights), and its ``CalibMaxIntermediateOutputs`` chunking clears the
 buffered outputs without merging them (``MinMaxCalibrater.collect_data``, onnxruntime 1.32), so
 it drops data and raises "No data is collected" when the feed count is a multiple of the chunk.
 The result is onnxruntime's own ``TensorsData`` (MinMax), written with ``save_tensors_data`` and
@@ -212,8 +212,8 @@ def disk_bytes(desc: dict, sched: list[dict], part: int) -> int:
     slots only). The slots are known from the schedule alone: a prompt of L tokens fills
     ``ceil(L/S) * S`` slots (its last window is padded), decode step t then ``max(that, L+t)``.
     With the two graphs' ranges files (:data:`RANGE_BYTES_PER_LAYER`, the embedding and the
-    head counted as a layer each). Counts what is written: the tiny Qwen2 in 3 parts, 1.12-1.13x what the entries hold, scratch included
-    (tests/llm/test_llm_parts.py); Qwen2.5-7B's shape at 16 prompts (S=128, C=4096), 0.37-0.52 GB
+    head counted as a layer each). Counts what is written: the tiny Qwen2 in 3 parts, 1.12-1.13x what the entries hold,
+    scratch included (tests/llm/test_llm_parts.py); Qwen2.5-7B's shape at 16 prompts (S=128, C=4096), 0.37-0.52 GB
     a part where its entries held about 0.28 GB (benchmarks/README.md)."""
     p = desc["parts"][part]
     S, C = desc["seq_len"], desc["context_len"]

@@ -106,7 +106,9 @@ def read_back_bundle(views: dict, params: dict) -> dict:
              "per_graph": any((compiled / f"part{k}").is_dir() for k in parts),
              "weight_sharing": any((compiled / "shared" / f"part{k}").is_dir() for k in parts)}
     try:
-        found = read_back(compiled, desc, parts, flags, qdq_dir=views.get("qdq"), declared=declared, somewhere=somewhere)
+        found = read_back(
+            compiled, desc, parts, flags, qdq_dir=views.get("qdq"), declared=declared, somewhere=somewhere
+        )
     except context_binary_checks.Mismatch as e:
         raise context_binary_checks.Mismatch(lines + e.lines) from None
     if lines:
@@ -125,8 +127,9 @@ def read_back_bundle(views: dict, params: dict) -> dict:
             found.update(check_binaries(e, plan, gdesc, params["target"]))
         missing = [rel for rel in named if not any((e / rel).is_file() for e in entries)]
         if missing:
-            raise context_binary_checks.Mismatch([f"{rel}: named by genie_config.json ctx-bins, found in no genie_compile "
-                                           f"entry" for rel in missing])
+            raise context_binary_checks.Mismatch(
+                [f"{rel}: named by genie_config.json ctx-bins, found in no genie_compile entry" for rel in missing]
+            )
     return found
 
 
@@ -213,8 +216,8 @@ def _genie_generate(inputs: dict, prompts: list[list[int]], K: int) -> dict:
     (:func:`tasks.llm.genie.libgenie.generate_in_child`): the bundle's ``genie_config.json`` with its
     ``ctx-bins`` turned to the per-graph binaries (the simulator cannot load a two-graph
     binary: Genie on the shipped ``qwen2_part_1_of_1.bin`` ended with SIGSEGV, exit -11, as
-    onnxruntime does on the genai shared binaries), in a temporary folder whose ``genie/part{k}`` link to the ``genie_compile.part{k}``
-    entries (the bytes that ship without weight sharing, names patched as shipped), beside the
+    onnxruntime does on the genai shared binaries), in a temporary folder whose ``genie/part{k}`` link to the
+    ``genie_compile.part{k}`` entries (the bytes that ship without weight sharing, names patched as shipped), beside the
     bundle's ``htp_backend_ext_config.json`` and ``tokenizer.json``. The shipped config carries
     the device's engine settings; this copy gets the simulator's
     (:data:`tasks.llm.genie.config.SIMULATOR_SETTINGS`: poll false), nothing else changed."""
@@ -346,9 +349,12 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
             same.append(ok)
             r.update(genie_tokens=gt, genie_status=st, genie_equals_runner=ok)
         metrics["genie_runner_agreement"] = float(np.mean(same))
-        ran += ("; Genie (libGenie.so, GenieDialog_tokenQuery) on the per-graph Genie binaries with the shipped "
-                "genie_config.json's settings but " + ", ".join(f"{k} {json.dumps(v)}" for k, v in SIMULATOR_SETTINGS.items())
-                + " (the simulator's), compared with LLMRunner's tokens on the genai binaries")
+        ran += (
+            "; Genie (libGenie.so, GenieDialog_tokenQuery) on the per-graph Genie binaries with the shipped "
+            "genie_config.json's settings but "
+            + ", ".join(f"{k} {json.dumps(v)}" for k, v in SIMULATOR_SETTINGS.items())
+            + " (the simulator's), compared with LLMRunner's tokens on the genai binaries"
+        )
     return {"backend": params["backend"], "target": params["target"], "ran": ran, "metrics": metrics,
             "runtime": runtime,
             "samples": rows, "max_new_tokens": K,

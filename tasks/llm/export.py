@@ -82,7 +82,8 @@ def write_tokenizer_json(src: Path, out: Path) -> str:
     if not tok.is_fast:
         return f"no fast tokenizer: transformers has no converter for {type(tok).__name__}"
     tok.backend_tokenizer.save(str(out / "tokenizer.json"))
-    return f"converted from {', '.join(n for n in ('vocab.json', 'merges.txt', 'tokenizer.model') if (src / n).is_file())}"
+    found = [n for n in ("vocab.json", "merges.txt", "tokenizer.model") if (src / n).is_file()]
+    return f"converted from {', '.join(found)}"
 
 
 def preflight(recipe) -> list[tuple[str, str]]:

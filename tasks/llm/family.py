@@ -19,7 +19,7 @@ plans exactly the stages and params it had before.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from tasks.contract.model_family import Family
 from tasks.contract.stage import Param
@@ -38,7 +38,7 @@ RUNTIMES = Param("bundle", "runtimes", list[Literal["genai", "genie"]], ["genai"
                  "binaries, genie_config.json, htp_backend_ext_config.json: tasks/llm/genie/graphs.py, "
                  "genie_config.py)",
                  check=_runtimes)
-GENIE_CONFIG = Param("bundle", "genie_config", Optional[dict[str, Any]], None,
+GENIE_CONFIG = Param("bundle", "genie_config", dict[str, Any] | None, None,
                      "runtime genie: merged over the generated genie_config.json (e.g. {dialog: {engine: "
                      "{n-threads: 4}}}); Genie's parser checks the result at bundle time")
 
@@ -74,7 +74,9 @@ def plan(p) -> list:
             model = part_name("prepatch", k)
         # part 0 draws the calibration schedule from the text (tokenizer + file); later parts
         # take it with part k-1's hidden states, so one chain has one schedule (tasks/llm/calibrate.py)
-        ups = {"model": model, "previous": part_name("calibrate", k - 1)} if k else {"model": model, "source": "download"}
+        ups = (
+            {"model": model, "previous": part_name("calibrate", k - 1)} if k else {"model": model, "source": "download"}
+        )
         specs.append(p.spec(part_name("calibrate", k), "calibrate", {**calib_params, "part": k}, ups,
                             {} if k else p.files("quantize", "calibrate")))
         specs.append(p.spec(part_name("quantize", k), "quantize", {**quant_params, "part": k},

@@ -45,10 +45,13 @@ from tasks.llm.boundary import kv_cache
 from tasks.llm.memory import part_params
 from tasks.qnn.precisions import Precision
 
-CEILING_NOTE = ("ceilings, not measurements: decode tokens/s = DRAM bandwidth / bytes read and written per token; first-token "
-                "time >= prefill ops / NPU peak ops; the runtime's own memory is not included (not measured, no public "
-                "figure found)")
-RUNTIME_NOTE = "not included: the runtime's own memory (QNN libraries, HTP sessions, onnxruntime-genai) is not measured here and no public figure was found"
+CEILING_NOTE = (
+    "ceilings, not measurements: decode tokens/s = DRAM bandwidth / bytes read and written per token; first-token "
+    "time >= prefill ops / NPU peak ops; the runtime's own memory is not included (not measured, no public "
+    "figure found)"
+)
+RUNTIME_NOTE = ("not included: the runtime's own memory (QNN libraries, HTP sessions, onnxruntime-genai) is not "
+                "measured here and no public figure was found")
 
 
 def _dims(c: dict) -> tuple[int, int, int, int, int, int]:
@@ -136,9 +139,9 @@ def _ar(graph: dict) -> int | None:
 
 def layout_traffic(binaries: dict, runtime: str) -> dict | None:
     """What ``runtime``'s shipped binaries (:func:`shipped_binaries`) move and hold, from their
-    read-back I/O tensors ([name, dtype, shape, bytes] per tensor, :meth:`tasks.qnn.context_binary.ContextBinary.figures`):
-    {"kv_dtype", "kv_cache_bytes", "decode" / "prefill": {"read", "written", "kv_read",
-    "kv_written", "tokens"}, "io_buffer_bytes", "spill_fill_bytes", "bundle_bytes",
+    read-back I/O tensors ([name, dtype, shape, bytes] per tensor,
+    :meth:`tasks.qnn.context_binary.ContextBinary.figures`): {"kv_dtype", "kv_cache_bytes", "decode" / "prefill":
+    {"read", "written", "kv_read", "kv_written", "tokens"}, "io_buffer_bytes", "spill_fill_bytes", "bundle_bytes",
     "decode_binary_bytes" (the binaries holding a decode graph: what a decoded token streams),
     "from"};
     bytes, summed over the parts' graphs of that AR. The KV cache held = the decode graphs' KV
@@ -293,8 +296,16 @@ def plan_lines(recipe) -> list[str]:
            f"QDQ graphs {bundle / 1e9:.1f}, bundle {bundle / 1e9:.2f}"]
     for t in recipe.compile.targets:
         f = device_figures(cfg, recipe, t)
-        dec = f"{f['decode_tokens_per_s_ceiling']:.1f} tokens/s" if f["decode_tokens_per_s_ceiling"] else "unknown (no DRAM figure)"
-        ftl = f"{f['first_token_s_lower_bound'] * 1000:.0f} ms" if f["first_token_s_lower_bound"] else "unknown (no NPU figure)"
+        dec = (
+            f"{f['decode_tokens_per_s_ceiling']:.1f} tokens/s"
+            if f["decode_tokens_per_s_ceiling"]
+            else "unknown (no DRAM figure)"
+        )
+        ftl = (
+            f"{f['first_token_s_lower_bound'] * 1000:.0f} ms"
+            if f["first_token_s_lower_bound"]
+            else "unknown (no NPU figure)"
+        )
         out.append(f"on {t} ({f['runtime']} layout): memory {f['memory_bytes'] / 1e9:.2f} GB (weights + KV cache at "
                    f"{ex.context_length}, {f['kv_dtype']}), {f['bytes_per_token'] / 1e9:.2f} GB moved per token "
                    f"({f['bytes_per_token_over_weights']:.3f} x the weights read), decode ceiling {dec}, first token "

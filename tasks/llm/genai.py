@@ -139,7 +139,9 @@ def link_parts(desc: dict, src, dst) -> None:
     ``dst`` can name graphs (and their binaries / weight files, found beside them) in ``src``
     with relative paths."""
     for p in desc["parts"]:
-        (Path(dst) / f"part{p['index']}").symlink_to(Path(src).resolve() / f"part{p['index']}", target_is_directory=True)
+        (Path(dst) / f"part{p['index']}").symlink_to(
+            Path(src).resolve() / f"part{p['index']}", target_is_directory=True
+        )
 
 
 def write_genai_config(desc: dict, out_path, model_files: dict, **kw) -> dict:
@@ -167,7 +169,9 @@ def declared_tensors(config: dict, source: str = "genai_config.json") -> tuple[d
     S = dec.get("sliding_window", {}).get("window_size")
     kv = (1, dec["num_key_value_heads"], m["context_length"], dec["head_size"])
     layers = range(dec["num_hidden_layers"])
-    past = {p % i for p in (dec["inputs"].get("past_key_names"), dec["inputs"].get("past_value_names")) if p for i in layers}
+    past = {
+        p % i for p in (dec["inputs"].get("past_key_names"), dec["inputs"].get("past_value_names")) if p for i in layers
+    }
     present = {p % i for p in (dec["outputs"].get("present_key_names"), dec["outputs"].get("present_value_names"))
                if p for i in layers}
     kv_names = past | present

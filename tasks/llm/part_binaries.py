@@ -118,8 +118,13 @@ def read_back(compiled: Path, desc: dict, parts: list[int], params: dict, qdq_di
                 qdq[rel] = Path(qdq_dir) / row[g]["path"]
             exported = context_binary_checks.Declared(
                 {t["name"]: tuple(t["shape"]) for t in row[g]["inputs"]},
-                {t["name"]: tuple(t["shape"]) for t in row[g]["outputs"]}, "export.json",
-                {t["name"]: context_binary_checks.onnx_dtype_name(t["dtype"]) for t in row[g]["inputs"] + row[g]["outputs"]})
+                {t["name"]: tuple(t["shape"]) for t in row[g]["outputs"]},
+                "export.json",
+                {
+                    t["name"]: context_binary_checks.onnx_dtype_name(t["dtype"])
+                    for t in row[g]["inputs"] + row[g]["outputs"]
+                },
+            )
             said[rel] = [exported, *([declared[rel]] if declared and rel in declared else [])]
     for rel, d in (declared or {}).items():  # a model the runtime config names that the plan did not make
         said.setdefault(rel, [d])

@@ -182,7 +182,7 @@ def embedding_table(ckpt: Checkpoint) -> np.ndarray:
     return table
 
 
-def _add_split(wf: "_WeightFile", name: str, a: np.ndarray, limit: int) -> None:
+def _add_split(wf: _WeightFile, name: str, a: np.ndarray, limit: int) -> None:
     """Add a 2-D weight whole (``name``) or, above :data:`MAX_TENSOR_ELEMENTS`, as column
     chunks ``name.0``, ``name.1``, ... (:func:`split_sizes`)."""
     sizes = split_sizes(*a.shape, limit)

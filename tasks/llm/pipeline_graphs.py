@@ -105,7 +105,7 @@ OPSET = 21
 IR_VERSION = 10
 
 
-def _split_names(g: "_Graph", name: str) -> list[str]:
+def _split_names(g: _Graph, name: str) -> list[str]:
     """The initializer name(s) :func:`_add_split` gave ``name``."""
     if name in g.weights:
         return [name]
@@ -265,7 +265,8 @@ def build_graph(dims: dict, lo: int, hi: int, first: bool, last: bool, S: int, C
     sin = g.op("rope", "Unsqueeze", [g.op("rope", "Gather", [g.w("rope_sin"), pos]), g.const("ax1", [1])])
     # genai feeds past_seq_len only to graphs that also take total_seq_len, and a graph input no
     # node reads is dropped by the compile: positions (all < C) are clipped to Max(total, C), a no-op
-    pos = g.op("positions", "Min", [pos, g.op("positions", "Max", ["total_seq_len", g.const("context_len", [C], np.int32)])])
+    total = g.op("positions", "Max", ["total_seq_len", g.const("context_len", [C], np.int32)])
+    pos = g.op("positions", "Min", [pos, total])
     onehot = g.op("cache", "Gather", [g.w("kv_eye"), g.op("cache", "Squeeze", [pos, g.const("ax0", [0])])])  # [S, C]
     mask = g.op("mask", "Gather", [g.w("causal_mask"), g.op("mask", "Squeeze", [pos, g.const("ax0", [0])])])  # [S, C]
     # keep: 1 for the slots before this call's, 0 for its own and every slot after (module docstring)
@@ -353,7 +354,7 @@ def io_spec(dims: dict, lo, hi, first, last, S, C, embed, part: int = 0):
 def export_llm(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 4096, parts: int = 1,
                embed: str = "part0", only_parts=None, meter: list | None = None,
                max_tensor_elements: int = MAX_TENSOR_ELEMENTS) -> dict:
-    """Export ``model_dir`` (HF decoder folder of an architecture in :mod:`tasks.llm.architectures`, safetensors) to ``out_dir/part{i}/{prefill,decode}.onnx``.
+    """Export ``model_dir`` (a decoder of :mod:`tasks.llm.architectures`) to ``out_dir/part{i}/{prefill,decode}.onnx``.
 
     Args:
         model_dir: HF folder: ``config.json`` + ``model.safetensors`` (or an index + shards).
@@ -379,13 +380,12 @@ def export_llm(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 409
     time to float32); the largest single array alive is one weight matrix and its transpose.
 
     Returns a JSON-able dict: ``{"model_type", "seq_len", "context_len", "mask_value", "num_layers",
-    "num_kv_heads", "head_dim", "hidden_size", "vocab_size", "embed", "embed_file", "io_layout", "eos_token_id", "pad_token_id", "bos_token_id",
-    "parts": [{"index", "layers": [lo, hi], "prefill": {"path", "inputs", "outputs"},
+    "num_kv_heads", "head_dim", "hidden_size", "vocab_size", "embed", "embed_file", "io_layout", "eos_token_id",
+    "pad_token_id", "bos_token_id", "parts": [{"index", "layers": [lo, hi], "prefill": {"path", "inputs", "outputs"},
     "decode": {...}, "weights": file, "weight_bytes": n}]}`` where inputs/outputs are lists of
     ``{"name", "shape", "dtype"}`` and paths are relative to ``out_dir``.
 
-    Raises ValueError on bad arguments, an unsupported ``model_type`` or activation
-    (:mod:`tasks.llm.architectures`).
+    Raises ValueError on bad arguments, an unsupported ``model_type`` or activation (:mod:`tasks.llm.architectures`).
     """
     from tasks.llm.checkpoint import Checkpoint
     from tasks.llm.parts import split_for

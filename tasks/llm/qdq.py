@@ -3,9 +3,9 @@ the ``quantize`` and ``genie_quantize`` stages (:mod:`tasks.llm.quantize`, :mod:
 run :func:`quantize_part` on one part.
 
 w8a16: uint16 activations, uint8 per-channel weights; w4a16: uint16 activations, int4 per-channel
-MatMul weights (``QuantType.QInt4``) except ``lm_head`` (uint8, see :func:`quantize_qdq`). The RoPE tables (``rope_cos`` / ``rope_sin``, [C, d]) are forced to
-uint16 so the rotary angles keep 16-bit precision. onnxruntime upgrades the opset to 21 for 16-bit
-/ 4-bit types (it logs a warning).
+MatMul weights (``QuantType.QInt4``) except ``lm_head`` (uint8, see :func:`quantize_qdq`). The RoPE tables (``rope_cos``
+/ ``rope_sin``, [C, d]) are forced to uint16 so the rotary angles keep 16-bit precision. onnxruntime upgrades the opset
+to 21 for 16-bit / 4-bit types (it logs a warning).
 """
 
 from __future__ import annotations
@@ -51,9 +51,9 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
         keep_8bit: regular expressions (recipe ``overrides`` with ``weight_bits: 8``) of MatMul
             weights kept at uint8 when ``weight_type`` is 4-bit; per-channel int4 also keeps
             ``lm_head`` at 8 bits, overrides or not; with ``block_size`` it is int4 too
-            (block-wise int4 lm_head measured at logits cosine 0.99+ on the simulator). Measured on the HTP simulator (tiny Llama prefill, logits cosine HTP vs
-            the same QDQ model on CPU): any single group of int4 MatMuls 0.999+, all int4 except
-            lm_head 0.99997, all int4 *including* lm_head 0.62 (and -0.03 with per-tensor int4):
+            (block-wise int4 lm_head measured at logits cosine 0.99+ on the simulator). Measured on the HTP simulator
+            (tiny Llama prefill, logits cosine HTP vs the same QDQ model on CPU): any single group of int4 MatMuls
+            0.999+, all int4 except lm_head 0.99997, all int4 *including* lm_head 0.62 (and -0.03 with per-tensor int4):
             an HTP-side problem, not quantization loss (the QDQ model on CPU is fine).
             Non-MatMul weights (norm scales, biases) then use uint8 as the default type.
         work: scratch folder (default: a temporary one beside ``out_path``).

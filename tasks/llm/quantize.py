@@ -78,8 +78,9 @@ def run(inputs, files, params, out: Path) -> dict:
     bits = precision.weight_bits
     # with GPTQ the estimate counts its peak; the prompts are at most the prefill feeds (one or two each)
     prompts = len(list((Path(inputs["calibration"]) / "feeds" / "prefill").glob("*.npz")))
-    check_export_stage("quantize", src, bits, part=k, gptq_samples=prompts if params.get("rounding") == "gptq" else None,
-                       in_child=True)
+    check_export_stage(
+        "quantize", src, bits, part=k, gptq_samples=prompts if params.get("rounding") == "gptq" else None, in_child=True
+    )
     desc = json.loads((src / "export.json").read_text())
     ranges = Path(inputs["calibration"]) / RANGES
     plan = kv_boundary(desc["parts"][k], ranges, params.get("kv_bits", KV_BITS.default))

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -58,7 +58,7 @@ class PartGraph:
         self.last = "logits" in self.output_names
         self.out = "logits" if self.last else next(n for n in self.output_names if n.startswith("hidden_states_"))
 
-    def call(self, x, cache: "KVCache", total: int | None = None, before=None) -> dict:
+    def call(self, x, cache: KVCache, total: int | None = None, before=None) -> dict:
         """Run one call on ``x`` (the first input, [1, S] ids or [1, S, D]) for the tokens after
         ``cache.n``: feeds ``past_seq_len`` = n + S - 1, ``total_seq_len`` = ``total`` (default
         C) and this part's cache, which the ``present_*`` outputs then replace; returns
@@ -68,7 +68,9 @@ class PartGraph:
         if cache.n + self.S > self.C:
             raise ValueError(f"context full: {cache.n} tokens cached, a call writes {self.S} slots, C={self.C}")
         if cache.dtype != self.kv_dtype:
-            raise ValueError(f"expected a {self.kv_dtype.name} KV cache (the graph's past_* inputs), found {cache.dtype.name}")
+            raise ValueError(
+                f"expected a {self.kv_dtype.name} KV cache (the graph's past_* inputs), found {cache.dtype.name}"
+            )
         feeds = {self.first_input: x, "past_seq_len": np.array([[cache.n + self.S - 1]], np.int32),
                  "total_seq_len": np.array([self.C if total is None else total], np.int32),
                  **cache.past(self.layers)}
@@ -190,7 +192,7 @@ class LLMRunner:
         self.reset()
 
     @classmethod
-    def from_export(cls, export_dir, make_session, suffix: str = ".onnx", **kw) -> "LLMRunner":
+    def from_export(cls, export_dir, make_session, suffix: str = ".onnx", **kw) -> LLMRunner:
         """Build from an :func:`tasks.llm.export.export_llm` folder; ``suffix`` picks the files
         (e.g. ``".onnx"`` for fp32, ``"_ctx.onnx"`` if compiled models were written next to them
         with that naming). Loads ``embed_tokens.npy`` when present."""
@@ -308,7 +310,7 @@ class PartStream:
         self._open: dict[tuple, PartGraph] = {}
         self.loads = 0
 
-    def _graph(self, i: int, kind: str) -> "PartGraph":
+    def _graph(self, i: int, kind: str) -> PartGraph:
         key = (i, kind)
         if key in self._open:
             self._open[key] = self._open.pop(key)  # most recently used last
@@ -324,7 +326,7 @@ class PartStream:
         for key in [k for k in self._open if k[1] == kind]:
             del self._open[key]
 
-    def _cache(self, i: int) -> "KVCache":
+    def _cache(self, i: int) -> KVCache:
         """An empty KV cache of part ``i``'s layers (one prompt's), of its prefill graph's KV dtype
         (the graph is opened if it is not: the next call runs it)."""
         dtype = self._graph(i, "prefill").kv_dtype

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal
 
 from tasks.contract import common
 from tasks.contract.stage import Param, Stage, Threshold
@@ -20,7 +20,7 @@ RUNTIME = Param("verify", "runtime", Literal["runner", "genai"], "runner",
                 "what generates on the compiled graphs: our LLMRunner, or onnxruntime-genai driving them "
                 "through genai_config.json (tasks/llm/genai.py)")
 MAX_NEW_TOKENS = Param("verify", "max_new_tokens", int, 16, "greedy tokens per prompt", limits={"ge": 1, "le": 4096})
-PERPLEXITY_TEXT = Param("verify", "perplexity_text", Optional[str], None, "text file for perplexity vs fp32")
+PERPLEXITY_TEXT = Param("verify", "perplexity_text", str | None, None, "text file for perplexity vs fp32")
 #: the bars this verify measures (``verify.thresholds``)
 THRESHOLDS = (
     Threshold("token_agreement", "min", "token_agreement",

@@ -159,7 +159,7 @@ def fold_constants(model: onnx.ModelProto, level: str = "basic",
 
     large = _tensor_bytes(model) >= _LARGE
     cur, sig, passes = model, _signature(model), 0
-    for passes in range(1, max_passes + 1):
+    for passes in range(1, max_passes + 1):  # noqa: B007 (read after the loop: the passes made)
         nxt = _ort_basic(cur, large, external_min_bytes)
         nsig = _signature(nxt)
         if nsig == sig:

@@ -207,7 +207,8 @@ def int64_to_int32(model: onnx.ModelProto, inputs: str = r".*") -> PatchResult:
     onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
     return PatchResult(model, changed=True,
                        note=f"int32 inputs: {', '.join(t.name for t in targets)}; "
-                            f"{n_direct} int32 use(s), {len(cast_nodes)} Cast-to-int64 inserted, {len(const_copies)} constant(s) copied to int32",
+                            f"{n_direct} int32 use(s), {len(cast_nodes)} Cast-to-int64 inserted, "
+                            f"{len(const_copies)} constant(s) copied to int32",
                        counts={"inputs": len(targets), "casts": len(cast_nodes),
                                "int32_nodes": len(converted), "const_copies": len(const_copies)})
 

@@ -1,4 +1,5 @@
-"""The patch stage (every model family): apply the recipe's named, versioned graph rewrites (``tasks/patches/``) in order.
+"""The patch stage (every model family): apply the recipe's named, versioned graph rewrites (``tasks/patches/``) in
+order.
 
 Every ``*.onnx`` graph in the input folder is patched (an LLM export has a prefill and a
 decode graph per part); other files (tokenizer, config, external data of untouched graphs)
@@ -36,7 +37,14 @@ def run(inputs, files, params, out: Path) -> dict:
             res = p.fn(model, **step["params"])
             model = res.model
             changed_any |= res.changed
-            log.append({"patch": p.name, "changed": res.changed, "note": res.note, **({"counts": res.counts} if res.counts else {})})
+            log.append(
+                {
+                    "patch": p.name,
+                    "changed": res.changed,
+                    "note": res.note,
+                    **({"counts": res.counts} if res.counts else {}),
+                }
+            )
             print(f"    patch {p.name} on {rel.as_posix()}: {'changed' if res.changed else 'not applicable'}"
                   f"{' - ' + res.note if res.note else ''}", flush=True)
         (out / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -39,7 +39,9 @@ def budget_gib() -> float | None:
     except ValueError:
         v = math.nan
     if not (math.isfinite(v) and 0 < v <= MAX_BUDGET_GIB):
-        raise InputError(f"NPUBUILD_MEMORY_GB: expected a number of GiB > 0 and at most {MAX_BUDGET_GIB}, found {env!r}")
+        raise InputError(
+            f"NPUBUILD_MEMORY_GB: expected a number of GiB > 0 and at most {MAX_BUDGET_GIB}, found {env!r}"
+        )
     return v
 
 
@@ -115,4 +117,6 @@ def check(stage: str, estimate: int, part: int, *, recipe_keys: str | None, held
         if of and estimate - held <= avail:  # a new process starts without what earlier stages left
             fix = ("it fits in a new process: run the same command again (the stages built so far are cache hits), "
                    f"or {fix}")
-        raise NotEnoughMemory(f"{stage}: part {part} needs about {need} GiB{of}, {have} GiB is available ({src}); {fix}")
+        raise NotEnoughMemory(
+            f"{stage}: part {part} needs about {need} GiB{of}, {have} GiB is available ({src}); {fix}"
+        )

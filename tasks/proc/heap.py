@@ -58,7 +58,7 @@ def _libc():
         return None
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.gnu_get_libc_version  # only glibc has it
+        _ = libc.gnu_get_libc_version  # only glibc has it (else AttributeError)
         libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
         libc.malloc_trim.argtypes = [ctypes.c_size_t]
         return libc

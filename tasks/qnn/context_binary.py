@@ -204,7 +204,10 @@ def _htp_figures(ptr: int | None, size: int) -> dict:
     (version 2 at byte 40; I/O bytes at +32, constants at +48, shared weights at +64)."""
     if not ptr or size < 40 or C.c_uint32.from_address(ptr).value != 1:
         return {}
-    u64 = lambda off: C.c_uint64.from_address(ptr + off).value
+
+    def u64(off):
+        return C.c_uint64.from_address(ptr + off).value
+
     out = {"spill_fill_bytes": u64(8)}
     if size >= 112 and C.c_uint32.from_address(ptr + 40).value == 2:
         out.update(io_bytes=u64(72), weight_bytes=u64(88), shared_weight_bytes=u64(104))

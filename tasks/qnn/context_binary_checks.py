@@ -24,7 +24,9 @@ class Mismatch(UserError, RuntimeError):
 
     def __init__(self, lines: list[str]):
         self.lines = list(lines)
-        super().__init__(self.lines[0] + (f" (and {len(self.lines) - 1} more: see the log)" if len(self.lines) > 1 else ""))
+        super().__init__(
+            self.lines[0] + (f" (and {len(self.lines) - 1} more: see the log)" if len(self.lines) > 1 else "")
+        )
 
 
 @dataclass(frozen=True)
@@ -209,8 +211,10 @@ def check_models(root: Path, models: list[str], target: str | None, qdq: dict[st
                 for n, (dt, shape) in _onnx_io(b).items():
                     g = got.get(n)
                     if g != (dt, shape):
-                        lines.append(f"{rel}, {what} {n}: expected {dt} {list(shape)} (the QDQ graph "
-                                     f"{Path(qdq[rel]).name}), found {'no such tensor' if g is None else f'{g[0]} {list(g[1])}'}")
+                        lines.append(
+                            f"{rel}, {what} {n}: expected {dt} {list(shape)} (the QDQ graph "
+                            f"{Path(qdq[rel]).name}), found {'no such tensor' if g is None else f'{g[0]} {list(g[1])}'}"
+                        )
     graph_of = {}  # model -> (binary, graph name)
     for rel_bin, expected in planned_graphs(root, present).items():
         path = root / rel_bin
@@ -244,6 +248,8 @@ def check_models(root: Path, models: list[str], target: str | None, qdq: dict[st
             lines += _declared_lines("", said, have, what, d.source,
                                      f"in none of the graphs of {', '.join(sorted(found))}", d.dtypes)
     if lines:
-        print("npubuild: context binaries read back, differences:\n  " + "\n  ".join(lines), flush=True)  # the stage's log
+        print(
+            "npubuild: context binaries read back, differences:\n  " + "\n  ".join(lines), flush=True
+        )  # the stage's log
         raise Mismatch(lines)
     return found

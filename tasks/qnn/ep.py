@@ -138,8 +138,8 @@ def compile_in_subprocess(qdq: Path, ctx: Path, target: str, disable_cpu_ep_fall
 # --------------------------------------------------------------- one racy padding run, settled
 #
 # Measured with onnxruntime 1.32 + onnxruntime-qnn 2.7.0 (QNN SDK 2.51, x86_64 HTP prepare;
-# benchmarks/README.md, "Compile once"): the same QDQ encoder graph, compiled in fresh processes with the same options and
-# relative paths, gives one of two context binaries. They differ in exactly 126 bytes: bytes
+# benchmarks/README.md, "Compile once"): the same QDQ encoder graph, compiled in fresh processes with the same options
+# and relative paths, gives one of two context binaries. They differ in exactly 126 bytes: bytes
 # 2..127 of the 128-byte block that ends the binary's constant data, right before a run of 0xff
 # fill. Most compiles write them 0x00, some 0xff; which one depends on thread timing in the SDK
 # (its prepare and HVX-emulation threads), not on inputs, folder, environment or allocator: per

@@ -65,7 +65,7 @@ def narrow_gather_tables(qdq, min_rows: int = 1024, block: int = NARROW_BLOCK) -
         step = max(1, block // max(1, q16.shape[1]))
         rows = [slice(r, r + step) for r in range(0, q16.shape[0], step)]
 
-        def real(r):
+        def real(r, q16=q16, zp=zp, scale=scale):  # this table's, bound now
             return (q16[r].astype(np.float64) - zp(r)) * scale(r)
 
         lo = hi = np.float64(0.0)
@@ -78,7 +78,7 @@ def narrow_gather_tables(qdq, min_rows: int = 1024, block: int = NARROW_BLOCK) -
         q8 = np.empty(q16.shape, np.uint8)
         for r in rows:
             q8[r] = np.clip(np.round(real(r) / s8) + z8, 0, 255)
-        del q16
+        del q16, real
         for name, arr in ((dq.input[0], q8), (dq.input[1], np.asarray(s8)), (dq.input[2], np.asarray(z8))):
             inits[name].CopyFrom(numpy_helper.from_array(arr, name))
         qs = [c for c in consumers.get(g.output[0], []) if c.op_type == "QuantizeLinear"]

@@ -53,7 +53,7 @@ class Plan:
                                      f"(node {n.name})")
                 by_act.setdefault(act, []).append((i, w))
         key_of, first = {}, {}
-        for act, uses in by_act.items():
+        for uses in by_act.values():
             k = min(w for _, w in uses)
             first[k] = min(i for i, _ in uses)
             for _, w in uses:

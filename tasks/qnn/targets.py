@@ -46,12 +46,13 @@ TARGETS: dict[str, Target] = {t.name: t for t in [
                        "2024; Qualcomm's Snapdragon Summit 2023 figure was 136 GB/s at LPDDR5x-8533: "
                        "en.mashdigi.com, tweaktown.com news 93943)",
            npu_tops=45.0,
-           npu_source="Hexagon NPU 45 TOPS (INT8), Qualcomm's figure for every X Elite SKU (notebookcheck.pl, as above; "
-                      "allamericansthings.com 2023-10-24 'Snapdragon X Elite announced')"),
+           npu_source="Hexagon NPU 45 TOPS (INT8), Qualcomm's figure for every X Elite SKU (notebookcheck.pl, "
+                      "as above; allamericansthings.com 2023-10-24 'Snapdragon X Elite announced')"),
     Target("8gen2", 43, 73, "SM8550", "Snapdragon 8 Gen 2 phones", _LITERT,
            dram_gbps=8400 * 8 / 1000,  # 67.2
            dram_source="LPDDR5x at 4200 MHz (8400 MT/s) on a 64-bit bus: 67.2 GB/s (droidholic.com "
-                       "'Snapdragon 8 Gen 3 goes official': 'up to 4800MHz ... compared to 4200MHz for the Snapdragon 8 Gen 2')"),
+                       "'Snapdragon 8 Gen 3 goes official': 'up to 4800MHz ... compared to 4200MHz for the "
+                       "Snapdragon 8 Gen 2')"),
     Target("8gen3", 57, 75, "SM8650", "Snapdragon 8 Gen 3 phones", _LITERT,
            dram_gbps=9600 * 8 / 1000,  # 76.8
            dram_source="LPDDR5x at 4800 MHz (9600 MT/s) on a 64-bit bus: 76.8 GB/s (droidholic.com and klav.it on "

@@ -19,8 +19,8 @@ bit width is 4: integer block scales above 16 compile but compute garbage on the
 v73/v75/v79; that was the first try's bug, ``../shared/experiments/lpbq``). The per-channel scale
 and the integer block scales are chosen by a squared-error search (:func:`lpbq_scales`;
 onnxruntime-qnn's ``ConvertBlockQuantScalesToLpbq`` takes the largest block scale / 16 and
-rounds, the rule this module used first). HTP stores these weights at 4 bits plus about a byte per block (384 x 1536 at block
-64: 405,504-byte binary, int8 per-channel 675,840).
+rounds, the rule this module used first). HTP stores these weights at 4 bits plus about a byte per block (384 x 1536 at
+block 64: 405,504-byte binary, int8 per-channel 675,840).
 
 **GPTQ** (Frantar et al., "GPTQ: Accurate Post-Training Quantization for Generative
 Pre-trained Transformers", 2022, Algorithm 1): codes chosen row by row of K, each row's
@@ -181,10 +181,18 @@ def encode_int4(model, wname: str, W, block: int | None, codes=None) -> dict:
     S = np.repeat(bint.astype(np.float32) * pc, block, axis=0)
     if codes is None:
         codes = np.clip(np.round(W / S), INT4_MIN, INT4_MAX)
-    _set_encoding(model, wname, block, [
-        int4_tensor(wname + "_quantized", codes), numpy_helper.from_array(bint, wname + "_bint"),
-        numpy_helper.from_array(pc, wname + "_pc"), numpy_helper.from_array(np.zeros(N, np.uint8), wname + "_pc_zero_point"),
-        int4_tensor(z, np.zeros((K // block, N), np.int8))])
+    _set_encoding(
+        model,
+        wname,
+        block,
+        [
+            int4_tensor(wname + "_quantized", codes),
+            numpy_helper.from_array(bint, wname + "_bint"),
+            numpy_helper.from_array(pc, wname + "_pc"),
+            numpy_helper.from_array(np.zeros(N, np.uint8), wname + "_pc_zero_point"),
+            int4_tensor(z, np.zeros((K // block, N), np.int8)),
+        ],
+    )
     return {"scales": S}
 
 

@@ -102,7 +102,9 @@ def check_data_files(path: Path, r: Recipe, memo: dict | None = None) -> None:
                     f"expected at most {MAX_SAMPLE_CHARS:,} characters per sample line, found {len(rows[longest]):,} "
                     f"on line {longest + 1} of {rel} (each sample is tokenized whole before it is cut to its length)")
             except (OSError, ValueError) as e:
-                memo["lines", rel] = str(e) if isinstance(e, ValueError) else f"expected a readable file, found {e.strerror}"
+                memo["lines", rel] = (
+                    str(e) if isinstance(e, ValueError) else f"expected a readable file, found {e.strerror}"
+                )
         return memo["lines", rel]
 
     problems = []
@@ -130,8 +132,10 @@ def check_data_files(path: Path, r: Recipe, memo: dict | None = None) -> None:
             folder = root() / r.source.tokenizer
             if folder.is_dir() and (bad := tokenizer_problem(folder, r.source.tokenizer)):
                 problems.append(("source.tokenizer", bad))
-    wanted = [(key, data, line_samples(r.export.family, key))
-              for key, data in (("quantize.calibration.file", r.quantize.calibration), ("verify.data.file", r.verify.data))]
+    wanted = [
+        (key, data, line_samples(r.export.family, key))
+        for key, data in (("quantize.calibration.file", r.quantize.calibration), ("verify.data.file", r.verify.data))
+    ]
     if r.verify.perplexity_text:
         wanted.append(("verify.perplexity_text", None, False))
     for key, data, per_line in wanted:
@@ -219,7 +223,9 @@ def load_all(directory: Path | None = None, collect_errors: bool = False):
         others = [g.name for g, o in loaded.items() if o.name == r.name and g != f]
         try:
             if others:
-                raise RecipeError(f, [("name", f"expected a unique name, found {r.name!r} also in {', '.join(others)}")])
+                raise RecipeError(
+                    f, [("name", f"expected a unique name, found {r.name!r} also in {', '.join(others)}")]
+                )
             check_data_files(f, r, memo)
             check_source_config(f, r)
         except RecipeError as e:
@@ -258,9 +264,17 @@ def source_config_path(src: Source) -> Path | None:
         plancache.note(folder)
         f = folder / src.subdir / "config.json"
     elif src.revision and re.fullmatch(r"[0-9a-f]{40}", src.revision):
-        from huggingface_hub import constants  # where huggingface_hub itself looks (HF_HUB_CACHE, HF_HOME, XDG_CACHE_HOME)
+        from huggingface_hub import (
+            constants,
+        )  # where huggingface_hub itself looks (HF_HUB_CACHE, HF_HOME, XDG_CACHE_HOME)
 
-        f = Path(constants.HF_HUB_CACHE) / f"models--{src.hf.replace('/', '--')}" / "snapshots" / src.revision / "config.json"
+        f = (
+            Path(constants.HF_HUB_CACHE)
+            / f"models--{src.hf.replace('/', '--')}"
+            / "snapshots"
+            / src.revision
+            / "config.json"
+        )
     else:
         return None
     plancache.note(f)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 import stat
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, create_model, field_validator
@@ -51,11 +51,25 @@ def read_yaml(path: Path) -> dict:
     try:
         st = path.stat()
         if not stat.S_ISREG(st.st_mode):
-            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a special file"
+            kind = (
+                "a directory"
+                if stat.S_ISDIR(st.st_mode)
+                else "a FIFO"
+                if stat.S_ISFIFO(st.st_mode)
+                else "a special file"
+            )
             raise RecipeError(path, [("", f"expected a regular file, found {kind}")])
         if st.st_size > MAX_RECIPE_BYTES:
-            raise RecipeError(path, [("", f"expected at most {MAX_RECIPE_BYTES:,} bytes (recipes are small; "
-                                          f"the limit is tasks/recipe/load.py MAX_RECIPE_BYTES), found {st.st_size:,}")])
+            raise RecipeError(
+                path,
+                [
+                    (
+                        "",
+                        f"expected at most {MAX_RECIPE_BYTES:,} bytes (recipes are small; "
+                        f"the limit is tasks/recipe/load.py MAX_RECIPE_BYTES), found {st.st_size:,}",
+                    )
+                ],
+            )
         with open(path, "rb") as fh:
             raw = fh.read(MAX_RECIPE_BYTES + 1)
         if len(raw) > MAX_RECIPE_BYTES:
@@ -65,7 +79,9 @@ def read_yaml(path: Path) -> dict:
         what = "a dangling symlink" if path.is_symlink() and not path.exists() else e.strerror
         raise RecipeError(path, [("", f"expected a readable file, found {what}")]) from None
     except UnicodeDecodeError as e:
-        raise RecipeError(path, [("", f"expected UTF-8 text, found byte {e.object[e.start]:#04x} at offset {e.start}")]) from None
+        raise RecipeError(
+            path, [("", f"expected UTF-8 text, found byte {e.object[e.start]:#04x} at offset {e.start}")]
+        ) from None
     try:
         data = parse_cached(raw, text)
     except yaml.YAMLError as e:
@@ -153,7 +169,7 @@ def _section_field(name: str):
 
 class _RecipeTop(Strict):
     name: str
-    extends: Optional[str] = None
+    extends: str | None = None
     abstract: bool = Field(False, description="a template for other recipes; never built")
     description: str = ""
     license: str = "unknown"

@@ -76,8 +76,10 @@ def single_file(params: dict) -> Path | None:
     f = folder / params["file"]
     if not f.is_file():
         near = sorted(x.relative_to(folder).as_posix() for x in folder.rglob("*.onnx"))[:8]
-        raise SourceError(f"source package {params['package']!r}: expected a file {params['file']!r} in {folder}, "
-                          f"found none" + (f" (its .onnx files: {', '.join(near)})" if near else " (it holds no .onnx file)"))
+        raise SourceError(
+            f"source package {params['package']!r}: expected a file {params['file']!r} in {folder}, "
+            f"found none" + (f" (its .onnx files: {', '.join(near)})" if near else " (it holds no .onnx file)")
+        )
     return f
 
 

@@ -23,8 +23,8 @@ A Hub model whose facts are kept (``recipes/models/*.json``, :mod:`tasks.sources
 is checked after the copy: its ``config.json`` must hold the kept values (one line naming the
 key, the value kept and the value found). The facts are looked up by the resolved commit, not by
 the revision's text, and their digest is in the key (:func:`key_extra`): a ``revision: main``
-that names a pinned commit builds the pinned key and so must pass the pinned check. ``revision: unpinned`` (no public source gave a
-commit) loads and explains, and the download refuses it in one line until a commit is set.
+that names a pinned commit builds the pinned key and so must pass the pinned check. ``revision: unpinned`` (no public
+source gave a commit) loads and explains, and the download refuses it in one line until a commit is set.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import re
 import shutil
 import sys
 from contextlib import contextmanager
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from tasks import progress
@@ -50,7 +50,7 @@ def _offline() -> bool:
     return bool(constants.HF_HUB_OFFLINE)
 
 
-@lru_cache(maxsize=None)
+@cache
 def resolve_revision(repo: str, revision: str) -> str:
     """The 40-hex commit that ``revision`` of model repo ``repo`` names. A full commit is
     returned as is (no look-up). Online, a branch, tag or short commit hash is resolved by the
@@ -66,8 +66,10 @@ def resolve_revision(repo: str, revision: str) -> str:
     from tasks.sources.model_facts import UNPINNED
 
     if revision == UNPINNED:
-        raise SourceError(f"Hub model {repo!r} is unpinned (source.revision: {UNPINNED}): no public source gave "
-                          f"its commit; expected source.revision: a 40-hex commit, found {UNPINNED!r}; set one to download")
+        raise SourceError(
+            f"Hub model {repo!r} is unpinned (source.revision: {UNPINNED}): no public source gave "
+            f"its commit; expected source.revision: a 40-hex commit, found {UNPINNED!r}; set one to download"
+        )
     from huggingface_hub import HfApi, snapshot_download
 
     short = re.fullmatch(r"[0-9a-f]{7,39}", revision) is not None
@@ -215,7 +217,9 @@ def check_read(out: Path, material: dict, params: dict) -> None:
         return
     hashed = _HASHED.get(want) or _listing(*local_files(params))  # what the key hashed, else what is there now
     changed = sorted(k for k in set(got) | set(hashed) if got.get(k) != hashed.get(k)) or ["a file"]
-    what = f"source.path {params['path']!r}" if params.get("path") is not None else f"source package {params['package']!r}"
+    what = (
+        f"source.path {params['path']!r}" if params.get("path") is not None else f"source package {params['package']!r}"
+    )
     raise digest.InputChanged(f"{what}: {', '.join(changed[:5])} changed while the build read the folder (its "
                               f"content no longer matches the stage key); nothing was cached: build again")
 
@@ -285,7 +289,9 @@ def run(inputs, files, params, out: Path) -> dict:
 
         check_download(out, params["hf"], commit)  # the commit's kept facts (recipes/models/) = what came
         return {"source": "hf", "repo": params["hf"], "commit": commit, "files": len(names)}
-    what = f"source.path {params['path']!r}" if params.get("path") is not None else f"source.package {params['package']!r}"
+    what = (
+        f"source.path {params['path']!r}" if params.get("path") is not None else f"source.package {params['package']!r}"
+    )
     if single_file(params) is not None:  # a file source: its one model file
         return _copy_file(local_files(params)[1][0], out, params, what)
     src = local_folder(params)

@@ -94,7 +94,7 @@ def package_licence(package: str) -> dict:
     files = {}
     for f in dist.files or []:
         name = f.name
-        in_info = f.parts[0].endswith(".dist-info") and len(f.parts) <= 3  # its own, not bundled third parties''' 
+        in_info = f.parts[0].endswith(".dist-info") and len(f.parts) <= 3  # its own, not bundled third parties'''
         if in_info and _LICENCE_NAMES.match(name):
             loc = f.locate()
             text = loc.read_text(encoding="utf-8", errors="replace") if loc.is_file() else ""

@@ -21,7 +21,7 @@ snapshot again.
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from tasks.sources.errors import SourceError
@@ -36,7 +36,7 @@ def facts_dir() -> Path:
     return Path(recipes_dir()) / "models"
 
 
-@lru_cache(maxsize=None)
+@cache
 def _all(folder: str) -> tuple:
     out = []
     for f in sorted(Path(folder).glob("*.json")):

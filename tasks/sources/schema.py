@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from typing import Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -17,18 +16,20 @@ class Source(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    hf: Optional[str] = Field(None, description="Hub repo id, e.g. sentence-transformers/all-MiniLM-L6-v2")
-    revision: Optional[str] = Field(None, description="branch, tag or 40-hex commit (hf only)")
-    allow_patterns: Optional[list[str]] = None
-    path: Optional[str] = Field(None, description="local folder, relative to the project root")
-    package: Optional[str] = Field(None, description="importable package that ships a model folder")
+    hf: str | None = Field(None, description="Hub repo id, e.g. sentence-transformers/all-MiniLM-L6-v2")
+    revision: str | None = Field(None, description="branch, tag or 40-hex commit (hf only)")
+    allow_patterns: list[str] | None = None
+    path: str | None = Field(None, description="local folder, relative to the project root")
+    package: str | None = Field(None, description="importable package that ships a model folder")
     subdir: str = Field("", description="folder inside the package (package only)")
-    file: Optional[str] = Field(None, description="package only: one model file (an ONNX graph) inside the package's "
+    file: str | None = Field(None, description="package only: one model file (an ONNX graph) inside the package's "
                                                   "folder, e.g. models/ch_PP-OCRv4_rec_infer.onnx; a path source "
                                                   "names a file by its path")
     shape: bool = Field(False, description="hf only: a shape build, random weights of the model's kept config "
                                            "(recipes/models/) instead of the Hub's (tasks/sources/shape.py)")
-    tokenizer: Optional[str] = Field(None, description="shape only: folder of tokenizer files, relative to the project root")
+    tokenizer: str | None = Field(
+        None, description="shape only: folder of tokenizer files, relative to the project root"
+    )
     seed: int = Field(0, ge=0, description="shape only: the random weights' seed")
 
     @model_validator(mode="after")

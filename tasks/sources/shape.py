@@ -38,8 +38,10 @@ def facts_of(params: dict) -> tuple[Path, dict]:
 
     hit = find(params.get("hf"), params.get("revision"))
     if hit is None:
-        raise SourceError(f"source.shape: expected kept facts of {params.get('hf')!r} at revision "
-                          f"{params.get('revision')!r} in recipes/models/, found none (a shape build writes that config)")
+        raise SourceError(
+            f"source.shape: expected kept facts of {params.get('hf')!r} at revision "
+            f"{params.get('revision')!r} in recipes/models/, found none (a shape build writes that config)"
+        )
     return hit
 
 

@@ -40,11 +40,12 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from tasks.store import digest
 from tasks.errors import UserError
-from tasks.store.fileops import DISK_NEARLY_FULL, DiskFull, folder_bytes, free_bytes, is_disk_full, rmtree, temp_area, write_json
+from tasks.store.fileops import (DISK_NEARLY_FULL, DiskFull, folder_bytes, free_bytes, is_disk_full, rmtree,
+                                  temp_area, write_json)
 from tasks.store.keylock import KeyLock
 from tasks.store.remote import Rejected, Remote, RemoteError, warn
 

@@ -110,7 +110,7 @@ class KeyLock:
         finally:
             self._lock.release()
 
-    def __enter__(self) -> "KeyLock":
+    def __enter__(self) -> KeyLock:
         self.acquire()
         return self
 

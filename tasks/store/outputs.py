@@ -96,7 +96,9 @@ def unwritable(name: str, folder: Path) -> str:
                         f"use a folder on a writable file system (set {name})")
             st = d.stat()
         except OSError as e:
-            return f"{name} {folder}: {where} cannot be examined ({type(e).__name__}: {e}); set {name} to another folder"
+            return (
+                f"{name} {folder}: {where} cannot be examined ({type(e).__name__}: {e}); set {name} to another folder"
+            )
         mode = f"mode {st.st_mode & 0o777:04o}"
         if uid is not None and st.st_uid == uid:
             return (f"{name} {folder}: {where} belongs to this user (uid {uid}) but its {mode} does not let its "

@@ -148,7 +148,8 @@ def load(state_dir: Path, sig: dict) -> dict | None:
         recipes = stored["recipes"]
         ok = isinstance(recipes, dict) and all(
             isinstance(row, dict) and isinstance(row.get("abstract"), bool)
-            and (row.get("specs") is None or isinstance(row["specs"], list) and all(isinstance(d, dict) for d in row["specs"]))
+            and (row.get("specs") is None
+                 or isinstance(row["specs"], list) and all(isinstance(d, dict) for d in row["specs"]))
             for row in recipes.values())
         return recipes if ok else None
     except (OSError, ValueError, KeyError, TypeError):

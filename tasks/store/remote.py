@@ -52,7 +52,7 @@ import time
 import uuid
 from functools import lru_cache
 from pathlib import Path, PurePosixPath
-from typing import Callable
+from collections.abc import Callable
 from urllib.parse import urlsplit, urlunsplit
 
 from tasks.store import digest

@@ -54,7 +54,14 @@ def test_qwen7b_decode_ceiling_on_x_elite(catalog):
     _, rows, _ = catalog
     f = rows["qwen7b-int4"]["device"]["x-elite"]
     c = _facts("Qwen2.5-7B-Instruct")["config"]
-    kv = c["num_hidden_layers"] * 2 * c["num_key_value_heads"] * 4096 * (c["hidden_size"] // c["num_attention_heads"]) * 1
+    kv = (
+        c["num_hidden_layers"]
+        * 2
+        * c["num_key_value_heads"]
+        * 4096
+        * (c["hidden_size"] // c["num_attention_heads"])
+        * 1
+    )
     assert f["runtime"] == "genai" and f["kv_dtype"] == "uint8" and list(f["runtimes"]) == ["genai"]
     assert f["kv_cache_bytes"] == kv and f["kv_bytes_read_per_token"] == kv and f["kv_bytes_written_per_token"] == kv
     # the weights read: the bundle less the 8-bit token table, one row of which is read

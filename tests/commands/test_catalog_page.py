@@ -186,7 +186,9 @@ def test_real_models_by_default_and_the_switch(page, chromium):
     # by default the real models: no fixture, shape build, unsupported recipe or alias
     _open(c, index)
     assert _shown(c) == MODELS  # sorted by name
-    assert c.evaluate("document.getElementById('shown').textContent") == f"Showing {len(MODELS)} of {len(MODELS)} models."
+    assert (
+        c.evaluate("document.getElementById('shown').textContent") == f"Showing {len(MODELS)} of {len(MODELS)} models."
+    )
     assert _points(c, "encoder-chart") == [
         _quality(rows, "t4", "8gen2", "pooled_cosine_mean"), _quality(rows, "t4", "x-elite", "pooled_cosine_mean"),
         _quality(rows, "t8", "x-elite", "pooled_cosine_mean"),
@@ -227,7 +229,9 @@ def test_filters_from_the_fragment_and_the_controls(page, chromium, tmp_path):
     assert _shown(c) == ["llama3.2-1b-w4a16", "qwen2.5-0.5b-w4a16", "t4", "t8", "t8-strict"]
     assert rows["llama3.2-1b-w4a16"]["device"]["x-elite"]["memory_bytes"] <= 1e9 \
         < rows["qwen2.5-7b-w4a16"]["device"]["x-elite"]["memory_bytes"]
-    assert _points(c, "device-chart") == _sorted(_device(rows, "llama3.2-1b-w4a16") + _device(rows, "qwen2.5-0.5b-w4a16"))
+    assert _points(c, "device-chart") == _sorted(
+        _device(rows, "llama3.2-1b-w4a16") + _device(rows, "qwen2.5-0.5b-w4a16")
+    )
     _choose(c, "filter-fits", "8")
     assert c.evaluate("location.hash") == "#fits=8" and "qwen2.5-7b-w4a16" in _shown(c)
     assert "qwen2.5-7b-w4a16" not in c.evaluate("[...document.getElementById('filter-fits').options]"
@@ -281,7 +285,9 @@ def test_measured_figures_beside_our_ceilings(page, chromium):
     assert row[3] == f"{ceiling:.1f} tok/s" and row[4] == "12.3 tok/s" and row[5] == f"{12.33811 / ceiling:.2f}"
     assert row[7] == "Snapdragon X Elite CRD, qnn_context_binary (AI Hub Models v0.46.0, 2026-02-11)"
     assert "measured 175 to 5,598 ms" in row[6]
-    href = c.evaluate("document.querySelector('#device tr[data-name=\"qwen2.5-7b-w4a16\"][data-target=\"x-elite\"] a').href")
+    href = c.evaluate(
+        'document.querySelector(\'#device tr[data-name="qwen2.5-7b-w4a16"][data-target="x-elite"] a\').href'
+    )
     assert href == ("https://github.com/quic/ai-hub-models/blob/v0.46.0/qai_hub_models/models/qwen2_5_7b_instruct/"
                     "perf.yaml") == m["url"]
     # a measurement on a target the recipe does not build for: shown, without a ratio

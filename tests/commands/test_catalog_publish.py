@@ -139,7 +139,9 @@ def test_one_artifact_listing_for_build_folder_bundle_and_catalog(proj, monkeypa
     state = build_state(status.ReadOnlyResolver(session, "t8"), read_state(session, "t8"))
     assert [s.status for s in state.stages.values()] == ["local hit"] * 6 and state.complete
     arts = artifacts(state)
-    built = {k: v for k, v in tree_sums(proj.root / "build" / "t8").items() if k not in ("artifacts.json", "stages.json")}
+    built = {
+        k: v for k, v in tree_sums(proj.root / "build" / "t8").items() if k not in ("artifacts.json", "stages.json")
+    }
     shipped = {k: v for k, v in tree_sums(_bundle(proj)).items() if k not in ("README.md", "manifest.json")}
     assert built == shipped == {rel: sha256(a.path) for rel, a in arts.items()}
     assert artifact_sizes(status.recipe_status("t8")) == {
@@ -180,7 +182,9 @@ def test_three_builds_from_empty_caches_are_byte_identical(proj, tmp_path):
         bundles.append(tree_sums(folder / "dist" / "t8"))
         (arch,) = (folder / "dist").glob("t8-*.tar.gz")
         archives.append(arch)
-        assert (proj.root / "build" / "t8" / "verify.json").read_bytes() == (folder / "build" / "t8" / "verify.json").read_bytes()
+        assert (proj.root / "build" / "t8" / "verify.json").read_bytes() == (
+            folder / "build" / "t8" / "verify.json"
+        ).read_bytes()
     assert COMPILE_OUTPUTS | {"manifest.json", "README.md"} <= set(bundles[0])
     for other_bundle in bundles[1:]:
         differ = sorted(k for k in set(bundles[0]) | set(other_bundle) if bundles[0].get(k) != other_bundle.get(k))
@@ -271,7 +275,9 @@ def test_catalog_lists_every_recipe_with_its_state(proj):
     assert t8["precision"] == "w8a16" and t8["targets"] == ["x-elite"] and t8["sequence_length"] == 16
     assert t8["context_length"] is None and t8["parts"] is None
     built = proj.root / "build" / "t8"
-    assert t8["artifacts"]["x-elite"] == {f: (built / f).stat().st_size for f in ("model_ctx.onnx", "model_ctx_qnn.bin")}
+    assert t8["artifacts"]["x-elite"] == {
+        f: (built / f).stat().st_size for f in ("model_ctx.onnx", "model_ctx_qnn.bin")
+    }
     assert t8["verify"]["x-elite"]["metrics"]["pooled_cosine_mean"] > 0.9 and t8["verify"]["x-elite"]["failures"] == []
     assert set(t8["tools"]) == {"qnn-sdk", "onnxruntime", "onnxruntime-qnn", "optimum", "transformers"}
     assert "unknown" not in t8["tools"].values()

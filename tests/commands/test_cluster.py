@@ -136,9 +136,12 @@ def test_worker_with_other_code_refuses(tmp_path, tiny_bert, cluster):
 
     run, out = _cluster_run(client, cluster, check=False)
     assert run.code != 0
-    assert "worker E (tcp://127.0.0.1:" in out and "refuses export:r8 (export): its outputs would have other keys" in out, out
+    assert (
+        "worker E (tcp://127.0.0.1:" in out and "refuses export:r8 (export): its outputs would have other keys" in out
+    ), out
     assert f"modules: tasks.encoder.export {ours} (client) vs {theirs} (worker)" in out, out
-    assert f"code digest differs: {keys.code_digest(Session(), StageSpec('r8', 'export', 'export', {}, family='encoder'))} (client)" in out
+    digest = keys.code_digest(Session(), StageSpec('r8', 'export', 'export', {}, family='encoder'))
+    assert f"code digest differs: {digest} (client)" in out
     # the download stage (its code is the same) was built and pushed; nothing else
     assert sorted(k.split("/")[0] for k in remote_manifests(url)) == ["download"]
     assert not (client.root / "build" / "r8").exists()
@@ -172,7 +175,9 @@ def test_killed_worker_mid_push(tmp_path, tiny_bert, cluster):
     proc = client.popen("run", "cluster", "--scheduler", cluster.address)
     deadline = time.time() + 60
     while not marker.exists():
-        assert time.time() < deadline and proc.poll() is None, proc.stdout.read() if proc.poll() is not None else a.log()
+        assert time.time() < deadline and proc.poll() is None, (
+            proc.stdout.read() if proc.poll() is not None else a.log()
+        )
         time.sleep(0.05)
     a.kill()
     first = marker.read_text().split()[0]

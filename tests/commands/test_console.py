@@ -181,7 +181,9 @@ def test_thread_mode_is_refused_with_a_clear_error(project):
         r = doit(project, "run", "-n", "2", *args, "build:th")
         said = r.stderr.strip()
         assert r.returncode == 2 and r.stdout == "" and "\n" not in said, r.stdout + r.stderr
-        assert said.startswith("npubuild: -P thread: npubuild runs stages in processes: use `doit -n N` without `-P thread`"), said
+        assert said.startswith(
+            "npubuild: -P thread: npubuild runs stages in processes: use `doit -n N` without `-P thread`"
+        ), said
 
 
 def test_interrupt_is_remembered_and_kills_children_at_once():

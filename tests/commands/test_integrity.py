@@ -157,7 +157,7 @@ def _ca_and_leaf(folder: Path, name: str) -> tuple[Path, Path, Path]:
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     day = datetime.timedelta(days=1)
 
     def usage(sign_certs: bool) -> x509.KeyUsage:
@@ -292,7 +292,7 @@ def test_an_entry_edited_in_place_is_called_damaged_not_stale(proj):
     run = proj.doit("run", "publish:a", check=False)
     assert run.code != 0 and "Traceback" not in run.log()
     line = next(ln for ln in run.log().splitlines() if "refusing to publish a" in ln)
-    assert f"a cache entry it ships is damaged" in line and "export/" in line and "doit cache_verify" in line, line
+    assert "a cache entry it ships is damaged" in line and "export/" in line and "doit cache_verify" in line, line
     assert "the recipe or a tool changed" not in line
     moved = proj.doit("run", "cache_verify", check=False)  # moves it aside (and exits 1: it found one)
     assert f"DAMAGED export/{entry.name}: tokenizer_config.json" in moved.log() and not entry.exists()

@@ -131,7 +131,9 @@ def test_compile_is_byte_identical_across_folders(tmp_path):
         (tmp_path / d).mkdir(parents=True)
         shutil.copyfile(tmp_path / "q.onnx", tmp_path / d / "q.onnx")
         qnn.compile_in_subprocess(tmp_path / d / "q.onnx", tmp_path / d / "q_ctx.onnx", "x-elite")
-        sums.append((digest.sha256_file(tmp_path / d / "q_ctx.onnx"), digest.sha256_file(tmp_path / d / "q_ctx_qnn.bin")))
+        sums.append(
+            (digest.sha256_file(tmp_path / d / "q_ctx.onnx"), digest.sha256_file(tmp_path / d / "q_ctx_qnn.bin"))
+        )
     assert sums[0] == sums[1]
     assert (tmp_path / "a" / "q_ctx_qnn.bin").stat().st_size > 0
 
@@ -151,7 +153,9 @@ verify:
   data: {{file: data/verify-en.txt, samples: 16, max_length: 128}}
   thresholds: {thresholds}
 """
-FIXED = "  - {name: fold-constants, when: pre-quantize}\n  - {name: mask-range, when: pre-quantize, params: {fill: -100.0}}"
+FIXED = (
+    "  - {name: fold-constants, when: pre-quantize}\n  - {name: mask-range, when: pre-quantize, params: {fill: -100.0}}"
+)
 
 
 def _minilm_project(project):
@@ -209,8 +213,15 @@ def _repo_recipes(project, *names):
     root = REPO
     for n in names:
         shutil.copyfile(root / "recipes" / f"{n}.yaml", project.root / "recipes" / f"{n}.yaml")
-    for rel in ("recipes/data/calib-en.txt", "recipes/data/calib-en-long.txt", "recipes/data/verify-en.txt", "recipes/data/prompts-tiny.txt",
-                "recipes/data/ppl-tiny.txt", "tasks/llm/data/tiny-corpus.txt", "recipes/data/calib-chat.jsonl"):
+    for rel in (
+        "recipes/data/calib-en.txt",
+        "recipes/data/calib-en-long.txt",
+        "recipes/data/verify-en.txt",
+        "recipes/data/prompts-tiny.txt",
+        "recipes/data/ppl-tiny.txt",
+        "tasks/llm/data/tiny-corpus.txt",
+        "recipes/data/calib-chat.jsonl",
+    ):
         (project.root / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(root / rel, project.root / rel)
 
@@ -249,10 +260,15 @@ def test_offline_hub_and_7b_recipes_expand_and_show_their_plan(project):
     keys = {}
     for r in ("qwen7b-int4", "qwen7b-int8"):
         out = project.doit("run", f"explain:{r}").tasks[f"explain:{r}"]["out"]
-        keys[r] = {ln.split()[0].split(":")[0]: ln.split()[2] for ln in out.splitlines() if ln and not ln.startswith(" ")}
+        keys[r] = {
+            ln.split()[0].split(":")[0]: ln.split()[2] for ln in out.splitlines() if ln and not ln.startswith(" ")
+        }
     assert keys["qwen7b-int4"]["download"] == keys["qwen7b-int8"]["download"] != "-" * 16
     build = project.doit("run", "build:qwen7b-int4", check=False)
-    assert build.code != 0 and "cannot get Hub model 'Qwen/Qwen2.5-7B-Instruct'" in build.tasks["download:qwen7b-int4"]["error"]
+    assert (
+        build.code != 0
+        and "cannot get Hub model 'Qwen/Qwen2.5-7B-Instruct'" in build.tasks["download:qwen7b-int4"]["error"]
+    )
 
 
 def test_cpu_qdq_sessions_compute_the_qdq_graph_as_written(project):
@@ -268,7 +284,10 @@ def test_cpu_qdq_sessions_compute_the_qdq_graph_as_written(project):
     model = project.cache / "quantize" / key / "out" / "model.onnx"
     ours = qnn.cpu_session(model)
     rng = np.random.RandomState(0)
-    shape = lambda i: [d if isinstance(d, int) else 16 for d in i.shape]
+
+    def shape(i):
+        return [d if isinstance(d, int) else 16 for d in i.shape]
+
     feed = {i.name: (rng.randint(1, 100, size=shape(i)) if i.name == "input_ids" else
                      np.ones(shape(i)) if i.name == "attention_mask" else np.zeros(shape(i)))
             .astype(np.int64 if "int64" in i.type else np.int32) for i in ours.get_inputs()}

@@ -54,7 +54,9 @@ def test_quantize_param_change_reruns_only_downstream(project):
     with open(project.root / "data" / "calib.txt", "a") as f:
         f.write("one more calibration sentence\n")
     out = project.doit("run", "explain:t8").tasks["explain:t8"]["out"]
-    assert re.search(r'changed: files.calibration \(data/calib.txt\): content "[0-9a-f]{32}" -> "[0-9a-f]{32}"', out), out
+    assert re.search(r'changed: files.calibration \(data/calib.txt\): content "[0-9a-f]{32}" -> "[0-9a-f]{32}"', out), (
+        out
+    )
     # the old quantize, compile and verify entries are now unreferenced: gc lists, keeps them
     dry = project.doit("run", "gc").tasks["gc"]["out"]
     assert dry.count("would remove ") == 3 and "MB" in dry and "(dry run" in dry

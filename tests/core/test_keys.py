@@ -39,7 +39,8 @@ importlib.reload(tasks.contract.common)
 st = importlib.reload(importlib.import_module(implementation(stage, family).module)).STAGE
 after = (keys.code_digest(Session(), spec), st.key_extra(spec.params) if stage in ("compile", "verify") else None)
 t.write_text(text)
-print(json.dumps({"modules": list(keys.code_modules(Session(), implementation(stage, family).module)), "changed": changed,
+print(json.dumps({"modules": list(keys.code_modules(Session(), implementation(stage, family).module)), "changed":
+changed,
                   "unchanged": unchanged, "extra_before": base[1], "extra_after": after[1],
                   "code_after_target_edit_differs": after[0] != base[0]}))
 """
@@ -62,7 +63,9 @@ def test_editing_any_module_quantize_imports_changes_its_key(tmp_path):
         assert m in r["modules"], (m, r["modules"])
     assert r["unchanged"] == [] and len(r["changed"]) == len(r["modules"]) >= 8
     enc = _probe(tmp_path / "encoder", "quantize")
-    assert "tasks.qnn.graphs" in enc["modules"] and enc["unchanged"] == [] and len(enc["changed"]) == len(enc["modules"])
+    assert (
+        "tasks.qnn.graphs" in enc["modules"] and enc["unchanged"] == [] and len(enc["changed"]) == len(enc["modules"])
+    )
 
 
 def test_editing_a_targets_soc_model_changes_compile_and_verify_keys(tmp_path):

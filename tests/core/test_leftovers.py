@@ -236,8 +236,11 @@ def test_stopped_lock_holder_is_named_and_given_up_on(tmp_path, monkeypatch, cap
     host = socket.gethostname()
     assert 1.5 <= waited < 10
     err = capsys.readouterr().err
-    assert f"npubuild: waiting for the lock of export/{KEY}" in err and f"held by pid {holder.pid} on host {host} since " \
-           f"{time.strftime('%Y-%m-%d')}" in err and "(stopped)" in err
+    assert (
+        f"npubuild: waiting for the lock of export/{KEY}" in err
+        and f"held by pid {holder.pid} on host {host} since {time.strftime('%Y-%m-%d')}" in err
+        and "(stopped)" in err
+    )
     assert f"gave up waiting for the lock of export/{KEY} after 1.5 s: held by pid {holder.pid}" in str(e.value)
     assert f"which is stopped; resume it (kill -CONT {holder.pid})" in str(e.value)
     assert not (tmp_path / "c" / "export" / KEY).exists()

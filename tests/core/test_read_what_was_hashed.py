@@ -38,7 +38,9 @@ def test_a_data_file_edited_while_its_stage_runs_is_not_what_the_entry_holds(pro
     p = project.popen("run", "quantize:r")
     deadline = time.time() + 120
     def copied() -> bool:  # the stage's copy holds the old bytes in full: the original was read
-        return any(c.read_bytes() == old for c in (project.cache / ".tmp").glob("quantize-*/work/inputs-*/calibration/*"))
+        return any(
+            c.read_bytes() == old for c in (project.cache / ".tmp").glob("quantize-*/work/inputs-*/calibration/*")
+        )
 
     while not copied():
         assert p.poll() is None and time.time() < deadline, p.communicate()[0]
@@ -60,8 +62,10 @@ def test_a_data_file_edited_while_its_stage_runs_is_not_what_the_entry_holds(pro
     assert run.ran() == ["quantize:r"]
     keys = project.entries("quantize")
     assert len(keys) == 2
-    digests = {json.loads((project.cache / "quantize" / k / "manifest.json").read_text())["files"]["calibration"]["xxh3"]
-               for k in keys}
+    digests = {
+        json.loads((project.cache / "quantize" / k / "manifest.json").read_text())["files"]["calibration"]["xxh3"]
+        for k in keys
+    }
     assert digests == {_xxh(old), _xxh(new)}
 
 
@@ -75,8 +79,10 @@ def test_snapshot_refuses_a_file_that_changed_since_its_key(tmp_path):
     f.write_text("one\nthree\n")
     with pytest.raises(digest.InputChanged) as e:
         digest.snapshot({"calibration": f}, {"calibration": want}, {"calibration": "data/calib.txt"}, tmp_path / "t")
-    assert str(e.value).startswith(f"data/calib.txt: changed while the build ran (the stage key hashed xxh3 {want[:16]}, "
-                                   f"the file now holds {digest.hash_file_uncached(f)[:16]})")
+    assert str(e.value).startswith(
+        f"data/calib.txt: changed while the build ran (the stage key hashed xxh3 {want[:16]}, "
+        f"the file now holds {digest.hash_file_uncached(f)[:16]})"
+    )
 
 
 def test_a_source_copy_that_differs_from_its_key_names_the_file(project):
@@ -98,7 +104,9 @@ def test_a_source_copy_that_differs_from_its_key_names_the_file(project):
             download.check_read(out, material, params)
     finally:
         del os.environ["NPUBUILD_ROOT"]
-    assert str(e.value).startswith("source.path 'models/tiny-bert': config.json changed while the build read the folder")
+    assert str(e.value).startswith(
+        "source.path 'models/tiny-bert': config.json changed while the build read the folder"
+    )
 
 
 @pytest.mark.parametrize("name", ["vocab.txt", "model.safetensors"])
@@ -114,8 +122,10 @@ def test_a_link_out_of_a_source_folder_is_a_load_error(project, tmp_path, name):
     project.recipe("r")
     run = project.doit("run", "build:r", check=False)
     assert run.code != 0 and TRACEBACK not in run.log()
-    want = (f"source.path: expected every file of source.path 'models/tiny-bert' to lie inside {project.root.resolve()} "
-            f"once links are followed, found 1 link out: {name} -> {secret.resolve()}")
+    want = (
+        f"source.path: expected every file of source.path 'models/tiny-bert' to lie inside {project.root.resolve()} "
+        f"once links are followed, found 1 link out: {name} -> {secret.resolve()}"
+    )
     assert want in run.output, run.output
     assert not (project.cache / "download").exists() and not (project.root / "dist").exists()
     pub = project.doit("run", "publish:r", check=False)

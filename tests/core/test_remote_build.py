@@ -46,10 +46,13 @@ def test_checkouts_share_one_remote(tmp_path, tiny_bert, remote_url):
     built = build_files(b, "t8")
     assert built == build_files(a, "t8")  # byte-identical build/t8/
     assert len(built) == 9 and {"model_ctx.onnx", "model_ctx_qnn.bin", "verify.json", "tokenizer.json"} <= set(built)
-    for stage, kind in STAGES.items():
+    for kind in STAGES.values():
         (key,) = b.entries(kind)
         m = json.loads((b.cache / kind / key / "manifest.json").read_text())
-        assert m["remote"]["pulled_from"] == remote_url and m["output_digest"] == json.loads(remote[f"{kind}/{key}"])["output_digest"]
+        assert (
+            m["remote"]["pulled_from"] == remote_url
+            and m["output_digest"] == json.loads(remote[f"{kind}/{key}"])["output_digest"]
+        )
     assert _status(b, "t8") == {s: "local hit" for s in STAGES}
 
     # pushing again replaces nothing

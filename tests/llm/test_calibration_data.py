@@ -42,8 +42,14 @@ class _Tok:
 
 def test_jsonl_samples_use_the_chat_template_when_the_tokenizer_has_one(tmp_path):
     f = tmp_path / "c.jsonl"
-    f.write_text(json.dumps({"messages": [{"role": "user", "content": "你好"}, {"role": "assistant", "content": "Hi."}]},
-                            ensure_ascii=False) + "\n\n", encoding="utf-8")
+    f.write_text(
+        json.dumps(
+            {"messages": [{"role": "user", "content": "你好"}, {"role": "assistant", "content": "Hi."}]},
+            ensure_ascii=False,
+        )
+        + "\n\n",
+        encoding="utf-8",
+    )
     assert samples_of(_Tok("{{ messages }}"), f) == ["<|user|>你好<|end|><|assistant|>Hi.<|end|>"]
     assert samples_of(_Tok(None), f) == ["你好\n\nHi."]
     t = tmp_path / "c.txt"
@@ -93,12 +99,15 @@ def test_an_llm_recipe_with_a_bad_chat_file_is_a_load_error(tmp_path, monkeypatc
     ok, errs = load_all(tmp_path / "recipes", collect_errors=True)
     assert "r" not in ok
     msg = dict(errs["r"].problems)["quantize.calibration.file"]
-    assert msg.endswith("c.jsonl:2: expected messages[0] to be {\"role\": text, \"content\": text}, found {\"role\": \"user\"}")
+    assert msg.endswith('c.jsonl:2: expected messages[0] to be {"role": text, "content": text}, found {"role": "user"}')
 
 
 def test_english_calibration_set_is_apart_from_the_verify_sentences():
     cal = (REPO / "recipes" / "data" / "calib-en-long.txt").read_text(encoding="utf-8").splitlines()
-    ver = {s.strip().lower() for s in (REPO / "recipes" / "data" / "verify-en.txt").read_text(encoding="utf-8").splitlines()}
+    ver = {
+        s.strip().lower()
+        for s in (REPO / "recipes" / "data" / "verify-en.txt").read_text(encoding="utf-8").splitlines()
+    }
     assert len([c for c in cal if c.strip()]) == 379
     assert not {c.strip().lower() for c in cal} & ver
 

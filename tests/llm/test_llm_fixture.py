@@ -64,6 +64,12 @@ def test_the_export_fixture_cache_key_holds_every_module_the_export_runs():
     """Issue 23: the cached tiny export was keyed on export.py alone, so an edit of the
     checkpoint reader or the family table reused a stale export."""
     files = export_code("tasks.llm.pipeline_graphs")
-    assert {"tasks.llm.pipeline_graphs", "tasks.llm.part_weights", "tasks.llm.checkpoint", "tasks.llm.architectures", "tasks.llm.parts",
-            "tasks.llm.layout"} <= set(files)
+    assert {
+        "tasks.llm.pipeline_graphs",
+        "tasks.llm.part_weights",
+        "tasks.llm.checkpoint",
+        "tasks.llm.architectures",
+        "tasks.llm.parts",
+        "tasks.llm.layout",
+    } <= set(files)
     assert all(f.is_file() and f.suffix == ".py" for f in files.values())

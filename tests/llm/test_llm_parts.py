@@ -76,7 +76,9 @@ def test_parts_are_stages_resume_by_part_and_are_shared(parts_project):
     assert desc["parts"][1]["prefill"]["inputs"][0]["name"] == "hidden_states_0"
     assert desc["parts"][2]["prefill"]["outputs"][0]["name"] == "logits"
     for k in range(3):
-        assert (b / "shared" / f"part{k}" / "prefill_ctx.onnx").is_file() and (b / f"part{k}" / "decode_ctx.onnx").is_file()
+        assert (b / "shared" / f"part{k}" / "prefill_ctx.onnx").is_file() and (
+            b / f"part{k}" / "decode_ctx.onnx"
+        ).is_file()
     # calibrate.part1 read part 0's hidden states; the last part writes none
     st = _stages(proj, "tiny3")
     cal = [proj.cache / "calibrate" / st[f"calibrate.part{k}"]["key"] / "out" for k in range(3)]
@@ -84,7 +86,9 @@ def test_parts_are_stages_resume_by_part_and_are_shared(parts_project):
     m1 = json.loads((cal[1].parent / "manifest.json").read_text())
     assert m1["inputs"]["previous"]["key"] == st["calibrate.part0"]["key"]
     for k in range(3):  # each part's weight-shared binary is < 0.7 x its two single-graph binaries
-        row, = json.loads((proj.cache / "compile" / st[f"compile.part{k}"]["key"] / "manifest.json").read_text())["info"]["parts"]
+        (row,) = json.loads((proj.cache / "compile" / st[f"compile.part{k}"]["key"] / "manifest.json").read_text())[
+            "info"
+        ]["parts"]
         assert row["part"] == k and row["shared_ratio"] < 0.7, row
     r = json.loads((b / "verify.json").read_text())
     # the HTP simulator, through onnxruntime-genai's pipeline of the 3 parts' 6 graphs
@@ -93,8 +97,11 @@ def test_parts_are_stages_resume_by_part_and_are_shared(parts_project):
     assert r["all_on_htp"] is True
     # every binary read back: per part the weight-shared one (both graphs, weights shared) and
     # the two per-graph ones, all for x-elite's SoC (60)
-    assert sorted(r["binaries"]) == sorted(f"{d}part{k}/{g}_ctx_qnn.bin" for k in range(3)
-                                           for d, g in (("", "prefill"), ("", "decode"), ("shared/", "prefill"))), r["binaries"]
+    assert sorted(r["binaries"]) == sorted(
+        f"{d}part{k}/{g}_ctx_qnn.bin"
+        for k in range(3)
+        for d, g in (("", "prefill"), ("", "decode"), ("shared/", "prefill"))
+    ), r["binaries"]
     for k in range(3):
         shared = r["binaries"][f"shared/part{k}/prefill_ctx_qnn.bin"]
         assert shared["soc_model"] == 60 and len(shared["graphs"]) == 2, shared
@@ -106,7 +113,9 @@ def test_parts_are_stages_resume_by_part_and_are_shared(parts_project):
     subprocess.run(["chmod", "-R", "u+w", str(q1)], check=True)
     subprocess.run(["rm", "-rf", str(q1)], check=True)
     said = proj.doit("run", "explain:tiny3").tasks["explain:tiny3"]["out"]
-    assert f"changed: nothing in its key: the entry quantize/{st['quantize.part1']['key'][:12]} the last build" in said, said
+    assert (
+        f"changed: nothing in its key: the entry quantize/{st['quantize.part1']['key'][:12]} the last build" in said
+    ), said
     again = proj.doit("run", "build:tiny3")
     assert again.ran() == ["quantize.part1:tiny3"], again.log()
 
@@ -136,7 +145,10 @@ def test_parts_are_stages_resume_by_part_and_are_shared(parts_project):
     for k in range(3):
         out = proj.cache / "compile" / st[f"compile.part{k}"]["key"] / "out"
         assert sorted(p.name for p in out.iterdir()) == ["shared"], list(out.iterdir())
-        assert sorted(p.name for p in (out / "shared" / f"part{k}").glob("*.onnx")) == ["decode_ctx.onnx", "prefill_ctx.onnx"]
+        assert sorted(p.name for p in (out / "shared" / f"part{k}").glob("*.onnx")) == [
+            "decode_ctx.onnx",
+            "prefill_ctx.onnx",
+        ]
     cb = proj.root / "build" / "tiny3-cpu"
     assert not any((cb / f"part{k}").exists() for k in range(3)) and (cb / "genai_config.json").is_file()
     rc = json.loads((cb / "verify.json").read_text())
@@ -150,7 +162,11 @@ def test_parts_are_stages_resume_by_part_and_are_shared(parts_project):
     # the model's parameters as transformers counts them (tied head once), not the graphs'
     # initializers (rotary and mask tables, the tied head's copy: 2.57 M, a tester)
     from transformers import AutoModelForCausalLM
-    assert row["parameters"] == AutoModelForCausalLM.from_pretrained(str(proj.root / ".fixtures" / "tiny-qwen2")).num_parameters()
+
+    assert (
+        row["parameters"]
+        == AutoModelForCausalLM.from_pretrained(str(proj.root / ".fixtures" / "tiny-qwen2")).num_parameters()
+    )
     # explain shows each part's stage with its key
     out = proj.doit("run", "explain:tiny3").tasks["explain:tiny3"]["out"]
     assert all(f"quantize.part{k}" in out for k in range(3)), out
@@ -230,7 +246,12 @@ def test_calibration_disk_estimate_and_a_calibration_that_cannot_fit(parts_proje
                             "calibrate.part0:many"], env=env, capture_output=True, text=True, timeout=600)
         assert p.returncode != 0, p.stdout + p.stderr
         line = [ln for ln in (p.stdout + p.stderr).splitlines() if "DiskFull" in ln]
-        assert len(line) == 1 and "quantize.calibration.samples" in line[0] and "of part 0 writes about" in line[0] and f"({huge})" in line[0], p.stdout + p.stderr
+        assert (
+            len(line) == 1
+            and "quantize.calibration.samples" in line[0]
+            and "of part 0 writes about" in line[0]
+            and f"({huge})" in line[0]
+        ), p.stdout + p.stderr
         assert "Traceback" not in p.stdout + p.stderr
         assert not (huge / "calibrate").is_dir() or not any((huge / "calibrate").iterdir())
         # before work, not a failed write minutes in: the estimate's line (check_disk), not the

@@ -117,7 +117,9 @@ def test_decode_graph_takes_the_prefills_int4_encodings(qwen2_qdq, tmp_path):
     pre = q("prefill", "pre.onnx")
     dec = q("decode", "dec.onnx", same_as=(ex / "part0" / "prefill.onnx", pre))
     assert sha(dec) == sha(q("decode", "dec_own.onnx"))
-    enc = {i.name: i.raw_data for i in onnx.load(str(pre)).graph.initializer if i.name.endswith(("_bint", "_quantized"))}
+    enc = {
+        i.name: i.raw_data for i in onnx.load(str(pre)).graph.initializer if i.name.endswith(("_bint", "_quantized"))
+    }
     got = {i.name: i.raw_data for i in onnx.load(str(dec)).graph.initializer if i.name in enc}
     assert len(enc) > 20 and got == enc
     other = tmp_path / "other"

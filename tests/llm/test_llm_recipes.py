@@ -96,9 +96,13 @@ def test_w4a16_after_w8a16_reuses_download_and_export(llm_project):
     # (min 0.99748 vs 0.99756, perplexity ratio 0.990 vs 0.967): one near tie flipped
     assert m["token_agreement"] >= 0.98 and m["logits_cosine_mean"] >= 0.997, m
     assert m["genai_runner_agreement"] == 1.0, m
-    key = json.loads((llm_project.root / "build" / "tiny-qwen2-w4a16" / "stages.json").read_text())["quantize.part0"]["key"]
+    key = json.loads((llm_project.root / "build" / "tiny-qwen2-w4a16" / "stages.json").read_text())["quantize.part0"][
+        "key"
+    ]
     graphs = json.loads((llm_project.cache / "quantize" / key / "manifest.json").read_text())["info"]["graphs"]
-    for g in graphs.values():  # 4 layers x 5 int4 projections (v, down at 8 bits) + lm_head, all LPBQ; the table at 8 bits
+    for (
+        g
+    ) in graphs.values():  # 4 layers x 5 int4 projections (v, down at 8 bits) + lm_head, all LPBQ; the table at 8 bits
         assert g["block_wise_weights"] == g["int4_weights"] == 21, g
         assert g["tables_8bit"] == ["model.embed_tokens.weight_quantized"], g
     (part,) = _compile_info(llm_project, "tiny-qwen2-w4a16")["parts"]
@@ -259,7 +263,10 @@ def test_tiny_llm_builds_byte_identical_in_two_folders(llm_project, tmp_path):
         dists.append(folder / "dist")
     first = sums(dists[0] / recipe)
     assert [k for k in first if k.endswith(".bin") or k.endswith("_ctx.onnx")] == [
-        "shared/part0/decode_ctx.onnx", "shared/part0/prefill_ctx.onnx", "shared/part0/prefill_ctx_qnn.bin"], sorted(first)
+        "shared/part0/decode_ctx.onnx",
+        "shared/part0/prefill_ctx.onnx",
+        "shared/part0/prefill_ctx_qnn.bin",
+    ], sorted(first)
     assert (llm_project.root / "build" / recipe / "part0" / "decode_ctx_qnn.bin").is_file()  # verify's, not shipped
     for d in dists[1:]:
         other_sums = sums(d / recipe)

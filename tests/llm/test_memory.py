@@ -130,8 +130,11 @@ def test_stage_refuses_a_build_that_does_not_fit(tmp_path):
         proj.env["NPUBUILD_MEMORY_GB"] = bad
         for args in (("run", "build:tiny-qwen2-w8a16"), ("run", "explain:tiny-qwen2-w8a16")):
             r = proj.doit(*args, check=False)
-            assert r.code == 2 and r.log().strip() == \
-                f"npubuild: NPUBUILD_MEMORY_GB: expected a number of GiB > 0 and at most 1048576, found {bad!r}", r.log()
+            assert (
+                r.code == 2
+                and r.log().strip()
+                == f"npubuild: NPUBUILD_MEMORY_GB: expected a number of GiB > 0 and at most 1048576, found {bad!r}"
+            ), r.log()
     proj.env["NPUBUILD_MEMORY_GB"] = "4"
     assert proj.doit("run", "export.part0:tiny-qwen2-w8a16").ran() == ["export.part0:tiny-qwen2-w8a16"]
 
@@ -140,8 +143,11 @@ def test_not_enough_memory_names_the_recipe_keys_that_lower_it(monkeypatch):
     from tasks.llm import memory
 
     monkeypatch.setenv("NPUBUILD_MEMORY_GB", "2")
-    with pytest.raises(memory.NotEnoughMemory, match=r"quantize: part 3 needs about 3.0 GiB, 2.0 GiB is available "
-                                                     r"\(NPUBUILD_MEMORY_GB\); to lower it change export.parts \(now 4\)"):
+    with pytest.raises(
+        memory.NotEnoughMemory,
+        match=r"quantize: part 3 needs about 3.0 GiB, 2.0 GiB is available "
+        r"\(NPUBUILD_MEMORY_GB\); to lower it change export.parts \(now 4\)",
+    ):
         memory.check("quantize", 3 * memory.GiB, 3, recipe_keys="export.parts (now 4)")
     memory.check("quantize", 2 * memory.GiB, 3, recipe_keys="export.parts (now 4)")  # fits: nothing raised
 

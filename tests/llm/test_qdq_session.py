@@ -20,8 +20,13 @@ def _lpbq_matmul(K: int, N: int, block: int, seed: int = 0):
     rng = np.random.default_rng(seed)
     W = (rng.standard_normal((K, N)) * np.exp(rng.standard_normal((K, 1)))).astype(np.float32) * 0.05
     s = (np.abs(W).max(0) / 7.5).astype(np.float32)
-    inits = [helper.make_tensor("w_quantized", TensorProto.INT4, [K, N], np.clip(np.round(W / s), -8, 7).astype(int).ravel().tolist()),
-             numpy_helper.from_array(s, "w_scale"), helper.make_tensor("w_zero_point", TensorProto.INT4, [N], [0] * N)]
+    inits = [
+        helper.make_tensor(
+            "w_quantized", TensorProto.INT4, [K, N], np.clip(np.round(W / s), -8, 7).astype(int).ravel().tolist()
+        ),
+        numpy_helper.from_array(s, "w_scale"),
+        helper.make_tensor("w_zero_point", TensorProto.INT4, [N], [0] * N),
+    ]
     nodes = [helper.make_node("DequantizeLinear", ["w_quantized", "w_scale", "w_zero_point"], ["wd"], axis=1),
              helper.make_node("MatMul", ["x", "wd"], ["y"])]
     g = helper.make_graph(nodes, "mm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "M", K])],
@@ -41,13 +46,18 @@ def test_folded_block_scales_are_the_bits_the_operator_computes(tmp_path):
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     x = np.ones((1, 1, 256), np.float32)
-    want = ort.InferenceSession(probe.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(["w_scale"], {"x": x})[0]
+    want = ort.InferenceSession(probe.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(
+        ["w_scale"], {"x": x}
+    )[0]
     assert fold_block_scales(m, tmp_path) == 1
     got = numpy_helper.to_array(next(i for i in m.graph.initializer if i.name == "w_scale"))
-    assert got.dtype == np.float32 and got.shape == (8, 96) and np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert (
+        got.dtype == np.float32 and got.shape == (8, 96) and np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    )
     names = {i.name for i in m.graph.initializer}
-    assert not names & {"w_bint", "w_pc", "w_pc_zero_point"} and not any(n.op_type == "DequantizeLinear" and
-                                                                          n.name.endswith("_block_scales") for n in m.graph.node)
+    assert not names & {"w_bint", "w_pc", "w_pc_zero_point"} and not any(
+        n.op_type == "DequantizeLinear" and n.name.endswith("_block_scales") for n in m.graph.node
+    )
 
 
 @pytest.mark.parametrize("M", [1, 128])
@@ -70,5 +80,7 @@ def test_a_block_scale_node_fed_by_a_computed_tensor_is_refused(tmp_path):
     dq = next(n for n in m.graph.node if n.name.endswith("_block_scales"))
     m.graph.node.insert(0, helper.make_node("Identity", ["w_pc"], ["pc_copy"]))
     dq.input[1] = "pc_copy"
-    with pytest.raises(ValueError, match=r"w_block_scales: expected initializers as inputs, found computed \['pc_copy'\]"):
+    with pytest.raises(
+        ValueError, match=r"w_block_scales: expected initializers as inputs, found computed \['pc_copy'\]"
+    ):
         fold_block_scales(m, tmp_path)

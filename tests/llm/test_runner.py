@@ -102,7 +102,9 @@ def test_calibration_feeds_are_real(tmp_path):
         for l in range(2):
             np.testing.assert_allclose(f0[f"past_key_{l}"][0, :, :n], past.layers[l].keys[0, :, :n].numpy(), atol=1e-4)
             assert not f0[f"past_key_{l}"][0, :, -(-n // SEQ_LEN) * SEQ_LEN:].any()  # after the padded prompt
-        np.testing.assert_allclose(f1[f"past_value_{lo1}"][0, :, :n], past.layers[lo1].values[0, :, :n].numpy(), atol=1e-4)
+        np.testing.assert_allclose(
+            f1[f"past_value_{lo1}"][0, :, :n], past.layers[lo1].values[0, :, :n].numpy(), atol=1e-4
+        )
         np.testing.assert_allclose(f1["hidden_states_0"][0, 0], out.hidden_states[lo1][0, n].numpy(), atol=1e-4)
     assert list((cal[0] / "hidden").glob("*.npy")) and not (cal[1] / "hidden").exists()  # the last part writes none
     assert not list(tmp_path.rglob("kv"))
@@ -254,7 +256,10 @@ def test_part_stream_one_part_at_a_time_equals_the_runner(embed):
     _, tok = _hf("llama")
     prompts = [tok(p)["input_ids"] for p in PROMPTS[:3]] + [tok(LONG)["input_ids"]]
     embed_table = np.load(ex / desc["embed_file"]) if desc["embed_file"] else None
-    path = lambda i, kind: ex / desc["parts"][i][kind]["path"]
+
+    def path(i, kind):
+        return ex / desc["parts"][i][kind]["path"]
+
     one = PartStream(desc, path, cpu, resident=1, embed_table=embed_table)
     both = PartStream(desc, path, cpu, resident=2, embed_table=embed_table)
     t1, l1 = one.run(prompts, 6)
@@ -285,7 +290,10 @@ def test_part_stream_score_is_teacher_forcing_in_prefill_windows(embed):
     ids = tok(LONG)["input_ids"][: desc["context_len"] - 1]
     assert len(ids) > desc["seq_len"]  # two windows at least
     embed_table = np.load(ex / desc["embed_file"]) if desc["embed_file"] else None
-    path = lambda i, kind: ex / desc["parts"][i][kind]["path"]
+
+    def path(i, kind):
+        return ex / desc["parts"][i][kind]["path"]
+
     s = PartStream(desc, path, cpu, resident=1, embed_table=embed_table)
     rows = s.score(ids)
     assert rows.shape == (len(ids) - 1, desc["vocab_size"] if "vocab_size" in desc else rows.shape[1])

@@ -31,8 +31,8 @@ def test_verify_loads_each_part_once_per_side_whatever_the_tokens(tmp_path, tiny
     each), the teacher-forced fp32 side 2 (its prefill graphs: the compiled tokens go through
     them with the prompt), the perplexity text riding in the same prefill passes. Again on the
     entries, counted in the factory: the fp32 side opens each prefill graph once for 4 tokens as
-    for 12, with one part resident; the compiled side each graph once when its decode sessions and KV caches fit the budget (here
-    exactly), and a decode graph per token when nothing fits (the greedy side's next token
+    for 12, with one part resident; the compiled side each graph once when its decode sessions and KV caches fit the
+    budget (here exactly), and a decode graph per token when nothing fits (the greedy side's next token
     needs the last part's output). The budget changes no figure: the report equals the
     stage's verify.json."""
     from tasks.llm.boundary import kv_cache

@@ -84,7 +84,9 @@ def test_gc_threshold_follows_the_stage_and_objects_are_frozen_at_exit():
 def test_only_stages_of_small_inputs_keep(tmp_path):
     from tasks.store.entries import Entry
 
-    small = Entry("export", "k", tmp_path, {"outputs": {"model.onnx": {"size": 90_331_157}, "vocab.txt": {"size": 231_508}}})
+    small = Entry(
+        "export", "k", tmp_path, {"outputs": {"model.onnx": {"size": 90_331_157}, "vocab.txt": {"size": 231_508}}}
+    )
     big = Entry("export", "k", tmp_path, {"outputs": {f"part{i}.onnx": {"size": 4 << 30} for i in range(4)}})
     assert heap.input_bytes({"model": small}) == 90_562_665
     assert heap.input_bytes({"model": small, "source": big}) == 90_562_665 + (16 << 30)

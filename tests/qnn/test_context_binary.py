@@ -1,7 +1,7 @@
 """Every context binary read back (tasks/qnn/context_binary.py, its checks
-tasks/qnn/context_binary_checks.py): the reader against the binaries the build makes, and, through the doit CLI, a built LLM whose shipped files are tampered with as a
-faulty compile, bundle or cache would leave them (the entry re-sealed, so the cache's own
-integrity check passes): each fault fails verify with one line naming binary, graph, tensor,
+tasks/qnn/context_binary_checks.py): the reader against the binaries the build makes, and, through the doit CLI, a built
+LLM whose shipped files are tampered with as a faulty compile, bundle or cache would leave them (the entry re-sealed, so
+the cache's own integrity check passes): each fault fails verify with one line naming binary, graph, tensor,
 expected and found."""
 
 from __future__ import annotations
@@ -182,7 +182,9 @@ def test_compile_refuses_a_binary_missing_from_the_plan(tmp_path, tiny_bert):
     with pytest.raises(context_binary_checks.Mismatch) as e:
         context_binary_checks.check_models(copy, models + ["other_ctx.onnx"], "8gen2", qdq=compiled_models(qdq))
     assert e.value.lines[0] == "other_ctx.onnx: expected (the plan compiles it), found no such file"
-    assert e.value.lines[1].endswith("SoC model expected 43 (8gen2), found 60 (the binary was prepared for another SoC)")
+    assert e.value.lines[1].endswith(
+        "SoC model expected 43 (8gen2), found 60 (the binary was prepared for another SoC)"
+    )
     assert len(e.value.lines) == 2
 
 

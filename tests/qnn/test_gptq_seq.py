@@ -110,7 +110,9 @@ def test_a_span_rounds_each_diagonal_block_of_the_hessian_on_its_own(tmp_path):
     from tasks.contract.params import GPTQ_SPAN
 
     feeds, W0, W1 = _case()
-    with pytest.raises(ValueError, match=f"expected a multiple of {gptq.SPAN_ALIGN}"):  # the load check's rule is spans'
+    with pytest.raises(
+        ValueError, match=f"expected a multiple of {gptq.SPAN_ALIGN}"
+    ):  # the load check's rule is spans'
         GPTQ_SPAN.check(gptq.SPAN_ALIGN + 1, {"rounding": "gptq"})
     assert GPTQ_SPAN.check(3 * gptq.SPAN_ALIGN, {"rounding": "gptq"}) == 3 * gptq.SPAN_ALIGN
     assert gptq.spans(K0, 32) == [(0, 32), (32, 64)] and gptq.spans(K1, 32) == [(0, 32), (32, 64), (64, 96)]

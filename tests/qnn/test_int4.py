@@ -26,8 +26,10 @@ def _qdq_matmul(W: np.ndarray, M: int = 32):
         helper.make_tensor("w_quantized", TensorProto.INT4, [K, N], q.ravel().tolist()),
         numpy_helper.from_array(s, "w_scale"),
         helper.make_tensor("w_zero_point", TensorProto.INT4, [N], [0] * N),
-        numpy_helper.from_array(np.array(0.002, np.float32), "xs"), numpy_helper.from_array(np.array(32768, np.uint16), "xz"),
-        numpy_helper.from_array(np.array(0.004, np.float32), "ys"), numpy_helper.from_array(np.array(32768, np.uint16), "yz"),
+        numpy_helper.from_array(np.array(0.002, np.float32), "xs"),
+        numpy_helper.from_array(np.array(32768, np.uint16), "xz"),
+        numpy_helper.from_array(np.array(0.004, np.float32), "ys"),
+        numpy_helper.from_array(np.array(32768, np.uint16), "yz"),
     ]
     nodes = [
         helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
@@ -63,7 +65,7 @@ def test_lpbq_scale_search_never_loses_to_the_rounded_max_rule():
     for block in (32, 64):
         W = (rng.standard_t(3, (256, 200)) * np.exp(rng.standard_normal((1, 200)))).astype(np.float32)
 
-        def err(bint, pc):
+        def err(bint, pc, W=W, block=block):
             S = np.repeat(bint.astype(np.float32) * pc, block, axis=0)
             return ((W - np.clip(np.round(W / S), -8, 7) * S) ** 2).sum(0)
 
@@ -220,7 +222,10 @@ def test_override_patterns_are_regular_expressions_for_llm_matmuls():
         inits.append(numpy_helper.from_array(np.zeros((4, 4), np.float32), w))
         nodes.append(helper.make_node("MatMul", ["x", w], [name + "_out"], name=name))
     m = helper.make_model(helper.make_graph(nodes, "g", [], [], inits))
-    got = {k: v[0]["quant_type"].name for k, v in matmul_weight_overrides(m, "int4", keep_8bit=("down_proj|v_proj",)).items()}
+    got = {
+        k: v[0]["quant_type"].name
+        for k, v in matmul_weight_overrides(m, "int4", keep_8bit=("down_proj|v_proj",)).items()
+    }
     assert got == {"down_proj_w": "QUInt8", "v_proj_w": "QUInt8", "q_proj_w": "QInt4", "lm_head_w": "QInt4"}
 
 
@@ -247,7 +252,9 @@ def test_per_tensor_w4a16_with_an_8_bit_table_builds_all_on_htp(project):
     project.doit("run", "build:tp")
     info = _quantize_manifest(project, "tp")["info"]["graphs"]["model.onnx"]
     assert info["int4_weights"] == 0 and info["tables_8bit"] == ["embeddings.word_embeddings.weight_quantized"]
-    assert json.loads((project.root / "build" / "tp" / "verify.json").read_text())["metrics"]["pooled_cosine_mean"] > 0.9
+    assert (
+        json.loads((project.root / "build" / "tp" / "verify.json").read_text())["metrics"]["pooled_cosine_mean"] > 0.9
+    )
 
 
 def test_reencode_leaves_no_stale_external_data(tmp_path):
@@ -288,9 +295,13 @@ def _qdq_gather(q16: np.ndarray, scale: float, zp: int):
     """ids -> Gather(DQ(uint16 table)) -> Q/DQ uint16: the token embedding as onnxruntime's QNN
     quantizer leaves it (a 16-bit per-tensor table, the Gather output's own Q/DQ pair)."""
     rows, cols = q16.shape
-    inits = [numpy_helper.from_array(q16, "t_quantized"), numpy_helper.from_array(np.array(scale, np.float32), "t_scale"),
-             numpy_helper.from_array(np.array(zp, np.uint16), "t_zero_point"),
-             numpy_helper.from_array(np.array(0.01, np.float32), "gs"), numpy_helper.from_array(np.array(32768, np.uint16), "gz")]
+    inits = [
+        numpy_helper.from_array(q16, "t_quantized"),
+        numpy_helper.from_array(np.array(scale, np.float32), "t_scale"),
+        numpy_helper.from_array(np.array(zp, np.uint16), "t_zero_point"),
+        numpy_helper.from_array(np.array(0.01, np.float32), "gs"),
+        numpy_helper.from_array(np.array(32768, np.uint16), "gz"),
+    ]
     nodes = [helper.make_node("DequantizeLinear", ["t_quantized", "t_scale", "t_zero_point"], ["td"]),
              helper.make_node("Gather", ["td", "ids"], ["g"]),
              helper.make_node("QuantizeLinear", ["g", "gs", "gz"], ["gq"]),
@@ -390,5 +401,7 @@ def test_narrowing_reads_the_tables_dequantize_as_onnx_defines_it(layout):
         if a.name == "block_size":
             bad.graph.node[0].attribute.remove(a)
     if layout == "blocked-rows":  # [rows, 1] on a per-axis DequantizeLinear: not ONNX's layout
-        with pytest.raises(ValueError, match=r"t_quantized: expected .* of shape \(5,\) or one value .* found \[9, 1\]"):
+        with pytest.raises(
+            ValueError, match=r"t_quantized: expected .* of shape \(5,\) or one value .* found \[9, 1\]"
+        ):
             narrow_gather_tables(bad, min_rows=1)

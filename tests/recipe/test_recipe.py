@@ -40,7 +40,9 @@ def test_defaults_and_plan(tmp_path):
 
 def test_extends_deep_merges(tmp_path):
     write(tmp_path, "base", GOOD + "description: base\nexport: {sequence_length: 64, batch_size: 1}\n")
-    r = load_recipe(write(tmp_path, "child", "extends: base\nexport: {sequence_length: 32}\nquantize: {precision: w4a16}\n"))
+    r = load_recipe(
+        write(tmp_path, "child", "extends: base\nexport: {sequence_length: 32}\nquantize: {precision: w4a16}\n")
+    )
     assert r.name == "child" and r.description == "base"
     assert r.export.sequence_length == 32 and r.export.batch_size == 1
     assert r.quantize.precision == "w4a16" and r.quantize.calibration.file == "data/c.txt"
@@ -55,15 +57,16 @@ BAD = {
     "unknown-key": (GOOD + "quantise: {precision: w8a16}\n", "quantise", "unknown"),
     "wrong-type": (GOOD + "export: {sequence_length: long}\n", "export.sequence_length", "found 'long'"),
     "bad-name": (GOOD + "name: Bad_Name\n", "name", "lowercase"),
-    "target-typo": (GOOD + "compile: {targets: [x-elit]}\n", "compile.targets", "found unknown ['x-elit']; did you mean "
-                                                                               "'x-elite'?"),
+    "target-typo": (GOOD + "compile: {targets: [x-elit]}\n", "compile.targets",
+                    "found unknown ['x-elit']; did you mean 'x-elite'?"),
     "key-typo": (GOOD.replace("calibration:", "calibraton: {file: data/c.txt}\n  calibration:"),
                  "quantize.calibraton", "expected no such key (unknown), found {file: data/c.txt}; did you mean "
                                         "'calibration'?"),
     "section-typo": (GOOD + "verfy: {backend: htp}\n", "verfy", "found {backend: htp}; did you mean 'verify'?"),
     "yaml-values": (GOOD + "export: {sequence_length: true}\n", "export.sequence_length",
                     "found true"),
-    "batch-size": (GOOD + "export: {batch_size: 2}\n", "export.batch_size", "expected 1 (quantize and verify feed one sequence per call"),
+    "batch-size": (GOOD + "export: {batch_size: 2}\n", "export.batch_size",
+                   "expected 1 (quantize and verify feed one sequence per call"),
     "unknown-target": (GOOD + "compile: {targets: [x-elite, snapdragon-99]}\n", "compile.targets", "8gen3"),
     "unknown-patch": (GOOD + "patches: [{name: make-it-fast}]\n", "patches[0].name", "mask-range"),
     "bad-precision": (GOOD.replace("calibration:", "precision: w3a5\n  calibration:"), "quantize.precision", "w4a16"),
@@ -95,7 +98,8 @@ BAD = {
                                       "  calibration:"), "quantize.gptq_span", "expected a multiple of 32, found 1000"),
     "embedding-bits": (GOOD.replace("calibration:", "precision: w4a16\n  embedding_bits: 4\n  calibration:"),
                        "quantize.embedding_bits", "expected 8 or 16; found 4"),
-    "unknown-threshold": (GOOD.replace("data: {file: data/v.txt}", "data: {file: data/v.txt}\n  thresholds: {accuracy: 0.9}"),
+    "unknown-threshold": (GOOD.replace("data: {file: data/v.txt}",
+                                       "data: {file: data/v.txt}\n  thresholds: {accuracy: 0.9}"),
                           "verify.thresholds", "pooled_cosine_mean"),
     "negative-samples": (GOOD.replace("{file: data/c.txt}", "{file: data/c.txt, samples: -3}"),
                          "quantize.calibration.samples", "greater than or equal to 1"),
@@ -110,7 +114,8 @@ BAD = {
                             "found unknown 'fil'"),
     "bad-regex": (GOOD.replace("calibration:", "overrides: [{pattern: '([', weight_bits: 8}]\n  calibration:"),
                   "quantize.overrides[0].pattern", "expected a regular expression"),
-    "nan-threshold": (GOOD.replace("data: {file: data/v.txt}", "data: {file: data/v.txt}\n  thresholds: {cosine_mean: .nan}"),
+    "nan-threshold": (GOOD.replace("data: {file: data/v.txt}",
+                                   "data: {file: data/v.txt}\n  thresholds: {cosine_mean: .nan}"),
                       "verify.thresholds", "expected finite thresholds"),
     "nul-in-a-path": (GOOD.replace("{file: data/c.txt}", '{file: "data/c\\u0000.txt"}'), "quantize.calibration.file",
                       "expected text without NUL characters, found 'data/c\\x00.txt'"),
@@ -168,7 +173,9 @@ def test_duplicate_names_across_files(tmp_path, monkeypatch):
     with pytest.raises(RecipeError, match=r"one.yaml.*\n.*name: expected a unique name, found 'same' also in two.yaml"):
         load_all(tmp_path)
     recipes, errors = load_all(tmp_path, collect_errors=True)  # neither file silently owns the name
-    assert not recipes and dict(errors["two"].problems) == {"name": "expected a unique name, found 'same' also in one.yaml"}
+    assert not recipes and dict(errors["two"].problems) == {
+        "name": "expected a unique name, found 'same' also in one.yaml"
+    }
 
 
 def test_non_utf8_and_null_and_data_files(tmp_path, monkeypatch):
@@ -237,7 +244,11 @@ def test_param_the_llm_path_never_reads_is_a_load_error(tmp_path, key, text):
     with pytest.raises(RecipeError) as err:
         load_recipe(p)
     msg = str(err.value)
-    assert "l.yaml" in msg and f"{key}: expected no such key in an LLM recipe" in msg and "only an encoder recipe reads it" in msg, msg
+    assert (
+        "l.yaml" in msg
+        and f"{key}: expected no such key in an LLM recipe" in msg
+        and "only an encoder recipe reads it" in msg
+    ), msg
     enc = deep_merge(yaml.safe_load(GOOD), {k: v for k, v in over.items() if k != "export"})
     load_recipe(write(tmp_path, "e", yaml.safe_dump(enc)))  # encoders read it
 
@@ -253,7 +264,9 @@ def test_llm_only_param_on_an_encoder_is_a_load_error(tmp_path, key, text):
     from tasks.recipe.load import deep_merge
 
     p = write(tmp_path, "e", yaml.safe_dump(deep_merge(yaml.safe_load(GOOD), yaml.safe_load(text))))
-    with pytest.raises(RecipeError, match=rf"{key}: expected no such key in an encoder recipe.*only an LLM recipe reads it"):
+    with pytest.raises(
+        RecipeError, match=rf"{key}: expected no such key in an encoder recipe.*only an LLM recipe reads it"
+    ):
         load_recipe(p)
 
 
@@ -271,7 +284,9 @@ def test_llm_keys_do_not_hold_encoder_params(tmp_path):
     specs = {s.name: s.params for s in expand(load_recipe(write(tmp_path, "l", LLM)))}
     ex = specs["export.part0"]
     assert "opset" not in ex and "task" not in ex and ex["parts"] == 1 and ex["part"] == 0
-    assert "calibrate_method" not in specs["calibrate.part0"] and specs["calibrate.part0"]["calibration"] == {"samples": 4}
+    assert "calibrate_method" not in specs["calibrate.part0"] and specs["calibrate.part0"]["calibration"] == {
+        "samples": 4
+    }
     assert "calibration" not in specs["quantize.part0"]  # the LLM quantize reads the calibrate stage's feeds
     assert "disable_cpu_ep_fallback" not in specs["compile.part0"] and specs["compile.part0"]["weight_sharing"] is True
     assert specs["verify"]["data"] == {"samples": 2} and specs["verify"]["max_new_tokens"] == 16
@@ -286,14 +301,18 @@ def test_genai_runtime_is_checked_at_load(tmp_path):
     llm = GOOD + "export: {family: llm, sequence_length: 16, context_length: 64}\n"
     r = load_recipe(write(tmp_path, "ok", llm.replace("verify:\n", "verify:\n  runtime: genai\n")))
     assert r.verify.runtime == "genai" and [s for s in expand(r) if s.kind == "verify"][0].params["runtime"] == "genai"
-    assert "runtime" not in [s for s in expand(load_recipe(write(tmp_path, "enc", GOOD))) if s.kind == "verify"][0].params
+    assert (
+        "runtime" not in [s for s in expand(load_recipe(write(tmp_path, "enc", GOOD))) if s.kind == "verify"][0].params
+    )
     for name, text, why in [
             ("enc2", GOOD.replace("verify:\n", "verify:\n  runtime: genai\n"),
              "no such key in an encoder recipe .export.family: encoder.: only an LLM recipe reads it"),
             ("host", llm.replace("context_length: 64}", "context_length: 64, embedding: host}")
              .replace("verify:\n", "verify:\n  runtime: genai\n"),
              "export.embedding: first-part for runtime genai, found export.embedding: host"),  # not 'genai'
-            ("odd", llm.replace("context_length: 64", "context_length: 60").replace("verify:\n", "verify:\n  runtime: genai\n"),
+            ("odd",
+             llm.replace("context_length: 64", "context_length: 60")
+             .replace("verify:\n", "verify:\n  runtime: genai\n"),
              "a multiple of export.sequence_length .* found export.context_length: 60")]:
         with pytest.raises(RecipeError, match=rf"verify.runtime: expected .*{why}"):
             load_recipe(write(tmp_path, name, text))
@@ -302,12 +321,17 @@ def test_genai_runtime_is_checked_at_load(tmp_path):
 def test_other_familys_threshold_is_a_load_error(tmp_path):
     """A bar the recipe's verify never measures failed only after the whole chain was built
     (found by a tester): it is a load error naming the thresholds this family measures."""
-    p = write(tmp_path, "e", GOOD.replace("  data: {file: data/v.txt}", "  data: {file: data/v.txt}\n  thresholds: {token_agreement: 0.9}"))
+    p = write(
+        tmp_path,
+        "e",
+        GOOD.replace("  data: {file: data/v.txt}", "  data: {file: data/v.txt}\n  thresholds: {token_agreement: 0.9}"),
+    )
     with pytest.raises(RecipeError, match=r"verify.thresholds.token_agreement: expected a threshold an encoder verify "
                                           r"measures \(cosine_mean, .*\), found 'token_agreement', which only an LLM"):
         load_recipe(p)
-    p = write(tmp_path, "l", LLM.replace("  data: {file: data/v.txt, samples: 2}",
-                                         "  data: {file: data/v.txt, samples: 2}\n  thresholds: {pooled_cosine_mean: 0.9}"))
+    p = write(tmp_path, "l", LLM.replace(
+        "  data: {file: data/v.txt, samples: 2}",
+        "  data: {file: data/v.txt, samples: 2}\n  thresholds: {pooled_cosine_mean: 0.9}"))
     with pytest.raises(RecipeError, match=r"verify.thresholds.pooled_cosine_mean: expected a threshold an LLM verify"):
         load_recipe(p)
 

@@ -51,7 +51,9 @@ def test_sexagesimal_is_text_with_a_hint(tmp_path, text):
 def test_underscores_and_binary_are_text_with_a_hint(tmp_path):
     f = write(tmp_path, "r", GOOD + "export: {sequence_length: 1_024, opset: 0b10001}\n")
     p = problems(f)
-    assert p["export.sequence_length"].startswith("expected a valid integer; found '1_024' (YAML 1.2 reads 1_024 as text")
+    assert p["export.sequence_length"].startswith(
+        "expected a valid integer; found '1_024' (YAML 1.2 reads 1_024 as text"
+    )
     assert "write it in decimal" in p["export.opset"]
 
 
@@ -69,8 +71,11 @@ def test_patch_float_param_takes_an_int_but_not_text(tmp_path):
     b = load_recipe(write(tmp_path, "b", GOOD + "patches: [{name: mask-range, params: {fill: -100.0}}]\n"))
     assert a.patches[0].params == {"fill": -100.0} and type(a.patches[0].params["fill"]) is float
     assert [s.params for s in expand(a)] == [s.params for s in expand(b)]  # one patch, one stage key
-    for bad, found in [("'-100'", "'-100'"), ("on", "'on'"),
-                       ("1:40", "'1:40' (YAML 1.2 reads 1:40 as text, not a base-60 number: write the number in decimal)")]:
+    for bad, found in [
+        ("'-100'", "'-100'"),
+        ("on", "'on'"),
+        ("1:40", "'1:40' (YAML 1.2 reads 1:40 as text, not a base-60 number: write the number in decimal)"),
+    ]:
         f = write(tmp_path, "c", GOOD + f"patches: [{{name: mask-range, params: {{fill: {bad}}}}}]\n")
         assert problems(f) == {"patches[0].params": f"expected mask-range.fill to be float, found {found}"}
 
@@ -81,7 +86,9 @@ def test_patch_float_param_takes_an_int_but_not_text(tmp_path):
     ("allow_patterns:\n    - *.safetensors", "*.safetensors"),
 ])
 def test_unquoted_glob_explains_quoting(tmp_path, flow, word):
-    f = write(tmp_path, "g", GOOD.replace("source: {path: models/m}", f"source:\n  hf: org/name\n  revision: main\n  {flow}"))
+    f = write(
+        tmp_path, "g", GOOD.replace("source: {path: models/m}", f"source:\n  hf: org/name\n  revision: main\n  {flow}")
+    )
     msg = problems(f)[""]
     assert msg.startswith("invalid YAML: line ") and f"quote a glob pattern, \"{word}\"" in msg, msg
     ok = write(tmp_path, "q", GOOD.replace("source: {path: models/m}", f"source: {{hf: o/n, revision: main, "
@@ -157,12 +164,13 @@ def _bad_files(d, good: str):
     (d / "same-2.yaml").write_text(good + "name: same\n")
     (d / "good.yaml").write_text(good)
     return {
-        "deep": "<top>: invalid YAML: line 1, column 40: expected at most 32 levels of nested mappings and lists, found more",
+        "deep": ("<top>: invalid YAML: line 1, column 40: expected at most 32 levels of nested mappings and lists, "
+                 "found more"),
         "dangling": "<top>: expected a readable file, found a dangling symlink",
         "fifo": "<top>: expected a regular file, found a FIFO",
         "folder": "<top>: expected a regular file, found a directory",
         "huge": "<top>: expected at most 1,000,000 bytes (recipes are small; the limit is tasks/recipe/load.py "
-                "MAX_RECIPE_BYTES), found 50,000,000",
+        "MAX_RECIPE_BYTES), found 50,000,000",
         "thief": "name: expected a name that is not another file's stem, found 'good', the recipe of good.yaml",
         "same-1": "name: expected a unique name, found 'same' also in same-2.yaml",
         "same-2": "name: expected a unique name, found 'same' also in same-1.yaml",
@@ -230,7 +238,9 @@ def load_errors(root, text: str) -> dict:
     from tasks.recipe.checks import load_all
 
     (root / "recipes" / "r.yaml").write_text(text)
-    (root / "recipes" / "ok.yaml").write_text(GOOD.replace("data/c.txt", "data/ok.txt").replace("data/v.txt", "data/ok.txt"))
+    (root / "recipes" / "ok.yaml").write_text(
+        GOOD.replace("data/c.txt", "data/ok.txt").replace("data/v.txt", "data/ok.txt")
+    )
     recipes, errors = load_all(root / "recipes", collect_errors=True)
     assert list(recipes) == ["ok"]  # the other recipe is unaffected
     assert set(errors) == {"r"} and str(errors["r"]).startswith(f"{root / 'recipes' / 'r.yaml'}: ")
@@ -258,10 +268,15 @@ def test_non_utf8_data_file_names_file_line_offset_and_key(proj, encoding, line,
 def test_non_utf8_verify_and_perplexity_files(proj):
     (proj / "data" / "v.txt").write_bytes(b"ok\n" * 20 + b"\x80\n")
     (proj / "data" / "p.txt").write_bytes(b"caf\xe9")
-    p = load_errors(proj, GOOD.replace("data: {file: data/v.txt}", "data: {file: data/v.txt}\n  perplexity_text: data/p.txt")
-                    + "export: {family: llm, sequence_length: 16, context_length: 64}\n")  # perplexity: LLM-only
-    assert p == {"verify.data.file": "expected UTF-8 text, found byte 0x80 at line 21 (byte offset 60) of data/v.txt",
-                 "verify.perplexity_text": "expected UTF-8 text, found byte 0xe9 at line 1 (byte offset 3) of data/p.txt"}
+    p = load_errors(
+        proj,
+        GOOD.replace("data: {file: data/v.txt}", "data: {file: data/v.txt}\n  perplexity_text: data/p.txt")
+        + "export: {family: llm, sequence_length: 16, context_length: 64}\n",
+    )  # perplexity: LLM-only
+    assert p == {
+        "verify.data.file": "expected UTF-8 text, found byte 0x80 at line 21 (byte offset 60) of data/v.txt",
+        "verify.perplexity_text": "expected UTF-8 text, found byte 0xe9 at line 1 (byte offset 3) of data/p.txt",
+    }
 
 
 def test_paths_outside_the_project_are_refused_unless_allowed(proj, tmp_path, monkeypatch):

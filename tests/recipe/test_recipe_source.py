@@ -43,8 +43,10 @@ def test_a_supported_llm_loads(proj):
 @pytest.mark.parametrize("mt", ["gemma3", "mistral", None])
 def test_unsupported_llm_family_is_a_load_error(proj, mt):
     errs = _errors(proj, LLM, {**CFG, "model_type": mt})
-    assert errs == {"export.family": f"expected a model_type the LLM export supports (llama, qwen2, qwen3, phi3, gemma), "
-                                     f"found {mt!r} in config.json"}
+    assert errs == {
+        "export.family": f"expected a model_type the LLM export supports (llama, qwen2, qwen3, phi3, gemma), "
+        f"found {mt!r} in config.json"
+    }
 
 
 @pytest.mark.parametrize("mt", ["qwen3", "phi3", "gemma"])
@@ -67,10 +69,15 @@ def test_more_parts_than_layers_and_a_context_past_the_positions(proj):
 
 @pytest.mark.parametrize("length, bad", [(64, False), (65, True), (4096, True)])
 def test_encoder_sequence_length_past_the_positions(proj, length, bad):
-    enc = f"source: {{path: models/m}}\nexport: {{sequence_length: {length}}}\nquantize:\n  calibration: {{file: data/c.txt, samples: 2}}\nverify:\n  data: {{file: data/v.txt, samples: 2}}\n"
+    enc = (f"source: {{path: models/m}}\nexport: {{sequence_length: {length}}}\n"
+           "quantize:\n  calibration: {file: data/c.txt, samples: 2}\n"
+           "verify:\n  data: {file: data/v.txt, samples: 2}\n")
     errs = _errors(proj, enc, {"model_type": "bert", "max_position_embeddings": 64})
-    assert errs == ({"export.sequence_length": f"expected at most the model's max_position_embeddings (64), found {length}"}
-                    if bad else {})
+    assert errs == (
+        {"export.sequence_length": f"expected at most the model's max_position_embeddings (64), found {length}"}
+        if bad
+        else {}
+    )
 
 
 def test_custom_code_models_are_refused(proj):
@@ -88,7 +95,9 @@ def test_doit_list_names_the_unknown_family_in_one_line(project):
     (model / "config.json").write_text(json.dumps({"model_type": "gemma3", "num_hidden_layers": 2}))
     (project.root / "recipes" / "phi.yaml").write_text(
         "source: {path: models/phi}\nexport: {family: llm, sequence_length: 8, context_length: 32}\n"
-        "quantize: {calibration: {file: data/calib.txt, samples: 2}}\nverify: {data: {file: data/verify.txt, samples: 2}}\n")
+        "quantize: {calibration: {file: data/calib.txt, samples: 2}}\n"
+        "verify: {data: {file: data/verify.txt, samples: 2}}\n"
+    )
     p = project.popen("list")
     out, _ = p.communicate(timeout=120)
     assert p.returncode == 0, out
@@ -104,8 +113,8 @@ def test_doit_list_names_the_unknown_family_in_one_line(project):
 def test_block_size_must_divide_the_in_features(proj, block, bad):
     """quantize.block_size is checked at load against config.json's hidden_size and
     intermediate_size (the in-features of every MatMul of an encoder layer; issue 21)."""
-    enc = ("source: {path: models/m}\nquantize:\n  precision: w4a16\n  block_size: %d\n"
-           "  calibration: {file: data/c.txt, samples: 2}\nverify:\n  data: {file: data/v.txt, samples: 2}\n" % block)
+    enc = (f"source: {{path: models/m}}\nquantize:\n  precision: w4a16\n  block_size: {block}\n"
+           "  calibration: {file: data/c.txt, samples: 2}\nverify:\n  data: {file: data/v.txt, samples: 2}\n")
     errs = _errors(proj, enc, {"model_type": "bert", "hidden_size": 96, "intermediate_size": 384})
     assert errs == ({"quantize.block_size": f"expected a block size that divides the model's in-features, found "
                                             f"{block} with {bad} in config.json"} if bad else {})

@@ -37,7 +37,9 @@ def test_the_key_is_the_files_bytes_and_the_copy_is_checked(tmp_path):
     out.mkdir()
     info = download.run({}, {}, params, out)
     assert sorted(p.name for p in out.iterdir()) == ["ch_PP-OCRv4_rec_infer.onnx"]
-    assert digest.file_digest(out / "ch_PP-OCRv4_rec_infer.onnx") == digest.file_digest(_folder("rapidocr_onnxruntime") / REC)
+    assert digest.file_digest(out / "ch_PP-OCRv4_rec_infer.onnx") == digest.file_digest(
+        _folder("rapidocr_onnxruntime") / REC
+    )
     assert info["file"] == "ch_PP-OCRv4_rec_infer.onnx" and info["package_version"] == "1.4.4"
     assert info["license"]["declared"] == "Apache-2.0" and info["license"]["files"] == {}
     material = {"extra": download.key_extra(params)}

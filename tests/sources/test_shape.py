@@ -22,7 +22,8 @@ extends: tiny-qwen2-w8a16
 description: random weights in the shape of acme/tiny-llama-shape
 source: {{path: null, hf: acme/tiny-llama-shape, revision: {COMMIT}, shape: true, tokenizer: .fixtures/tiny-qwen2}}
 verify: {{backend: cpu-qdq, runtime: runner, data: {{samples: 1}}, max_new_tokens: 2,
-         thresholds: {{token_agreement: 0.0, logits_cosine_mean: 0.01, perplexity_ratio: 10.0, genai_runner_agreement: null}}}}
+         thresholds: {{token_agreement: 0.0, logits_cosine_mean: 0.01, perplexity_ratio: 10.0, genai_runner_agreement:
+         null}}}}
 """
 
 
@@ -49,7 +50,10 @@ def test_a_shape_build_builds_offline_reproducibly_and_is_marked(tmp_path, tiny_
     assert all(cfg[k] == v for k, v in FACTS["config"].items()), cfg
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    want = {n: tuple(t.shape) for n, t in AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(out)).state_dict().items()}
+    want = {
+        n: tuple(t.shape)
+        for n, t in AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(out)).state_dict().items()
+    }
     got = {}
     for f in out.glob("model-*.safetensors"):
         with safe_open(str(f), framework="pt") as st:

@@ -239,7 +239,9 @@ def test_a_folder_with_an_unsupported_model_still_gets_the_plan_cache(project):
     (model / "config.json").write_text(json.dumps({"model_type": "gemma3", "num_hidden_layers": 2}))
     (project.root / "recipes" / "g.yaml").write_text(
         "source: {path: models/g}\nexport: {family: llm, sequence_length: 8, context_length: 32}\n"
-        "quantize: {calibration: {file: data/calib.txt, samples: 2}}\nverify: {data: {file: data/verify.txt, samples: 2}}\n")
+        "quantize: {calibration: {file: data/calib.txt, samples: 2}}\n"
+        "verify: {data: {file: data/verify.txt, samples: 2}}\n"
+    )
     _age(project.root)
 
     def doit_list():

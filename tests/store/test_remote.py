@@ -138,7 +138,8 @@ def test_existing_remote_entry_is_never_overwritten(tmp_path, remote_url):
                                                "listing-vs-output-digest", "size-lies"], argvalues=[
     (lambda m: m["material"]["params"].update(n=2), "key material hashes to"),
     (lambda m: m.pop("material"), "no usable key material"),
-    (lambda m: m["outputs"].update({"../escape.bin": m["outputs"].pop("a.bin")}), "out/../escape.bin: not a plain relative path"),
+    (lambda m: m["outputs"].update({"../escape.bin": m["outputs"].pop("a.bin")}),
+     "out/../escape.bin: not a plain relative path"),
     (lambda m: m["outputs"]["a.bin"].update(xxh3="0" * 32), "output_digest is not that of its file listing"),
     (lambda m: m["outputs"]["a.bin"].update(size=999), f"remote entry export/{KEY}: out/a.bin: size 1000 != 999"),
 ])
@@ -174,7 +175,8 @@ def test_unusable_remote_warns_once_and_builds_locally(tmp_path, capsys):
     c = _cache(tmp_path / "c", (tmp_path / "not-a-folder" / "remote").as_uri())
     assert c.fetch("export", KEY) is None
     first = capsys.readouterr().err
-    assert f"remote cache unavailable ({c.remote.display}: reading export/{KEY}/manifest.json: NotADirectoryError" in first
+    want = f"remote cache unavailable ({c.remote.display}: reading export/{KEY}/manifest.json: NotADirectoryError"
+    assert want in first
     e, built = c.get_or_build("export", KEY, {"material": MATERIAL}, _build(b"\x01" * 10))
     assert built and (e.out / "a.bin").read_bytes() == b"\x01" * 10
     err = capsys.readouterr().err

@@ -239,7 +239,9 @@ def start(session: Session, namespace: dict) -> dict:
     paths.state_dir().mkdir(parents=True, exist_ok=True)
     sys.excepthook = _interrupted
     interrupt.install()
-    _did_you_mean(session, lambda: [n[len("task_"):] for n in namespace if n.startswith("task_") and n != "task_stages"])
+    _did_you_mean(
+        session, lambda: [n[len("task_") :] for n in namespace if n.startswith("task_") and n != "task_stages"]
+    )
     _check_doit_db(paths.state_dir() / "doit.sqlite3")
     _doit_db_full_is_one_line()
     _list_fails_on_invalid_recipes(session)

@@ -265,7 +265,8 @@ def render_page(rows: list[dict], published: dict | None = None) -> str:
                    f'<div class="chart" id="{cid}" data-count="" data-points="" data-labels=""></div>\n'
                    f'<ol class="key" id="{cid}-key"></ol>\n'
                    f'<p class="note">One point per built {"encoder" if family == "encoder" else "LLM"} and target: '
-                   f"x = the bytes shipped for the target, y = <code>{esc(metric)}</code> ({esc(what)}, 1 = identical). "
+                   f"x = the bytes shipped for the target, y = <code>{esc(metric)}</code> "
+                   f"({esc(what)}, 1 = identical). "
                    "Hollow: below a verify bar. Shape builds (random weights) are never plotted.</p>\n</section>\n")
     out.append('<section class="panel">\n<h2>LLMs: decode speed versus memory</h2>\n'
                '<div class="chart" id="device-chart" data-count="" data-points="" data-labels=""></div>\n'
@@ -277,8 +278,8 @@ def render_page(rows: list[dict], published: dict | None = None) -> str:
                "ratio to our ceiling.</p>\n</section>\n</div>\n")
 
     out.append("<h2>Recipes</h2>\n")
-    body = [recipe_rows(r, d, published.get(r["name"]),
-                        [(head, text(r)) for head, text, _, _ in COLUMNS if head not in ("Recipe", "State", "Precision")])
+    shown = [(head, text) for head, text, _, _ in COLUMNS if head not in ("Recipe", "State", "Precision")]
+    body = [recipe_rows(r, d, published.get(r["name"]), [(head, text(r)) for head, text in shown])
             for r, d in zip(rows, data["recipes"])]
     th = "".join(f'<th data-key="{k}" data-type="{"num" if num else "text"}">{esc(h)}</th>' for k, h, num in PICK)
     out.append(f'<div class="scroll"><table id="catalog" class="sortable cards">\n<thead><tr>{th}</tr></thead>\n'

@@ -217,15 +217,24 @@ def device_table(rows: list[dict], data: dict) -> str:
                        f'<span class="note">({esc(m["short"])}, {esc(m["published"])})</span>'
                        if m else '<span class="note">no public measurement found</span>')
                 mem = _bytes(tv["memory"]) if tv and tv["memory"] is not None else ""
-                cells = [_td(r["name"], r["name"], "Recipe"), _td(t, t, "Target"),
-                         _td(("~" if tv and tv["memory_from"] == "estimated" else "") + mem,
-                             (tv or {}).get("memory") or 0, "Memory"),
-                         _td(ctext, ceiling or 0, "Decode ceiling"),
-                         _td(_rate(m["decode_tokens_per_s"]) if m else "", m["decode_tokens_per_s"] if m else 0,
-                             "Measured decode"),
-                         _td(f"{share:.2f}" if share is not None else "", share or 0, "Measured / ceiling", cls="ratio"),
-                         _td(ftext, ft or 0, "First token"),
-                         _td(src, m["device"] if m else "", "Measured on", raw=True)]
+                cells = [
+                    _td(r["name"], r["name"], "Recipe"),
+                    _td(t, t, "Target"),
+                    _td(
+                        ("~" if tv and tv["memory_from"] == "estimated" else "") + mem,
+                        (tv or {}).get("memory") or 0,
+                        "Memory",
+                    ),
+                    _td(ctext, ceiling or 0, "Decode ceiling"),
+                    _td(
+                        _rate(m["decode_tokens_per_s"]) if m else "",
+                        m["decode_tokens_per_s"] if m else 0,
+                        "Measured decode",
+                    ),
+                    _td(f"{share:.2f}" if share is not None else "", share or 0, "Measured / ceiling", cls="ratio"),
+                    _td(ftext, ft or 0, "First token"),
+                    _td(src, m["device"] if m else "", "Measured on", raw=True),
+                ]
                 body.append(f'<tr data-name="{esc(r["name"])}" data-target="{esc(t)}" '
                             f'data-listing="{esc(r.get("listing") or "model")}">{"".join(cells)}</tr>\n')
     th = "".join(f'<th data-type="{"num" if num else "text"}">{esc(h)}</th>' for h, num in heads)

@@ -48,15 +48,45 @@ COLUMNS = [  # (header, cell text, sort value, numeric)
     ("Artifacts", lambda r: human_bytes(r["artifact_bytes"]), lambda r: r["artifact_bytes"] or 0, True),
     ("Bundle", lambda r: per_target(r, "bundle_bytes", human_bytes), lambda r: first(r, "bundle_bytes"), True),
     ("KV cache", lambda r: per_target(r, "kv_cache_bytes", human_bytes), lambda r: first(r, "kv_cache_bytes"), True),
-    ("Memory on device", lambda r: per_target(r, "memory_bytes", human_bytes), lambda r: first(r, "memory_bytes"), True),
-    ("Decode ceiling", lambda r: per_target(r, "decode_tokens_per_s_ceiling", tps), lambda r: first(r, "decode_tokens_per_s_ceiling"), True),
-    ("First token >=", lambda r: per_target(r, "first_token_s_lower_bound", ms), lambda r: first(r, "first_token_s_lower_bound"), True),
+    (
+        "Memory on device",
+        lambda r: per_target(r, "memory_bytes", human_bytes),
+        lambda r: first(r, "memory_bytes"),
+        True,
+    ),
+    (
+        "Decode ceiling",
+        lambda r: per_target(r, "decode_tokens_per_s_ceiling", tps),
+        lambda r: first(r, "decode_tokens_per_s_ceiling"),
+        True,
+    ),
+    (
+        "First token >=",
+        lambda r: per_target(r, "first_token_s_lower_bound", ms),
+        lambda r: first(r, "first_token_s_lower_bound"),
+        True,
+    ),
     ("Verify", metrics_summary, metrics_summary, False),
-    ("QNN SDK", lambda r: (r["tools"] or {}).get("qnn-sdk", ""), lambda r: (r["tools"] or {}).get("qnn-sdk", ""), False),
-    ("onnxruntime / -qnn", lambda r: " / ".join((r["tools"] or {}).get(t, "") for t in ("onnxruntime", "onnxruntime-qnn"))
-     if r["tools"] else "", lambda r: (r["tools"] or {}).get("onnxruntime", ""), False),
-    ("optimum / transformers", lambda r: " / ".join((r["tools"] or {}).get(t, "") for t in ("optimum", "transformers"))
-     if r["tools"] else "", lambda r: (r["tools"] or {}).get("transformers", ""), False),
+    (
+        "QNN SDK",
+        lambda r: (r["tools"] or {}).get("qnn-sdk", ""),
+        lambda r: (r["tools"] or {}).get("qnn-sdk", ""),
+        False,
+    ),
+    (
+        "onnxruntime / -qnn",
+        lambda r: (
+            " / ".join((r["tools"] or {}).get(t, "") for t in ("onnxruntime", "onnxruntime-qnn")) if r["tools"] else ""
+        ),
+        lambda r: (r["tools"] or {}).get("onnxruntime", ""),
+        False,
+    ),
+    (
+        "optimum / transformers",
+        lambda r: " / ".join((r["tools"] or {}).get(t, "") for t in ("optimum", "transformers")) if r["tools"] else "",
+        lambda r: (r["tools"] or {}).get("transformers", ""),
+        False,
+    ),
     ("Verify key", lambda r: verify_key(r), lambda r: verify_key(r), False),
 ]
 

@@ -124,5 +124,7 @@ def write_catalog(out_dir: Path | None = None, session: Session | None = None) -
     for r in rows:  # why a recipe is not usable as it stands; "not built" needs no reason
         if (r["reason"] or r["failures"]) and r["state"] != "not-built":
             print(f"{r['name']}: {r['reason'] or '; '.join(r['failures'])}")
-    print(f"catalog: {len(rows)} recipes -> {out_dir} (decode and first-token figures are ceilings: catalog.json 'note')")
+    print(
+        f"catalog: {len(rows)} recipes -> {out_dir} (decode and first-token figures are ceilings: catalog.json 'note')"
+    )
     return written

@@ -124,7 +124,9 @@ def build_on_worker(spec, upstream: dict, expected: dict) -> dict:
                                f"this worker's cache nor on the remote {r.display}")
         entries[role] = e
     t0 = time.time()
-    print(f"[{spec.task}] building {spec.kind} {keys.stage_key(material)[:12]}", flush=True)  # begun (a kill test reads it)
+    print(
+        f"[{spec.task}] building {spec.kind} {keys.stage_key(material)[:12]}", flush=True
+    )  # begun (a kill test reads it)
     key, material, entry, built = build_spec(session, spec, entries, cache, material)
     if r.read_manifest(spec.kind, key) is None:  # its push failed (warned), or an older local entry
         cache.push(spec.kind, key, material)     # raises RemoteError: the client could not pull it
@@ -210,8 +212,8 @@ def build(recipes: list[str] | None, scheduler: str | None, link=None, log=print
     the Dask cluster at ``scheduler`` (default ``$NPUBUILD_SCHEDULER``), then pull their
     entries that ``build/<recipe>/`` and the checks read (not, e.g., a download or a quantize
     entry) and call ``link(recipe, resolver)`` for each recipe whose checks pass (the doit
-    task passes :func:`tasks.core.links.materialize`, which fills ``build/<recipe>/``). Returns counts: {"stages" (of all recipes),
-    "submitted" (distinct stages sent to the cluster), "built", "reused" (a worker found the
+    task passes :func:`tasks.core.links.materialize`, which fills ``build/<recipe>/``). Returns counts: {"stages" (of
+    all recipes), "submitted" (distinct stages sent to the cluster), "built", "reused" (a worker found the
     entry), "on_remote" (already there before), "pulled" (downloaded here), "seconds"}.
     Raises ClusterError naming what failed (no remote, no scheduler, no worker with enough
     MEMORY, a refused or failed stage, a recipe whose check fails). ``session``: the

@@ -117,8 +117,8 @@ def archive_mtime(status) -> tuple[int, str]:
 
 def build_manifest(recipe_name: str, recipe, status, files: dict[str, tuple[str, int]],
                    row: dict) -> dict:
-    """manifest.json content of ``recipe`` (its Recipe), named ``recipe_name``. ``files``: {rel path: (sha256, size)} of every bundle file but
-    manifest.json. Keys: schema_version, recipe, build_key, files {rel: {sha256, size}},
+    """manifest.json content of ``recipe`` (its Recipe), named ``recipe_name``. ``files``: {rel path: (sha256, size)} of
+    every bundle file but manifest.json. Keys: schema_version, recipe, build_key, files {rel: {sha256, size}},
     resolved_recipe (Recipe.model_dump), stages {stage: {kind, key, output_digest, tools}},
     tools (all stages' tools merged), source (kind, repo, commit, package_version...),
     build_platform (system, machine, python of the compile/verify hosts), verify

@@ -20,20 +20,28 @@ def _device_lines(row: dict) -> list[str]:
     def gb(b):
         return ("unknown" if b is None else f"{b / 1e9:.3f} GB" if b >= 1e9 else f"{b / 1e6:.2f} MB" if b >= 1e6
                 else f"{b / 1e3:.1f} kB")
-    out = ["", "## On the device", "",
-           "Per runtime layout: the KV cache's type at the graphs' boundary, memory (weights + KV cache + "
-           "spill-fill + I/O buffers; the runtime's own is not included), and bytes moved per decoded token "
-           "(weights read + what the decode graphs read and write). The ceiling is DRAM bandwidth / bytes "
-           "moved: a bound, not a measurement.", "",
-           "| target | runtime | KV cache | memory | read per token | written per token | x weights | decode ceiling | from |",
-           "|---|---|---|---|---|---|---|---|---|"]
+    out = [
+        "",
+        "## On the device",
+        "",
+        "Per runtime layout: the KV cache's type at the graphs' boundary, memory (weights + KV cache + "
+        "spill-fill + I/O buffers; the runtime's own is not included), and bytes moved per decoded token "
+        "(weights read + what the decode graphs read and write). The ceiling is DRAM bandwidth / bytes "
+        "moved: a bound, not a measurement.",
+        "",
+        "| target | runtime | KV cache | memory | read per token | written per token | x weights | decode ceiling "
+        "| from |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for target, f in sorted(dev.items()):
         for rt, r in (f.get("runtimes") or {}).items():
             tps = r.get("decode_tokens_per_s_ceiling")
-            out.append(f"| {target} | {rt} | {gb(r['kv_cache_bytes'])} {r['kv_dtype']} at {r['context_length']} | "
-                       f"{gb(r['memory_bytes'])} | {gb(r['weight_bytes_read_per_token'] + r['io_bytes_read_per_token'])} | "
-                       f"{gb(r['io_bytes_written_per_token'])} | {r['bytes_per_token_over_weights']:.3f} | "
-                       f"{'unknown' if tps is None else f'{tps:.1f} tokens/s'} | {r['bundle_bytes_from']} |")
+            out.append(
+                f"| {target} | {rt} | {gb(r['kv_cache_bytes'])} {r['kv_dtype']} at {r['context_length']} | "
+                f"{gb(r['memory_bytes'])} | {gb(r['weight_bytes_read_per_token'] + r['io_bytes_read_per_token'])} | "
+                f"{gb(r['io_bytes_written_per_token'])} | {r['bytes_per_token_over_weights']:.3f} | "
+                f"{'unknown' if tps is None else f'{tps:.1f} tokens/s'} | {r['bundle_bytes_from']} |"
+            )
     genai = [(t, f["runtimes"]["genai"]) for t, f in sorted(dev.items()) if "genai" in (f.get("runtimes") or {})]
     if genai:
         t, r = genai[0]
@@ -87,12 +95,16 @@ def model_card(recipe, row: dict, short: str, loaded: dict[str, list[str]] | Non
     if src["kind"] == "hf":
         origin = f"[{src['repo']}](https://huggingface.co/{src['repo']}) at commit `{src.get('commit')}`"
     elif src["kind"] == "shape":
-        origin = (f"**random weights** in the exact configuration of [{src['repo']}](https://huggingface.co/{src['repo']}) "
-                  f"at commit `{src.get('revision')}` (a shape build: its verify figures are not the model's quality)")
+        origin = (
+            f"**random weights** in the exact configuration of [{src['repo']}](https://huggingface.co/{src['repo']}) "
+            f"at commit `{src.get('revision')}` (a shape build: its verify figures are not the model's quality)"
+        )
     elif src["kind"] == "package" and src.get("file"):
         origin = f"the file `{src['file']}` of the Python package `{src['package']}` {src.get('package_version', '')}"
     elif src["kind"] == "package":
-        origin = f"the Python package `{src['package']}` {src.get('package_version', '')} (folder `{src.get('subdir', '')}`)"
+        origin = (
+            f"the Python package `{src['package']}` {src.get('package_version', '')} (folder `{src.get('subdir', '')}`)"
+        )
     else:
         origin = f"the local folder `{src['path']}` (content xxh3 `{src.get('content_digest')}`)"
     lines = [
@@ -129,7 +141,10 @@ def model_card(recipe, row: dict, short: str, loaded: dict[str, list[str]] | Non
     for target, v in sorted(row["verify"].items()):
         for rel, b in sorted(v.get("binaries", {}).items()):
             gs = b["graphs"].values()
-            total = lambda k: sum(g[k] or 0 for g in gs)
+
+            def total(k, gs=gs):
+                return sum(g[k] or 0 for g in gs)
+
             unshipped = loaded is not None and rel not in loaded and f"{target}/{rel}" not in loaded
             lines.append(f"| {target} | {rel}{' (verify ran it; not shipped)' if unshipped else ''} | "
                          f"{len(b['graphs'])} | {b['bytes']} | {total('weight_bytes')} | "

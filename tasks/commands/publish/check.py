@@ -78,7 +78,10 @@ def check_bundle(folder: str | Path, public_key: str | Path | None = None,
     is absent, too large or malformed."""
     folder = Path(folder)
     listed = read_manifest(folder)["files"]
-    present = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()} - {"manifest.json", SIGNATURE}
+    present = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()} - {
+        "manifest.json",
+        SIGNATURE,
+    }
     out = {"mismatch": [], "missing": sorted(set(listed) - present), "extra": sorted(present - set(listed))}
     for rel in sorted(set(listed) & present):
         p, want = folder / rel, listed[rel]

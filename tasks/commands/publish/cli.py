@@ -10,8 +10,8 @@ from tasks.core.session import Session
 from tasks.errors import UserError, shown
 
 
-def _publish_action(session: Session, recipe: str, dest: str, hub_repo: str, dry_run: bool, sign: str, signing_cert: str,
-                    cert_chain: str):
+def _publish_action(session: Session, recipe: str, dest: str, hub_repo: str, dry_run: bool, sign: str,
+                    signing_cert: str, cert_chain: str):
     from doit.exceptions import TaskFailed
 
     from tasks.store import outputs
@@ -68,7 +68,8 @@ def creators(session: Session) -> dict:
         """publish:<recipe> writes dist/<recipe>/ and its archive from a verified build (never
         builds; refuses a failed, stale or unbuilt recipe); --dest, --hub-repo, --dry-run."""
         params = [
-            {"name": "dest", "long": "dest", "type": str, "default": "", "help": "also copy bundle + archive to this folder"},
+            {"name": "dest", "long": "dest", "type": str, "default": "",
+             "help": "also copy bundle + archive to this folder"},
             {"name": "hub_repo", "long": "hub-repo", "type": str, "default": "", "help": "also push to this Hub repo"},
             {"name": "dry_run", "long": "dry-run", "type": bool, "default": False, "help": "only print the operations"},
             {"name": "sign", "long": "sign", "type": str, "default": "",

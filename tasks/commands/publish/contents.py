@@ -113,7 +113,11 @@ def shipped_files(sources: dict[str, Path]) -> dict[str, list[str]]:
             models(posixpath.dirname(rel), [base], QNN_EP, "the EPContext model")  # an encoder's
         elif any(fnmatch(base, p) for p in _TOKENIZER_NAMES):
             genai = posixpath.join(posixpath.dirname(rel), "genai_config.json") in sources
-            name(rel, "tokenizer: " + ("og.Tokenizer (onnxruntime-genai), " if genai else "") + "transformers", "the bundle")
+            name(
+                rel,
+                "tokenizer: " + ("og.Tokenizer (onnxruntime-genai), " if genai else "") + "transformers",
+                "the bundle",
+            )
         elif base in _METADATA:
             name(rel, _METADATA[base], "the bundle")
     return dict(sorted(out.items()))

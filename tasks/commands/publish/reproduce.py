@@ -138,7 +138,9 @@ def reproduce(recipe: str, keep: bool = False, session: Session | None = None) -
     rekeyed = sorted(st for st, v in old_manifest.get("stages", {}).items()
                      if v.get("key") != new_manifest.get("stages", {}).get(st, {}).get("key"))
     if not same and rekeyed:
-        print(f"stage keys that differ (their code, tools or data files changed since publishing): {', '.join(rekeyed)}")
+        print(
+            f"stage keys that differ (their code, tools or data files changed since publishing): {', '.join(rekeyed)}"
+        )
     for rel in sorted(set(new_manifest["files"]) - set(old_manifest["files"])):
         same = False
         print(f"DIFFERS    {rel}  only in the rebuild")

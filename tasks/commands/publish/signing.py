@@ -41,7 +41,9 @@ def sign_bundle(folder: Path, private_key: str | Path, signing_cert: str | Path 
     return folder / SIGNATURE
 
 
-def verify_signature(folder: str | Path, public_key: str | Path | None = None, cert_chain: list | None = None) -> list[str]:
+def verify_signature(
+    folder: str | Path, public_key: str | Path | None = None, cert_chain: list | None = None
+) -> list[str]:
     """Problems with bundle ``folder``'s signature (empty = it verifies): checked with
     ``model-signing`` against ``public_key`` (key-signed bundles) or ``cert_chain`` (PEM CA
     certificates, certificate-signed bundles); every file of the folder but the signature must

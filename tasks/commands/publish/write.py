@@ -17,7 +17,14 @@ from tasks.core.session import Session
 from tasks.core.status import RecipeStatus, catalog_recipes, recipe_status
 from tasks.store.digest import sha256_file
 from tasks.commands.publish.archive import write_archive, write_bundle
-from tasks.commands.publish.bundle import build_manifest, bundle_sources, json_bytes, sha256_bytes, shipped_digests, short_key
+from tasks.commands.publish.bundle import (
+    build_manifest,
+    bundle_sources,
+    json_bytes,
+    sha256_bytes,
+    shipped_digests,
+    short_key,
+)
 from tasks.commands.publish.card import model_card
 from tasks.commands.publish.contents import shipped_files
 from tasks.commands.publish.errors import PublishError

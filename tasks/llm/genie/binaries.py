@@ -66,7 +66,8 @@ _ONNX_DTYPE = {"float32": "FLOAT", "int32": "INT32", "float16": "FLOAT16", "uint
 
 
 def expected_graph(desc: dict, name: str, source: str = "genie_export.json"):
-    """``tasks.qnn.context_binary_checks.Expected`` for graph ``name`` of a :func:`tasks.llm.genie.graphs.export_genie` description:
+    """``tasks.qnn.context_binary_checks.Expected`` for graph ``name`` of a :func:`tasks.llm.genie.graphs.export_genie`
+    description:
     its inputs and outputs (ONNX dtype name, shape). Raises KeyError for a name no part has."""
     from tasks.qnn.context_binary_checks import Expected
 
@@ -84,8 +85,8 @@ def check_binaries(root, plan: dict[str, list[str]], desc: dict, target: str,
     names}) through libQnnSystem (:func:`tasks.qnn.context_binary.read`) and check each: it exists,
     holds exactly those graphs (a graph name as written by :func:`rename_graphs`, its ``_``
     padding stripped), each with the inputs and outputs ``desc`` (``genie_export.json``)
-    declares (name, dtype, shape), prepared for ``target``'s SoC model (``tasks/qnn/targets.py``). Returns {binary: figures, with
-    ``"graph_names"``: the names as libQnnSystem read them}. Raises
+    declares (name, dtype, shape), prepared for ``target``'s SoC model (``tasks/qnn/targets.py``). Returns {binary:
+    figures, with ``"graph_names"``: the names as libQnnSystem read them}. Raises
     ``tasks.qnn.context_binary_checks.Mismatch``, one line per difference."""
     from dataclasses import replace
 

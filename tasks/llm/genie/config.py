@@ -51,8 +51,8 @@ def genie_config(desc: dict, ctx_bins: list[str], *, tokenizer: str = "tokenizer
     ``urn:genie:schema:dialog``) for a :func:`tasks.llm.genie.graphs.export_genie` description and its compiled
     binaries ``ctx_bins`` (paths as Genie opens them: relative to its working folder).
     Sampler greedy (``top-k`` 1, ``greedy``); context size = CL; ``bos-token``: what the HF
-    tokenizer prepends (:func:`tasks.llm.genie.graphs.prepended_bos`, -1 = none), so Genie's token sequence is HF's; ``kv-dim`` = head_dim;
-    ``pos-id-dim`` = rotary_dim / 2; ``rope-theta`` from the HF config (Genie reads an int).
+    tokenizer prepends (:func:`tasks.llm.genie.graphs.prepended_bos`, -1 = none), so Genie's token sequence is HF's;
+    ``kv-dim`` = head_dim; ``pos-id-dim`` = rotary_dim / 2; ``rope-theta`` from the HF config (Genie reads an int).
     Engine settings (threads, cpu-mask, poll, mmap...): ``settings``, by default the device's
     (:data:`DEVICE_SETTINGS`), through :func:`with_settings`."""
     cfg = {"dialog": {
@@ -63,7 +63,8 @@ def genie_config(desc: dict, ctx_bins: list[str], *, tokenizer: str = "tokenizer
         "tokenizer": {"version": 1, "path": tokenizer},
         "engine": {"version": 1, **{k: settings[k] for k in ENGINE_KEYS if k in settings},  # Genie's order
                    "backend": {"version": 1, "type": "QnnHtp",
-                               "QnnHtp": {"version": 1, "kv-dim": desc["head_dim"], "pos-id-dim": desc["rotary_dim"] // 2,
+                               "QnnHtp": {"version": 1, "kv-dim": desc["head_dim"],
+                                          "pos-id-dim": desc["rotary_dim"] // 2,
                                           "rope-theta": int(desc["rope_theta"])},
                                "extensions": extensions},
                    "model": {"version": 1, "type": "binary", "binary": {"version": 1, "ctx-bins": list(ctx_bins)}}}}}

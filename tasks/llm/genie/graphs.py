@@ -40,9 +40,9 @@ outputs
 
 Graph names: ``prompt_ar{S}_cl{C}_{i+1}_of_{N}`` / ``token_ar1_cl{C}_{i+1}_of_{N}`` (AI Hub's).
 Genie reads AR and CL from the tensors above, but orders the N splits of one (AR, CL) by the
-``_{i}_of_{N}`` in the graph name: a compiled binary must carry that name (:func:`tasks.llm.genie.binaries.rename_graph`;
-onnxruntime names graphs after a hash of the model path, so the ONNX files are named after the
-graphs to keep the names apart).
+``_{i}_of_{N}`` in the graph name: a compiled binary must carry that name
+(:func:`tasks.llm.genie.binaries.rename_graph`; onnxruntime names graphs after a hash of the model path, so the ONNX
+files are named after the graphs to keep the names apart).
 
 ``sanitize_past`` (default True): the past K/V are multiplied by 0/1 per slot, taken from the
 mask (``keep = Relu(1 + mask[row 0, :P] / 1000)``), before attention. Genie does not clear its
@@ -178,8 +178,8 @@ def export_genie(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 4
     Returns (and writes as ``genie_export.json``) ``{"model_type", "seq_len", "context_len",
     "num_layers", "num_kv_heads", "num_heads", "head_dim", "rotary_dim", "hidden_size",
     "vocab_size", "rope_theta", "io_layout", "sanitize_past", "eos_token_id", "bos_token_id",
-    "pad_token_id", "genie_bos_token" (:func:`prepended_bos`), "parts": [{"index", "layers", "prompt": {"path", "graph", "inputs", "outputs"},
-    "token": {...}}]}``. Raises ValueError for an unsupported family, a ``rope_scaling`` config
+    "pad_token_id", "genie_bos_token" (:func:`prepended_bos`), "parts": [{"index", "layers", "prompt": {"path", "graph",
+    "inputs", "outputs"}, "token": {...}}]}``. Raises ValueError for an unsupported family, a ``rope_scaling`` config
     or bad sizes.
     """
     import onnx

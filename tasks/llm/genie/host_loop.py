@@ -131,7 +131,7 @@ class GenieHostLoop:
             x = self._dequantize(names[0], res[names[0]])
         return x  # the last part's first output, float32: logits [1, 1, S, V] or hidden_states [1, S, D]
 
-    def logits(self, ids) -> "np.ndarray":
+    def logits(self, ids) -> np.ndarray:
         """float32 [len(ids), V]: the last part's logits at every position of ``ids``, fed through
         the prompt graph in chunks of S as Genie feeds a prompt (teacher forced). Raises
         ValueError when ``ids`` do not fit the context."""

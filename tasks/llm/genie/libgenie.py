@@ -105,7 +105,9 @@ class GenieDialog:
         cb = self._TOKCB(_cb)
         ids = (C.c_uint32 * len(prompt_ids))(*[int(t) for t in prompt_ids])
         t = time.perf_counter()
-        s = self._check("GenieDialog_tokenQuery", self.lib.GenieDialog_tokenQuery(self.dialog, ids, len(prompt_ids), 0, cb, None))
+        s = self._check(
+            "GenieDialog_tokenQuery", self.lib.GenieDialog_tokenQuery(self.dialog, ids, len(prompt_ids), 0, cb, None)
+        )
         return out, s, time.perf_counter() - t
 
     def query(self, text: str) -> tuple[str, int, float]:
@@ -196,8 +198,8 @@ def generate_in_child(folder, prompts: list[list[int]], max_new_tokens: int, tim
         failed = next((x["error"] for x in rows if "error" in x), None)
         if failed is None:
             code = r.returncode
-            failed = (f"the process ended with {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals()
-                      else f"the process ended with exit {code}")
+            failed = (f"the process ended with {signal.Signals(-code).name}"
+                      if code < 0 and -code in signal.valid_signals() else f"the process ended with exit {code}")
         said = genie_said(r.stdout + "\n" + r.stderr)
         raise GenieRunFailed(f"Genie on {what or Path(folder) / 'genie_config.json'}: {failed} after {len(got)} of "
                              f"{len(prompts)} prompts; Genie said: {said or 'nothing'}")

@@ -120,7 +120,7 @@ def record_feeds(export_dir: Path, k: int, sched: list[dict], feeds: Path, range
     for pr in sched:
         keep = set(pr["keep"])
 
-        def on_feed(kind, part, call, f):
+        def on_feed(kind, part, call, f, keep=keep):
             if part == k:
                 taps[kind].armed = kind == "prompt" or call in keep
                 if taps[kind].armed:

@@ -1,6 +1,7 @@
 """Genie (libGenie.so from the onnxruntime-qnn wheel) runs our Genie-layout graphs on the x86_64
 HTP simulator and generates transformers' fp32 greedy tokens (tasks/llm/genie/graphs.py,
-tasks/llm/genie/host_loop.py, tasks/llm/genie/libgenie.py, scripts/genie_run.py). Tiny trained Qwen2 fixture (4 layers, GQA 6/2 heads), AR-16 / AR-1, CL 64."""
+tasks/llm/genie/host_loop.py, tasks/llm/genie/libgenie.py, scripts/genie_run.py). Tiny trained Qwen2 fixture (4 layers,
+GQA 6/2 heads), AR-16 / AR-1, CL 64."""
 
 from __future__ import annotations
 
@@ -67,7 +68,8 @@ def test_genie_on_htp_simulator_generates_fp32_tokens(qwen2, tmp_path, seq, ctx,
     genie_run.build(model, tmp_path, seq, ctx, parts, True)
     cfg = json.loads((tmp_path / "bundle" / "genie_config.json").read_text())["dialog"]
     assert cfg["engine"]["model"]["binary"]["ctx-bins"] == [
-        f"{k}_ar{s}_cl{ctx}_{i}_of_{parts}.bin" for k, s in (("prompt", seq), ("token", 1)) for i in range(1, parts + 1)]
+        f"{k}_ar{s}_cl{ctx}_{i}_of_{parts}.bin" for k, s in (("prompt", seq), ("token", 1)) for i in range(1, parts + 1)
+    ]
     assert cfg["context"]["bos-token"] == -1 and cfg["engine"]["backend"]["QnnHtp"]["pos-id-dim"] == 16
     create, rows, rc, err = genie_run.run_genie(tmp_path / "bundle", ids, 8, 2, timeout=600)
     assert rc == 0, err

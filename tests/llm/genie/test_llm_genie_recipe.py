@@ -44,7 +44,10 @@ def built(genie_project) -> Project:
 def _keys(proj: Project, recipe: str) -> dict[str, str]:
     """{stage: key} from ``doit explain:<recipe>`` (the plan, nothing built)."""
     out = proj.doit("run", f"explain:{recipe}").log()
-    return {m.group(1): m.group(2) for m in re.finditer(rf"([\w.]+):{re.escape(recipe)}\s+\w+\s+([0-9a-f]{{16}}|-{{16}})\s", out)}
+    return {
+        m.group(1): m.group(2)
+        for m in re.finditer(rf"([\w.]+):{re.escape(recipe)}\s+\w+\s+([0-9a-f]{{16}}|-{{16}})\s", out)
+    }
 
 
 def test_tiny_qwen2_genie_bundle_builds_and_genie_tokens_equal_runner(genie_project):
@@ -109,9 +112,14 @@ def test_genie_config_the_parser_refuses_fails_the_bundle_in_one_line(genie_proj
     """A key Genie's schema does not know, merged in through ``bundle.genie_config``: the bundle
     stage fails with one line naming the file, Genie's status and the key; the stages before it
     are cache hits (``built`` built them)."""
-    genie_project.recipe("tiny-qwen2-genie-bad", GENIE.replace(
-        "extends: tiny-qwen2-w8a16\nbundle: {runtimes: [genai, genie]}",
-        "extends: tiny-qwen2-w8a16\nbundle: {runtimes: [genai, genie], genie_config: {dialog: {engine: {n-threadz: 2}}}}"))
+    genie_project.recipe(
+        "tiny-qwen2-genie-bad",
+        GENIE.replace(
+            "extends: tiny-qwen2-w8a16\nbundle: {runtimes: [genai, genie]}",
+            "extends: tiny-qwen2-w8a16\n"
+            "bundle: {runtimes: [genai, genie], genie_config: {dialog: {engine: {n-threadz: 2}}}}",
+        ),
+    )
     run = genie_project.doit("run", "build:tiny-qwen2-genie-bad", check=False)
     assert run.code != 0
     before = {n: (t["result"], t.get("out") or "") for n, t in run.tasks.items()
@@ -140,7 +148,10 @@ def test_two_parts_genie_bundle_orders_splits_and_agrees(genie_project):
     assert [s["genie_tokens"] for s in r["samples"]] == [s["runner_tokens"] for s in r["samples"]]
     assert all(len(s["genie_tokens"]) == 8 for s in r["samples"])
     cfg = json.loads((build / "genie_config.json").read_text())["dialog"]
-    assert cfg["engine"]["model"]["binary"]["ctx-bins"] == ["genie/qwen2_part_1_of_2.bin", "genie/qwen2_part_2_of_2.bin"]
+    assert cfg["engine"]["model"]["binary"]["ctx-bins"] == [
+        "genie/qwen2_part_1_of_2.bin",
+        "genie/qwen2_part_2_of_2.bin",
+    ]
     assert sorted(p.relative_to(build).as_posix() for p in (build / "genie").rglob("*.bin")) == [
         "genie/part0/prompt_ar16_cl64_1_of_2.bin", "genie/part0/token_ar1_cl64_1_of_2.bin",
         "genie/part1/prompt_ar16_cl64_2_of_2.bin", "genie/part1/token_ar1_cl64_2_of_2.bin",
