@@ -113,10 +113,7 @@ def test_the_recipe_the_plan_and_the_engine_import_no_family():
 def test_the_engine_imports_no_qnn_module():
     """The engine (``tasks/core/``) knows the QNN domain through the stages' hooks and the error
     bases only: none of its modules imports ``tasks.qnn``, at any level of a function."""
-    # row.py (a recipe's catalog row) still reads ``tasks.qnn.ep.runs_on`` for the NPU column:
-    # the Family declaration being written moves that fact behind the family; drop the exclusion then
-    mods = ["tasks.core." + f.stem for f in sorted((REPO / "tasks" / "core").glob("*.py"))
-            if f.stem not in ("__init__", "row")]
+    mods = ["tasks.core." + f.stem for f in sorted((REPO / "tasks" / "core").glob("*.py")) if f.stem != "__init__"]
     bad = {m: sorted(d for d in direct_imports(m) if d.startswith("tasks.qnn")) for m in mods}
     assert {m: b for m, b in bad.items() if b} == {}
     assert len(mods) >= 10
