@@ -21,6 +21,8 @@ from importlib import import_module
 FAMILIES = {
     "encoder": "tasks.encoder.family",
     "llm": "tasks.llm.family",
+    "vision": "tasks.vision.family",
+    "audio": "tasks.audio.family",
 }
 #: the family of a recipe that does not set ``export.family``
 DEFAULT_FAMILY = "encoder"

@@ -46,6 +46,8 @@ local cache alone. Its fields:
                       ``optimum``, ``transformers``: version str} as recorded in the entries'
                       manifests (several values joined by ", " if targets differ)
   ``qnn_context_sdk`` built only: SDK versions written into the EPContext nodes (list of str)
+  ``io``              built only: the export's ``io.json`` when it wrote one (a graph from an ONNX
+                      file: its inputs, outputs, preprocessing or stream, decoding), else null
   ``parameters_estimate``  LLMs: parameters from the model's config (int; a tied head once), known
                       before a build (the download's config.json, a local source's, or the
                       facts kept in ``recipes/models/``); null when none is readable
@@ -227,7 +229,7 @@ def catalog_row(name: str, recipe, st) -> dict:
         # memory and the cost of quantizing a random network, never the model's quality
         "shape_build": recipe.source.shape,
         "architecture": None, "parameters": None, "artifacts": None, "artifact_bytes": None,
-        "verify": None, "tools": None, "qnn_context_sdk": None, "runs_on": None,
+        "verify": None, "tools": None, "qnn_context_sdk": None, "runs_on": None, "io": None,
     }
     row["license"] = licence(recipe, row["source"])
     if st.state in ("verified", "verify-failed"):
@@ -235,6 +237,8 @@ def catalog_row(name: str, recipe, st) -> dict:
         arts = artifact_sizes(st)
         sdks = sorted({v for s, e in ents.items() if e.kind == "compile"
                        for v in e.manifest.get("info", {}).get("qnn_sdk", [])})
+        io = [e.out / "io.json" for e in ents.values() if e.kind == "export" and (e.out / "io.json").is_file()]
+        row["io"] = json.loads(io[0].read_text(encoding="utf-8")) if io else None
         row.update(architecture=architecture(ents["download"]),
                    parameters=parameter_count(ents["download"], *[e for e in ents.values() if e.kind == "export"]),
                    artifacts=arts, artifact_bytes=sum(sum(f.values()) for f in arts.values()),
@@ -279,6 +283,6 @@ def unsupported_row(stem: str, err) -> dict:
            "batch_size": ex.batch_size, "sequence_length": ex.sequence_length,
            "context_length": None, "parts": None, "stage_keys": {},
            "source": source_info(recipe, None), "architecture": None, "parameters": None, "artifacts": None,
-           "artifact_bytes": None, "verify": None, "tools": None, "qnn_context_sdk": None, "runs_on": None}
+           "artifact_bytes": None, "verify": None, "tools": None, "qnn_context_sdk": None, "runs_on": None, "io": None}
     row.update(_family_fields(recipe, None, row))
     return row

@@ -2,4 +2,7 @@
 checked (``context_binary``, ``context_binary_checks``), the quantizer's settings and the weight
 encodings it does not write (``quantconfig``, ``weights``, ``gather_tables``, ``gptq``,
 ``seqgptq``), the precision and target tables (``precisions``, ``targets``) and ONNX graphs in
-stage folders (``graphs``). It knows no recipe, stage or family."""
+stage folders (``graphs``); and for graphs that ship as finished ONNX files, the rewrites that
+make one static and quantizable (``prepare``), its quantization on feeds given as arrays
+(``quantize_arrays``) and running graphs over arrays on the CPU and HTP (``run_arrays``). It
+knows no recipe, stage or family."""

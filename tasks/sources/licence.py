@@ -19,8 +19,10 @@ from importlib import metadata
 
 #: trove classifier (after ``License :: ``) -> SPDX id
 CLASSIFIERS = {
-    "OSI Approved :: MIT License": "MIT", "OSI Approved :: Apache Software License": "Apache-2.0",
-    "OSI Approved :: BSD License": "BSD", "OSI Approved :: ISC License (ISCL)": "ISC",
+    "OSI Approved :: MIT License": "MIT",
+    "OSI Approved :: Apache Software License": "Apache-2.0",
+    "OSI Approved :: BSD License": "BSD",
+    "OSI Approved :: ISC License (ISCL)": "ISC",
     "OSI Approved :: Mozilla Public License 2.0 (MPL 2.0)": "MPL-2.0",
     "OSI Approved :: GNU General Public License v3 (GPLv3)": "GPL-3.0",
     "OSI Approved :: GNU Lesser General Public License v3 (LGPLv3)": "LGPL-3.0",
@@ -85,8 +87,11 @@ def package_licence(package: str) -> dict:
     elif meta.get("License") and meta["License"].strip() not in ("", "UNKNOWN") and _spdx_like(meta["License"]):
         declared, where = meta["License"].strip(), "License"
     else:
-        found = [CLASSIFIERS.get(c.removeprefix("License :: "), c.removeprefix("License :: "))
-                 for c in meta.get_all("Classifier") or [] if c.startswith("License ::")]
+        found = [
+            CLASSIFIERS.get(c.removeprefix("License :: "), c.removeprefix("License :: "))
+            for c in meta.get_all("Classifier") or []
+            if c.startswith("License ::")
+        ]
         if found:
             declared, where = " AND ".join(dict.fromkeys(found)), "classifiers"
         elif meta.get("License"):  # a whole licence text in the field (scikit-image's Debian-style copyright file)
@@ -99,17 +104,30 @@ def package_licence(package: str) -> dict:
             loc = f.locate()
             text = loc.read_text(encoding="utf-8", errors="replace") if loc.is_file() else ""
             files[f.as_posix()] = text_licence(text) if text else "unreadable"
-    agree = all(declared is not None and (_norm(v).startswith(_norm(declared)) or _norm(declared).startswith(_norm(v)))
-                for v in files.values())  # "BSD" (a classifier) agrees with a BSD-3-Clause text
+    agree = all(
+        declared is not None and (_norm(v).startswith(_norm(declared)) or _norm(declared).startswith(_norm(v)))
+        for v in files.values()
+    )  # "BSD" (a classifier) agrees with a BSD-3-Clause text
     if declared is None:
-        summary = ("none declared; " + ", ".join(f"{k}: {v}" for k, v in sorted(files.items()))) if files \
+        summary = (
+            ("none declared; " + ", ".join(f"{k}: {v}" for k, v in sorted(files.items())))
+            if files
             else "none declared, no licence file"
+        )
     elif not files:
         summary = f"{declared} (package metadata, {where}; no licence file in the wheel)"
     elif agree:
         summary = f"{declared} (package metadata and licence file)"
     else:
-        summary = (f"{declared} (package metadata, {where}) but licence file "
-                   + ", ".join(f"{k}: {v}" for k, v in sorted(files.items())))
-    return {"distribution": dist_name, "version": dist.version, "declared": declared, "declared_from": where,
-            "files": files, "agree": agree, "summary": summary}
+        summary = f"{declared} (package metadata, {where}) but licence file " + ", ".join(
+            f"{k}: {v}" for k, v in sorted(files.items())
+        )
+    return {
+        "distribution": dist_name,
+        "version": dist.version,
+        "declared": declared,
+        "declared_from": where,
+        "files": files,
+        "agree": agree,
+        "summary": summary,
+    }

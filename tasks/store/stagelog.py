@@ -62,6 +62,9 @@ HARMLESS = [
     # onnxruntime's quantizer, for 1-D weights (LayerNorm scale/bias, biases) it cannot quantize
     # per channel along axis 1; they are quantized per tensor, as QNN wants them.
     (r"Axis \d+ is out-of-range for weight ", "onnxruntime.quantization"),
+    # qnn_preprocess_model names the nodes a graph exported without names has (PaddlePaddle's
+    # Reshape and Flatten in PP-OCR's graphs), so the quantizer can refer to them
+    (r"Node of type \w+ does not have a name\. Renamed to qnn_preproc_node_\d+", "onnxruntime.quantization"),
     # onnxruntime / QNN EP log lines at warning level ("[W:onnxruntime:...]"): advice about
     # node placement or session options. Our QNN sessions log at error level, so the builds
     # measured here printed none; the LLM CPU sessions keep onnxruntime's default (warning).

@@ -66,11 +66,14 @@ def test_a_path_source_may_name_one_onnx_file(tmp_path, monkeypatch):
         download.run({}, {}, Source(path="models/bad.onnx").model_dump(exclude_none=True), tmp_path / "out")
 
 
-@pytest.mark.parametrize("kw, message", [
-    ({"path": "x.onnx", "file": "a.onnx"}, "'file' applies to package sources only"),
-    ({"package": "silero_vad", "subdir": "data", "file": "a.onnx"}, "found both"),
-    ({"package": "silero_vad", "file": "../x.onnx"}, "without '..'"),
-])
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        ({"path": "x.onnx", "file": "a.onnx"}, "'file' applies to package sources only"),
+        ({"package": "silero_vad", "subdir": "data", "file": "a.onnx"}, "found both"),
+        ({"package": "silero_vad", "file": "../x.onnx"}, "without '..'"),
+    ],
+)
 def test_file_is_refused_where_it_cannot_apply(kw, message):
     with pytest.raises(ValueError, match=message):
         Source(**kw)
@@ -84,8 +87,10 @@ def test_a_missing_file_names_the_files_the_package_has():
 
 def test_the_licence_comes_from_metadata_and_licence_files_and_says_when_they_disagree():
     assert package_licence("silero_vad")["summary"] == "MIT (package metadata and licence file)"
-    assert package_licence("rapidocr_onnxruntime")["summary"] == \
-        "Apache-2.0 (package metadata, License; no licence file in the wheel)"
+    assert (
+        package_licence("rapidocr_onnxruntime")["summary"]
+        == "Apache-2.0 (package metadata, License; no licence file in the wheel)"
+    )
     sk = package_licence("skimage")  # a classifier says BSD; the wheel's LICENSE.txt opens with BSD-3-Clause
     assert (sk["declared"], sk["declared_from"], sk["agree"]) == ("BSD", "classifiers", True)
     pil = package_licence("PIL")  # License-Expression MIT-CMU; its LICENSE file's text is another's

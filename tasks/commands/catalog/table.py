@@ -29,7 +29,8 @@ def source(row: dict) -> str:
         at = f"{s['repo']}@{(s.get('commit') or s.get('revision') or '')[:12]}"
         return at if s["kind"] == "hf" else f"random weights in the shape of {at}"
     if s["kind"] == "package":
-        return f"{s['package']}" + (f"=={s['package_version']}" if s.get("package_version") else "")
+        return f"{s['package']}" + (f"=={s['package_version']}" if s.get("package_version") else "") + (
+            f": {s['file']}" if s.get("file") else "")
     return s.get("path", "")
 
 
@@ -67,6 +68,8 @@ COLUMNS = [  # (header, cell text, sort value, numeric)
         True,
     ),
     ("Verify", metrics_summary, metrics_summary, False),
+    ("Task", lambda r: r["task"], lambda r: r["task"], False),
+    ("License", lambda r: r["license"], lambda r: r["license"], False),
     (
         "QNN SDK",
         lambda r: (r["tools"] or {}).get("qnn-sdk", ""),

@@ -53,6 +53,36 @@ def _device_lines(row: dict) -> list[str]:
     return out
 
 
+def _io_lines(io: dict | None) -> list[str]:
+    """The card's "How to run it" section, from the export's ``io.json`` (a graph built from an
+    ONNX file: its inputs and outputs, the preprocessing or the stream a caller must give it, how
+    its output is read); [] without one."""
+    if not io:
+        return []
+    out = ["", "## How to run it", "",
+           "Load `model_ctx.onnx` with onnxruntime's QNN EP (HTP). Its inputs and outputs (`io.json` holds this too):",
+           "", "| | name | dtype | shape |", "|---|---|---|---|"]
+    out += [f"| {side[:-1]} | `{t['name']}` | {t['dtype']} | {t['shape']} |" for side in ("inputs", "outputs")
+            for t in io.get(side, [])]
+    if pre := io.get("preprocess"):
+        H, W = pre["size"]
+        how = (f"scale to {H} px high keeping the aspect ratio (at most {W} wide), pad the width on the right with "
+               f"{pre.get('pad', 0.0)} after normalising" if pre["resize"] == "height" else
+               f"scale to fit {H} x {W} keeping the aspect ratio, top-left on a white canvas")
+        out += ["", f"Preprocessing: an RGB image, {how}; channels in {pre['colour']} order; x / 255, minus mean "
+                    f"{pre['mean']}, over std {pre['std']}; NCHW, batch 1."]
+    if st := io.get("stream"):
+        out += ["", f"Stream: mono float audio at {st['rate']} Hz in [-1, 1], one call per {st['frame']} new samples "
+                    f"with the {st['context']} samples before them in front (`{st['input']}`: [1, "
+                    f"{st['context'] + st['frame']}]); "
+                    + "; ".join(f"`{i}` starts at zeros and takes the previous call's `{o}`"
+                                for i, o in sorted(st.get("recurrent", {}).items())) + "."]
+    if io.get("decoding"):
+        out += ["", f"Reading the output: {io['decoding']}" + (
+            f" (`metadata.json`: {', '.join(io['metadata'])})." if io.get("metadata") else ".")]
+    return out
+
+
 def _files_lines(loaded: dict[str, list[str]]) -> list[str]:
     """The card's "Files" section: every file the bundle holds and who loads it (``loaded``:
     :func:`.contents.shipped_files`, the rule of what ships, plus :data:`.contents.WRITTEN`), one
@@ -151,6 +181,7 @@ def model_card(recipe, row: dict, short: str, loaded: dict[str, list[str]] | Non
                          f"{max((g['shared_weight_bytes'] or 0 for g in gs), default=0)} | "
                          f"{max((g['spill_fill_bytes'] or 0 for g in gs), default=0)} | {total('io_bytes')} | "
                          f"{b['sdk_build_id']} |")
+    lines += _io_lines(row.get("io"))
     lines += _device_lines(row)
     lines += _files_lines(loaded) if loaded is not None else []
     lines += ["", "## Stage keys", "", "| stage | key |", "|---|---|",

@@ -14,7 +14,11 @@ GENAI, GENIE, QNN_EP, RUNNER = "onnxruntime-genai", "Genie", "onnxruntime QNN EP
 _TOKENIZER_NAMES = ("tokenizer*", "vocab*", "merges.txt", "special_tokens_map.json", "added_tokens.json")
 _METADATA = {"config.json": "metadata: the source model's configuration (transformers)",
              "generation_config.json": "metadata: the source model's generation defaults (transformers)",
-             "verify.json": "metadata: npubuild's verify report (metrics, every binary read back)"}
+             "verify.json": "metadata: npubuild's verify report (metrics, every binary read back)",
+             "io.json": "metadata: the graph's inputs and outputs, and the preprocessing or stream and decoding a "
+                        "caller needs (the model card's \"How to run it\")",
+             "metadata.json": "metadata: the source graph's metadata_props, kept aside at export (PP-OCR rec: the "
+                              "character list its output indexes)"}
 #: what publish writes beside the artifacts, and who reads it (the card lists them too)
 WRITTEN = {"README.md": "people and the Hugging Face Hub: this model card",
            "manifest.json": "`doit check_bundle`: sha256 and size of every other file, how it was built"}

@@ -1,0 +1,53 @@
+"""The audio family's recipe built through the real ``doit`` CLI: Silero VAD from the silero-vad
+wheel (its If on the sample rate folded at export), its LSTM state carried call to call, verified
+on the HTP simulator against fp32 and the known speech spans of espeak-ng clips (two clips here;
+the recipe's own: 16, README figures)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from conftest import REPO, Project
+
+
+@pytest.fixture(scope="module")
+def vad(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vad")
+    empty = root / "empty"
+    empty.mkdir()
+    p = Project(root / "proj", empty)
+    (p.root / "recipes" / "data").mkdir()
+    for f in ("calib-en.txt", "verify-en.txt"):
+        shutil.copyfile(REPO / "recipes" / "data" / f, p.root / "recipes" / "data" / f)
+    shutil.copyfile(REPO / "recipes" / "silero-vad-w8a16.yaml", p.root / "recipes" / "vad-full.yaml")
+    (p.root / "recipes" / "silero-vad-w8a16.yaml").write_text(
+        "extends: vad-full\nquantize: {calibration: {samples: 6}}\nverify: {data: {samples: 2}}\n"
+    )
+    p.doit("run", "build:silero-vad-w8a16")
+    return p
+
+
+def test_vad_streams_held_out_speech_on_htp_as_fp32_does(vad):
+    r = json.loads((vad.root / "build" / "silero-vad-w8a16" / "verify.json").read_text())
+    assert r["backend"] == "htp" and r["all_on_htp"] and r["task"] == "voice-activity-detection"
+    m = r["metrics"]
+    assert m["frame_agreement"] >= 0.98 and m["frames"] == sum(s["frames"] for s in r["samples"]) > 100
+    assert m["speech_span_iou_mean"] >= 0.8 and m["fp32_speech_span_iou_mean"] >= 0.8
+    assert [s["voice"] for s in r["samples"]] == ["en-029", "en-gb-x-rp"]
+    for s in r["samples"]:
+        a, b = s["known_span"]
+        assert 0 < a < b and s["spans"], s  # speech found where espeak-ng spoke
+
+
+def test_the_if_is_folded_and_the_16_bit_convs_are_per_channel(vad):
+    io = json.loads((vad.root / "build" / "silero-vad-w8a16" / "io.json").read_text())
+    assert [i["name"] for i in io["inputs"]] == ["input", "state"] and io["stream"]["recurrent"] == {"state": "stateN"}
+    export = next((vad.cache / "export").iterdir())
+    steps = [s["kind"] for s in json.loads((export / "manifest.json").read_text())["info"]["steps"]]
+    assert steps == ["constant-inputs", "static-dims", "fold-if", "opset"]
+    q = next((vad.cache / "quantize").iterdir())
+    over = json.loads((q / "manifest.json").read_text())["info"]["graphs"]["model.onnx"]["overrides"]
+    assert len(over) == 1 and len(over[0]["conv_per_channel"]) == 2 and over[0]["other"] == []
