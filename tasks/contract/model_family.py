@@ -13,7 +13,8 @@ A family owns four things:
 - the recipe keys that plan reads itself (not a stage implementation), ``params``;
 - its family-wide hooks: what it cannot build of a model (``source_check``), what ``doit
   explain`` prints of a recipe (``plan_lines``), its catalog row's own fields (``catalog_fields``),
-  the memory estimate of a stage without one of its own (``memory_estimate``).
+  the memory estimate of a stage without one of its own (``memory_estimate``), the verify bars
+  a recipe that sets none gets (``default_thresholds``).
 
 A :class:`tasks.contract.stage.Stage` keeps what is about one stage. Nothing here imports a family.
 """
@@ -57,7 +58,12 @@ class Family:
     - ``memory_estimate(specs, stage) -> int``: estimated peak bytes of stage ``stage`` of a
       recipe's plan (``specs``: {stage name: StageSpec}) whose implementation has no estimate
       of its own (the shared ``download`` and ``patch``); without it
-      :data:`tasks.proc.budget.DEFAULT_STAGE_BYTES`."""
+      :data:`tasks.proc.budget.DEFAULT_STAGE_BYTES`.
+    - ``default_thresholds(recipe) -> {name: bar}``: the verify bars a recipe gets for the
+      threshold names it does not set (:func:`tasks.recipe.load.with_default_bars` merges them
+      under ``verify.thresholds``, the recipe's own values winning): the family's quality bars
+      when the recipe sets no ``verify.thresholds`` at all, and the bar each runtime its verify
+      runs brings whatever the recipe sets; without it, none."""
 
     name: str
     title: str
@@ -68,6 +74,7 @@ class Family:
     plan_lines: Callable[..., list] | None = None
     catalog_fields: Callable[..., dict] | None = None
     memory_estimate: Callable[[dict, str], int] | None = None
+    default_thresholds: Callable[..., dict] | None = None
 
     def implementation_module(self, kind: str) -> str:
         """The dotted module name implementing stage ``kind`` for this family. Raises KeyError

@@ -6,7 +6,8 @@ local cache alone. Its fields:
   ==================  =======================================================================
   ``name``            recipe name (str)
   ``state``           one of the states of :mod:`tasks.core.status` (str)
-  ``reason``          why not built / stale: the first missing stage and why (str or null)
+  ``reason``          why not built / stale: the first missing stage and why; built-no-bars: that
+                      no bar judged it (str or null)
   ``failures``        verify failures, one line each (list of str; empty unless verify-failed)
   ``description``,    from the recipe (str)
   ``task``, ``family``
@@ -78,7 +79,14 @@ from tasks.core.state import artifacts
 #: tool -> the stage kind whose entries record its version
 CATALOG_TOOLS = MappingProxyType({"qnn-sdk": "compile", "onnxruntime": "compile", "onnxruntime-qnn": "compile",
                                   "optimum": "export", "transformers": "export"})
+BUILT = ("verified", "verify-failed", "built-no-bars")  # the states whose every stage has an entry
+LABELS = MappingProxyType({"built-no-bars": "built (no bars)"})  # a state as people read it (:func:`label`)
 _FLOAT_TYPES = frozenset({1, 10, 11, 16})  # onnx.TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16
+
+
+def label(state: str) -> str:
+    """``state`` as a person reads it: ``built (no bars)`` for ``built-no-bars``, else the name."""
+    return LABELS.get(state, state)
 
 
 def source_info(recipe, download: Entry | None) -> dict:
@@ -165,8 +173,9 @@ def verify_results(status) -> dict:
     """{target: {"backend", "runtime", "metrics", "thresholds", "failures", "cpu_nodes", "runs_on",
     "binaries" (each context binary read back: bytes, SDK build id, SoC, per graph weight /
     shared weight / spill-fill / I/O bytes), "runtimes" (how each runtime served was checked:
-    :func:`tasks.contract.report.runtimes_checked`)}} from each verify entry; ``runtime`` (LLMs) is what generated on
-    the compiled graphs: "runner" (LLMRunner) or
+    :func:`tasks.contract.report.runtimes_checked`), "boundary" (LLMs: float32 tensors left at the
+    shipped graphs' boundary, traffic: ``tasks.llm.verify.boundary_report``)}} from each verify
+    entry; ``runtime`` (LLMs) is what generated on the compiled graphs: "runner" (LLMRunner) or
     "genai" (onnxruntime-genai), None for encoders."""
     out = {}
     for s in status.build.of_kind("verify"):
@@ -175,7 +184,8 @@ def verify_results(status) -> dict:
         out[s.target] = {"backend": report.get("backend"), "runtime": report.get("runtime"),
                          "metrics": report.get("metrics", {}), "thresholds": s.spec.params.get("thresholds", {}),
                          "failures": list(s.failures), "cpu_nodes": cpu, "runs_on": where_runs(cpu),
-                         "binaries": report.get("binaries", {}), "runtimes": runtimes_checked(report)}
+                         "binaries": report.get("binaries", {}), "runtimes": runtimes_checked(report),
+                         "boundary": report.get("boundary")}
     return out
 
 
@@ -218,7 +228,7 @@ def catalog_row(name: str, recipe, st) -> dict:
     row = {
         "name": name, "reason": st.reason, "failures": st.failures,
         # a shape build is never a verified model, whatever its (random) verify measured
-        "state": "shape-built" if recipe.source.shape and st.state in ("verified", "verify-failed") else st.state,
+        "state": "shape-built" if recipe.source.shape and st.state in BUILT else st.state,
         "description": recipe.description, "license": recipe.license, "task": recipe.task,
         "family": ex.family, "precision": recipe.quantize.precision, "targets": list(recipe.compile.targets),
         "batch_size": ex.batch_size, "sequence_length": ex.sequence_length,
@@ -232,7 +242,7 @@ def catalog_row(name: str, recipe, st) -> dict:
         "verify": None, "tools": None, "qnn_context_sdk": None, "runs_on": None, "io": None,
     }
     row["license"] = licence(recipe, row["source"])
-    if st.state in ("verified", "verify-failed"):
+    if st.state in BUILT:
         ents = st.entries
         arts = artifact_sizes(st)
         sdks = sorted({v for s, e in ents.items() if e.kind == "compile"

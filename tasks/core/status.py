@@ -9,6 +9,10 @@ States:
 =================  ==========================================================================
 ``verified``       every stage has an intact cache entry and every verify passes its thresholds
 ``verify-failed``  every stage has an entry, and some verify is below (or above) a threshold
+``built-no-bars``  every stage has an entry, and the recipe's verify has no threshold to judge
+                   its figures by (``verify.thresholds`` empty once the family's defaults are
+                   merged: :func:`tasks.recipe.load.with_default_bars`): measured, never "verified";
+                   shown as "built (no bars)" (:func:`tasks.core.row.label`)
 ``stale``          some stage has no entry for its current key, but ``build/<recipe>/stages.json``
                    records a complete earlier build (every verify stage recorded)
 ``not-built``      some stage has no entry and no complete build was ever recorded here
@@ -59,9 +63,10 @@ def catalog_recipes(session: Session | None = None) -> dict:
 
 @dataclass(frozen=True)
 class RecipeStatus:
-    """One recipe as the catalog and publish see it: ``state`` (one of the states above), ``reason``
-    (the first stage without an entry, and why), ``failures`` (verify's, as "<task>: ..."),
-    and the typed build state it was judged from (tasks/core/state.py)."""
+    """One recipe as the catalog and publish see it: ``state`` (one of the states above),
+    ``reason`` (the first stage without an entry, and why; for ``built-no-bars``, that no bar
+    judged it), ``failures`` (verify's, as "<task>: ..."), and the typed build state it was
+    judged from (tasks/core/state.py)."""
 
     state: str
     reason: str | None
@@ -94,7 +99,12 @@ def recipe_status(name: str, session: Session | None = None) -> RecipeStatus:
     failures = []
     if not reasons:
         failures = [f"{s.task}: {f}" for s in b.of_kind("verify") for f in s.failures]
-        state = "verify-failed" if failures else "verified"
+        barred = any(s.spec.params.get("thresholds") for s in b.of_kind("verify"))
+        state = "verify-failed" if failures else "verified" if barred else "built-no-bars"
+        if state == "built-no-bars":
+            reasons = ["verify measured it, but the recipe sets no bar to judge it (verify.thresholds is empty "
+                       "and no runtime brings one): set verify.thresholds, or leave the key out for the "
+                       "family's default bars"]
     else:
         verifies = [s.name for s in b.of_kind("verify")]
         state = "stale" if verifies and all(v in last for v in verifies) else "not-built"

@@ -77,9 +77,25 @@ def tokenizer_problems(folder: Path) -> list[tuple[str, str]]:
                        f"zeros), found model_input_names {json.dumps(names)} in {f}")]
 
 
+#: the bars an encoder recipe that sets no ``verify.thresholds`` is judged by: the loosest an
+#: encoder recipe here ships with (``recipes/minilm-l6-w4a16.yaml``: all-MiniLM-L6-v2 at 4-bit
+#: weights measured 0.9942 / 0.9884 on the HTP simulator, README "Recipes"; its w8a16 build sets
+#: 0.995 / 0.99). Names: ``tasks/encoder/verify.py`` ``THRESHOLDS``.
+DEFAULT_THRESHOLDS = {"pooled_cosine_mean": 0.99, "pooled_cosine_min": 0.97}
+
+
+def default_thresholds(recipe) -> dict[str, float]:
+    """:data:`DEFAULT_THRESHOLDS` when ``recipe`` sets no ``verify.thresholds`` (absent, or null
+    through ``extends``), else {} (its own bars are the whole set); {} for a shape build, whose
+    figures are never judged (``tasks/sources/shape.py``)."""
+    if recipe.source.shape or "thresholds" in recipe.verify.model_fields_set:
+        return {}
+    return dict(DEFAULT_THRESHOLDS)
+
+
 FAMILY = Family(
     name="encoder", title="an encoder",
     stages={"download": "tasks.sources.download", "export": "tasks.encoder.export", "patch": "tasks.patches.stage",
             "quantize": "tasks.encoder.quantize", "compile": "tasks.encoder.compile", "verify": "tasks.encoder.verify"},
-    plan=plan, source_check=source_check,
+    plan=plan, source_check=source_check, default_thresholds=default_thresholds,
 )

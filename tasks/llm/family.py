@@ -160,6 +160,34 @@ def catalog_fields(recipe, download_out: Path | None, binaries: dict) -> dict:
     return {"context_length": ex.context_length, "parts": ex.parts, **catalog_figures(recipe, download_out, binaries)}
 
 
+#: the quality bars an LLM recipe that sets no ``verify.thresholds`` is judged by: those every
+#: real LLM recipe here ships with (``recipes/qwen7b-int4.yaml``, the template the others extend;
+#: ``perplexity_ratio`` only with ``verify.perplexity_text``, which measures it). Names:
+#: ``tasks/llm/verify.py`` ``THRESHOLDS``.
+DEFAULT_THRESHOLDS = {"token_agreement": 0.7, "logits_cosine_mean": 0.98, "perplexity_ratio": 1.3}
+#: the bar each runtime verify runs brings, whatever the recipe sets (it may set another value):
+#: that runtime's tokens equal LLMRunner's on every prompt (``verify.runtime: genai`` runs
+#: onnxruntime-genai; ``bundle.runtimes`` with ``genie`` runs Genie)
+RUNTIME_THRESHOLDS = {"genai": ("genai_runner_agreement", 1.0), "genie": ("genie_runner_agreement", 1.0)}
+
+
+def default_thresholds(recipe) -> dict[str, float]:
+    """The bars ``recipe`` gets for the names it does not set (``Family.default_thresholds``):
+    :data:`DEFAULT_THRESHOLDS` when it sets no ``verify.thresholds`` (absent, or null through
+    ``extends``), and :data:`RUNTIME_THRESHOLDS` of the runtimes verify runs; {} for a shape
+    build, whose figures are never judged (``tasks/sources/shape.py``)."""
+    if recipe.source.shape:
+        return {}
+    out = {}
+    if "thresholds" not in recipe.verify.model_fields_set:
+        out = {k: v for k, v in DEFAULT_THRESHOLDS.items()
+               if k != "perplexity_ratio" or recipe.verify.perplexity_text is not None}
+    ran = (["genai"] if recipe.verify.runtime == "genai" else []) + \
+        (["genie"] if "genie" in recipe.bundle.runtimes else [])
+    out.update(RUNTIME_THRESHOLDS[rt] for rt in ran)
+    return out
+
+
 FAMILY = Family(
     name="llm", title="an LLM",
     stages={"download": "tasks.sources.download", "export": "tasks.llm.export", "patch": "tasks.patches.stage",
@@ -170,5 +198,5 @@ FAMILY = Family(
             "bundle": "tasks.llm.bundle",  # the parts joined: export.json, genai_config.json, genie_config.json
             "verify": "tasks.llm.verify"},
     plan=plan, params=(RUNTIMES, GENIE_CONFIG), source_check=source_check, plan_lines=plan_lines,
-    catalog_fields=catalog_fields, memory_estimate=plan_estimate,
+    catalog_fields=catalog_fields, memory_estimate=plan_estimate, default_thresholds=default_thresholds,
 )

@@ -283,7 +283,24 @@ def load_recipe(path: Path) -> Recipe:
     problems = schema.family_problems(r) + preflight(r)
     if problems:
         raise RecipeError(path, problems)
-    return r
+    return with_default_bars(r)
+
+
+def with_default_bars(r: Recipe) -> Recipe:
+    """``r`` with its family's default bars under ``verify.thresholds``: the family's
+    ``default_thresholds`` hook (:class:`tasks.contract.model_family.Family`) gives the bars for
+    names the recipe does not set; the recipe's own values win. So ``verify:
+    {thresholds: null}`` (or none) is judged by the family's bars, ``verify: {thresholds: {}}``
+    by none but those the runtimes verify runs bring, and a recipe whose thresholds end up
+    empty builds as ``built-no-bars``, never ``verified`` (:mod:`tasks.core.status`)."""
+    from tasks.contract import family
+
+    hook = family(r.export.family).default_thresholds
+    extra = {k: v for k, v in (hook(r) if hook else {}).items() if k not in r.verify.thresholds}
+    if not extra:
+        return r
+    bars = dict(sorted({**extra, **r.verify.thresholds}.items()))
+    return r.model_copy(update={"verify": r.verify.model_copy(update={"thresholds": bars})})
 
 
 def family_implementations(name: str) -> list:

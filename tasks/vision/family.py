@@ -224,6 +224,24 @@ def plan(p) -> list:
     return specs
 
 
+#: the bar a vision recipe that sets no ``verify.thresholds`` is judged by, per ``export.decode``:
+#: the one each shipped recipe sets (recipes/ppocrv4-rec-w8a16.yaml, ppocrv4-det-w8a16.yaml,
+#: ppocr-cls-w8a16.yaml; measured 20/20 lines, 38/38 boxes, 32/32 orientations on the simulator)
+DEFAULT_THRESHOLDS = {
+    "ctc": {"text_exact_fp32": 0.95},
+    "db": {"boxes_matched_fp32": 0.97},
+    "cls": {"cls_accuracy": 1.0},
+}
+
+
+def default_thresholds(recipe) -> dict[str, float]:
+    """:data:`DEFAULT_THRESHOLDS` of the recipe's decode when it sets no ``verify.thresholds``
+    (absent, or null through ``extends``), else {} (``Family.default_thresholds``)."""
+    if "thresholds" in recipe.verify.model_fields_set:
+        return {}
+    return dict(DEFAULT_THRESHOLDS.get(recipe.export.decode, {}))
+
+
 FAMILY = Family(
     name="vision",
     title="a vision",
@@ -235,4 +253,5 @@ FAMILY = Family(
         "verify": "tasks.vision.verify",
     },
     plan=plan,
+    default_thresholds=default_thresholds,
 )

@@ -356,3 +356,55 @@ def test_a_key_that_failed_is_not_judged_by_its_default_and_explain_says_why(pro
     assert 'quantize.rounding: expected per_channel: true with rounding "gptq"' in err, err
     assert "gptq_span" not in err, err
     assert errors["explain:child"] == err
+
+
+def test_each_family_has_default_bars_and_genie_brings_its_own(tmp_path):
+    """A recipe that sets no bars (``verify.thresholds`` absent, or null through extends) is
+    judged by its family's; ``thresholds: {}`` means none; a runtime verify runs brings its
+    agreement bar whatever the recipe sets, and the recipe's own value wins (issue 50: a
+    recipe with ``thresholds: null`` was listed verified; Genie had no bar by default)."""
+    from tasks.encoder.family import DEFAULT_THRESHOLDS as ENCODER
+    from tasks.llm.family import DEFAULT_THRESHOLDS as LLM_BARS
+
+    assert load_recipe(write(tmp_path, "e", GOOD)).verify.thresholds == ENCODER == {
+        "pooled_cosine_mean": 0.99, "pooled_cosine_min": 0.97}
+    write(tmp_path, "e-own", GOOD.replace("  data: {file: data/v.txt}", "  data: {file: data/v.txt}\n"
+                                                                       "  thresholds: {cosine_min: 0.5}"))
+    assert load_recipe(tmp_path / "e-own.yaml").verify.thresholds == {"cosine_min": 0.5}
+    null = write(tmp_path, "e-null", "extends: e-own\nverify: {thresholds: null}\n")
+    assert load_recipe(null).verify.thresholds == ENCODER
+    none = write(tmp_path, "e-none", GOOD.replace("  data: {file: data/v.txt}",
+                                                  "  data: {file: data/v.txt}\n  thresholds: {}"))
+    assert load_recipe(none).verify.thresholds == {}
+    # an LLM: the quality bars (perplexity_ratio only with a perplexity text), then the runtimes'
+    r = load_recipe(write(tmp_path, "l", LLM))
+    assert r.verify.thresholds == {"logits_cosine_mean": 0.98, "token_agreement": 0.7}
+    assert {**LLM_BARS} == {"token_agreement": 0.7, "logits_cosine_mean": 0.98, "perplexity_ratio": 1.3}
+    r = load_recipe(write(tmp_path, "l-ppl", LLM.replace("samples: 2}", "samples: 2}\n  perplexity_text: data/v.txt")))
+    assert r.verify.thresholds == LLM_BARS
+    own = LLM.replace("samples: 2}", "samples: 2}\n  thresholds: {token_agreement: 0.5}")
+    genie = own + "bundle: {runtimes: [genai, genie]}\n"
+    r = load_recipe(write(tmp_path, "l-genie", genie))
+    assert r.verify.thresholds == {"genie_runner_agreement": 1.0, "token_agreement": 0.5}
+    both = "{token_agreement: 0.5, genie_runner_agreement: 0.5}"
+    r = load_recipe(write(tmp_path, "l-genie-own", genie.replace("{token_agreement: 0.5}", both)))
+    assert r.verify.thresholds == {"genie_runner_agreement": 0.5, "token_agreement": 0.5}
+    # the bars reach the verify stage's params (they judge it; they stay out of its key)
+    (verify,) = [s for s in expand(r) if s.kind == "verify"]
+    assert verify.params["thresholds"] == {"genie_runner_agreement": 0.5, "token_agreement": 0.5}
+
+
+def test_vision_and_audio_default_bars_are_their_shipped_recipes(tmp_path):
+    """The repo's vision and audio recipes with their bars taken out get their family's default:
+    per decode for vision, the bar each shipped recipe sets."""
+    import re
+
+    from conftest import REPO
+
+    want = {"ppocrv4-rec-w8a16": {"text_exact_fp32": 0.95}, "ppocrv4-det-w8a16": {"boxes_matched_fp32": 0.97},
+            "ppocr-cls-w8a16": {"cls_accuracy": 1.0}, "silero-vad-w8a16": {"frame_agreement": 0.98}}
+    for name, bars in want.items():
+        text = (REPO / "recipes" / f"{name}.yaml").read_text()
+        assert re.search(r"^  thresholds: .*\n", text, re.M), name
+        r = load_recipe(write(tmp_path, name, re.sub(r"^  thresholds: .*\n", "", text, flags=re.M)))
+        assert r.verify.thresholds == bars, (name, r.verify.thresholds)

@@ -4,7 +4,7 @@ page's tables use them without the row schema)."""
 from __future__ import annotations
 
 #: what the catalog says of a recipe, best first
-STATES = ("verified", "verify-failed", "stale", "not-built", "shape-built", "unsupported")
+STATES = ("verified", "verify-failed", "built-no-bars", "stale", "not-built", "shape-built", "unsupported")
 
 
 def state_order(state: str) -> int:
