@@ -51,11 +51,17 @@ class ReadError(UserError, RuntimeError):
 class Tensor:
     """One graph input or output: ``dtype`` an ONNX element type name (``FLOAT``, ``INT32``,
     ``UINT16``...; ``0x....`` for a QNN type with none), ``shape`` static dims, ``bytes`` its
-    size as libQnnSystem reports it (``systemTensorGetMemoryFootprint``)."""
+    size as libQnnSystem reports it (``systemTensorGetMemoryFootprint``). A fixed-point tensor
+    with one scale (QNN's ``QNN_QUANTIZATION_ENCODING_SCALE_OFFSET``) also has ``scale`` and
+    ``zero_point`` (value = (integer - zero_point) x scale; QNN stores ``offset`` =
+    -zero_point, ``QnnTypes.h`` ``Qnn_ScaleOffset_t``); None otherwise. Neither enters
+    equality nor :meth:`ContextBinary.figures`."""
     name: str
     dtype: str
     shape: tuple[int, ...]
     bytes: int = 0
+    scale: float | None = field(default=None, compare=False)
+    zero_point: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -187,6 +193,19 @@ def _functions(lib: str) -> _SystemFunctions:
     return providers[0].contents.fns
 
 
+_DEFINED, _SCALE_OFFSET = 1, 0  # QNN_DEFINITION_DEFINED, QNN_QUANTIZATION_ENCODING_SCALE_OFFSET (QnnTypes.h)
+
+
+def _scale_offset(q: _QuantizeParams) -> tuple[float | None, int | None]:
+    """(scale, zero point) of a per-tensor encoding: the union's ``Qnn_ScaleOffset_t`` {float
+    scale; int32 offset}, zero point = -offset; (None, None) for any other encoding."""
+    if q.encodingDefinition != _DEFINED or q.quantizationEncoding != _SCALE_OFFSET:
+        return None, None
+    raw = bytes(q._u)[:8]
+    scale, offset = C.c_float.from_buffer_copy(raw[:4]).value, C.c_int32.from_buffer_copy(raw[4:]).value
+    return scale, -offset
+
+
 def _tensors(array, count: int, footprint) -> tuple[Tensor, ...]:
     out = []
     for i in range(count):
@@ -194,8 +213,9 @@ def _tensors(array, count: int, footprint) -> tuple[Tensor, ...]:
         v = t.v1
         size = C.c_uint64(0)
         nbytes = size.value if footprint(t, C.byref(size)) == 0 else 0
+        scale, zp = _scale_offset(v.quantizeParams) if v.dataType >> 8 in (3, 4) else (None, None)  # fixed point
         out.append(Tensor(v.name.decode(), QNN_DTYPES.get(v.dataType, f"0x{v.dataType:04x}"),
-                          tuple(v.dimensions[d] for d in range(v.rank)), nbytes))
+                          tuple(v.dimensions[d] for d in range(v.rank)), nbytes, scale, zp))
     return tuple(out)
 
 

@@ -21,6 +21,7 @@ from tasks.store import digest
 from tasks.core.resolve import cache as cache_of
 from tasks.core.session import Session
 from tasks.core.state import artifacts
+from tasks.core.row import label
 from tasks.commands.publish.errors import PublishError
 
 MANIFEST_SCHEMA = 1
@@ -31,6 +32,34 @@ NOT_RECORDED = {
     "mtime_ns, xxh3": "cache-internal file stamps; the bundle lists sha256 and size instead",
     "built_for": "the recipe that first built a shared cache entry (depends on build order)",
 }
+
+
+def resolved_recipe(recipe) -> dict:
+    """``manifest.json``'s ``resolved_recipe``: ``recipe`` (a loaded Recipe, every default and
+    the family's default bars in) as JSON, with only the keys its family's stages read: a key
+    of the stage sections that only the other family reads (:func:`tasks.contract.schema.readers`:
+    an encoder's ``export.context_length``, ``bundle.runtimes``, ``verify.max_new_tokens``...;
+    an LLM's ``verify.data.max_length``...) is left out, and a section left empty with it."""
+    from tasks.contract.schema import declared, readers
+
+    fam = recipe.export.family
+    out = recipe.model_dump(mode="json")
+    for section, params in declared().items():
+        for p in params:
+            if fam in readers(p):
+                continue
+            *path, leaf = [section, *p.path.split(".")]
+            node = out
+            for k in path:
+                node = node.get(k) if isinstance(node, dict) else None
+            if isinstance(node, dict):
+                node.pop(leaf, None)
+        for sub in sorted({p.path.split(".")[0] for p in params if "." in p.path}):
+            if out.get(section, {}).get(sub) == {}:
+                del out[section][sub]
+        if out.get(section) == {}:
+            del out[section]
+    return out
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -79,7 +108,8 @@ def shipped_digests(session: Session, status,
     return out
 
 
-def _merged_tools(entries: dict) -> dict:
+def merged_tools(entries: dict) -> dict:
+    """{tool: version} over every stage entry's manifest (several versions joined by ", ")."""
     vals: dict[str, set] = {}
     for e in entries.values():
         for t, v in e.manifest.get("tools", {}).items():
@@ -117,21 +147,24 @@ def archive_mtime(status) -> tuple[int, str]:
 
 def build_manifest(recipe_name: str, recipe, status, files: dict[str, tuple[str, int]],
                    row: dict) -> dict:
-    """manifest.json content of ``recipe`` (its Recipe), named ``recipe_name``. ``files``: {rel path: (sha256, size)} of
-    every bundle file but manifest.json. Keys: schema_version, recipe, build_key, files {rel: {sha256, size}},
-    resolved_recipe (Recipe.model_dump), stages {stage: {kind, key, output_digest, tools}},
-    tools (all stages' tools merged), source (kind, repo, commit, package_version...),
-    build_platform (system, machine, python of the compile/verify hosts), verify
-    {target: {backend, runtime, metrics, thresholds}}, qnn_context_sdk, archive_mtime, not_recorded."""
+    """manifest.json content of ``recipe`` (its Recipe), named ``recipe_name``. ``files``: {rel
+    path: (sha256, size)} of every bundle file but manifest.json. Keys: schema_version, recipe,
+    build_key, state (``verified`` or ``built (no bars)``: :func:`tasks.core.row.label`),
+    files {rel: {sha256, size}}, resolved_recipe (:func:`resolved_recipe`: the keys its family
+    reads), stages {stage: {kind, key, output_digest, tools}}, tools (all stages' tools merged),
+    source (kind, repo, commit, package_version...), build_platform (system, machine, python of
+    the compile/verify hosts), verify {target: {backend, runtime, metrics, thresholds}},
+    qnn_context_sdk, archive_mtime, not_recorded."""
     ents = status.entries
     mtime, mfrom = archive_mtime(status)
     return {
         "schema_version": MANIFEST_SCHEMA, "recipe": recipe_name, "build_key": short_key(status),
+        "state": label(status.state),
         "files": {rel: {"sha256": h, "size": n} for rel, (h, n) in sorted(files.items())},
-        "resolved_recipe": recipe.model_dump(mode="json"),
+        "resolved_recipe": resolved_recipe(recipe),
         "stages": {s: {"kind": e.kind, "key": e.key, "output_digest": e.output_digest,
                        "tools": e.manifest.get("tools", {})} for s, e in ents.items()},
-        "tools": _merged_tools(ents), "source": row["source"], "build_platform": _build_platform(ents),
+        "tools": merged_tools(ents), "source": row["source"], "build_platform": _build_platform(ents),
         "verify": {t: {k: v.get(k) for k in ("backend", "runtime", "metrics", "thresholds")}
                    for t, v in row["verify"].items()},
         "qnn_context_sdk": row["qnn_context_sdk"],

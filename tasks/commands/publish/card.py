@@ -1,9 +1,11 @@
 """The bundle's ``README.md`` (:func:`model_card`): a ``huggingface_hub.ModelCard`` made from
-the recipe and its catalog row (:mod:`tasks.core.row`)."""
+the recipe, its catalog row (:mod:`tasks.core.row`) and the shipped files: what it is and its
+state, how to run it (:mod:`.usage`: snippets, inputs and outputs, runtime versions), what
+verify measured against which bars, the device figures, the files and how to check them."""
 
 from __future__ import annotations
 
-from tasks.core.row import arch
+from tasks.core.row import arch, label
 
 
 def _ran(v: dict) -> str:
@@ -50,6 +52,13 @@ def _device_lines(row: dict) -> list[str]:
                     f"{gb(r['kv_bytes_written_per_token'])} of KV ({t})"
                     + (", where Genie, which keeps the cache, writes one slot per layer." if "genie" in
                        (dev[t].get("runtimes") or {}) else ".")]
+    left = [(t, rt, f) for t, v in sorted((row.get("verify") or {}).items())
+            for rt, b in sorted((v.get("boundary") or {}).items()) for f in b.get("float32", [])]
+    if left:
+        out += ["", "Tensors left float32 at a shipped graph's boundary (the rest cross as integers; verify.json "
+                    "`boundary`):", "", "| target | runtime | binary | tensor | shape | why |",
+                "|---|---|---|---|---|---|",
+                *(f"| {t} | {rt} | {f['binary']} | `{f['tensor']}` | {f['shape']} | {f['why']} |" for t, rt, f in left)]
     return out
 
 
@@ -95,18 +104,34 @@ def _files_lines(loaded: dict[str, list[str]]) -> list[str]:
             "Every file here and what loads it: onnxruntime-genai opens `genai_config.json`, Genie "
             "`genie_config.json`, each naming its models or binaries; onnxruntime's QNN EP an encoder's "
             "`*_ctx.onnx`, which names its context binary. Nothing else is shipped: the per-graph binaries an "
-            "LLM's verify runs on the simulator beside weight-shared ones stay in the build "
-            f"(`tasks/commands/publish/contents.py`, `shipped_files`). A signed bundle also holds `{SIGNATURE}`.", "",
+            "LLM's verify runs on the simulator beside weight-shared ones stay in the build. "
+            f"A signed bundle also holds `{SIGNATURE}`.", "",
             "| file | loaded by |", "|---|---|",
             *(f"| `{rel}` | {'; '.join(who)} |" for rel, who in sorted(rows.items()))]
 
 
-def model_card(recipe, row: dict, short: str, loaded: dict[str, list[str]] | None = None) -> str:
+def _state_line(state: str, row: dict) -> str:
+    """The card's first sentence after the description: the recipe's state and what it means."""
+    bars = sorted({n for v in (row["verify"] or {}).values() for n in v["thresholds"]})
+    if state == "verified":
+        return (f"**State: verified.** Every verify figure with a bar met it ({', '.join(f'`{b}`' for b in bars)}; "
+                f"the table under Verification).")
+    return (f"**State: {label(state)}.** Verify ran and measured the figures under Verification, but the recipe "
+            f"sets no bar (`verify.thresholds` empty), so nothing judged them: this bundle is not verified.")
+
+
+def model_card(recipe, row: dict, short: str, loaded: dict[str, list[str]] | None = None,
+               files: dict | None = None, tools: dict[str, str] | None = None) -> str:
     """The bundle's README.md: a ``huggingface_hub.ModelCard`` (YAML metadata: license,
     library, tags, base model for Hub sources, eval results = verify metrics) and a body with
-    the source, the files, the verify metrics against their thresholds and the stage keys.
-    ``loaded``: {bundle path: who loads it} of the shipped artifacts
+    the state (``row["state"]``: verified or built (no bars)), the source, how to run it
+    (:func:`.usage.usage_lines`, from ``files``: {bundle path: file} of what ships, and
+    ``tools``: {tool: version} the stage entries recorded), the verify metrics against their
+    thresholds, the device figures, the files, how to check them (:func:`.usage.check_lines`)
+    and the stage keys. ``loaded``: {bundle path: who loads it} of the shipped artifacts
     (:func:`.contents.shipped_files`), listed under "Files" (none: no such section)."""
+    from tasks.commands.publish.usage import check_lines, usage_lines
+
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
     src = row["source"]
@@ -139,6 +164,7 @@ def model_card(recipe, row: dict, short: str, loaded: dict[str, list[str]] | Non
         origin = f"the local folder `{src['path']}` (content xxh3 `{src.get('content_digest')}`)"
     lines = [
         "---", data.to_yaml(), "---", "", f"# {recipe.name}", "", recipe.description or "", "",
+        _state_line(row["state"], row), "",
         f"Built by npubuild from {origin}, quantized {recipe.quantize.precision} and compiled to QNN context "
         f"binaries for {', '.join(recipe.compile.targets)} (onnxruntime QNN EP, EPContext models). "
         f"Build key `{short}`. License: {row.get('license', recipe.license)}.", "",
@@ -149,7 +175,7 @@ def model_card(recipe, row: dict, short: str, loaded: dict[str, list[str]] | Non
         f"| architecture | {arch(row)} |", f"| parameters | {row['parameters']} |",
         f"| sequence length | {row['sequence_length']} |",
         *( [f"| context length | {row['context_length']} |"] if row["context_length"] else []),
-        *(f"| {t} | {v} |" for t, v in sorted(row["tools"].items())), "",
+        *(usage_lines(recipe, files, tools or {}, row.get("qnn_context_sdk") or []) if files is not None else []), "",
         "## Verification", "",
         "| target | backend (runtime) | metric | value | threshold |", "|---|---|---|---|---|",
     ]
@@ -184,7 +210,7 @@ def model_card(recipe, row: dict, short: str, loaded: dict[str, list[str]] | Non
     lines += _io_lines(row.get("io"))
     lines += _device_lines(row)
     lines += _files_lines(loaded) if loaded is not None else []
+    lines += check_lines()
     lines += ["", "## Stage keys", "", "| stage | key |", "|---|---|",
-              *(f"| {s} | `{k}` |" for s, k in row["stage_keys"].items()), "",
-              "`manifest.json` lists the sha256 of every file; `doit check_bundle --path <folder>` checks them.", ""]
+              *(f"| {s} | `{k}` |" for s, k in row["stage_keys"].items()), ""]
     return str(ModelCard("\n".join(lines)))

@@ -45,7 +45,8 @@ def _check_bundle_action(path: str, public_key: str, cert_chain: str):
     from tasks.commands.publish.check import print_check
 
     if not path:
-        return TaskFailed("give the bundle folder: doit check_bundle --path dist/<recipe>")
+        return TaskFailed("give the bundle folder or its archive: doit check_bundle --path dist/<recipe> "
+                          "(or dist/<recipe>-<key>.tar.gz)")
     try:
         ok = print_check(path, public_key or None, _paths_list(cert_chain))
     except UserError as e:
@@ -90,10 +91,11 @@ def creators(session: Session) -> dict:
                    "actions": [(_reproduce_action, [session, name])], "uptodate": [False], "verbosity": 2}
 
     def task_check_bundle():
-        """Recompute sha256 of every file of a bundle (--path) against its manifest.json; verify its
-        signature against --public-key or --cert-chain."""
+        """Recompute sha256 of every file of a bundle (--path: its folder or .tar.gz archive) against
+        its manifest.json; verify its signature against --public-key or --cert-chain."""
         return {"actions": [_check_bundle_action], "uptodate": [False], "verbosity": 2,
-                "params": [{"name": "path", "long": "path", "type": str, "default": "", "help": "bundle folder"},
+                "params": [{"name": "path", "long": "path", "type": str, "default": "",
+                            "help": "bundle folder, or its .tar.gz archive"},
                            {"name": "public_key", "long": "public-key", "type": str, "default": "",
                             "help": "PEM public key the bundle's signature must verify against"},
                            _CERT_CHAIN]}

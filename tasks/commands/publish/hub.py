@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from tasks.commands.publish.check import file_count
 from tasks.commands.publish.errors import PublishError
 
 
@@ -34,7 +35,7 @@ def push_to_hub(plan: dict, repo_id: str, endpoint: str | None = None, token: st
         print(f"[publish:{plan['recipe']}] Hub repo {url}")
         info = api.upload_folder(**ops[1][1])
         commit = info.oid
-        print(f"[publish:{plan['recipe']}] uploaded {len(plan['files'])} files, commit {commit}")
+        print(f"[publish:{plan['recipe']}] uploaded {file_count(plan['manifest'])} files, commit {commit}")
         tag = dict(ops[2][1], revision=commit)
         api.create_tag(**tag)
         print(f"[publish:{plan['recipe']}] tagged {tag['tag']}")

@@ -19,7 +19,8 @@ from tasks.core.state import diff
 from tasks.core.status import catalog_recipes
 from tasks.store.digest import sha256_file
 from tasks.contract import artifact_patterns
-from tasks.commands.publish.check import check_bundle, read_manifest
+from tasks.commands.publish.bundle import resolved_recipe
+from tasks.commands.publish.check import check_bundle, file_count, read_manifest
 from tasks.commands.publish.errors import PublishError
 
 
@@ -91,7 +92,7 @@ def reproduce(recipe: str, keep: bool = False, session: Session | None = None) -
         raise PublishError(f"no published bundle at {old} to compare with: run `doit publish:{recipe}` first")
     old_manifest = read_manifest(old)
     recheck_published(session, old, old_manifest)
-    changed = diff(old_manifest.get("resolved_recipe"), catalog_recipes(session)[recipe].model_dump(mode="json"))
+    changed = diff(old_manifest.get("resolved_recipe"), resolved_recipe(catalog_recipes(session)[recipe]))
     if changed:  # a rebuild would be another bundle: say so, not "DIFFERS" per file
         raise PublishError(f"{old / 'manifest.json'}: published (build {old_manifest.get('build_key')}) from another "
                            f"recipe than {recipe} resolves to now: {'; '.join(changed[:5])}"
@@ -146,7 +147,7 @@ def reproduce(recipe: str, keep: bool = False, session: Session | None = None) -
         print(f"DIFFERS    {rel}  only in the rebuild")
     if same and not keep:
         shutil.rmtree(tmp, ignore_errors=True)
-        print(f"[reproduce:{recipe}] byte-identical: {len(pairs)} files")
+        print(f"[reproduce:{recipe}] byte-identical: {file_count(old_manifest)} files and the archive")
     else:
         print(f"[reproduce:{recipe}] {'differences found; ' if not same else ''}rebuild kept in {tmp}")
     return same

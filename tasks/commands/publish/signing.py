@@ -18,16 +18,28 @@ def _hashing_config():
     return hashing.Config().set_ignored_paths(paths=[SIGNATURE])
 
 
+def check_signer(signing_cert, cert_chain) -> None:
+    """Raise PublishError when a signing certificate comes without its CA chain: model-signing
+    1.1.1 parses the chain and fails on none ("Unable to load PEM file ... MalformedFraming",
+    which publish reported as the key file's problem), after the bundle was written."""
+    if signing_cert and not cert_chain:
+        raise PublishError(f"{signing_cert}: signing with a certificate needs the CA certificate(s) that issued it "
+                           f"(--cert-chain CA.pem), found none")
+
+
 def sign_bundle(folder: Path, private_key: str | Path, signing_cert: str | Path | None = None,
                 cert_chain: list | None = None) -> Path:
     """Sign every file of bundle ``folder`` (manifest.json included) with OpenSSF
     ``model-signing`` into ``<folder>/``:data:`SIGNATURE` (a Sigstore bundle, DSSE over the
     in-toto statement of each file's sha256), with a PEM elliptic-curve private key, or with
-    that key's ``signing_cert`` (+ ``cert_chain``). No network (no Sigstore Fulcio/Rekor).
+    that key's ``signing_cert`` and ``cert_chain`` (the CA certificates; required with a
+    certificate). No network (no Sigstore Fulcio/Rekor).
     ECDSA signatures differ at each signing; the bundle's other files do not. Returns the
-    signature's path. Raises PublishError naming the key file when signing fails."""
+    signature's path. Raises PublishError naming the key file when signing fails, or the
+    certificate when it comes without a chain."""
     from model_signing import signing
 
+    check_signer(signing_cert, cert_chain)
     cfg = signing.Config().set_hashing_config(_hashing_config())
     try:
         if signing_cert:

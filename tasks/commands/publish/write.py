@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 from tasks.store import paths
-from tasks.core.row import catalog_row
+from tasks.core.row import catalog_row, label
 from tasks.core.session import Session
 from tasks.core.status import RecipeStatus, catalog_recipes, recipe_status
 from tasks.store.digest import sha256_file
@@ -21,19 +21,23 @@ from tasks.commands.publish.bundle import (
     build_manifest,
     bundle_sources,
     json_bytes,
+    merged_tools,
     sha256_bytes,
     shipped_digests,
     short_key,
 )
 from tasks.commands.publish.card import model_card
+from tasks.commands.publish.check import file_count
 from tasks.commands.publish.contents import shipped_files
 from tasks.commands.publish.errors import PublishError
 from tasks.commands.publish.hub import hub_operations, push_to_hub
-from tasks.commands.publish.signing import SIGNATURE, sign_bundle
+from tasks.commands.publish.signing import SIGNATURE, check_signer, sign_bundle
 
 
 def _verified_status(session: Session, recipe: str) -> RecipeStatus:
-    """The catalog status of ``recipe``; raises PublishError unless it is ``verified``."""
+    """The catalog status of ``recipe``; raises PublishError unless it is ``verified`` or
+    ``built-no-bars`` (built and measured, no bar to judge it: published as such, the card and
+    the manifest say "built (no bars)", never "verified")."""
     recipes = catalog_recipes(session)
     if recipe not in recipes:
         raise PublishError(f"refusing to publish {recipe!r}: no such (non-abstract) recipe; "
@@ -72,7 +76,8 @@ def plan_bundle(recipe: str, session: Session | None = None) -> dict:
     loaded = shipped_files(sources)  # what the bundle's runtimes load; the rest stays in build/
     files: dict = {rel: sources[rel] for rel in loaded}
     sums = shipped_digests(session, st, files)
-    files["README.md"] = model_card(r, row, short, loaded).encode("utf-8")
+    card = model_card(r, row, short, loaded, files=dict(files), tools=merged_tools(st.entries))
+    files["README.md"] = card.encode("utf-8")
     sums["README.md"] = (sha256_bytes(files["README.md"]), len(files["README.md"]))
     manifest = build_manifest(recipe, r, st, sums, row)
     files["manifest.json"] = json_bytes(manifest)
@@ -84,7 +89,7 @@ def plan_bundle(recipe: str, session: Session | None = None) -> dict:
 
 def _print_ops(plan: dict, dest, hub_repo) -> None:
     total = sum(len(v) if isinstance(v, bytes) else v.stat().st_size for v in plan["files"].values())
-    print(f"[dry-run] would write {plan['folder']}/ ({len(plan['files'])} files, {total / 1e6:.1f} MB):")
+    print(f"[dry-run] would write {plan['folder']}/ ({file_count(plan['manifest'])} files, {total / 1e6:.1f} MB):")
     for rel, v in plan["files"].items():
         size = len(v) if isinstance(v, bytes) else v.stat().st_size
         print(f"[dry-run]   {rel} ({size} bytes)")
@@ -138,6 +143,8 @@ def publish(recipe: str, dest: str | Path | None = None, hub_repo: str | None = 
     "signature"?, "hub"?}. Raises PublishError (not verified, stale, not built; a cache file
     that does not match its entry's manifest; signing failed; a failed target). ``session``:
     the command's (default: a new one)."""
+    if sign:
+        check_signer(signing_cert, cert_chain)  # before anything is written
     plan = plan_bundle(recipe, session)
     if dry_run:
         _print_ops(plan, dest, hub_repo)
@@ -158,8 +165,11 @@ def publish(recipe: str, dest: str | Path | None = None, hub_repo: str | None = 
         shutil.rmtree(folder)
     tmp_folder.replace(folder)
     tmp_archive.replace(plan["archive"])
-    print(f"[publish:{recipe}] {plan['folder']} ({len(plan['files'])} files) and {plan['archive']} "
+    print(f"[publish:{recipe}] {plan['folder']} ({file_count(plan['manifest'])} files) and {plan['archive']} "
           f"(sha256 {sha256_file(plan['archive'])[:16]}...)")
+    if plan["status"].state != "verified":
+        print(f"[publish:{recipe}] {label(plan['status'].state)}: verify measured it, no bar judged it (the recipe "
+              f"sets no verify.thresholds); its card and manifest say so")
     out = {"folder": plan["folder"], "archive": plan["archive"], "short": plan["short"]}
     sig_copy = plan["archive"].with_name(plan["archive"].name + ".sig")
     sig_copy.unlink(missing_ok=True)

@@ -27,6 +27,19 @@ def library_path() -> Path | None:
     return Path(list(spec.submodule_search_locations)[0]) / LIBRARY
 
 
+def api_version() -> str | None:
+    """``major.minor.patch`` of the installed ``libGenie.so``'s Genie API
+    (``Genie_getApi{Major,Minor,Patch}Version``; 1.21.0 in onnxruntime-qnn 2.7.0), or None
+    when the library is not there."""
+    import ctypes as C
+
+    path = library_path()
+    if path is None or not path.is_file():
+        return None
+    lib = C.CDLL(str(path))
+    return ".".join(str(getattr(lib, f"Genie_getApi{p}Version")()) for p in ("Major", "Minor", "Patch"))
+
+
 class GenieError(NpubuildError, RuntimeError):
     """A Genie C API call returned a non-zero status (``Genie_Status_t``; 4 = context exceeded
     is a warning and not raised)."""
