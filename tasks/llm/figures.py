@@ -270,9 +270,7 @@ def plan_lines(recipe) -> list[str]:
     """What ``doit explain`` prints of an LLM recipe before any stage runs: its parts (layer
     ranges), each stage's estimated peak memory (:func:`tasks.llm.memory.estimates`, the largest
     part) and disk (checkpoint, fp32 export, QDQ graphs, bundle), and the on-device figures per
-    target. [] for an encoder; one line saying why when the config cannot be read."""
-    if recipe.export.family != "llm":
-        return []
+    target (the LLM family's ``plan_lines``); one line saying why when the config cannot be read."""
     from tasks.qnn.precisions import get
     from tasks.llm.memory import GiB, estimates
     from tasks.llm.parts import split_for
@@ -283,10 +281,10 @@ def plan_lines(recipe) -> list[str]:
     ex = recipe.export
     embed = ex.embedding == "first-part"
     ranges = split_for(cfg, ex.parts, embed)
-    bits = get(recipe.quantize.precision).weight_bits
-    est = estimates(cfg, ranges, ex.sequence_length, ex.context_length, embed, bits)
+    precision = get(recipe.quantize.precision)
+    est = estimates(cfg, ranges, ex.sequence_length, ex.context_length, embed, precision.weight_bits)
     n = part_params(cfg, 0, cfg["num_hidden_layers"], True, True, embed)
-    bundle = estimated_bundle_bytes(cfg, recipe)
+    bundle = estimated_bundle_bytes(cfg, recipe, precision)
     out = [f"model: {where}",
            f"parameters: {parameters(cfg) / 1e9:.2f} B; parts: {ex.parts}, layers "
            + ", ".join(f"[{lo}, {hi})" for lo, hi in ranges),
