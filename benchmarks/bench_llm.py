@@ -14,6 +14,10 @@ vocabulary). A random model's tokens are meaningless: the point is time and memo
 * ``qwen2.5-0.5b`` and ``qwen2-0.86b`` (issue 22's 0.86 B model: ``--shape qwen2-0.86b --parts 4
   --context 256 --precision w8a16 --memory-gb 4``): a recipe (``--precision``, default w4a16;
   ``--parts``, default 2; AR-128 + AR-1 over ``--context``; ``cpu-qdq`` verify).
+  ``--extends NAME`` puts the same shape on a repo recipe's settings instead (``extends:
+  NAME``: its compile, bundle and verify; ``--genie`` adds Genie to the bundle), e.g. issue 54's
+  ``--shape qwen2-0.86b --parts 4 --context 256 --precision w4a16 --block-size 128
+  --embedding-bits 8 --rounding gptq --extends tiny-qwen2-w8a16 --genie --memory-gb 4``.
 * ``qwen2.5-7b``: the recipe ``extends: qwen7b-int4`` and only swaps ``source`` for the local
   folder (context 4096, AR-128 + AR-1, 4 parts, w4a16, 16 calibration prompts, ``cpu-qdq``
   verify), built with ``doit build:bench`` (every part's export, calibrate, quantize and
@@ -70,6 +74,21 @@ verify:
   backend: cpu-qdq
   data: {{file: recipes/data/prompts-tiny.txt, samples: 2}}
   max_new_tokens: 8
+"""
+
+#: ``--extends NAME``: the same shape on a repo recipe's settings (its compile, bundle and
+#: verify: ``tiny-qwen2-w8a16`` verifies on the HTP simulator with onnxruntime-genai beside
+#: LLMRunner), the export and quantize keys of the shape; random weights fail quality bars by
+#: construction, so those are off (the runtimes' agreement bars stay)
+RECIPE_EXTENDS = """\
+extends: {extends}
+description: a random {shape} on {extends}'s settings (benchmarks/bench_llm.py --extends)
+source: {{path: model}}
+export: {{family: llm, sequence_length: 128, context_length: {context}, parts: {parts}}}
+quantize:
+  precision: {precision}{quant_more}
+  calibration: {{file: tasks/llm/data/tiny-corpus.txt, samples: {calib}}}{bundle}
+verify: {{thresholds: {{token_agreement: null, logits_cosine_mean: null, perplexity_ratio: null}}}}
 """
 
 RECIPE_7B = """\
@@ -154,8 +173,14 @@ def bench_05b(a) -> None:
     _project(root)
     more = "".join(f"\n  {k}: {v}" for k, v in (("block_size", a.block_size), ("embedding_bits", a.embedding_bits),
                                                 ("rounding", a.rounding)) if v is not None)
-    (root / "recipes" / "bench.yaml").write_text(RECIPE_05B.format(context=a.context, parts=a.parts, calib=a.calib,
-                                                                   precision=a.precision, quant_more=more))
+    fmt = dict(context=a.context, parts=a.parts, calib=a.calib, precision=a.precision, quant_more=more)
+    if a.extends:
+        shutil.copyfile(REPO / "recipes" / f"{a.extends}.yaml", root / "recipes" / f"{a.extends}.yaml")
+        bundle = "\nbundle: {runtimes: [genai, genie]}" if a.genie else ""
+        text = RECIPE_EXTENDS.format(extends=a.extends, shape=a.shape, bundle=bundle, **fmt)
+    else:
+        text = RECIPE_05B.format(**fmt)
+    (root / "recipes" / "bench.yaml").write_text(text)
     if not (root / "model" / "model.safetensors.index.json").exists():
         t0 = time.perf_counter()
         subprocess.run([sys.executable, __file__, "--make", str(root / "model"), "--shape", a.shape], check=True)
@@ -311,6 +336,9 @@ def main() -> None:
     ap.add_argument("--block-size", type=int, help="0.5b shape: quantize.block_size (LPBQ, w4a16)")
     ap.add_argument("--embedding-bits", type=int, help="0.5b shape: quantize.embedding_bits")
     ap.add_argument("--rounding", choices=("nearest", "gptq"), help="0.5b shape: quantize.rounding (w4a16)")
+    ap.add_argument("--extends", help="0.5b / 0.86b shape: a repo recipe whose settings the shape takes (its compile, "
+                                      "bundle and verify, e.g. tiny-qwen2-w8a16: htp verify with onnxruntime-genai)")
+    ap.add_argument("--genie", action="store_true", help="with --extends: bundle.runtimes [genai, genie]")
     ap.add_argument("--memory-gb", type=float, help="NPUBUILD_MEMORY_GB for the build (the memory budget)")
     ap.add_argument("--keep", help="project folder to use and keep (7b shape: reuses a made checkpoint and the "
                                    "build cache, so a second call resumes; 0.5b: the doit project)")
