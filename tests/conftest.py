@@ -146,7 +146,7 @@ class Run:
     def ran(self) -> list[str]:
         """Stage tasks that executed (not up to date), e.g. ['export:r', 'quantize:r']."""
         return sorted(n for n, t in self.tasks.items() if t["result"] in ("success", "fail")
-                      and not n.startswith(("build:", "explain:", "push:")))
+                      and not n.startswith(("build:", "admit:", "explain:", "push:")))
 
     def log(self) -> str:
         return self.output + "\n".join(f"{n}: {t.get('out', '')}{t.get('err', '')}{t.get('error', '')}"

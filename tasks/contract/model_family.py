@@ -63,7 +63,10 @@ class Family:
       threshold names it does not set (:func:`tasks.recipe.load.with_default_bars` merges them
       under ``verify.thresholds``, the recipe's own values winning): the family's quality bars
       when the recipe sets no ``verify.thresholds`` at all, and the bar each runtime its verify
-      runs brings whatever the recipe sets; without it, none."""
+      runs brings whatever the recipe sets; without it, none.
+    - ``memory_keys(specs, stage) -> str | None``: the recipe keys that lower stage ``stage``'s
+      estimate, with their values now (None: none does), named when a build is refused before
+      any of its stages runs (:func:`tasks.core.admit.admit`)."""
 
     name: str
     title: str
@@ -75,6 +78,7 @@ class Family:
     catalog_fields: Callable[..., dict] | None = None
     memory_estimate: Callable[[dict, str], int] | None = None
     default_thresholds: Callable[..., dict] | None = None
+    memory_keys: Callable[[dict, str], str | None] | None = None
 
     def implementation_module(self, kind: str) -> str:
         """The dotted module name implementing stage ``kind`` for this family. Raises KeyError

@@ -32,7 +32,9 @@ def explain(session: Session, recipe_name: str) -> list[dict]:
     failed one the check's findings (``fails``), and, for a stale stage,
     what changed in its key material since the recipe's last build; for a blocked or unknown
     one, why; for a built verify, how each runtime the bundle serves was checked
-    (``runtimes``: :func:`tasks.contract.report.runtimes_checked`). Raises KeyError for a
+    (``runtimes``: :func:`tasks.contract.report.runtimes_checked`), for a built stage what
+    its manifest records of its memory (``memory``: the estimate checked before work and the
+    process tree's measured peak, :func:`tasks.proc.budget.manifest_memory`). Raises KeyError for a
     recipe that is not in the session's recipe set."""
     res = Resolver(session, recipe_name, pull=False)
     last = read_state(session, recipe_name)
@@ -54,12 +56,33 @@ def explain(session: Session, recipe_name: str) -> list[dict]:
             row["changes"] = [st.problem]
         if st.failures:
             row["fails"] = list(st.failures)
+        if e and isinstance((e.manifest.get("info") or {}).get("memory"), dict):
+            row["memory"] = e.manifest["info"]["memory"]
         if e and spec.kind == "verify" and (e.out / "verify.json").is_file():
             from tasks.contract.report import runtimes_checked
 
             row["runtimes"] = runtimes_checked(json.loads((e.out / "verify.json").read_text(encoding="utf-8")))
         rows.append(row)
     return rows
+
+
+def memory_line(mem: dict) -> str:
+    """A built stage's memory as ``doit explain`` prints it: the process tree's measured peak
+    against the estimate checked before work (with what the stage's process held already, and
+    the budget when one was known): ``memory: peak 2.31 GiB (process tree), estimate 2.62 GiB
+    (0.40 held), budget 4.00 GiB``; "over its estimate" when the peak is above it."""
+    def gib(b):
+        return "unknown" if b is None else f"{b / (1 << 30):.2f} GiB"
+
+    est, peak = mem.get("estimate"), mem.get("peak")
+    line = f"memory: peak {gib(peak)} (process tree), estimate {gib(est)}"
+    if mem.get("held"):
+        line += f" ({mem['held'] / (1 << 30):.2f} held)"
+    if mem.get("budget") is not None:
+        line += f", budget {gib(mem['budget'])}"
+    if est is not None and peak is not None and peak > est:
+        line += f": over its estimate by {gib(peak - est)}"
+    return line
 
 
 def print_explain(session: Session, recipe_name: str, verbose: bool = True) -> None:
@@ -74,6 +97,8 @@ def print_explain(session: Session, recipe_name: str, verbose: bool = True) -> N
                 print(f"    inputs: {json.dumps(row['inputs'])} files: {json.dumps(row['files'])}")
         if row.get("log"):
             print(f"    log: {row['log']}")
+        if mem := row.get("memory"):
+            print(f"    {memory_line(mem)}")
         for c in row.get("changes", []):
             print(f"    changed: {c}")
         for f in row.get("fails", []):

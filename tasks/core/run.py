@@ -13,8 +13,9 @@ from tasks.store import digest
 from tasks.store import paths
 from tasks.store.entries import Cache, Entry
 from tasks.errors import UserError
-from tasks.proc import interrupt, rss
+from tasks.proc import interrupt
 from tasks.core import recipeset
+from tasks.core.admit import estimate_or_none
 from tasks.core.keys import key_material, project_file, stage_key
 from tasks.core.resolve import Resolver, checking_resolver
 from tasks.core.session import Session
@@ -72,12 +73,17 @@ def failed_log_path(recipe_name: str, stage: str) -> Path:
 
 
 def build_spec(session: Session, spec, upstream: dict[str, Entry], cache: Cache, material: dict | None = None,
-               kept_log: Path | None = None) -> tuple[str, dict, Entry, bool]:
+               kept_log: Path | None = None, estimate: int | None = None) -> tuple[str, dict, Entry, bool]:
     """Build (or reuse: local hit, else remote pull) the cache entry of ``spec`` (a
     :class:`tasks.recipe.plan.StageSpec`) in ``cache``, from its committed upstream entries (by
     role); ``material``: its key material when already known. The stage's output goes to
     ``log.txt`` in its entry (``tasks/store/stagelog.py``); when the build fails and ``kept_log`` is
-    given, the log is copied there and the exception gets a note naming it. Returns (key, key
+    given, the log is copied there and the exception gets a note naming it. ``estimate``: the
+    stage's estimated peak bytes in a fresh process (:func:`memory_estimate`), checked against
+    the memory budget before work with what this process holds already (:func:`tasks.proc.budget.check`;
+    a stage may check a finer figure of its own after it). The manifest's ``info["memory"]``
+    records the last figure checked, what was held, the budget, and the stage's measured process
+    tree peak (:mod:`tasks.proc.tree`); the log gets both. Returns (key, key
     material, entry, built). Knows nothing of recipes or of doit: :func:`run_stage` and
     cluster workers (tasks/commands/cluster/build.py) both call it. Checks nothing about the result (that is
     :meth:`tasks.core.resolve.Resolver.failures`). Raises what the stage raises, and what
@@ -86,7 +92,7 @@ def build_spec(session: Session, spec, upstream: dict[str, Entry], cache: Cache,
     import tempfile
 
     from tasks.store import stagelog
-    from tasks.proc import child, heap
+    from tasks.proc import budget, child, heap, tree
 
     st = spec.impl
     material = material or key_material(session, spec, upstream)
@@ -106,7 +112,10 @@ def build_spec(session: Session, spec, upstream: dict[str, Entry], cache: Cache,
                       flush=True)
                 # the stage reads copies of its data files, checked against the key
                 read = digest.snapshot(files, material["files"], spec.files, Path(tempfile.mkdtemp(prefix="inputs-")))
-                rss.peak_rss_reset()  # this process's peak from here: the stage's own (children report theirs)
+                budget.checked_reset()
+                if estimate is not None:  # before work; the stage may check a finer figure of its own
+                    budget.check(spec.name, estimate, spec.part, recipe_keys=None, held=budget.held_bytes(False))
+                meter = tree.measure()  # this process's peak from here: the stage's own, and its children's
                 try:
                     info = st.run({r: e.out for r, e in upstream.items()}, read, spec.params, out) or {}
                 except ValueError as e:  # a data file's problem names the file the recipe names, not the copy
@@ -116,8 +125,7 @@ def build_spec(session: Session, spec, upstream: dict[str, Entry], cache: Cache,
                             msg = msg.replace(str(copy), spec.files[role])
                         e.args = (msg, *e.args[1:])
                     raise
-                if (peak := rss.peak_rss()) is not None:
-                    info = {**info, "stage_peak_rss": peak}
+                info = {**info, **budget.manifest_memory(meter.figures())}
                 if check := st.check_read:  # e.g. a source folder's copy vs its key
                     check(out, material, spec.params)
                 return info
@@ -169,7 +177,8 @@ def run_stage(session: Session, recipe_name: str, stage: str) -> dict:
     kept = failed_log_path(recipe_name, stage)
     t0 = time.time()
     try:
-        key, material, entry, built = build_spec(session, spec, upstream, res.cache, material, kept)
+        key, material, entry, built = build_spec(session, spec, upstream, res.cache, material, kept,
+                                                 estimate_or_none(session, recipe_name, stage, memory_estimate))
     except BaseException as e:
         # stopped also when a library turned the Ctrl-C into another error (tasks/proc/interrupt.py)
         stopped = isinstance(e, KeyboardInterrupt) or interrupt.seen()

@@ -41,7 +41,9 @@ class Session:
     - ``cleaned``: the cache roots whose dead builds' leftovers the command removed (once each:
       ``tasks.store.entries.Cache.clean_stale``);
     - ``stage_tasks``: {stage task name: its recipe} of the stage tasks the command made (the
-      doit console reporter and its "Did you mean" read them).
+      doit console reporter and its "Did you mean" read them);
+    - ``admitted``: recipes whose stages to build were checked against the memory budget
+      together before the first of them ran (:func:`tasks.core.admit.admit`).
     """
 
     def __init__(self) -> None:
@@ -59,3 +61,4 @@ class Session:
         self.warned: set[str] = set()
         self.cleaned: set[str] = set()
         self.stage_tasks: dict[str, str] = {}
+        self.admitted: set[str] = set()

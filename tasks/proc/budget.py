@@ -2,8 +2,15 @@
 ``NPUBUILD_MEMORY_GB`` or, unset, ``MemAvailable``; :func:`check` stops a stage whose estimated
 peak exceeds it (:class:`NotEnoughMemory`, naming what lowers it); :func:`budget_line` is how
 ``doit explain`` states it. The estimates are the families' (the ``memory_estimate`` hook of
-:class:`tasks.contract.stage.Stage`; LLMs: :mod:`tasks.llm.memory`);
-:data:`DEFAULT_STAGE_BYTES` stands in for a stage without one.
+:class:`tasks.contract.stage.Stage`; LLMs: :mod:`tasks.llm.memory`, the LLM verify's phases:
+:func:`tasks.llm.verify.memory_plan`); :data:`DEFAULT_STAGE_BYTES` stands in for a stage without one.
+
+The promise: a stage's estimate bounds the peak of its whole process tree (the stage's process
+and its children, :mod:`tasks.proc.tree`), so a stage that passes the check stays within the
+budget. Every stage is checked before its work (:func:`tasks.core.run.build_spec` with the plan's
+figure; a stage may check a finer one of its own once its inputs are read), and its manifest
+records the last figure checked beside the measured peak (``info["memory"]``); a peak over its
+estimate is a defect the tests catch (``tests/llm/test_budget_edge.py``).
 """
 
 from __future__ import annotations
@@ -56,19 +63,18 @@ def available_bytes() -> int | None:
 
 
 def budget_line() -> str:
-    """How ``doit explain`` states the memory budget: the user's
-    ``NPUBUILD_MEMORY_GB``, which every LLM stage's estimate is checked against and which
-    decides whether the LLM verify keeps every part's compiled decode graph open (when their
-    sessions and the KV caches fit in it: :func:`tasks.llm.compare.resident_bytes`), else that
-    there is none and what stands in for it (``MemAvailable``, which varies with what else
-    runs)."""
+    """How ``doit explain`` states the memory budget: the user's ``NPUBUILD_MEMORY_GB``, which
+    every stage's estimate (its whole process tree's peak, with what the doit process holds) is
+    checked against before its work, and within which the LLM verify chooses how many compiled
+    parts it keeps open (:func:`tasks.llm.verify.memory_plan`), else that there is none and what
+    stands in for it (``MemAvailable``, which varies with what else runs)."""
     gib = budget_gib()
     if gib is not None:
-        return (f"{gib:g} GiB (NPUBUILD_MEMORY_GB): LLM stages whose estimate exceeds it stop before work; "
-                f"LLM verify keeps every compiled decode graph open only when they and the KV caches fit in it")
+        return (f"{gib:g} GiB (NPUBUILD_MEMORY_GB): a stage whose estimated process tree peak exceeds it stops "
+                f"before work; LLM verify keeps open the compiled parts that fit in it")
     avail = available_bytes()
     now = f", {avail / GiB:.1f} GiB now" if avail is not None else ""
-    return (f"none set (NPUBUILD_MEMORY_GB): LLM stages are checked against the memory available{now}, "
+    return (f"none set (NPUBUILD_MEMORY_GB): stages are checked against the memory available{now}, "
             "which changes with what else runs; set NPUBUILD_MEMORY_GB for a peak you can plan for")
 
 
@@ -91,18 +97,44 @@ def held_bytes(in_child: bool) -> int:
     return rss if in_child else max(0, rss - BASE)
 
 
-def check(stage: str, estimate: int, part: int, *, recipe_keys: str | None, held: int = 0) -> None:
+#: the last :func:`check` of the stage running in this process (:func:`checked`), for its manifest
+_CHECKED: dict | None = None
+
+
+def checked_reset() -> None:
+    """Forget the last check: a stage is about to run (:func:`tasks.core.run.build_spec`)."""
+    global _CHECKED
+    _CHECKED = None
+
+
+def checked() -> dict | None:
+    """The last :func:`check` since :func:`checked_reset`: {"estimate": bytes checked (the
+    stage's own estimate plus what was held), "held": bytes, "budget": bytes or None (none
+    known), "part": int}, or None when the stage checked nothing."""
+    return _CHECKED
+
+
+def check(stage: str, estimate: int, part: int | None, *, recipe_keys: str | None, held: int = 0,
+          log: bool = True) -> None:
     """Raise :class:`NotEnoughMemory` when ``estimate`` + ``held`` (what the process running
     the stage holds already: :func:`held_bytes`) exceeds :func:`available_bytes`, naming the
-    stage, the part, both figures (with the decimals that tell them apart), the held share and
+    stage, the part (None: a whole-model stage), both figures (with the decimals that tell them
+    apart), the held share and
     ``recipe_keys`` (what to change; None: no recipe key lowers it, so more memory is the fix);
     when the stage alone would fit, the message says to run the command again (a new doit
     process holds nothing of the earlier stages': the 7B's compile.part0 was refused at 17.0
-    GiB with 2.6 GiB held, and built in a new process, benchmarks/README.md)."""
+    GiB with 2.6 GiB held, and built in a new process, benchmarks/README.md). Records the
+    check for the stage's manifest (:func:`checked`) and prints it (the stage's log; ``log``
+    False: not, for a check outside a stage)."""
+    global _CHECKED
     from tasks.errors import apart
 
     avail = available_bytes()
     estimate += held
+    _CHECKED = {"estimate": estimate, "held": held, "budget": avail, "part": part}
+    if log:
+        print(f"memory: {stage} estimate {estimate / GiB:.2f} GiB" + (f" ({held / GiB:.2f} held)" if held else "")
+              + (f", {avail / GiB:.2f} GiB available" if avail is not None else ", no budget known"), flush=True)
     if avail is not None and estimate > avail:
         src = "NPUBUILD_MEMORY_GB" if budget_gib() is not None else "MemAvailable now"
         more = "raise NPUBUILD_MEMORY_GB" if src == "NPUBUILD_MEMORY_GB" else "free memory or use a larger machine"
@@ -117,6 +149,30 @@ def check(stage: str, estimate: int, part: int, *, recipe_keys: str | None, held
         if of and estimate - held <= avail:  # a new process starts without what earlier stages left
             fix = ("it fits in a new process: run the same command again (the stages built so far are cache hits), "
                    f"or {fix}")
-        raise NotEnoughMemory(
-            f"{stage}: part {part} needs about {need} GiB{of}, {have} GiB is available ({src}); {fix}"
-        )
+        who = stage if part is None else f"{stage}: part {part}"
+        raise NotEnoughMemory(f"{who} needs about {need} GiB{of}, {have} GiB is available ({src}); {fix}")
+
+
+def manifest_memory(figures: dict) -> dict:
+    """What a built stage's manifest ``info`` records of its memory, and prints to its log, from
+    its process tree's ``figures`` (:meth:`tasks.proc.tree.TreeMeter.figures`) and the last
+    :func:`check` (:func:`checked`):
+    ``stage_peak_rss`` (this process's peak, bytes) and ``memory``: {"estimate": the last
+    figure checked against the budget (the stage's estimate plus ``held``, bytes; None when the
+    stage was built without a check), "held": what the stage's process held already when it
+    was checked, "budget": the budget (bytes; None when none is known), "peak": the process
+    tree's measured peak (:class:`tasks.proc.tree.TreeMeter`), "children_peak": the largest
+    child's}. A peak above the estimate is a defect (tests/llm/test_budget_edge.py)."""
+    c = _CHECKED or {}
+    mem = {"estimate": c.get("estimate"), "held": c.get("held"), "budget": c.get("budget"),
+           "peak": figures["tree_peak"], "children_peak": figures["children_peak"]}
+
+    def gib(b):
+        return "unknown" if b is None else f"{b / GiB:.2f} GiB"
+
+    print(f"memory: process tree peak {gib(mem['peak'])}, estimate {gib(mem['estimate'])}"
+          + (f", budget {gib(mem['budget'])}" if mem["budget"] is not None else ""), flush=True)
+    out = {"memory": mem}
+    if figures["stage_peak"] is not None:
+        out["stage_peak_rss"] = figures["stage_peak"]
+    return out

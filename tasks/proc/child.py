@@ -18,6 +18,8 @@ process killed alone must not leave its quantize or compile running beside the n
 A child reports its own peak RSS (``VmHWM`` from ``/proc/self/status``, read at exit; Linux
 only, None elsewhere): ``ru_maxrss`` of a child started by (v)fork + exec can report the
 parent's peak instead (measured on Linux with the LLM benchmarks of benchmarks/README.md).
+Inside a stage every child reports to the stage's tree meter (:mod:`tasks.proc.tree`), so the
+manifest's tree peak counts it beside what the stage's process held meanwhile.
 """
 
 from __future__ import annotations
@@ -128,6 +130,10 @@ def _run(argv, payload: bytes | None, cwd, env, timeout, forward) -> Result:
     full.setdefault("PYTHONIOENCODING", "utf-8")  # the pipe's bytes are decoded as UTF-8 below (Windows: cp1252)
     full["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), full.get("PYTHONPATH")]))
     full[_PARENT] = str(os.getpid())
+    from tasks.proc import tree
+
+    meter = tree.current()
+    started = meter.child_started() if meter is not None else None
     with subprocess.Popen(argv, stdin=subprocess.PIPE if payload is not None else subprocess.DEVNULL,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full,
                           cwd=None if cwd is None else str(cwd)) as p:
@@ -148,6 +154,8 @@ def _run(argv, payload: bytes | None, cwd, env, timeout, forward) -> Result:
         else:
             err.append(ln)
     r = Result(p.returncode, stdout, "".join(err), peak)
+    if started is not None:  # the stage's tree peak counts this child beside what this process held
+        meter.child_ended(started, peak)
     if payload is not None and r.returncode == DISK_FULL_EXIT:
         import errno
 

@@ -62,6 +62,19 @@ def _materialize_action(session: Session, recipe: str):
         return _fail(shown(e))
 
 
+def _admit_action(session: Session, recipe: str):
+    """``admit:<recipe>``, the first dependency of each of the recipe's stage tasks: the build is
+    refused before any stage runs when a stage of the recipe still to build cannot fit the
+    memory budget alone (:func:`tasks.core.admit.admit`), in its one line."""
+    from tasks.core.admit import admit
+    from tasks.core.resolve import Resolver
+
+    try:
+        admit(session, recipe, Resolver(session, recipe, pull=False), run.memory_estimate)
+    except UserError as e:
+        return _fail(shown(e))
+
+
 def _print_explain(session: Session, recipe: str) -> None:
     from tasks.core.explain import print_explain
 
@@ -96,7 +109,8 @@ def creators(session: Session) -> dict:
                     "name": name,
                     "doc": f"{spec.kind} stage of {name}",
                     "actions": [(_stage_action, [session, name, spec.name])],
-                    "task_dep": [f"{up}:{name}" for up in sorted(set(spec.inputs.values()))],
+                    # admit first: a stage to build that cannot fit at all stops them all before work
+                    "task_dep": [f"admit:{name}"] + [f"{up}:{name}" for up in sorted(set(spec.inputs.values()))],
                     "uptodate": [_uptodate(session, name, spec.name)],
                     "verbosity": 2,
                 }
@@ -117,6 +131,12 @@ def creators(session: Session) -> dict:
                 "verbosity": 2,
             }
 
+    def task_admit():
+        """admit:<recipe> refuses the build before any stage runs when one cannot fit the budget."""
+        for name in recipeset.buildable(session):
+            yield {"name": name, "actions": [(_admit_action, [session, name])], "uptodate": [False],
+                   "verbosity": 2, "doc": f"check {name}'s stages to build against NPUBUILD_MEMORY_GB"}
+
     def task_explain():
         """explain:<recipe> prints each stage's key, params, status and what changed; of an
         invalid or unsupported recipe it fails with the reason, as build:<recipe> does."""
@@ -127,4 +147,5 @@ def creators(session: Session) -> dict:
             yield {"name": name, "actions": [(_print_explain, [session, name])], "uptodate": [False],
                    "verbosity": 2, "doc": f"show {name}'s plan, stage keys and why a stage is stale"}
 
-    return {"task_stages": task_stages, "task_build": task_build, "task_explain": task_explain}
+    return {"task_stages": task_stages, "task_build": task_build, "task_admit": task_admit,
+            "task_explain": task_explain}

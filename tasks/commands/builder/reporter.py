@@ -26,7 +26,7 @@ def console_reporter(session: Session):
         @staticmethod
         def _ours(task) -> bool:
             base = task.name.split(":", 1)[0]
-            return ":" in task.name and (base == "build" or task.name in session.stage_tasks)
+            return ":" in task.name and (base in ("build", "admit") or task.name in session.stage_tasks)
 
         def execute_task(self, task):
             if not self._ours(task):
@@ -57,8 +57,9 @@ def console_reporter(session: Session):
 
         @staticmethod
         def _recipe_of(task: str) -> str | None:
-            """The recipe of a stage task or of ``build:<recipe>``, else None."""
-            return session.stage_tasks.get(task) or (task.split(":", 1)[1] if task.startswith("build:") else None)
+            """The recipe of a stage task or of ``build:<recipe>`` / ``admit:<recipe>``, else None."""
+            return session.stage_tasks.get(task) or (task.split(":", 1)[1] if task.startswith(("build:", "admit:"))
+                                                     else None)
 
         def skip_uptodate(self, task):
             checked = session.checked.get(task.name)

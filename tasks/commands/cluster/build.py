@@ -36,6 +36,7 @@ from types import SimpleNamespace
 from tasks.store import remote
 from tasks.core import keys, recipeset, resolve
 from tasks.core.record import record
+from tasks.core.admit import estimate_or_none
 from tasks.core.run import build_spec, memory_estimate
 from tasks.core.session import Session
 from tasks.errors import UserError
@@ -127,7 +128,10 @@ def build_on_worker(spec, upstream: dict, expected: dict) -> dict:
     print(
         f"[{spec.task}] building {spec.kind} {keys.stage_key(material)[:12]}", flush=True
     )  # begun (a kill test reads it)
-    key, material, entry, built = build_spec(session, spec, entries, cache, material)
+    key, material, entry, built = build_spec(
+        session, spec, entries, cache, material,
+        estimate=estimate_or_none(session, spec.recipe, spec.name, memory_estimate),
+    )
     if r.read_manifest(spec.kind, key) is None:  # its push failed (warned), or an older local entry
         cache.push(spec.kind, key, material)     # raises RemoteError: the client could not pull it
     print(f"npubuild-cluster: {spec.kind}/{key} {'built' if built else 'reused (' + entry.origin + ')'} "
