@@ -188,11 +188,12 @@ def _genai_generate(desc: dict, inputs: dict, params: dict, prompts: list[list[i
     ``session.disable_cpu_ep_fallback=1`` makes session creation fail otherwise) or the QDQ
     graphs on the CPU EP (``cpu-qdq``). The ``genai_config.json`` goes to a temporary folder
     (cache entries are read-only) whose ``part{i}`` are links to the graphs' folders (genai
-    takes only relative paths). genai holds every part's sessions at once."""
+    takes only relative paths). genai holds every part's sessions at once, in a child process
+    (:func:`tasks.llm.genai.generate_in_child`)."""
     import tempfile
 
     from tasks.qnn import ep as _qnn
-    from tasks.llm.genai import GenaiRunner, bundle_files, link_parts, write_genai_config
+    from tasks.llm.genai import bundle_files, generate_in_child, link_parts, write_genai_config
 
     with tempfile.TemporaryDirectory(prefix="npubuild-genai-") as tmp:
         if params["backend"] == "htp":
@@ -203,12 +204,7 @@ def _genai_generate(desc: dict, inputs: dict, params: dict, prompts: list[list[i
         else:
             link_parts(desc, inputs["qdq"], tmp)
             write_genai_config(desc, Path(tmp) / "genai_config.json", bundle_files(desc, suffix=".onnx"))
-        runner = GenaiRunner(tmp, qnn=params["backend"] == "htp")
-        from tasks import progress
-
-        out = [runner.generate(p, K) for p in progress.bar(prompts, "genai prompts", unit="prompt")]
-        del runner
-    return out
+        return generate_in_child(tmp, prompts, K, qnn=params["backend"] == "htp")
 
 
 def _genie_generate(inputs: dict, prompts: list[list[int]], K: int) -> dict:
@@ -245,14 +241,17 @@ def _genie_generate(inputs: dict, prompts: list[list[int]], K: int) -> dict:
 
 
 def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None = None,
-               wrap_sessions=None) -> dict:
+               wrap_sessions=None, resident: int | None = None) -> dict:
     """Measure the compiled LLM against the fp32 export (see module docstring). Both sides run
     as :class:`tasks.llm.runner.PartStream` over every verify prompt at once, one side after
     the other: the compiled side generates greedily (each part's prefill graph loaded once,
     its decode graph once when what holding them all takes fits ``budget_bytes``, bytes:
     :func:`resident_bytes`, else once per token), then the fp32 side is teacher-forced on the
     compiled side's tokens, one part at a time (each prefill graph loaded once, no decode
-    graph); perplexity's text goes through the prefill graphs in the same passes. The fp32 side is the exported fp32
+    graph); perplexity's text goes through the prefill graphs in the same passes. ``resident``:
+    the compiled side's open parts, decided by the stage (:func:`tasks.llm.verify.memory_plan`);
+    it overrides ``budget_bytes``. onnxruntime-genai and Genie, which hold every part at once,
+    run first, each in a child process, while this process holds the least. The fp32 side is the exported fp32
     graphs on the CPU EP (tests tie them to ``transformers``: tests/llm/test_runner.py). ``wrap_sessions``:
     optional ``factory -> factory`` put around both sides' session factories (tests count
     the sessions made). Returns the report dict (``"_run"``: how many parts each side held,
@@ -270,7 +269,11 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
     from tasks.llm.qdq_session import qdq_session
     from tasks.llm.sessions import cpu_session
 
-    binaries = read_back_bundle(inputs, params)  # what ships, read back before anything runs
+    from tasks.proc import tree
+
+    meter = tree.current() or tree.measure()  # each runtime's peak apart ("memory_phases")
+    with meter.phase("read_back"):
+        binaries = read_back_bundle(inputs, params)  # what ships, read back before anything runs
     model_dir, ref_dir = inputs["source"], Path(inputs["reference"])
     desc = json.loads((ref_dir / "export.json").read_text())
     tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
@@ -289,25 +292,37 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
             resident = resident_parts(need, len(desc["parts"]), budget_bytes)
         return PartStream(desc, path, wrap(make_session), resident=resident, embed_table=embed, pad_id=pad)
 
+    runtime = params.get("runtime", "runner")
+    # the runtimes that hold every part at once run first, each in a child process, while this
+    # process holds the least (what the memory plan counts: tasks.llm.verify.verify_phases)
+    genai_tokens = got_genie = None
+    if runtime == "genai":
+        with meter.phase("genai"):
+            genai_tokens = _genai_generate(desc, inputs, params, prompts, K)
+    if "genie" in params.get("runtimes", ()):
+        with meter.phase("genie"):
+            got_genie = _genie_generate(inputs, prompts, K)
     if params["backend"] == "htp":
-        got = stream(Path(inputs["compiled"]), "_ctx.onnx", htp.qnn_session_factory(target=params["target"]))
+        got = stream(Path(inputs["compiled"]), "_ctx.onnx", htp.qnn_session_factory(target=params["target"]), resident)
         ran = "per-graph context binaries compiled from the same QDQ graphs (the shared binary crashes the simulator)"
     else:
-        got = stream(Path(inputs["qdq"]), ".onnx", qdq_session)
+        got = stream(Path(inputs["qdq"]), ".onnx", qdq_session, resident)
         ran = "QDQ graphs on the CPU EP (quantization only; weight MatMuls fused, fp32)"
     ids = None  # perplexity's text: teacher forced through the prefill graphs in the same pass
     if "perplexity_text" in files:
         ids = tok(Path(files["perplexity_text"]).read_text(encoding="utf-8"))["input_ids"]
         ids = ids[: min(len(ids), desc["context_len"] - 1, 64)]
     t0 = time.perf_counter()
-    got_tokens, got_logits, *got_rows = got.run(prompts, K, score=ids,
-                                                progress=f"{params['backend']} steps ({len(prompts)} prompts)")
-    got.close()  # one side's sessions at a time
+    with meter.phase("compiled"):
+        got_tokens, got_logits, *got_rows = got.run(prompts, K, score=ids,
+                                                    progress=f"{params['backend']} steps ({len(prompts)} prompts)")
+        got.close()  # one side's sessions at a time
     t1 = time.perf_counter()
     fp32 = stream(ref_dir, ".onnx", cpu_session, resident=1)  # part-major: one part at a time costs no loads
-    ref_tokens, ref_logits, *ref_rows = fp32.run(prompts, K, forced=[t[:-1] for t in got_tokens], score=ids,
-                                                 progress=f"fp32 graphs ({len(prompts)} prompts, teacher forced)")
-    fp32.close()
+    with meter.phase("reference"):
+        ref_tokens, ref_logits, *ref_rows = fp32.run(prompts, K, forced=[t[:-1] for t in got_tokens], score=ids,
+                                                     progress=f"fp32 graphs ({len(prompts)} prompts, teacher forced)")
+        fp32.close()
     seconds = {"compiled": round(t1 - t0, 1), "reference": round(time.perf_counter() - t1, 1)}
     rows = []
     for txt, rt, rl, gt, gl in zip(texts, ref_tokens, ref_logits, got_tokens, got_logits):
@@ -323,9 +338,7 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
         p_c, p_r = perplexity(got_rows[0], ids[1:]), perplexity(ref_rows[0], ids[1:])
         metrics.update(perplexity=p_c, perplexity_fp32=p_r, perplexity_ratio=p_c / p_r,
                        perplexity_tokens=len(ids) - 1)
-    runtime = params.get("runtime", "runner")
     if runtime == "genai":
-        genai_tokens = _genai_generate(desc, inputs, params, prompts, K)
         eos = desc.get("eos_token_id")
         same = []
         for r, gt, rt in zip(rows, genai_tokens, got_tokens):
@@ -338,10 +351,9 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
                        prefix_match_mean=float(np.mean([r["prefix_match"] for r in rows])),
                        genai_runner_agreement=float(np.mean(same)))
         ran += "; tokens generated by onnxruntime-genai " + _genai_version()
-    if "genie" in params.get("runtimes", ()):
+    if got_genie is not None:
         from tasks.llm.genie.config import SIMULATOR_SETTINGS
 
-        got_genie = _genie_generate(inputs, prompts, K)
         eos = desc.get("eos_token_id")
         same = []
         for r, gt, rt, st in zip(rows, got_genie["tokens"], got_tokens, got_genie["status"]):
@@ -362,7 +374,8 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
                          "(prefill graphs)",
             # how it ran on this machine (manifest info, not verify.json: it varies with memory)
             "_run": {"parts_resident": {"reference": fp32.resident, "compiled": got.resident},
-                     "part_loads": {"reference": fp32.loads, "compiled": got.loads}, "seconds": seconds},
+                     "part_loads": {"reference": fp32.loads, "compiled": got.loads}, "seconds": seconds,
+                     "memory_phases": {k: v for k, v in meter.phases.items()}},
             "binaries": binaries,
             # where the compiled graphs run, read from every part's compile entry
             **qnn.placement(*inputs.get("compiled_parts", [inputs["compiled"]]))}

@@ -24,7 +24,7 @@ from typing import Any, Literal
 from tasks.contract.model_family import Family
 from tasks.contract.stage import Param
 from tasks.llm.figures import catalog_figures, plan_lines
-from tasks.llm.memory import plan_estimate
+from tasks.llm.memory import plan_estimate, plan_keys
 
 
 def _runtimes(v, earlier):
@@ -198,5 +198,6 @@ FAMILY = Family(
             "bundle": "tasks.llm.bundle",  # the parts joined: export.json, genai_config.json, genie_config.json
             "verify": "tasks.llm.verify"},
     plan=plan, params=(RUNTIMES, GENIE_CONFIG), source_check=source_check, plan_lines=plan_lines,
-    catalog_fields=catalog_fields, memory_estimate=plan_estimate, default_thresholds=default_thresholds,
+    catalog_fields=catalog_fields, memory_estimate=plan_estimate, memory_keys=plan_keys,
+    default_thresholds=default_thresholds,
 )

@@ -235,3 +235,30 @@ class GenaiRunner:
         while not gen.is_done():
             gen.generate_next_token()
         return [int(t) for t in gen.get_sequence(0)[padded:]]
+
+
+def _generate_child(folder: str, qnn: bool, prompts: list[list[int]], max_new_tokens: int) -> None:
+    """Child side of :func:`generate_in_child`: one JSON line per prompt."""
+    runner = GenaiRunner(folder, qnn=qnn)
+    for ids in prompts:
+        print(json.dumps({"tokens": runner.generate(ids, max_new_tokens)}), flush=True)
+
+
+def generate_in_child(folder, prompts: list[list[int]], max_new_tokens: int, *, qnn: bool,
+                      timeout: float = 3600) -> list[list[int]]:
+    """:meth:`GenaiRunner.generate` of every prompt (token ids) on ``folder/genai_config.json``
+    in a child process (:func:`tasks.proc.child.run_function`): genai creates every part's
+    sessions at once, and what it holds goes back to the system when the child ends (in the
+    verify stage's process it stayed: the 0.86 B benchmark's verify peaked at 4.98 GiB beside
+    LLMRunner's sessions, benchmarks/README.md), and the stage's tree peak counts the child's
+    own. Returns the tokens per prompt. Raises RuntimeError with the child's output tail when it
+    fails or answers fewer prompts."""
+    from tasks.proc.child import run_function
+
+    r = run_function(_generate_child, str(folder), qnn, [[int(t) for t in p] for p in prompts], max_new_tokens,
+                     cwd=str(folder), timeout=timeout)
+    got = [json.loads(ln)["tokens"] for ln in r.stdout.splitlines() if ln.startswith("{")]
+    if r.returncode != 0 or len(got) != len(prompts):
+        raise RuntimeError(f"onnxruntime-genai on {folder}: expected {len(prompts)} answers, found {len(got)} "
+                           f"(exit {r.returncode}): {r.tail(1500)}")
+    return got

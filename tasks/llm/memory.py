@@ -87,8 +87,9 @@ def estimates(config: dict, ranges: list[tuple[int, int]], seq_len: int, context
       table) x 8: the weight-shared compile holds both graphs, each with the QNN HTP prepare's
       copies. Measured (benchmarks/README.md): Qwen2.5-7B part 0, 1.9 GB QDQ graph, shared
       compile 15.6 GiB, single-graph compiles 5.2 GiB; Qwen2.5-0.5B part 0, 3.70 GiB.
-    - calibrate: one fp32 part (mapped) + one call's activations + a prompt's KV cache twice
-      (the fp32 run of the quantize estimate, without the quantizer).
+    - calibrate: one fp32 part (mapped) + 5 % + one call's activations + a prompt's KV cache
+      twice (the fp32 run of the quantize estimate, without the quantizer; the 0.86 B Qwen2's
+      parts 1-2 measured 1.63 GiB against 1.62 without the 5 %, benchmarks/README.md).
     - verify: one fp32 part (mapped) + one QDQ part + the KV caches of the verify prompts (the
       compiled side keeps every part's decode graph open only when they fit in the memory
       available: :func:`tasks.llm.compare.resident_bytes`).
@@ -109,7 +110,7 @@ def estimates(config: dict, ranges: list[tuple[int, int]], seq_len: int, context
         kv = layers * 2 * kvh * context_len * d * 4
         act = 4 * H * seq_len * context_len * 4 + 2 * kv
         qdq = (n - table) * weight_bits // 8 + table * 2
-        cand = {"export": BASE + 6 * largest, "calibrate": BASE + 4 * n + act,
+        cand = {"export": BASE + 6 * largest, "calibrate": BASE + int(4.2 * n) + act,
                 "quantize": BASE + 4 * n + 2 * n + act, "compile": BASE + 8 * qdq,
                 "verify": BASE + 4 * n + qdq + 6 * kv + act}
         if gptq_samples is not None:
@@ -119,6 +120,45 @@ def estimates(config: dict, ranges: list[tuple[int, int]], seq_len: int, context
             if v > best[k][0]:
                 best[k] = (v, i)
     return best
+
+
+def genie_quantize_estimate(config: dict, ranges: list[tuple[int, int]], seq_len: int, context_len: int,
+                            weight_bits: int, part: int, gptq_samples: int | None) -> int:
+    """Estimated peak bytes of ``genie_quantize.part{part}`` (:mod:`tasks.llm.genie_quantize`) in
+    a fresh process, whose children run one after the other: the larger of its first child's
+    (the Genie export of parts 0..``part``, one tensor at a time: the largest export estimate
+    among them; then the fp32 Genie graphs of every one of those parts open at once,
+    :class:`tasks.llm.genie.host_loop.GenieHostLoop`: their weights mapped + 5 %, plus part
+    ``part``'s calibrate activations) and its quantize child's (part ``part``'s quantize
+    estimate, :func:`estimates`). The embedding is in part 0 (Genie's graphs take input_ids)."""
+    per = [estimates(config, ranges, seq_len, context_len, True, weight_bits, i, gptq_samples) for i in range(part + 1)]
+    n = [part_params(config, lo, hi, i == 0, i == len(ranges) - 1, True) for i, (lo, hi) in enumerate(ranges)]
+    act = per[part]["calibrate"][0] - BASE - int(4.2 * n[part])  # the part's calls (estimates' calibrate)
+    prep = max(max(e["export"][0] for e in per), BASE + int(4.2 * sum(n[:part + 1])) + act)
+    return max(prep, per[part]["quantize"][0])
+
+
+def check_genie_stage(stage: str, config: dict, *, parts: int, seq_len: int, context_len: int, part: int,
+                      weight_bits: int = 4, gptq_samples: int | None = None) -> int:
+    """Check ``genie_quantize`` (:func:`genie_quantize_estimate`) or ``genie_compile`` (the
+    compile estimate of the same part: the Genie graphs hold the genai graphs' weights) of part
+    ``part`` against the budget, with everything this process holds (:func:`held_bytes`: their
+    work runs in children). Returns the estimate in bytes; raises :class:`NotEnoughMemory`
+    naming the recipe keys that lower it."""
+    from tasks.llm.parts import split_for
+
+    ranges = split_for(config, parts, True)
+    if stage == "genie_quantize":
+        est = genie_quantize_estimate(config, ranges, seq_len, context_len, weight_bits, part, gptq_samples)
+    else:
+        est = estimates(config, ranges, seq_len, context_len, True, weight_bits, part)["compile"][0]
+    keys = f"export.parts (now {parts}: more parts, smaller parts) or export.context_length (now {context_len})"
+    if stage == "genie_quantize":
+        keys = (f"bundle.runtimes (now with genie: its calibration holds parts 0..{part} at once), " + keys
+                + (f", quantize.calibration.samples (now {gptq_samples}) or quantize.rounding (now gptq)"
+                   if gptq_samples is not None else ""))
+    check(stage, est, part, held=held_bytes(True), recipe_keys=keys)
+    return est
 
 
 def check_stage(stage: str, config: dict, *, parts: int, seq_len: int, context_len: int,
@@ -201,15 +241,35 @@ def source_config(download_params: dict) -> dict:
     return json.loads(Path(f).read_text(encoding="utf-8"))
 
 
+def shape_download_estimate(config: dict) -> int:
+    """Peak bytes of a shape build's download (:func:`tasks.sources.shape.write_checkpoint`):
+    a shard of up to :data:`tasks.sources.shape.SHARD_BYTES` of bf16 tensors plus the tensor
+    that passes it (2 bytes per element), while the next tensor is drawn (its float32 values
+    and their scaled copy, then the bf16 copy: 10 bytes per element), and safetensors' bytes of
+    the shard while it is saved (the shard again): with L the largest tensor's elements (the
+    embedding table or LM head, V x D) and a shard no larger than the model's bf16 bytes (a
+    small model is one shard), BASE + 2 x (shard + 2 L) + 10 L."""
+    from tasks.sources.shape import SHARD_BYTES
+
+    D, I, V = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    largest = max(V * D, D * I)
+    shard = min(SHARD_BYTES, 2 * part_params(config, 0, config["num_hidden_layers"], True, True, True))
+    return BASE + 2 * (shard + 2 * largest) + 10 * largest
+
+
 def plan_estimate(specs: dict, stage: str) -> int:
     """Estimated peak bytes of ``stage`` of an LLM recipe's plan (``{stage name: StageSpec}``,
     as ``tasks.recipe.plan.expand`` makes it), known before any stage runs: the ``memory_estimate``
     hook of the LLM stages, what a cluster build asks of a worker's ``MEMORY`` resource.
     :func:`estimates` from the source's config.json and the export params (a patch stage
-    counts as the quantize (before it) or compile (after it) of its model, a Genie stage as
-    its genai kind, download and bundle as BASE). Raises what :func:`source_config` raises
+    counts as the quantize (before it) or compile (after it) of its model, ``genie_quantize``
+    as :func:`genie_quantize_estimate`, ``genie_compile`` as its part's compile, a shape build's
+    download as :func:`shape_download_estimate`, another download and the bundle as BASE).
+    Raises what :func:`source_config` raises
     when the config cannot be read."""
     spec = specs[stage]
+    if spec.kind == "download" and spec.params.get("shape"):
+        return shape_download_estimate(source_config(spec.params))
     if spec.kind in ("download", "bundle"):
         return BASE
     by_kind = {s.kind: s for s in specs.values()}
@@ -226,7 +286,34 @@ def plan_estimate(specs: dict, stage: str) -> int:
     est = estimates(cfg, split_for(cfg, ex["parts"], embed_in_part), ex["sequence_length"],
                     ex["context_length"], embed_in_part, bits, spec.part,
                     samples if q.get("rounding") == "gptq" else None)
+    if spec.kind == "genie_quantize":
+        return genie_quantize_estimate(cfg, split_for(cfg, ex["parts"], True), ex["sequence_length"],
+                                       ex["context_length"], bits, spec.part,
+                                       samples if q.get("rounding") == "gptq" else None)
     kind = spec.kind.removeprefix("genie_")
     if kind == "patch":
         kind = "quantize" if specs[spec.inputs["model"]].kind == "export" else "compile"
     return est[kind][0]
+
+
+
+def plan_keys(specs: dict, stage: str) -> str | None:
+    """The recipe keys that lower :func:`plan_estimate` of ``stage``, with their values now, as
+    the stage's own check names them (the LLM family's ``memory_keys`` hook): None for
+    the download, the bundle and the export (its peak follows the model's largest tensor)."""
+    spec = specs[stage]
+    if spec.kind in ("download", "bundle", "export"):
+        return None
+    by_kind = {s.kind: s for s in specs.values()}
+    ex, q = by_kind["export"].params, by_kind["quantize"].params
+    keys = (f"export.parts (now {ex['parts']}: more parts, smaller parts), export.context_length (now "
+            f"{ex['context_length']}) or export.sequence_length (now {ex['sequence_length']})")
+    gptq = q.get("rounding") == "gptq" and "calibrate" in by_kind
+    if spec.kind in ("quantize", "genie_quantize") and gptq:
+        samples = by_kind["calibrate"].params["calibration"]["samples"]
+        keys += f", quantize.calibration.samples (now {samples}) or quantize.rounding (now gptq)"
+    if spec.kind == "genie_quantize":
+        keys = f"bundle.runtimes (now with genie: its calibration holds parts 0..{spec.part} at once), " + keys
+    if spec.kind == "verify":
+        keys += f", verify.data.samples (now {spec.params['data']['samples']})"
+    return keys

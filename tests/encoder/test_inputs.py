@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 import pytest
 from conftest import Project
+from llm_projects import assert_within_estimates, stage_manifests
 from onnx import TensorProto, helper
 
 from tasks.encoder.inputs import encoder_feeds
@@ -42,6 +43,8 @@ def test_encoder_without_token_type_ids_builds_and_verifies(e5_project):
     assert [i["name"] for i in graph["inputs"]] == ["input_ids", "attention_mask", "token_type_ids"]
     verify = json.loads((p.root / "build" / "e5" / "verify.json").read_text())
     assert verify["metrics"]["pooled_cosine_mean"] > 0.9 and len(verify["samples"]) == 3
+    # an encoder's stages within their memory estimates too (tasks.proc.budget.DEFAULT_STAGE_BYTES)
+    assert_within_estimates(stage_manifests(p, "e5"))
 
 
 def test_zeros_for_token_type_ids_are_what_the_model_computes_without_them(e5_project, tmp_path):

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import REPO, Project
 from llm_fixtures import random_phi3_hd80, tiny_model
-from llm_projects import DATA
+from llm_projects import DATA, assert_within_estimates, stage_manifests
 
 @pytest.fixture(scope="module")
 def llm_project(tmp_path_factory, tiny_bert) -> Project:
@@ -82,6 +82,8 @@ def test_tiny_llm_w8a16_builds_and_matches_fp32_on_htp(llm_project, arch):
     assert [next(iter(p.values()))["filename"] for p in cfg["model"]["decoder"]["pipeline"]] == \
         ["shared/part0/prefill_ctx.onnx", "shared/part0/decode_ctx.onnx"]
     og.Config(str(b))
+    # every stage within the memory estimate checked before it ran, its whole process tree
+    assert_within_estimates(stage_manifests(llm_project, recipe))
 
 
 def test_w4a16_after_w8a16_reuses_download_and_export(llm_project):

@@ -105,8 +105,9 @@ def test_the_086b_quantize_estimates_cover_its_children_and_fit_4_gib_beside_the
 
 
 def test_stage_refuses_a_build_that_does_not_fit(tmp_path):
-    """With NPUBUILD_MEMORY_GB below the export estimate, export stops before doing any work,
-    naming the stage, the part and the recipe keys; the cache keeps no entry."""
+    """With NPUBUILD_MEMORY_GB below every stage's estimate, the first stage to run (download,
+    before export.part0) stops before doing any work, naming the stage and the figures; the
+    cache keeps no entry."""
     import shutil
 
     from conftest import REPO, Project
@@ -123,9 +124,9 @@ def test_stage_refuses_a_build_that_does_not_fit(tmp_path):
     log = run.log()
     # one line, no traceback (testers saw 20 lines), and the advice that can help here
     assert "Traceback" not in log and "PythonAction Error" not in log, log
-    assert ("export: part 0 needs about 0.8 GiB, 0.5 GiB is available (NPUBUILD_MEMORY_GB); the budget is below "
+    assert ("download needs about 0.8 GiB, 0.5 GiB is available (NPUBUILD_MEMORY_GB); the budget is below "
             "the 0.8 GiB any stage takes (Python and its libraries): raise NPUBUILD_MEMORY_GB") in log, log
-    assert proj.entries("export") == []
+    assert proj.entries("download") == [] and proj.entries("export") == []
     for bad in ("abc", "0", "-1", "nan", "inf", "1e400", "1e300", "1_0"):  # refused before any task runs, one line
         proj.env["NPUBUILD_MEMORY_GB"] = bad
         for args in (("run", "build:tiny-qwen2-w8a16"), ("run", "explain:tiny-qwen2-w8a16")):
@@ -136,7 +137,8 @@ def test_stage_refuses_a_build_that_does_not_fit(tmp_path):
                 == f"npubuild: NPUBUILD_MEMORY_GB: expected a number of GiB > 0 and at most 1048576, found {bad!r}"
             ), r.log()
     proj.env["NPUBUILD_MEMORY_GB"] = "4"
-    assert proj.doit("run", "export.part0:tiny-qwen2-w8a16").ran() == ["export.part0:tiny-qwen2-w8a16"]
+    assert proj.doit("run", "export.part0:tiny-qwen2-w8a16").ran() == ["download:tiny-qwen2-w8a16",
+                                                                       "export.part0:tiny-qwen2-w8a16"]
 
 
 def test_not_enough_memory_names_the_recipe_keys_that_lower_it(monkeypatch):
@@ -240,3 +242,35 @@ def _assert_export_matches_transformers(export_dir, model_dir):
     with torch.no_grad():
         ref = hf(torch.tensor([ids])).logits[0, -1].numpy()
     np.testing.assert_allclose(runner.prefill_logits(ids), ref, atol=2e-4, rtol=0)
+
+
+def test_verify_keeps_open_the_most_parts_that_fit_and_refuses_in_one_line_when_none_does(monkeypatch):
+    """The LLM verify's choice (:func:`tasks.llm.verify.verify_plan`): the compiled side keeps
+    the most parts open whose phases all fit the budget (the read-back, genai's child, the
+    compiled side with that many decode sessions, the fp32 side); when even one part at a time
+    leaves a phase over the budget, one line names the stage, each phase over it with its
+    figure, and the recipe keys that lower them."""
+    from tasks.llm.memory import GiB, NotEnoughMemory
+    from tasks.llm.verify import verify_plan
+
+    def phases_for(resident):
+        return {"read_back": GiB, "genai": int(2.2 * GiB), "compiled": int((1 + 0.5 * resident) * GiB),
+                "reference": int(1.5 * GiB)}
+
+    keys = {"parts": 4, "context": 256, "samples": 6}
+    monkeypatch.setenv("NPUBUILD_MEMORY_GB", "3")
+    assert verify_plan(phases_for, 4, keys=keys) == (4, phases_for(4))
+    monkeypatch.setenv("NPUBUILD_MEMORY_GB", "2.4")
+    assert verify_plan(phases_for, 4, keys=keys) == (2, phases_for(2))  # 2 parts: 2.0 GiB; 3 would take 2.5
+    monkeypatch.setenv("NPUBUILD_MEMORY_GB", "1.4")
+    with pytest.raises(NotEnoughMemory) as e:
+        verify_plan(phases_for, 4, keys=keys)
+    assert str(e.value) == (
+        "verify needs about 2.2 GiB with one part at a time (GiB over the budget by phase: genai 2.2, compiled 1.5, "
+        "reference 1.5), 1.4 GiB is available (NPUBUILD_MEMORY_GB); to lower it, genai: change verify.runtime (now "
+        "genai: runner does not load every part at once) or export.context_length (now 256); compiled: change "
+        "export.parts (now 4), verify.data.samples (now 6) or export.context_length (now 256); reference: change "
+        "export.parts (now 4) or verify.data.samples (now 6), or raise NPUBUILD_MEMORY_GB")
+    monkeypatch.delenv("NPUBUILD_MEMORY_GB")
+    monkeypatch.setattr("tasks.proc.budget.available_bytes", lambda: None)
+    assert verify_plan(phases_for, 4, keys=keys)[0] == 1  # nothing known: one part at a time

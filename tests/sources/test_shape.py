@@ -10,7 +10,7 @@ import json
 from safetensors import safe_open
 
 from conftest import Project
-from llm_projects import parts_project_at
+from llm_projects import assert_within_estimates, parts_project_at, stage_manifests
 
 COMMIT = "f" * 40
 FACTS = {"repo": "acme/tiny-llama-shape", "revision": COMMIT, "revision_source": "a test", "config_source": "a test",
@@ -64,6 +64,7 @@ def test_a_shape_build_builds_offline_reproducibly_and_is_marked(tmp_path, tiny_
     assert got == want and ma["info"]["parameters"] == sum(__import__("math").prod(s) for s in want.values())
     r = json.loads((a.root / "build" / "shape" / "verify.json").read_text())
     assert r["binaries"] and all(b["soc_model"] == 60 for b in r["binaries"].values())
+    assert_within_estimates(stage_manifests(a, "shape"))  # the shape download's estimate among them
     a.doit("run", "catalog")
     row, = [x for x in json.loads((a.root / "catalog" / "catalog.json").read_text())["recipes"] if x["name"] == "shape"]
     assert row["shape_build"] is True and row["source"]["kind"] == "shape" and row["state"] == "shape-built"

@@ -52,17 +52,22 @@ def run(inputs, files, params, out: Path) -> dict:
     ``out/genie/`` (module docstring), each compile in its own process. Returns {"binaries":
     {binary: figures} (:func:`tasks.llm.genie.binaries.check_binaries`), "renamed": {binary: {onnxruntime
     name: name as written}}, "seconds"}. Raises RuntimeError with the compile child's output,
-    context_binary_checks.Mismatch when a binary is not what was planned."""
+    context_binary_checks.Mismatch when a binary is not what was planned, the memory check's
+    error before work (:func:`tasks.llm.memory.check_genie_stage`)."""
     import time
 
     from tasks.qnn.targets import get as get_target
     from tasks.llm import htp
     from tasks.llm.part_binaries import run_child
     from tasks.llm.genie.binaries import check_binaries, rename_graphs
+    from tasks.llm.memory import check_genie_stage, weight_bits_of
 
     src, k = Path(inputs["model"]), params["part"]
     target = get_target(params["target"]).name
     desc = json.loads((src / "genie_export.json").read_text())
+    check_genie_stage("genie_compile", json.loads((src / "config.json").read_text(encoding="utf-8")),
+                      parts=len(desc["parts"]), seq_len=desc["seq_len"], context_len=desc["context_len"], part=k,
+                      weight_bits=weight_bits_of(src))
     p = desc["parts"][k]
     sharing, per_graph = params.get("weight_sharing", True), params.get("per_graph", True)
     plan = planned_binaries(desc, k, per_graph, sharing)

@@ -133,44 +133,74 @@ def record_feeds(export_dir: Path, k: int, sched: list[dict], feeds: Path, range
     return {"prefill": len(stores["prompt"]), "decode": len(stores["token"])}
 
 
+def _prepare(source: str, exp: str, e: dict, k: int, sched: list[dict], feeds: str, ranges: str) -> None:
+    """The first child of :func:`run`: the Genie export of parts 0..``k`` into ``exp`` and part
+    ``k``'s feeds and ranges (:func:`record_feeds`), their counts in ``feeds/counts.json``."""
+    from tasks.llm.genie.graphs import export_genie
+
+    export_genie(source, exp, seq_len=e["sequence_length"], context_len=e["context_length"], parts=e["parts"],
+                 only_parts=set(range(k + 1)))
+    counts = record_feeds(Path(exp), k, sched, Path(feeds), Path(ranges))
+    (Path(feeds) / "counts.json").write_text(json.dumps(counts))
+
+
 def run(inputs, files, params, out: Path) -> dict:
     """Export part ``params["part"]`` (and, for its calibration, the parts before it) of the
     checkpoint ``inputs["source"]`` in Genie's layout, calibrate it on
     ``inputs["calibration"]``'s schedule (``calibrate.part0``) and quantize it into ``out``,
     the boundary encodings of tensors shared with part k-1 taken from ``inputs["previous"]``
     (module docstring). Returns {"graphs": per-graph QuantizeLinear / DequantizeLinear /
-    feed counts, "feeds": {"prefill", "decode"}, "quantize_peak_rss": bytes}. Raises
+    feed counts, "feeds": {"prefill", "decode"}, "quantize_peak_rss": bytes}. Checks the
+    memory budget before work (:func:`tasks.llm.memory.check_genie_stage`); the export and
+    calibration run in a child, the quantize in another. Raises
     ValueError for a model the Genie export does not write (``rope_scaling``), RuntimeError
     with the child's output when a graph fails to quantize."""
     from tasks.contract.common import copy_tokenizer
-    from tasks.llm.boundary import declare
-    from tasks.llm.genie.graphs import export_genie
-    from tasks.llm.qdq import quantize_part
+    from tasks.llm.memory import QUANTIZED_AS, check_genie_stage
+    from tasks.proc.child import run_function
     from tasks.qnn.precisions import get as get_precision
+    from tasks.llm.boundary import declare
+
+    from tasks.llm.qdq import quantize_part
 
     k, e = params["part"], params["export"]
     sched = json.loads((Path(inputs["calibration"]) / SCHEDULE).read_text())["calls"]
+    config = json.loads((Path(inputs["source"]) / "config.json").read_text(encoding="utf-8"))
+    precision = get_precision(params["precision"])  # resolved once: the helpers take the object
+    check_genie_stage("genie_quantize", config,
+                      parts=e["parts"], seq_len=e["sequence_length"], context_len=e["context_length"], part=k,
+                      weight_bits=precision.weight_bits,
+                      gptq_samples=len(sched) if params.get("rounding") == "gptq" else None)
     work = Path(tempfile.mkdtemp(prefix="genie-quantize-"))
     try:
         exp = work / "fp32"
-        desc = export_genie(inputs["source"], exp, seq_len=e["sequence_length"], context_len=e["context_length"],
-                            parts=e["parts"], only_parts=set(range(k + 1)))
-        counts = record_feeds(exp, k, sched, work / "feeds", work / "ranges")
+        # in a child: the fp32 graphs of parts 0..k are open at once there, and what they held
+        # goes back before the quantize child starts (the stage's process holds none of it)
+        r = run_function(_prepare, str(inputs["source"]), str(exp), e, k, sched, str(work / "feeds"),
+                         str(work / "ranges"), forward=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"genie_quantize.part{k}: the Genie export and calibration child failed "
+                               f"(exit {r.returncode}): {r.tail(3000)}")
+        desc = json.loads((exp / "genie_export.json").read_text())
+        counts = json.loads((work / "feeds" / "counts.json").read_text())
         p = desc["parts"][k]
         row = {"prefill": p["prompt"], "decode": p["token"], "weights": p["weights"]}
         plan = boundary_plan(p, work / "ranges", params.get("kv_bits", 8), _earlier(inputs.get("previous")))
         graphs, peak = quantize_part(exp, row, work / "feeds", params, out, work / "q", ranges=work / "ranges",
-                                     boundary=plan, precision=get_precision(params["precision"]))
+                                     boundary=plan, precision=precision)
         encoded = {"prompt": plan["prefill"], "token": plan["decode"]}  # the Genie row's graph kinds
         (out / "genie_export.json").write_text(json.dumps(declare(desc, k, encoded), indent=1))
         copy_tokenizer(Path(inputs["source"]), out)
+        # the weight bits genie_compile's memory check counts
+        bits = {"precision": params["precision"], "weight_bits": precision.weight_bits}
+        (out / QUANTIZED_AS).write_text(json.dumps(bits, sort_keys=True) + "\n")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return {"graphs": graphs, "feeds": counts, "quantize_peak_rss": peak}
 
 
 STAGE = Stage(
-    kind="genie_quantize", module=__name__, version=3,  # 3: quantized KV at the boundary
+    kind="genie_quantize", module=__name__, version=4,  # 4: quantize.json beside the graphs
     tools=("onnxruntime", "onnx", "numpy", "transformers", "tokenizers"), run=run,
     params=(*LLM_QUANT_PARAMS, KV_BITS),  # as tasks/llm/quantize.py reads them, and the KV cache's bits
     wired=("part", "export"),  # export: sequence_length, context_length, parts
