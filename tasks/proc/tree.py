@@ -24,7 +24,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from tasks.proc.rss import peak_rss, peak_rss_reset, proc_bytes
+from tasks.proc.rss import peak_rss, peak_rss_reset, peak_rss_restart, peak_rss_since_restart, proc_bytes
 
 
 def rss_now() -> int | None:
@@ -48,14 +48,13 @@ class TreeMeter:
 
     children: list[_Child] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    #: this process's peak before the last reset of ``VmHWM`` (:meth:`phase` resets it)
-    own_before: int = 0
     #: {name: figures} of the phases measured apart (:meth:`phase`)
     phases: dict = field(default_factory=dict)
 
     def start(self) -> None:
-        """Reset this process's peak (``VmHWM``): the stage's own from here."""
-        peak_rss_reset()
+        """Reset this process's peak (``VmHWM``): the stage's own from here (resets inside
+        the stage keep what they clear: :func:`tasks.proc.rss.peak_rss_since_restart`)."""
+        peak_rss_restart()
 
     @contextmanager
     def phase(self, name: str):
@@ -64,7 +63,6 @@ class TreeMeter:
         own peak keeps what came before) and the children started in it, as :meth:`figures`
         bounds the tree. Yields a dict that gets {"peak", "stage_peak", "children_peak"} (bytes)
         when the phase ends, also kept in :attr:`phases` under ``name``."""
-        self.own_before = max(self.own_before, peak_rss() or 0)
         peak_rss_reset()
         with self.lock:
             first = len(self.children)
@@ -94,9 +92,7 @@ class TreeMeter:
         docstring describes, this process's own peak, the largest child's and how many ran.
         A child that reported no peak (killed) counts as 0: a stage whose child was killed
         failed, and its figures are not recorded."""
-        own = peak_rss()
-        if own is not None:
-            own = max(own, self.own_before)
+        own = peak_rss_since_restart()
         with self.lock:
             kids = list(self.children)
         tree = _bound(own, kids)
