@@ -29,7 +29,8 @@ Printed: wall time and peak RSS per stage and part, both shapes built with ``doi
 process's peak (VmHWM reset at the stage's start, ``stage_peak_rss``) and its
 children's; the table prints both and their sum, an upper bound of the tree's peak, and the
 tree's peak sampled once a second while the stage ran (``benchmarks/treerss.py``: VmRSS summed
-over doit and its children; stages built by this call).
+over doit and its children; stages built by this call), then the tree peak and the estimate
+the manifest records (``info["memory"]``: the figures the memory budget's promise is about).
 """
 
 from __future__ import annotations
@@ -293,10 +294,13 @@ def print_table(root: Path, recipe: str, sampler: TreeSampler | None = None) -> 
     names each stage's entry): wall seconds of the build that made the entry, the stage
     process's peak RSS, its largest child's (per-graph quantize / compile processes) and their
     sum (an upper bound of the process tree's peak: the stage waits while its child runs);
-    with ``sampler``, the tree's sampled peak while the stage ran (stages this call built)."""
+    with ``sampler``, the tree's sampled peak while the stage ran (stages this call built); the
+    tree peak the stage's manifest records and the estimate checked before it ran
+    (``info["memory"]``: :func:`tasks.proc.budget.manifest_memory`; "-" for an entry built
+    before manifests held them)."""
     st = json.loads((root / "build" / recipe / "stages.json").read_text())
-    print("\n| stage | part | wall s | stage GiB | child GiB | tree GiB (sum) | tree GiB (sampled) |\n"
-          "|---|---|---|---|---|---|---|")
+    print("\n| stage | part | wall s | stage GiB | child GiB | tree GiB (sum) | tree GiB (sampled) "
+          "| tree GiB (manifest) | estimate GiB |\n|---|---|---|---|---|---|---|---|---|")
     total = 0.0
     for name, row in st.items():
         mf = Path(row["entry"]) / "manifest.json"
@@ -316,8 +320,13 @@ def print_table(root: Path, recipe: str, sampler: TreeSampler | None = None) -> 
         child = max(kids, default=0) if stage in ("quantize", "compile") else 0  # the others run in-process
         t = m.get("timings", {})
         seen = sampler.peak_between(t["finished"] - secs, t["finished"]) if sampler and "finished" in t else None
+        mem = info.get("memory") or {}  # the stage's measured tree peak and the estimate checked before it ran
+
+        def gib(b):
+            return "-" if b is None else f"{b / 2**30:.2f}"
         print(f"| {stage} | {part or '-'} | {secs:.0f} | {own / 2**30:.2f} | {child / 2**30:.2f} | "
-              f"{(own + child) / 2**30:.2f} | {'-' if seen is None else f'{seen / 2**30:.2f}'} |")
+              f"{(own + child) / 2**30:.2f} | {'-' if seen is None else f'{seen / 2**30:.2f}'} "
+              f"| {gib(mem.get('peak'))} | {gib(mem.get('estimate'))} |")
     print(f"stages' build time summed: {total:.0f} s ({total / 60:.1f} min)")
     v = next((Path(r["entry"]) for n, r in st.items() if n.startswith("verify")), None)
     if v is not None and (v / "out" / "verify.json").exists():
