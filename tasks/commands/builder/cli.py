@@ -75,6 +75,22 @@ def _admit_action(session: Session, recipe: str):
         return _fail(shown(e))
 
 
+def _admit_uptodate(session: Session, recipe: str):
+    """``admit:<recipe>`` is up to date when every stage of the recipe has an intact cache entry
+    (nothing to build needs memory), so a second build of an unchanged recipe runs no task."""
+
+    def check(task, values):
+        from tasks.core.resolve import Resolver
+
+        try:
+            res = Resolver(session, recipe, pull=False)
+            return all(res.entry(stage) is not None for stage in res.specs)
+        except Exception:  # a stage not built, or its key not computable yet: check the budget
+            return False
+
+    return check
+
+
 def _print_explain(session: Session, recipe: str) -> None:
     from tasks.core.explain import print_explain
 
@@ -134,7 +150,8 @@ def creators(session: Session) -> dict:
     def task_admit():
         """admit:<recipe> refuses the build before any stage runs when one cannot fit the budget."""
         for name in recipeset.buildable(session):
-            yield {"name": name, "actions": [(_admit_action, [session, name])], "uptodate": [False],
+            yield {"name": name, "actions": [(_admit_action, [session, name])],
+                   "uptodate": [_admit_uptodate(session, name)],
                    "verbosity": 2, "doc": f"check {name}'s stages to build against NPUBUILD_MEMORY_GB"}
 
     def task_explain():
