@@ -84,31 +84,38 @@ def test_process_plumbing_imports_nothing_of_the_engine_or_the_families():
         assert bad == [], (name, bad)
 
 
+def _family_folders() -> set[str]:
+    """The folders of ``tasks/`` that are a registered family's (``tasks.<folder>.family``)."""
+    from tasks.contract import FAMILIES
+
+    return {m.split(".")[1] for m in FAMILIES.values()}
+
+
 def test_no_family_imports_the_other_familys_code_and_stages_imports_no_family():
-    """Issue 24: the encoder family (``tasks/encoder/``) and the LLM family (``tasks/llm/``)
-    import nothing of each other, and the stage contract (``tasks/contract/``) imports neither."""
+    """Issue 24: no family's folder (``tasks/encoder/``, ``tasks/llm/``, any registered one)
+    imports another's, and the stage contract (``tasks/contract/``) imports none."""
 
     def mods(folder):
         return ["tasks." + folder + ("" if f.stem == "__init__" else "." + f.stem)
                 for f in sorted((REPO / "tasks" / folder).glob("*.py"))]
 
-    from tasks.contract import FAMILIES
-
-    fams = tuple(FAMILIES)  # every registered family: none imports another's code
-    for folder, banned in [*((f, tuple(f"tasks.{o}" for o in fams if o != f)) for f in fams),
-                           ("contract", tuple(f"tasks.{f}" for f in fams))]:
+    folders = _family_folders()
+    assert {"encoder", "llm"} <= folders
+    for folder in sorted(folders | {"contract"}):
+        others = folders - {folder}
         for m in mods(folder):
-            bad = sorted(d for d in direct_imports(m) if d.startswith(banned))
+            bad = sorted(d for d in direct_imports(m) if set(d.split(".")[1:2]) & others)
             assert bad == [], (m, bad)
 
 
 def test_the_recipe_the_plan_and_the_engine_import_no_family():
     """The recipe format, the plan and the engine know the families only through the registry
-    (``tasks.contract.implementation``, by name) and the ``Stage`` hooks: no module of them
-    imports ``tasks.llm`` or ``tasks.encoder``, at any level of a function."""
+    (``tasks.contract.family``, by name) and the ``Family`` and ``Stage`` declarations: no module
+    of them imports a family's folder, at any level of a function."""
+    folders = _family_folders()
     mods = ["tasks.recipe.load", "tasks.recipe.yaml_files", "tasks.recipe.checks", "tasks.recipe.plan",
             *("tasks.core." + f.stem for f in sorted((REPO / "tasks" / "core").glob("*.py")) if f.stem != "__init__")]
-    bad = {m: sorted(d for d in direct_imports(m) if d.startswith(("tasks.llm", "tasks.encoder"))) for m in mods}
+    bad = {m: sorted(d for d in direct_imports(m) if set(d.split(".")[1:2]) & folders) for m in mods}
     assert {m: b for m, b in bad.items() if b} == {}
     assert len(mods) >= 14
 
@@ -120,6 +127,65 @@ def test_the_engine_imports_no_qnn_module():
     bad = {m: sorted(d for d in direct_imports(m) if d.startswith("tasks.qnn")) for m in mods}
     assert {m: b for m, b in bad.items() if b} == {}
     assert len(mods) >= 10
+
+
+def _names_a_family(tree, names: set, folders: set) -> list[tuple[int, str]]:
+    """(line, what) of each place the module ``tree`` names a model family in its code: a string
+    constant that is a family's name (docstrings left out: they may name one), or an import of a
+    family's folder ``tasks.<folder>`` (at any level of a function)."""
+    docs = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                docs.add(id(first.value))
+    out = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs and n.value in names:
+            out.append((n.lineno, repr(n.value)))
+        if isinstance(n, (ast.Import, ast.ImportFrom)):
+            for m in ([a.name for a in n.names] if isinstance(n, ast.Import) else [n.module or ""]):
+                if m.split(".")[:2] in (["tasks", f] for f in folders):
+                    out.append((n.lineno, f"import {m}"))
+    return sorted(out)
+
+
+#: modules outside a family's folder that still name one in code, and why; each must still do so
+#: (a module that no longer does leaves this list), so it only shrinks
+NAMES_A_FAMILY = {
+    "commands/publish/usage.py": "the model card's snippets, I/O tables and runtime versions for encoder and LLM "
+                                 "bundles are written here, not yet by their families' declarations",
+}
+
+
+def test_a_family_is_named_in_its_folder_and_the_registry_only():
+    """A family is one folder (``tasks/<folder>/family.py``, its :class:`Family` declaration)
+    plus one line of ``tasks.contract.FAMILIES``: no other module names a family in code (no
+    family's name as a string, no import of its folder), so the engine (``tasks/core/``), the
+    commands (``tasks/commands/``), the recipe format and the plan reach a family only through
+    ``tasks.contract.family(name)``."""
+    from tasks.contract import FAMILIES, family
+
+    names, folders = set(FAMILIES), _family_folders()
+    assert {"encoder", "llm"} <= names and {"encoder", "llm"} <= folders
+    for name, module in FAMILIES.items():  # each declaration sits in its folder, under its name
+        assert module == f"tasks.{module.split('.')[1]}.family" and family(name).name == name
+    # the finder finds what it looks for: the test of a family and the import this forbids
+    probe = ast.parse('"""llm"""\nif ex.family == "llm":\n    from tasks.llm.figures import f\nimport tasks.qnn\n')
+    assert _names_a_family(probe, names, folders) == [(2, "'llm'"), (3, "import tasks.llm.figures")]
+    found, read = [], 0
+    for f in _modules("contract/__init__.py"):
+        rel = f.relative_to(REPO / "tasks").as_posix()
+        if rel.split("/")[0] in folders:
+            continue
+        read += 1
+        named = _names_a_family(ast.parse(f.read_text(encoding="utf-8")), names, folders)
+        if rel in NAMES_A_FAMILY:
+            assert named, f"{rel} names no family now: take it out of NAMES_A_FAMILY"
+            continue
+        found += [(rel, line, what) for line, what in named]
+    assert found == [], found
+    assert read >= 60  # the package was really read
 
 
 def test_no_stage_implementation_imports_another():
@@ -534,15 +600,14 @@ LEAVES = {
     "datafiles.py": "recipe data files as every stage reads them",
     "progress.py": "progress bars on a terminal",
 }
-#: The layer folders of tasks/ (docs/layout.md draws them).
-LAYERS = {"commands", "core", "encoder", "llm", "vision", "audio", "sources", "patches", "recipe", "contract", "qnn",
-          "store", "proc"}
+#: The layer folders of tasks/ (docs/layout.md draws them) beside the families' (tasks.contract.FAMILIES).
+LAYERS = {"commands", "core", "sources", "patches", "recipe", "contract", "qnn", "store", "proc"}
 
 
 def test_tasks_top_level_holds_the_layer_folders_and_the_leaves_only():
     top = REPO / "tasks"
     assert sorted(f.name for f in top.glob("*.py")) == sorted(LEAVES)
-    assert {d.name for d in top.iterdir() if d.is_dir() and d.name != "__pycache__"} == LAYERS
+    assert {d.name for d in top.iterdir() if d.is_dir() and d.name != "__pycache__"} == LAYERS | _family_folders()
     for leaf in LEAVES:
         bad = [
             d for d in direct_imports("tasks." + leaf[:-3]) if not d.startswith("tasks.proc") and d != "tasks.errors"

@@ -13,8 +13,10 @@ A family owns four things:
 - the recipe keys that plan reads itself (not a stage implementation), ``params``;
 - its family-wide hooks: what it cannot build of a model (``source_check``), what ``doit
   explain`` prints of a recipe (``plan_lines``), its catalog row's own fields (``catalog_fields``),
-  the memory estimate of a stage without one of its own (``memory_estimate``), the verify bars
-  a recipe that sets none gets (``default_thresholds``).
+  what the catalog page says of them and plots (``catalog_note``, ``catalog_chart``), the runtimes
+  its bundles serve (``runtimes``), the memory estimate of a stage without one of its own
+  (``memory_estimate``), the verify bars a recipe that sets none gets (``default_thresholds``),
+  what a published bundle ships beyond its runtime configs (``shipped``).
 
 A :class:`tasks.contract.stage.Stage` keeps what is about one stage. Nothing here imports a family.
 """
@@ -66,7 +68,21 @@ class Family:
       runs brings whatever the recipe sets; without it, none.
     - ``memory_keys(specs, stage) -> str | None``: the recipe keys that lower stage ``stage``'s
       estimate, with their values now (None: none does), named when a build is refused before
-      any of its stages runs (:func:`tasks.core.admit.admit`)."""
+      any of its stages runs (:func:`tasks.core.admit.admit`).
+    - ``catalog_note``: what the catalog page says of how this family's ``device`` figures are
+      made (one sentence; "" for none).
+    - ``catalog_chart``: the catalog page's quality chart of this family, (title, what one
+      point is built from, the verify metric plotted against shipped bytes, its description);
+      None: no chart.
+    - ``runtimes(recipe) -> list[str]``: the runtimes a bundle of the recipe serves, as the
+      recipe states them (known before a build), by the names the catalog shows; without it,
+      onnxruntime's QNN EP, which loads an EPContext model.
+    - ``shipped(sources) -> (folders, [(bundle path, who, named by, runtime)])``: what a
+      published bundle of this family ships beyond what a runtime config names
+      (:func:`tasks.commands.publish.contents.shipped_files`; ``sources`` {bundle path: file} of
+      the build's artifacts): files its own runner or decoding loads, each with who loads it and
+      what names it, or with ``runtime`` set for an EPContext model that runtime loads (its
+      binaries ship with it); ``folders``: the folders whose EPContext models this rule decides."""
 
     name: str
     title: str
@@ -79,6 +95,10 @@ class Family:
     memory_estimate: Callable[[dict, str], int] | None = None
     default_thresholds: Callable[..., dict] | None = None
     memory_keys: Callable[[dict, str], str | None] | None = None
+    catalog_note: str = ""
+    catalog_chart: tuple[str, str, str, str] | None = None
+    runtimes: Callable[..., list] | None = None
+    shipped: Callable[..., tuple] | None = None
 
     def implementation_module(self, kind: str) -> str:
         """The dotted module name implementing stage ``kind`` for this family. Raises KeyError

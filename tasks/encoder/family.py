@@ -98,4 +98,5 @@ FAMILY = Family(
     stages={"download": "tasks.sources.download", "export": "tasks.encoder.export", "patch": "tasks.patches.stage",
             "quantize": "tasks.encoder.quantize", "compile": "tasks.encoder.compile", "verify": "tasks.encoder.verify"},
     plan=plan, source_check=source_check, default_thresholds=default_thresholds,
+    catalog_chart=("Encoders: quality versus size", "encoder", "pooled_cosine_mean", "mean-pooled cosine vs fp32"),
 )

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from tasks.contract.model_family import Family
 from tasks.contract.stage import Param
-from tasks.llm.figures import catalog_figures, plan_lines
+from tasks.llm.figures import CEILING_NOTE, catalog_figures, plan_lines
 from tasks.llm.memory import plan_estimate, plan_keys
 
 
@@ -153,6 +153,51 @@ def source_check(recipe, cfg: dict, config_file: Path) -> list[tuple[str, str]]:
     return problems
 
 
+#: who loads what an LLM bundle ships beyond its runtime configs (the model card's "Files")
+RUNNER = "npubuild LLMRunner"
+
+
+def shipped(sources: dict[str, Path]) -> tuple[list[str], list[tuple]]:
+    """What an LLM bundle ships beyond what its runtime configs name
+    (:func:`tasks.commands.publish.contents.shipped_files`, ``sources`` {bundle path: file}): in
+    each folder holding an ``export.json``, that file (every graph's I/O, for LLMRunner and the
+    catalog), the host-side embedding table it names (``embed_file``) and, without a
+    ``genai_config.json`` beside it (``embedding: host``: genai cannot feed it), the graphs
+    LLMRunner loads, as genai would name them (:func:`tasks.llm.genai.bundle_files`,
+    weight-shared when compiled so). Returns (those folders, [(bundle path, who, named by,
+    runtime)]): ``runtime`` set for an EPContext model that runtime loads (``who`` None: the
+    model and the binaries it names ship as that runtime's)."""
+    import json
+    import posixpath
+
+    from tasks.llm.genai import bundle_files
+
+    folders = sorted({posixpath.dirname(r) for r in sources if posixpath.basename(r) == "export.json"})
+    out: list[tuple] = []
+    for d in folders:
+        desc_rel = posixpath.join(d, "export.json")
+        desc = json.loads(sources[desc_rel].read_text())
+        out.append((desc_rel, f"{RUNNER} and the catalog (every graph's inputs and outputs)", "the bundle", None))
+        if desc.get("embed_file"):
+            out.append((posixpath.join(d, desc["embed_file"]),
+                        f"{RUNNER} (export.json embed_file: the host-side embedding table)", desc_rel, None))
+        if posixpath.join(d, "genai_config.json") not in sources:
+            shared = any(r.startswith(posixpath.join(d, "shared/")) for r in sources)
+            out += [(posixpath.normpath(posixpath.join(d, f)), None, desc_rel, RUNNER)
+                    for f in bundle_files(desc, "shared" if shared else "").values()]
+    return folders, out
+
+
+#: what a served runtime is called in the catalog: ``bundle.runtimes`` value -> name
+RUNTIME_NAMES = {"genai": "onnxruntime-genai", "genie": "genie"}
+
+
+def runtimes(recipe) -> list[str]:
+    """The runtimes an LLM bundle serves, as the recipe states them: ``bundle.runtimes``
+    (``onnxruntime-genai`` always, ``genie`` when asked), by their catalog names, sorted."""
+    return sorted(RUNTIME_NAMES.get(r, r) for r in recipe.bundle.runtimes)
+
+
 def catalog_fields(recipe, download_out: Path | None, binaries: dict) -> dict:
     """The catalog row's ``context_length`` and ``parts`` (the recipe's), ``parameters_estimate``
     and ``device`` (:func:`tasks.llm.figures.catalog_figures`)."""
@@ -199,5 +244,7 @@ FAMILY = Family(
             "verify": "tasks.llm.verify"},
     plan=plan, params=(RUNTIMES, GENIE_CONFIG), source_check=source_check, plan_lines=plan_lines,
     catalog_fields=catalog_fields, memory_estimate=plan_estimate, memory_keys=plan_keys,
-    default_thresholds=default_thresholds,
+    default_thresholds=default_thresholds, shipped=shipped, runtimes=runtimes,
+    catalog_note=CEILING_NOTE.removeprefix("ceilings, not measurements: "),  # the page says "ceilings" itself
+    catalog_chart=("LLMs: quality versus size", "LLM", "token_agreement", "greedy token agreement vs fp32"),
 )

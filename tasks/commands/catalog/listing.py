@@ -32,9 +32,6 @@ LISTINGS = ("model", "shape", "fixture", "unsupported", "alias")
 #: folder of the prebuilt tiny test models (``scripts/tiny_llm.py``), relative to the project root
 FIXTURES = ".fixtures/"
 
-#: what a served runtime is called on the page: recipe ``bundle.runtimes`` value -> name
-RUNTIME_NAMES = {"genai": "onnxruntime-genai", "genie": "genie"}
-
 
 def plan_fingerprint(session: Session, name: str) -> str:
     """xxh3-128 of what a recipe's stage keys are made of, less what is the same for every
@@ -91,8 +88,10 @@ def listing(row: dict, aliases: dict[str, str]) -> str:
 
 def stated_runtimes(recipe) -> list[str]:
     """The runtimes a recipe's bundle serves, as the recipe states them (known before a
-    build): an encoder's EPContext model is onnxruntime's QNN EP (``onnxruntime-qnn``); an LLM
-    bundle serves ``bundle.runtimes`` (``onnxruntime-genai`` always, ``genie`` when asked)."""
-    if recipe.export.family != "llm":
-        return ["onnxruntime-qnn"]
-    return sorted(RUNTIME_NAMES.get(r, r) for r in getattr(recipe.bundle, "runtimes", None) or ["genai"])
+    build): its family's ``runtimes`` hook (:class:`tasks.contract.model_family.Family`: an LLM
+    bundle serves ``bundle.runtimes``); without one, onnxruntime's QNN EP (``onnxruntime-qnn``),
+    which loads the EPContext model such a family ships."""
+    from tasks.contract import family
+
+    hook = family(recipe.export.family).runtimes
+    return hook(recipe) if hook else ["onnxruntime-qnn"]

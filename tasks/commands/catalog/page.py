@@ -80,11 +80,16 @@ FITS = (1, 2, 4, 6, 8, 12, 16, 24, 32)
 
 UNKNOWN = "unknown"
 
-#: one chart per metric family: (element id, title, family, metric plotted, its description)
-QUALITY_CHARTS = (("encoder-chart", "Encoders: quality versus size", "encoder", "pooled_cosine_mean",
-                   "mean-pooled cosine vs fp32"),
-                  ("llm-chart", "LLMs: quality versus size", "llm", "token_agreement",
-                   "greedy token agreement vs fp32"))
+
+
+def quality_charts() -> list[tuple[str, str, str, str, str, str]]:
+    """One chart per model family that declares one (``Family.catalog_chart``), in registry
+    order: (element id ``<family>-chart``, title, family, metric plotted, its description, what
+    one point is built from)."""
+    from tasks.contract import families
+
+    return [(f"{f.name}-chart", title, f.name, metric, what, noun)
+            for f in families() if f.catalog_chart for title, noun, metric, what in [f.catalog_chart]]
 
 #: the decode chart's series
 SERIES = {"read back": "our ceiling, built", "estimated": "our ceiling, estimated",
@@ -144,7 +149,7 @@ def page_data(rows: list[dict]) -> dict:
     precision, state, listing) and per target its runs-on kind, runtimes, shipped bytes,
     quality metrics, memory and on-device figures with the measured ones; plus the filter
     names, the charts and the sorts."""
-    recipes = []
+    recipes, charts = [], quality_charts()
     for r in rows:
         targets = {}
         for t in r["targets"]:
@@ -158,7 +163,7 @@ def page_data(rows: list[dict]) -> dict:
                 "runtimes": (sorted(v.get("runtimes") or {}) if v else []) or r.get("runtimes") or [UNKNOWN],
                 "failed": bool(v and v.get("failures")),
                 "bytes": shipped_bytes(r, t) if built else None,
-                "quality": {m: v["metrics"][m] for _, _, _, m, _ in QUALITY_CHARTS
+                "quality": {m: v["metrics"][m] for _, _, _, m, *_ in charts
                             if isinstance((v or {}).get("metrics", {}).get(m), (int, float))} if built else {},
                 "memory": mem, "memory_from": mem_from,
                 "decode": None if ceiling is None else {"ceiling": ceiling, "from": mem_from},
@@ -170,7 +175,7 @@ def page_data(rows: list[dict]) -> dict:
                         "size": size_bucket(r), "precision": r["precision"], "state": r["state"],
                         "listing": r.get("listing") or "model", "targets": targets,
                         "plotted": bool(r.get("verify")) and not r.get("shape_build")})
-    return {"filters": [k for k, _ in FILTERS], "charts": [[c[0], c[2], c[3]] for c in QUALITY_CHARTS],
+    return {"filters": [k for k, _ in FILTERS], "charts": [[c[0], c[2], c[3]] for c in charts],
             "series": SERIES, "sorts": {v: [col, desc] for v, _, col, desc in SORTS}, "recipes": recipes}
 
 
@@ -224,9 +229,10 @@ def _script_json(obj) -> str:
 def render_page(rows: list[dict], published: dict | None = None) -> str:
     """The page (module docstring) for catalog ``rows`` and the ``published`` bundles
     (:func:`published_bundles`; None: no links to bundles)."""
-    from tasks.llm.figures import CEILING_NOTE
+    from tasks.contract import families
 
     esc = html.escape
+    ceilings = " ".join(f.catalog_note for f in families() if f.catalog_note)  # how each family's are made
     published = published or {}
     data = page_data(rows)
     options = _options(data)
@@ -260,11 +266,11 @@ def render_page(rows: list[dict], published: dict | None = None) -> str:
                '<p id="shown" data-count="">&nbsp;</p>\n<p id="hash-note" hidden></p>\n')
 
     out.append('<div class="charts">\n')
-    for cid, title, family, metric, what in QUALITY_CHARTS:
+    for cid, title, _, metric, what, noun in quality_charts():
         out.append(f'<section class="panel">\n<h2>{esc(title)}</h2>\n'
                    f'<div class="chart" id="{cid}" data-count="" data-points="" data-labels=""></div>\n'
                    f'<ol class="key" id="{cid}-key"></ol>\n'
-                   f'<p class="note">One point per built {"encoder" if family == "encoder" else "LLM"} and target: '
+                   f'<p class="note">One point per built {esc(noun)} and target: '
                    f"x = the bytes shipped for the target, y = <code>{esc(metric)}</code> "
                    f"({esc(what)}, 1 = identical). "
                    "Hollow: below a verify bar. Shape builds (random weights) are never plotted.</p>\n</section>\n")
@@ -272,7 +278,7 @@ def render_page(rows: list[dict], published: dict | None = None) -> str:
                '<div class="chart" id="device-chart" data-count="" data-points="" data-labels=""></div>\n'
                '<ol class="key" id="device-chart-key"></ol>\n'
                '<p class="note ceiling"><strong>Our figures are ceilings, not measurements</strong>: nothing here ran '
-               f"on a Snapdragon device ({esc(CEILING_NOTE.removeprefix('ceilings, not measurements: '))}). "
+               f"on a Snapdragon device ({esc(ceilings)}). "
                "Green: decode rates others measured on a device for the same model and precision (their own "
                "bundles), drawn at our build's memory; the table below gives each with its page, date and the "
                "ratio to our ceiling.</p>\n</section>\n</div>\n")

@@ -1,6 +1,6 @@
 """What a bundle ships, the one rule (:func:`shipped_files`): of the build's artifacts, the files
-its runtimes load (named by ``genai_config.json``, ``genie_config.json``, an encoder's EPContext
-model) and what the bundle needs beside them (export description, tokenizer, metadata), each
+its runtimes load (named by ``genai_config.json``, ``genie_config.json``, an EPContext model, the
+family's own rule) and what the bundle needs beside them (tokenizer, metadata), each
 with who loads it, for the model card's "Files" table (:mod:`.card`); publish adds
 :data:`WRITTEN`."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tasks.commands.publish.errors import PublishError
 
-GENAI, GENIE, QNN_EP, RUNNER = "onnxruntime-genai", "Genie", "onnxruntime QNN EP", "npubuild LLMRunner"
+GENAI, GENIE, QNN_EP = "onnxruntime-genai", "Genie", "onnxruntime QNN EP"
 _TOKENIZER_NAMES = ("tokenizer*", "vocab*", "merges.txt", "special_tokens_map.json", "added_tokens.json")
 _METADATA = {"config.json": "metadata: the source model's configuration (transformers)",
              "generation_config.json": "metadata: the source model's generation defaults (transformers)",
@@ -35,25 +35,26 @@ def _ep_binaries(ctx_path: Path, rel: str) -> list[str]:
     return sorted(posixpath.normpath(posixpath.join(posixpath.dirname(rel), r)) for r in refs if r)
 
 
-def shipped_files(sources: dict[str, Path]) -> dict[str, list[str]]:
+def shipped_files(sources: dict[str, Path], family=None) -> dict[str, list[str]]:
     """The one rule of what a bundle ships, over the build's artifacts ``sources`` ({bundle
-    path: file}, :func:`.bundle.bundle_sources`): {bundle path: who loads it, one phrase each} of the
-    files that ship; an artifact left out stays in ``build/<recipe>/`` only. Issue 48, item 6:
-    a bundle ships only what its runtimes load. In each folder of the bundle (its top, or
-    ``<target>/`` with several targets), a file ships when
+    path: file}, :func:`.bundle.bundle_sources`) of a recipe of ``family`` (its
+    :class:`tasks.contract.model_family.Family`; None: no family rule): {bundle path: who loads
+    it, one phrase each} of the files that ship; an artifact left out stays in
+    ``build/<recipe>/`` only. A bundle ships only what its runtimes load. In each folder of the
+    bundle (its top, or ``<target>/`` with several targets), a file ships when
 
     - a runtime config names it, paths relative to the config's folder: ``genai_config.json``
       (onnxruntime-genai: the config, each pipeline model's ``filename`` and the context
       binaries those EPContext models name in ``ep_cache_context``), ``genie_config.json``
       (Genie: the config, every ``ctx-bins`` entry, ``tokenizer.path``, ``backend.extensions``);
-    - the folder has no runtime config and an LLM's ``export.json`` (``embedding: host``: genai
-      cannot feed it): the graphs npubuild's LLMRunner loads, as genai would name them
-      (:func:`tasks.llm.genai.bundle_files`, weight-shared when compiled so), and their binaries;
-    - the folder holds neither (an encoder): every EPContext model (``*_ctx.onnx``, what
-      onnxruntime's QNN EP loads) and the binaries it names;
-    - it is an LLM's ``export.json`` (every graph's I/O, for LLMRunner and the catalog) or the
-      host-side embedding table it names (``embed_file``), a tokenizer file (og.Tokenizer,
-      transformers), or metadata (``config.json``, ``generation_config.json``, ``verify.json``).
+    - the family's own rule (``Family.shipped``) names it: files its own runner or decoding
+      loads that no runtime config names (LLMs: ``export.json``, its ``embed_file``, and in a
+      folder without ``genai_config.json`` the graphs LLMRunner loads), an EPContext model with
+      the binaries it names; the folders that rule claims are its to decide;
+    - the folder is neither a runtime config's nor claimed (an encoder's): every EPContext model
+      (``*_ctx.onnx``, what onnxruntime's QNN EP loads) and the binaries it names;
+    - it is a tokenizer file (og.Tokenizer, transformers), or metadata (``config.json``,
+      ``generation_config.json``, ``verify.json``).
 
     Publish adds :data:`WRITTEN` (the card, the manifest) and, signed, ``npubuild.sig``. So the
     per-graph binaries an LLM compiles beside its weight-shared ones (``part{k}/``,
@@ -65,6 +66,7 @@ def shipped_files(sources: dict[str, Path]) -> dict[str, list[str]]:
     from fnmatch import fnmatch
 
     out: dict[str, list[str]] = {}
+    claimed, own = family.shipped(sources) if family is not None and family.shipped else ((), ())
 
     def name(rel: str, who: str, by: str) -> None:
         if rel not in sources:
@@ -79,9 +81,9 @@ def shipped_files(sources: dict[str, Path]) -> dict[str, list[str]]:
             for b in _ep_binaries(sources[rel], rel):
                 name(b, f"{runtime} (context binary of an EPContext model)", rel)
 
-    # the LLM folders: where a runtime config or an LLM's export.json is
+    # the folders a runtime config or the family's own rule decides: no other rule ships a model there
     folders = sorted({posixpath.dirname(r) for r in sources
-                      if posixpath.basename(r) in ("genai_config.json", "genie_config.json", "export.json")})
+                      if posixpath.basename(r) in ("genai_config.json", "genie_config.json")} | set(claimed))
     for d in folders:
         def at(f: str, d: str = d) -> str:
             return posixpath.join(d, f)
@@ -100,17 +102,11 @@ def shipped_files(sources: dict[str, Path]) -> dict[str, list[str]]:
                 name(posixpath.normpath(at(f)), f"{GENIE} ({by} ctx-bins)", by)
             name(posixpath.normpath(at(dlg["tokenizer"]["path"])), f"{GENIE} ({by} tokenizer)", by)
             name(posixpath.normpath(at(eng["backend"]["extensions"])), f"{GENIE} ({by} extensions)", by)
-        if at("export.json") in sources:
-            desc = json.loads(sources[at("export.json")].read_text())
-            name(at("export.json"), f"{RUNNER} and the catalog (every graph's inputs and outputs)", "the bundle")
-            if desc.get("embed_file"):
-                name(at(desc["embed_file"]), f"{RUNNER} (export.json embed_file: the host-side embedding table)",
-                     at("export.json"))
-            if at("genai_config.json") not in sources:
-                from tasks.llm.genai import bundle_files
-
-                shared = any(r.startswith(at("shared/")) for r in sources)
-                models(d, list(bundle_files(desc, "shared" if shared else "").values()), RUNNER, at("export.json"))
+    for rel, who, by, runtime in own:
+        if runtime is None:
+            name(rel, who, by)
+        else:
+            models(posixpath.dirname(rel), [posixpath.basename(rel)], runtime, by)
     for rel in sources:
         base = posixpath.basename(rel)
         if base.endswith("_ctx.onnx") and not any(f == "" or rel.startswith(f + "/") for f in folders):

@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 from tasks.store import paths
+from tasks.contract import family
 from tasks.core.row import catalog_row, label
 from tasks.core.session import Session
 from tasks.core.status import RecipeStatus, catalog_recipes, recipe_status
@@ -73,7 +74,7 @@ def plan_bundle(recipe: str, session: Session | None = None) -> dict:
     row = catalog_row(recipe, r, st)
     short = short_key(st)
     sources = bundle_sources(st)
-    loaded = shipped_files(sources)  # what the bundle's runtimes load; the rest stays in build/
+    loaded = shipped_files(sources, family(r.export.family))  # what its runtimes load; the rest stays in build/
     files: dict = {rel: sources[rel] for rel in loaded}
     sums = shipped_digests(session, st, files)
     card = model_card(r, row, short, loaded, files=dict(files), tools=merged_tools(st.entries))
