@@ -1,4 +1,5 @@
-"""doit entry point: `doit list`, `doit build:<recipe>`, `doit explain:<recipe>`. See README.md.
+"""doit entry point: `doit` (the recipes and the commands), `doit build:<recipe>`, `doit explain:<recipe>`.
+See README.md.
 
 The one place the commands meet: it sets up the doit process (``tasks.commands.builder.startup``)
 and collects each command's task creators, all sharing this doit command's Session (doit
@@ -14,5 +15,6 @@ from tasks.core.session import Session
 
 SESSION = Session()
 DOIT_CONFIG = startup.start(SESSION, globals())
+globals().update(startup.creators(SESSION, globals()))
 for _command in (build, cache, catalog, cluster, publish):
-    globals().update(_command.creators(SESSION))
+    globals().update(startup.with_invalid_recipes(SESSION, _command.creators(SESSION)))

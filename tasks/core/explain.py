@@ -53,7 +53,10 @@ def explain(session: Session, recipe_name: str) -> list[dict]:
                 f"nothing in its key: the entry {spec.kind}/{st.key[:12]} the last build made or used is gone "
                 "from the cache (deleted, `doit gc --apply`, or damaged and moved to .damaged/)"]
         elif st.status in ("blocked", "unknown"):
-            row["changes"] = [st.problem]
+            # a key that cannot be computed (an offline Hub source) fails the same way for every
+            # stage after it: said once, at the first, and the others point there
+            first = next((r["task"] for r in rows if r["status"] == "unknown" and r["changes"] == [st.problem]), None)
+            row["changes"] = [f"its key waits for {first}'s (above)" if first else st.problem]
         if st.failures:
             row["fails"] = list(st.failures)
         if e and isinstance((e.manifest.get("info") or {}).get("memory"), dict):

@@ -43,7 +43,11 @@ class Session:
     - ``stage_tasks``: {stage task name: its recipe} of the stage tasks the command made (the
       doit console reporter and its "Did you mean" read them);
     - ``admitted``: recipes whose stages to build were checked against the memory budget
-      together before the first of them ran (:func:`tasks.core.admit.admit`).
+      together before the first of them ran (:func:`tasks.core.admit.admit`);
+    - ``request``: what the doit command line asks for (a
+      ``tasks.commands.builder.command_line.CommandLine``), None outside doit;
+    - ``skipped``: {task group: [(recipe, why)]} of the recipes a bare group command passed over
+      (``doit publish``: the recipes that are not verified), said once when the run ends.
     """
 
     def __init__(self) -> None:
@@ -62,3 +66,5 @@ class Session:
         self.cleaned: set[str] = set()
         self.stage_tasks: dict[str, str] = {}
         self.admitted: set[str] = set()
+        self.request = None
+        self.skipped: dict[str, list[tuple[str, str]]] = {}

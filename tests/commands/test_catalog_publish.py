@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 import shutil
 import tempfile
 import tarfile
@@ -203,6 +204,9 @@ def test_reproduce_task_reports_every_file(proj):
         assert line.startswith("identical"), line  # every file, the context binary included
     assert "verify metrics identical" in out and f"byte-identical: {len(m['files']) + 1} files and the archive" in out
     assert run.code == 0 and "DIFFERS" not in out and "known" not in out
+    # progress while it rebuilds: each stage's line as it ends, after the minutes so far
+    progress = re.findall(r"^\[reproduce:t8\] +\d+\.\d min  (\S+:t8) ", out, re.M)
+    assert progress[:6] == [f"{s}:t8" for s in ("download", "export", "prepatch", "quantize", "compile", "verify")], out
 
 
 def test_reproduce_refuses_a_recipe_changed_since_publishing(proj):

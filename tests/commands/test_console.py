@@ -42,11 +42,13 @@ def test_one_line_per_stage_full_logs_in_entries(project):
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stderr == ""  # no warning that is not on the harmless list, no bar (not a terminal)
     lines = run.stdout.splitlines()
-    assert len(lines) == 7, run.stdout  # six stages + build
+    assert len(lines) == 8, run.stdout  # six stages + build + verify's figures
     got = stage_lines(run.stdout)
     assert list(got) == [f"{s}:t8" for s in STAGES]
     assert {m["status"] for m in got.values()} == {"built"}
-    assert re.fullmatch(r"build:t8\s+8 artifacts in .*build/t8", lines[-1])
+    assert re.fullmatch(r"build:t8\s+8 artifacts in .*build/t8", lines[-2])
+    figures = r"verify:t8\s+verified: pooled_cosine_mean (0\.9\d*|1) \(>= 0\.9\); runs on npu"
+    assert re.fullmatch(figures, lines[-1]), lines[-1]
     for pattern, _ in stagelog.HARMLESS:
         assert not re.search(pattern, run.stdout), pattern
     cache = Cache(project.cache)
@@ -70,7 +72,7 @@ def test_one_line_per_stage_full_logs_in_entries(project):
     hits = stage_lines(again.stdout)
     assert again.returncode == 0 and again.stderr == ""
     assert {t: (m["key"], m["status"]) for t, m in hits.items()} == {t: (m["key"], "cache hit") for t, m in got.items()}
-    assert again.stdout.splitlines()[-1] == "-- build:t8" and len(again.stdout.splitlines()) == 7
+    assert again.stdout.splitlines()[-2:] == ["-- build:t8", lines[-1]] and len(again.stdout.splitlines()) == 8
 
     explain = doit(project, "run", "explain:t8").stdout
     logs = re.findall(r"^    log: (\S+)$", explain, re.M)

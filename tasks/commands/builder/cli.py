@@ -3,9 +3,12 @@
 - ``<stage>:<recipe>`` for every stage (``download:minilm-l6-w8a16``, ``export:...``); its
   ``uptodate`` callable says "my stage key names an intact cache entry", so a stage runs only
   when it is stale, and a stage built by another recipe is reused without running.
-- ``build:<recipe>`` runs a recipe's chain and fills ``build/<recipe>/``; ``doit build`` builds
-  every recipe.
+- ``build:<recipe>`` runs a recipe's chain, fills ``build/<recipe>/`` and ends with verify's
+  figures (:mod:`.verify_lines`); ``doit build`` builds every recipe; with ``-n`` /
+  ``--dry-run`` either only says what it would run (:mod:`.dry_run`).
 - ``explain:<recipe>`` prints each stage's key, status and what changed since its last build.
+- ``recipes``, what a plain ``doit`` runs: the recipes with their state and the commands
+  (:mod:`.overview`); it never builds.
 
 A stage's own output goes to its cache entry's ``log.txt`` (``tasks/store/stagelog.py``); the console
 gets one line per stage (:mod:`.reporter`).
@@ -21,11 +24,20 @@ from tasks.errors import UnsupportedModel, UserError, shown
 from tasks.commands.builder.threads import THREAD_MODE
 
 
+def named(session: Session) -> set[str]:
+    """The recipes named on the doit command line (``<group>:<recipe>``)."""
+    return {n.split(":", 1)[1] for n in (session.request.names() if session.request else []) if ":" in n}
+
+
 def _invalid(session: Session) -> dict:
+    """{stem: error} of the invalid recipe files, each said once on stderr, unless the command
+    line names it: then its task's failure says it (once)."""
     errs = recipeset.recipe_errors(session)
     for stem, e in errs.items():
         if stem not in session.warned:
             session.warned.add(stem)
+            if stem in named(session):
+                continue
             # a valid recipe of a model not implemented yet is said where it is asked for: its
             # build task fails with the reason, `doit list` (_list_fails_on_invalid_recipes) and
             # the catalog name it unsupported; every other command stays quiet about it
@@ -53,13 +65,36 @@ def _stage_action(session: Session, recipe: str, stage: str):
         return TaskFailed(shown(e))
 
 
-def _materialize_action(session: Session, recipe: str):
-    """:func:`tasks.core.links.materialize` as ``build:<recipe>``'s action: an error that explains itself (a full
-    build disk: DiskFull) is its one line, as a stage's is."""
+def _materialize_action(session: Session, recipe: str, dry_run: bool = False):
+    """:func:`tasks.core.links.materialize` as ``build:<recipe>``'s action, then verify's figures
+    (:func:`.verify_lines.verify_lines`): an error that explains itself (a full build disk:
+    DiskFull) is its one line, as a stage's is. ``dry_run`` (the task's ``-n`` param): never
+    true here, a dry run's task has :func:`_dry_run_action` instead."""
+    from tasks.commands.builder.verify_lines import verify_lines
+
     try:
-        return links.materialize(session, recipe)
+        done = links.materialize(session, recipe)
     except UserError as e:
         return _fail(shown(e))
+    for line in verify_lines(session, recipe, run.task_width(session, recipe)):
+        print(line)
+    return done
+
+
+def _dry_run_action(session: Session, recipe: str, dry_run: bool = True):
+    """``build:<recipe> -n``: :func:`.dry_run.print_plan`, nothing run."""
+    from tasks.commands.builder.dry_run import print_plan
+    from tasks.core.explain import explain
+
+    try:
+        print_plan(session, recipe, explain(session, recipe))
+    except UserError as e:
+        return _fail(shown(e))
+
+
+#: the build tasks' dry-run option (doit passes it as the ``dry_run`` param)
+DRY_RUN = {"name": "dry_run", "short": "n", "long": "dry-run", "type": bool, "default": False,
+           "help": "say what build:<recipe> would run (stage by stage: cache hit, pull or build) and run nothing"}
 
 
 def _admit_action(session: Session, recipe: str):
@@ -132,15 +167,25 @@ def creators(session: Session) -> dict:
                 }
 
     def task_build():
-        """build:<recipe> runs the recipe's whole chain and links its artifacts into build/."""
+        """build:<recipe> runs the recipe's whole chain (download, export, quantize, compile,
+        verify), links its artifacts into build/<recipe>/ and prints verify's figures; with -n
+        (--dry-run) it says what it would run and runs nothing.
+
+        ``doit build`` builds every recipe (one line per failing one)."""
+        yield {"name": None, "params": [DRY_RUN], "doc": "build every recipe (-n: say what each would run)"}
         for stem, err in sorted(_invalid(session).items()):
-            yield {"name": stem, "doc": f"INVALID recipe {stem}.yaml (run it to see why)",
+            yield {"name": stem, "doc": f"INVALID recipe {stem}.yaml (run it to see why)", "params": [DRY_RUN],
                    "actions": [(_fail, [str(err)])], "uptodate": [False], "verbosity": 2}
         for name in recipeset.buildable(session):
+            if session.request and session.request.dry_run(f"build:{name}"):
+                yield {"name": name, "doc": f"what build:{name} would run", "params": [DRY_RUN],
+                       "actions": [(_dry_run_action, [session, name])], "uptodate": [False], "verbosity": 2}
+                continue
             specs = recipeset.plan(session, name)
             yield {
                 "name": name,
                 "doc": f"build {name} (all stages) into build/{name}/",
+                "params": [DRY_RUN],
                 "actions": [(_materialize_action, [session, name])],
                 "task_dep": [s.task for s in specs.values()],
                 "uptodate": [_build_uptodate(session, name)],

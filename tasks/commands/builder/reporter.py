@@ -25,8 +25,15 @@ def console_reporter(session: Session):
 
         @staticmethod
         def _ours(task) -> bool:
-            base = task.name.split(":", 1)[0]
-            return ":" in task.name and (base in ("build", "admit") or task.name in session.stage_tasks)
+            """A task that prints its own lines: a stage, ``build:``, the overview, a bare
+            ``doit publish``'s (each publishes with its line or is named at the end), and any
+            task of an invalid recipe (its failure is its one message)."""
+            from tasks.core import recipeset
+
+            base, _, recipe = task.name.partition(":")
+            bare_publish = base == "publish" and session.request is not None and "publish" in session.request.names()
+            return (bool(recipe) and (base in ("build", "admit") or task.name in session.stage_tasks or bare_publish
+                                      or recipe in recipeset.recipe_errors(session))) or task.name == "recipes"
 
         def execute_task(self, task):
             if not self._ours(task):
@@ -69,6 +76,20 @@ def console_reporter(session: Session):
                            + "\n")
             else:
                 super().skip_uptodate(task)
+            if task.name.startswith("build:") and task.subtask_of is not None:  # up to date: its figures still
+                from tasks.commands.builder.verify_lines import verify_lines
+
+                recipe = task.name.split(":", 1)[1]
+                for line in verify_lines(session, recipe, run.task_width(session, recipe)):
+                    self.write(line + "\n")
+
+        def complete_run(self):
+            """doit's end of run, after one line per recipe a bare group command passed over
+            (``session.skipped``: ``doit publish`` and the recipes that are not verified)."""
+            for group, passed in sorted(session.skipped.items()):
+                self.write(f"{group}: {len(passed)} recipe(s) not {group}ed, not verified: "
+                           + ", ".join(f"{r} ({why})" for r, why in passed) + "\n")
+            super().complete_run()
 
     return Reporter
 

@@ -191,11 +191,106 @@ def _doit_db_full_is_one_line() -> None:
     SqliteDB.dump = dump
 
 
-def _list_fails_on_invalid_recipes(session: Session) -> None:
-    """Make ``doit list`` exit 1 when a recipe file is invalid, after listing every task of
-    the valid ones (and the failing ``build:<stem>`` of each invalid one), and end quietly
-    (exit 1, Python's advice for EPIPE) when its reader closes the pipe. doit's List command
-    always returns 0 and has no hook; dodo.py is imported before it runs."""
+def commands(namespace: dict) -> dict[str, str]:
+    """{command as typed: what it does} from ``namespace``'s ``task_*`` creators (the stage
+    tasks' and the overview's left out): the first paragraph of each creator's docstring; a
+    docstring that starts with ``<group>:<recipe>`` names the command so."""
+    from tasks.commands.builder.overview import first_paragraph
+
+    out = {}
+    for name, fn in namespace.items():
+        if not name.startswith("task_") or name in ("task_stages", "task_recipes"):
+            continue
+        group, doc = name[len("task_"):], first_paragraph(getattr(fn, "__doc__", ""))
+        if doc.startswith(f"{group}:<recipe> "):
+            rest = doc[len(group) + 10:]
+            out[f"{group}:<recipe>"] = rest[:1].upper() + rest[1:]
+        else:
+            out[group] = doc
+    return out
+
+
+def stage_groups(session: Session) -> list[str]:
+    """The stage task groups (``download``, ``export.part0``, ...) of the valid recipes, in
+    build order of their first appearance."""
+    out: list[str] = []
+    for name in recipeset.buildable(session):
+        out += [s.name for s in recipeset.plan(session, name).values() if s.name not in out]
+    return out
+
+
+def _overview(session: Session, namespace: dict, header: str = "") -> None:
+    from tasks.commands.builder.overview import print_overview
+
+    print_overview(session, commands(namespace), stage_groups(session), header)
+
+
+def creators(session: Session, namespace: dict) -> dict:
+    """{name: doit task creator} of the doit process itself: ``recipes``, what a plain ``doit``
+    runs (``DOIT_CONFIG["default_tasks"]``): the recipes with their state and the commands; it
+    builds nothing."""
+
+    def task_recipes():
+        """The recipes with their state in the local cache, and the commands: what a plain
+        `doit` prints (it never builds; `doit build:<recipe>` builds one)."""
+        header = ("npubuild: nothing was built (a plain `doit` lists; `doit build:<recipe>` builds one, "
+                  "`doit build:<recipe> -n` first says what it would run)")
+        return {"actions": [(_overview, [session, namespace, header])], "uptodate": [False], "verbosity": 2}
+
+    return {"task_recipes": task_recipes}
+
+
+def with_invalid_recipes(session: Session, made: dict) -> dict:
+    """``made`` ({name: task creator}, a command's) with each per-recipe creator (one whose
+    subtasks are named after recipes) also making, for an invalid or unsupported recipe file
+    the command line names as ``<group>:<stem>``, a task that fails with the file's error: its
+    one message, where doit would add "Invalid parameter" after the one printed as the
+    recipes load. The stage tasks' creator is left as it is."""
+    import functools
+
+    def _failing(message: str):
+        from doit.exceptions import TaskFailed
+
+        return TaskFailed(message)
+
+    def wrap(group: str, creator):
+        @functools.wraps(creator)
+        def wrapped():
+            made_now = creator()
+            if isinstance(made_now, dict) or made_now is None:
+                return made_now
+            return _with(made_now)
+
+        def _with(tasks):
+            names, recipes = set(), set(recipeset.buildable(session))
+            for t in tasks:
+                names.add(t.get("name"))
+                yield t
+            wanted = set(session.request.names()) if session.request else set()
+            if names & recipes:
+                for stem, err in sorted(recipeset.recipe_errors(session).items()):
+                    if stem not in names and f"{group}:{stem}" in wanted:
+                        yield {"name": stem, "doc": f"INVALID recipe {stem}.yaml", "actions": [(_failing, [str(err)])],
+                               "uptodate": [False], "verbosity": 2}
+
+        return wrapped
+
+    return {n: c if n == "task_stages" else wrap(n[len("task_"):], c) for n, c in made.items()}
+
+
+def _plain_list(pos_args=None, subtasks=False, quiet=False, status=False, private=False, list_deps=False,
+                template=None, **_) -> bool:
+    """Whether ``doit list`` was asked with nothing but (possibly) its sort: then it prints the
+    overview instead of doit's one line per task group."""
+    return not (pos_args or subtasks or quiet or status or private or list_deps or template)
+
+
+def _list_fails_on_invalid_recipes(session: Session, namespace: dict) -> None:
+    """Make ``doit list`` list the recipes with their state and the commands (:func:`_overview`;
+    doit's own listing with ``--all``, ``-q``, task names or a template), exit 1 when a recipe
+    file is invalid (after listing the valid ones), and end quietly (exit 1, Python's advice
+    for EPIPE) when its reader closes the pipe. doit's List command always returns 0 and has no
+    hook; dodo.py is imported before it runs."""
     import functools
 
     from doit.cmd_list import List
@@ -207,7 +302,12 @@ def _list_fails_on_invalid_recipes(session: Session) -> None:
     @functools.wraps(plain)
     def _execute(self, *args, **kw):
         try:
-            code = plain(self, *args, **kw)
+            if not args and _plain_list(**kw):
+                _overview(session, namespace)
+                sys.stdout.flush()
+                code = 0
+            else:
+                code = plain(self, *args, **kw)
         except BrokenPipeError:  # `doit list --all | head`: the reader left, so do we, without a traceback
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (and no second error at exit)
             return 1
@@ -232,7 +332,9 @@ def start(session: Session, namespace: dict) -> dict:
     """Set up this doit process for ``session`` (the command's): refuse, exit 2, the settings
     :func:`environment_problems` and :func:`thread_mode` find; make ``NPUBUILD_HOME``; install
     the Ctrl-C line, "Did you mean" (the groups: ``namespace``'s ``task_*`` creators, read when
-    doit asks), the doit database checks and ``doit list``'s exit status. Returns DOIT_CONFIG."""
+    doit asks), the doit database checks and ``doit list``'s listing and exit status; read the
+    command line into ``session.request`` (:mod:`.command_line`). Returns DOIT_CONFIG: a plain
+    ``doit`` runs ``recipes`` (:func:`creators`), never a build."""
     if problems := environment_problems() + ([THREAD_MODE] if thread_mode(sys.argv[1:]) else []):
         sys.stderr.write("".join(f"npubuild: {p}\n" for p in problems))
         sys.exit(2)
@@ -244,12 +346,15 @@ def start(session: Session, namespace: dict) -> dict:
     )
     _check_doit_db(paths.state_dir() / "doit.sqlite3")
     _doit_db_full_is_one_line()
-    _list_fails_on_invalid_recipes(session)
+    _list_fails_on_invalid_recipes(session, namespace)
+    from tasks.commands.builder.command_line import parse
+
+    session.request = parse(sys.argv[1:])
     return {
         "backend": "sqlite3",  # the only doit backend that supports concurrent access
         "dep_file": str(paths.state_dir() / "doit.sqlite3"),
         "verbosity": 2,
-        "default_tasks": ["build"],
+        "default_tasks": ["recipes"],  # a plain `doit` lists (tasks named `doit build` build them all)
         "continue": True,  # like make -k: build every recipe that can be built, report the others
         "reporter": console_reporter(session),  # one console line per stage
     }

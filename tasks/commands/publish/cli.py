@@ -20,11 +20,24 @@ def _publish_action(session: Session, recipe: str, dest: str, hub_repo: str, dry
 
     if not dry_run and (bad := outputs.unwritable("NPUBUILD_DIST", paths.dist_dir())):
         return TaskFailed(bad)
+    if _bare(session, recipe):  # `doit publish`: the verified recipes; the others are said once, at the end
+        from tasks.commands.publish.write import refusal
+
+        if why := refusal(recipe, session):
+            session.skipped.setdefault("publish", []).append((recipe, why))
+            return None
     try:
         publish(recipe, dest=dest or None, hub_repo=hub_repo or None, dry_run=dry_run, sign=sign or None,
                 signing_cert=signing_cert or None, cert_chain=_paths_list(cert_chain), session=session)
     except UserError as e:  # PublishError, DiskFull, ...
         return TaskFailed(shown(e))
+
+
+def _bare(session: Session, recipe: str) -> bool:
+    """Whether ``publish:<recipe>`` runs because the command line says a bare ``publish`` (every
+    recipe) and does not name it."""
+    names = session.request.names() if session.request else []
+    return "publish" in names and f"publish:{recipe}" not in names
 
 
 def _reproduce_action(session: Session, recipe: str):
@@ -67,7 +80,9 @@ def creators(session: Session) -> dict:
 
     def task_publish():
         """publish:<recipe> writes dist/<recipe>/ and its archive from a verified build (never
-        builds; refuses a failed, stale or unbuilt recipe); --dest, --hub-repo, --dry-run."""
+        builds; refuses a failed, stale or unbuilt recipe); --dest, --hub-repo, --dry-run, --sign.
+
+        A bare ``doit publish`` publishes every verified recipe and names the others in one line."""
         params = [
             {"name": "dest", "long": "dest", "type": str, "default": "",
              "help": "also copy bundle + archive to this folder"},

@@ -75,6 +75,21 @@ def recheck_published(session: Session, folder: Path, manifest: dict) -> None:
                                + "; rebuild and publish again before comparing")
 
 
+def _run_shown(recipe: str, cmd: list[str], env: dict) -> tuple[int, str]:
+    """Run ``cmd`` (a doit command of the rebuild), its lines (one per stage as it ends: the
+    console reporter's) shown as they come, each after ``[reproduce:<recipe>]`` and the minutes
+    since the rebuild started: a rebuild of minutes is never silent. Returns (exit code, what it
+    printed, stdout and stderr together)."""
+    import time
+
+    t0, said = time.monotonic(), []
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1) as p:
+        for line in p.stdout:
+            said.append(line)
+            print(f"[reproduce:{recipe}] {(time.monotonic() - t0) / 60:5.1f} min  {line.rstrip()}", flush=True)
+    return p.returncode, "".join(said)
+
+
 def reproduce(recipe: str, keep: bool = False, session: Session | None = None) -> bool:
     """Rebuild ``recipe`` from an empty temporary cache (``doit build:<recipe>`` then
     ``doit publish:<recipe>`` in subprocesses with NPUBUILD_CACHE/BUILD/HOME/DIST in a temp
@@ -105,14 +120,14 @@ def reproduce(recipe: str, keep: bool = False, session: Session | None = None) -
                NPUBUILD_CACHE=str(tmp / "cache"), NPUBUILD_BUILD=str(tmp / "build"),
                NPUBUILD_HOME=str(tmp / "home"), NPUBUILD_DIST=str(tmp / "dist"))
     env.pop("NPUBUILD_REMOTE", None)  # a rebuild from scratch, not a download
+    env["PYTHONUNBUFFERED"] = "1"  # its stage lines as each stage ends (_run_shown), not when it exits
     dodo = Path(__file__).resolve().parents[3] / "dodo.py"  # tasks/commands/publish/ -> the project
     for task in (f"build:{recipe}", f"publish:{recipe}"):
         print(f"[reproduce:{recipe}] doit {task} in {tmp}", flush=True)
-        p = subprocess.run([sys.executable, "-m", "doit", "-f", str(dodo), "-d", str(paths.root()), task],
-                           env=env, capture_output=True, text=True)
-        if p.returncode != 0:
-            raise PublishError(f"rebuild failed: doit {task} exited {p.returncode} (kept {tmp}):\n"
-                               + (p.stdout + p.stderr)[-4000:])
+        code, said = _run_shown(recipe, [sys.executable, "-m", "doit", "-f", str(dodo), "-d", str(paths.root()), task],
+                                env)
+        if code != 0:
+            raise PublishError(f"rebuild failed: doit {task} exited {code} (kept {tmp}):\n" + said[-4000:])
     new = tmp / "dist" / recipe
     new_manifest = read_manifest(new)
     new_archive = tmp / "dist" / f"{recipe}-{new_manifest['build_key']}.tar.gz"

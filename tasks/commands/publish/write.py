@@ -62,6 +62,19 @@ def _verified_status(session: Session, recipe: str) -> RecipeStatus:
     return st
 
 
+def refusal(recipe: str, session: Session) -> str | None:
+    """Why ``recipe`` is not published, in a few words (its state: ``not-built``, ``stale``,
+    ``verify-failed``, ``a shape build``...), None when it would be (:func:`_verified_status`
+    passes): what a bare ``doit publish`` says of each recipe it passes over."""
+    try:
+        _verified_status(session, recipe)
+    except PublishError:
+        if catalog_recipes(session)[recipe].source.shape:
+            return "a shape build"
+        return recipe_status(recipe, session).state
+    return None
+
+
 def plan_bundle(recipe: str, session: Session | None = None) -> dict:
     """Everything publish writes, computed in memory (nothing written): the artifacts
     :func:`.contents.shipped_files` ships, the card, the manifest. Raises PublishError
@@ -130,6 +143,33 @@ def _copy_to_dest(plan: dict, recipe: str, d: Path, sig: Path | None) -> None:
         tmp.replace(final)
 
 
+def _files(folder: Path) -> set[str]:
+    return {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
+
+
+def _keep_signature(folder: Path, new: Path, new_archive: Path, sign) -> bool:
+    """Before the bundle ``new`` (written beside it) replaces ``folder``: a signature in
+    ``folder`` is never dropped silently. Without ``sign``, a signed ``folder`` whose
+    manifest.json and file names ``new`` repeats exactly (the same bytes: every file is in the
+    manifest with its sha256) keeps its signature (copied into ``new``; True); one that differs
+    is refused (PublishError, ``new`` and ``new_archive`` removed): sign the new bundle or
+    delete the signature. False when there is nothing to keep (no signature, or ``sign``)."""
+    old_sig = folder / SIGNATURE
+    if sign or not old_sig.is_file():
+        return False
+    same = ((folder / "manifest.json").is_file()
+            and (folder / "manifest.json").read_bytes() == (new / "manifest.json").read_bytes()
+            and _files(folder) - {SIGNATURE} == _files(new))
+    if not same:
+        shutil.rmtree(new, ignore_errors=True)
+        new_archive.unlink(missing_ok=True)
+        raise PublishError(f"refusing to replace {folder}/: it is signed ({SIGNATURE}) and this build's bundle differs "
+                           f"from the one signed; publish with --sign KEY.pem to sign the new one, or delete "
+                           f"{old_sig} to publish it unsigned")
+    shutil.copy2(old_sig, new / SIGNATURE)
+    return True
+
+
 def publish(recipe: str, dest: str | Path | None = None, hub_repo: str | None = None, dry_run: bool = False,
             endpoint: str | None = None, token: str | None = None, sign: str | Path | None = None,
             signing_cert: str | Path | None = None, cert_chain: list | None = None,
@@ -140,7 +180,9 @@ def publish(recipe: str, dest: str | Path | None = None, hub_repo: str | None = 
     ``signing_cert`` and ``cert_chain`` for certificate signing) the folder is signed
     (:func:`sign_bundle`) after the archive is written, so the archive stays byte-reproducible;
     the signature is also written beside it as ``<archive>.sig`` (put it into the unpacked
-    folder as :data:`SIGNATURE` to check it). Returns {"folder", "archive", "short",
+    folder as :data:`SIGNATURE` to check it). Without ``sign``, a signed bundle already there
+    keeps its signature when the new one is the same, file for file, and is refused otherwise
+    (:func:`_keep_signature`): a signature is never dropped silently. Returns {"folder", "archive", "short",
     "signature"?, "hub"?}. Raises PublishError (not verified, stale, not built; a cache file
     that does not match its entry's manifest; signing failed; a failed target). ``session``:
     the command's (default: a new one)."""
@@ -162,6 +204,7 @@ def publish(recipe: str, dest: str | Path | None = None, hub_repo: str | None = 
         dist.mkdir(parents=True, exist_ok=True)
         write_bundle(plan, tmp_folder)
         write_archive(tmp_folder, tmp_archive, recipe, plan["mtime"])
+    kept = _keep_signature(folder, tmp_folder, tmp_archive, sign)
     if folder.exists():
         shutil.rmtree(folder)
     tmp_folder.replace(folder)
@@ -173,7 +216,12 @@ def publish(recipe: str, dest: str | Path | None = None, hub_repo: str | None = 
               f"sets no verify.thresholds); its card and manifest say so")
     out = {"folder": plan["folder"], "archive": plan["archive"], "short": plan["short"]}
     sig_copy = plan["archive"].with_name(plan["archive"].name + ".sig")
-    sig_copy.unlink(missing_ok=True)
+    if kept:
+        print(f"[publish:{recipe}] kept its signature {folder / SIGNATURE}: the bundle is the one it signed, file "
+              "for file")
+        out["signature"] = folder / SIGNATURE
+    else:
+        sig_copy.unlink(missing_ok=True)
     if sign:
         out["signature"] = sign_bundle(plan["folder"], sign, signing_cert, cert_chain)
         shutil.copyfile(out["signature"], sig_copy)
