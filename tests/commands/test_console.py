@@ -47,7 +47,7 @@ def test_one_line_per_stage_full_logs_in_entries(project):
     assert list(got) == [f"{s}:t8" for s in STAGES]
     assert {m["status"] for m in got.values()} == {"built"}
     assert re.fullmatch(r"build:t8\s+8 artifacts in .*build/t8", lines[-2])
-    figures = r"verify:t8\s+verified: pooled_cosine_mean (0\.9\d*|1) \(>= 0\.9\); runs on npu"
+    figures = r"verify:t8\s+verified: pooled_cosine_mean (0\.9\d+|1\.00000) \(>= 0\.9\); runs on npu"
     assert re.fullmatch(figures, lines[-1]), lines[-1]
     for pattern, _ in stagelog.HARMLESS:
         assert not re.search(pattern, run.stdout), pattern

@@ -95,7 +95,10 @@ def test_build_ends_with_verify_figures(built):
     the graphs run; an up-to-date build says the same."""
     (entry,) = [e for e in _entries(built) if e.startswith("verify/")]
     value = json.loads((built.cache / entry / "out" / "verify.json").read_text())["metrics"]["pooled_cosine_mean"]
-    want = f"verify:t8    verified: pooled_cosine_mean {value:.5g} (>= 0.9); runs on npu"
+    from tasks.commands.builder.verify_lines import figure
+
+    assert figure(0.999998) == "0.999998" and figure(0.99935) == "0.99935" and figure(1.0) == "1.00000"
+    want = f"verify:t8    verified: pooled_cosine_mean {figure(value)} (>= 0.9); runs on npu"
     assert built.build_output.splitlines()[-1] == want, built.build_output
     again = doit(built, "run", "build:t8")
     assert again.stdout.splitlines()[-2:] == ["-- build:t8", want], again.stdout
@@ -127,9 +130,9 @@ def test_bare_publish_publishes_the_verified_and_never_drops_a_signature(built, 
             r = doit(built, "run", *args)
             said = [ln for ln in (r.stdout + r.stderr).splitlines() if "refusing" in ln]
             assert r.returncode != 0 and len(said) == 1, r.stdout + r.stderr
-            assert said[0] == (f"publish:t8  refusing to replace {sig.parent}/: it is signed ({SIGNATURE}) and this "
-                               f"build's bundle differs from the one signed; publish with --sign KEY.pem to sign the "
-                               f"new one, or delete {sig} to publish it unsigned")
+            assert said[0] == (f"publish:t8  PublishError: refusing to replace {sig.parent}/: it is signed "
+                               f"({SIGNATURE}) and this build's bundle differs from the one signed; publish with "
+                               f"--sign KEY.pem to sign the new one, or delete {sig} to publish it unsigned")
             assert sig.read_bytes() == signed and check_bundle(sig.parent, public_key=pub)["signature"] == []
     finally:
         built.recipe("t8", T8)

@@ -25,8 +25,12 @@ from tasks.commands.builder.threads import THREAD_MODE
 
 
 def named(session: Session) -> set[str]:
-    """The recipes named on the doit command line (``<group>:<recipe>``)."""
-    return {n.split(":", 1)[1] for n in (session.request.names() if session.request else []) if ":" in n}
+    """The recipes named on the doit command line (``<group>:<recipe>``) whose task's failure
+    the console shows (none with another doit reporter: ``-r json``)."""
+    req = session.request
+    if req is None or req.reporter:
+        return set()
+    return {n.split(":", 1)[1] for n in req.names() if ":" in n}
 
 
 def _invalid(session: Session) -> dict:

@@ -37,10 +37,13 @@ def _options_with_values() -> set[str]:
 @dataclass(frozen=True)
 class CommandLine:
     """``command``: doit's command (``run`` when none is given); ``tasks``: the task names in
-    the order written, each with the options written after it ([(name, [option, ...])])."""
+    the order written, each with the options written after it ([(name, [option, ...])]);
+    ``reporter``: whether doit's ``-r`` / ``--reporter`` chose another reporter than the console
+    one (a task's failure then goes to that reporter's output, not to the console)."""
 
     command: str = "run"
     tasks: tuple[tuple[str, tuple[str, ...]], ...] = field(default_factory=tuple)
+    reporter: bool = False
 
     def names(self) -> list[str]:
         return [n for n, _ in self.tasks]
@@ -66,10 +69,13 @@ def parse(argv: list[str]) -> CommandLine:
     command = args.pop(0) if args and args[0] in COMMANDS else "run"
     valued = _options_with_values()
     tasks: list[tuple[str, list[str]]] = []
+    reporter = False
     i = 0
     while i < len(args):
         a = args[i]
         if a.startswith("-") and len(a) > 1:
+            if not tasks and (a in ("-r", "--reporter") or a.startswith(("-r", "--reporter="))):
+                reporter = True
             if tasks:
                 tasks[-1][1].append(a)
                 if a not in TASK_FLAGS and "=" not in a and i + 1 < len(args):
@@ -82,4 +88,4 @@ def parse(argv: list[str]) -> CommandLine:
         else:
             tasks.append((a, []))
         i += 1
-    return CommandLine(command, tuple((n, tuple(o)) for n, o in tasks))
+    return CommandLine(command, tuple((n, tuple(o)) for n, o in tasks), reporter)

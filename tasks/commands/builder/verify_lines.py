@@ -15,8 +15,17 @@ from tasks.store import paths
 PRIMARY = ("pooled_cosine_mean", "cosine_mean", "token_agreement", "logits_cosine_mean", "perplexity_ratio")
 
 
-def _num(v) -> str:
-    return f"{v:.5g}" if isinstance(v, (int, float)) else str(v)
+def figure(v) -> str:
+    """A metric as the line shows it: 5 decimals (a metric near 1 never shown as 1 unless it
+    is: 0.999998 is ``0.999998``), 5 significant digits from 100 up; other values as they are."""
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return str(v)
+    if abs(v) >= 100:
+        return f"{v:.5g}"
+    digits = 5
+    while abs(float(f"{v:.{digits}f}")) == 1 != abs(v) and digits < 15:  # rounded up to 1: more digits
+        digits += 1
+    return f"{v:.{digits}f}"
 
 
 def verify_lines(session: Session, recipe: str, width: int = 0) -> list[str]:
@@ -46,9 +55,9 @@ def verify_lines(session: Session, recipe: str, width: int = 0) -> list[str]:
             v, low = metrics.get(name), name not in table or table[name].direction == "min"
             missed = not isinstance(v, (int, float)) or not math.isfinite(v) or (v < bar if low else v > bar)
             failed |= missed
-            parts.append(f"{name} {_num(v)} ({'>=' if low else '<='} {bar}{', missed' if missed else ''})")
+            parts.append(f"{name} {figure(v)} ({'>=' if low else '<='} {bar}{', missed' if missed else ''})")
         if not bars:
-            parts = [f"{m} {_num(metrics[m])}" for m in PRIMARY if m in metrics][:3]
+            parts = [f"{m} {figure(metrics[m])}" for m in PRIMARY if m in metrics][:3]
         verdict = "FAILED" if failed else "verified" if bars else "measured, no bars"
         out.append(f"{s.task:<{width}}  {verdict}: {', '.join(parts)}; runs on {runs_on(report.get('cpu_nodes', {}))}")
     return out
