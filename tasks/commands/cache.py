@@ -19,7 +19,7 @@ def referenced_entries(session: Session) -> set[tuple[str, str]]:
     source that is unavailable for a moment does not make its chain garbage.
 
     Only this checkout's recipes count: with a cache shared between checkouts, run gc where
-    all recipes are, or not at all (README)."""
+    all recipes are, or not at all (docs/environment.md)."""
     refs = set()
     for name in recipeset.buildable(session):
         res = resolve.Resolver(session, name, pull=False)
@@ -78,7 +78,7 @@ def push(session: Session, recipe: str):
 
     res = resolve.Resolver(session, recipe, pull=False)
     if res.cache.remote is None:
-        return TaskFailed("no remote cache: set NPUBUILD_REMOTE to an fsspec URL (README, Remote cache)")
+        return TaskFailed("no remote cache: set NPUBUILD_REMOTE to an fsspec URL (docs/environment.md: Remote cache)")
     errors = 0
     for stage, spec in res.specs.items():
         try:

@@ -50,7 +50,7 @@ COMPARED = ("kind", "impl", "version", "params", "files", "tools", "code", "extr
 
 NO_REMOTE = ("a cluster build needs a remote cache: set NPUBUILD_REMOTE to an fsspec URL that this "
              "machine and every worker can reach (file:///shared/folder, s3://bucket/prefix, ...); "
-             "workers push what they build there and this machine pulls it (README, Cluster builds)")
+             "workers push what they build there and this machine pulls it (docs/environment.md: Cluster builds)")
 
 
 class ClusterError(UserError):
@@ -314,7 +314,7 @@ def _run(nodes: dict, done: dict, scheduler: str, log, timeout: float | None) ->
                 "no worker of the cluster offers enough MEMORY for: " +
                 ", ".join(f"{t} ({m} bytes = {_gib(m)})" for t, m in big) +
                 f"; the largest offer is {most} bytes ({_gib(most)}) over {len(offers)} worker(s). Start a worker "
-                f"with `dask worker {scheduler} --resources {RESOURCE}=<bytes>` (README, Cluster builds)")
+                f"with `dask worker {scheduler} --resources {RESOURCE}=<bytes>` (docs/environment.md: Cluster builds)")
         run = uuid.uuid4().hex[:8]
         futs, names = {}, {}
         rank = chain_lengths(nodes)
