@@ -193,13 +193,14 @@ def _doit_db_full_is_one_line() -> None:
 
 def commands(namespace: dict) -> dict[str, str]:
     """{command as typed: what it does} from ``namespace``'s ``task_*`` creators (the stage
-    tasks' and the overview's left out): the first paragraph of each creator's docstring; a
-    docstring that starts with ``<group>:<recipe>`` names the command so."""
+    tasks', ``admit``'s (every build runs it first) and the overview's left out): the first
+    paragraph of each creator's docstring; a docstring that starts with ``<group>:<recipe>``
+    names the command so."""
     from tasks.commands.builder.overview import first_paragraph
 
     out = {}
     for name, fn in namespace.items():
-        if not name.startswith("task_") or name in ("task_stages", "task_recipes"):
+        if not name.startswith("task_") or name in ("task_stages", "task_admit", "task_recipes"):
             continue
         group, doc = name[len("task_"):], first_paragraph(getattr(fn, "__doc__", ""))
         if doc.startswith(f"{group}:<recipe> "):
