@@ -6,6 +6,7 @@ rebuilt, an entry without manifest is invisible, existing remote entries are nev
 from __future__ import annotations
 
 import json
+import re
 
 from conftest import Project
 from remote_contents import build_files, remote_fs, remote_manifests
@@ -41,8 +42,8 @@ def test_checkouts_share_one_remote(tmp_path, tiny_bert, remote_url):
     p = b.popen("run", "build:t8")  # the console: each stage says it was pulled (issue 23: it said "cache hit")
     out = p.communicate(timeout=300)[0]
     assert p.returncode == 0 and " built " not in out, out
-    lines = {ln.split()[0]: ln.split()[2] for ln in out.splitlines() if ln.split() and ln.split()[0].endswith(":t8")}
-    assert {s: lines.get(f"{s}:t8") for s in STAGES} == {s: "pulled" for s in STAGES}, out
+    lines = dict(re.findall(r"^(\S+):t8 +[0-9a-f]{12} +(\S+)", out, re.M))  # stage lines, not verify's figures
+    assert {s: lines.get(s) for s in STAGES} == {s: "pulled" for s in STAGES}, out
     built = build_files(b, "t8")
     assert built == build_files(a, "t8")  # byte-identical build/t8/
     assert len(built) == 9 and {"model_ctx.onnx", "model_ctx_qnn.bin", "verify.json", "tokenizer.json"} <= set(built)
