@@ -22,7 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np
 
-from tasks.llm.runner import PartGraph, KVCache, block_ids
+from tasks.llm.kv_cache import KVCache
+from tasks.llm.runner import PartGraph, block_ids
 from tasks.llm.sessions import cpu_session
 
 

@@ -153,8 +153,10 @@ def _names_a_family(tree, names: set, folders: set) -> list[tuple[int, str]]:
 #: modules outside a family's folder that still name one in code, and why; each must still do so
 #: (a module that no longer does leaves this list), so it only shrinks
 NAMES_A_FAMILY = {
-    "commands/publish/usage.py": "the model card's snippets, I/O tables and runtime versions for encoder and LLM "
-                                 "bundles are written here, not yet by their families' declarations",
+    "commands/publish/usage.py": "the model card's I/O tables and runtime versions for encoder and LLM bundles are "
+                                 "written here, not yet by their families' declarations",
+    "commands/publish/snippets.py": "the model card's runnable snippets for encoder and LLM bundles are written "
+                                    "here, not yet by their families' declarations",
 }
 
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from tasks.store import paths
-from tasks.store.entries import Entry
+from tasks.store.entry import Entry
 from tasks.core.session import Session
 
 

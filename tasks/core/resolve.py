@@ -9,7 +9,8 @@ from pathlib import Path
 
 from tasks.store import paths
 from tasks.store import remote
-from tasks.store.entries import Cache, Entry
+from tasks.store.entries import Cache
+from tasks.store.entry import Entry
 from tasks.core import keys, recipeset
 from tasks.core.session import Session
 

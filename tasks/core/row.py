@@ -72,7 +72,7 @@ import math
 from pathlib import Path
 from types import MappingProxyType
 
-from tasks.store.entries import Entry
+from tasks.store.entry import Entry
 from tasks.contract.report import runs_on as where_runs, runtimes_checked
 from tasks.core.state import artifacts
 

@@ -11,7 +11,8 @@ from pathlib import Path
 from tasks import tools
 from tasks.store import digest
 from tasks.store import paths
-from tasks.store.entries import Cache, Entry
+from tasks.store.entries import Cache
+from tasks.store.entry import Entry
 from tasks.errors import UserError
 from tasks.proc import interrupt
 from tasks.core import recipeset

@@ -6,7 +6,7 @@ files a build ships. What the last build recorded (``build/<recipe>/stages.json`
 Everything that reports on a build reads this: ``build/<recipe>/``
 (:func:`tasks.core.links.materialize`), ``doit explain`` (:mod:`tasks.core.explain`), a recipe's
 state (:func:`tasks.core.status.recipe_status`: the catalog's and publish's). A state is plain data computed once: it
-holds :class:`tasks.store.entries.Entry` values (a folder and its manifest), never a Resolver or a
+holds :class:`tasks.store.entry.Entry` values (a folder and its manifest), never a Resolver or a
 cache connection.
 
 Statuses of a stage (:data:`STATUSES`): "local hit" (an intact entry in the local cache),
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
 
-from tasks.store.entries import Entry
+from tasks.store.entry import Entry
 from tasks.recipe.plan import StageSpec
 from tasks.contract import artifact_patterns
 from tasks.core.keys import NotReady, stage_key

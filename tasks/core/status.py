@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from tasks.store.entries import Entry
+from tasks.store.entry import Entry
 from tasks.core import recipeset
 from tasks.core.keys import NotReady
 from tasks.core.record import read_state

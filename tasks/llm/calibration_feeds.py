@@ -49,7 +49,8 @@ from pathlib import Path
 import numpy as np
 
 from tasks.llm.feed_store import FeedStore
-from tasks.llm.runner import KVCache, PartGraph, block_ids, prompt_windows
+from tasks.llm.kv_cache import KVCache
+from tasks.llm.runner import PartGraph, block_ids, prompt_windows
 from tasks.errors import InputError
 
 

@@ -249,7 +249,7 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
     :func:`resident_bytes`, else once per token), then the fp32 side is teacher-forced on the
     compiled side's tokens, one part at a time (each prefill graph loaded once, no decode
     graph); perplexity's text goes through the prefill graphs in the same passes. ``resident``:
-    the compiled side's open parts, decided by the stage (:func:`tasks.llm.verify.memory_plan`);
+    the compiled side's open parts, decided by the stage (:func:`tasks.llm.verify_memory.memory_plan`);
     it overrides ``budget_bytes``. onnxruntime-genai and Genie, which hold every part at once,
     run first, each in a child process, while this process holds the least. The fp32 side is the exported fp32
     graphs on the CPU EP (tests tie them to ``transformers``: tests/llm/test_runner.py). ``wrap_sessions``:
@@ -294,7 +294,7 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
 
     runtime = params.get("runtime", "runner")
     # the runtimes that hold every part at once run first, each in a child process, while this
-    # process holds the least (what the memory plan counts: tasks.llm.verify.verify_phases)
+    # process holds the least (what the memory plan counts: tasks.llm.verify_memory.verify_phases)
     genai_tokens = got_genie = None
     if runtime == "genai":
         with meter.phase("genai"):

@@ -3,7 +3,7 @@
 peak exceeds it (:class:`NotEnoughMemory`, naming what lowers it); :func:`budget_line` is how
 ``doit explain`` states it. The estimates are the families' (the ``memory_estimate`` hook of
 :class:`tasks.contract.stage.Stage`; LLMs: :mod:`tasks.llm.memory`, the LLM verify's phases:
-:func:`tasks.llm.verify.memory_plan`); :data:`DEFAULT_STAGE_BYTES` stands in for a stage without one.
+:func:`tasks.llm.verify_memory.memory_plan`); :data:`DEFAULT_STAGE_BYTES` stands in for a stage without one.
 
 The promise: a stage's estimate bounds the peak of its whole process tree (the stage's process
 and its children, :mod:`tasks.proc.tree`), so a stage that passes the check stays within the
@@ -66,7 +66,7 @@ def budget_line() -> str:
     """How ``doit explain`` states the memory budget: the user's ``NPUBUILD_MEMORY_GB``, which
     every stage's estimate (its whole process tree's peak, with what the doit process holds) is
     checked against before its work, and within which the LLM verify chooses how many compiled
-    parts it keeps open (:func:`tasks.llm.verify.memory_plan`), else that there is none and what
+    parts it keeps open (:func:`tasks.llm.verify_memory.memory_plan`), else that there is none and what
     stands in for it (``MemAvailable``, which varies with what else runs)."""
     gib = budget_gib()
     if gib is not None:

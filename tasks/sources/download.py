@@ -7,7 +7,7 @@ Sources (``recipe.source``):
   ``HF_HUB_OFFLINE=1``), and the commit enters the key. Files come from ``snapshot_download``
   (its cache, its token sources: ``HF_TOKEN``, the stored login). A token never appears in
   our messages: :func:`scrub` removes anything that looks like one. Only a complete snapshot
-  is copied (:func:`incomplete`): a local Hub cache may hold part of one (an interrupted
+  is copied (:func:`tasks.sources.hub_files.incomplete`): a local Hub cache may hold part of one (an interrupted
   download; ``snapshot_download(local_files_only=True)`` returns the folder as it is), and
   the entry's key, the commit, would then name the missing bytes for good.
 - ``path: some/folder``: a local folder relative to the project root; its content digest
@@ -29,7 +29,6 @@ source gave a commit) loads and explains, and the download refuses it in one lin
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import sys
@@ -42,12 +41,7 @@ from tasks.store import digest
 from tasks.proc.scrubbing import scrub
 from tasks.contract.stage import Stage
 from tasks.sources import SourceError, local_files, local_folder, single_file, source_files
-from tasks.sources.folder_files import TOKENIZER_WANTED, TOKENIZERS, WEIGHTS
-
-def _offline() -> bool:
-    from huggingface_hub import constants
-
-    return bool(constants.HF_HUB_OFFLINE)
+from tasks.sources.hub_files import _incomplete_message, _offline, _whole, format_missing, incomplete
 
 
 @cache
@@ -140,11 +134,6 @@ def _unreachable(repo: str, revision: str, err: Exception) -> str:
     return scrub(f"cannot resolve revision {revision!r} of Hub model {repo!r}: connection to the Hub "
                  f"({constants.ENDPOINT}) failed, so this says nothing about whether the model exists "
                  f"[{type(err).__name__}: {first}]{hint}")
-
-
-def _whole(err: Exception) -> str:
-    """The library's whole message on one line (its first line alone can end mid-sentence)."""
-    return " ".join(ln.strip() for ln in str(err).splitlines() if ln.strip())
 
 
 def _missing(repo: str, revision: str, err: Exception) -> str:
@@ -332,100 +321,6 @@ def _copy_file(f: Path, out: Path, params: dict, what: str) -> dict:
         lic = package_licence(params["package"])
         info.update(package_version=tools.version(lic["distribution"]), distribution=lic["distribution"], license=lic)
     return info
-
-
-def format_missing(folder: Path, names: set[str], patterns: list[str] | None = None) -> list[str]:
-    """What model folder ``folder`` (its files: relative POSIX ``names``) lacks to be a model:
-    ``config.json``; the weights (:data:`WEIGHTS`: one file, or its index file and every shard
-    the index's ``weight_map`` names); a tokenizer (one of :data:`TOKENIZERS`); and every file a
-    pattern of ``patterns`` names literally (no ``*?[``). One item per missing thing, sorted."""
-    missing = set()
-    if "config.json" not in names:
-        missing.add("config.json")
-    indexes = [index for single, index in WEIGHTS if index in names]
-    for index in indexes:  # a present index must have every shard, whatever else is there
-        try:
-            shards = set(json.loads((folder / index).read_text(encoding="utf-8"))["weight_map"].values())
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            missing.add(f"{index}'s weight_map (unreadable: {type(e).__name__})")
-            continue
-        missing.update(f"{s} (a shard {index} names)" for s in shards if s not in names)
-    if not indexes and not any(single in names for single, _ in WEIGHTS):
-        missing.add("model.safetensors (the weights; or model.safetensors.index.json and its shards)")
-    if not any(all(n in names for n in group) for group in TOKENIZERS):
-        missing.add(TOKENIZER_WANTED)
-    named = {m.split(" ", 1)[0] for m in missing}
-    missing.update(p for p in patterns or () if not any(c in p for c in "*?[") and p not in names | named)
-    return sorted(missing)
-
-
-def _git_blob_sha1(path: Path) -> str:
-    """The git blob id of a file (what the Hub lists for a file not stored in LFS)."""
-    import hashlib
-
-    h = hashlib.sha1(b"blob %d\0" % path.stat().st_size)
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def hub_mismatches(repo: str, commit: str, folder: Path, patterns: list[str] | None) -> list[str]:
-    """The files of ``repo`` at ``commit`` that the Hub lists (``model_info(files_metadata=True)``,
-    restricted to ``patterns`` as ``snapshot_download`` restricts them) and snapshot folder
-    ``folder`` lacks or holds otherwise: missing, another size, another sha256 (LFS files) or
-    git blob id (the others). One item per file. Raises SourceError when the listing cannot be
-    read."""
-    from huggingface_hub import HfApi
-    from huggingface_hub.utils import filter_repo_objects
-
-    try:
-        info = HfApi().model_info(repo, revision=commit, files_metadata=True)
-    except Exception as e:
-        raise SourceError(scrub(f"Hub model {repo!r} at commit {commit}: cannot read its file listing to check the "
-                                f"snapshot {folder} [{type(e).__name__}: {_whole(e)}]; nothing was cached")) from None
-    out = []
-    for s in filter_repo_objects(info.siblings or [], allow_patterns=patterns, key=lambda s: s.rfilename):
-        f = folder / s.rfilename
-        if not f.is_file():
-            out.append(s.rfilename)
-            continue
-        size = f.stat().st_size
-        if s.size is not None and size != s.size:
-            out.append(f"{s.rfilename} (size {size}, the Hub lists {s.size})")
-            continue
-        want = (s.lfs.get("sha256") if isinstance(s.lfs, dict) else getattr(s.lfs, "sha256", None)) if s.lfs else None
-        if want:
-            got = digest.sha256_file(f)
-            if got != want:
-                out.append(f"{s.rfilename} (sha256 {got}, the Hub lists {want})")
-        elif s.blob_id and (got := _git_blob_sha1(f)) != s.blob_id:
-            out.append(f"{s.rfilename} (git blob {got}, the Hub lists {s.blob_id})")
-    return out
-
-
-def incomplete(folder: Path, params: dict, commit: str) -> list[str]:
-    """What Hub snapshot ``folder`` (of ``params["hf"]`` at ``commit``) lacks, one item per
-    file: against the Hub's file listing with sizes and hashes when online
-    (:func:`hub_mismatches`), then (offline, or when the Hub's files are all there) against
-    what the model format needs (:func:`format_missing`: the Hub's listing, narrowed by the
-    recipe's patterns, may lack the weights). Empty when complete."""
-    patterns = params.get("allow_patterns")
-    if not _offline() and (hub := hub_mismatches(params["hf"], commit, folder, patterns)):
-        return hub
-    return format_missing(folder, {f.relative_to(folder).as_posix() for f in source_files(folder)}, patterns)
-
-
-def _incomplete_message(repo: str, commit: str, folder: Path, bad: list[str]) -> str:
-    n = f"{len(bad)} file{'s' if len(bad) > 1 else ''}"
-    it = "it" if len(bad) == 1 else "them"
-    if _offline():
-        return scrub(f"Hub model {repo!r} at commit {commit}: the local Hugging Face cache's snapshot {folder} is "
-                     f"incomplete, missing {n}: {'; '.join(bad)}; nothing was cached: fetch {it} with the Hub "
-                     f"reachable (`hf download {repo} --revision {commit}`) and build again")
-    return scrub(f"Hub model {repo!r} at commit {commit}: the snapshot {folder} differs from the Hub's file listing "
-                 f"in {n}: {'; '.join(bad)}; nothing was cached: download {it} again (`hf download {repo} "
-                 f"--revision {commit} --force-download`) and build again")
 
 
 STAGE = Stage(

@@ -1,5 +1,5 @@
 """What a model folder holds, by file name: the weight files and the tokenizer file sets that
-the download's completeness check (:func:`tasks.sources.download.format_missing`) and a shape
+the download's completeness check (:func:`tasks.sources.hub_files.format_missing`) and a shape
 build's tokenizer folder (:func:`tasks.sources.shape.tokenizer_problem`) accept. A leaf module:
 both read it, neither imports the other for it."""
 

@@ -38,53 +38,15 @@ import stat
 import sys
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Callable
 
 from tasks.store import digest
-from tasks.errors import UserError
 from tasks.store.fileops import (DISK_NEARLY_FULL, DiskFull, folder_bytes, free_bytes, is_disk_full, rmtree,
                                   temp_area, write_json)
+from tasks.store.entry import Entry, EntryUnreadable, entry_problems
 from tasks.store.keylock import KeyLock
 from tasks.store.remote import Rejected, Remote, RemoteError, warn
-
-
-class EntryUnreadable(UserError):
-    """A cache entry this user may not read (another user's, made under umask 077 in a shared
-    cache). It is not damage: it is neither used nor moved aside."""
-
-    def __init__(self, path: Path):
-        try:
-            st = Path(path).stat()
-            whose = f"it belongs to uid {st.st_uid}, mode {st.st_mode & 0o777:04o}"
-        except OSError:
-            whose = "its owner and mode cannot be read either"
-        super().__init__(f"{path}: this user (uid {os.getuid()}) cannot read this cache entry ({whose}); it is "
-                         "another user's: ask them to make the shared cache's entries group-readable (umask 002), "
-                         "or set NPUBUILD_CACHE to a cache of your own")
-
-
-@dataclass
-class Entry:
-    """A committed cache entry: where it is and its manifest. ``origin`` is "local" (found
-    in the local cache), "built" (just built here), "pulled" (just downloaded from the
-    remote) or "remote" (seen on the remote only, not downloaded: ``path`` is where it would
-    go, and ``out`` does not exist)."""
-
-    kind: str
-    key: str
-    path: Path
-    manifest: dict
-    origin: str = "local"
-
-    @property
-    def out(self) -> Path:
-        return self.path / "out"
-
-    @property
-    def output_digest(self) -> str:
-        return self.manifest["output_digest"]
 
 
 class Cache:
@@ -122,51 +84,9 @@ class Cache:
         (empty = intact). ``full=True`` rehashes every output file (uncached). Raises
         EntryUnreadable for an entry this user may not read (not damage: nothing is moved)."""
         try:
-            return self._problems(kind, key, full)
+            return entry_problems(self.entry_path(kind, key), key, full)
         except PermissionError:
             raise EntryUnreadable(self.entry_path(kind, key)) from None
-
-    def _problems(self, kind: str, key: str, full: bool) -> list[str] | None:
-        path = self.entry_path(kind, key)
-        mpath = path / "manifest.json"
-        if not path.exists():
-            return None
-        try:
-            m = json.loads(mpath.read_text(encoding="utf-8"))
-            listed = m.get("outputs", {})
-            for meta in listed.values():
-                int(meta["size"]), str(meta["xxh3"])
-        except PermissionError:
-            raise  # another user's entry, not damage (problems)
-        except (OSError, ValueError, AttributeError, KeyError, TypeError) as e:
-            return [f"manifest.json unreadable or malformed: {type(e).__name__}: {e}"]
-        out = []
-        if m.get("key") != key:
-            out.append(f"manifest key {m.get('key')} != folder name {key}")
-        present = {p.relative_to(path / "out").as_posix() for p in digest.list_files(path / "out")} \
-            if (path / "out").is_dir() else set()
-        for rel in sorted(present - set(listed)):
-            out.append(f"{rel}: not in the manifest")
-        for rel, meta in sorted(listed.items()):
-            f = path / "out" / rel
-            try:
-                st = f.stat()
-            except PermissionError:
-                raise
-            except OSError:
-                out.append(f"{rel}: missing")
-                continue
-            if st.st_size != meta["size"]:
-                out.append(f"{rel}: size {st.st_size} != {meta['size']}")
-            elif full:
-                if digest.hash_file_uncached(f) != meta["xxh3"]:
-                    out.append(f"{rel}: content differs (xxh3)")
-            elif st.st_mtime_ns != meta.get("mtime_ns"):
-                # touched or copied without timestamps: only a content change is damage
-                # (rehashed once; the stat cache remembers the new stat)
-                if digest.file_digest(f) != meta["xxh3"]:
-                    out.append(f"{rel}: modified (mtime and content)")
-        return out
 
     def lookup(self, kind: str, key: str) -> Entry | None:
         """The intact entry for (kind, key), or None. A damaged entry is quarantined (moved

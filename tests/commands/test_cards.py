@@ -228,7 +228,7 @@ def test_chat_template_is_cut_around_one_user_message(tmp_path):
     the text after, which the snippets concatenate."""
     from transformers import AutoTokenizer
 
-    from tasks.commands.publish.usage import chat_parts
+    from tasks.commands.publish.snippets import chat_parts
 
     src = tiny_model("qwen2")
     for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):

@@ -49,7 +49,8 @@ def test_genai_on_qdq_graphs_equals_llmrunner(qwen2_bundle, tmp_path):
     feeds its own zero-filled uint8 buffer, LLMRunner a zero-filled buffer of the graphs' KV
     dtype, and refuses a float32 one (its bytes would be cast, not fed)."""
     from tasks.llm.genai import GenaiRunner, bundle_files, link_parts, write_genai_config
-    from tasks.llm.runner import KVCache, LLMRunner, block_ids
+    from tasks.llm.kv_cache import KVCache
+    from tasks.llm.runner import LLMRunner, block_ids
     from tasks.llm.sessions import cpu_session
 
     desc = qwen2_bundle["desc"]

@@ -245,13 +245,13 @@ def _assert_export_matches_transformers(export_dir, model_dir):
 
 
 def test_verify_keeps_open_the_most_parts_that_fit_and_refuses_in_one_line_when_none_does(monkeypatch):
-    """The LLM verify's choice (:func:`tasks.llm.verify.verify_plan`): the compiled side keeps
+    """The LLM verify's choice (:func:`tasks.llm.verify_memory.verify_plan`): the compiled side keeps
     the most parts open whose phases all fit the budget (the read-back, genai's child, the
     compiled side with that many decode sessions, the fp32 side); when even one part at a time
     leaves a phase over the budget, one line names the stage, each phase over it with its
     figure, and the recipe keys that lower them."""
     from tasks.llm.memory import GiB, NotEnoughMemory
-    from tasks.llm.verify import verify_plan
+    from tasks.llm.verify_memory import verify_plan
 
     def phases_for(resident):
         return {"read_back": GiB, "genai": int(2.2 * GiB), "compiled": int((1 + 0.5 * resident) * GiB),

@@ -82,7 +82,7 @@ def test_gc_threshold_follows_the_stage_and_objects_are_frozen_at_exit():
 
 
 def test_only_stages_of_small_inputs_keep(tmp_path):
-    from tasks.store.entries import Entry
+    from tasks.store.entry import Entry
 
     small = Entry(
         "export", "k", tmp_path, {"outputs": {"model.onnx": {"size": 90_331_157}, "vocab.txt": {"size": 231_508}}}

@@ -68,7 +68,7 @@ def test_format_missing_names_each_missing_file(tmp_path):
     shard it names), a tokenizer, and each file a recipe pattern names literally."""
     import json
 
-    from tasks.sources.download import format_missing
+    from tasks.sources.hub_files import format_missing
 
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
         "a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))

@@ -102,7 +102,8 @@ def build_graph(dims: dict, lo: int, hi: int, first: bool, last: bool, S: int, C
     """ONNX ModelProto of part ``part`` (layers ``lo..hi-1``) for AR-``S``, CL-``C`` in Genie's
     layout (module docstring). ``weights``: the part's external-data TensorProtos
     (:func:`tasks.llm.part_weights.write_part_weights`)."""
-    from tasks.llm.pipeline_graphs import _Graph, _rmsnorm, _rotary, _split_names, hidden_name, layer_heads, layer_tail
+    from tasks.llm.graph_ops import _Graph, _rmsnorm, _rotary, _split_names, layer_heads, layer_tail
+    from tasks.llm.pipeline_graphs import hidden_name
 
     H, Hkv, d = dims["num_heads"], dims["num_kv_heads"], dims["head_dim"]
     grp, eps, rd, P = H // Hkv, dims["rms_eps"], dims["rotary_dim"], C - S
