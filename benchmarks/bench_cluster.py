@@ -40,8 +40,9 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 
 def _pulled(cache: Path) -> int:
-    return sum(1 for m in cache.glob("*/*/manifest.json")
-               if "pulled_from" in (json.loads(m.read_text()).get("remote") or {}))
+    return sum(
+        1 for m in cache.glob("*/*/manifest.json") if "pulled_from" in (json.loads(m.read_text()).get("remote") or {})
+    )
 
 
 def main() -> None:
@@ -69,8 +70,12 @@ def main() -> None:
         for p in (local, client):
             for i, n in enumerate(names if not args.llm else []):  # 10 distinct quantize stages, then verify samples
                 text = TINY_RECIPE.format(precision=("w8a16", "w4a16")[i % 2], targets="[x-elite]", backend="cpu-qdq")
-                p.recipe(n, text.replace("samples: 4", f"samples: {2 + (i // 2) % 5}")
-                         .replace("samples: 3", f"samples: {3 + (i // 10) % 4}"))
+                p.recipe(
+                    n,
+                    text.replace("samples: 4", f"samples: {2 + (i // 2) % 5}").replace(
+                        "samples: 3", f"samples: {3 + (i // 10) % 4}"
+                    ),
+                )
         client.env["NPUBUILD_REMOTE"] = url
 
         t0 = time.time()
@@ -108,11 +113,13 @@ def main() -> None:
                 )
                 if label.startswith("cold"):
                     _timeline(url)
-                print(f"{len(names)} recipe(s), {args.workers}-worker cluster, {label}: {wall:.1f} s "
-                      f"({counts.get('stages')} stages, {counts.get('submitted')} submitted); remote misses "
-                      f"(built by workers) {counts.get('built')} {built}; remote hits: {counts.get('on_remote')} "
-                      f"found before submitting, {worker_pulls} pulled by workers (upstream), "
-                      f"{counts.get('pulled')} pulled by the client")
+                print(
+                    f"{len(names)} recipe(s), {args.workers}-worker cluster, {label}: {wall:.1f} s "
+                    f"({counts.get('stages')} stages, {counts.get('submitted')} submitted); remote misses "
+                    f"(built by workers) {counts.get('built')} {built}; remote hits: {counts.get('on_remote')} "
+                    f"found before submitting, {worker_pulls} pulled by workers (upstream), "
+                    f"{counts.get('pulled')} pulled by the client"
+                )
         finally:
             cluster.stop()
         differ = [

@@ -65,8 +65,9 @@ def _dvc(venv: Path) -> Path | None:
     exe = venv / "bin" / "dvc"
     if not exe.exists():
         print(f"making DVC's venv in {venv} (pip install dvc) ...", flush=True)
-        r = subprocess.run(f"python3 -m venv {venv} && {venv}/bin/pip install -q dvc", shell=True,
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            f"python3 -m venv {venv} && {venv}/bin/pip install -q dvc", shell=True, capture_output=True, text=True
+        )
         if r.returncode or not exe.exists():
             print(f"skipping the DVC comparison: could not install dvc ({(r.stderr or r.stdout)[-300:]})")
             return None
@@ -86,8 +87,10 @@ def noop_build(n: int, runs: int, dvc_venv: Path | None = None) -> None:
         model = make_tiny_bert(Path(tmp) / "tiny-bert")
         proj = Project(Path(tmp) / "proj", model)
         for i in range(n):
-            proj.recipe(f"gen-{i:03d}", TINY_RECIPE.format(precision="w8a16" if i % 2 else "w4a16",
-                                                            targets="[x-elite]", backend="cpu-qdq"))
+            proj.recipe(
+                f"gen-{i:03d}",
+                TINY_RECIPE.format(precision="w8a16" if i % 2 else "w4a16", targets="[x-elite]", backend="cpu-qdq"),
+            )
         t0 = time.time()
         first = proj.doit("run", "build")
         print(
@@ -113,8 +116,9 @@ def noop_build(n: int, runs: int, dvc_venv: Path | None = None) -> None:
         dvc_cmd = dvc_project(Path(tmp) / "dvcproj", n, dvc) if dvc else None
         times, dvc_times, stats = [], [], ""
         for _ in range(runs):  # in turn: npubuild, DVC, npubuild, DVC, ...
-            secs, p = _timed([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(proj.root), "build"],
-                             env=env)
+            secs, p = _timed(
+                [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(proj.root), "build"], env=env
+            )
             times.append(secs)
             assert p.returncode == 0, p.stdout + p.stderr
             executed = [ln for ln in p.stdout.splitlines() if ln.startswith(".  ") or re.search(r"\sbuilt\s", ln)]
@@ -125,13 +129,17 @@ def noop_build(n: int, runs: int, dvc_venv: Path | None = None) -> None:
                 said = p.stdout + p.stderr
                 assert p.returncode == 0 and ("is cached" in said or "up to date" in said), said[-2000:]
                 dvc_times.append(secs)
-        print(f"no-op `doit build` over {n} recipes ({n * 7} tasks): median {statistics.median(times):.2f} s "
-              f"(min {min(times):.2f}, max {max(times):.2f}, {runs} runs); last run: {stats}")
+        print(
+            f"no-op `doit build` over {n} recipes ({n * 7} tasks): median {statistics.median(times):.2f} s "
+            f"(min {min(times):.2f}, max {max(times):.2f}, {runs} runs); last run: {stats}"
+        )
         if dvc_times:
             ratios = [a / b for a, b in zip(times, dvc_times)]
-            print(f"no-op `dvc repro` over {n} x 6 stages:           median {statistics.median(dvc_times):.2f} s "
-                  f"(min {min(dvc_times):.2f}, max {max(dvc_times):.2f}); npubuild / DVC per pair: median "
-                  f"{statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f})")
+            print(
+                f"no-op `dvc repro` over {n} x 6 stages:           median {statistics.median(dvc_times):.2f} s "
+                f"(min {min(dvc_times):.2f}, max {max(dvc_times):.2f}); npubuild / DVC per pair: median "
+                f"{statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f})"
+            )
 
 
 def hashing(gb: float, runs: int) -> None:
@@ -147,6 +155,7 @@ def hashing(gb: float, runs: int) -> None:
             block = os.urandom(1 << 24)
             for _ in range(size // len(block)):
                 out.write(block)
+
         def timed(fn):
             ts = []
             for _ in range(runs):
@@ -160,6 +169,7 @@ def hashing(gb: float, runs: int) -> None:
                 hashlib.file_digest(fh, "md5")
 
         sc_dir = Path(tmp) / "sc"
+
         def cold():  # a fresh stat cache each time: the file is read and hashed
             StatCache(sc_dir / f"{time.perf_counter_ns()}.sqlite").file_digest(f)
 
@@ -184,8 +194,11 @@ if __name__ == "__main__":
     ap.add_argument("--recipes", type=int, default=50)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--gb", type=float, default=1.0)
-    ap.add_argument("--dvc-venv", default=str(REPO / ".npubuild" / "bench-dvc-venv"),
-                    help="DVC's own venv (made with pip when missing); '' skips the DVC comparison")
+    ap.add_argument(
+        "--dvc-venv",
+        default=str(REPO / ".npubuild" / "bench-dvc-venv"),
+        help="DVC's own venv (made with pip when missing); '' skips the DVC comparison",
+    )
     ap.add_argument("--skip-hashing", action="store_true")
     a = ap.parse_args()
     if not a.skip_hashing:

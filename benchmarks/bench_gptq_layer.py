@@ -10,6 +10,7 @@ the codes. Prints wall seconds per step and the CPU seconds, the layer total, x 
 ``--span``: ``quantize.gptq_span`` (the Hessian of a wider input in diagonal blocks of at most
 this many in-features, each factored on its own: :func:`tasks.qnn.gptq.spans`).
 """
+
 import argparse
 import resource
 import time
@@ -31,8 +32,12 @@ def main():
 
     D, I, H, Hkv, d = 3584, 18944, 28, 4, 128
     rng = np.random.default_rng(0)
-    groups = {"attn_in": (D, [("q", H * d), ("k", Hkv * d), ("v", Hkv * d)]), "o_in": (H * d, [("o", D)]),
-              "mlp_in": (D, [("gate", I), ("up", I)]), "down_in": (I, [("down", D)])}
+    groups = {
+        "attn_in": (D, [("q", H * d), ("k", Hkv * d), ("v", Hkv * d)]),
+        "o_in": (H * d, [("o", D)]),
+        "mlp_in": (D, [("gate", I), ("up", I)]),
+        "down_in": (I, [("down", D)]),
+    }
     times, total, cpu = {}, time.perf_counter(), time.process_time()
     for g, (K, ws) in groups.items():
         t0, c0 = time.perf_counter(), time.process_time()
@@ -43,7 +48,7 @@ def main():
         for r0 in range(0, a.rows, 512):
             x = (torch.randn(min(512, a.rows - r0), K) * scale).to(Hs[0][1].dtype)
             for k0, h in Hs:
-                h.addmm_(x[:, k0:k0 + h.shape[0]].T, x[:, k0:k0 + h.shape[0]])
+                h.addmm_(x[:, k0 : k0 + h.shape[0]].T, x[:, k0 : k0 + h.shape[0]])
         t1 = time.perf_counter()
         U, dead = gptq.block_factors(Hs, dtype=a.dtype, rows=a.rows)  # as tasks.qnn.seqgptq.sequential
         t2 = time.perf_counter()
@@ -68,9 +73,11 @@ def main():
         )
     tot, cpu = time.perf_counter() - total, time.process_time() - cpu
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    print(f"layer: {tot:.1f} s wall (x 28 layers: {tot * 28 / 60:.1f} min), {cpu:.1f} s CPU (/ 2 cores x 28: "
-          f"{cpu / 2 * 28 / 60:.1f} min), peak RSS {rss:.2f} GiB, dtype {a.dtype}, span {a.span}, "
-          f"threads {torch.get_num_threads()}")
+    print(
+        f"layer: {tot:.1f} s wall (x 28 layers: {tot * 28 / 60:.1f} min), {cpu:.1f} s CPU (/ 2 cores x 28: "
+        f"{cpu / 2 * 28 / 60:.1f} min), peak RSS {rss:.2f} GiB, dtype {a.dtype}, span {a.span}, "
+        f"threads {torch.get_num_threads()}"
+    )
 
 
 if __name__ == "__main__":

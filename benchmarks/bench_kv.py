@@ -56,18 +56,30 @@ def project(work: Path, archs) -> dict:
             shutil.copytree(REPO / ".fixtures" / f"tiny-{a}", fx)
         for bits in (32, 8):
             (root / "recipes" / f"tiny-{a}-kv{bits}.yaml").write_text(
-                f"extends: tiny-{a}-w8a16\nbundle: {{runtimes: [genai, genie]}}\nquantize: {{kv_bits: {bits}}}\n")
-    env = dict(os.environ, NPUBUILD_ROOT=str(root), NPUBUILD_CACHE=str(root / "cache"),
-               NPUBUILD_BUILD=str(root / "build"), NPUBUILD_HOME=str(root / ".npubuild"),
-               NPUBUILD_DIST=str(root / "dist"), NPUBUILD_CATALOG=str(root / "catalog"), HF_HUB_OFFLINE="1")
+                f"extends: tiny-{a}-w8a16\nbundle: {{runtimes: [genai, genie]}}\nquantize: {{kv_bits: {bits}}}\n"
+            )
+    env = dict(
+        os.environ,
+        NPUBUILD_ROOT=str(root),
+        NPUBUILD_CACHE=str(root / "cache"),
+        NPUBUILD_BUILD=str(root / "build"),
+        NPUBUILD_HOME=str(root / ".npubuild"),
+        NPUBUILD_DIST=str(root / "dist"),
+        NPUBUILD_CATALOG=str(root / "catalog"),
+        HF_HUB_OFFLINE="1",
+    )
     return {"root": root, "env": env}
 
 
 def build(proj: dict, recipe: str) -> Path:
     """``doit build:<recipe>`` in the project; returns its build folder. Raises RuntimeError
     with doit's output when the build fails."""
-    p = subprocess.run([sys.executable, "-m", "doit", "run", "-f", str(REPO / "dodo.py"), "-d", str(proj["root"]),
-                        f"build:{recipe}"], env=proj["env"], capture_output=True, text=True)
+    p = subprocess.run(
+        [sys.executable, "-m", "doit", "run", "-f", str(REPO / "dodo.py"), "-d", str(proj["root"]), f"build:{recipe}"],
+        env=proj["env"],
+        capture_output=True,
+        text=True,
+    )
     if p.returncode:
         raise RuntimeError(f"build:{recipe} failed:\n{p.stdout[-3000:]}{p.stderr[-3000:]}")
     return proj["root"] / "build" / recipe
@@ -97,7 +109,7 @@ def measure(build_dir: Path, prompts: list[str], ppl_text: str, K: int = 16) -> 
             ids = tok(text)["input_ids"]
             toks = got.generate(ids, K)
             seq = ids + toks[:-1]
-            a, b = got.logits(seq)[len(ids) - 1:], ref.logits(seq)[len(ids) - 1:]
+            a, b = got.logits(seq)[len(ids) - 1 :], ref.logits(seq)[len(ids) - 1 :]
             agree += list(np.argmax(b, -1) == np.array(toks))
             cos += [float(x @ y / (np.linalg.norm(x) * np.linalg.norm(y))) for x, y in zip(a, b)]
         ids = tok(ppl_text)["input_ids"][:33]
@@ -107,11 +119,16 @@ def measure(build_dir: Path, prompts: list[str], ppl_text: str, K: int = 16) -> 
             lg -= lg.max(-1, keepdims=True)
             logp = lg - np.log(np.exp(lg).sum(-1, keepdims=True))
             return float(np.exp(-np.mean(logp[np.arange(len(ids) - 1), ids[1:]])))
+
         kv = [t for t in desc["parts"][0]["token"]["inputs"] if t["name"].startswith("past_key")][0]
-        return {"kv_dtype": kv["dtype"], "token_agreement": float(np.mean(agree)),
-                "logits_cosine_mean": float(np.mean(cos)), "logits_cosine_min": float(np.min(cos)),
-                "perplexity_ratio": ppl(got) / ppl(ref),
-                "genie_runner_agreement": v["metrics"]["genie_runner_agreement"]}
+        return {
+            "kv_dtype": kv["dtype"],
+            "token_agreement": float(np.mean(agree)),
+            "logits_cosine_mean": float(np.mean(cos)),
+            "logits_cosine_min": float(np.min(cos)),
+            "perplexity_ratio": ppl(got) / ppl(ref),
+            "genie_runner_agreement": v["metrics"]["genie_runner_agreement"],
+        }
 
 
 def traffic(build_dir: Path) -> dict:
@@ -121,8 +138,10 @@ def traffic(build_dir: Path) -> dict:
     from tasks.qnn import context_binary
     from tasks.llm.figures import layout_traffic
 
-    bins = {p.relative_to(build_dir).as_posix(): context_binary.read(p).figures()
-            for p in sorted(Path(build_dir).rglob("*.bin"))}
+    bins = {
+        p.relative_to(build_dir).as_posix(): context_binary.read(p).figures()
+        for p in sorted(Path(build_dir).rglob("*.bin"))
+    }
     out = {}
     for rt in ("genai", "genie"):
         t = layout_traffic(bins, rt)
@@ -135,9 +154,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--archs", nargs="+", default=list(ARCHS))
     ap.add_argument("--work", default=str(REPO / ".bench-kv"))
-    ap.add_argument("--traffic", nargs="+", metavar="BUILD_DIR",
-                    help="only print what each runtime layout of these built recipes moves per decode call and "
-                         "prefill window (read back from their binaries), as JSON")
+    ap.add_argument(
+        "--traffic",
+        nargs="+",
+        metavar="BUILD_DIR",
+        help="only print what each runtime layout of these built recipes moves per decode call and "
+        "prefill window (read back from their binaries), as JSON",
+    )
     a = ap.parse_args()
     if a.traffic:
         for d in a.traffic:
@@ -158,8 +181,10 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| tiny-{r['arch']} | {r['kv_dtype']} | {r['token_agreement']:.3f} | {r['logits_cosine_mean']:.5f} "
-              f"({r['logits_cosine_min']:.5f}) | {r['perplexity_ratio']:.4f} | {r['genie_runner_agreement']:.2f} |")
+        print(
+            f"| tiny-{r['arch']} | {r['kv_dtype']} | {r['token_agreement']:.3f} | {r['logits_cosine_mean']:.5f} "
+            f"({r['logits_cosine_min']:.5f}) | {r['perplexity_ratio']:.4f} | {r['genie_runner_agreement']:.2f} |"
+        )
 
 
 if __name__ == "__main__":

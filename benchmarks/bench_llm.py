@@ -51,17 +51,47 @@ from treerss import TreeSampler  # noqa: E402  (benchmarks/, the script's own fo
 
 # config.json of Qwen/Qwen2.5-0.5B-Instruct and Qwen/Qwen2.5-7B-Instruct (public, Hub)
 SHAPES = {
-    "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                         num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
-                         rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, shard_gb=0.5),
+    "qwen2.5-0.5b": dict(
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        max_position_embeddings=32768,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        shard_gb=0.5,
+    ),
     # issue 22's "random 0.86 B Qwen2" (its config was not kept): 28 layers of 1024 x 5632,
     # untied embedding and LM head of 151936 rows, 0.862 B parameters
-    "qwen2-0.86b": dict(hidden_size=1024, intermediate_size=5632, num_hidden_layers=28, num_attention_heads=16,
-                        num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
-                        rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False, shard_gb=1.0),
-    "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-                       num_key_value_heads=4, vocab_size=152064, max_position_embeddings=32768,
-                       rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False, shard_gb=4.0),
+    "qwen2-0.86b": dict(
+        hidden_size=1024,
+        intermediate_size=5632,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        max_position_embeddings=32768,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        shard_gb=1.0,
+    ),
+    "qwen2.5-7b": dict(
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        vocab_size=152064,
+        max_position_embeddings=32768,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        shard_gb=4.0,
+    ),
 }
 
 RECIPE_05B = """\
@@ -109,21 +139,40 @@ def make_checkpoint(out: Path, shape: str, seed: int = 0) -> dict:
 
     dims = dict(SHAPES[shape])
     shard_bytes = int(dims.pop("shard_gb") * 1e9)
-    cfg = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_act": "silu",
-           "torch_dtype": "bfloat16", "bos_token_id": 0, "eos_token_id": 0, "use_cache": True,
-           "attention_dropout": 0.0, "initializer_range": 0.02, "use_sliding_window": False,
-           "sliding_window": 131072, "max_window_layers": dims["num_hidden_layers"], **dims}
+    cfg = {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "hidden_act": "silu",
+        "torch_dtype": "bfloat16",
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+        "use_cache": True,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "use_sliding_window": False,
+        "sliding_window": 131072,
+        "max_window_layers": dims["num_hidden_layers"],
+        **dims,
+    }
     D, I, V = dims["hidden_size"], dims["intermediate_size"], dims["vocab_size"]
     kv = dims["num_key_value_heads"] * D // dims["num_attention_heads"]
     names = [("model.embed_tokens.weight", (V, D))]
     for l in range(dims["num_hidden_layers"]):
         p = f"model.layers.{l}."
-        names += [(p + "input_layernorm.weight", (D,)), (p + "self_attn.q_proj.weight", (D, D)),
-                  (p + "self_attn.q_proj.bias", (D,)), (p + "self_attn.k_proj.weight", (kv, D)),
-                  (p + "self_attn.k_proj.bias", (kv,)), (p + "self_attn.v_proj.weight", (kv, D)),
-                  (p + "self_attn.v_proj.bias", (kv,)), (p + "self_attn.o_proj.weight", (D, D)),
-                  (p + "post_attention_layernorm.weight", (D,)), (p + "mlp.gate_proj.weight", (I, D)),
-                  (p + "mlp.up_proj.weight", (I, D)), (p + "mlp.down_proj.weight", (D, I))]
+        names += [
+            (p + "input_layernorm.weight", (D,)),
+            (p + "self_attn.q_proj.weight", (D, D)),
+            (p + "self_attn.q_proj.bias", (D,)),
+            (p + "self_attn.k_proj.weight", (kv, D)),
+            (p + "self_attn.k_proj.bias", (kv,)),
+            (p + "self_attn.v_proj.weight", (kv, D)),
+            (p + "self_attn.v_proj.bias", (kv,)),
+            (p + "self_attn.o_proj.weight", (D, D)),
+            (p + "post_attention_layernorm.weight", (D,)),
+            (p + "mlp.gate_proj.weight", (I, D)),
+            (p + "mlp.up_proj.weight", (I, D)),
+            (p + "mlp.down_proj.weight", (D, I)),
+        ]
     names.append(("model.norm.weight", (D,)))
     if not dims["tie_word_embeddings"]:
         names.append(("lm_head.weight", (V, D)))
@@ -152,8 +201,9 @@ def make_checkpoint(out: Path, shape: str, seed: int = 0) -> dict:
         for name in sh:
             weight_map[name] = f"model-{k:05d}-of-{n:05d}.safetensors"
     total = sum(p.stat().st_size for p in out.glob("model-*.safetensors"))
-    (out / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+    (out / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1)
+    )
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
     AutoTokenizer.from_pretrained(tiny_model("qwen2")).save_pretrained(out)
     return cfg
@@ -172,8 +222,11 @@ def bench_05b(a) -> None:
     root = Path(a.keep or tempfile.mkdtemp(prefix="bench05b-"))
     print(f"project in {root}")
     _project(root)
-    more = "".join(f"\n  {k}: {v}" for k, v in (("block_size", a.block_size), ("embedding_bits", a.embedding_bits),
-                                                ("rounding", a.rounding)) if v is not None)
+    more = "".join(
+        f"\n  {k}: {v}"
+        for k, v in (("block_size", a.block_size), ("embedding_bits", a.embedding_bits), ("rounding", a.rounding))
+        if v is not None
+    )
     fmt = dict(context=a.context, parts=a.parts, calib=a.calib, precision=a.precision, quant_more=more)
     if a.extends:
         shutil.copyfile(REPO / "recipes" / f"{a.extends}.yaml", root / "recipes" / f"{a.extends}.yaml")
@@ -217,13 +270,14 @@ def _build_and_print(root: Path, a, recipe: str = "bench", task: str | None = No
         env["NPUBUILD_MEMORY_GB"] = str(a.memory_gb)
     print(f"memory budget: {a.memory_gb or 'none'} (NPUBUILD_MEMORY_GB)")
     t0 = time.perf_counter()
-    r = subprocess.Popen([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(root), target],
-                         env=env)
+    r = subprocess.Popen([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(root), target], env=env)
     sampler = TreeSampler(r.pid, 1.0)
     r.wait()
     sampler.stop()
-    print(f"doit {target} exited {r.returncode} after {time.perf_counter() - t0:.0f} s (this call); "
-          f"process tree peak {sampler.peak / 2**30:.2f} GiB (VmRSS summed over doit and its children, sampled 1/s)")
+    print(
+        f"doit {target} exited {r.returncode} after {time.perf_counter() - t0:.0f} s (this call); "
+        f"process tree peak {sampler.peak / 2**30:.2f} GiB (VmRSS summed over doit and its children, sampled 1/s)"
+    )
     if table:
         print_table(root, recipe, sampler)
 
@@ -235,15 +289,26 @@ def _print_bins(folder: Path) -> None:
 
 def _project(root: Path) -> None:
     (root / "recipes").mkdir(parents=True, exist_ok=True)
-    for rel in ("tasks/llm/data/tiny-corpus.txt", "recipes/data/prompts-tiny.txt", "recipes/data/ppl-tiny.txt",
-                "recipes/data/calib-chat.jsonl", "recipes/qwen7b-int4.yaml"):
+    for rel in (
+        "tasks/llm/data/tiny-corpus.txt",
+        "recipes/data/prompts-tiny.txt",
+        "recipes/data/ppl-tiny.txt",
+        "recipes/data/calib-chat.jsonl",
+        "recipes/qwen7b-int4.yaml",
+    ):
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(REPO / rel, root / rel)
 
 
 def _env(root: Path) -> dict:
-    return dict(NPUBUILD_ROOT=str(root), NPUBUILD_CACHE=str(root / "cache"), NPUBUILD_BUILD=str(root / "build"),
-                NPUBUILD_HOME=str(root / ".npubuild"), NPUBUILD_RECIPES=str(root / "recipes"), HF_HUB_OFFLINE="1")
+    return dict(
+        NPUBUILD_ROOT=str(root),
+        NPUBUILD_CACHE=str(root / "cache"),
+        NPUBUILD_BUILD=str(root / "build"),
+        NPUBUILD_HOME=str(root / ".npubuild"),
+        NPUBUILD_RECIPES=str(root / "recipes"),
+        HF_HUB_OFFLINE="1",
+    )
 
 
 def bench_7b(a) -> None:
@@ -257,8 +322,10 @@ def bench_7b(a) -> None:
     if not (root / "model" / "model.safetensors.index.json").exists():
         t0 = time.perf_counter()
         subprocess.run([sys.executable, __file__, "--make", str(root / "model"), "--shape", a.shape], check=True)
-        print(f"random {a.shape} checkpoint made in {time.perf_counter() - t0:.0f} s "
-              f"({sum(p.stat().st_size for p in (root / 'model').glob('*.safetensors')) / 1e9:.1f} GB)")
+        print(
+            f"random {a.shape} checkpoint made in {time.perf_counter() - t0:.0f} s "
+            f"({sum(p.stat().st_size for p in (root / 'model').glob('*.safetensors')) / 1e9:.1f} GB)"
+        )
     # the download stage first, then the checkpoint's files become links to its entry's (also
     # before ``--task bundle:bench``: compile and bundle, without verify)
     _build_and_print(root, a, task="download:bench", table=False)
@@ -299,8 +366,10 @@ def print_table(root: Path, recipe: str, sampler: TreeSampler | None = None) -> 
     (``info["memory"]``: :func:`tasks.proc.budget.manifest_memory`; "-" for an entry built
     before manifests held them)."""
     st = json.loads((root / "build" / recipe / "stages.json").read_text())
-    print("\n| stage | part | wall s | stage GiB | child GiB | tree GiB (sum) | tree GiB (sampled) "
-          "| tree GiB (manifest) | estimate GiB |\n|---|---|---|---|---|---|---|---|---|")
+    print(
+        "\n| stage | part | wall s | stage GiB | child GiB | tree GiB (sum) | tree GiB (sampled) "
+        "| tree GiB (manifest) | estimate GiB |\n|---|---|---|---|---|---|---|---|---|"
+    )
     total = 0.0
     for name, row in st.items():
         mf = Path(row["entry"]) / "manifest.json"
@@ -311,12 +380,19 @@ def print_table(root: Path, recipe: str, sampler: TreeSampler | None = None) -> 
         info, secs = m.get("info", {}), m.get("timings", {}).get("build_seconds", 0.0)
         total += secs
         rows = info.get("parts") if isinstance(info.get("parts"), list) else []  # the bundle's is a count
-        kids = [v for prow in rows if isinstance(prow, dict)
-                for k, v in prow.items() if k.endswith("peak_rss") and k != "calibrate_peak_rss" and isinstance(v, int)]
+        kids = [
+            v
+            for prow in rows
+            if isinstance(prow, dict)
+            for k, v in prow.items()
+            if k.endswith("peak_rss") and k != "calibrate_peak_rss" and isinstance(v, int)
+        ]
         stage, _, part = name.partition(".part")
         # export and calibrate measure their own part too (from the part's start): the larger
-        own = max([info.get("stage_peak_rss") or 0, info.get("peak_rss") or 0]
-                  + ([] if stage in ("quantize", "compile") else kids))
+        own = max(
+            [info.get("stage_peak_rss") or 0, info.get("peak_rss") or 0]
+            + ([] if stage in ("quantize", "compile") else kids)
+        )
         child = max(kids, default=0) if stage in ("quantize", "compile") else 0  # the others run in-process
         t = m.get("timings", {})
         seen = sampler.peak_between(t["finished"] - secs, t["finished"]) if sampler and "finished" in t else None
@@ -324,9 +400,12 @@ def print_table(root: Path, recipe: str, sampler: TreeSampler | None = None) -> 
 
         def gib(b):
             return "-" if b is None else f"{b / 2**30:.2f}"
-        print(f"| {stage} | {part or '-'} | {secs:.0f} | {own / 2**30:.2f} | {child / 2**30:.2f} | "
-              f"{(own + child) / 2**30:.2f} | {'-' if seen is None else f'{seen / 2**30:.2f}'} "
-              f"| {gib(mem.get('peak'))} | {gib(mem.get('estimate'))} |")
+
+        print(
+            f"| {stage} | {part or '-'} | {secs:.0f} | {own / 2**30:.2f} | {child / 2**30:.2f} | "
+            f"{(own + child) / 2**30:.2f} | {'-' if seen is None else f'{seen / 2**30:.2f}'} "
+            f"| {gib(mem.get('peak'))} | {gib(mem.get('estimate'))} |"
+        )
     print(f"stages' build time summed: {total:.0f} s ({total / 60:.1f} min)")
     v = next((Path(r["entry"]) for n, r in st.items() if n.startswith("verify")), None)
     if v is not None and (v / "out" / "verify.json").exists():
@@ -345,16 +424,27 @@ def main() -> None:
     ap.add_argument("--block-size", type=int, help="0.5b shape: quantize.block_size (LPBQ, w4a16)")
     ap.add_argument("--embedding-bits", type=int, help="0.5b shape: quantize.embedding_bits")
     ap.add_argument("--rounding", choices=("nearest", "gptq"), help="0.5b shape: quantize.rounding (w4a16)")
-    ap.add_argument("--extends", help="0.5b / 0.86b shape: a repo recipe whose settings the shape takes (its compile, "
-                                      "bundle and verify, e.g. tiny-qwen2-w8a16: htp verify with onnxruntime-genai)")
+    ap.add_argument(
+        "--extends",
+        help="0.5b / 0.86b shape: a repo recipe whose settings the shape takes (its compile, "
+        "bundle and verify, e.g. tiny-qwen2-w8a16: htp verify with onnxruntime-genai)",
+    )
     ap.add_argument("--genie", action="store_true", help="with --extends: bundle.runtimes [genai, genie]")
     ap.add_argument("--memory-gb", type=float, help="NPUBUILD_MEMORY_GB for the build (the memory budget)")
-    ap.add_argument("--keep", help="project folder to use and keep (7b shape: reuses a made checkpoint and the "
-                                   "build cache, so a second call resumes; 0.5b: the doit project)")
-    ap.add_argument("--recipe", help="a repo recipe to build instead (a shape build: llama3.2-1b-shape, ...); "
-                                     "--keep, --memory-gb apply")
-    ap.add_argument("--task", help="with --recipe: one doit task of it instead of build:<recipe> (what it needs is "
-                                   "built too), e.g. compile.part0:llama3.1-8b-shape")
+    ap.add_argument(
+        "--keep",
+        help="project folder to use and keep (7b shape: reuses a made checkpoint and the "
+        "build cache, so a second call resumes; 0.5b: the doit project)",
+    )
+    ap.add_argument(
+        "--recipe",
+        help="a repo recipe to build instead (a shape build: llama3.2-1b-shape, ...); --keep, --memory-gb apply",
+    )
+    ap.add_argument(
+        "--task",
+        help="with --recipe: one doit task of it instead of build:<recipe> (what it needs is "
+        "built too), e.g. compile.part0:llama3.1-8b-shape",
+    )
     ap.add_argument("--make", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.make:

@@ -85,14 +85,14 @@ def npubuild_calib(data_file, model_path, samples, max_length):
     return [({k: v[0] for k, v in e.items()}, 0) for e in encs]
 '''
 
-LAUNCHER = '''
+LAUNCHER = """
 import sys
 import olive.systems.local as local
 _eps = local.LocalSystem.get_supported_execution_providers
 local.LocalSystem.get_supported_execution_providers = lambda self: [*_eps(self), "QNNExecutionProvider"]
 from olive.workflows import run
 run(sys.argv[1])
-'''
+"""
 
 
 def olive_python(venv: Path) -> Path | None:
@@ -110,11 +110,19 @@ def olive_python(venv: Path) -> Path | None:
     try:
         if not py.exists():
             subprocess.run(["python3.11", "-m", "venv", str(venv)], check=True, capture_output=True, text=True)
-        site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                              check=True, capture_output=True, text=True).stdout.strip()
+        site = subprocess.run(
+            [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
         Path(site, "npubuild-base.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-        subprocess.run([str(venv / "bin" / "pip"), "install", "-q", f"olive-ai=={OLIVE}", "-c",
-                        str(REPO / "constraints.txt")], check=True, capture_output=True, text=True)
+        subprocess.run(
+            [str(venv / "bin" / "pip"), "install", "-q", f"olive-ai=={OLIVE}", "-c", str(REPO / "constraints.txt")],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
     except (OSError, subprocess.CalledProcessError) as e:
         why = (getattr(e, "stderr", "") or getattr(e, "stdout", "") or str(e)).strip().splitlines() or [str(e)]
         print(f"skipping the Olive comparison: could not install olive-ai {OLIVE} in {venv}: {why[-1][:300]}")
@@ -137,32 +145,71 @@ def olive_config(tmp: Path, recipe: dict) -> dict:
     names, shape = ["input_ids", "attention_mask", "token_type_ids"], [ex["batch_size"], ex["sequence_length"]]
     assert q["precision"] == "w8a16"
     return {
-        "input_model": {"type": "HfModel", "model_path": model, "task": ex["task"],
-                        "load_kwargs": {"local_files_only": True, "add_pooling_layer": False},
-                        "io_config": {"input_names": names, "input_shapes": [shape] * 3, "input_types": ["int64"] * 3,
-                                      "output_names": ["last_hidden_state"]}},
-        "systems": {"local": {"type": "LocalSystem",
-                              "accelerators": [{"device": "npu", "execution_providers": ["QNNExecutionProvider"]}]}},
-        "data_configs": [{"name": "calib", "user_script": str(tmp / "user_script.py"),
-                          "load_dataset_config": {"type": "npubuild_calib", "data_file": str(REPO / cal["file"]),
-                                                  "model_path": model, "samples": cal["samples"],
-                                                  "max_length": cal["max_length"]},
-                          "dataloader_config": {"batch_size": 1}}],
+        "input_model": {
+            "type": "HfModel",
+            "model_path": model,
+            "task": ex["task"],
+            "load_kwargs": {"local_files_only": True, "add_pooling_layer": False},
+            "io_config": {
+                "input_names": names,
+                "input_shapes": [shape] * 3,
+                "input_types": ["int64"] * 3,
+                "output_names": ["last_hidden_state"],
+            },
+        },
+        "systems": {
+            "local": {
+                "type": "LocalSystem",
+                "accelerators": [{"device": "npu", "execution_providers": ["QNNExecutionProvider"]}],
+            }
+        },
+        "data_configs": [
+            {
+                "name": "calib",
+                "user_script": str(tmp / "user_script.py"),
+                "load_dataset_config": {
+                    "type": "npubuild_calib",
+                    "data_file": str(REPO / cal["file"]),
+                    "model_path": model,
+                    "samples": cal["samples"],
+                    "max_length": cal["max_length"],
+                },
+                "dataloader_config": {"batch_size": 1},
+            }
+        ],
         "passes": {
             "conversion": {"type": "OnnxConversion", "target_opset": 17, "dynamic": False},
             "qnn_preprocess": {"type": "QNNPreprocess"},  # before the surgery: onnxruntime 1.32's
             # qnn_preprocess_model fails on the olive_version metadata GraphSurgeries adds
-            "mask_range": {"type": "GraphSurgeries",
-                           "surgeries": [{"surgeon": "ReplaceAttentionMaskValue", "replacement": fill}]},
-            "quantize": {"type": "OnnxStaticQuantization", "data_config": "calib", "quant_preprocess": False,
-                         "calibrate_method": "MinMax", "activation_type": "uint16", "precision": "uint8",
-                         "per_channel": bool(q.get("per_channel", True))},
-            "compile": {"type": "EPContextBinaryGenerator", "disable_cpu_fallback": True,
-                        "provider_options": {"soc_model": str(t.soc_model), "htp_arch": str(t.htp_arch),
-                                             "offload_graph_io_quantization": "0"}},
+            "mask_range": {
+                "type": "GraphSurgeries",
+                "surgeries": [{"surgeon": "ReplaceAttentionMaskValue", "replacement": fill}],
+            },
+            "quantize": {
+                "type": "OnnxStaticQuantization",
+                "data_config": "calib",
+                "quant_preprocess": False,
+                "calibrate_method": "MinMax",
+                "activation_type": "uint16",
+                "precision": "uint8",
+                "per_channel": bool(q.get("per_channel", True)),
+            },
+            "compile": {
+                "type": "EPContextBinaryGenerator",
+                "disable_cpu_fallback": True,
+                "provider_options": {
+                    "soc_model": str(t.soc_model),
+                    "htp_arch": str(t.htp_arch),
+                    "offload_graph_io_quantization": "0",
+                },
+            },
         },
-        "host": "local", "target": "local", "evaluate_input_model": False, "log_severity_level": 1,
-        "cache_dir": str(tmp / "olive-cache"), "output_dir": str(tmp / "olive-out"),
+        "host": "local",
+        "target": "local",
+        "evaluate_input_model": False,
+        "log_severity_level": 1,
+        "cache_dir": str(tmp / "olive-cache"),
+        "output_dir": str(tmp / "olive-out"),
     }
 
 
@@ -189,12 +236,20 @@ def run_npubuild(tmp: Path) -> dict:
     (proj / "recipes" / f"{RECIPE}.yaml").write_bytes((REPO / "recipes" / f"{RECIPE}.yaml").read_bytes())
     for f in (recipe["quantize"]["calibration"]["file"], recipe["verify"]["data"]["file"]):
         (proj / f).write_bytes((REPO / f).read_bytes())
-    env = dict(os.environ, NPUBUILD_ROOT=str(proj), NPUBUILD_CACHE=str(proj / "cache"),
-               NPUBUILD_BUILD=str(proj / "build"), NPUBUILD_HOME=str(proj / ".npubuild"),
-               NPUBUILD_DIST=str(proj / "dist"), NPUBUILD_CATALOG=str(proj / "catalog"), HF_HUB_OFFLINE="1")
+    env = dict(
+        os.environ,
+        NPUBUILD_ROOT=str(proj),
+        NPUBUILD_CACHE=str(proj / "cache"),
+        NPUBUILD_BUILD=str(proj / "build"),
+        NPUBUILD_HOME=str(proj / ".npubuild"),
+        NPUBUILD_DIST=str(proj / "dist"),
+        NPUBUILD_CATALOG=str(proj / "catalog"),
+        HF_HUB_OFFLINE="1",
+    )
     log = tmp / "npubuild.log"
-    secs, rc, peak = timed([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(proj),
-                            f"compile:{RECIPE}"], log, env=env)
+    secs, rc, peak = timed(
+        [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(proj), f"compile:{RECIPE}"], log, env=env
+    )
     text = log.read_text(errors="replace")
     stages = dict(re.findall(rf"^(\w+):{RECIPE}\s+\w+\s+built\s+([\d.]+)s", text, re.M))
     bins = list((proj / "cache" / "compile").glob("*/out/model_ctx_qnn.bin"))
@@ -221,18 +276,25 @@ def run_olive(py: Path, tmp: Path) -> dict:
     out = tmp / "olive-out" / "model.onnx"
     ops = {n.op_type for n in onnx.load(str(out), load_external_data=False).graph.node} if out.exists() else set()
     if rc or len(ctx) != 1 or len(bins) != 1 or ops != {"EPContext"}:
-        raise SystemExit(f"Olive run failed or gave no context binary (exit {rc}, {ctx}, {bins}, ops {ops}):\n"
-                         f"{tail(log)}")
+        raise SystemExit(
+            f"Olive run failed or gave no context binary (exit {rc}, {ctx}, {bins}, ops {ops}):\n{tail(log)}"
+        )
     return {"secs": secs, "peak": peak, "bin": bins[0].stat().st_size, "stages": passes}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5, help="pairs (npubuild, Olive), run in turn")
-    ap.add_argument("--olive-venv", default="/work/.olivevenv",
-                    help="Olive's own venv, made when missing (default: %(default)s; give a writable folder)")
-    ap.add_argument("--one", choices=("npubuild", "olive"),
-                    help="run one side once in a temp folder and print its figures (what a paired timer times)")
+    ap.add_argument(
+        "--olive-venv",
+        default="/work/.olivevenv",
+        help="Olive's own venv, made when missing (default: %(default)s; give a writable folder)",
+    )
+    ap.add_argument(
+        "--one",
+        choices=("npubuild", "olive"),
+        help="run one side once in a temp folder and print its figures (what a paired timer times)",
+    )
     a = ap.parse_args()
     if a.one == "npubuild":
         with tempfile.TemporaryDirectory(prefix="bench-olive-npubuild-") as tmp:
@@ -248,10 +310,13 @@ def main() -> None:
     py = olive_python(Path(a.olive_venv))
     if py is None:
         return
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    print(f"{RECIPE} from an empty cache through compile: npubuild {commit or '?'} vs olive-ai {OLIVE} ({py}); "
-          f"{a.runs} pairs in turn; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at start")
+    commit = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    print(
+        f"{RECIPE} from an empty cache through compile: npubuild {commit or '?'} vs olive-ai {OLIVE} ({py}); "
+        f"{a.runs} pairs in turn; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at start"
+    )
     ours, theirs = [], []
     for i in range(a.runs):
         for side, results in (("npubuild", ours), ("olive", theirs)):
@@ -264,17 +329,27 @@ def main() -> None:
             f" | npubuild / Olive {n['secs'] / o['secs']:.3f}   (load {os.getloadavg()[0]:.2f})",
             flush=True,
         )
-    print("last pair, per stage (s): npubuild " + ", ".join(f"{k} {v}" for k, v in ours[-1]["stages"].items())
-          + "; Olive passes " + ", ".join(f"{k} {float(v):.1f}" for k, v in theirs[-1]["stages"].items()))
+    print(
+        "last pair, per stage (s): npubuild "
+        + ", ".join(f"{k} {v}" for k, v in ours[-1]["stages"].items())
+        + "; Olive passes "
+        + ", ".join(f"{k} {float(v):.1f}" for k, v in theirs[-1]["stages"].items())
+    )
     ts, to = [r["secs"] for r in ours], [r["secs"] for r in theirs]
     ratios = [x / y for x, y in zip(ts, to)]
     r = statistics.median(ratios)
-    print(f"npubuild: median {statistics.median(ts):.1f} s (min {min(ts):.1f}, max {max(ts):.1f}), peak RSS median "
-          f"{statistics.median(x['peak'] for x in ours) / 2**30:.2f} GiB")
-    print(f"Olive:    median {statistics.median(to):.1f} s (min {min(to):.1f}, max {max(to):.1f}), peak RSS median "
-          f"{statistics.median(x['peak'] for x in theirs) / 2**30:.2f} GiB")
-    print(f"npubuild / Olive per pair: median {r:.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}); "
-          f"issue 11's bar: at most {BAR}: {'met' if r <= BAR else 'not met'}")
+    print(
+        f"npubuild: median {statistics.median(ts):.1f} s (min {min(ts):.1f}, max {max(ts):.1f}), peak RSS median "
+        f"{statistics.median(x['peak'] for x in ours) / 2**30:.2f} GiB"
+    )
+    print(
+        f"Olive:    median {statistics.median(to):.1f} s (min {min(to):.1f}, max {max(to):.1f}), peak RSS median "
+        f"{statistics.median(x['peak'] for x in theirs) / 2**30:.2f} GiB"
+    )
+    print(
+        f"npubuild / Olive per pair: median {r:.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}); "
+        f"issue 11's bar: at most {BAR}: {'met' if r <= BAR else 'not met'}"
+    )
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("project")
@@ -40,8 +39,9 @@ def main() -> None:
         entry = root / "cache" / "verify" / st["verify"]["key"]
     man = json.loads((entry / "manifest.json").read_text())
     inputs = {n: root / "cache" / i["kind"] / i["key"] / "out" for n, i in man["inputs"].items()}
-    files = {r: str(root / f["path"]) if not Path(f["path"]).is_absolute() else f["path"]
-             for r, f in man["files"].items()}
+    files = {
+        r: str(root / f["path"]) if not Path(f["path"]).is_absolute() else f["path"] for r, f in man["files"].items()
+    }
     from tasks.llm import verify
     from tasks.proc.rss import peak_rss
 
@@ -49,12 +49,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as out:
         info = verify.run(inputs, files, man["params"], Path(out))
         rep = json.loads((Path(out) / "verify.json").read_text())
-    print(f"verify of {a.recipe} on {entry.name}'s inputs: {time.perf_counter() - t0:.0f} s wall; "
-          f"sides {info.get('seconds')} s; sessions {info.get('part_loads')}; resident {info.get('parts_resident')}; "
-          f"peak RSS {peak_rss() / 2**30:.2f} GiB")
+    print(
+        f"verify of {a.recipe} on {entry.name}'s inputs: {time.perf_counter() - t0:.0f} s wall; "
+        f"sides {info.get('seconds')} s; sessions {info.get('part_loads')}; resident {info.get('parts_resident')}; "
+        f"peak RSS {peak_rss() / 2**30:.2f} GiB"
+    )
     print("metrics", json.dumps(rep["metrics"]))
-    print("before (the entry's):", json.dumps({k: man["info"].get(k) for k in ("part_loads", "parts_resident")}),
-          f"{man.get('timings', {}).get('build_seconds', 0):.0f} s")
+    print(
+        "before (the entry's):",
+        json.dumps({k: man["info"].get(k) for k in ("part_loads", "parts_resident")}),
+        f"{man.get('timings', {}).get('build_seconds', 0):.0f} s",
+    )
 
 
 if __name__ == "__main__":

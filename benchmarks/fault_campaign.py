@@ -95,8 +95,15 @@ def _rm(path: Path) -> None:
 
 def _sha(root: Path) -> dict[str, str]:
     """{relative path: sha256} of every file under ``root``."""
-    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()} if root.is_dir() else {}
+    return (
+        {
+            p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*"))
+            if p.is_file()
+        }
+        if root.is_dir()
+        else {}
+    )
 
 
 def racy_pair(a: Path, b: Path) -> bool:
@@ -109,8 +116,10 @@ def racy_pair(a: Path, b: Path) -> bool:
     if idx is None or not len(idx):
         return False
     for lo in np.unique(idx // 128) * 128:
-        if (idx[(idx >= lo) & (idx < lo + 128)] - lo).tolist() != list(range(2, 128)) or \
-                {x[lo + 2:lo + 128].tobytes(), y[lo + 2:lo + 128].tobytes()} != {b"\0" * 126, b"\xff" * 126}:
+        if (idx[(idx >= lo) & (idx < lo + 128)] - lo).tolist() != list(range(2, 128)) or {
+            x[lo + 2 : lo + 128].tobytes(),
+            y[lo + 2 : lo + 128].tobytes(),
+        } != {b"\0" * 126, b"\xff" * 126}:
             return False
     return True
 
@@ -156,9 +165,14 @@ class Campaign:
             self.p.recipe(n, precision=n.split("-", 1)[1])
         self.systmp = work / "tmpdir"
         self.systmp.mkdir(parents=True)
-        self.env = dict(self.p.env, PYTHONUNBUFFERED="1", TMPDIR=str(self.systmp), TEMP=str(self.systmp),
-                        TMP=str(self.systmp),
-                        PYTHONPATH=os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
+        self.env = dict(
+            self.p.env,
+            PYTHONUNBUFFERED="1",
+            TMPDIR=str(self.systmp),
+            TEMP=str(self.systmp),
+            TMP=str(self.systmp),
+            PYTHONPATH=os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        )
         self.snapshot = work / "after-kill"
         self.n_logs = 0
 
@@ -200,15 +214,25 @@ class Campaign:
 
     def entries(self) -> set[tuple[str, str]]:
         c = self.root / "cache"
-        return {(k.name, e.name) for k in c.iterdir() if k.is_dir() and not k.name.startswith(".")
-                for e in k.iterdir() if e.is_dir()} if c.is_dir() else set()
+        return (
+            {
+                (k.name, e.name)
+                for k in c.iterdir()
+                if k.is_dir() and not k.name.startswith(".")
+                for e in k.iterdir()
+                if e.is_dir()
+            }
+            if c.is_dir()
+            else set()
+        )
 
     def damaged(self, entries) -> list[str]:
         from tasks.store.entries import Cache
 
         c = Cache(self.root / "cache")
-        return [f"{k}/{key}: {'; '.join(probs)}" for k, key in sorted(entries)
-                if (probs := c.problems(k, key, full=True))]
+        return [
+            f"{k}/{key}: {'; '.join(probs)}" for k, key in sorted(entries) if (probs := c.problems(k, key, full=True))
+        ]
 
     def reset(self, how: str) -> None:
         for d in {"empty": ("cache",), "no-build": ("build",)}.get(how, STATE):
@@ -268,8 +292,10 @@ class Campaign:
             )
         )
         if len(self.seconds) != len(self.ref_entries) or left:
-            raise SystemExit(f"the reference build is not a clean build (built lines {len(self.seconds)}, "
-                             f"entries {len(self.ref_entries)}, left {left}):\n{out}")
+            raise SystemExit(
+                f"the reference build is not a clean build (built lines {len(self.seconds)}, "
+                f"entries {len(self.ref_entries)}, left {left}):\n{out}"
+            )
 
     def phase(self, pid: int, out: str) -> str:
         live = [n.split("-") for n in _listing(self.root / "cache" / ".tmp") if f"-{pid}-" in n]
@@ -313,17 +339,38 @@ class Campaign:
                     if (self.root / "cache" / kind / key / name).is_file():
                         (keep / "cache" / kind / key).mkdir(parents=True, exist_ok=True)
                         shutil.copy2(self.root / "cache" / kind / key / name, keep / "cache" / kind / key / name)
-            bad += ([f"build/ differs from the reference ({keep}, {self.work / 'reference-build'}): "
-                     f"{', '.join(differ[:6])}"] if differ else []) + \
-                ([f"entries not the reference's: {', '.join(wrong_entries[:6])}"] if wrong_entries else []) + \
-                ([f"damaged: {'; '.join(dmg[:3])}"] if dmg else [])
-        racy = [r for r in differ if r.endswith("_qnn.bin") and r in files and r in self.ref_files
-                and racy_pair(self.root / "build" / r, self.work / "reference-build" / r)]
-        racy = bool(racy) and not dmg and all(r in racy or r.rsplit("/", 1)[-1] in ("artifacts.json", "stages.json")
-                                              for r in differ) and all(e.startswith("verify/") for e in wrong_entries)
+            bad += (
+                (
+                    [
+                        f"build/ differs from the reference ({keep}, {self.work / 'reference-build'}): "
+                        f"{', '.join(differ[:6])}"
+                    ]
+                    if differ
+                    else []
+                )
+                + ([f"entries not the reference's: {', '.join(wrong_entries[:6])}"] if wrong_entries else [])
+                + ([f"damaged: {'; '.join(dmg[:3])}"] if dmg else [])
+            )
+        racy = [
+            r
+            for r in differ
+            if r.endswith("_qnn.bin")
+            and r in files
+            and r in self.ref_files
+            and racy_pair(self.root / "build" / r, self.work / "reference-build" / r)
+        ]
+        racy = (
+            bool(racy)
+            and not dmg
+            and all(r in racy or r.rsplit("/", 1)[-1] in ("artifacts.json", "stages.json") for r in differ)
+            and all(e.startswith("verify/") for e in wrong_entries)
+        )
         if racy:
-            bad.insert(0, "the QNN SDK's racy padding variant of a context binary (tasks/qnn/ep.py compile_settled "
-                          "kept it), and only what follows from it")
+            bad.insert(
+                0,
+                "the QNN SDK's racy padding variant of a context binary (tasks/qnn/ep.py compile_settled "
+                "kept it), and only what follows from it",
+            )
         left = self.leftovers()
         if left:
             bad.append(f"left behind: {', '.join(left[:6])}")
@@ -355,8 +402,9 @@ class Campaign:
                     f"before its kill time {at:.1f} s: drawn again"
                 )
                 if code != 0:
-                    counts.failures.append(f"kill {i}: the build to be killed failed on its own ({code}):\n"
-                                           f"{log.read_text()[-3000:]}")
+                    counts.failures.append(
+                        f"kill {i}: the build to be killed failed on its own ({code}):\n{log.read_text()[-3000:]}"
+                    )
                 if counts.redrawn > 3 * max(counts.kills + 1, 5):
                     raise SystemExit("builds keep finishing before their kill time")
                 continue
@@ -384,16 +432,19 @@ class Campaign:
         counts.racy_variant += racy
         if not racy and (set(built) != expected or any(n > 1 for n in built.values())):  # racy: other verify keys
             counts.wrong_rebuilds += 1
-            bad.append(f"rebuilt {sorted(self.stage_of.get(k, k) for k in built)}, "
-                       f"expected {sorted(self.stage_of[k] for k in expected)}")
+            bad.append(
+                f"rebuilt {sorted(self.stage_of.get(k, k) for k in built)}, "
+                f"expected {sorted(self.stage_of[k] for k in expected)}"
+            )
         if dmg:
             bad.append(f"damaged right after the kill: {'; '.join(dmg[:3])}")
         counts.leftovers += len(left)
         if not bad:
             counts.rebuilt_correctly += 1
         else:
-            counts.failures.append(f"{label.strip()} ({how}, during {where}): " + "; ".join(bad)
-                                   + f"\n  log: {self.work / 'logs'}")
+            counts.failures.append(
+                f"{label.strip()} ({how}, during {where}): " + "; ".join(bad) + f"\n  log: {self.work / 'logs'}"
+            )
         self.say(
             f"{label}  start {how:<10}  {said}"
             f"during {where:<15}  entries left {len(left_by_kill)}/{len(self.ref_entries)}  "
@@ -425,8 +476,10 @@ class Campaign:
         for sc, i, how in points:
             self.reset(how)
             trace = self.work / f"strace-{sc}-{i}.txt"
-            p, _ = self.start(targets, [strace, "-f", "-qq", "-o", str(trace), "-e", f"trace={sc}",
-                                        "-e", f"inject={sc}:signal=KILL:when={i}"])
+            p, _ = self.start(
+                targets,
+                [strace, "-f", "-qq", "-o", str(trace), "-e", f"trace={sc}", "-e", f"inject={sc}:signal=KILL:when={i}"],
+            )
             code = p.wait(timeout=1800)
             try:
                 os.killpg(p.pid, signal.SIGKILL)  # anything the build had started
@@ -434,8 +487,11 @@ class Campaign:
                 pass
             text = trace.read_text()
             calls = [ln for ln in text.splitlines() if f" {sc}(" in ln]  # the killed one is the last
-            if "+++ killed by SIGKILL +++" not in text or not calls or \
-                    not calls[-1].rstrip().endswith(("= ?", "<unfinished ...>")):
+            if (
+                "+++ killed by SIGKILL +++" not in text
+                or not calls
+                or not calls[-1].rstrip().endswith(("= ?", "<unfinished ...>"))
+            ):
                 if code == 0:  # this build made fewer such calls (e.g. no second compile of a graph)
                     counts.redrawn += 1
                     self.say(f"{sc} #{i:2d}  start {how:<10}  the build made only {len(calls)} such calls: skipped")
@@ -489,12 +545,22 @@ class Campaign:
             )
         if bad:
             counts.failures.append(f"{n} concurrent builds: " + "; ".join(bad) + f"\n  log: {self.work / 'logs'}")
-        self.say(f"{n} concurrent builds on an empty cache: {wall:.1f} s, exit codes {codes}, stages built per process "
-                 f"{per_proc}: " + ("ok" if not bad else "FAILED: " + "; ".join(bad)))
+        self.say(
+            f"{n} concurrent builds on an empty cache: {wall:.1f} s, exit codes {codes}, stages built per process "
+            f"{per_proc}: " + ("ok" if not bad else "FAILED: " + "; ".join(bad))
+        )
 
 
-def campaign(work: Path, model: Path, kills: int = 20, concurrent: int = 4, seed: int = 0, recipes: int = 2,
-             syscall_points: list[tuple[str, int, str]] | None | bool = False, say=print) -> tuple[Counts, Counts]:
+def campaign(
+    work: Path,
+    model: Path,
+    kills: int = 20,
+    concurrent: int = 4,
+    seed: int = 0,
+    recipes: int = 2,
+    syscall_points: list[tuple[str, int, str]] | None | bool = False,
+    say=print,
+) -> tuple[Counts, Counts]:
     """Run the whole campaign in ``work`` (an empty folder) with the tiny BERT at ``model``.
     ``syscall_points``: False (none), None (every rename and link of a build) or a list of
     (syscall, i, start state). Returns the counts of the random kills and concurrent builds, and of the
@@ -524,8 +590,14 @@ def edit_rounds(work: Path, model: Path, rounds: int, seed: int = 0, say=print) 
 
     rng = random.Random(seed)
     texts = {"A": None, "B": None}
-    out = {"rounds": 0, "right": 0, "failed_naming_the_file": 0, "wrong_outputs": 0, "link_out_refused": 0,
-           "failures": []}
+    out = {
+        "rounds": 0,
+        "right": 0,
+        "failed_naming_the_file": 0,
+        "wrong_outputs": 0,
+        "link_out_refused": 0,
+        "failures": [],
+    }
 
     def project(name: str) -> Project:
         p = Project(work / name, model)
@@ -566,8 +638,11 @@ def edit_rounds(work: Path, model: Path, rounds: int, seed: int = 0, say=print) 
                 wrong.append(f"quantize/{key}: hashed {content}, output {m['output_digest'][:12]}")
         second = p.doit("run", "build:r", check=False)
         got = _sha(p.root / "build")
-        differ = sorted(k for k in set(got) | set(refs["B-build"]) if got.get(k) != refs["B-build"].get(k)
-                        and k.rsplit("/", 1)[-1] != "stages.json")  # stages.json names this project's cache
+        differ = sorted(
+            k
+            for k in set(got) | set(refs["B-build"])
+            if got.get(k) != refs["B-build"].get(k) and k.rsplit("/", 1)[-1] != "stages.json"
+        )  # stages.json names this project's cache
         if second.code != 0 or differ:
             wrong.append(f"the build after the edit differs from a clean build of B (exit {second.code}): {differ}")
         if proc.returncode != 0 and not named:
@@ -590,8 +665,12 @@ def edit_rounds(work: Path, model: Path, rounds: int, seed: int = 0, say=print) 
     f.unlink()
     f.symlink_to(secret)
     r = p.doit("run", "build:r", "publish:r", check=False)
-    ok = r.code != 0 and "link out: vocab.txt -> " in r.output and not (p.cache / "download").exists() \
+    ok = (
+        r.code != 0
+        and "link out: vocab.txt -> " in r.output
+        and not (p.cache / "download").exists()
         and not (p.root / "dist").exists()
+    )
     out["link_out_refused"] = int(ok)
     if not ok:
         out["failures"].append(f"a link out of the source folder was not refused: {r.output[-300:]}")
@@ -604,8 +683,12 @@ def summary(counts: Counts, kills: int, what: str = "SIGKILLs at random times") 
         (what, counts.kills),
         ("  start state", ", ".join(f"{k} {v}" for k, v in sorted(counts.starts.items()))),
         ("  killed during", ", ".join(f"{k} {v}" for k, v in counts.killed_at.most_common())),
-        ("  builds done before their kill time (redrawn)" if what.endswith("times") else
-         "  calls a build did not reach (skipped)", counts.redrawn),
+        (
+            "  builds done before their kill time (redrawn)"
+            if what.endswith("times")
+            else "  calls a build did not reach (skipped)",
+            counts.redrawn,
+        ),
         ("rebuilt correctly", f"{counts.rebuilt_correctly} / {kills}"),
         ("leftovers after the rebuilds", counts.leftovers),
         ("wrong outputs (build/ or entries)", counts.wrong_outputs),
@@ -620,8 +703,14 @@ def summary(counts: Counts, kills: int, what: str = "SIGKILLs at random times") 
             ("keys built exactly once", f"{counts.keys_built_once} / {counts.keys}"),
             ("keys built more than once", counts.keys_built_more_than_once),
             ("keys never built", counts.keys_never_built),
-            ("build/ and entries equal to the reference", "yes" if counts.concurrent_build_equal else
-             "NO (the racy padding variant)" if counts.concurrent_racy else "NO"),
+            (
+                "build/ and entries equal to the reference",
+                "yes"
+                if counts.concurrent_build_equal
+                else "NO (the racy padding variant)"
+                if counts.concurrent_racy
+                else "NO",
+            ),
             ("leftovers after the concurrent builds", counts.concurrent_leftovers),
         ]
     return "\n".join(f"{a:<46}  {b}" for a, b in rows)
@@ -634,10 +723,17 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--recipes", type=int, default=2, choices=(1, 2, 3))
     ap.add_argument("--keep", metavar="DIR", help="work in DIR (created; must not exist) and keep it")
-    ap.add_argument("--syscall-kills", action="store_true",
-                    help="also SIGKILL at every rename(2) and link(2) of a build (strace -e inject)")
-    ap.add_argument("--edits", type=int, default=0,
-                    help="builds whose calibration file is rewritten while they run, and a link out (issue 23)")
+    ap.add_argument(
+        "--syscall-kills",
+        action="store_true",
+        help="also SIGKILL at every rename(2) and link(2) of a build (strace -e inject)",
+    )
+    ap.add_argument(
+        "--edits",
+        type=int,
+        default=0,
+        help="builds whose calibration file is rewritten while they run, and a link out (issue 23)",
+    )
     args = ap.parse_args()
 
     from conftest import make_tiny_bert
@@ -650,25 +746,34 @@ def main() -> None:
         work = Path(tempfile.mkdtemp(prefix="fault-campaign-"))
     try:
         model = make_tiny_bert(work / "tiny-bert")
-        counts, at_calls = campaign(work, model, args.kills, args.concurrent, args.seed, args.recipes,
-                                    None if args.syscall_kills else False)
+        counts, at_calls = campaign(
+            work, model, args.kills, args.concurrent, args.seed, args.recipes, None if args.syscall_kills else False
+        )
         edits = edit_rounds(work, model, args.edits, args.seed) if args.edits else None
     finally:
         if not args.keep:
             _rm(work)
-    print(f"\n{args.kills} kills (seed {args.seed}), {args.concurrent} concurrent builds, {args.recipes} recipes, "
-          f"{time.time() - t0:.0f} s in all")
+    print(
+        f"\n{args.kills} kills (seed {args.seed}), {args.concurrent} concurrent builds, {args.recipes} recipes, "
+        f"{time.time() - t0:.0f} s in all"
+    )
     if args.kills or args.concurrent:
         print(summary(counts, args.kills))
     if args.syscall_kills:
         print(summary(at_calls, at_calls.kills, "SIGKILLs at renames and links (strace)"))
     if edits:
-        print("\n".join(f"{a:<46}  {b}" for a, b in [
-            ("data file rewritten while its build ran", edits["rounds"]),
-            ("  right (entry = its content's, next build = B's)", f"{edits['right']} / {edits['rounds']}"),
-            ("  of which the build failed naming the file", edits["failed_naming_the_file"]),
-            ("  wrong outputs", edits["wrong_outputs"]),
-            ("link out of a source folder refused", edits["link_out_refused"])]))
+        print(
+            "\n".join(
+                f"{a:<46}  {b}"
+                for a, b in [
+                    ("data file rewritten while its build ran", edits["rounds"]),
+                    ("  right (entry = its content's, next build = B's)", f"{edits['right']} / {edits['rounds']}"),
+                    ("  of which the build failed naming the file", edits["failed_naming_the_file"]),
+                    ("  wrong outputs", edits["wrong_outputs"]),
+                    ("link out of a source folder refused", edits["link_out_refused"]),
+                ]
+            )
+        )
     fails = counts.failures + at_calls.failures + (edits["failures"] if edits else [])
     for f in fails:
         print(f"FAILED: {f}")

@@ -14,6 +14,7 @@ output names), in graph order, with its op type, cosine and fp32 range: where th
 and how it grows. Memory: two sessions of one part, one at a time (``--trace``: plus every
 intermediate tensor of a window).
 """
+
 import argparse
 import json
 import sys
@@ -39,6 +40,7 @@ def run(path: Path, part: dict, desc: dict, x, extra=()) -> dict:
     if extra:
         import onnx
         from onnx import helper
+
         m = onnx.load(str(path), load_external_data=False)
         m.graph.output.extend(helper.make_value_info(n, onnx.TypeProto()) for n in extra)
         path = path.parent / f"trace_{path.name}"
@@ -57,6 +59,7 @@ def run(path: Path, part: dict, desc: dict, x, extra=()) -> dict:
 
 def trace(k: int, E, desc: dict, x) -> None:
     import onnx
+
     p = desc["parts"][k]
     fp, qp = E(f"export.part{k}") / p["prefill"]["path"], E(f"quantize.part{k}") / p["prefill"]["path"]
     mf, mq = (onnx.load(str(f), load_external_data=False) for f in (fp, qp))
@@ -94,9 +97,11 @@ def main() -> None:
             q = run(E(f"quantize.part{k}") / p["prefill"]["path"], p, desc, x)["_out"][0]
             rows = [cos(f[t], q[t]) for t in range(S)]
             added = f", added cosine {cos(f - x[0], q - x[0]):.5f}" if k and f.shape == x[0].shape else ""
-            print(f"part {k}: out {f.shape}, cosine whole {cos(f, q):.5f}{added}, per row mean {np.mean(rows):.5f} "
-                  f"min {np.min(rows):.5f}, fp32 row std {f.std(axis=-1).mean():.4g} mean|.| {np.abs(f).mean():.4g}",
-                  flush=True)
+            print(
+                f"part {k}: out {f.shape}, cosine whole {cos(f, q):.5f}{added}, per row mean {np.mean(rows):.5f} "
+                f"min {np.min(rows):.5f}, fp32 row std {f.std(axis=-1).mean():.4g} mean|.| {np.abs(f).mean():.4g}",
+                flush=True,
+            )
         x = f[None]  # the next part reads the fp32 output
 
 

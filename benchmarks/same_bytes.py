@@ -24,8 +24,16 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-OFFLINE = ("minilm-l6-w8a16", "minilm-l6-w4a16", "tiny-qwen2-w8a16", "tiny-qwen2-w4a16", "tiny-llama-w8a16",
-           "tiny-qwen3-w8a16", "tiny-phi3-w8a16", "tiny-gemma-w8a16")
+OFFLINE = (
+    "minilm-l6-w8a16",
+    "minilm-l6-w4a16",
+    "tiny-qwen2-w8a16",
+    "tiny-qwen2-w4a16",
+    "tiny-llama-w8a16",
+    "tiny-qwen3-w8a16",
+    "tiny-phi3-w8a16",
+    "tiny-gemma-w8a16",
+)
 
 
 def fixture_dirs() -> dict[str, Path]:
@@ -57,13 +65,25 @@ def project(root: Path, checkout: Path) -> None:
 
 
 def build(root: Path, checkout: Path, recipe: str) -> tuple[int, float, str]:
-    env = dict(os.environ, NPUBUILD_ROOT=str(root), NPUBUILD_CACHE=str(root / "cache"),
-               NPUBUILD_BUILD=str(root / "build"), NPUBUILD_HOME=str(root / ".npubuild"),
-               NPUBUILD_DIST=str(root / "dist"), NPUBUILD_CATALOG=str(root / "catalog"), HF_HUB_OFFLINE="1",
-               PYTHONPATH=str(checkout))
+    env = dict(
+        os.environ,
+        NPUBUILD_ROOT=str(root),
+        NPUBUILD_CACHE=str(root / "cache"),
+        NPUBUILD_BUILD=str(root / "build"),
+        NPUBUILD_HOME=str(root / ".npubuild"),
+        NPUBUILD_DIST=str(root / "dist"),
+        NPUBUILD_CATALOG=str(root / "catalog"),
+        HF_HUB_OFFLINE="1",
+        PYTHONPATH=str(checkout),
+    )
     t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "doit", "-f", str(checkout / "dodo.py"), "-d", str(root),
-                        f"build:{recipe}"], cwd=root, env=env, capture_output=True, text=True)
+    p = subprocess.run(
+        [sys.executable, "-m", "doit", "-f", str(checkout / "dodo.py"), "-d", str(root), f"build:{recipe}"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     return p.returncode, time.perf_counter() - t0, (p.stdout + p.stderr)[-1500:]
 
 
@@ -126,8 +146,11 @@ def main() -> None:
                     notes.append(f"{n} ({'keys only' if not rest else 'also ' + ', '.join(rest[:6])})")
                 else:
                     notes.append(n)
-            print(f"{r:22} {len(names):5d} {len(names) - len(differ):5d}  {times['a']:6.0f} {times['b']:6.0f}  "
-                  f"{'; '.join(notes) or '-'}", flush=True)
+            print(
+                f"{r:22} {len(names):5d} {len(names) - len(differ):5d}  {times['a']:6.0f} {times['b']:6.0f}  "
+                f"{'; '.join(notes) or '-'}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

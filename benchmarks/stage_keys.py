@@ -37,8 +37,10 @@ def stage_keys(session: Session) -> dict:
                 material = keys.key_material(session, spec, pending)
                 rows[stage] = {"pending_key": keys.stage_key(material), "code": material["code"]}
             except Exception as e:  # e.g. a source folder that is not there
-                rows[stage] = {"pending_key": f"ERR {type(e).__name__}: {(str(e).splitlines() or [''])[0]}",
-                               "code": None}
+                rows[stage] = {
+                    "pending_key": f"ERR {type(e).__name__}: {(str(e).splitlines() or [''])[0]}",
+                    "code": None,
+                }
         for row in explain.explain(session, name):
             rows[row["stage"]].update(explain_key=row["key"], status=row["status"])
         out[name] = rows

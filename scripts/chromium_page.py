@@ -48,12 +48,28 @@ class Chromium:
             os.dup2(ends[1], 4)
 
         self.proc = subprocess.Popen(
-            [str(binary), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--no-default-browser-check",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars",
-             "--disable-extensions", f"--user-data-dir={self.profile}", "--remote-debugging-pipe",
-             f"--window-size={width},{height}"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=child,
-            close_fds=False)
+            [
+                str(binary),
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                "--no-default-browser-check",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--hide-scrollbars",
+                "--disable-extensions",
+                f"--user-data-dir={self.profile}",
+                "--remote-debugging-pipe",
+                f"--window-size={width},{height}",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            preexec_fn=child,
+            close_fds=False,
+        )
         for fd in ends:
             os.close(fd)
         self._buf, self._id, self._session = b"", 0, None
@@ -129,8 +145,10 @@ class Chromium:
         self.errors.clear()
         for domain in ("Page", "Network", "Runtime", "Log"):
             self.call(f"{domain}.enable")
-        self.call("Emulation.setDeviceMetricsOverride", {"width": self.width, "height": self.height,
-                                                         "deviceScaleFactor": 1, "mobile": False})
+        self.call(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": self.width, "height": self.height, "deviceScaleFactor": 1, "mobile": False},
+        )
         self.events.clear()
         nav = self.call("Page.navigate", {"url": url})
         if nav.get("errorText"):

@@ -24,9 +24,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-DEFAULT_PROMPTS = ["The old lighthouse", "To plant a tree,", "Every morning the farmer",
-                   "A purple dog walked into the bakery and",
-                   "The teacher wrote a question on the board. Every morning the farmer"]
+DEFAULT_PROMPTS = [
+    "The old lighthouse",
+    "To plant a tree,",
+    "Every morning the farmer",
+    "A purple dog walked into the bakery and",
+    "The teacher wrote a question on the board. Every morning the farmer",
+]
 
 
 def build(model_dir: Path, out: Path, seq: int, ctx: int, parts: int, sanitize: bool) -> dict:
@@ -91,10 +95,19 @@ def genie_child(spec: str) -> None:
 def run_genie(bundle: Path, prompts_ids, new: int, log_level, log_file=None, debug=None, timeout=1800):
     """Run :func:`genie_child` in ``bundle``; returns (create_seconds, [{"tokens", "status",
     "seconds"}], returncode, stderr tail)."""
-    spec = json.dumps({"prompts": prompts_ids, "new": new, "log_level": log_level,
-                       "log_file": str(log_file) if log_file else None, "debug": debug})
-    code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); sys.path.insert(0, {str(ROOT / 'scripts')!r}); " \
-           f"import genie_run; genie_run.genie_child(sys.argv[1])"
+    spec = json.dumps(
+        {
+            "prompts": prompts_ids,
+            "new": new,
+            "log_level": log_level,
+            "log_file": str(log_file) if log_file else None,
+            "debug": debug,
+        }
+    )
+    code = (
+        f"import sys; sys.path.insert(0, {str(ROOT)!r}); sys.path.insert(0, {str(ROOT / 'scripts')!r}); "
+        f"import genie_run; genie_run.genie_child(sys.argv[1])"
+    )
     r = subprocess.run([sys.executable, "-c", code, spec], cwd=bundle, capture_output=True, text=True, timeout=timeout)
     rows = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
     create = rows[0]["create_seconds"] if rows and "create_seconds" in rows[0] else None
@@ -137,17 +150,33 @@ def main() -> None:
     hf = [t for t, _ in hf_reference(model, ids, a.new)]
     cpu = GenieHostLoop(a.out / "export", lambda p: ort.InferenceSession(p, providers=["CPUExecutionProvider"]))
     host = [cpu.generate(i, a.new) for i in ids]
-    poisoned = GenieHostLoop(a.out / "export", lambda p: ort.InferenceSession(p, providers=["CPUExecutionProvider"]),
-                             fill=7e34).generate(ids[0], a.new)
-    create, rows, rc, err = run_genie(a.out / "bundle", ids, a.new, a.log_level, a.out / "genie.log",
-                                   {"path": a.dump, "dump-tensors": True, "dump-specs": True} if a.dump else None)
+    poisoned = GenieHostLoop(
+        a.out / "export", lambda p: ort.InferenceSession(p, providers=["CPUExecutionProvider"]), fill=7e34
+    ).generate(ids[0], a.new)
+    create, rows, rc, err = run_genie(
+        a.out / "bundle",
+        ids,
+        a.new,
+        a.log_level,
+        a.out / "genie.log",
+        {"path": a.dump, "dump-tensors": True, "dump-specs": True} if a.dump else None,
+    )
     per = []
     for p, i, h, c, g in zip(prompts, ids, hf, host, rows + [None] * (len(ids) - len(rows))):
         gt = g["tokens"] if g else None
-        row = {"prompt": p, "prompt_ids": i, "hf": h, "onnx_cpu": c, "genie": gt,
-               "genie_eq_hf": gt == h, "onnx_cpu_eq_hf": c == h,
-               "genie_first_diff": next((k for k, (x, y) in enumerate(zip(gt or [], h)) if x != y), None),
-               "genie_text": tok.decode(gt) if gt else None, "status": g and g["status"], "seconds": g and g["seconds"]}
+        row = {
+            "prompt": p,
+            "prompt_ids": i,
+            "hf": h,
+            "onnx_cpu": c,
+            "genie": gt,
+            "genie_eq_hf": gt == h,
+            "onnx_cpu_eq_hf": c == h,
+            "genie_first_diff": next((k for k, (x, y) in enumerate(zip(gt or [], h)) if x != y), None),
+            "genie_text": tok.decode(gt) if gt else None,
+            "status": g and g["status"],
+            "seconds": g and g["seconds"],
+        }
         per.append(row)
         print(
             json.dumps(
@@ -166,14 +195,37 @@ def main() -> None:
             ),
             flush=True,
         )
-    rep = {"model": str(model), "seq_len": desc["seq_len"], "context_len": desc["context_len"],
-           "parts": len(desc["parts"]), "sanitize_past": desc["sanitize_past"], "ctx_bins": desc["ctx_bins"],
-           "log_level": a.log_level, "genie_returncode": rc, "genie_create_seconds": create,
-           "poisoned_cache_cpu_eq_hf": poisoned == hf[0], "prompts": per,
-           "genie_all_eq_hf": bool(rows) and all(r["genie_eq_hf"] for r in per), "stderr_tail": err if rc else ""}
+    rep = {
+        "model": str(model),
+        "seq_len": desc["seq_len"],
+        "context_len": desc["context_len"],
+        "parts": len(desc["parts"]),
+        "sanitize_past": desc["sanitize_past"],
+        "ctx_bins": desc["ctx_bins"],
+        "log_level": a.log_level,
+        "genie_returncode": rc,
+        "genie_create_seconds": create,
+        "poisoned_cache_cpu_eq_hf": poisoned == hf[0],
+        "prompts": per,
+        "genie_all_eq_hf": bool(rows) and all(r["genie_eq_hf"] for r in per),
+        "stderr_tail": err if rc else "",
+    }
     (a.out / "report.json").write_text(json.dumps(rep, indent=1))
-    print(json.dumps({k: rep[k] for k in ("genie_all_eq_hf", "genie_returncode", "genie_create_seconds",
-                                          "poisoned_cache_cpu_eq_hf", "log_level", "sanitize_past")}))
+    print(
+        json.dumps(
+            {
+                k: rep[k]
+                for k in (
+                    "genie_all_eq_hf",
+                    "genie_returncode",
+                    "genie_create_seconds",
+                    "poisoned_cache_cpu_eq_hf",
+                    "log_level",
+                    "sanitize_past",
+                )
+            }
+        )
+    )
     if rc:
         print(err, file=sys.stderr)
 

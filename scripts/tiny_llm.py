@@ -92,8 +92,14 @@ ARCHS = ("qwen2", "llama", "qwen3", "phi3", "gemma")
 def _build_config(arch: str, vocab_size: int, eos_id: int):
     from transformers import GemmaConfig, LlamaConfig, Phi3Config, Qwen2Config, Qwen3Config
 
-    common = dict(ARCH_PARAMS, vocab_size=vocab_size, bos_token_id=eos_id, eos_token_id=eos_id,
-                  pad_token_id=eos_id, torch_dtype="float32")
+    common = dict(
+        ARCH_PARAMS,
+        vocab_size=vocab_size,
+        bos_token_id=eos_id,
+        eos_token_id=eos_id,
+        pad_token_id=eos_id,
+        torch_dtype="float32",
+    )
     if arch == "qwen2":
         # Qwen2: q/k/v biases, tied embeddings (as in the small Qwen2.5 checkpoints)
         return Qwen2Config(**common, tie_word_embeddings=True, use_sliding_window=False)
@@ -101,17 +107,24 @@ def _build_config(arch: str, vocab_size: int, eos_id: int):
         return LlamaConfig(**common, tie_word_embeddings=False, attention_bias=False, mlp_bias=False)
     if arch == "qwen3":
         # Qwen3: q_norm / k_norm per head, explicit head_dim, no biases, tied embeddings (0.6B-4B)
-        return Qwen3Config(**common, head_dim=32, attention_bias=False, tie_word_embeddings=True,
-                           use_sliding_window=False)
+        return Qwen3Config(
+            **common, head_dim=32, attention_bias=False, tie_word_embeddings=True, use_sliding_window=False
+        )
     if arch == "phi3":
         # Phi-3 / Phi-4-mini: fused qkv_proj and gate_up_proj; partial rotary as in Phi-4-mini (0.75)
-        return Phi3Config(**common, partial_rotary_factor=0.75, tie_word_embeddings=False,
-                          sliding_window=None, original_max_position_embeddings=4096)
+        return Phi3Config(
+            **common,
+            partial_rotary_factor=0.75,
+            tie_word_embeddings=False,
+            sliding_window=None,
+            original_max_position_embeddings=4096,
+        )
     if arch == "gemma":
         # Gemma 1: (1 + w) RMSNorm, sqrt(hidden)-scaled embeddings, tanh-GELU gated MLP, explicit
         # head_dim, tied embeddings (GemmaConfig's defaults besides the sizes)
-        return GemmaConfig(**common, head_dim=32, hidden_act="gelu_pytorch_tanh", tie_word_embeddings=True,
-                           attention_bias=False)
+        return GemmaConfig(
+            **common, head_dim=32, hidden_act="gelu_pytorch_tanh", tie_word_embeddings=True, attention_bias=False
+        )
     raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
 
 
@@ -164,15 +177,15 @@ def make_tiny_model(arch: str, out_dir, seed: int = 0, train_seconds: float = 60
         data = torch.tensor(ids, dtype=torch.long)
         tp = TRAIN_PARAMS
         steps = max(1, round(train_seconds * STEPS_PER_SECOND))
-        opt = torch.optim.AdamW(model.parameters(), lr=tp["lr"], weight_decay=tp["weight_decay"],
-                                betas=(0.9, 0.95))
+        opt = torch.optim.AdamW(model.parameters(), lr=tp["lr"], weight_decay=tp["weight_decay"], betas=(0.9, 0.95))
         sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda s: min(1.0, (s + 1) / tp["warmup"]) * max(0.05, 1 - s / steps))
+            opt, lambda s: min(1.0, (s + 1) / tp["warmup"]) * max(0.05, 1 - s / steps)
+        )
         losses = []
         t0 = time.perf_counter()
         for _ in range(steps):
             starts = [rng.randrange(0, len(data) - tp["seq"] - 1) for _ in range(tp["batch"])]
-            batch = torch.stack([data[s:s + tp["seq"]] for s in starts])
+            batch = torch.stack([data[s : s + tp["seq"]] for s in starts])
             loss = model(input_ids=batch, labels=batch).loss
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -187,15 +200,25 @@ def make_tiny_model(arch: str, out_dir, seed: int = 0, train_seconds: float = 60
 
     model.eval()
     model.generation_config = GenerationConfig(
-        do_sample=False, eos_token_id=eos_id, pad_token_id=eos_id, bos_token_id=eos_id)
+        do_sample=False, eos_token_id=eos_id, pad_token_id=eos_id, bos_token_id=eos_id
+    )
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
     n_params = sum(p.numel() for p in model.parameters())
-    (out_dir / "train_log.json").write_text(json.dumps({
-        "arch": arch, "seed": seed, "steps": steps, "params": n_params,
-        "loss_first": losses[0], "loss_last10": sum(losses[-10:]) / min(10, len(losses)),
-        "corpus_tokens": len(ids),
-    }, indent=1))
+    (out_dir / "train_log.json").write_text(
+        json.dumps(
+            {
+                "arch": arch,
+                "seed": seed,
+                "steps": steps,
+                "params": n_params,
+                "loss_first": losses[0],
+                "loss_last10": sum(losses[-10:]) / min(10, len(losses)),
+                "corpus_tokens": len(ids),
+            },
+            indent=1,
+        )
+    )
     # wall time is printed, not saved: the folder's bytes (its content digest is the download
     # stage's key) must not depend on how busy the machine was
     print(f"trained tiny {arch}: {steps} steps in {elapsed:.1f} s, {n_params} parameters", flush=True)

@@ -17,7 +17,7 @@ import os
 import sys
 
 _console = None  # the terminal's stderr while a stage's output is captured (set by tasks.store.stagelog)
-_label = ""      # the running stage's task name
+_label = ""  # the running stage's task name
 
 
 def console():

@@ -39,8 +39,12 @@ def versions(names) -> dict[str, str]:
 
 def host() -> dict[str, str]:
     """The build host, for manifests (not for keys): OS, machine, Python."""
-    return {"system": platform.system(), "machine": platform.machine(), "python": version("python"),
-            "platform": platform.platform()}
+    return {
+        "system": platform.system(),
+        "machine": platform.machine(),
+        "python": version("python"),
+        "platform": platform.platform(),
+    }
 
 
 def builder() -> dict:

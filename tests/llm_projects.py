@@ -45,6 +45,9 @@ def assert_within_estimates(mans: dict[str, dict]) -> None:
     """Every stage's manifest holds the memory estimate checked before it ran and its measured
     process tree peak (``info["memory"]``, :func:`tasks.proc.budget.manifest_memory`), and the peak is
     at most the estimate: what fails when an estimate stops bounding (issue 54)."""
-    over = {s: (m["info"]["memory"]["peak"], m["info"]["memory"]["estimate"]) for s, m in mans.items()
-            if not (0 < m["info"]["memory"]["peak"] <= (m["info"]["memory"]["estimate"] or 0))}
+    over = {
+        s: (m["info"]["memory"]["peak"], m["info"]["memory"]["estimate"])
+        for s, m in mans.items()
+        if not (0 < m["info"]["memory"]["peak"] <= (m["info"]["memory"]["estimate"] or 0))
+    }
     assert not over, f"process tree peak over the estimate (bytes): {over}"

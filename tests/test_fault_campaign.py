@@ -25,8 +25,16 @@ def test_fault_campaign_small(tmp_path, tiny_bert):
     lines = []
     strace = shutil.which("strace") is not None
     assert strace, "no strace: apt-get install strace (.ci/run does); without it the kills at link(2) are not tried"
-    counts, at_calls = fc.campaign(tmp_path / "work", tiny_bert, kills=2, concurrent=2, seed=1, recipes=1,
-                                   syscall_points=[("link", 1, "no-build")], say=lines.append)
+    counts, at_calls = fc.campaign(
+        tmp_path / "work",
+        tiny_bert,
+        kills=2,
+        concurrent=2,
+        seed=1,
+        recipes=1,
+        syscall_points=[("link", 1, "no-build")],
+        say=lines.append,
+    )
     report = "\n".join([*lines, fc.summary(counts, 2), *counts.failures, *at_calls.failures])
     # A fresh compile can keep the QNN SDK's other padding variant of the context binary when
     # qnn.CONFIRM compiles in a row show it (tasks/qnn/ep.py compile_settled; with two it was 1 compile in 180 under

@@ -1,6 +1,7 @@
 """Issue 24: one table per concept. The precision names live in ``tasks/qnn/precisions.py`` and the
 targets (names, soc_model / htp_arch numbers, the default) in ``tasks/qnn/targets.py``; no other
 module of the package writes them in code (docstrings and comments may name them)."""
+
 import ast
 from pathlib import Path
 
@@ -37,8 +38,12 @@ def _modules(*skip):
 
 
 def test_precision_names_are_written_once():
-    found = [(f.relative_to(REPO).as_posix(), line, v) for f in _modules("qnn/precisions.py")
-             for line, v in _code_constants(f) if isinstance(v, str) and v in NAMES]
+    found = [
+        (f.relative_to(REPO).as_posix(), line, v)
+        for f in _modules("qnn/precisions.py")
+        for line, v in _code_constants(f)
+        if isinstance(v, str) and v in NAMES
+    ]
     assert found == [], found
     assert NAMES == ("w8a16", "w4a16", "w8a8")
 
@@ -96,8 +101,10 @@ def test_no_family_imports_the_other_familys_code_and_stages_imports_no_family()
     imports another's, and the stage contract (``tasks/contract/``) imports none."""
 
     def mods(folder):
-        return ["tasks." + folder + ("" if f.stem == "__init__" else "." + f.stem)
-                for f in sorted((REPO / "tasks" / folder).glob("*.py"))]
+        return [
+            "tasks." + folder + ("" if f.stem == "__init__" else "." + f.stem)
+            for f in sorted((REPO / "tasks" / folder).glob("*.py"))
+        ]
 
     folders = _family_folders()
     assert {"encoder", "llm"} <= folders
@@ -113,8 +120,13 @@ def test_the_recipe_the_plan_and_the_engine_import_no_family():
     (``tasks.contract.family``, by name) and the ``Family`` and ``Stage`` declarations: no module
     of them imports a family's folder, at any level of a function."""
     folders = _family_folders()
-    mods = ["tasks.recipe.load", "tasks.recipe.yaml_files", "tasks.recipe.checks", "tasks.recipe.plan",
-            *("tasks.core." + f.stem for f in sorted((REPO / "tasks" / "core").glob("*.py")) if f.stem != "__init__")]
+    mods = [
+        "tasks.recipe.load",
+        "tasks.recipe.yaml_files",
+        "tasks.recipe.checks",
+        "tasks.recipe.plan",
+        *("tasks.core." + f.stem for f in sorted((REPO / "tasks" / "core").glob("*.py")) if f.stem != "__init__"),
+    ]
     bad = {m: sorted(d for d in direct_imports(m) if set(d.split(".")[1:2]) & folders) for m in mods}
     assert {m: b for m, b in bad.items() if b} == {}
     assert len(mods) >= 14
@@ -144,7 +156,7 @@ def _names_a_family(tree, names: set, folders: set) -> list[tuple[int, str]]:
         if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs and n.value in names:
             out.append((n.lineno, repr(n.value)))
         if isinstance(n, (ast.Import, ast.ImportFrom)):
-            for m in ([a.name for a in n.names] if isinstance(n, ast.Import) else [n.module or ""]):
+            for m in [a.name for a in n.names] if isinstance(n, ast.Import) else [n.module or ""]:
                 if m.split(".")[:2] in (["tasks", f] for f in folders):
                     out.append((n.lineno, f"import {m}"))
     return sorted(out)
@@ -154,9 +166,9 @@ def _names_a_family(tree, names: set, folders: set) -> list[tuple[int, str]]:
 #: (a module that no longer does leaves this list), so it only shrinks
 NAMES_A_FAMILY = {
     "commands/publish/usage.py": "the model card's I/O tables and runtime versions for encoder and LLM bundles are "
-                                 "written here, not yet by their families' declarations",
+    "written here, not yet by their families' declarations",
     "commands/publish/snippets.py": "the model card's runnable snippets for encoder and LLM bundles are written "
-                                    "here, not yet by their families' declarations",
+    "here, not yet by their families' declarations",
 }
 
 
@@ -291,12 +303,22 @@ def test_every_param_an_implementation_reads_is_declared():
                 inner = n.value
                 if isinstance(inner, ast.Name) and inner.id == "params":
                     yield (n.slice.value,)
-                elif isinstance(inner, ast.Subscript) and isinstance(inner.value, ast.Name) \
-                        and inner.value.id == "params" and isinstance(inner.slice, ast.Constant):
+                elif (
+                    isinstance(inner, ast.Subscript)
+                    and isinstance(inner.value, ast.Name)
+                    and inner.value.id == "params"
+                    and isinstance(inner.slice, ast.Constant)
+                ):
                     yield (inner.slice.value, n.slice.value)
-            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "get" \
-                    and isinstance(n.func.value, ast.Name) and n.func.value.id == "params" \
-                    and n.args and isinstance(n.args[0], ast.Constant):
+            if (
+                isinstance(n, ast.Call)
+                and isinstance(n.func, ast.Attribute)
+                and n.func.attr == "get"
+                and isinstance(n.func.value, ast.Name)
+                and n.func.value.id == "params"
+                and n.args
+                and isinstance(n.args[0], ast.Constant)
+            ):
                 yield (n.args[0].value,)
 
     count = 0
@@ -307,8 +329,11 @@ def test_every_param_an_implementation_reads_is_declared():
             ok |= {(k,) for k in st.whole_model().model_fields}
         tree = ast.parse(Path(import_module(st.module).__file__).read_text(encoding="utf-8"))
         funcs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
-        todo = [f.__name__ for f in (st.run, st.key_extra, st.check, st.check_read, st.preflight)
-                if f is not None and f.__module__ == st.module]
+        todo = [
+            f.__name__
+            for f in (st.run, st.key_extra, st.check, st.check_read, st.preflight)
+            if f is not None and f.__module__ == st.module
+        ]
         seen: set = set()
         while todo:
             name = todo.pop()
@@ -337,8 +362,11 @@ def test_core_modules_are_short_and_keep_no_state():
         tree = ast.parse(text)
         for node in tree.body:
             value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
-            if isinstance(value, mutable) or (isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
-                                              and value.func.id in ("dict", "list", "set", "defaultdict")):
+            if isinstance(value, mutable) or (
+                isinstance(value, ast.Call)
+                and isinstance(value.func, ast.Name)
+                and value.func.id in ("dict", "list", "set", "defaultdict")
+            ):
                 found.append((rel, node.lineno, "module-level mutable"))
         for node in ast.walk(tree):
             if isinstance(node, ast.Global):
@@ -360,8 +388,19 @@ MODULE_STATE = {
     "tasks.store.paths._MEMO": "a pure function's memo, keyed by the environment values it reads",
     "tasks.sources.download._HASHED": "content digest -> the listing it hashes: true in any session",
 }
-_MUTATORS = {"add", "append", "update", "setdefault", "pop", "popitem", "clear", "discard", "extend", "insert",
-             "remove"}
+_MUTATORS = {
+    "add",
+    "append",
+    "update",
+    "setdefault",
+    "pop",
+    "popitem",
+    "clear",
+    "discard",
+    "extend",
+    "insert",
+    "remove",
+}
 
 
 def _module_state() -> dict[str, int]:
@@ -378,18 +417,25 @@ def _module_state() -> dict[str, int]:
         for node in tree.body:
             if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
                 v = node.value
-                if isinstance(v, mutable) or (isinstance(v, ast.Call) and ast.unparse(v.func).split(".")[-1] in (
-                        "dict", "list", "set", "defaultdict", "OrderedDict", "deque", "Counter")):
-                    for t in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                if isinstance(v, mutable) or (
+                    isinstance(v, ast.Call)
+                    and ast.unparse(v.func).split(".")[-1]
+                    in ("dict", "list", "set", "defaultdict", "OrderedDict", "deque", "Counter")
+                ):
+                    for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
                         if isinstance(t, ast.Name):
                             containers[t.id] = node.lineno
         changed = set()
         for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _MUTATORS \
-                    and isinstance(node.func.value, ast.Name):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in _MUTATORS
+                and isinstance(node.func.value, ast.Name)
+            ):
                 changed.add(node.func.value.id)
             if isinstance(node, (ast.Assign, ast.AugAssign, ast.Delete)):
-                for t in (node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]):
+                for t in node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]:
                     if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name):
                         changed.add(t.value.id)
             if isinstance(node, ast.Global):
@@ -412,8 +458,11 @@ def test_no_command_imports_another_commands_modules():
     (a recipe's state and catalog row, ``build/<recipe>/``, the errors that explain themselves)
     or a module below the commands; ``dodo.py`` collects each command's task creators."""
     root = REPO / "tasks" / "commands"
-    commands = sorted(p.stem for p in root.iterdir()
-                      if p.name != "__init__.py" and (p.suffix == ".py" or (p / "__init__.py").is_file()))
+    commands = sorted(
+        p.stem
+        for p in root.iterdir()
+        if p.name != "__init__.py" and (p.suffix == ".py" or (p / "__init__.py").is_file())
+    )
     assert {"builder", "cache", "catalog", "cluster", "publish"} <= set(commands)
 
     def command_of(module: str) -> str | None:
@@ -431,8 +480,13 @@ def test_no_command_imports_another_commands_modules():
                 found.append((m, d))
     assert found == [], found
     # and nothing below the commands imports them
-    below = [(m, d) for m in package_modules() if not m.startswith("tasks.commands")
-             for d in direct_imports(m) if d.startswith("tasks.commands")]
+    below = [
+        (m, d)
+        for m in package_modules()
+        if not m.startswith("tasks.commands")
+        for d in direct_imports(m)
+        if d.startswith("tasks.commands")
+    ]
     assert below == [], below
 
 
@@ -452,8 +506,11 @@ def _exception_classes() -> list[tuple[str, str]]:
     a class whose base is a built-in exception or another such class, by name."""
     import builtins
 
-    known = {n for n in dir(builtins) if isinstance(getattr(builtins, n), type)
-             and issubclass(getattr(builtins, n), BaseException)}
+    known = {
+        n
+        for n in dir(builtins)
+        if isinstance(getattr(builtins, n), type) and issubclass(getattr(builtins, n), BaseException)
+    }
     classes = []
     for f in _modules():
         parts = f.relative_to(REPO).with_suffix("").parts
@@ -483,7 +540,7 @@ SHOWN_WITH_TRACEBACK = {
     "tasks.errors.NpubuildError": "the base; raised as such nowhere",
     "tasks.core.keys.NotReady": "an internal signal: resolve, state, status and cluster catch it",
     "tasks.store.remote.Rejected": "an internal signal: a remote entry failing its check is a miss (entries, "
-                                   "cache push, cluster catch it)",
+    "cache push, cluster catch it)",
     "tasks.llm.genie.libgenie.GenieError": "a Genie C API call's status: the traceback names the call",
 }
 
@@ -525,8 +582,11 @@ def test_no_command_lists_error_types_to_show_them():
     a list computed for it (a hand list went stale: 16 types, 11 modules imported for them)."""
     import builtins
 
-    ok = {"UserError"} | {n for n in dir(builtins) if isinstance(getattr(builtins, n), type)
-                          and issubclass(getattr(builtins, n), BaseException)}
+    ok = {"UserError"} | {
+        n
+        for n in dir(builtins)
+        if isinstance(getattr(builtins, n), type) and issubclass(getattr(builtins, n), BaseException)
+    }
     found, seen = [], 0
     for f in sorted((REPO / "tasks" / "commands").rglob("cli.py")):
         tree = ast.parse(f.read_text(encoding="utf-8"))
@@ -542,9 +602,12 @@ def test_no_command_lists_error_types_to_show_them():
 
 def test_the_errors_module_imports_nothing_of_the_package():
     tree = ast.parse((REPO / "tasks" / "errors.py").read_text(encoding="utf-8"))
-    imported = [n.module if isinstance(n, ast.ImportFrom) else a.name
-                for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
-                for a in n.names]
+    imported = [
+        n.module if isinstance(n, ast.ImportFrom) else a.name
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Import, ast.ImportFrom))
+        for a in n.names
+    ]
     relative = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level > 0]
     assert relative == [] and not [m for m in imported if m and m.split(".")[0] == "tasks"], imported
 
@@ -579,8 +642,13 @@ def test_every_test_file_sits_in_the_folder_of_the_code_it_tests():
         if not ok:
             misplaced.append(rel.as_posix())
         for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
             for name in names:
                 top = name.split(".")[0]
                 if top.startswith("test_") and not (f.parent / f"{top}.py").exists():
@@ -626,8 +694,11 @@ def test_tests_skip_only_through_the_one_policy():
         if f.name == "conftest.py":
             continue
         for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Attribute) and node.attr in ("skip", "skipif", "importorskip") \
-                    and isinstance(node.value, (ast.Name, ast.Attribute)):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr in ("skip", "skipif", "importorskip")
+                and isinstance(node.value, (ast.Name, ast.Attribute))
+            ):
                 found.append(f"{f.relative_to(REPO).as_posix()}:{node.lineno} {node.attr}")
     assert found == [], found
 
@@ -639,12 +710,31 @@ def test_the_skip_policy_fails_as_root_and_names_the_skip_otherwise(tmp_path):
     import subprocess
     import sys
 
-    (tmp_path / "test_x.py").write_text(f"import sys\nsys.path.insert(0, {str(REPO / 'tests')!r})\n"
-                                        "from conftest import needs\n\n"
-                                        "def test_x():\n    needs(False, 'a right this run lacks')\n")
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-rs",
-                          "-o", "addopts=", str(tmp_path / "test_x.py")],
-                         capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    (tmp_path / "test_x.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(REPO / 'tests')!r})\n"
+        "from conftest import needs\n\n"
+        "def test_x():\n    needs(False, 'a right this run lacks')\n"
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:xdist",
+            "-rs",
+            "-o",
+            "addopts=",
+            str(tmp_path / "test_x.py"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
     if os.geteuid() == 0:
         assert out.returncode == 1 and "1 failed" in out.stdout and "this run is root" in out.stdout, out.stdout
     else:

@@ -54,9 +54,11 @@ def gc(session: Session, apply: bool) -> None:
         if apply:
             shutil.rmtree(d)
         print(f"{'removed' if apply else 'would remove'} {d}/ (no recipe {d.name}.yaml)")
-    print(f"{len(victims)} unreferenced entries, {total / 1e6:.1f} MB; {len(orphans)} build "
-          f"folder{'' if len(orphans) == 1 else 's'} without a recipe"
-          + ("" if apply else " (dry run; doit gc --apply deletes)"))
+    print(
+        f"{len(victims)} unreferenced entries, {total / 1e6:.1f} MB; {len(orphans)} build "
+        f"folder{'' if len(orphans) == 1 else 's'} without a recipe"
+        + ("" if apply else " (dry run; doit gc --apply deletes)")
+    )
 
 
 def cache_verify(session: Session) -> bool:
@@ -105,9 +107,20 @@ def creators(session: Session) -> dict:
     def task_gc():
         """Remove cache entries that no recipe references, and build/ folders of recipes that are
         gone (dry run unless --apply)."""
-        return {"actions": [(gc, [session])], "uptodate": [False], "verbosity": 2,
-                "params": [{"name": "apply", "long": "apply", "type": bool, "default": False,
-                            "help": "delete (default: only list)"}]}
+        return {
+            "actions": [(gc, [session])],
+            "uptodate": [False],
+            "verbosity": 2,
+            "params": [
+                {
+                    "name": "apply",
+                    "long": "apply",
+                    "type": bool,
+                    "default": False,
+                    "help": "delete (default: only list)",
+                }
+            ],
+        }
 
     def task_cache_verify():
         """Rehash every cache entry and report those that no longer match their manifest."""
@@ -117,7 +130,12 @@ def creators(session: Session) -> dict:
         """push:<recipe> uploads the recipe's local cache entries to NPUBUILD_REMOTE (never
         replacing an entry already there)."""
         for name in recipeset.buildable(session):
-            yield {"name": name, "actions": [(push, [session, name])], "uptodate": [False], "verbosity": 2,
-                   "doc": f"push {name}'s cache entries to the remote cache (NPUBUILD_REMOTE)"}
+            yield {
+                "name": name,
+                "actions": [(push, [session, name])],
+                "uptodate": [False],
+                "verbosity": 2,
+                "doc": f"push {name}'s cache entries to the remote cache (NPUBUILD_REMOTE)",
+            }
 
     return {"task_gc": task_gc, "task_cache_verify": task_cache_verify, "task_push": task_push}

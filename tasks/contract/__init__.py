@@ -64,8 +64,9 @@ def implementation(kind: str, family_name: str | None = None):
         return import_module(family(family_name).implementation_module(kind)).STAGE
     mods = implementation_modules(kind)
     if len(mods) != 1:
-        raise KeyError(f"stage kind {kind!r} has {len(mods)} implementations ({', '.join(mods) or 'none'}): "
-                       f"name the family")
+        raise KeyError(
+            f"stage kind {kind!r} has {len(mods)} implementations ({', '.join(mods) or 'none'}): name the family"
+        )
     return import_module(mods[0]).STAGE
 
 

@@ -15,15 +15,31 @@ from tasks.store import digest
 from tasks.qnn import ep as qnn
 from tasks.errors import apart
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
-                   "merges.txt", "vocab.json", "config.json", "generation_config.json", "tokenizer.model",
-                   "added_tokens.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+    "merges.txt",
+    "vocab.json",
+    "config.json",
+    "generation_config.json",
+    "tokenizer.model",
+    "added_tokens.json",
+)
 
 
 #: what a user gets (fnmatch patterns on file names; linked into build/<recipe>/ and copied into
 #: published bundles) of an export (either family): the tokenizer and config files
-EXPORT_ARTIFACTS = ("tokenizer*", "vocab*", "merges.txt", "special_tokens_map.json", "config.json",
-                    "generation_config.json", "added_tokens.json")
+EXPORT_ARTIFACTS = (
+    "tokenizer*",
+    "vocab*",
+    "merges.txt",
+    "special_tokens_map.json",
+    "config.json",
+    "generation_config.json",
+    "added_tokens.json",
+)
 
 #: ... of a compile: EPContext models, context binaries, and the LLM's runtime description
 COMPILE_ARTIFACTS = ("*_ctx.onnx", "*.bin", "genai_config.json", "export.json", "*.npy")
@@ -55,6 +71,7 @@ def target_key_extra(params: dict) -> dict:
     ``params["target"]`` resolves to in ``tasks/qnn/targets.py`` (soc_model, htp_arch, ...), so
     editing the table makes binaries stale and two names for one SoC share entries."""
     return {"provider_options": qnn.provider_options(params["target"])}
+
 
 def write_report(out: Path, report: dict) -> dict:
     """Write ``out/verify.json`` (sorted keys, 2-space indent, a final newline: the same bytes
@@ -90,8 +107,10 @@ def checker(thresholds: tuple) -> Callable[[Path, dict, dict], list[str]]:
                 if per_sample and samples and per_sample in samples[0]:
                     pick = min if direction == "min" else max
                     w = pick(range(len(samples)), key=lambda i: samples[i][per_sample])
-                    worst = (f"; worst sample #{w} ({per_sample}={samples[w][per_sample]:.4f}): "
-                             f"{samples[w].get('text', '')!r}")
+                    worst = (
+                        f"; worst sample #{w} ({per_sample}={samples[w][per_sample]:.4f}): "
+                        f"{samples[w].get('text', '')!r}"
+                    )
                 shown = apart(value, float(bar), 4)[0] if math.isfinite(value) else f"{value}"
                 nan = "" if math.isfinite(value) else " (not a number: the compiled model gave NaN/inf)"
                 fails.append(f"{name} = {shown}{nan}, threshold {'>=' if direction == 'min' else '<='} {bar}{worst}")

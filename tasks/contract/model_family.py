@@ -104,6 +104,7 @@ class Family:
         """The dotted module name implementing stage ``kind`` for this family. Raises KeyError
         naming the family and the kinds it has."""
         if kind not in self.stages:
-            raise KeyError(f"no {self.name} implementation of stage kind {kind!r}; "
-                           f"{self.name} has {', '.join(self.stages)}")
+            raise KeyError(
+                f"no {self.name} implementation of stage kind {kind!r}; {self.name} has {', '.join(self.stages)}"
+            )
         return self.stages[kind]

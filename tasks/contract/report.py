@@ -24,22 +24,34 @@ def runtimes_checked(report: dict) -> dict[str, str]:
     weight-shared binary."""
     bins = report.get("binaries", {})
     socs = sorted({b.get("soc_model") for b in bins.values()})
-    read = (f"{len(bins)} context binar{'y' if len(bins) == 1 else 'ies'} read back (graphs, inputs/outputs, "
-            f"SoC model {', '.join(map(str, socs))})") if bins else "no context binary read back"
+    read = (
+        (
+            f"{len(bins)} context binar{'y' if len(bins) == 1 else 'ies'} read back (graphs, inputs/outputs, "
+            f"SoC model {', '.join(map(str, socs))})"
+        )
+        if bins
+        else "no context binary read back"
+    )
     htp = report.get("backend") == "htp"
     if "runtime" not in report:  # an encoder: the EPContext model through onnxruntime's QNN EP
-        ran = ("ran on the HTP simulator as shipped (model_ctx.onnx + its binary)" if htp else
-               "not run: the QDQ graph ran on the CPU EP (quantization only)")
+        ran = (
+            "ran on the HTP simulator as shipped (model_ctx.onnx + its binary)"
+            if htp
+            else "not run: the QDQ graph ran on the CPU EP (quantization only)"
+        )
         return {"onnxruntime-qnn": f"{ran}; {read}"}
     shared = sorted(b for b in bins if b.startswith("shared/"))
-    twins = ("the per-graph binaries (same QDQ graphs) on the HTP simulator" if htp else
-             "the QDQ graphs on the CPU EP")
+    twins = "the per-graph binaries (same QDQ graphs) on the HTP simulator" if htp else "the QDQ graphs on the CPU EP"
     if report.get("runtime") == "genai":
         genai = f"generated every verify prompt through onnxruntime-genai on {twins}"
     else:
         genai = f"not run through genai (verify.runtime: {report.get('runtime')}); LLMRunner generated on {twins}"
-    genai += (f"; the shipped weight-shared binaries ({len(shared)}) read back against genai_config.json, not "
-              "run (the simulator cannot load a weight-shared binary)" if shared else f"; {read}")
+    genai += (
+        f"; the shipped weight-shared binaries ({len(shared)}) read back against genai_config.json, not "
+        "run (the simulator cannot load a weight-shared binary)"
+        if shared
+        else f"; {read}"
+    )
     out = {"onnxruntime-genai": genai}
     if "genie_runner_agreement" in report.get("metrics", {}):
         out["genie"] = "generated every verify prompt through Genie (libGenie.so) on the HTP simulator"

@@ -59,8 +59,10 @@ def declared() -> dict[str, list[Param]]:
             raise ValueError(f"{p.key}: expected a section from {', '.join(SECTIONS)}, found {p.section!r}")
         if p.key in seen:
             if seen[p.key] is not p:
-                raise ValueError(f"{p.key}: expected one definition, found two (a Param object defines a key once; "
-                                 f"implementations that read it list that object)")
+                raise ValueError(
+                    f"{p.key}: expected one definition, found two (a Param object defines a key once; "
+                    f"implementations that read it list that object)"
+                )
             continue
         seen[p.key] = p
         order[p.section].append(p)
@@ -104,8 +106,12 @@ def thresholds() -> dict[str, Threshold]:
 
 def threshold_families(name: str) -> tuple[str, ...]:
     """The names of the families whose verify measures threshold ``name`` (empty: unknown)."""
-    return tuple(f for st in implementations("verify") if any(t.name == name for t in st.thresholds)
-                 for f in readers_of(st.module))
+    return tuple(
+        f
+        for st in implementations("verify")
+        if any(t.name == name for t in st.thresholds)
+        for f in readers_of(st.module)
+    )
 
 
 def _field(p: Param):
@@ -113,8 +119,10 @@ def _field(p: Param):
         return (p.annotation, Field(description=p.description, **p.limits))
     if isinstance(p.default, (list, dict)):
         d = p.default
-        return (p.annotation, Field(default_factory=lambda d=d: copy.deepcopy(d), description=p.description,
-                                    **p.limits))
+        return (
+            p.annotation,
+            Field(default_factory=lambda d=d: copy.deepcopy(d), description=p.description, **p.limits),
+        )
     return (p.annotation, Field(p.default, description=p.description, **p.limits))
 
 
@@ -137,8 +145,7 @@ def _validators(params: list[Param], leaf, names) -> dict:
     for p in params:
         name = leaf(p)
         if p.check is not None:
-            out[f"_check_{name}"] = field_validator(name, mode="after")(
-                lambda cls, v, info, p=p: checked(v, info, p))
+            out[f"_check_{name}"] = field_validator(name, mode="after")(lambda cls, v, info, p=p: checked(v, info, p))
         if p.before is not None:
             out[f"_before_{name}"] = field_validator(name, mode="before")(lambda cls, v, p=p: p.before(v))
     return out
@@ -192,13 +199,22 @@ def family_problems(recipe) -> list[tuple[str, str]]:
         for name in sorted(obj.model_fields_set):
             key, value = prefix + name, getattr(obj, name)
             p = by_key.get(key)
-            who = readers(p) if p else tuple(sorted({f for q in by_key.values() if q.key.startswith(key + ".")
-                                                     for f in readers(q)}))
+            who = (
+                readers(p)
+                if p
+                else tuple(sorted({f for q in by_key.values() if q.key.startswith(key + ".") for f in readers(q)}))
+            )
             if who and fam not in who:
                 why = type(obj).model_fields[name].description if p else ""
-                out.append((key, f"expected no such key in {_a(fam)} recipe (export.family: {fam}): only "
-                                 f"{' or '.join(map(_a, who))} recipe reads it" + (f" ({why})" if why else "")
-                                 + "; remove it (or set it to null where it comes through extends)"))
+                out.append(
+                    (
+                        key,
+                        f"expected no such key in {_a(fam)} recipe (export.family: {fam}): only "
+                        f"{' or '.join(map(_a, who))} recipe reads it"
+                        + (f" ({why})" if why else "")
+                        + "; remove it (or set it to null where it comes through extends)",
+                    )
+                )
             elif isinstance(value, BaseModel):
                 walk(value, key + ".")
 
@@ -208,7 +224,11 @@ def family_problems(recipe) -> list[tuple[str, str]]:
     for name in sorted(recipe.verify.thresholds):
         others = threshold_families(name)
         if others and fam not in others:
-            out.append((f"verify.thresholds.{name}",
-                        f"expected a threshold {_a(fam)} verify measures ({', '.join(mine)}), "
-                        f"found {name!r}, which only {' or '.join(map(_a, others))} verify measures"))
+            out.append(
+                (
+                    f"verify.thresholds.{name}",
+                    f"expected a threshold {_a(fam)} verify measures ({', '.join(mine)}), "
+                    f"found {name!r}, which only {' or '.join(map(_a, others))} verify measures",
+                )
+            )
     return out

@@ -41,8 +41,17 @@ def explain(session: Session, recipe_name: str) -> list[dict]:
     rows = []
     for name, st in build_state(res, last).stages.items():
         spec = st.spec
-        row = {"stage": name, "task": spec.task, "kind": spec.kind, "impl": spec.impl.module, "params": spec.params,
-               "inputs": spec.inputs, "files": spec.files, "key": st.key, "status": st.status}
+        row = {
+            "stage": name,
+            "task": spec.task,
+            "kind": spec.kind,
+            "impl": spec.impl.module,
+            "params": spec.params,
+            "inputs": spec.inputs,
+            "files": spec.files,
+            "key": st.key,
+            "status": st.status,
+        }
         e = st.entry
         if e and (e.path / LOG_NAME).is_file():
             row["log"] = str(e.path / LOG_NAME)
@@ -51,7 +60,8 @@ def explain(session: Session, recipe_name: str) -> list[dict]:
         if st.status == "stale":
             row["changes"] = [_named(c, spec.files) for c in diff(last[name]["material"], st.material)] or [
                 f"nothing in its key: the entry {spec.kind}/{st.key[:12]} the last build made or used is gone "
-                "from the cache (deleted, `doit gc --apply`, or damaged and moved to .damaged/)"]
+                "from the cache (deleted, `doit gc --apply`, or damaged and moved to .damaged/)"
+            ]
         elif st.status in ("blocked", "unknown"):
             # a key that cannot be computed (an offline Hub source) fails the same way for every
             # stage after it: said once, at the first, and the others point there
@@ -74,6 +84,7 @@ def memory_line(mem: dict) -> str:
     against the estimate checked before work (with what the stage's process held already, and
     the budget when one was known): ``memory: peak 2.31 GiB (process tree), estimate 2.62 GiB
     (0.40 held), budget 4.00 GiB``; "over its estimate" when the peak is above it."""
+
     def gib(b):
         return "unknown" if b is None else f"{b / (1 << 30):.2f} GiB"
 

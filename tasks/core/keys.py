@@ -114,9 +114,14 @@ def direct_imports(session: Session, name: str) -> frozenset[str]:
         found = frozenset()
     else:
         is_pkg = f.name == "__init__.py"
-        targets = json.loads(digest.default_stat_cache().derived(
-            f"imports:{name}", digest.file_digest(f), lambda: json.dumps(_import_targets(f, name, is_pkg)),
-            reader=Path(__file__)))
+        targets = json.loads(
+            digest.default_stat_cache().derived(
+                f"imports:{name}",
+                digest.file_digest(f),
+                lambda: json.dumps(_import_targets(f, name, is_pkg)),
+                reader=Path(__file__),
+            )
+        )
         found = frozenset(t for t in targets if t != name and module_file(session, t) is not None)
     session.imports[name] = found
     return found
@@ -134,7 +139,7 @@ def _import_targets(f: Path, name: str, is_pkg: bool) -> list[str]:
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = name.split(".")
-                base = base[:len(base) - node.level + (1 if is_pkg else 0)]
+                base = base[: len(base) - node.level + (1 if is_pkg else 0)]
                 stem = ".".join(base + ([node.module] if node.module else []))
             else:
                 stem = node.module or ""

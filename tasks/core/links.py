@@ -43,8 +43,10 @@ def _same(a: Path, b: Path) -> bool:
         sa, sb = a.stat(), b.stat()
     except OSError:
         return False
-    return (sa.st_ino, sa.st_dev) == (sb.st_ino, sb.st_dev) or \
-        (sa.st_size, sa.st_mtime_ns) == (sb.st_size, sb.st_mtime_ns)
+    return (sa.st_ino, sa.st_dev) == (sb.st_ino, sb.st_dev) or (sa.st_size, sa.st_mtime_ns) == (
+        sb.st_size,
+        sb.st_mtime_ns,
+    )
 
 
 _TEMP_LINK = re.compile(r"^\..+\.(\d+)\.tmp$")  # _stage_link's ".<name>.<pid>.tmp"
@@ -157,5 +159,4 @@ def is_current(session: Session, recipe: str) -> bool:
     # target added: the old target's stages keep their keys, the folder gets sub-folders)
     compiled = {k for n, k in keys.items() if res.specs[n].kind == "compile"}
     cache = paths.cache_dir()
-    return compiled <= linked <= set(keys.values()) and \
-        all(_same(p.parent / f, cache / src) for f, src in want.items())
+    return compiled <= linked <= set(keys.values()) and all(_same(p.parent / f, cache / src) for f, src in want.items())

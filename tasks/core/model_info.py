@@ -19,12 +19,23 @@ def source_info(recipe, download: Entry | None) -> dict:
     """The recipe's source (kind, repo/revision/path/package) plus, from the download
     entry's manifest when given, ``commit``, ``package_version`` and ``content_digest``."""
     s = recipe.source
-    out = {"kind": s.kind, "repo": s.hf, "revision": s.revision, "path": s.path, "package": s.package,
-           "subdir": s.subdir or None, "file": s.file}
+    out = {
+        "kind": s.kind,
+        "repo": s.hf,
+        "revision": s.revision,
+        "path": s.path,
+        "package": s.package,
+        "subdir": s.subdir or None,
+        "file": s.file,
+    }
     if download is not None:
         info, extra = download.manifest.get("info", {}), download.manifest.get("extra", {})
-        out.update(commit=info.get("commit") or extra.get("commit"), package_version=info.get("package_version"),
-                   content_digest=extra.get("content"), license=(info.get("license") or {}).get("summary"))
+        out.update(
+            commit=info.get("commit") or extra.get("commit"),
+            package_version=info.get("package_version"),
+            content_digest=extra.get("content"),
+            license=(info.get("license") or {}).get("summary"),
+        )
     elif s.file is not None:  # what the installed package declares, before a build (its metadata, read)
         from tasks.sources import SourceError
         from tasks.sources.licence import package_licence

@@ -42,8 +42,13 @@ class RecipeSet:
             stored = {n: {"abstract": r.abstract, "specs": None} for n, r in recipes.items()}
             # a valid recipe of a model not implemented yet is stored with its one reason, so a
             # folder holding one still gets the plan cache (the others are still loaded every time)
-            stored.update({n: {"abstract": False, "specs": None, "unsupported": [e.file, [list(p) for p in e.problems]]}
-                           for n, e in errors.items() if isinstance(e, UnsupportedModel)})
+            stored.update(
+                {
+                    n: {"abstract": False, "specs": None, "unsupported": [e.file, [list(p) for p in e.problems]]}
+                    for n, e in errors.items()
+                    if isinstance(e, UnsupportedModel)
+                }
+            )
             if all(isinstance(e, UnsupportedModel) for e in errors.values()):
                 try:
                     for n, r in recipes.items():

@@ -40,13 +40,11 @@ def read_state(session: Session, recipe_name: str, fresh: bool = False) -> dict:
         return {}
     except (OSError, ValueError) as e:
         err = f"{type(e).__name__}: {e}"
-    print(f"npubuild: {p}: unreadable ({err}); ignored, rewritten by the next build of {recipe_name}",
-          file=sys.stderr)
+    print(f"npubuild: {p}: unreadable ({err}); ignored, rewritten by the next build of {recipe_name}", file=sys.stderr)
     return {}
 
 
-def record(session: Session, recipe_name: str, stage: str, key: str, material: dict, entry: Entry,
-           names) -> None:
+def record(session: Session, recipe_name: str, stage: str, key: str, material: dict, entry: Entry, names) -> None:
     """Remember the last key and key material of a stage of this recipe (for explain).
     ``names``: the recipe's stage names now (its Resolver's ``specs``): rows of other stages go.
     Writes nothing when ``stages.json`` already says so (a no-op build writes no state).

@@ -19,8 +19,13 @@ def cache(session: Session) -> Cache:
     """The local cache, with the remote level when ``NPUBUILD_REMOTE`` is set; a quarantined
     entry is unlinked from ``build/`` (:func:`unlink_build_copies`). Raises ValueError for a
     relative NPUBUILD_CACHE or a remote URL fsspec cannot open."""
-    return Cache(paths.cache_dir(), remote=remote.from_env(), key_of=keys.remote_key,
-                 on_quarantine=partial(unlink_build_copies, session), cleaned=session.cleaned)
+    return Cache(
+        paths.cache_dir(),
+        remote=remote.from_env(),
+        key_of=keys.remote_key,
+        on_quarantine=partial(unlink_build_copies, session),
+        cleaned=session.cleaned,
+    )
 
 
 def unlink_build_copies(session: Session, kind: str, key: str) -> list[Path]:
@@ -77,8 +82,16 @@ class Resolver:
             upstream = {r: self.entry(up) for r, up in spec.inputs.items()}
             same, shared = None, self.session.materials
             if self.session.pinned is not None:
-                same = json.dumps([spec.kind, spec.family, spec.params, spec.files,
-                                   {r: e.output_digest for r, e in upstream.items()}], sort_keys=True)
+                same = json.dumps(
+                    [
+                        spec.kind,
+                        spec.family,
+                        spec.params,
+                        spec.files,
+                        {r: e.output_digest for r, e in upstream.items()},
+                    ],
+                    sort_keys=True,
+                )
                 if same in shared:
                     self._materials[stage] = shared[same]
                     return shared[same]

@@ -76,8 +76,15 @@ from tasks.core.model_info import architecture, licence, parameter_count, source
 from tasks.core.state import artifacts
 
 #: tool -> the stage kind whose entries record its version
-CATALOG_TOOLS = MappingProxyType({"qnn-sdk": "compile", "onnxruntime": "compile", "onnxruntime-qnn": "compile",
-                                  "optimum": "export", "transformers": "export"})
+CATALOG_TOOLS = MappingProxyType(
+    {
+        "qnn-sdk": "compile",
+        "onnxruntime": "compile",
+        "onnxruntime-qnn": "compile",
+        "optimum": "export",
+        "transformers": "export",
+    }
+)
 BUILT = ("verified", "verify-failed", "built-no-bars")  # the states whose every stage has an entry
 LABELS = MappingProxyType({"built-no-bars": "built (no bars)"})  # a state as people read it (:func:`label`)
 
@@ -108,11 +115,18 @@ def verify_results(status) -> dict:
     for s in status.build.of_kind("verify"):
         report = json.loads((s.entry.out / "verify.json").read_text(encoding="utf-8"))
         cpu = report.get("cpu_nodes", {})
-        out[s.target] = {"backend": report.get("backend"), "runtime": report.get("runtime"),
-                         "metrics": report.get("metrics", {}), "thresholds": s.spec.params.get("thresholds", {}),
-                         "failures": list(s.failures), "cpu_nodes": cpu, "runs_on": where_runs(cpu),
-                         "binaries": report.get("binaries", {}), "runtimes": runtimes_checked(report),
-                         "boundary": report.get("boundary")}
+        out[s.target] = {
+            "backend": report.get("backend"),
+            "runtime": report.get("runtime"),
+            "metrics": report.get("metrics", {}),
+            "thresholds": s.spec.params.get("thresholds", {}),
+            "failures": list(s.failures),
+            "cpu_nodes": cpu,
+            "runs_on": where_runs(cpu),
+            "binaries": report.get("binaries", {}),
+            "runtimes": runtimes_checked(report),
+            "boundary": report.get("boundary"),
+        }
     return out
 
 
@@ -153,33 +167,54 @@ def catalog_row(name: str, recipe, st) -> dict:
     Recipe, ``st`` its state (:func:`tasks.core.status.recipe_status`)."""
     ex = recipe.export
     row = {
-        "name": name, "reason": st.reason, "failures": st.failures,
+        "name": name,
+        "reason": st.reason,
+        "failures": st.failures,
         # a shape build is never a verified model, whatever its (random) verify measured
         "state": "shape-built" if recipe.source.shape and st.state in BUILT else st.state,
-        "description": recipe.description, "license": recipe.license, "task": recipe.task,
-        "family": ex.family, "precision": recipe.quantize.precision, "targets": list(recipe.compile.targets),
-        "batch_size": ex.batch_size, "sequence_length": ex.sequence_length,
-        "context_length": None, "parts": None,  # the family's (_family_fields)
+        "description": recipe.description,
+        "license": recipe.license,
+        "task": recipe.task,
+        "family": ex.family,
+        "precision": recipe.quantize.precision,
+        "targets": list(recipe.compile.targets),
+        "batch_size": ex.batch_size,
+        "sequence_length": ex.sequence_length,
+        "context_length": None,
+        "parts": None,  # the family's (_family_fields)
         "stage_keys": st.stage_keys,
         "source": source_info(recipe, st.entries.get("download")),
         # random weights of the model's exact config (tasks/sources/shape.py): its figures are time,
         # memory and the cost of quantizing a random network, never the model's quality
         "shape_build": recipe.source.shape,
-        "architecture": None, "parameters": None, "artifacts": None, "artifact_bytes": None,
-        "verify": None, "tools": None, "qnn_context_sdk": None, "runs_on": None, "io": None,
+        "architecture": None,
+        "parameters": None,
+        "artifacts": None,
+        "artifact_bytes": None,
+        "verify": None,
+        "tools": None,
+        "qnn_context_sdk": None,
+        "runs_on": None,
+        "io": None,
     }
     row["license"] = licence(recipe, row["source"])
     if st.state in BUILT:
         ents = st.entries
         arts = artifact_sizes(st)
-        sdks = sorted({v for s, e in ents.items() if e.kind == "compile"
-                       for v in e.manifest.get("info", {}).get("qnn_sdk", [])})
+        sdks = sorted(
+            {v for s, e in ents.items() if e.kind == "compile" for v in e.manifest.get("info", {}).get("qnn_sdk", [])}
+        )
         io = [e.out / "io.json" for e in ents.values() if e.kind == "export" and (e.out / "io.json").is_file()]
         row["io"] = json.loads(io[0].read_text(encoding="utf-8")) if io else None
-        row.update(architecture=architecture(ents["download"]),
-                   parameters=parameter_count(ents["download"], *[e for e in ents.values() if e.kind == "export"]),
-                   artifacts=arts, artifact_bytes=sum(sum(f.values()) for f in arts.values()),
-                   verify=verify_results(st), tools=tool_versions(st), qnn_context_sdk=sdks)
+        row.update(
+            architecture=architecture(ents["download"]),
+            parameters=parameter_count(ents["download"], *[e for e in ents.values() if e.kind == "export"]),
+            artifacts=arts,
+            artifact_bytes=sum(sum(f.values()) for f in arts.values()),
+            verify=verify_results(st),
+            tools=tool_versions(st),
+            qnn_context_sdk=sdks,
+        )
         row["runs_on"] = runs_on(row)
     row.update(_family_fields(recipe, st, row))
     return row
@@ -199,11 +234,16 @@ def _family_fields(recipe, st, row: dict) -> dict:
         return out
     dl = st.entries.get("download") if st is not None else None
     verify = row.get("verify") or {}
-    said = hook(recipe, dl.out if dl is not None else None,
-                {t: (verify.get(t) or {}).get("binaries") for t in recipe.compile.targets})
+    said = hook(
+        recipe,
+        dl.out if dl is not None else None,
+        {t: (verify.get(t) or {}).get("binaries") for t in recipe.compile.targets},
+    )
     if set(said) - set(CATALOG_FIELDS):
-        raise ValueError(f"family {recipe.export.family}: catalog_fields gave "
-                         f"{sorted(set(said) - set(CATALOG_FIELDS))}, expected fields of {', '.join(CATALOG_FIELDS)}")
+        raise ValueError(
+            f"family {recipe.export.family}: catalog_fields gave "
+            f"{sorted(set(said) - set(CATALOG_FIELDS))}, expected fields of {', '.join(CATALOG_FIELDS)}"
+        )
     return {**out, **said}
 
 
@@ -214,12 +254,32 @@ def unsupported_row(stem: str, err) -> dict:
 
     recipe = load_recipe(Path(err.file))
     ex = recipe.export
-    row = {"name": recipe.name, "state": "unsupported", "reason": err.problems[0][1], "failures": [],
-           "description": recipe.description, "license": recipe.license, "task": recipe.task, "family": ex.family,
-           "precision": recipe.quantize.precision, "targets": list(recipe.compile.targets),
-           "batch_size": ex.batch_size, "sequence_length": ex.sequence_length,
-           "context_length": None, "parts": None, "stage_keys": {},
-           "source": source_info(recipe, None), "architecture": None, "parameters": None, "artifacts": None,
-           "artifact_bytes": None, "verify": None, "tools": None, "qnn_context_sdk": None, "runs_on": None, "io": None}
+    row = {
+        "name": recipe.name,
+        "state": "unsupported",
+        "reason": err.problems[0][1],
+        "failures": [],
+        "description": recipe.description,
+        "license": recipe.license,
+        "task": recipe.task,
+        "family": ex.family,
+        "precision": recipe.quantize.precision,
+        "targets": list(recipe.compile.targets),
+        "batch_size": ex.batch_size,
+        "sequence_length": ex.sequence_length,
+        "context_length": None,
+        "parts": None,
+        "stage_keys": {},
+        "source": source_info(recipe, None),
+        "architecture": None,
+        "parameters": None,
+        "artifacts": None,
+        "artifact_bytes": None,
+        "verify": None,
+        "tools": None,
+        "qnn_context_sdk": None,
+        "runs_on": None,
+        "io": None,
+    }
     row.update(_family_fields(recipe, None, row))
     return row

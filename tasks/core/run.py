@@ -73,8 +73,15 @@ def failed_log_path(recipe_name: str, stage: str) -> Path:
     return paths.state_dir() / "logs" / recipe_name / f"{stage}.failed.txt"
 
 
-def build_spec(session: Session, spec, upstream: dict[str, Entry], cache: Cache, material: dict | None = None,
-               kept_log: Path | None = None, estimate: int | None = None) -> tuple[str, dict, Entry, bool]:
+def build_spec(
+    session: Session,
+    spec,
+    upstream: dict[str, Entry],
+    cache: Cache,
+    material: dict | None = None,
+    kept_log: Path | None = None,
+    estimate: int | None = None,
+) -> tuple[str, dict, Entry, bool]:
     """Build (or reuse: local hit, else remote pull) the cache entry of ``spec`` (a
     :class:`tasks.recipe.plan.StageSpec`) in ``cache``, from its committed upstream entries (by
     role); ``material``: its key material when already known. The stage's output goes to
@@ -109,8 +116,10 @@ def build_spec(session: Session, spec, upstream: dict[str, Entry], cache: Cache,
         try:
             heap.keep_freed(heap.input_bytes(upstream) <= heap.KEEP_INPUT_MAX)
             with stagelog.capture(log, spec.task):
-                print(f"{spec.task}: {spec.kind} {key} (recipe {spec.recipe}), {time.strftime('%Y-%m-%d %H:%M:%S')}",
-                      flush=True)
+                print(
+                    f"{spec.task}: {spec.kind} {key} (recipe {spec.recipe}), {time.strftime('%Y-%m-%d %H:%M:%S')}",
+                    flush=True,
+                )
                 # the stage reads copies of its data files, checked against the key
                 read = digest.snapshot(files, material["files"], spec.files, Path(tempfile.mkdtemp(prefix="inputs-")))
                 budget.checked_reset()
@@ -147,10 +156,15 @@ def build_spec(session: Session, spec, upstream: dict[str, Entry], cache: Cache,
 
     base = {
         "material": material,  # lets a remote reader check that the entry is this key's
-        "stage_version": st.version, "code": material["code"], "params": spec.params, "tools": material["tools"],
+        "stage_version": st.version,
+        "code": material["code"],
+        "params": spec.params,
+        "tools": material["tools"],
         "inputs": {r: {"kind": e.kind, "key": e.key, "output_digest": e.output_digest} for r, e in upstream.items()},
         "files": {r: {"path": spec.files[r], "xxh3": material["files"][r]} for r in files},
-        "extra": material.get("extra", {}), "host": tools.host(), "built_for": spec.recipe,
+        "extra": material.get("extra", {}),
+        "host": tools.host(),
+        "built_for": spec.recipe,
         "builder": tools.builder(),
     }
     entry, built = cache.get_or_build(spec.kind, key, base, build)
@@ -178,8 +192,15 @@ def run_stage(session: Session, recipe_name: str, stage: str) -> dict:
     kept = failed_log_path(recipe_name, stage)
     t0 = time.time()
     try:
-        key, material, entry, built = build_spec(session, spec, upstream, res.cache, material, kept,
-                                                 estimate_or_none(session, recipe_name, stage, memory_estimate))
+        key, material, entry, built = build_spec(
+            session,
+            spec,
+            upstream,
+            res.cache,
+            material,
+            kept,
+            estimate_or_none(session, recipe_name, stage, memory_estimate),
+        )
     except BaseException as e:
         # stopped also when a library turned the Ctrl-C into another error (tasks/proc/interrupt.py)
         stopped = isinstance(e, KeyboardInterrupt) or interrupt.seen()
@@ -192,9 +213,11 @@ def run_stage(session: Session, recipe_name: str, stage: str) -> dict:
         if not stopped and (bad := _names_entry(e, upstream)):
             up = next(res.specs[n].task for r, n in spec.inputs.items() if upstream[r] is bad)
             first = " ".join(ln.strip() for ln in str(e).splitlines() if ln.strip())
-            err = UpstreamUnusable(f"upstream entry {bad.kind}/{bad.key} ({bad.path}), built by {up}, cannot be "
-                                   f"used [{type(e).__name__}: {first}]: drop it (`rm -rf {bad.path}`) and build "
-                                   f"again; {up} rebuilds it")
+            err = UpstreamUnusable(
+                f"upstream entry {bad.kind}/{bad.key} ({bad.path}), built by {up}, cannot be "
+                f"used [{type(e).__name__}: {first}]: drop it (`rm -rf {bad.path}`) and build "
+                f"again; {up} rebuilds it"
+            )
             for note in getattr(e, "__notes__", ()):
                 err.add_note(note)
             raise err from None
@@ -210,8 +233,10 @@ def run_stage(session: Session, recipe_name: str, stage: str) -> dict:
     if interrupt.seen():  # a library swallowed the Ctrl-C and the stage finished (its entry is whole): stop here
         raise KeyboardInterrupt()
     if bad:
-        raise StageFailed(f"{spec.task} failed:\n  " + "\n  ".join(bad) + f"\n  (details: {entry.out})"
-                          f"\n  log: {entry.path / stagelog.LOG_NAME}")
+        raise StageFailed(
+            f"{spec.task} failed:\n  " + "\n  ".join(bad) + f"\n  (details: {entry.out})"
+            f"\n  log: {entry.path / stagelog.LOG_NAME}"
+        )
     return {"key": key, "built": built}
 
 

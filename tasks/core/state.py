@@ -168,6 +168,7 @@ def artifacts(state: BuildState) -> dict[str, Artifact]:
                 continue
             if any(fnmatch(Path(rel).name, p) for p in pats):
                 for sub in subs:
-                    out[sub + rel] = Artifact(st.name, st.kind, st.entry.key, rel, st.entry.out / rel, meta["size"],
-                                              st.target)
+                    out[sub + rel] = Artifact(
+                        st.name, st.kind, st.entry.key, rel, st.entry.out / rel, meta["size"], st.target
+                    )
     return dict(sorted(out.items()))

@@ -94,19 +94,23 @@ def recipe_status(name: str, session: Session | None = None) -> RecipeStatus:
     session = session or Session()
     last = read_state(session, name)
     b = build_state(ReadOnlyResolver(session, name), last)
-    reasons = [s.problem if s.status != "unknown" else f"{s.task}: {scrub(s.problem)}"
-               for s in b.stages.values() if s.entry is None]
+    reasons = [
+        s.problem if s.status != "unknown" else f"{s.task}: {scrub(s.problem)}"
+        for s in b.stages.values()
+        if s.entry is None
+    ]
     failures = []
     if not reasons:
         failures = [f"{s.task}: {f}" for s in b.of_kind("verify") for f in s.failures]
         barred = any(s.spec.params.get("thresholds") for s in b.of_kind("verify"))
         state = "verify-failed" if failures else "verified" if barred else "built-no-bars"
         if state == "built-no-bars":
-            reasons = ["verify measured it, but the recipe sets no bar to judge it (verify.thresholds is empty "
-                       "and no runtime brings one): set verify.thresholds, or leave the key out for the "
-                       "family's default bars"]
+            reasons = [
+                "verify measured it, but the recipe sets no bar to judge it (verify.thresholds is empty "
+                "and no runtime brings one): set verify.thresholds, or leave the key out for the "
+                "family's default bars"
+            ]
     else:
         verifies = [s.name for s in b.of_kind("verify")]
         state = "stale" if verifies and all(v in last for v in verifies) else "not-built"
     return RecipeStatus(state, reasons[0] if reasons else None, failures, b)
-

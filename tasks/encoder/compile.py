@@ -19,8 +19,13 @@ from tasks.encoder.binaries import read_back
 from tasks.contract.common import COMPILE_ARTIFACTS, target_key_extra
 from tasks.contract.stage import Param, Stage
 
-DISABLE_CPU_EP_FALLBACK = Param("compile", "disable_cpu_ep_fallback", bool, True,
-                                "no node may fall back to the CPU EP (false: allowed, and the card says npu+cpu)")
+DISABLE_CPU_EP_FALLBACK = Param(
+    "compile",
+    "disable_cpu_ep_fallback",
+    bool,
+    True,
+    "no node may fall back to the CPU EP (false: allowed, and the card says npu+cpu)",
+)
 
 
 def run(inputs, files, params, out: Path) -> dict:
@@ -37,8 +42,13 @@ def run(inputs, files, params, out: Path) -> dict:
     src = inputs["model"]
     info, compiles, placed = _compile_graphs(src, out, params)
     sdk = sorted({n.get("ep_sdk_version", "?") for nodes in info.values() for n in nodes})
-    return {"graphs": info, "compiles": compiles, "qnn_sdk": sdk, "nodes": placed,
-            "binaries": read_back(out, params["target"], qdq=src)}
+    return {
+        "graphs": info,
+        "compiles": compiles,
+        "qnn_sdk": sdk,
+        "nodes": placed,
+        "binaries": read_back(out, params["target"], qdq=src),
+    }
 
 
 def _compile_graphs(src: Path, out: Path, params: dict) -> tuple[dict, dict, dict]:
@@ -49,8 +59,11 @@ def _compile_graphs(src: Path, out: Path, params: dict) -> tuple[dict, dict, dic
         ctx = out / rel.parent / f"{rel.stem}_ctx.onnx"
         ctx.parent.mkdir(parents=True, exist_ok=True)
         compiles[rel.as_posix()] = qnn.compile_settled(
-            lambda d, g=g, name=ctx.name: qnn.compile_in_subprocess(g, d / name, params["target"],
-                                                                    params["disable_cpu_ep_fallback"]), ctx)
+            lambda d, g=g, name=ctx.name: qnn.compile_in_subprocess(
+                g, d / name, params["target"], params["disable_cpu_ep_fallback"]
+            ),
+            ctx,
+        )
         info[rel.as_posix()] = qnn.ep_context_info(ctx)
         cpu = qnn.cpu_nodes(ctx)
         placed[rel.as_posix()] = {"htp": total - sum(cpu.values()), "cpu": cpu}
@@ -58,9 +71,14 @@ def _compile_graphs(src: Path, out: Path, params: dict) -> tuple[dict, dict, dic
 
 
 STAGE = Stage(
-    kind="compile", module=__name__, version=8,  # 8: every binary read back
-    tools=("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "onnx"), run=run,
-    params=(DISABLE_CPU_EP_FALLBACK,), wired=("target",),
+    kind="compile",
+    module=__name__,
+    version=8,  # 8: every binary read back
+    tools=("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "onnx"),
+    run=run,
+    params=(DISABLE_CPU_EP_FALLBACK,),
+    wired=("target",),
     key_exclude=("target",),  # the name; the key holds what it resolves to (key_extra)
-    key_extra=target_key_extra, artifacts=COMPILE_ARTIFACTS,
+    key_extra=target_key_extra,
+    artifacts=COMPILE_ARTIFACTS,
 )

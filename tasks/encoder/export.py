@@ -23,18 +23,21 @@ from tasks.contract.params import SEQUENCE_LENGTH
 onnx = lazy.module("onnx")
 
 
-
 def _one_sequence(v, earlier):
     if v != 1:
-        raise ValueError(f"expected 1 (quantize and verify feed one sequence per call: "
-                         f"tasks/encoder/inputs.py encoder_feeds; the LLM graphs are batch 1), found {v}")
+        raise ValueError(
+            f"expected 1 (quantize and verify feed one sequence per call: "
+            f"tasks/encoder/inputs.py encoder_feeds; the LLM graphs are batch 1), found {v}"
+        )
     return v
 
 
 TASK = Param("export", "task", str | None, None, "optimum task; inferred when absent")
 OPSET = Param("export", "opset", int, 17, "ONNX opset of the exported graph", limits={"ge": 13, "le": 23})
-BATCH_SIZE = Param("export", "batch_size", int, 1, "sequences per call; 1 (the one value the stages feed)",
-                   check=_one_sequence)
+BATCH_SIZE = Param(
+    "export", "batch_size", int, 1, "sequences per call; 1 (the one value the stages feed)", check=_one_sequence
+)
+
 
 def key_extra(params: dict) -> dict:
     return {"int64-to-int32": patches.get("int64-to-int32").version}
@@ -46,10 +49,18 @@ def _export_encoder(src: Path, params: dict, out: Path) -> dict:
     from optimum.exporters.onnx import main_export
 
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp, progress.bar(what="graphs", total=1, unit="graph") as bar:
-        main_export(str(src), tmp, task=params.get("task") or "auto", opset=params["opset"],
-                    no_dynamic_axes=True, do_validation=False, library_name="transformers",
-                    local_files_only=True, batch_size=params["batch_size"],
-                    sequence_length=params["sequence_length"])
+        main_export(
+            str(src),
+            tmp,
+            task=params.get("task") or "auto",
+            opset=params["opset"],
+            no_dynamic_axes=True,
+            do_validation=False,
+            library_name="transformers",
+            local_files_only=True,
+            batch_size=params["batch_size"],
+            sequence_length=params["sequence_length"],
+        )
         model = load_model(Path(tmp) / "model.onnx")
         bar.update()
     res = patches.get("int64-to-int32").fn(model)  # in memory: one save of the graph
@@ -60,14 +71,17 @@ def _export_encoder(src: Path, params: dict, out: Path) -> dict:
 def _io(model) -> dict:
     def desc(vi):
         t = vi.type.tensor_type
-        return {"name": vi.name, "dtype": onnx.TensorProto.DataType.Name(t.elem_type).lower(),
-                "shape": [d.dim_value if d.HasField("dim_value") else d.dim_param for d in t.shape.dim]}
+        return {
+            "name": vi.name,
+            "dtype": onnx.TensorProto.DataType.Name(t.elem_type).lower(),
+            "shape": [d.dim_value if d.HasField("dim_value") else d.dim_param for d in t.shape.dim],
+        }
 
     return {"inputs": [desc(i) for i in model.graph.input], "outputs": [desc(o) for o in model.graph.output]}
 
 
 def config_shape_problem(src: Path) -> str:
-    """"" when every tensor of the checkpoint in ``src`` that transformers' ``AutoModel`` for its
+    """ "" when every tensor of the checkpoint in ``src`` that transformers' ``AutoModel`` for its
     ``config.json`` makes (its parameters, built on the ``meta`` device: names and shapes, no
     memory) has the shape the config implies, else the one line of
     :func:`tasks.sources.facts.shape_problem` naming the first that differs. A name may be
@@ -83,8 +97,13 @@ def config_shape_problem(src: Path) -> str:
     config = AutoConfig.from_pretrained(str(src), local_files_only=True)
     with torch.device("meta"):
         model = AutoModel.from_config(config)
-    return shape_problem(src, [(n, tuple(t.shape)) for n, t in model.named_parameters()], type(model).__name__,
-                         prefix=model.base_model_prefix, require=False)
+    return shape_problem(
+        src,
+        [(n, tuple(t.shape)) for n, t in model.named_parameters()],
+        type(model).__name__,
+        prefix=model.base_model_prefix,
+        require=False,
+    )
 
 
 def run(inputs, files, params, out: Path) -> dict:
@@ -106,9 +125,13 @@ def run(inputs, files, params, out: Path) -> dict:
 
 
 STAGE = Stage(
-    kind="export", module=__name__, version=1,
-    tools=("torch", "transformers", "optimum", "optimum-onnx", "onnx"), run=run,
-    params=(TASK, OPSET, BATCH_SIZE, SEQUENCE_LENGTH), key_extra=key_extra,
+    kind="export",
+    module=__name__,
+    version=1,
+    tools=("torch", "transformers", "optimum", "optimum-onnx", "onnx"),
+    run=run,
+    params=(TASK, OPSET, BATCH_SIZE, SEQUENCE_LENGTH),
+    key_extra=key_extra,
     code_deps=("tasks.patches.int64_to_int32",),  # found by name through the patch registry
     artifacts=EXPORT_ARTIFACTS,
 )

@@ -26,17 +26,26 @@ def plan(p) -> list:
     if pre := p.patch_steps("pre-quantize"):
         specs.append(p.patch("prepatch", pre, model))
         model = "prepatch"
-    specs.append(p.spec("quantize", "quantize", p.params("quantize"), {"model": model, "source": "download"},
-                        p.files("quantize")))
+    specs.append(
+        p.spec(
+            "quantize", "quantize", p.params("quantize"), {"model": model, "source": "download"}, p.files("quantize")
+        )
+    )
     model = "quantize"
     if post := p.patch_steps("post-quantize"):
         specs.append(p.patch("patch", post, model))
         model = "patch"
     for t, suffix in p.targets():
         specs.append(p.spec(f"compile{suffix}", "compile", {"target": t, **p.params("compile")}, {"model": model}))
-        specs.append(p.spec(f"verify{suffix}", "verify", {**p.params("verify"), "target": t, "task": r.task},
-                            {"compiled": f"compile{suffix}", "qdq": model, "reference": "export",
-                             "source": "download"}, p.files("verify")))
+        specs.append(
+            p.spec(
+                f"verify{suffix}",
+                "verify",
+                {**p.params("verify"), "target": t, "task": r.task},
+                {"compiled": f"compile{suffix}", "qdq": model, "reference": "export", "source": "download"},
+                p.files("verify"),
+            )
+        )
     return specs
 
 
@@ -47,8 +56,13 @@ def source_check(recipe, cfg: dict, config_file: Path) -> list[tuple[str, str]]:
     files beside ``config_file``)."""
     limit, problems = cfg.get("max_position_embeddings"), []
     if isinstance(limit, int) and recipe.export.sequence_length > limit:
-        problems.append(("export.sequence_length", f"expected at most the model's max_position_embeddings "
-                                                   f"({limit}), found {recipe.export.sequence_length}"))
+        problems.append(
+            (
+                "export.sequence_length",
+                f"expected at most the model's max_position_embeddings "
+                f"({limit}), found {recipe.export.sequence_length}",
+            )
+        )
     return problems + tokenizer_problems(config_file.parent)
 
 
@@ -72,9 +86,14 @@ def tokenizer_problems(folder: Path) -> list[tuple[str, str]]:
     missing = [n for n in REQUIRED_INPUTS if not isinstance(names, list) or n not in names]
     if not missing:
         return []
-    return [("source", f"expected a tokenizer whose model_input_names include {', '.join(REQUIRED_INPUTS)} (inputs "
-                       f"every exported encoder graph requires; {', '.join(ZERO_WHEN_ABSENT)} may be absent: fed as "
-                       f"zeros), found model_input_names {json.dumps(names)} in {f}")]
+    return [
+        (
+            "source",
+            f"expected a tokenizer whose model_input_names include {', '.join(REQUIRED_INPUTS)} (inputs "
+            f"every exported encoder graph requires; {', '.join(ZERO_WHEN_ABSENT)} may be absent: fed as "
+            f"zeros), found model_input_names {json.dumps(names)} in {f}",
+        )
+    ]
 
 
 #: the bars an encoder recipe that sets no ``verify.thresholds`` is judged by: the loosest an
@@ -94,9 +113,18 @@ def default_thresholds(recipe) -> dict[str, float]:
 
 
 FAMILY = Family(
-    name="encoder", title="an encoder",
-    stages={"download": "tasks.sources.download", "export": "tasks.encoder.export", "patch": "tasks.patches.stage",
-            "quantize": "tasks.encoder.quantize", "compile": "tasks.encoder.compile", "verify": "tasks.encoder.verify"},
-    plan=plan, source_check=source_check, default_thresholds=default_thresholds,
+    name="encoder",
+    title="an encoder",
+    stages={
+        "download": "tasks.sources.download",
+        "export": "tasks.encoder.export",
+        "patch": "tasks.patches.stage",
+        "quantize": "tasks.encoder.quantize",
+        "compile": "tasks.encoder.compile",
+        "verify": "tasks.encoder.verify",
+    },
+    plan=plan,
+    source_check=source_check,
+    default_thresholds=default_thresholds,
     catalog_chart=("Encoders: quality versus size", "encoder", "pooled_cosine_mean", "mean-pooled cosine vs fp32"),
 )

@@ -35,17 +35,23 @@ def encoder_feeds(model_path: Path, tokenizer_dir: Path, texts: list[str], max_l
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
     m = load_model(model_path, load_external_data=False)
     init = {i.name for i in m.graph.initializer}
-    want = {i.name: onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)
-            for i in m.graph.input if i.name not in init}
+    want = {
+        i.name: onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)
+        for i in m.graph.input
+        if i.name not in init
+    }
     feeds = []
     for t in texts:
         enc = tok(t, padding="max_length", truncation=True, max_length=max_length, return_tensors="np")
         missing = [n for n in want if n not in enc and n not in ZERO_WHEN_ABSENT]
         if missing:
-            raise InputError(f"{model_path}: graph inputs {missing}: expected the tokenizer in {tokenizer_dir} to "
-                             f"give them, found only {sorted(enc)} (inputs fed as zeros when absent: "
-                             f"{', '.join(ZERO_WHEN_ABSENT)})")
+            raise InputError(
+                f"{model_path}: graph inputs {missing}: expected the tokenizer in {tokenizer_dir} to "
+                f"give them, found only {sorted(enc)} (inputs fed as zeros when absent: "
+                f"{', '.join(ZERO_WHEN_ABSENT)})"
+            )
         shape = np.asarray(enc["input_ids"]).shape
-        feeds.append({name: (np.asarray(enc[name]) if name in enc else np.zeros(shape)).astype(dt)
-                      for name, dt in want.items()})
+        feeds.append(
+            {name: (np.asarray(enc[name]) if name in enc else np.zeros(shape)).astype(dt) for name, dt in want.items()}
+        )
     return feeds

@@ -28,11 +28,19 @@ from tasks.qnn.precisions import Precision
 from tasks.encoder.inputs import encoder_feeds
 from tasks.contract.common import copy_rest
 from tasks.contract.stage import Param, Stage
-from tasks.contract.params import (BLOCK_SIZE, CALIBRATION_FILE, CALIBRATION_SAMPLES, EMBEDDING_BITS, OVERRIDES,
-                                   PER_CHANNEL, GPTQ_SPAN, PRECISION, ROUNDING)
+from tasks.contract.params import (
+    BLOCK_SIZE,
+    CALIBRATION_FILE,
+    CALIBRATION_SAMPLES,
+    EMBEDDING_BITS,
+    OVERRIDES,
+    PER_CHANNEL,
+    GPTQ_SPAN,
+    PRECISION,
+    ROUNDING,
+)
 
 onnx = lazy.module("onnx")
-
 
 
 def _no_entropy(v):
@@ -40,24 +48,41 @@ def _no_entropy(v):
         raise ValueError(
             "expected MinMax or Percentile, found 'Entropy': through onnxruntime's quantize_static it gives "
             "exactly MinMax's ranges (its entropy calibrator's 128 histogram bins equal its 128 quantized "
-            "bins, so the search has one candidate, the full range), so npubuild refuses it")
+            "bins, so the search has one candidate, the full range), so npubuild refuses it"
+        )
     return v
 
 
-CALIBRATION_MAX_LENGTH = Param("quantize", "calibration.max_length", int, 128,
-                               "tokens per calibration sample (padded/truncated)", limits={"ge": 1, "le": 131_072})
-CALIBRATE_METHOD = Param("quantize", "calibrate_method", Literal["MinMax", "Percentile"], "MinMax",
-                         "onnxruntime's calibrator", before=_no_entropy)
+CALIBRATION_MAX_LENGTH = Param(
+    "quantize",
+    "calibration.max_length",
+    int,
+    128,
+    "tokens per calibration sample (padded/truncated)",
+    limits={"ge": 1, "le": 131_072},
+)
+CALIBRATE_METHOD = Param(
+    "quantize",
+    "calibrate_method",
+    Literal["MinMax", "Percentile"],
+    "MinMax",
+    "onnxruntime's calibrator",
+    before=_no_entropy,
+)
 
 
 def preflight(recipe) -> list[tuple[str, str]]:
     """A chat calibration set (``.jsonl``) is for LLMs; an encoder reads one sample per line."""
     f = recipe.quantize.calibration.file
     if f.endswith(".jsonl"):
-        return [("quantize.calibration.file", f"expected a text file with one sample per line for an encoder, found "
-                                              f"{f!r} (.jsonl chat conversations are for LLM recipes)")]
+        return [
+            (
+                "quantize.calibration.file",
+                f"expected a text file with one sample per line for an encoder, found "
+                f"{f!r} (.jsonl chat conversations are for LLM recipes)",
+            )
+        ]
     return []
-
 
 
 class ListReader:
@@ -139,25 +164,47 @@ def quantize_graph(src: Path, dst: Path, feeds: list[dict], params: dict) -> dic
         overrides = weight_overrides(model, p, params["per_channel"])
         for o in params.get("overrides", []):
             for name in sorted(matching_weights(model, o["pattern"])):
-                overrides[name] = [{"quant_type": qtype(OVERRIDE_TYPES[o["weight_bits"]]),
-                                    **({"symmetric": True, "axis": 1} if name in overrides else {})}]
-        cfg = get_qnn_qdq_config(str(pre), ListReader(feeds, f"{src.stem} calibration samples"),
-                                 calibrate_method=getattr(CalibrationMethod, params["calibrate_method"]),
-                                 activation_type=qtype(p.activation_type), weight_type=qtype(p.weight_type),
-                                 per_channel=params["per_channel"], init_overrides=overrides or None)
+                overrides[name] = [
+                    {
+                        "quant_type": qtype(OVERRIDE_TYPES[o["weight_bits"]]),
+                        **({"symmetric": True, "axis": 1} if name in overrides else {}),
+                    }
+                ]
+        cfg = get_qnn_qdq_config(
+            str(pre),
+            ListReader(feeds, f"{src.stem} calibration samples"),
+            calibrate_method=getattr(CalibrationMethod, params["calibrate_method"]),
+            activation_type=qtype(p.activation_type),
+            weight_type=qtype(p.weight_type),
+            per_channel=params["per_channel"],
+            init_overrides=overrides or None,
+        )
         big = pre.stat().st_size > 2 * 1024**3
         if big:
             cfg.use_external_data_format = True
         with fast_int4_packing():  # onnxruntime's own int4 packing is a Python loop per byte
             quantize(str(pre), str(dst), cfg)
         if four:
-            info.update(weights.reencode(pre, dst, feeds, params.get("block_size"), params.get("rounding", "nearest"),
-                                         params.get("embedding_bits", 16) == 8, span=params.get("gptq_span")))
+            info.update(
+                weights.reencode(
+                    pre,
+                    dst,
+                    feeds,
+                    params.get("block_size"),
+                    params.get("rounding", "nearest"),
+                    params.get("embedding_bits", 16) == 8,
+                    span=params.get("gptq_span"),
+                )
+            )
     q = onnx.load(str(dst), load_external_data=False)
     ops = [n.op_type for n in q.graph.node]
-    return {"quantize_linear": ops.count("QuantizeLinear"), "dequantize_linear": ops.count("DequantizeLinear"),
-            "overridden_weights": len(overrides), **info,
-            "opset": max(o.version for o in q.opset_import if o.domain in ("", "ai.onnx"))}
+    return {
+        "quantize_linear": ops.count("QuantizeLinear"),
+        "dequantize_linear": ops.count("DequantizeLinear"),
+        "overridden_weights": len(overrides),
+        **info,
+        "opset": max(o.version for o in q.opset_import if o.domain in ("", "ai.onnx")),
+    }
 
 
 def run(inputs, files, params, out: Path) -> dict:
@@ -178,12 +225,25 @@ def run(inputs, files, params, out: Path) -> dict:
     return {"graphs": report, "calibration_samples": len(texts)}
 
 
-
 STAGE = Stage(
-    kind="quantize", module=__name__,
+    kind="quantize",
+    module=__name__,
     version=4,  # 4: block-wise int4 (LPBQ), GPTQ, 8-bit tables, Gemm split at 4 bits
-    tools=("onnxruntime", "onnx", "transformers", "tokenizers", "numpy"), run=run,
-    params=(PRECISION, PER_CHANNEL, BLOCK_SIZE, ROUNDING, GPTQ_SPAN, EMBEDDING_BITS, CALIBRATION_SAMPLES,
-            CALIBRATION_MAX_LENGTH, CALIBRATE_METHOD, OVERRIDES),
-    files={CALIBRATION_FILE: "calibration"}, line_samples=("calibration",), preflight=preflight,
+    tools=("onnxruntime", "onnx", "transformers", "tokenizers", "numpy"),
+    run=run,
+    params=(
+        PRECISION,
+        PER_CHANNEL,
+        BLOCK_SIZE,
+        ROUNDING,
+        GPTQ_SPAN,
+        EMBEDDING_BITS,
+        CALIBRATION_SAMPLES,
+        CALIBRATION_MAX_LENGTH,
+        CALIBRATE_METHOD,
+        OVERRIDES,
+    ),
+    files={CALIBRATION_FILE: "calibration"},
+    line_samples=("calibration",),
+    preflight=preflight,
 )

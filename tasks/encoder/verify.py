@@ -46,20 +46,53 @@ from tasks.encoder.inputs import encoder_feeds
 np = lazy.module("numpy")
 onnx = lazy.module("onnx")
 
-DATA_MAX_LENGTH = Param("verify", "data.max_length", int, 128, "tokens per sample (padded/truncated)",
-                        limits={"ge": 1, "le": 131_072})
+DATA_MAX_LENGTH = Param(
+    "verify", "data.max_length", int, 128, "tokens per sample (padded/truncated)", limits={"ge": 1, "le": 131_072}
+)
 #: the bars this verify measures (``verify.thresholds``)
 THRESHOLDS = (
-    Threshold("pooled_cosine_mean", "min", "pooled_cosine", "mean over samples of the mean-pooled embedding cosine",
-              "a cosine", 0.0, False, 1.0),
-    Threshold("pooled_cosine_min", "min", "pooled_cosine", "worst sample's mean-pooled embedding cosine",
-              "a cosine", 0.0, False, 1.0),
+    Threshold(
+        "pooled_cosine_mean",
+        "min",
+        "pooled_cosine",
+        "mean over samples of the mean-pooled embedding cosine",
+        "a cosine",
+        0.0,
+        False,
+        1.0,
+    ),
+    Threshold(
+        "pooled_cosine_min",
+        "min",
+        "pooled_cosine",
+        "worst sample's mean-pooled embedding cosine",
+        "a cosine",
+        0.0,
+        False,
+        1.0,
+    ),
     Threshold("cosine_mean", "min", "cosine", "mean over samples of the output cosine", "a cosine", 0.0, False, 1.0),
     Threshold("cosine_min", "min", "cosine", "worst sample's output cosine", "a cosine", 0.0, False, 1.0),
-    Threshold("max_abs_error", "max", "max_abs_error", "largest |compiled - fp32| over all samples",
-              "an absolute error", 0.0, True, math.inf),
-    Threshold("top1_agreement", "min", "top1_agreement", "share of tokens whose argmax agrees",
-              "a share of tokens", 0.0, True, 1.0),
+    Threshold(
+        "max_abs_error",
+        "max",
+        "max_abs_error",
+        "largest |compiled - fp32| over all samples",
+        "an absolute error",
+        0.0,
+        True,
+        math.inf,
+    ),
+    Threshold(
+        "top1_agreement",
+        "min",
+        "top1_agreement",
+        "share of tokens whose argmax agrees",
+        "a share of tokens",
+        0.0,
+        True,
+        1.0,
+    ),
 )
 
 
@@ -129,8 +162,10 @@ def htp_outputs(ctx: Path, target: str, feeds: list[dict], out_name: str, work: 
             while not out.exists():
                 r = runs[i % n]
                 if r.done() and (r.result().returncode != 0 or not out.exists()):
-                    raise RuntimeError(f"verify on HTP: the child process for samples {i % n}::{n} failed "
-                                       f"(exit {r.result().returncode}):\n{r.result().tail(2000)}")
+                    raise RuntimeError(
+                        f"verify on HTP: the child process for samples {i % n}::{n} failed "
+                        f"(exit {r.result().returncode}):\n{r.result().tail(2000)}"
+                    )
                 time.sleep(0.02)
             yield np.load(out)
 
@@ -157,24 +192,35 @@ def _verify_encoder(inputs, files, params) -> dict:
     ref = qnn.cpu_session(ref_model)
     ctx = inputs["compiled"] / "model_ctx.onnx"
     # where the compiled model runs, whichever backend verifies it
-    placement = {**qnn.placement(inputs["compiled"]),
-                 "nodes": [n.op_type for n in onnx.load(str(ctx), load_external_data=False).graph.node]}
+    placement = {
+        **qnn.placement(inputs["compiled"]),
+        "nodes": [n.op_type for n in onnx.load(str(ctx), load_external_data=False).graph.node],
+    }
     if params["backend"] != "htp":
         got = qnn.cpu_session(inputs["qdq"] / "model.onnx")
     out_name = ref.get_outputs()[0].name
     samples = []
     with tempfile.TemporaryDirectory(prefix="verify-") as tmp:
-        outputs = (htp_outputs(ctx, params["target"], feeds, out_name, Path(tmp)) if params["backend"] == "htp"
-                   else (got.run([out_name], f)[0] for f in feeds))
+        outputs = (
+            htp_outputs(ctx, params["target"], feeds, out_name, Path(tmp))
+            if params["backend"] == "htp"
+            else (got.run([out_name], f)[0] for f in feeds)
+        )
         for text, feed, g in progress.bar(zip(texts, feeds, outputs), "samples", total=len(texts), unit="sample"):
             r = ref.run([out_name], feed)[0]
             s = compare(r, g, feed["attention_mask"])
             s["text"] = sample_text(text)
             samples.append(s)
-    return {"backend": params["backend"], "target": params["target"], "output": out_name,
-            "sequence_length": d["max_length"], "metrics": _aggregate(samples), "samples": samples,
-            "binaries": binaries,
-            **placement}
+    return {
+        "backend": params["backend"],
+        "target": params["target"],
+        "output": out_name,
+        "sequence_length": d["max_length"],
+        "metrics": _aggregate(samples),
+        "samples": samples,
+        "binaries": binaries,
+        **placement,
+    }
 
 
 STAGE = Stage(

@@ -77,10 +77,15 @@ def _up_rows(c):
     return I, 2 * I
 
 
-_NORMS = (Piece("input_layernorm.weight", "input_layernorm.weight"),
-          Piece("post_attention_layernorm.weight", "post_attention_layernorm.weight"))
-_SEPARATE_QKV = tuple(Piece(f"self_attn.{p}_proj.{w}", f"self_attn.{p}_proj.{w}", optional=w == "bias")
-                      for p in "qkv" for w in ("weight", "bias"))
+_NORMS = (
+    Piece("input_layernorm.weight", "input_layernorm.weight"),
+    Piece("post_attention_layernorm.weight", "post_attention_layernorm.weight"),
+)
+_SEPARATE_QKV = tuple(
+    Piece(f"self_attn.{p}_proj.{w}", f"self_attn.{p}_proj.{w}", optional=w == "bias")
+    for p in "qkv"
+    for w in ("weight", "bias")
+)
 _SEPARATE_MLP = tuple(Piece(f"mlp.{p}_proj.weight", f"mlp.{p}_proj.weight") for p in ("gate", "up"))
 _COMMON = (
     Piece("self_attn.o_proj.weight", "self_attn.o_proj.weight"),
@@ -109,14 +114,24 @@ _LLAMA = _NORMS + _SEPARATE_QKV + _COMMON + _SEPARATE_MLP
 ARCHITECTURES: dict[str, Architecture] = {
     "llama": Architecture(_LLAMA),
     "qwen2": Architecture(_LLAMA),
-    "qwen3": Architecture(_LLAMA + (Piece("self_attn.q_norm.weight", "self_attn.q_norm.weight"),
-                              Piece("self_attn.k_norm.weight", "self_attn.k_norm.weight"))),
-    "phi3": Architecture(_NORMS + _COMMON + (
-        Piece("self_attn.q_proj.weight", "self_attn.qkv_proj.weight", _q_rows),
-        Piece("self_attn.k_proj.weight", "self_attn.qkv_proj.weight", _k_rows),
-        Piece("self_attn.v_proj.weight", "self_attn.qkv_proj.weight", _v_rows),
-        Piece("mlp.gate_proj.weight", "mlp.gate_up_proj.weight", _gate_rows),
-        Piece("mlp.up_proj.weight", "mlp.gate_up_proj.weight", _up_rows))),
+    "qwen3": Architecture(
+        _LLAMA
+        + (
+            Piece("self_attn.q_norm.weight", "self_attn.q_norm.weight"),
+            Piece("self_attn.k_norm.weight", "self_attn.k_norm.weight"),
+        )
+    ),
+    "phi3": Architecture(
+        _NORMS
+        + _COMMON
+        + (
+            Piece("self_attn.q_proj.weight", "self_attn.qkv_proj.weight", _q_rows),
+            Piece("self_attn.k_proj.weight", "self_attn.qkv_proj.weight", _k_rows),
+            Piece("self_attn.v_proj.weight", "self_attn.qkv_proj.weight", _v_rows),
+            Piece("mlp.gate_proj.weight", "mlp.gate_up_proj.weight", _gate_rows),
+            Piece("mlp.up_proj.weight", "mlp.gate_up_proj.weight", _up_rows),
+        )
+    ),
     "gemma": Architecture(_LLAMA, norm_offset=1.0, embed_scale=True),
 }
 SUPPORTED = tuple(ARCHITECTURES)
@@ -145,8 +160,10 @@ def unsupported(config: dict) -> list[str]:
         v = config.get(key)
         if v in (None, False, 0):
             continue
-        if key == "sliding_window" and (config.get("model_type") in ("qwen2", "qwen3", "phi3", "llama")
-                                        and not config.get("use_sliding_window", False)):
+        if key == "sliding_window" and (
+            config.get("model_type") in ("qwen2", "qwen3", "phi3", "llama")
+            and not config.get("use_sliding_window", False)
+        ):
             continue
         out.append(f"{what} ({key} {v})")
     return out

@@ -136,8 +136,9 @@ def narrow_io(path, narrow: dict[str, dict]) -> None:
     def encoding(node, name, enc):
         """Point ``node`` (a Q or DQ) at ``enc``'s scale and zero point; returns its dtype."""
         dt = np.dtype(enc["dtype"])
-        for i, (suffix, value) in enumerate((("scale", np.float32(enc["scale"])),
-                                             ("zero_point", np.asarray(enc["zero_point"], dt)))):
+        for i, (suffix, value) in enumerate(
+            (("scale", np.float32(enc["scale"])), ("zero_point", np.asarray(enc["zero_point"], dt)))
+        ):
             new = f"{name}_boundary_{suffix}"
             if new not in inits:
                 inits[new] = numpy_helper.from_array(np.asarray(value), new)
@@ -153,13 +154,16 @@ def narrow_io(path, narrow: dict[str, dict]) -> None:
         if name in graph_in:
             qs = consumers(name)
             if not qs or any(n.op_type != "QuantizeLinear" for n in qs) or len(qs) != 1:
-                raise ValueError(f"{path.name}: input {name}: expected one QuantizeLinear after it, found "
-                                 f"{[n.op_type for n in qs]}")
+                raise ValueError(
+                    f"{path.name}: input {name}: expected one QuantizeLinear after it, found {[n.op_type for n in qs]}"
+                )
             q = qs[0]
             dq = consumers(q.output[0])
             if not dq or any(n.op_type != "DequantizeLinear" for n in dq):
-                raise ValueError(f"{path.name}: input {name}: expected DequantizeLinear after its QuantizeLinear, "
-                                 f"found {[n.op_type for n in dq]}")
+                raise ValueError(
+                    f"{path.name}: input {name}: expected DequantizeLinear after its QuantizeLinear, "
+                    f"found {[n.op_type for n in dq]}"
+                )
             for n in dq:
                 dt = encoding(n, name, enc)
                 n.input[0] = name
@@ -169,8 +173,10 @@ def narrow_io(path, narrow: dict[str, dict]) -> None:
             dq = producer.get(name)
             q = producer.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
             if q is None or q.op_type != "QuantizeLinear":
-                raise ValueError(f"{path.name}: output {name}: expected DequantizeLinear(QuantizeLinear(...)), "
-                                 f"found {dq.op_type if dq is not None else 'no producer'}")
+                raise ValueError(
+                    f"{path.name}: output {name}: expected DequantizeLinear(QuantizeLinear(...)), "
+                    f"found {dq.op_type if dq is not None else 'no producer'}"
+                )
             inner = f"{name}_boundary_dequantized"
             for n in consumers(name):  # the graph's own users read the dequantized value, as before
                 n.input[:] = [inner if t == name else t for t in n.input]

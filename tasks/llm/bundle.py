@@ -47,8 +47,12 @@ def preflight(recipe) -> list[tuple[str, str]]:
         if b.genie_config is not None:
             from tasks.contract.schema import found
 
-            return [("bundle.genie_config", "expected no genie_config without runtime genie in bundle.runtimes, "
-                                            f"found {found(b.genie_config)}")]
+            return [
+                (
+                    "bundle.genie_config",
+                    f"expected no genie_config without runtime genie in bundle.runtimes, found {found(b.genie_config)}",
+                )
+            ]
         return []
     bad = []
     if missing := genie_library_missing():
@@ -60,17 +64,23 @@ def preflight(recipe) -> list[tuple[str, str]]:
             ("verify.backend: htp (verify runs Genie on the simulator)", f"verify.backend: {recipe.verify.backend}")
         )
     if bad:
-        return [("bundle.runtimes", f"expected {', '.join(b[0] for b in bad)} for runtime genie, found "
-                                    f"{', '.join(b[1] for b in bad)}")]
+        return [
+            (
+                "bundle.runtimes",
+                f"expected {', '.join(b[0] for b in bad)} for runtime genie, found {', '.join(b[1] for b in bad)}",
+            )
+        ]
     return []
 
 
 #: genie_config.json keys (path under ``dialog``) that name a file the bundle writes itself:
 #: the one tokenizer file Genie reads and the bundle ships, the HTP extensions config; and the
 #: context binaries, named from the Genie export (:func:`tasks.llm.genie.names.genie_files`).
-SHIPPED_FILES = {("tokenizer", "path"): "tokenizer.json",
-                 ("engine", "backend", "extensions"): "htp_backend_ext_config.json",
-                 ("engine", "model", "binary", "ctx-bins"): None}
+SHIPPED_FILES = {
+    ("tokenizer", "path"): "tokenizer.json",
+    ("engine", "backend", "extensions"): "htp_backend_ext_config.json",
+    ("engine", "model", "binary", "ctx-bins"): None,
+}
 
 
 def genie_override_problems(over: dict, context_length: int) -> list[tuple[str, str]]:
@@ -89,9 +99,13 @@ def genie_override_problems(over: dict, context_length: int) -> list[tuple[str, 
     bad = []
     size = (d.get("context") or {}).get("size") if isinstance(d.get("context"), dict) else None
     if isinstance(size, int) and not isinstance(size, bool) and size > context_length:
-        bad.append(("bundle.genie_config.dialog.context.size",
-                    f"expected at most export.context_length {context_length} (the context the binaries are "
-                    f"compiled for), found {size}"))
+        bad.append(
+            (
+                "bundle.genie_config.dialog.context.size",
+                f"expected at most export.context_length {context_length} (the context the binaries are "
+                f"compiled for), found {size}",
+            )
+        )
     for path, shipped in SHIPPED_FILES.items():
         v = d
         for k in path:
@@ -104,7 +118,7 @@ def genie_override_problems(over: dict, context_length: int) -> list[tuple[str, 
 
 
 def genie_library_missing() -> str:
-    """"" when onnxruntime-qnn's wheel holds ``libGenie.so`` (what the bundle's parser check and
+    """ "" when onnxruntime-qnn's wheel holds ``libGenie.so`` (what the bundle's parser check and
     verify load: :mod:`tasks.llm.genie.libgenie`), else the message naming where it was looked for.
     Found without importing the wheel (:func:`tasks.llm.genie.libgenie.library_path`). Before, a missing library
     was reported after five stages as a config Genie's parser refused (issue 51 case 5)."""
@@ -152,8 +166,12 @@ def write_genai_files(desc: dict, embed_dir: Path, out: Path, params: dict) -> N
         shutil.copyfile(Path(embed_dir) / desc["embed_file"], out / desc["embed_file"])
     shared = params.get("weight_sharing", True)
     if desc["embed"] == "part0":
-        write_genai_config(desc, out / "genai_config.json", bundle_files(desc, "shared" if shared else ""),
-                           provider_options=provider_options(params["target"]))
+        write_genai_config(
+            desc,
+            out / "genai_config.json",
+            bundle_files(desc, "shared" if shared else ""),
+            provider_options=provider_options(params["target"]),
+        )
 
 
 class GenieConfigRefused(UserError, ValueError):
@@ -186,7 +204,8 @@ def write_genie(genie_desc: dict, tokenizer_dir: Path, out: Path, params: dict, 
     text = json.dumps(cfg, indent=1)
     (out / "genie_config.json").write_text(text + "\n")
     (out / "htp_backend_ext_config.json").write_text(
-        json.dumps(htp_backend_ext_config(params["target"], sharing), indent=1) + "\n")
+        json.dumps(htp_backend_ext_config(params["target"], sharing), indent=1) + "\n"
+    )
     tok = Path(tokenizer_dir) / "tokenizer.json"
     if not tok.is_file():  # the export writes one from any tokenizer transformers converts (export.json says why not)
         from tasks.contract.common import TOKENIZER_FILES
@@ -202,8 +221,10 @@ def write_genie(genie_desc: dict, tokenizer_dir: Path, out: Path, params: dict, 
     status, why = parse_config(text)
     if status != 0:
         merged = " (bundle.genie_config merged in)" if params.get("genie_config") else ""
-        raise GenieConfigRefused(f"genie_config.json{merged}: expected a config Genie's parser "
-                                 f"(GenieDialogConfig_createFromJson) accepts, found status {status}: {why}")
+        raise GenieConfigRefused(
+            f"genie_config.json{merged}: expected a config Genie's parser "
+            f"(GenieDialogConfig_createFromJson) accepts, found status {status}: {why}"
+        )
     return cfg
 
 
@@ -218,8 +239,9 @@ def run(inputs, files, params, out: Path) -> dict:
     desc = joined_description([inputs[f"qdq.part{k}"] for k in range(P)])
     write_genai_files(desc, inputs["export.part0"], out, params)
     sub = "shared" if params.get("weight_sharing", True) else ""
-    total = sum(b.stat().st_size for k in range(P)
-                for b in (Path(inputs[f"compiled.part{k}"]) / sub / f"part{k}").glob("*.bin"))
+    total = sum(
+        b.stat().st_size for k in range(P) for b in (Path(inputs[f"compiled.part{k}"]) / sub / f"part{k}").glob("*.bin")
+    )
     info = {"parts": P, "binary_bytes": total}
     if "genie" in params.get("runtimes", ()):
         from tasks.llm.genie.binaries import check_binaries
@@ -235,17 +257,21 @@ def run(inputs, files, params, out: Path) -> dict:
         for rel, graphs in config_binaries(cfg, gdesc).items():
             where = next((e for e in entries if (e / rel).is_file()), entries[0])  # none: check_binaries says so
             found.update(check_binaries(where, {rel: graphs}, gdesc, params["target"]))
-        info["genie"] = {"ctx_bins": bins, "binaries": found,
-                         "binary_bytes": sum(f["bytes"] for f in found.values())}
+        info["genie"] = {"ctx_bins": bins, "binaries": found, "binary_bytes": sum(f["bytes"] for f in found.values())}
     return info
 
 
 STAGE = Stage(
-    kind="bundle", module=__name__, version=2,  # 2: export.json from the quantized parts
-    tools=(), run=run,
-    params=(WEIGHT_SHARING,), wired=("target", "parts", "runtimes", "genie_config"),
+    kind="bundle",
+    module=__name__,
+    version=2,  # 2: export.json from the quantized parts
+    tools=(),
+    run=run,
+    params=(WEIGHT_SHARING,),
+    wired=("target", "parts", "runtimes", "genie_config"),
     key_exclude=("target",),  # the name; the key holds what it resolves to (key_extra)
-    key_extra=target_key_extra, preflight=preflight,
+    key_extra=target_key_extra,
+    preflight=preflight,
     artifacts=("export.json", "genai_config.json", "*.npy", "genie_config.json", "htp_backend_ext_config.json"),
     memory_estimate=plan_estimate,
 )

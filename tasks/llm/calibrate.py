@@ -68,9 +68,22 @@ def run(inputs, files, params, out: Path) -> dict:
     bar = progress.bar(what=f"calibration part {k} (graph x prompt)", total=2 * len(sched), unit="prompt")
     work = Path(tempfile.mkdtemp(prefix="calib-"))
     try:
-        stores = run_part(desc, src, desc["parts"][k], sched, work, cpu_session, True, eos, embed, bar,
-                          prev=Path(inputs["previous"]) / "hidden" if k else work / "none",
-                          here=out / "hidden", feeds=out / "feeds", ranges=out / RANGES)
+        stores = run_part(
+            desc,
+            src,
+            desc["parts"][k],
+            sched,
+            work,
+            cpu_session,
+            True,
+            eos,
+            embed,
+            bar,
+            prev=Path(inputs["previous"]) / "hidden" if k else work / "none",
+            here=out / "hidden",
+            feeds=out / "feeds",
+            ranges=out / RANGES,
+        )
     finally:
         bar.close()
         shutil.rmtree(work, ignore_errors=True)
@@ -96,9 +109,11 @@ def check_disk(desc: dict, sched: list[dict], k: int, out: Path) -> int:
         while not os.path.ismount(disk) and disk != disk.parent:
             disk = disk.parent
         n, f = apart(need / 1e9, free / 1e9, 2)
-        raise DiskFull(f"the calibration of part {k} writes about {n} GB ({len(sched)} prompts: "
-                       f"quantize.calibration.samples) to the cache's disk ({disk}), which has {f} GB free; "
-                       f"lower quantize.calibration.samples, free space or set NPUBUILD_CACHE to a larger disk")
+        raise DiskFull(
+            f"the calibration of part {k} writes about {n} GB ({len(sched)} prompts: "
+            f"quantize.calibration.samples) to the cache's disk ({disk}), which has {f} GB free; "
+            f"lower quantize.calibration.samples, free space or set NPUBUILD_CACHE to a larger disk"
+        )
     return need
 
 
@@ -118,9 +133,14 @@ def file_check(role: str, f: Path, rel: str) -> str | None:
 
 
 STAGE = Stage(
-    kind="calibrate", module=__name__, version=4,  # 4: every decode step recorded (4 of 4, was 4 of 24)
-    tools=("onnxruntime", "onnx", "transformers", "tokenizers", "numpy"), run=run,
-    params=(CALIBRATION_SAMPLES,), files={CALIBRATION_FILE: "calibration"},  # the file: part 0 only
+    kind="calibrate",
+    module=__name__,
+    version=4,  # 4: every decode step recorded (4 of 4, was 4 of 24)
+    tools=("onnxruntime", "onnx", "transformers", "tokenizers", "numpy"),
+    run=run,
+    params=(CALIBRATION_SAMPLES,),
+    files={CALIBRATION_FILE: "calibration"},  # the file: part 0 only
     wired=("part",),
-    memory_estimate=plan_estimate, file_check=file_check,
+    memory_estimate=plan_estimate,
+    file_check=file_check,
 )

@@ -73,8 +73,10 @@ def conversations(path) -> list[list[dict]]:
             raise InputError(f"{where}: expected a JSON object with a non-empty list 'messages', found {line[:80]!r}")
         for k, m in enumerate(msgs):
             if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
-                raise InputError(f"{where}: expected messages[{k}] to be {{\"role\": text, \"content\": text}}, "
-                                 f"found {json.dumps(m, ensure_ascii=False)[:80]}")
+                raise InputError(
+                    f'{where}: expected messages[{k}] to be {{"role": text, "content": text}}, '
+                    f"found {json.dumps(m, ensure_ascii=False)[:80]}"
+                )
         out.append(msgs)
     return out
 
@@ -106,8 +108,9 @@ def text_ids(model_dir, text_path) -> tuple[list[int], int]:
     return ids, eos
 
 
-def schedule(ids: list[int], S: int, C: int, *, n_prompts: int = 8, decode_steps: int = 4,
-             decode_keep: int = 4, seed: int = 0) -> list[dict]:
+def schedule(
+    ids: list[int], S: int, C: int, *, n_prompts: int = 8, decode_steps: int = 4, decode_keep: int = 4, seed: int = 0
+) -> list[dict]:
     """The teacher-forced calls: per prompt ``{"prompt": ids, "decode": ids, "keep": [steps]}``.
     Prompt lengths cycle over ~S/4, S/2, S, 1.5*S (capped so prompt + decode fits C); ``keep``
     are ``decode_keep`` evenly spaced decode steps whose feeds are recorded. Raises ValueError
@@ -127,20 +130,39 @@ def schedule(ids: list[int], S: int, C: int, *, n_prompts: int = 8, decode_steps
     for k in range(n_prompts):
         L = min(lengths[k % len(lengths)], max_prompt)
         if L < 1:
-            raise InputError(f"expected a context of more than {max(S, decode_steps + 1)} tokens for a calibration "
-                             f"prompt and {decode_steps} decode steps, found {C}")
+            raise InputError(
+                f"expected a context of more than {max(S, decode_steps + 1)} tokens for a calibration "
+                f"prompt and {decode_steps} decode steps, found {C}"
+            )
         if len(ids) < L + decode_steps + 1:
-            raise InputError(f"expected at least {L + decode_steps + 1} tokens of text (a {L}-token prompt and "
-                             f"{decode_steps} decode steps), found {len(ids)}")
+            raise InputError(
+                f"expected at least {L + decode_steps + 1} tokens of text (a {L}-token prompt and "
+                f"{decode_steps} decode steps), found {len(ids)}"
+            )
         start = rng.randrange(0, len(ids) - L - decode_steps)
-        out.append({"prompt": ids[start:start + L], "decode": ids[start + L:start + L + decode_steps],
-                    "keep": keep})
+        out.append(
+            {"prompt": ids[start : start + L], "decode": ids[start + L : start + L + decode_steps], "keep": keep}
+        )
     return out
 
 
-def run_part(desc: dict, export_dir: Path, p: dict, sched: list[dict], work: Path, make_session,
-             record: bool, pad_id: int, embed_table, bar=None, *, prev: Path, here: Path, feeds: Path,
-             ranges: Path | None = None) -> dict:
+def run_part(
+    desc: dict,
+    export_dir: Path,
+    p: dict,
+    sched: list[dict],
+    work: Path,
+    make_session,
+    record: bool,
+    pad_id: int,
+    embed_table,
+    bar=None,
+    *,
+    prev: Path,
+    here: Path,
+    feeds: Path,
+    ranges: Path | None = None,
+) -> dict:
     """Run part ``p`` (fp32) over the whole schedule; see the module docstring. Returns
     {"prefill": FeedStore, "decode": FeedStore} in ``feeds`` (empty when not ``record``).
     ``ranges``: with ``record``, run each graph with :class:`RangeTaps` (the graph read from
@@ -155,7 +177,7 @@ def run_part(desc: dict, export_dir: Path, p: dict, sched: list[dict], work: Pat
     S, C = desc["seq_len"], desc["context_len"]
     layers = list(range(lo, hi))
     kv = work / "kv" / f"part{i}"
-    for d in ((kv,) if last else (here, kv)):
+    for d in (kv,) if last else (here, kv):
         d.mkdir(parents=True, exist_ok=True)
     stores = {k: FeedStore(feeds / k) for k in ("prefill", "decode")}
     for kind in ("prefill", "decode"):
@@ -219,14 +241,18 @@ def disk_bytes(desc: dict, sched: list[dict], part: int) -> int:
     p = desc["parts"][part]
     S, C = desc["seq_len"], desc["context_len"]
     last = part == len(desc["parts"]) - 1
+
     def nbytes(t):  # export.json's dtypes are numpy's names
         return int(np.prod(t["shape"])) * np.dtype(t["dtype"]).itemsize
 
     def graph(kind):
         g = p[kind]
         kv = ("past_key_", "past_value_")
-        slot = sum(nbytes(t) // t["shape"][2] for t in g["inputs"]  # [1, Hkv, C, d]: bytes per slot, all layers
-                   if t["name"].startswith(kv))
+        slot = sum(
+            nbytes(t) // t["shape"][2]
+            for t in g["inputs"]  # [1, Hkv, C, d]: bytes per slot, all layers
+            if t["name"].startswith(kv)
+        )
         rest = sum(nbytes(t) for t in g["inputs"] if not t["name"].startswith(kv))
         out = 0 if last else sum(nbytes(t) + 128 for t in g["outputs"] if not t["name"].startswith("present_"))
         return slot, rest, out
@@ -255,8 +281,14 @@ def augment_for_ranges(model):
     vi = {v.name: v for v in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]}
     inits = {i.name for i in model.graph.initializer}
     floats = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
-    names = sorted({t for n in model.graph.node for t in [*n.input, *n.output]
-                    if t in vi and t not in inits and vi[t].type.tensor_type.elem_type in floats})
+    names = sorted(
+        {
+            t
+            for n in model.graph.node
+            for t in [*n.input, *n.output]
+            if t in vi and t not in inits and vi[t].type.tensor_type.elem_type in floats
+        }
+    )
     aug = type(model).FromString(model.SerializeToString())
     for t in names:
         for op, suffix in (("ReduceMin", "__min"), ("ReduceMax", "__max")):
@@ -324,7 +356,7 @@ class RangeTaps:
             self.lo[t] = min(self.lo[t], float(res[len(names) + 2 * j]))
             self.hi[t] = max(self.hi[t], float(res[len(names) + 2 * j + 1]))
         self.count += 1
-        return res[:len(names)]
+        return res[: len(names)]
 
     def ranges(self):
         """onnxruntime's ``TensorsData`` (MinMax) of the calls added, as :func:`collect_ranges`
@@ -339,9 +371,10 @@ def minmax_data(lo: dict, hi: dict):
     [1] each, as ``MinMaxCalibrater.compute_data`` gives them), in ``lo``'s order."""
     from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
 
-    return TensorsData(CalibrationMethod.MinMax,
-                       {t: TensorData(lowest=np.array([lo[t]], np.float32), highest=np.array([hi[t]], np.float32))
-                        for t in lo})
+    return TensorsData(
+        CalibrationMethod.MinMax,
+        {t: TensorData(lowest=np.array([lo[t]], np.float32), highest=np.array([hi[t]], np.float32)) for t in lo},
+    )
 
 
 def save_ranges(data, path) -> None:
@@ -349,8 +382,9 @@ def save_ranges(data, path) -> None:
     as JSON numbers; keys sorted: the same ranges give the same bytes). Creates the folder."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    rows = {t: [float(np.ravel(d.range_value[0])[0]), float(np.ravel(d.range_value[1])[0])]
-            for t, d in data.data.items()}
+    rows = {
+        t: [float(np.ravel(d.range_value[0])[0]), float(np.ravel(d.range_value[1])[0])] for t, d in data.data.items()
+    }
     path.write_text(json.dumps(rows, sort_keys=True, separators=(",", ":")) + "\n")
 
 

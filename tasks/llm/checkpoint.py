@@ -48,8 +48,10 @@ class Checkpoint:
             with safe_open(str(self.dir / "model.safetensors"), framework="pt") as f:
                 self.weight_map = {k: "model.safetensors" for k in f.keys()}
         else:
-            raise InputMissing(f"{self.dir}: no model.safetensors or model.safetensors.index.json "
-                                    "(only safetensors checkpoints can be read part by part)")
+            raise InputMissing(
+                f"{self.dir}: no model.safetensors or model.safetensors.index.json "
+                "(only safetensors checkpoints can be read part by part)"
+            )
         self.tensors_read = 0
         self.bytes_read = 0
         self.names_read: list[str] = []
@@ -113,13 +115,16 @@ def part_tensor_names(ckpt: Checkpoint, lo: int, hi: int, *, embed: bool, head: 
         names.append("model.embed_tokens.weight")
     if head:
         names.append("model.norm.weight")
-        names.append("lm_head.weight" if "lm_head.weight" in ckpt and not tied_lm_head(ckpt.config)
-                     else "model.embed_tokens.weight")
+        names.append(
+            "lm_head.weight"
+            if "lm_head.weight" in ckpt and not tied_lm_head(ckpt.config)
+            else "model.embed_tokens.weight"
+        )
     return names
 
 
 def config_shape_problem(model_dir) -> str:
-    """"" when the checkpoint in ``model_dir`` holds every tensor its ``config.json`` implies at
+    """ "" when the checkpoint in ``model_dir`` holds every tensor its ``config.json`` implies at
     the shape it implies, else one line naming the first tensor that differs
     (:func:`tasks.sources.facts.shape_problem`: its file, the shape expected, the shape found or
     "no such tensor", how many more differ).
@@ -138,7 +143,15 @@ def config_shape_problem(model_dir) -> str:
     from tasks.sources.shape import parameter_shapes
 
     config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
-    optional = {f"model.layers.{l}.{p.source}" for l in range(config.num_hidden_layers)
-                for p in pieces(config.model_type) if p.optional}
-    return shape_problem(model_dir, parameter_shapes(config),
-                         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type, "AutoModelForCausalLM"), optional)
+    optional = {
+        f"model.layers.{l}.{p.source}"
+        for l in range(config.num_hidden_layers)
+        for p in pieces(config.model_type)
+        if p.optional
+    }
+    return shape_problem(
+        model_dir,
+        parameter_shapes(config),
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type, "AutoModelForCausalLM"),
+        optional,
+    )

@@ -100,11 +100,15 @@ def read_back_bundle(views: dict, params: dict) -> dict:
         for opts in cfg["model"]["decoder"].get("session_options", {}).get("provider_options", []):
             said = opts.get("qnn", {}).get("soc_model")
             if said is not None and str(said) != want:
-                lines.append(f"genai_config.json, provider_options qnn.soc_model: expected {want} "
-                             f"({params['target']}), found {said}")
-    flags = {"target": params["target"],
-             "per_graph": any((compiled / f"part{k}").is_dir() for k in parts),
-             "weight_sharing": any((compiled / "shared" / f"part{k}").is_dir() for k in parts)}
+                lines.append(
+                    f"genai_config.json, provider_options qnn.soc_model: expected {want} "
+                    f"({params['target']}), found {said}"
+                )
+    flags = {
+        "target": params["target"],
+        "per_graph": any((compiled / f"part{k}").is_dir() for k in parts),
+        "weight_sharing": any((compiled / "shared" / f"part{k}").is_dir() for k in parts),
+    }
     try:
         found = read_back(
             compiled, desc, parts, flags, qdq_dir=views.get("qdq"), declared=declared, somewhere=somewhere
@@ -122,8 +126,10 @@ def read_back_bundle(views: dict, params: dict) -> dict:
         gdesc = joined_genie_description(entries)  # each part's row from its own entry
         named = config_binaries(json.loads((Path(views["bundle"]) / "genie_config.json").read_text()), gdesc)
         for k, e in enumerate(entries):
-            plan = {**planned_binaries(gdesc, k, flags["per_graph"], False),
-                    **{rel: g for rel, g in named.items() if (e / rel).is_file()}}
+            plan = {
+                **planned_binaries(gdesc, k, flags["per_graph"], False),
+                **{rel: g for rel, g in named.items() if (e / rel).is_file()},
+            }
             found.update(check_binaries(e, plan, gdesc, params["target"]))
         missing = [rel for rel in named if not any((e / rel).is_file() for e in entries)]
         if missing:
@@ -156,8 +162,12 @@ def resident_bytes(graph_path, parts: int, backend: str, prompts: int, desc: dic
     for i in range(parts):
         g = Path(graph_path(i, "decode"))
         total += sum(f.stat().st_size for f in g.parent.iterdir() if f.name.startswith(g.stem))
-    kv = prompts * sum(int(np.prod(t["shape"])) * np.dtype(t["dtype"]).itemsize
-                       for p in desc["parts"] for t in p["decode"]["inputs"] if kv_cache(t["name"]))
+    kv = prompts * sum(
+        int(np.prod(t["shape"])) * np.dtype(t["dtype"]).itemsize
+        for p in desc["parts"]
+        for t in p["decode"]["inputs"]
+        if kv_cache(t["name"])
+    )
     return int(total * SESSION_BYTES_PER_FILE_BYTE[backend]) + kv
 
 
@@ -173,7 +183,7 @@ def _cut_at_eos(tokens: list[int], eos) -> list[int]:
     """``tokens`` before the first ``eos``: genai stops there and leaves eos out of the sequence
     (measured with onnxruntime-genai 0.18.0: a continuation whose 7th token is eos comes back
     as 6 tokens)."""
-    return tokens[:tokens.index(eos)] if eos is not None and eos in tokens else list(tokens)
+    return tokens[: tokens.index(eos)] if eos is not None and eos in tokens else list(tokens)
 
 
 def _genai_version() -> str:
@@ -198,9 +208,13 @@ def _genai_generate(desc: dict, inputs: dict, params: dict, prompts: list[list[i
     with tempfile.TemporaryDirectory(prefix="npubuild-genai-") as tmp:
         if params["backend"] == "htp":
             link_parts(desc, inputs["compiled"], tmp)
-            write_genai_config(desc, Path(tmp) / "genai_config.json", bundle_files(desc),
-                               provider_options=_qnn.provider_options(params["target"]),
-                               session_config={"session.disable_cpu_ep_fallback": "1"})
+            write_genai_config(
+                desc,
+                Path(tmp) / "genai_config.json",
+                bundle_files(desc),
+                provider_options=_qnn.provider_options(params["target"]),
+                session_config={"session.disable_cpu_ep_fallback": "1"},
+            )
         else:
             link_parts(desc, inputs["qdq"], tmp)
             write_genai_config(desc, Path(tmp) / "genai_config.json", bundle_files(desc, suffix=".onnx"))
@@ -236,12 +250,22 @@ def _genie_generate(inputs: dict, prompts: list[list[int]], K: int) -> dict:
         for f in ("htp_backend_ext_config.json", "tokenizer.json"):
             os.symlink(bundle / f, Path(tmp) / f)
         (Path(tmp) / "genie_config.json").write_text(json.dumps(cfg, indent=1))
-        return generate_in_child(tmp, prompts, K, what="the bundle's genie_config.json (verify: per-graph binaries, "
-                                                        "the simulator's settings)")
+        return generate_in_child(
+            tmp,
+            prompts,
+            K,
+            what="the bundle's genie_config.json (verify: per-graph binaries, the simulator's settings)",
+        )
 
 
-def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None = None,
-               wrap_sessions=None, resident: int | None = None) -> dict:
+def verify_llm(
+    inputs: dict,
+    files: dict,
+    params: dict,
+    budget_bytes: int | None = None,
+    wrap_sessions=None,
+    resident: int | None = None,
+) -> dict:
     """Measure the compiled LLM against the fp32 export (see module docstring). Both sides run
     as :class:`tasks.llm.runner.PartStream` over every verify prompt at once, one side after
     the other: the compiled side generates greedily (each part's prefill graph loaded once,
@@ -286,7 +310,8 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
     def stream(folder: Path, suffix: str, make_session, resident=None) -> PartStream:
         def path(i, kind):
             rel = desc["parts"][i][kind]["path"]
-            return folder / (rel[:-len(".onnx")] + suffix)
+            return folder / (rel[: -len(".onnx")] + suffix)
+
         if resident is None:
             need = resident_bytes(path, len(desc["parts"]), params["backend"], len(prompts), desc)
             resident = resident_parts(need, len(desc["parts"]), budget_bytes)
@@ -314,30 +339,46 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
         ids = ids[: min(len(ids), desc["context_len"] - 1, 64)]
     t0 = time.perf_counter()
     with meter.phase("compiled"):
-        got_tokens, got_logits, *got_rows = got.run(prompts, K, score=ids,
-                                                    progress=f"{params['backend']} steps ({len(prompts)} prompts)")
+        got_tokens, got_logits, *got_rows = got.run(
+            prompts, K, score=ids, progress=f"{params['backend']} steps ({len(prompts)} prompts)"
+        )
         got.close()  # one side's sessions at a time
     t1 = time.perf_counter()
     fp32 = stream(ref_dir, ".onnx", cpu_session, resident=1)  # part-major: one part at a time costs no loads
     with meter.phase("reference"):
-        ref_tokens, ref_logits, *ref_rows = fp32.run(prompts, K, forced=[t[:-1] for t in got_tokens], score=ids,
-                                                     progress=f"fp32 graphs ({len(prompts)} prompts, teacher forced)")
+        ref_tokens, ref_logits, *ref_rows = fp32.run(
+            prompts,
+            K,
+            forced=[t[:-1] for t in got_tokens],
+            score=ids,
+            progress=f"fp32 graphs ({len(prompts)} prompts, teacher forced)",
+        )
         fp32.close()
     seconds = {"compiled": round(t1 - t0, 1), "reference": round(time.perf_counter() - t1, 1)}
     rows = []
     for txt, rt, rl, gt, gl in zip(texts, ref_tokens, ref_logits, got_tokens, got_logits):
         frac, pre = agreement(rt, gt)
-        rows.append({"text": scrub(txt), "token_agreement": frac, "prefix_match": pre,
-                     "logits_cosine": cosine(gl[0], rl[0]), "tokens": gt, "reference": rt,
-                     "reference_distinct_tokens": len(set(rt))})
+        rows.append(
+            {
+                "text": scrub(txt),
+                "token_agreement": frac,
+                "prefix_match": pre,
+                "logits_cosine": cosine(gl[0], rl[0]),
+                "tokens": gt,
+                "reference": rt,
+                "reference_distinct_tokens": len(set(rt)),
+            }
+        )
     cos = [r["logits_cosine"] for r in rows]
-    metrics = {"token_agreement": float(np.mean([r["token_agreement"] for r in rows])),
-               "prefix_match_mean": float(np.mean([r["prefix_match"] for r in rows])),
-               "logits_cosine_mean": float(np.mean(cos)), "logits_cosine_min": float(np.min(cos))}
+    metrics = {
+        "token_agreement": float(np.mean([r["token_agreement"] for r in rows])),
+        "prefix_match_mean": float(np.mean([r["prefix_match"] for r in rows])),
+        "logits_cosine_mean": float(np.mean(cos)),
+        "logits_cosine_min": float(np.min(cos)),
+    }
     if ids is not None:
         p_c, p_r = perplexity(got_rows[0], ids[1:]), perplexity(ref_rows[0], ids[1:])
-        metrics.update(perplexity=p_c, perplexity_fp32=p_r, perplexity_ratio=p_c / p_r,
-                       perplexity_tokens=len(ids) - 1)
+        metrics.update(perplexity=p_c, perplexity_fp32=p_r, perplexity_ratio=p_c / p_r, perplexity_tokens=len(ids) - 1)
     if runtime == "genai":
         eos = desc.get("eos_token_id")
         same = []
@@ -345,11 +386,18 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
             runner_cut = _cut_at_eos(rt, eos)
             same.append(gt == runner_cut)
             frac, pre = agreement(_cut_at_eos(r["reference"], eos), gt)
-            r.update(tokens=gt, runner_tokens=rt, genai_equals_runner=gt == runner_cut,
-                     token_agreement=frac, prefix_match=pre)
-        metrics.update(token_agreement=float(np.mean([r["token_agreement"] for r in rows])),
-                       prefix_match_mean=float(np.mean([r["prefix_match"] for r in rows])),
-                       genai_runner_agreement=float(np.mean(same)))
+            r.update(
+                tokens=gt,
+                runner_tokens=rt,
+                genai_equals_runner=gt == runner_cut,
+                token_agreement=frac,
+                prefix_match=pre,
+            )
+        metrics.update(
+            token_agreement=float(np.mean([r["token_agreement"] for r in rows])),
+            prefix_match_mean=float(np.mean([r["prefix_match"] for r in rows])),
+            genai_runner_agreement=float(np.mean(same)),
+        )
         ran += "; tokens generated by onnxruntime-genai " + _genai_version()
     if got_genie is not None:
         from tasks.llm.genie.config import SIMULATOR_SETTINGS
@@ -367,15 +415,23 @@ def verify_llm(inputs: dict, files: dict, params: dict, budget_bytes: int | None
             + ", ".join(f"{k} {json.dumps(v)}" for k, v in SIMULATOR_SETTINGS.items())
             + " (the simulator's), compared with LLMRunner's tokens on the genai binaries"
         )
-    return {"backend": params["backend"], "target": params["target"], "ran": ran, "metrics": metrics,
-            "runtime": runtime,
-            "samples": rows, "max_new_tokens": K,
-            "reference": "fp32 export graphs (CPU EP), teacher-forced on the compiled side's tokens "
-                         "(prefill graphs)",
-            # how it ran on this machine (manifest info, not verify.json: it varies with memory)
-            "_run": {"parts_resident": {"reference": fp32.resident, "compiled": got.resident},
-                     "part_loads": {"reference": fp32.loads, "compiled": got.loads}, "seconds": seconds,
-                     "memory_phases": {k: v for k, v in meter.phases.items()}},
-            "binaries": binaries,
-            # where the compiled graphs run, read from every part's compile entry
-            **qnn.placement(*inputs.get("compiled_parts", [inputs["compiled"]]))}
+    return {
+        "backend": params["backend"],
+        "target": params["target"],
+        "ran": ran,
+        "metrics": metrics,
+        "runtime": runtime,
+        "samples": rows,
+        "max_new_tokens": K,
+        "reference": "fp32 export graphs (CPU EP), teacher-forced on the compiled side's tokens (prefill graphs)",
+        # how it ran on this machine (manifest info, not verify.json: it varies with memory)
+        "_run": {
+            "parts_resident": {"reference": fp32.resident, "compiled": got.resident},
+            "part_loads": {"reference": fp32.loads, "compiled": got.loads},
+            "seconds": seconds,
+            "memory_phases": {k: v for k, v in meter.phases.items()},
+        },
+        "binaries": binaries,
+        # where the compiled graphs run, read from every part's compile entry
+        **qnn.placement(*inputs.get("compiled_parts", [inputs["compiled"]])),
+    }

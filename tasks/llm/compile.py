@@ -16,6 +16,7 @@ from tasks.contract.params import WEIGHT_SHARING
 from tasks.llm.part_binaries import compile_part, read_back
 from tasks.llm.memory import plan_estimate
 
+
 def run(inputs, files, params, out: Path) -> dict:
     """Compile part ``params["part"]`` of ``inputs["model"]`` for ``params["target"]`` into
     ``out/part{k}/`` (per-graph binaries) and ``out/shared/part{k}/`` (weight-shared). Returns
@@ -33,10 +34,15 @@ def run(inputs, files, params, out: Path) -> dict:
 
 
 STAGE = Stage(
-    kind="compile", module=__name__, version=3,  # 3: every binary read back
-    tools=("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "onnx"), run=run,
-    params=(WEIGHT_SHARING,), wired=("target", "part", "per_graph"),
+    kind="compile",
+    module=__name__,
+    version=3,  # 3: every binary read back
+    tools=("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "onnx"),
+    run=run,
+    params=(WEIGHT_SHARING,),
+    wired=("target", "part", "per_graph"),
     key_exclude=("target",),  # the name; the key holds what it resolves to (key_extra)
-    key_extra=target_key_extra, artifacts=COMPILE_ARTIFACTS,
+    key_extra=target_key_extra,
+    artifacts=COMPILE_ARTIFACTS,
     memory_estimate=plan_estimate,
 )

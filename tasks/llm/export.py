@@ -18,16 +18,27 @@ from tasks.contract.params import SEQUENCE_LENGTH
 from tasks.llm.memory import plan_estimate
 
 DECODE_LENGTH = Param("export", "decode_length", int, 1, "tokens per decode call (AR-1)", limits={"ge": 1, "le": 1})
-CONTEXT_LENGTH = Param("export", "context_length", int, 4096, "KV cache length + current tokens",
-                       limits={"ge": 2, "le": 1_048_576})
+CONTEXT_LENGTH = Param(
+    "export", "context_length", int, 4096, "KV cache length + current tokens", limits={"ge": 2, "le": 1_048_576}
+)
 PARTS = Param("export", "parts", int, 1, "number of parts the layers are split into", limits={"ge": 1, "le": 64})
-EMBEDDING = Param("export", "embedding", Literal["first-part", "host"], "first-part",
-                  "token embedding Gather inside part 0, or on the host (embed_tokens.npy)")
+EMBEDDING = Param(
+    "export",
+    "embedding",
+    Literal["first-part", "host"],
+    "first-part",
+    "token embedding Gather inside part 0, or on the host (embed_tokens.npy)",
+)
 LM_HEAD = Param("export", "lm_head", Literal["last-part"], "last-part", "final norm + LM head in the last part")
-LAYOUT = Param("export", "layout", Literal["genai-pipeline"], "genai-pipeline",
-               "graph I/O that onnxruntime-genai's decoder pipeline drives: int32 input_ids, "
-               "past_seq_len/total_seq_len, one [1,Hkv,C,d] KV buffer per layer updated in the graph, all "
-               "prefill logits (tasks/llm/pipeline_graphs.py)")
+LAYOUT = Param(
+    "export",
+    "layout",
+    Literal["genai-pipeline"],
+    "genai-pipeline",
+    "graph I/O that onnxruntime-genai's decoder pipeline drives: int32 input_ids, "
+    "past_seq_len/total_seq_len, one [1,Hkv,C,d] KV buffer per layer updated in the graph, all "
+    "prefill logits (tasks/llm/pipeline_graphs.py)",
+)
 
 
 def run(inputs, files, params, out: Path) -> dict:
@@ -49,13 +60,27 @@ def run(inputs, files, params, out: Path) -> dict:
     check_vocabulary(src)
     if bad := config_shape_problem(src):
         raise SourceError(bad)
-    check_stage("export", json.loads((src / "config.json").read_text(encoding="utf-8")), parts=params["parts"],
-                seq_len=params["sequence_length"], context_len=params["context_length"],
-                embed_in_part=params["embedding"] == "first-part", part=params["part"], held=held_bytes(False))
+    check_stage(
+        "export",
+        json.loads((src / "config.json").read_text(encoding="utf-8")),
+        parts=params["parts"],
+        seq_len=params["sequence_length"],
+        context_len=params["context_length"],
+        embed_in_part=params["embedding"] == "first-part",
+        part=params["part"],
+        held=held_bytes(False),
+    )
     meter: list = []
-    info = export_llm(src, out, seq_len=params["sequence_length"], context_len=params["context_length"],
-                      parts=params["parts"], embed={"first-part": "part0", "host": "separate"}[params["embedding"]],
-                      meter=meter, only_parts={params["part"]})
+    info = export_llm(
+        src,
+        out,
+        seq_len=params["sequence_length"],
+        context_len=params["context_length"],
+        parts=params["parts"],
+        embed={"first-part": "part0", "host": "separate"}[params["embedding"]],
+        meter=meter,
+        only_parts={params["part"]},
+    )
     copy_tokenizer(src, out)
     if not (out / "tokenizer.json").is_file():
         info["tokenizer_json"] = write_tokenizer_json(src, out)
@@ -90,14 +115,24 @@ def preflight(recipe) -> list[tuple[str, str]]:
     """The context holds the prefill window and more: sequence_length < context_length."""
     e = recipe.export
     if e.sequence_length >= e.context_length:
-        return [("export.context_length", f"expected sequence_length < context_length, found {e.sequence_length} "
-                                          f">= {e.context_length}")]
+        return [
+            (
+                "export.context_length",
+                f"expected sequence_length < context_length, found {e.sequence_length} >= {e.context_length}",
+            )
+        ]
     return []
 
 
 STAGE = Stage(
-    kind="export", module=__name__, version=2,  # 2: one part per stage
-    tools=("torch", "transformers", "onnx", "numpy", "safetensors"), run=run,
-    params=(SEQUENCE_LENGTH, DECODE_LENGTH, CONTEXT_LENGTH, PARTS, EMBEDDING, LM_HEAD, LAYOUT), wired=("part",),
-    artifacts=EXPORT_ARTIFACTS, preflight=preflight, memory_estimate=plan_estimate,
+    kind="export",
+    module=__name__,
+    version=2,  # 2: one part per stage
+    tools=("torch", "transformers", "onnx", "numpy", "safetensors"),
+    run=run,
+    params=(SEQUENCE_LENGTH, DECODE_LENGTH, CONTEXT_LENGTH, PARTS, EMBEDDING, LM_HEAD, LAYOUT),
+    wired=("part",),
+    artifacts=EXPORT_ARTIFACTS,
+    preflight=preflight,
+    memory_estimate=plan_estimate,
 )

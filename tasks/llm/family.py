@@ -33,14 +33,24 @@ def _runtimes(v, earlier):
     return v
 
 
-RUNTIMES = Param("bundle", "runtimes", list[Literal["genai", "genie"]], ["genai"],
-                 "the runtimes the bundle serves: genai (genai_config.json, always) and genie (Genie-layout "
-                 "binaries, genie_config.json, htp_backend_ext_config.json: tasks/llm/genie/graphs.py, "
-                 "genie_config.py)",
-                 check=_runtimes)
-GENIE_CONFIG = Param("bundle", "genie_config", dict[str, Any] | None, None,
-                     "runtime genie: merged over the generated genie_config.json (e.g. {dialog: {engine: "
-                     "{n-threads: 4}}}); Genie's parser checks the result at bundle time")
+RUNTIMES = Param(
+    "bundle",
+    "runtimes",
+    list[Literal["genai", "genie"]],
+    ["genai"],
+    "the runtimes the bundle serves: genai (genai_config.json, always) and genie (Genie-layout "
+    "binaries, genie_config.json, htp_backend_ext_config.json: tasks/llm/genie/graphs.py, "
+    "genie_config.py)",
+    check=_runtimes,
+)
+GENIE_CONFIG = Param(
+    "bundle",
+    "genie_config",
+    dict[str, Any] | None,
+    None,
+    "runtime genie: merged over the generated genie_config.json (e.g. {dialog: {engine: "
+    "{n-threads: 4}}}); Genie's parser checks the result at bundle time",
+)
 
 
 def part_name(stage: str, k: int, target_suffix: str = "") -> str:
@@ -77,49 +87,108 @@ def plan(p) -> list:
         ups = (
             {"model": model, "previous": part_name("calibrate", k - 1)} if k else {"model": model, "source": "download"}
         )
-        specs.append(p.spec(part_name("calibrate", k), "calibrate", {**calib_params, "part": k}, ups,
-                            {} if k else p.files("quantize", "calibrate")))
-        specs.append(p.spec(part_name("quantize", k), "quantize", {**quant_params, "part": k},
-                            {"model": model, "calibration": part_name("calibrate", k)}))
+        specs.append(
+            p.spec(
+                part_name("calibrate", k),
+                "calibrate",
+                {**calib_params, "part": k},
+                ups,
+                {} if k else p.files("quantize", "calibrate"),
+            )
+        )
+        specs.append(
+            p.spec(
+                part_name("quantize", k),
+                "quantize",
+                {**quant_params, "part": k},
+                {"model": model, "calibration": part_name("calibrate", k)},
+            )
+        )
         qdq[k] = part_name("quantize", k)
         if post:
             specs.append(p.patch(part_name("patch", k), post, qdq[k]))
             qdq[k] = part_name("patch", k)
         for t, suffix in targets:
-            specs.append(p.spec(part_name("compile", k, suffix), "compile",
-                                {"target": t, **p.params("compile"), "part": k, "per_graph": per_graph},
-                                {"model": qdq[k]}))
+            specs.append(
+                p.spec(
+                    part_name("compile", k, suffix),
+                    "compile",
+                    {"target": t, **p.params("compile"), "part": k, "per_graph": per_graph},
+                    {"model": qdq[k]},
+                )
+            )
         if genie:
             e = r.export
-            specs.append(p.spec(part_name("genie_quantize", k), "genie_quantize",
-                                {**p.params("quantize", "genie_quantize"), "part": k, "export": {
-                                    "sequence_length": e.sequence_length, "context_length": e.context_length,
-                                    "parts": P}},
-                                {"source": "download", "calibration": part_name("calibrate", 0),
-                                 # the encodings of the tensors it shares with the parts before it
-                                 **({"previous": part_name("genie_quantize", k - 1)} if k else {})}))
+            specs.append(
+                p.spec(
+                    part_name("genie_quantize", k),
+                    "genie_quantize",
+                    {
+                        **p.params("quantize", "genie_quantize"),
+                        "part": k,
+                        "export": {
+                            "sequence_length": e.sequence_length,
+                            "context_length": e.context_length,
+                            "parts": P,
+                        },
+                    },
+                    {
+                        "source": "download",
+                        "calibration": part_name("calibrate", 0),
+                        # the encodings of the tensors it shares with the parts before it
+                        **({"previous": part_name("genie_quantize", k - 1)} if k else {}),
+                    },
+                )
+            )
             for t, suffix in targets:
-                specs.append(p.spec(part_name("genie_compile", k, suffix), "genie_compile",
-                                    {"target": t, **p.params("compile", "genie_compile"), "part": k,
-                                     "per_graph": per_graph},
-                                    {"model": part_name("genie_quantize", k)}))
+                specs.append(
+                    p.spec(
+                        part_name("genie_compile", k, suffix),
+                        "genie_compile",
+                        {"target": t, **p.params("compile", "genie_compile"), "part": k, "per_graph": per_graph},
+                        {"model": part_name("genie_quantize", k)},
+                    )
+                )
     runtimes = {"runtimes": list(r.bundle.runtimes)} if genie else {}
     overrides = {"genie_config": r.bundle.genie_config} if genie and r.bundle.genie_config else {}
     for t, suffix in targets:
         genie_ins = {f"genie.part{k}": part_name("genie_compile", k, suffix) for k in range(P)} if genie else {}
         # qdq: the quantized parts' export.json, which declares their quantized boundary (tasks/llm/quantize.py)
-        joined = {f"{role}.part{k}": up for k in range(P)
-                  for role, up in (("compiled", part_name("compile", k, suffix)), ("export", part_name("export", k)),
-                                   ("qdq", qdq[k]))}
-        specs.append(p.spec(f"bundle{suffix}", "bundle",
-                            {"target": t, **p.params("compile", "bundle"), "parts": P, **runtimes, **overrides},
-                            {**joined, **genie_ins}))
+        joined = {
+            f"{role}.part{k}": up
+            for k in range(P)
+            for role, up in (
+                ("compiled", part_name("compile", k, suffix)),
+                ("export", part_name("export", k)),
+                ("qdq", qdq[k]),
+            )
+        }
+        specs.append(
+            p.spec(
+                f"bundle{suffix}",
+                "bundle",
+                {"target": t, **p.params("compile", "bundle"), "parts": P, **runtimes, **overrides},
+                {**joined, **genie_ins},
+            )
+        )
         ins = {"bundle": f"bundle{suffix}", "source": "download", **genie_ins}
         for k in range(P):
-            ins.update({f"compiled.part{k}": part_name("compile", k, suffix), f"qdq.part{k}": qdq[k],
-                        f"reference.part{k}": part_name("export", k)})
-        specs.append(p.spec(f"verify{suffix}", "verify",
-                            {**p.params("verify"), "target": t, "task": r.task, **runtimes}, ins, p.files("verify")))
+            ins.update(
+                {
+                    f"compiled.part{k}": part_name("compile", k, suffix),
+                    f"qdq.part{k}": qdq[k],
+                    f"reference.part{k}": part_name("export", k),
+                }
+            )
+        specs.append(
+            p.spec(
+                f"verify{suffix}",
+                "verify",
+                {**p.params("verify"), "target": t, "task": r.task, **runtimes},
+                ins,
+                p.files("verify"),
+            )
+        )
     return specs
 
 
@@ -136,20 +205,35 @@ def source_check(recipe, cfg: dict, config_file: Path) -> list[tuple[str, str]]:
     mt = cfg.get("model_type")
     why = "; ".join(unsupported(cfg))
     if mt not in SUPPORTED or why:
-        problems.append(Unsupported("export.family", f"expected a model_type the LLM export supports "
-                                                     f"({', '.join(SUPPORTED)}), found {mt!r} in {name}"
-                                    + (f" with {why} (not in tasks/llm/architectures.py)" if why else "")))
+        problems.append(
+            Unsupported(
+                "export.family",
+                f"expected a model_type the LLM export supports "
+                f"({', '.join(SUPPORTED)}), found {mt!r} in {name}"
+                + (f" with {why} (not in tasks/llm/architectures.py)" if why else ""),
+            )
+        )
     act = cfg.get("hidden_act", "silu")
     if act not in ACTIVATIONS:
-        problems.append(("export.family", f"expected an MLP activation the LLM export writes "
-                                          f"({', '.join(ACTIVATIONS)}), found hidden_act {act!r} in {name}"))
+        problems.append(
+            (
+                "export.family",
+                f"expected an MLP activation the LLM export writes "
+                f"({', '.join(ACTIVATIONS)}), found hidden_act {act!r} in {name}",
+            )
+        )
     layers, limit = cfg.get("num_hidden_layers"), cfg.get("max_position_embeddings")
     if isinstance(layers, int) and e.parts > layers:
-        problems.append(("export.parts", f"expected at most the model's {layers} layers "
-                                         f"(num_hidden_layers), found {e.parts}"))
+        problems.append(
+            ("export.parts", f"expected at most the model's {layers} layers (num_hidden_layers), found {e.parts}")
+        )
     if isinstance(limit, int) and e.context_length > limit:
-        problems.append(("export.context_length", f"expected at most the model's max_position_embeddings "
-                                                  f"({limit}), found {e.context_length}"))
+        problems.append(
+            (
+                "export.context_length",
+                f"expected at most the model's max_position_embeddings ({limit}), found {e.context_length}",
+            )
+        )
     return problems
 
 
@@ -179,12 +263,20 @@ def shipped(sources: dict[str, Path]) -> tuple[list[str], list[tuple]]:
         desc = json.loads(sources[desc_rel].read_text())
         out.append((desc_rel, f"{RUNNER} and the catalog (every graph's inputs and outputs)", "the bundle", None))
         if desc.get("embed_file"):
-            out.append((posixpath.join(d, desc["embed_file"]),
-                        f"{RUNNER} (export.json embed_file: the host-side embedding table)", desc_rel, None))
+            out.append(
+                (
+                    posixpath.join(d, desc["embed_file"]),
+                    f"{RUNNER} (export.json embed_file: the host-side embedding table)",
+                    desc_rel,
+                    None,
+                )
+            )
         if posixpath.join(d, "genai_config.json") not in sources:
             shared = any(r.startswith(posixpath.join(d, "shared/")) for r in sources)
-            out += [(posixpath.normpath(posixpath.join(d, f)), None, desc_rel, RUNNER)
-                    for f in bundle_files(desc, "shared" if shared else "").values()]
+            out += [
+                (posixpath.normpath(posixpath.join(d, f)), None, desc_rel, RUNNER)
+                for f in bundle_files(desc, "shared" if shared else "").values()
+            ]
     return folders, out
 
 
@@ -225,26 +317,43 @@ def default_thresholds(recipe) -> dict[str, float]:
         return {}
     out = {}
     if "thresholds" not in recipe.verify.model_fields_set:
-        out = {k: v for k, v in DEFAULT_THRESHOLDS.items()
-               if k != "perplexity_ratio" or recipe.verify.perplexity_text is not None}
-    ran = (["genai"] if recipe.verify.runtime == "genai" else []) + \
-        (["genie"] if "genie" in recipe.bundle.runtimes else [])
+        out = {
+            k: v
+            for k, v in DEFAULT_THRESHOLDS.items()
+            if k != "perplexity_ratio" or recipe.verify.perplexity_text is not None
+        }
+    ran = (["genai"] if recipe.verify.runtime == "genai" else []) + (
+        ["genie"] if "genie" in recipe.bundle.runtimes else []
+    )
     out.update(RUNTIME_THRESHOLDS[rt] for rt in ran)
     return out
 
 
 FAMILY = Family(
-    name="llm", title="an LLM",
-    stages={"download": "tasks.sources.download", "export": "tasks.llm.export", "patch": "tasks.patches.stage",
-            "calibrate": "tasks.llm.calibrate",  # the fp32 part over the calibration schedule
-            "quantize": "tasks.llm.quantize", "compile": "tasks.llm.compile",
-            "genie_quantize": "tasks.llm.genie.quantize",  # parts in Genie's layout, QDQ (bundle.runtimes: genie)
-            "genie_compile": "tasks.llm.genie.compile",  # ... their context binaries, named for Genie
-            "bundle": "tasks.llm.bundle",  # the parts joined: export.json, genai_config.json, genie_config.json
-            "verify": "tasks.llm.verify"},
-    plan=plan, params=(RUNTIMES, GENIE_CONFIG), source_check=source_check, plan_lines=plan_lines,
-    catalog_fields=catalog_fields, memory_estimate=plan_estimate, memory_keys=plan_keys,
-    default_thresholds=default_thresholds, shipped=shipped, runtimes=runtimes,
+    name="llm",
+    title="an LLM",
+    stages={
+        "download": "tasks.sources.download",
+        "export": "tasks.llm.export",
+        "patch": "tasks.patches.stage",
+        "calibrate": "tasks.llm.calibrate",  # the fp32 part over the calibration schedule
+        "quantize": "tasks.llm.quantize",
+        "compile": "tasks.llm.compile",
+        "genie_quantize": "tasks.llm.genie.quantize",  # parts in Genie's layout, QDQ (bundle.runtimes: genie)
+        "genie_compile": "tasks.llm.genie.compile",  # ... their context binaries, named for Genie
+        "bundle": "tasks.llm.bundle",  # the parts joined: export.json, genai_config.json, genie_config.json
+        "verify": "tasks.llm.verify",
+    },
+    plan=plan,
+    params=(RUNTIMES, GENIE_CONFIG),
+    source_check=source_check,
+    plan_lines=plan_lines,
+    catalog_fields=catalog_fields,
+    memory_estimate=plan_estimate,
+    memory_keys=plan_keys,
+    default_thresholds=default_thresholds,
+    shipped=shipped,
+    runtimes=runtimes,
     catalog_note=CEILING_NOTE.removeprefix("ceilings, not measurements: "),  # the page says "ceilings" itself
     catalog_chart=("LLMs: quality versus size", "LLM", "token_agreement", "greedy token agreement vs fp32"),
 )

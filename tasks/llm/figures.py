@@ -50,8 +50,10 @@ CEILING_NOTE = (
     "time >= prefill ops / NPU peak ops; the runtime's own memory is not included (not measured, no public "
     "figure found)"
 )
-RUNTIME_NOTE = ("not included: the runtime's own memory (QNN libraries, HTP sessions, onnxruntime-genai) is not "
-                "measured here and no public figure was found")
+RUNTIME_NOTE = (
+    "not included: the runtime's own memory (QNN libraries, HTP sessions, onnxruntime-genai) is not "
+    "measured here and no public figure was found"
+)
 
 
 def _dims(c: dict) -> tuple[int, int, int, int, int, int]:
@@ -103,9 +105,13 @@ def estimated_traffic(config: dict, recipe, runtime: str) -> dict:
         decode, prefill = {"kv_read": kv(C - 1), "kv_written": kv(1)}, {"kv_read": kv(C - S), "kv_written": kv(S)}
     else:
         decode = prefill = {"kv_read": kv(C), "kv_written": kv(C)}
-    return {"kv_dtype": {1: "uint8", 2: "uint16", 4: "float32"}[b], "kv_cache_bytes": kv(C),
-            "decode": dict(decode), "prefill": dict(prefill),
-            "from": "estimated from the config (not built): the KV cache only"}
+    return {
+        "kv_dtype": {1: "uint8", 2: "uint16", 4: "float32"}[b],
+        "kv_cache_bytes": kv(C),
+        "decode": dict(decode),
+        "prefill": dict(prefill),
+        "from": "estimated from the config (not built): the KV cache only",
+    }
 
 
 def prefill_ops(config: dict, seq: int, context: int) -> int:
@@ -155,25 +161,33 @@ def layout_traffic(binaries: dict, runtime: str) -> dict | None:
         return None
     kv = lambda ts: sum(t[3] for t in ts if kv_cache(t[0]))  # noqa: E731
     names = {"FLOAT": "float32", "FLOAT16": "float16"}
-    out = {"kv_dtype": ", ".join(sorted({names.get(t[1], t[1].lower()) for _, g in graphs
-                                         for t in g["inputs"] if kv_cache(t[0])})),
-           "from": f"read back: {len(shipped)} shipped context binaries"}
+    out = {
+        "kv_dtype": ", ".join(
+            sorted({names.get(t[1], t[1].lower()) for _, g in graphs for t in g["inputs"] if kv_cache(t[0])})
+        ),
+        "from": f"read back: {len(shipped)} shipped context binaries",
+    }
     for kind, test in (("decode", lambda n: n == 1), ("prefill", lambda n: n is not None and n > 1)):
         gs = [g for _, g in graphs if test(_ar(g))]
-        out[kind] = {"read": sum(t[3] for g in gs for t in g["inputs"]),
-                     "written": sum(t[3] for g in gs for t in g["outputs"]),
-                     "kv_read": sum(kv(g["inputs"]) for g in gs), "kv_written": sum(kv(g["outputs"]) for g in gs),
-                     "tokens": max((_ar(g) for g in gs), default=None)}
+        out[kind] = {
+            "read": sum(t[3] for g in gs for t in g["inputs"]),
+            "written": sum(t[3] for g in gs for t in g["outputs"]),
+            "kv_read": sum(kv(g["inputs"]) for g in gs),
+            "kv_written": sum(kv(g["outputs"]) for g in gs),
+            "tokens": max((_ar(g) for g in gs), default=None),
+        }
     out["kv_cache_bytes"] = out["decode"]["kv_read"] + (out["decode"]["kv_written"] if runtime == "genie" else 0)
     other = lambda g: sum(t[3] for t in g["inputs"] + g["outputs"] if not kv_cache(t[0]))  # noqa: E731
     out["io_buffer_bytes"] = sum(max(other(g) for g in b["graphs"].values()) for b in shipped.values() if b["graphs"])
-    out["spill_fill_bytes"] = sum(max((g.get("spill_fill_bytes") or 0 for g in b["graphs"].values()), default=0)
-                                  for b in shipped.values())
+    out["spill_fill_bytes"] = sum(
+        max((g.get("spill_fill_bytes") or 0 for g in b["graphs"].values()), default=0) for b in shipped.values()
+    )
     out["bundle_bytes"] = sum(b.get("bytes") or 0 for b in shipped.values())
     # what a decoded token streams: the binaries that hold a decode graph (a weight-shared
     # binary whole; without weight sharing the decode graph's own binary, not the prefill's)
-    out["decode_binary_bytes"] = sum(b.get("bytes") or 0 for b in shipped.values()
-                                     if any(_ar(g) == 1 for g in b.get("graphs", {}).values()))
+    out["decode_binary_bytes"] = sum(
+        b.get("bytes") or 0 for b in shipped.values() if any(_ar(g) == 1 for g in b.get("graphs", {}).values())
+    )
     return out
 
 
@@ -212,29 +226,45 @@ def device_figures(config: dict, recipe, target: str, binaries: dict | None = No
         per_token = weights_read + dec["read"] + dec["written"]
         kv = traffic["kv_cache_bytes"]
         per[rt] = {
-            "bundle_bytes": bundle, "bundle_bytes_from": bundle_from,
-            "kv_dtype": traffic["kv_dtype"], "kv_cache_bytes": kv, "context_length": ex.context_length,
-            "spill_fill_bytes": spill, "io_bytes": io,
+            "bundle_bytes": bundle,
+            "bundle_bytes_from": bundle_from,
+            "kv_dtype": traffic["kv_dtype"],
+            "kv_cache_bytes": kv,
+            "context_length": ex.context_length,
+            "spill_fill_bytes": spill,
+            "io_bytes": io,
             "memory_bytes": bundle + kv + (spill or 0) + (io or 0),
             "memory_includes": ["weights", "kv_cache"] + (["spill_fill", "io_buffers"] if built else []),
-            "memory_note": ("weights + KV cache + spill-fill + I/O buffers (read back)" if built else
-                            "weights + KV cache; spill-fill and I/O buffers are known once built (read back from "
-                            "the binaries)") + "; " + RUNTIME_NOTE,
+            "memory_note": (
+                "weights + KV cache + spill-fill + I/O buffers (read back)"
+                if built
+                else "weights + KV cache; spill-fill and I/O buffers are known once built (read back from the binaries)"
+            )
+            + "; "
+            + RUNTIME_NOTE,
             "weight_bytes_read_per_token": weights_read,
             "kv_bytes_read_per_token": traffic["decode"]["kv_read"],
             "kv_bytes_written_per_token": traffic["decode"]["kv_written"],
-            "io_bytes_read_per_token": dec["read"], "io_bytes_written_per_token": dec["written"],
-            "bytes_per_token": per_token, "bytes_per_token_over_weights": per_token / weights_read,
+            "io_bytes_read_per_token": dec["read"],
+            "io_bytes_written_per_token": dec["written"],
+            "bytes_per_token": per_token,
+            "bytes_per_token_over_weights": per_token / weights_read,
             "prefill_window": traffic["prefill"],
             "decode_tokens_per_s_ceiling": (t.dram_gbps * 1e9 / per_token) if t.dram_gbps else None,
         }
     best = min(per, key=lambda rt: per[rt]["bytes_per_token"])
     return {
-        **per[best], "runtime": best, "runtimes": per,
-        "runtime_bytes": None, "runtime_note": RUNTIME_NOTE,
-        "dram_gbps": t.dram_gbps, "dram_source": t.dram_source,
-        "npu_tops": t.npu_tops, "npu_source": t.npu_source,
-        "prefill_length": ex.sequence_length, "prefill_ops": ops,
+        **per[best],
+        "runtime": best,
+        "runtimes": per,
+        "runtime_bytes": None,
+        "runtime_note": RUNTIME_NOTE,
+        "dram_gbps": t.dram_gbps,
+        "dram_source": t.dram_source,
+        "npu_tops": t.npu_tops,
+        "npu_source": t.npu_source,
+        "prefill_length": ex.sequence_length,
+        "prefill_ops": ops,
         "first_token_s_lower_bound": (ops / (t.npu_tops * 1e12)) if t.npu_tops else None,
         "note": CEILING_NOTE,
     }
@@ -285,13 +315,15 @@ def plan_lines(recipe) -> list[str]:
     est = estimates(cfg, ranges, ex.sequence_length, ex.context_length, embed, precision.weight_bits)
     n = part_params(cfg, 0, cfg["num_hidden_layers"], True, True, embed)
     bundle = estimated_bundle_bytes(cfg, recipe, precision)
-    out = [f"model: {where}",
-           f"parameters: {parameters(cfg) / 1e9:.2f} B; parts: {ex.parts}, layers "
-           + ", ".join(f"[{lo}, {hi})" for lo, hi in ranges),
-           "memory estimate per stage (largest part, GiB): "
-           + ", ".join(f"{k} {v / GiB:.2f} (part {p})" for k, (v, p) in est.items()),
-           f"disk estimate (GB): checkpoint {parameters(cfg) * 2 / 1e9:.1f} (bf16), fp32 export {n * 4 / 1e9:.1f}, "
-           f"QDQ graphs {bundle / 1e9:.1f}, bundle {bundle / 1e9:.2f}"]
+    out = [
+        f"model: {where}",
+        f"parameters: {parameters(cfg) / 1e9:.2f} B; parts: {ex.parts}, layers "
+        + ", ".join(f"[{lo}, {hi})" for lo, hi in ranges),
+        "memory estimate per stage (largest part, GiB): "
+        + ", ".join(f"{k} {v / GiB:.2f} (part {p})" for k, (v, p) in est.items()),
+        f"disk estimate (GB): checkpoint {parameters(cfg) * 2 / 1e9:.1f} (bf16), fp32 export {n * 4 / 1e9:.1f}, "
+        f"QDQ graphs {bundle / 1e9:.1f}, bundle {bundle / 1e9:.2f}",
+    ]
     for t in recipe.compile.targets:
         f = device_figures(cfg, recipe, t)
         dec = (
@@ -304,10 +336,12 @@ def plan_lines(recipe) -> list[str]:
             if f["first_token_s_lower_bound"]
             else "unknown (no NPU figure)"
         )
-        out.append(f"on {t} ({f['runtime']} layout): memory {f['memory_bytes'] / 1e9:.2f} GB (weights + KV cache at "
-                   f"{ex.context_length}, {f['kv_dtype']}), {f['bytes_per_token'] / 1e9:.2f} GB moved per token "
-                   f"({f['bytes_per_token_over_weights']:.3f} x the weights read), decode ceiling {dec}, first token "
-                   f">= {ftl} for {ex.sequence_length} tokens (ceilings)")
+        out.append(
+            f"on {t} ({f['runtime']} layout): memory {f['memory_bytes'] / 1e9:.2f} GB (weights + KV cache at "
+            f"{ex.context_length}, {f['kv_dtype']}), {f['bytes_per_token'] / 1e9:.2f} GB moved per token "
+            f"({f['bytes_per_token_over_weights']:.3f} x the weights read), decode ceiling {dec}, first token "
+            f">= {ftl} for {ex.sequence_length} tokens (ceilings)"
+        )
     return out
 
 
@@ -318,5 +352,7 @@ def catalog_figures(recipe, download_out: Path | None, binaries: dict) -> dict:
     cfg, _ = recipe_config(recipe, download_out)
     if cfg is None:
         return {"parameters_estimate": None, "device": None}
-    return {"parameters_estimate": parameters(cfg),
-            "device": {t: device_figures(cfg, recipe, t, binaries.get(t)) for t in recipe.compile.targets}}
+    return {
+        "parameters_estimate": parameters(cfg),
+        "device": {t: device_figures(cfg, recipe, t, binaries.get(t)) for t in recipe.compile.targets},
+    }

@@ -50,8 +50,9 @@ def stage_name(part: int, graph: str) -> str:
     return f"part{part}_{GRAPHS[graph]}"
 
 
-def genai_config(desc: dict, model_files: dict, *, provider_options: dict | None = None,
-                 session_config: dict | None = None) -> dict:
+def genai_config(
+    desc: dict, model_files: dict, *, provider_options: dict | None = None, session_config: dict | None = None
+) -> dict:
     """The ``genai_config.json`` dict of an export description (``export.json``).
 
     Args:
@@ -79,13 +80,17 @@ def genai_config(desc: dict, model_files: dict, *, provider_options: dict | None
     for p in desc["parts"]:
         for g in ("prefill", "decode"):
             name = stage_name(p["index"], g)
-            pipeline.append({name: {
-                "filename": str(model_files[name]),
-                "inputs": [i["name"] for i in p[g]["inputs"]],
-                "outputs": [o["name"] for o in p[g]["outputs"]],
-                "run_on_prompt": g == "prefill",
-                "run_on_token_gen": g == "decode",
-            }})
+            pipeline.append(
+                {
+                    name: {
+                        "filename": str(model_files[name]),
+                        "inputs": [i["name"] for i in p[g]["inputs"]],
+                        "outputs": [o["name"] for o in p[g]["outputs"]],
+                        "run_on_prompt": g == "prefill",
+                        "run_on_token_gen": g == "decode",
+                    }
+                }
+            )
     from tasks.llm.sessions import CPU_CONFIG
 
     base = CPU_CONFIG if provider_options is None else {}  # the CPU EP computes as LLMRunner's sessions
@@ -97,7 +102,8 @@ def genai_config(desc: dict, model_files: dict, *, provider_options: dict | None
             "type": "decoder-pipeline",
             "context_length": C,
             "vocab_size": desc["vocab_size"],
-            "eos_token_id": desc["eos_token_id"], "pad_token_id": desc["pad_token_id"],
+            "eos_token_id": desc["eos_token_id"],
+            "pad_token_id": desc["pad_token_id"],
             "bos_token_id": desc.get("bos_token_id", desc["eos_token_id"]),
             "decoder": {
                 "session_options": so,
@@ -106,19 +112,40 @@ def genai_config(desc: dict, model_files: dict, *, provider_options: dict | None
                 "num_attention_heads": desc["num_heads"],
                 "num_key_value_heads": desc["num_kv_heads"],
                 "num_hidden_layers": desc["num_layers"],
-                "inputs": {"input_ids": "input_ids", "past_sequence_length": "past_seq_len",
-                           "total_sequence_length": "total_seq_len",
-                           "past_key_names": "past_key_%d", "past_value_names": "past_value_%d"},
-                "outputs": {"logits": "logits", "present_key_names": "present_key_%d",
-                            "present_value_names": "present_value_%d"},
-                "sliding_window": {"window_size": S, "pad_value": 0, "alignment": "left",
-                                   "slide_key_value_cache": False, "slide_inputs": True},
+                "inputs": {
+                    "input_ids": "input_ids",
+                    "past_sequence_length": "past_seq_len",
+                    "total_sequence_length": "total_seq_len",
+                    "past_key_names": "past_key_%d",
+                    "past_value_names": "past_value_%d",
+                },
+                "outputs": {
+                    "logits": "logits",
+                    "present_key_names": "present_key_%d",
+                    "present_value_names": "present_value_%d",
+                },
+                "sliding_window": {
+                    "window_size": S,
+                    "pad_value": 0,
+                    "alignment": "left",
+                    "slide_key_value_cache": False,
+                    "slide_inputs": True,
+                },
                 "pipeline": pipeline,
             },
         },
-        "search": {"do_sample": False, "max_length": C, "min_length": 0, "num_beams": 1,
-                   "num_return_sequences": 1, "past_present_share_buffer": False,
-                   "top_k": 1, "top_p": 1.0, "temperature": 1.0, "repetition_penalty": 1.0},
+        "search": {
+            "do_sample": False,
+            "max_length": C,
+            "min_length": 0,
+            "num_beams": 1,
+            "num_return_sequences": 1,
+            "past_present_share_buffer": False,
+            "top_k": 1,
+            "top_p": 1.0,
+            "temperature": 1.0,
+            "repetition_penalty": 1.0,
+        },
     }
 
 
@@ -130,7 +157,7 @@ def bundle_files(desc: dict, folder: str = "", suffix: str = "_ctx.onnx") -> dic
     for p in desc["parts"]:
         for g in ("prefill", "decode"):
             rel = p[g]["path"]
-            out[stage_name(p["index"], g)] = str(Path(folder) / (rel[:-len(".onnx")] + suffix))
+            out[stage_name(p["index"], g)] = str(Path(folder) / (rel[: -len(".onnx")] + suffix))
     return out
 
 
@@ -172,18 +199,27 @@ def declared_tensors(config: dict, source: str = "genai_config.json") -> tuple[d
     past = {
         p % i for p in (dec["inputs"].get("past_key_names"), dec["inputs"].get("past_value_names")) if p for i in layers
     }
-    present = {p % i for p in (dec["outputs"].get("present_key_names"), dec["outputs"].get("present_value_names"))
-               if p for i in layers}
+    present = {
+        p % i
+        for p in (dec["outputs"].get("present_key_names"), dec["outputs"].get("present_value_names"))
+        if p
+        for i in layers
+    }
     kv_names = past | present
     out = {}
     for entry in dec["pipeline"]:
-        (name, e), = entry.items()
+        ((name, e),) = entry.items()
         rows = S if e.get("run_on_prompt", True) and not e.get("run_on_token_gen", True) else 1
-        shapes = {dec["inputs"].get("input_ids", "input_ids"): (1, rows) if S else None,
-                  dec["outputs"].get("logits", "logits"): (1, rows, m["vocab_size"]) if S else None,
-                  **{n: kv for n in kv_names}}
-        out[e["filename"]] = Declared({n: shapes.get(n) for n in e.get("inputs", [])},
-                                      {n: shapes.get(n) for n in e.get("outputs", [])}, f"{source} ({name})")
+        shapes = {
+            dec["inputs"].get("input_ids", "input_ids"): (1, rows) if S else None,
+            dec["outputs"].get("logits", "logits"): (1, rows, m["vocab_size"]) if S else None,
+            **{n: kv for n in kv_names},
+        }
+        out[e["filename"]] = Declared(
+            {n: shapes.get(n) for n in e.get("inputs", [])},
+            {n: shapes.get(n) for n in e.get("outputs", [])},
+            f"{source} ({name})",
+        )
     kv = Declared({n: kv for n in past}, {n: kv for n in present}, f"{source} (KV cache names)")
     return out, [kv]
 
@@ -224,8 +260,10 @@ class GenaiRunner:
         m = self.config["model"]
         ids = [int(t) for t in prompt_ids]
         if len(ids) < 2 or m["pad_token_id"] in ids:
-            raise InputError(f"genai's windowed pipeline needs >= 2 prompt tokens and none equal to "
-                             f"pad_token_id={m['pad_token_id']}: {ids}")
+            raise InputError(
+                f"genai's windowed pipeline needs >= 2 prompt tokens and none equal to "
+                f"pad_token_id={m['pad_token_id']}: {ids}"
+            )
         S = m["decoder"]["sliding_window"]["window_size"]
         padded = -(-len(ids) // S) * S  # genai's sequence holds the padded prompt (generators.cpp)
         params = self.og.GeneratorParams(self.model)
@@ -244,8 +282,9 @@ def _generate_child(folder: str, qnn: bool, prompts: list[list[int]], max_new_to
         print(json.dumps({"tokens": runner.generate(ids, max_new_tokens)}), flush=True)
 
 
-def generate_in_child(folder, prompts: list[list[int]], max_new_tokens: int, *, qnn: bool,
-                      timeout: float = 3600) -> list[list[int]]:
+def generate_in_child(
+    folder, prompts: list[list[int]], max_new_tokens: int, *, qnn: bool, timeout: float = 3600
+) -> list[list[int]]:
     """:meth:`GenaiRunner.generate` of every prompt (token ids) on ``folder/genai_config.json``
     in a child process (:func:`tasks.proc.child.run_function`): genai creates every part's
     sessions at once, and what it holds goes back to the system when the child ends (in the
@@ -255,10 +294,19 @@ def generate_in_child(folder, prompts: list[list[int]], max_new_tokens: int, *, 
     fails or answers fewer prompts."""
     from tasks.proc.child import run_function
 
-    r = run_function(_generate_child, str(folder), qnn, [[int(t) for t in p] for p in prompts], max_new_tokens,
-                     cwd=str(folder), timeout=timeout)
+    r = run_function(
+        _generate_child,
+        str(folder),
+        qnn,
+        [[int(t) for t in p] for p in prompts],
+        max_new_tokens,
+        cwd=str(folder),
+        timeout=timeout,
+    )
     got = [json.loads(ln)["tokens"] for ln in r.stdout.splitlines() if ln.startswith("{")]
     if r.returncode != 0 or len(got) != len(prompts):
-        raise RuntimeError(f"onnxruntime-genai on {folder}: expected {len(prompts)} answers, found {len(got)} "
-                           f"(exit {r.returncode}): {r.tail(1500)}")
+        raise RuntimeError(
+            f"onnxruntime-genai on {folder}: expected {len(prompts)} answers, found {len(got)} "
+            f"(exit {r.returncode}): {r.tail(1500)}"
+        )
     return got

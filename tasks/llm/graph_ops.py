@@ -67,17 +67,25 @@ class _Graph:
             return onnx.helper.make_tensor_value_info(n, onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dt)), shape)
 
         inits = [self.weights[n] for n in self.used] + list(self.inits.values())
-        g = onnx.helper.make_graph(self.nodes, "part", [vi(*i) for i in inputs], [vi(*o) for o in outputs],
-                                   initializer=inits)
-        return onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", OPSET)],
-                                      ir_version=IR_VERSION, producer_name="npubuild")
+        g = onnx.helper.make_graph(
+            self.nodes, "part", [vi(*i) for i in inputs], [vi(*o) for o in outputs], initializer=inits
+        )
+        return onnx.helper.make_model(
+            g, opset_imports=[onnx.helper.make_opsetid("", OPSET)], ir_version=IR_VERSION, producer_name="npubuild"
+        )
 
 
 def _rmsnorm(g: _Graph, scope: str, x: str, weight: str, eps: float) -> str:
     sq = g.op(scope, "Pow", [x, g.const("two", 2.0, np.float32)])
     mean = g.op(scope, "ReduceMean", [sq, g.const("axis_last", [-1])], keepdims=1)
-    rstd = g.op(scope, "Div", [g.const("one", 1.0, np.float32),
-                               g.op(scope, "Sqrt", [g.op(scope, "Add", [mean, g.const("eps", eps, np.float32)])])])
+    rstd = g.op(
+        scope,
+        "Div",
+        [
+            g.const("one", 1.0, np.float32),
+            g.op(scope, "Sqrt", [g.op(scope, "Add", [mean, g.const("eps", eps, np.float32)])]),
+        ],
+    )
     return g.op(scope, "Mul", [g.op(scope, "Mul", [x, rstd]), g.w(weight)])
 
 
@@ -101,8 +109,9 @@ def _linear(g: _Graph, scope: str, x: str, prefix: str, bias: bool) -> str:
     return g.op(scope, "Add", [y, g.w(prefix + ".bias")]) if bias else y
 
 
-def layer_heads(g: _Graph, s: str, p: str, x: str, dims: dict, eps: float, S: int, has_bias: bool,
-                weights: dict) -> dict[str, str]:
+def layer_heads(
+    g: _Graph, s: str, p: str, x: str, dims: dict, eps: float, S: int, has_bias: bool, weights: dict
+) -> dict[str, str]:
     """The start of decoder layer ``p`` (ONNX scope ``s``), for both graph layouts (this module's
     and Genie's, :mod:`tasks.llm.genie.graphs`): the input RMSNorm of the hidden state ``x`` [1, S, D],
     then the q, k and v projections (with biases when ``has_bias``: Qwen2), each reshaped to
@@ -121,8 +130,9 @@ def layer_heads(g: _Graph, s: str, p: str, x: str, dims: dict, eps: float, S: in
     return heads
 
 
-def layer_tail(g: _Graph, s: str, p: str, x: str, o: str, dims: dict, eps: float, S: int,
-               out: str | None = None) -> str:
+def layer_tail(
+    g: _Graph, s: str, p: str, x: str, o: str, dims: dict, eps: float, S: int, out: str | None = None
+) -> str:
     """The rest of decoder layer ``p`` (ONNX scope ``s``) after attention, for both graph layouts
     (this module's and Genie's, :mod:`tasks.llm.genie.graphs`): the heads' outputs ``o``, rows of the
     query heads in their order (H x S x d elements), back to [1, S, H*d], ``o_proj`` added to the

@@ -22,8 +22,14 @@ from tasks.qnn import ep as _qnn
 from tasks.qnn.targets import DEFAULT_TARGET
 
 
-def make_qnn_session(path, *, target: str = DEFAULT_TARGET, config: dict | None = None,
-                     cpu_fallback: bool = False, **extra_provider_options):
+def make_qnn_session(
+    path,
+    *,
+    target: str = DEFAULT_TARGET,
+    config: dict | None = None,
+    cpu_fallback: bool = False,
+    **extra_provider_options,
+):
     """``onnxruntime.InferenceSession`` on QNN HTP for ``path`` (QDQ or ``_ctx.onnx``; ``bytes``
     are passed through), built with :func:`tasks.qnn.ep.session_options` for the named ``target``
     (``tasks/qnn/targets.py``; a KeyError lists the known ones).
@@ -42,8 +48,7 @@ def qnn_session_factory(**kw):
 
 
 def _compile(qdq, ctx_path: Path, target: str, config=None, **extra):
-    cfg = {"ep.context_enable": "1", "ep.context_embed_mode": "0",
-           "ep.context_file_path": str(ctx_path)}
+    cfg = {"ep.context_enable": "1", "ep.context_embed_mode": "0", "ep.context_file_path": str(ctx_path)}
     cfg.update(config or {})
     t = time.perf_counter()
     # the path as given names the compiled graph (see tasks/qnn/ep.py compile_graph): callers run
@@ -74,12 +79,17 @@ def compile_single(qdq, out_dir, *, name: str | None = None, target: str = DEFAU
     before = set(out_dir.glob("*.bin"))
     secs = _compile(qdq, ctx, target)
     bins = _bins(out_dir, before)
-    return {"ctx": str(ctx), "bin": str(bins[0]) if bins else None,
-            "bin_bytes": sum(b.stat().st_size for b in bins), "seconds": secs}
+    return {
+        "ctx": str(ctx),
+        "bin": str(bins[0]) if bins else None,
+        "bin_bytes": sum(b.stat().st_size for b in bins),
+        "seconds": secs,
+    }
 
 
-def compile_shared(prefill_qdq, decode_qdq, out_dir, target: str = DEFAULT_TARGET,
-                   *, names=("prefill", "decode")) -> dict:
+def compile_shared(
+    prefill_qdq, decode_qdq, out_dir, target: str = DEFAULT_TARGET, *, names=("prefill", "decode")
+) -> dict:
     """Compile prefill + decode into ONE weight-shared context binary.
 
     Writes ``out_dir/{names[0]}_ctx.onnx``, ``out_dir/{names[1]}_ctx.onnx`` (both EPContext models
@@ -101,8 +111,12 @@ def compile_shared(prefill_qdq, decode_qdq, out_dir, target: str = DEFAULT_TARGE
             cfg["ep.stop_share_ep_contexts"] = "1"
         t += _compile(qdq, ctx, target, config=cfg, enable_htp_weight_sharing="1")
     bins = sorted(out_dir.glob("*.bin"))
-    return {"ctx": [str(c) for c in ctxs], "bins": [str(b) for b in bins],
-            "bin_bytes": sum(b.stat().st_size for b in bins), "seconds": t}
+    return {
+        "ctx": [str(c) for c in ctxs],
+        "bins": [str(b) for b in bins],
+        "bin_bytes": sum(b.stat().st_size for b in bins),
+        "seconds": t,
+    }
 
 
 def load_shared_probe(ctx_paths, *, target: str = DEFAULT_TARGET, timeout: float = 300) -> dict:

@@ -41,18 +41,24 @@ class KVCache:
         that is not all zero bytes (slots past the prefill's last window are never written: a 7B
         part's buffers at C=4096 are 128 MiB, their written slots a few MiB); :meth:`load`
         puts the zeros back, so the round trip is exact, leftover slots included."""
+
         def cut(a):
             used = np.flatnonzero(a.any(axis=(0, 1, 3)))
-            return a[:, :, :used[-1] + 1 if used.size else 0]
+            return a[:, :, : used[-1] + 1 if used.size else 0]
 
-        np.savez(path, n=np.int64(self.n), **{f"k{l}": cut(a) for l, a in self.k.items()},
-                 **{f"v{l}": cut(a) for l, a in self.v.items()})
+        np.savez(
+            path,
+            n=np.int64(self.n),
+            **{f"k{l}": cut(a) for l, a in self.k.items()},
+            **{f"v{l}": cut(a) for l, a in self.v.items()},
+        )
 
     def load(self, path) -> None:
         """Restore a cache written by :meth:`save` (same layers and shapes)."""
+
         def full(a, like):
             out = np.zeros_like(like)
-            out[:, :, :a.shape[2]] = a
+            out[:, :, : a.shape[2]] = a
             return out
 
         with np.load(path) as z:

@@ -64,9 +64,16 @@ def gptq_peak(config: dict, lo: int, hi: int, last: bool, seq_len: int, samples:
     return BASE + qdq + 8 * widest * widest + 8 * group + 13 * biggest + 768 * 2**20 + state
 
 
-def estimates(config: dict, ranges: list[tuple[int, int]], seq_len: int, context_len: int,
-              embed_in_part: bool = True, weight_bits: int = 4, only: int | None = None,
-              gptq_samples: int | None = None) -> dict:
+def estimates(
+    config: dict,
+    ranges: list[tuple[int, int]],
+    seq_len: int,
+    context_len: int,
+    embed_in_part: bool = True,
+    weight_bits: int = 4,
+    only: int | None = None,
+    gptq_samples: int | None = None,
+) -> dict:
     """Estimated peak bytes per LLM stage: ``{stage: (bytes, part index)}``, the largest part's
     (``only``: part ``only``'s, for a stage that builds one part).
 
@@ -110,20 +117,32 @@ def estimates(config: dict, ranges: list[tuple[int, int]], seq_len: int, context
         kv = layers * 2 * kvh * context_len * d * 4
         act = 4 * H * seq_len * context_len * 4 + 2 * kv
         qdq = (n - table) * weight_bits // 8 + table * 2
-        cand = {"export": BASE + 6 * largest, "calibrate": BASE + int(4.2 * n) + act,
-                "quantize": BASE + 4 * n + 2 * n + act, "compile": BASE + 8 * qdq,
-                "verify": BASE + 4 * n + qdq + 6 * kv + act}
+        cand = {
+            "export": BASE + 6 * largest,
+            "calibrate": BASE + int(4.2 * n) + act,
+            "quantize": BASE + 4 * n + 2 * n + act,
+            "compile": BASE + 8 * qdq,
+            "verify": BASE + 4 * n + qdq + 6 * kv + act,
+        }
         if gptq_samples is not None:
-            cand["quantize"] = max(cand["quantize"], gptq_peak(config, lo, hi, i == len(ranges) - 1, seq_len,
-                                                               gptq_samples, qdq))
+            cand["quantize"] = max(
+                cand["quantize"], gptq_peak(config, lo, hi, i == len(ranges) - 1, seq_len, gptq_samples, qdq)
+            )
         for k, v in cand.items():
             if v > best[k][0]:
                 best[k] = (v, i)
     return best
 
 
-def genie_quantize_estimate(config: dict, ranges: list[tuple[int, int]], seq_len: int, context_len: int,
-                            weight_bits: int, part: int, gptq_samples: int | None) -> int:
+def genie_quantize_estimate(
+    config: dict,
+    ranges: list[tuple[int, int]],
+    seq_len: int,
+    context_len: int,
+    weight_bits: int,
+    part: int,
+    gptq_samples: int | None,
+) -> int:
     """Estimated peak bytes of ``genie_quantize.part{part}`` (:mod:`tasks.llm.genie_quantize`) in
     a fresh process, whose children run one after the other: the larger of its first child's
     (the Genie export of parts 0..``part``, one tensor at a time: the largest export estimate
@@ -134,12 +153,21 @@ def genie_quantize_estimate(config: dict, ranges: list[tuple[int, int]], seq_len
     per = [estimates(config, ranges, seq_len, context_len, True, weight_bits, i, gptq_samples) for i in range(part + 1)]
     n = [part_params(config, lo, hi, i == 0, i == len(ranges) - 1, True) for i, (lo, hi) in enumerate(ranges)]
     act = per[part]["calibrate"][0] - BASE - int(4.2 * n[part])  # the part's calls (estimates' calibrate)
-    prep = max(max(e["export"][0] for e in per), BASE + int(4.2 * sum(n[:part + 1])) + act)
+    prep = max(max(e["export"][0] for e in per), BASE + int(4.2 * sum(n[: part + 1])) + act)
     return max(prep, per[part]["quantize"][0])
 
 
-def check_genie_stage(stage: str, config: dict, *, parts: int, seq_len: int, context_len: int, part: int,
-                      weight_bits: int = 4, gptq_samples: int | None = None) -> int:
+def check_genie_stage(
+    stage: str,
+    config: dict,
+    *,
+    parts: int,
+    seq_len: int,
+    context_len: int,
+    part: int,
+    weight_bits: int = 4,
+    gptq_samples: int | None = None,
+) -> int:
     """Check ``genie_quantize`` (:func:`genie_quantize_estimate`) or ``genie_compile`` (the
     compile estimate of the same part: the Genie graphs hold the genai graphs' weights) of part
     ``part`` against the budget, with everything this process holds (:func:`held_bytes`: their
@@ -154,16 +182,32 @@ def check_genie_stage(stage: str, config: dict, *, parts: int, seq_len: int, con
         est = estimates(config, ranges, seq_len, context_len, True, weight_bits, part)["compile"][0]
     keys = f"export.parts (now {parts}: more parts, smaller parts) or export.context_length (now {context_len})"
     if stage == "genie_quantize":
-        keys = (f"bundle.runtimes (now with genie: its calibration holds parts 0..{part} at once), " + keys
-                + (f", quantize.calibration.samples (now {gptq_samples}) or quantize.rounding (now gptq)"
-                   if gptq_samples is not None else ""))
+        keys = (
+            f"bundle.runtimes (now with genie: its calibration holds parts 0..{part} at once), "
+            + keys
+            + (
+                f", quantize.calibration.samples (now {gptq_samples}) or quantize.rounding (now gptq)"
+                if gptq_samples is not None
+                else ""
+            )
+        )
     check(stage, est, part, held=held_bytes(True), recipe_keys=keys)
     return est
 
 
-def check_stage(stage: str, config: dict, *, parts: int, seq_len: int, context_len: int,
-                embed_in_part: bool = True, weight_bits: int = 4, part: int | None = None,
-                gptq_samples: int | None = None, held: int = 0) -> int:
+def check_stage(
+    stage: str,
+    config: dict,
+    *,
+    parts: int,
+    seq_len: int,
+    context_len: int,
+    embed_in_part: bool = True,
+    weight_bits: int = 4,
+    part: int | None = None,
+    gptq_samples: int | None = None,
+    held: int = 0,
+) -> int:
     """Estimate ``stage``'s peak for this model and export shape and :func:`check` it; returns
     the estimate in bytes. ``weight_bits``: of the quantized weights (``tasks/qnn/precisions.py``;
     compile and verify read them from the quantize output: :func:`weight_bits_of`).
@@ -178,11 +222,21 @@ def check_stage(stage: str, config: dict, *, parts: int, seq_len: int, context_l
     ranges = split_for(config, parts, embed_in_part)
     est, part = estimates(config, ranges, seq_len, context_len, embed_in_part, weight_bits, part, gptq_samples)[stage]
     # the export holds one tensor at a time: its size is the model's, not the recipe's
-    check(stage, est, part, held=held, recipe_keys=None if stage == "export" else
-          f"export.parts (now {parts}: more parts, smaller parts), export.context_length (now {context_len}) or "
-          f"export.sequence_length (now {seq_len})" + (
-              f", quantize.calibration.samples (now {gptq_samples}) or quantize.rounding (now gptq)"
-              if gptq_samples is not None and stage == "quantize" else ""))
+    check(
+        stage,
+        est,
+        part,
+        held=held,
+        recipe_keys=None
+        if stage == "export"
+        else f"export.parts (now {parts}: more parts, smaller parts), export.context_length (now {context_len}) or "
+        f"export.sequence_length (now {seq_len})"
+        + (
+            f", quantize.calibration.samples (now {gptq_samples}) or quantize.rounding (now gptq)"
+            if gptq_samples is not None and stage == "quantize"
+            else ""
+        ),
+    )
     return est
 
 
@@ -200,8 +254,14 @@ def weight_bits_of(folder, default: int = 4) -> int:
     return int(json.loads(f.read_text())["weight_bits"]) if f.is_file() else default
 
 
-def check_export_stage(stage: str, export_dir, weight_bits: int = 4, part: int | None = None,
-                       gptq_samples: int | None = None, in_child: bool = False) -> int:
+def check_export_stage(
+    stage: str,
+    export_dir,
+    weight_bits: int = 4,
+    part: int | None = None,
+    gptq_samples: int | None = None,
+    in_child: bool = False,
+) -> int:
     """:func:`check_stage` for a stage whose input is an export (or a copy of one): the model
     config and the export shape are read from ``export_dir`` (``config.json``, ``export.json``).
     ``part``: the one part the stage builds (default: the largest part). What this process
@@ -212,9 +272,18 @@ def check_export_stage(stage: str, export_dir, weight_bits: int = 4, part: int |
     export_dir = Path(export_dir)
     desc = json.loads((export_dir / "export.json").read_text())
     cfg = json.loads((export_dir / "config.json").read_text(encoding="utf-8"))
-    return check_stage(stage, cfg, parts=len(desc["parts"]), seq_len=desc["seq_len"],
-                       context_len=desc["context_len"], embed_in_part=desc["embed"] == "part0",
-                       weight_bits=weight_bits, part=part, gptq_samples=gptq_samples, held=held_bytes(in_child))
+    return check_stage(
+        stage,
+        cfg,
+        parts=len(desc["parts"]),
+        seq_len=desc["seq_len"],
+        context_len=desc["context_len"],
+        embed_in_part=desc["embed"] == "part0",
+        weight_bits=weight_bits,
+        part=part,
+        gptq_samples=gptq_samples,
+        held=held_bytes(in_child),
+    )
 
 
 def source_config(download_params: dict) -> dict:
@@ -283,18 +352,30 @@ def plan_estimate(specs: dict, stage: str) -> int:
     embed_in_part = ex.get("embedding", "first-part") == "first-part"
     q = by_kind["quantize"].params
     samples = by_kind["calibrate"].params["calibration"]["samples"] if "calibrate" in by_kind else 0
-    est = estimates(cfg, split_for(cfg, ex["parts"], embed_in_part), ex["sequence_length"],
-                    ex["context_length"], embed_in_part, bits, spec.part,
-                    samples if q.get("rounding") == "gptq" else None)
+    est = estimates(
+        cfg,
+        split_for(cfg, ex["parts"], embed_in_part),
+        ex["sequence_length"],
+        ex["context_length"],
+        embed_in_part,
+        bits,
+        spec.part,
+        samples if q.get("rounding") == "gptq" else None,
+    )
     if spec.kind == "genie_quantize":
-        return genie_quantize_estimate(cfg, split_for(cfg, ex["parts"], True), ex["sequence_length"],
-                                       ex["context_length"], bits, spec.part,
-                                       samples if q.get("rounding") == "gptq" else None)
+        return genie_quantize_estimate(
+            cfg,
+            split_for(cfg, ex["parts"], True),
+            ex["sequence_length"],
+            ex["context_length"],
+            bits,
+            spec.part,
+            samples if q.get("rounding") == "gptq" else None,
+        )
     kind = spec.kind.removeprefix("genie_")
     if kind == "patch":
         kind = "quantize" if specs[spec.inputs["model"]].kind == "export" else "compile"
     return est[kind][0]
-
 
 
 def plan_keys(specs: dict, stage: str) -> str | None:
@@ -306,8 +387,10 @@ def plan_keys(specs: dict, stage: str) -> str | None:
         return None
     by_kind = {s.kind: s for s in specs.values()}
     ex, q = by_kind["export"].params, by_kind["quantize"].params
-    keys = (f"export.parts (now {ex['parts']}: more parts, smaller parts), export.context_length (now "
-            f"{ex['context_length']}) or export.sequence_length (now {ex['sequence_length']})")
+    keys = (
+        f"export.parts (now {ex['parts']}: more parts, smaller parts), export.context_length (now "
+        f"{ex['context_length']}) or export.sequence_length (now {ex['sequence_length']})"
+    )
     gptq = q.get("rounding") == "gptq" and "calibrate" in by_kind
     if spec.kind in ("quantize", "genie_quantize") and gptq:
         samples = by_kind["calibrate"].params["calibration"]["samples"]

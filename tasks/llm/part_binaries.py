@@ -65,8 +65,9 @@ def compile_part(src: Path, out: Path, params: dict, k: int) -> dict:
         for g, path in (("prefill", pre), ("decode", dec)):
             peaks.append(run_child(htp.compile_single, path, str(single), cwd=here, name=g, target=target))
             bar.update()
-        row["single_bytes"] = {g: sum(b.stat().st_size for b in single.glob(f"{g}_ctx*.bin"))
-                               for g in ("prefill", "decode")}
+        row["single_bytes"] = {
+            g: sum(b.stat().st_size for b in single.glob(f"{g}_ctx*.bin")) for g in ("prefill", "decode")
+        }
     if sharing:
         shared = out / "shared" / f"part{k}"
         peaks.append(run_child(htp.compile_shared, pre, dec, str(shared), target, cwd=here))
@@ -93,8 +94,15 @@ def planned_models(k: int, per_graph: bool, sharing: bool) -> list[str]:
     return [f"{d}/{g}_ctx.onnx" for d in folders for g in ("prefill", "decode")]
 
 
-def read_back(compiled: Path, desc: dict, parts: list[int], params: dict, qdq_dir: Path | None = None,
-              declared: dict | None = None, somewhere: list | None = None) -> dict:
+def read_back(
+    compiled: Path,
+    desc: dict,
+    parts: list[int],
+    params: dict,
+    qdq_dir: Path | None = None,
+    declared: dict | None = None,
+    somewhere: list | None = None,
+) -> dict:
     """Read back the context binaries of ``parts`` under ``compiled`` and check them
     (:func:`tasks.qnn.context_binary_checks.check_models`): every planned model (:func:`planned_models`)
     and its binary, each binary holding exactly its models' graphs, every input and output as
@@ -128,6 +136,7 @@ def read_back(compiled: Path, desc: dict, parts: list[int], params: dict, qdq_di
             said[rel] = [exported, *([declared[rel]] if declared and rel in declared else [])]
     for rel, d in (declared or {}).items():  # a model the runtime config names that the plan did not make
         said.setdefault(rel, [d])
-    found = context_binary_checks.check_models(compiled, models, params["target"],
-                                        qdq=qdq or None, declared=said, somewhere=somewhere)
+    found = context_binary_checks.check_models(
+        compiled, models, params["target"], qdq=qdq or None, declared=said, somewhere=somewhere
+    )
     return {rel: b.figures() for rel, b in sorted(found.items())}

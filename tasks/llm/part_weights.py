@@ -36,6 +36,8 @@ np = lazy.module("numpy")
 MASK_VALUE = -100.0
 WEIGHTS_FILE = "weights.data"
 ALIGN = 65536  # Windows' allocation granularity; a multiple of Linux's page size
+
+
 def model_dims(config: dict) -> dict:
     """The dims the graphs need from a HF ``config.json`` dict: ``num_layers, hidden_size,
     num_heads, num_kv_heads, head_dim, rotary_dim, vocab_size, intermediate_size, rms_eps``.
@@ -45,24 +47,35 @@ def model_dims(config: dict) -> dict:
 
     architecture(config.get("model_type"))  # ValueError naming the supported architectures
     H = config["num_attention_heads"]
-    return {"num_layers": config["num_hidden_layers"], "hidden_size": config["hidden_size"],
-            "num_heads": H, "num_kv_heads": config.get("num_key_value_heads") or H,
-            "head_dim": config.get("head_dim") or config["hidden_size"] // H, "rotary_dim": rotary_dim(config),
-            "vocab_size": config["vocab_size"], "intermediate_size": config["intermediate_size"],
-            "rms_eps": float(config.get("rms_norm_eps", 1e-6)), "act": activation(config)}
+    return {
+        "num_layers": config["num_hidden_layers"],
+        "hidden_size": config["hidden_size"],
+        "num_heads": H,
+        "num_kv_heads": config.get("num_key_value_heads") or H,
+        "head_dim": config.get("head_dim") or config["hidden_size"] // H,
+        "rotary_dim": rotary_dim(config),
+        "vocab_size": config["vocab_size"],
+        "intermediate_size": config["intermediate_size"],
+        "rms_eps": float(config.get("rms_norm_eps", 1e-6)),
+        "act": activation(config),
+    }
 
 
 def special_tokens(config: dict) -> dict:
     """``eos_token_id``, ``pad_token_id``, ``bos_token_id`` (ints) from a HF config dict: the first
     eos of a list; pad falls back to eos, bos to eos, eos to 0 (genai's config needs all three)."""
+
     def first(v):
         return v[0] if isinstance(v, list) else v
 
     eos = first(config.get("eos_token_id"))
     eos = 0 if eos is None else int(eos)
     pad, bos = first(config.get("pad_token_id")), first(config.get("bos_token_id"))
-    return {"eos_token_id": eos, "pad_token_id": eos if pad is None else int(pad),
-            "bos_token_id": eos if bos is None else int(bos)}
+    return {
+        "eos_token_id": eos,
+        "pad_token_id": eos if pad is None else int(pad),
+        "bos_token_id": eos if bos is None else int(bos),
+    }
 
 
 def rope_tables(model_dir, context_len: int) -> tuple[np.ndarray, np.ndarray]:
@@ -79,8 +92,10 @@ def rope_tables(model_dir, context_len: int) -> tuple[np.ndarray, np.ndarray]:
     pos = torch.arange(context_len, dtype=torch.float32)
     freqs = pos[:, None] * inv_freq.float()[None, :]
     emb = torch.cat([freqs, freqs], dim=-1)
-    return ((emb.cos() * float(scaling)).numpy().astype(np.float32),
-            (emb.sin() * float(scaling)).numpy().astype(np.float32))
+    return (
+        (emb.cos() * float(scaling)).numpy().astype(np.float32),
+        (emb.sin() * float(scaling)).numpy().astype(np.float32),
+    )
 
 
 class _WeightFile:
@@ -101,8 +116,9 @@ class _WeightFile:
             self.f.write(b"\0" * (ALIGN - off % ALIGN))
             off = self.f.tell()
         self.f.write(arr.tobytes())
-        t = onnx.TensorProto(name=name, data_type=onnx.TensorProto.FLOAT, dims=list(arr.shape),
-                             data_location=onnx.TensorProto.EXTERNAL)
+        t = onnx.TensorProto(
+            name=name, data_type=onnx.TensorProto.FLOAT, dims=list(arr.shape), data_location=onnx.TensorProto.EXTERNAL
+        )
         for k, v in (("location", self.path.name), ("offset", str(off)), ("length", str(arr.nbytes))):
             e = t.external_data.add()
             e.key, e.value = k, v
@@ -120,9 +136,18 @@ def cache_tables(C: int) -> dict:
     return {"kv_eye": eye, "causal_mask": np.triu(np.full((C, C), MASK_VALUE, np.float32), 1)}
 
 
-def write_part_weights(ckpt: Checkpoint, lo: int, hi: int, *, embed: bool, head: bool,
-                       rope: tuple[np.ndarray, np.ndarray], path: Path, tables: dict | None = None,
-                       max_tensor_elements: int = MAX_TENSOR_ELEMENTS) -> dict:
+def write_part_weights(
+    ckpt: Checkpoint,
+    lo: int,
+    hi: int,
+    *,
+    embed: bool,
+    head: bool,
+    rope: tuple[np.ndarray, np.ndarray],
+    path: Path,
+    tables: dict | None = None,
+    max_tensor_elements: int = MAX_TENSOR_ELEMENTS,
+) -> dict:
     """Write one part's weights to ``path``, one checkpoint tensor in memory at a time. Per
     layer, the architecture's canonical tensors (:func:`tasks.llm.architectures.pieces`: a fused tensor is
     read once and cut into its row ranges); Linear weights ([out, in] in HF) are stored
@@ -191,5 +216,5 @@ def _add_split(wf: _WeightFile, name: str, a: np.ndarray, limit: int) -> None:
         return
     at = 0
     for j, n in enumerate(sizes):
-        wf.add(f"{name}.{j}", a[:, at:at + n])
+        wf.add(f"{name}.{j}", a[:, at : at + n])
         at += n

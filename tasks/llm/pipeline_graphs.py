@@ -97,15 +97,34 @@ from tasks.proc import lazy
 
 from tasks.llm.graph_ops import OPSET, _Graph, _rmsnorm, _rotary, _split_names, layer_heads, layer_tail
 from tasks.llm.layout import IO_LAYOUT
-from tasks.llm.part_weights import (MASK_VALUE, WEIGHTS_FILE, cache_tables, embedding_table, model_dims, rope_tables,
-                           special_tokens, write_part_weights)
+from tasks.llm.part_weights import (
+    MASK_VALUE,
+    WEIGHTS_FILE,
+    cache_tables,
+    embedding_table,
+    model_dims,
+    rope_tables,
+    special_tokens,
+    write_part_weights,
+)
 from tasks.llm.parts import MAX_TENSOR_ELEMENTS
 
 np = lazy.module("numpy")
 
 
-def build_graph(dims: dict, lo: int, hi: int, first: bool, last: bool, S: int, C: int,
-                embed: str, weights: dict, has_bias: bool, part: int = 0):
+def build_graph(
+    dims: dict,
+    lo: int,
+    hi: int,
+    first: bool,
+    last: bool,
+    S: int,
+    C: int,
+    embed: str,
+    weights: dict,
+    has_bias: bool,
+    part: int = 0,
+):
     """The ONNX ModelProto of one part for AR-``S`` (see the module docstring for the contract).
     ``weights`` are the part's external-data TensorProtos (:func:`write_part_weights`)."""
     H, Hkv, d = dims["num_heads"], dims["num_kv_heads"], dims["head_dim"]
@@ -129,11 +148,17 @@ def build_graph(dims: dict, lo: int, hi: int, first: bool, last: bool, S: int, C
     onehot = g.op("cache", "Gather", [g.w("kv_eye"), g.op("cache", "Squeeze", [pos, g.const("ax0", [0])])])  # [S, C]
     mask = g.op("mask", "Gather", [g.w("causal_mask"), g.op("mask", "Squeeze", [pos, g.const("ax0", [0])])])  # [S, C]
     # keep: 1 for the slots before this call's, 0 for its own and every slot after (module docstring)
-    last_row = mask if S == 1 else g.op("cache", "Slice", [mask, g.const(f"s_{S - 1}", [S - 1]), g.const(f"s_{S}", [S]),
-                                                             g.const("ax0", [0])])  # [1, C]: the last position's mask
+    last_row = (
+        mask
+        if S == 1
+        else g.op("cache", "Slice", [mask, g.const(f"s_{S - 1}", [S - 1]), g.const(f"s_{S}", [S]), g.const("ax0", [0])])
+    )  # [1, C]: the last position's mask
     after = g.op("cache", "Mul", [last_row, g.const("inv_mask_value", 1.0 / MASK_VALUE, np.float32)])  # [1, C] 0/1
-    keep = g.op("cache", "Sub", [g.const("one", 1.0, np.float32),
-                                 g.op("cache", "ReduceSum", [onehot, g.const("ax0", [0])], keepdims=1)])  # [1, C]
+    keep = g.op(
+        "cache",
+        "Sub",
+        [g.const("one", 1.0, np.float32), g.op("cache", "ReduceSum", [onehot, g.const("ax0", [0])], keepdims=1)],
+    )  # [1, C]
     keep = g.op("cache", "Sub", [keep, after])
     keep = g.op("cache", "Reshape", [keep, g.const(f"shape_keep_{C}", [1, 1, C, 1])])
     onehot_t = g.op("cache", "Transpose", [onehot], perm=[1, 0])  # [C, S]
@@ -205,14 +230,22 @@ def io_spec(dims: dict, lo, hi, first, last, S, C, embed, part: int = 0):
     else:
         outs.append((hidden_name(part), [1, S, D], "float32"))
     for l in range(lo, hi):
-        outs += [(f"present_key_{l}", [1, Hkv, C, hd], "float32"),
-                 (f"present_value_{l}", [1, Hkv, C, hd], "float32")]
+        outs += [(f"present_key_{l}", [1, Hkv, C, hd], "float32"), (f"present_value_{l}", [1, Hkv, C, hd], "float32")]
     return ins, outs
 
 
-def export_llm(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 4096, parts: int = 1,
-               embed: str = "part0", only_parts=None, meter: list | None = None,
-               max_tensor_elements: int = MAX_TENSOR_ELEMENTS) -> dict:
+def export_llm(
+    model_dir,
+    out_dir,
+    *,
+    seq_len: int = 128,
+    context_len: int = 4096,
+    parts: int = 1,
+    embed: str = "part0",
+    only_parts=None,
+    meter: list | None = None,
+    max_tensor_elements: int = MAX_TENSOR_ELEMENTS,
+) -> dict:
     """Export ``model_dir`` (a decoder of :mod:`tasks.llm.architectures`) to ``out_dir/part{i}/{prefill,decode}.onnx``.
 
     Args:
@@ -266,11 +299,19 @@ def export_llm(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 409
     ranges = split_for(ckpt.config, parts, embed_in_part=embed == "part0")
     has_bias = "model.layers.0.self_attn.q_proj.bias" in ckpt
     rope = rope_tables(model_dir, context_len)
-    desc = {"model_type": ckpt.config["model_type"], "seq_len": seq_len, "context_len": context_len,
-            "mask_value": MASK_VALUE, **{k: dims[k] for k in ("num_layers", "num_kv_heads", "num_heads",
-                                                                 "head_dim", "hidden_size", "vocab_size")},
-            "embed": embed, "embed_file": None, "opset": OPSET, "io_layout": IO_LAYOUT,
-            "exporter": "tasks.llm.export (onnx.helper, weights streamed from safetensors)", "parts": []}
+    desc = {
+        "model_type": ckpt.config["model_type"],
+        "seq_len": seq_len,
+        "context_len": context_len,
+        "mask_value": MASK_VALUE,
+        **{k: dims[k] for k in ("num_layers", "num_kv_heads", "num_heads", "head_dim", "hidden_size", "vocab_size")},
+        "embed": embed,
+        "embed_file": None,
+        "opset": OPSET,
+        "io_layout": IO_LAYOUT,
+        "exporter": "tasks.llm.export (onnx.helper, weights streamed from safetensors)",
+        "parts": [],
+    }
     desc.update(special_tokens(ckpt.config))
     if embed == "separate":
         if only_parts is None or 0 in only_parts:  # part 0 takes inputs_embeds
@@ -286,9 +327,17 @@ def export_llm(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 409
         peak_rss_reset()
         if only_parts is None or i in only_parts:
             pdir.mkdir(exist_ok=True)
-            weights = write_part_weights(ckpt, lo, hi, embed=first and embed == "part0", head=last,
-                                         rope=rope, path=pdir / WEIGHTS_FILE, tables=cache_tables(context_len),
-                                         max_tensor_elements=max_tensor_elements)
+            weights = write_part_weights(
+                ckpt,
+                lo,
+                hi,
+                embed=first and embed == "part0",
+                head=last,
+                rope=rope,
+                path=pdir / WEIGHTS_FILE,
+                tables=cache_tables(context_len),
+                max_tensor_elements=max_tensor_elements,
+            )
             pdesc["weight_bytes"] = (pdir / WEIGHTS_FILE).stat().st_size
         for gname, S in (("prefill", seq_len), ("decode", 1)):
             ins, outs = io_spec(dims, lo, hi, first, last, S, context_len, embed, i)

@@ -32,11 +32,26 @@ def stage_part(export_dir, part: dict, work) -> Path:
     return work
 
 
-def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
-                 activation_type: str = "uint16", per_channel: bool = True,
-                 matmul_per_channel: bool = True, keep_8bit: tuple = (), work=None,
-                 block_size: int | None = None, rounding: str = "nearest", gptq_span: int | None = None,
-                 embedding_bits: int = 16, more=(), same_as=None, ranges=None, boundary=None) -> Path:
+def quantize_qdq(
+    fp32_path,
+    out_path,
+    feeds,
+    *,
+    weight_type: str = "uint8",
+    activation_type: str = "uint16",
+    per_channel: bool = True,
+    matmul_per_channel: bool = True,
+    keep_8bit: tuple = (),
+    work=None,
+    block_size: int | None = None,
+    rounding: str = "nearest",
+    gptq_span: int | None = None,
+    embedding_bits: int = 16,
+    more=(),
+    same_as=None,
+    ranges=None,
+    boundary=None,
+) -> Path:
     """Quantize ``fp32_path`` (one exported graph) to a QDQ model at ``out_path``.
 
     Args:
@@ -104,23 +119,38 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
             # reencode replaces every int4 MatMul weight's encoding whole (LPBQ blocks, GPTQ codes):
             # what onnxruntime computes for them is thrown away, so it takes its cheap path
             overrides.update(per_tensor_4bit(mm) if four_bit and replaces_int4(block_size, rounding) else mm)
-        weight_bytes = sum(i.ByteSize() if not i.external_data else
-                           int(next(e.value for e in i.external_data if e.key == "length"))
-                           for i in model.graph.initializer)
+        weight_bytes = sum(
+            i.ByteSize() if not i.external_data else int(next(e.value for e in i.external_data if e.key == "length"))
+            for i in model.graph.initializer
+        )
         default_wt = "uint8" if four_bit else weight_type
         cfg = get_qnn_qdq_config(
-            model, None, activation_type=qtype(activation_type),
-            weight_type=qtype(default_wt), per_channel=per_channel, init_overrides=overrides or None)
+            model,
+            None,
+            activation_type=qtype(activation_type),
+            weight_type=qtype(default_wt),
+            per_channel=per_channel,
+            init_overrides=overrides or None,
+        )
         del model
         with fast_int4_packing():
             quantize_static(
-                str(src), str(out_path), None, quant_format=cfg.quant_format,
-                op_types_to_quantize=cfg.op_types_to_quantize, per_channel=cfg.per_channel,
-                reduce_range=cfg.reduce_range, activation_type=cfg.activation_type,
-                weight_type=cfg.weight_type, nodes_to_quantize=cfg.nodes_to_quantize,
-                nodes_to_exclude=cfg.nodes_to_exclude, calibrate_method=cfg.calibrate_method,
-                use_external_data_format=weight_bytes > 2 * 1024**3, extra_options=cfg.extra_options,
-                calibration_cache_path=str(ranges_path))
+                str(src),
+                str(out_path),
+                None,
+                quant_format=cfg.quant_format,
+                op_types_to_quantize=cfg.op_types_to_quantize,
+                per_channel=cfg.per_channel,
+                reduce_range=cfg.reduce_range,
+                activation_type=cfg.activation_type,
+                weight_type=cfg.weight_type,
+                nodes_to_quantize=cfg.nodes_to_quantize,
+                nodes_to_exclude=cfg.nodes_to_exclude,
+                calibrate_method=cfg.calibrate_method,
+                use_external_data_format=weight_bytes > 2 * 1024**3,
+                extra_options=cfg.extra_options,
+                calibration_cache_path=str(ranges_path),
+            )
         if four_bit:
             from tasks.qnn.weights import reencode
 
@@ -134,8 +164,9 @@ def quantize_qdq(fp32_path, out_path, feeds, *, weight_type: str = "uint8",
     return out_path
 
 
-def quantize_part(src, p: dict, feeds, params: dict, out, work, ranges=None,
-                  boundary: dict | None = None, *, precision: Precision) -> tuple[dict, int]:
+def quantize_part(
+    src, p: dict, feeds, params: dict, out, work, ranges=None, boundary: dict | None = None, *, precision: Precision
+) -> tuple[dict, int]:
     """Quantize part ``p`` (an ``export.json`` part row) of the fp32 export in ``src`` into
     ``out`` (same relative paths): its prefill then its decode graph, each in a child process
     (so each graph's memory is returned and measured). ``feeds``: the folder of the part's
@@ -171,25 +202,44 @@ def quantize_part(src, p: dict, feeds, params: dict, out, work, ranges=None,
             # graph then takes the prefill's int4 encodings as they are (the same weights: one
             # set of weights for the shared binary, and no second scale search)
             pre = p["prefill"]["path"]
-            more = ([(str(staged / Path(p["decode"]["path"]).name), FeedStore(feeds / "decode"))]
-                    if g == "prefill" and params.get("rounding") == "gptq" else ())
+            more = (
+                [(str(staged / Path(p["decode"]["path"]).name), FeedStore(feeds / "decode"))]
+                if g == "prefill" and params.get("rounding") == "gptq"
+                else ()
+            )
             same_as = (str(staged / Path(pre).name), str(out / pre)) if g == "decode" else None
             store = FeedStore(feeds / g)
             r = run_function(
-                quantize_qdq, str(staged / Path(rel).name), str(out / rel), store,
-                weight_type=weight, activation_type=act, per_channel=params["per_channel"], keep_8bit=keep,
-                work=str(work / "q" / g), block_size=params.get("block_size"),
-                rounding=params.get("rounding", "nearest"), gptq_span=params.get("gptq_span"),
+                quantize_qdq,
+                str(staged / Path(rel).name),
+                str(out / rel),
+                store,
+                weight_type=weight,
+                activation_type=act,
+                per_channel=params["per_channel"],
+                keep_8bit=keep,
+                work=str(work / "q" / g),
+                block_size=params.get("block_size"),
+                rounding=params.get("rounding", "nearest"),
+                gptq_span=params.get("gptq_span"),
                 embedding_bits=params.get("embedding_bits", 16),
-                more=more, same_as=same_as, ranges=str(Path(ranges) / f"{g}.json") if ranges else None,
-                boundary=(boundary or {}).get(g), timeout=24 * 3600, forward=True)
+                more=more,
+                same_as=same_as,
+                ranges=str(Path(ranges) / f"{g}.json") if ranges else None,
+                boundary=(boundary or {}).get(g),
+                timeout=24 * 3600,
+                forward=True,
+            )
             if r.returncode != 0:
                 raise RuntimeError(f"quantizing {rel} failed (exit {r.returncode}):\n{r.tail(2000)}")
             peaks.append(r.peak_rss or 0)
             qm = load_structure(out / rel)  # counts and types: its ~1 GB of inline weights stay unread
             ops = [n.op_type for n in qm.graph.node]
-            report[rel] = {"quantize_linear": ops.count("QuantizeLinear"),
-                           "dequantize_linear": ops.count("DequantizeLinear"), "calibration_feeds": len(store)}
+            report[rel] = {
+                "quantize_linear": ops.count("QuantizeLinear"),
+                "dequantize_linear": ops.count("DequantizeLinear"),
+                "calibration_feeds": len(store),
+            }
             if weight == "int4":  # what tasks.qnn.weights.reencode wrote: LPBQ weights, 8-bit tables
                 from tasks.qnn.gather_tables import gather_tables_8bit
 
@@ -197,7 +247,8 @@ def quantize_part(src, p: dict, feeds, params: dict, out, work, ranges=None,
                 report[rel].update(
                     block_wise_weights=sum(n.endswith("_bint") for n in inits),
                     int4_weights=sum(t == onnx.TensorProto.INT4 and n.endswith("_quantized") for n, t in inits.items()),
-                    tables_8bit=gather_tables_8bit(qm))
+                    tables_8bit=gather_tables_8bit(qm),
+                )
     finally:
         shutil.rmtree(staged, ignore_errors=True)
     return report, max(peaks)

@@ -47,8 +47,11 @@ def fold_block_scales(model, folder) -> int:
             raise ValueError(f"{n.name}: expected initializers as inputs, found computed {missing}")
         x = numpy_helper.to_array(inits[n.input[0]], base_dir=str(folder)).astype(np.int64)
         s = numpy_helper.to_array(inits[n.input[1]], base_dir=str(folder)).astype(np.float32)
-        z = (numpy_helper.to_array(inits[n.input[2]], base_dir=str(folder)).astype(np.int64)
-             if len(n.input) > 2 and n.input[2] else np.zeros_like(s, dtype=np.int64))
+        z = (
+            numpy_helper.to_array(inits[n.input[2]], base_dir=str(folder)).astype(np.int64)
+            if len(n.input) > 2 and n.input[2]
+            else np.zeros_like(s, dtype=np.int64)
+        )
         axis = next((a.i for a in n.attribute if a.name == "axis"), 1) % x.ndim
         if s.ndim == 1 and x.ndim > 1:  # per-axis: scale and zero point along ``axis``
             shape = [1] * x.ndim

@@ -34,9 +34,14 @@ from tasks.llm.memory import plan_estimate
 
 def preflight(recipe) -> list[tuple[str, str]]:
     """An LLM's overrides keep MatMul weights at 8 bits, no other width."""
-    return [(f"quantize.overrides[{i}].weight_bits", f"expected 8 in an LLM recipe (its overrides keep MatMul weights "
-                                                    f"at 8 bits), found {o.weight_bits}")
-            for i, o in enumerate(recipe.quantize.overrides) if o.weight_bits != 8]
+    return [
+        (
+            f"quantize.overrides[{i}].weight_bits",
+            f"expected 8 in an LLM recipe (its overrides keep MatMul weights at 8 bits), found {o.weight_bits}",
+        )
+        for i, o in enumerate(recipe.quantize.overrides)
+        if o.weight_bits != 8
+    ]
 
 
 def kv_boundary(row: dict, ranges: Path, kv_bits: int) -> dict[str, dict[str, dict]]:
@@ -51,8 +56,10 @@ def kv_boundary(row: dict, ranges: Path, kv_bits: int) -> dict[str, dict[str, di
     from tasks.llm.boundary import encodings, kv_cache
 
     files = [json.loads((Path(ranges) / f"{g}.json").read_text()) for g in ("prefill", "decode")]
-    return {g: encodings(files, [t["name"] for t in row[g]["inputs"] + row[g]["outputs"] if kv_cache(t["name"])],
-                         kv_bits) for g in ("prefill", "decode")}
+    return {
+        g: encodings(files, [t["name"] for t in row[g]["inputs"] + row[g]["outputs"] if kv_cache(t["name"])], kv_bits)
+        for g in ("prefill", "decode")
+    }
 
 
 def run(inputs, files, params, out: Path) -> dict:
@@ -85,21 +92,34 @@ def run(inputs, files, params, out: Path) -> dict:
     ranges = Path(inputs["calibration"]) / RANGES
     plan = kv_boundary(desc["parts"][k], ranges, params.get("kv_bits", KV_BITS.default))
     t0 = time.perf_counter()
-    graphs, peak = quantize_part(src, desc["parts"][k], inputs["calibration"] / "feeds", params, out,
-                                 Path(tempfile.mkdtemp(prefix="quantize-")), ranges=ranges, boundary=plan,
-                                 precision=precision)
+    graphs, peak = quantize_part(
+        src,
+        desc["parts"][k],
+        inputs["calibration"] / "feeds",
+        params,
+        out,
+        Path(tempfile.mkdtemp(prefix="quantize-")),
+        ranges=ranges,
+        boundary=plan,
+        precision=precision,
+    )
     copy_rest(src, out)  # export.json among them, unless out has one
     joined = json.loads((out / "export.json").read_text())
     (out / "export.json").write_text(json.dumps(declare(joined, k, plan), indent=1))
-    (out / QUANTIZED_AS).write_text(json.dumps({"precision": params["precision"], "weight_bits": bits}, sort_keys=True)
-                                    + "\n")
-    return {"graphs": graphs, "parts": [{"part": k, "quantize_s": time.perf_counter() - t0,
-                                         "quantize_peak_rss": peak}]}
+    (out / QUANTIZED_AS).write_text(
+        json.dumps({"precision": params["precision"], "weight_bits": bits}, sort_keys=True) + "\n"
+    )
+    return {"graphs": graphs, "parts": [{"part": k, "quantize_s": time.perf_counter() - t0, "quantize_peak_rss": peak}]}
 
 
 STAGE = Stage(
-    kind="quantize", module=__name__, version=5,  # 5: the KV cache quantized at the boundary
-    tools=("onnxruntime", "onnx", "numpy"), run=run, params=(*LLM_QUANT_PARAMS, KV_BITS), wired=("part",),
+    kind="quantize",
+    module=__name__,
+    version=5,  # 5: the KV cache quantized at the boundary
+    tools=("onnxruntime", "onnx", "numpy"),
+    run=run,
+    params=(*LLM_QUANT_PARAMS, KV_BITS),
+    wired=("part",),
     preflight=preflight,
     memory_estimate=plan_estimate,
 )

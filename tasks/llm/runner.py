@@ -50,10 +50,11 @@ class PartGraph:
         self.sess = session
         self.inputs = {i.name: i for i in session.get_inputs()}
         self.output_names = [o.name for o in session.get_outputs()]
-        self.layers = sorted(int(n[len("past_key_"):]) for n in self.inputs if n.startswith("past_key_"))
+        self.layers = sorted(int(n[len("past_key_") :]) for n in self.inputs if n.startswith("past_key_"))
         self.kv_dtype = ort_dtype(self.inputs[f"past_key_{self.layers[0]}"].type)
-        self.first_input = next(n for n in self.inputs if n == "input_ids" or n == "inputs_embeds"
-                                or n.startswith("hidden_states_"))
+        self.first_input = next(
+            n for n in self.inputs if n == "input_ids" or n == "inputs_embeds" or n.startswith("hidden_states_")
+        )
         self.S = int(self.inputs[self.first_input].shape[1])
         self.C = int(self.inputs[f"past_key_{self.layers[0]}"].shape[2])
         self.last = "logits" in self.output_names
@@ -72,9 +73,12 @@ class PartGraph:
             raise ValueError(
                 f"expected a {self.kv_dtype.name} KV cache (the graph's past_* inputs), found {cache.dtype.name}"
             )
-        feeds = {self.first_input: x, "past_seq_len": np.array([[cache.n + self.S - 1]], np.int32),
-                 "total_seq_len": np.array([self.C if total is None else total], np.int32),
-                 **cache.past(self.layers)}
+        feeds = {
+            self.first_input: x,
+            "past_seq_len": np.array([[cache.n + self.S - 1]], np.int32),
+            "total_seq_len": np.array([self.C if total is None else total], np.int32),
+            **cache.past(self.layers),
+        }
         if before is not None:
             before(feeds)
         res = dict(zip(self.output_names, self.sess.run(self.output_names, feeds)))
@@ -86,7 +90,7 @@ def prompt_windows(tokens: Sequence[int], S: int) -> list[list[int]]:
     """A prompt cut as genai cuts it with ``alignment: "left"``: windows of S tokens from the
     start, the last one shorter (padded at its end by :func:`block_ids`)."""
     tokens = [int(t) for t in tokens]
-    return [tokens[s:s + S] for s in range(0, len(tokens), S)]
+    return [tokens[s : s + S] for s in range(0, len(tokens), S)]
 
 
 def block_ids(tokens, S: int, pad_id: int = 0) -> np.ndarray:
@@ -95,7 +99,7 @@ def block_ids(tokens, S: int, pad_id: int = 0) -> np.ndarray:
     if not 1 <= len(tokens) <= S:
         raise ValueError(f"block of {len(tokens)} tokens for a graph with S={S}")
     ids = np.full((1, S), pad_id, np.int32)
-    ids[0, :len(tokens)] = tokens
+    ids[0, : len(tokens)] = tokens
     return ids
 
 
@@ -117,8 +121,9 @@ class LLMRunner:
     Raises ValueError if the graphs disagree on C or layers, or embed_table is missing.
     """
 
-    def __init__(self, parts: Sequence[tuple], make_session: Callable, *, embed_table=None,
-                 pad_id: int = 0, recorder=None):
+    def __init__(
+        self, parts: Sequence[tuple], make_session: Callable, *, embed_table=None, pad_id: int = 0, recorder=None
+    ):
         self.prefill = [PartGraph(make_session(str(p))) for p, _ in parts]
         self.decode = [PartGraph(make_session(str(d))) for _, d in parts]
         self.S = self.prefill[0].S
@@ -149,7 +154,7 @@ class LLMRunner:
         parts = []
         for p in desc["parts"]:
             paths = [export_dir / p[g]["path"] for g in ("prefill", "decode")]
-            parts.append(tuple(str(q.with_name(q.name[:-len(".onnx")] + suffix)) for q in paths))
+            parts.append(tuple(str(q.with_name(q.name[: -len(".onnx")] + suffix)) for q in paths))
         if desc.get("embed_file") and "embed_table" not in kw:
             kw["embed_table"] = np.load(export_dir / desc["embed_file"])
         return cls(parts, make_session, **kw)
@@ -201,8 +206,7 @@ class LLMRunner:
         self.reset()
         return self.feed(prompt_ids)
 
-    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int,
-                 eos_token_id: int | None = None) -> list[int]:
+    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, eos_token_id: int | None = None) -> list[int]:
         """Greedy decoding: reset, prefill the prompt, then ``max_new_tokens - 1`` decode steps.
 
         Returns only the new token ids (``len <= max_new_tokens``; stops after ``eos_token_id``).
@@ -247,8 +251,7 @@ class PartStream:
         pad_id: token fed at padded rows.
     """
 
-    def __init__(self, desc: dict, graph_path, make_session, *, resident: int = 1, embed_table=None,
-                 pad_id: int = 0):
+    def __init__(self, desc: dict, graph_path, make_session, *, resident: int = 1, embed_table=None, pad_id: int = 0):
         self.desc, self.graph_path, self.make_session = desc, graph_path, make_session
         self.resident = max(1, int(resident))
         self.embed_table = embed_table
@@ -316,8 +319,14 @@ class PartStream:
         ``ids`` overflow C or hold fewer than 2 tokens."""
         return self.run([], 1, score=ids)[2]
 
-    def run(self, prompts: list[list[int]], steps: int, forced: list[list[int]] | None = None,
-            progress: str | None = None, score: list[int] | None = None):
+    def run(
+        self,
+        prompts: list[list[int]],
+        steps: int,
+        forced: list[list[int]] | None = None,
+        progress: str | None = None,
+        score: list[int] | None = None,
+    ):
         """Feed each prompt, then ``steps - 1`` more tokens: the greedy argmax, or
         ``forced[b][j]`` (teacher forcing: the prompt and its forced tokens go through the
         prefill graphs in windows of S, part-major, each prefill graph loaded once; row j is the
@@ -338,18 +347,25 @@ class PartStream:
         if steps < 1:
             raise ValueError(f"expected at least 1 step, found {steps}")
         if forced is not None and (len(forced) != B or any(len(f) < steps - 1 for f in forced)):
-            raise ValueError(f"expected {steps - 1} forced tokens for each of {B} prompts, found "
-                             f"{[len(f) for f in forced]}")
+            raise ValueError(
+                f"expected {steps - 1} forced tokens for each of {B} prompts, found {[len(f) for f in forced]}"
+            )
         if score is not None and len(score) < 2:
             raise ValueError(f"expected at least 2 tokens to score, found {len(score)}")
-        seqs = [list(p) + list(forced[b][:steps - 1]) if forced is not None else p for b, p in enumerate(prompts)]
+        seqs = [list(p) + list(forced[b][: steps - 1]) if forced is not None else p for b, p in enumerate(prompts)]
         # what goes through the prefill graphs whole: the scored text, each prompt with its forced tokens
-        longest = max([len(q) for q in seqs if forced is not None] + ([len(score)] if score is not None else []),
-                      default=0)
+        longest = max(
+            [len(q) for q in seqs if forced is not None] + ([len(score)] if score is not None else []), default=0
+        )
         if longest > self.C:
             raise InputError(f"expected at most the context length {self.C} tokens, found {longest}")
-        bar = _progress.bar(what=progress, total=P if forced is not None else steps,
-                            unit="graph" if forced is not None else "step") if progress else None
+        bar = (
+            _progress.bar(
+                what=progress, total=P if forced is not None else steps, unit="graph" if forced is not None else "step"
+            )
+            if progress
+            else None
+        )
         blocks = [prompt_windows(q, self.S) for q in seqs] + ([prompt_windows(score, self.S)] if score else [])
         xs = [self._inputs(blk, self.S) for blk in blocks]
         caches = [[None] * P for _ in range(B)]
@@ -369,7 +385,7 @@ class PartStream:
             out, at = [], 0
             for x, w in zip(xs[b], blocks[b]):
                 if at < hi and at + len(w) > lo:
-                    out.append(x[0, max(lo - at, 0):min(hi - at, len(w))])
+                    out.append(x[0, max(lo - at, 0) : min(hi - at, len(w))])
                 at += len(w)
             return np.concatenate(out).astype(np.float32)
 

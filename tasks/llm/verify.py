@@ -17,25 +17,70 @@ from tasks.contract.params import BACKEND, DATA_FILE, DATA_SAMPLES, THRESHOLDS a
 from tasks.llm.memory import plan_estimate
 from tasks.llm.verify_memory import memory_plan
 
-RUNTIME = Param("verify", "runtime", Literal["runner", "genai"], "runner",
-                "what generates on the compiled graphs: our LLMRunner, or onnxruntime-genai driving them "
-                "through genai_config.json (tasks/llm/genai.py)")
+RUNTIME = Param(
+    "verify",
+    "runtime",
+    Literal["runner", "genai"],
+    "runner",
+    "what generates on the compiled graphs: our LLMRunner, or onnxruntime-genai driving them "
+    "through genai_config.json (tasks/llm/genai.py)",
+)
 MAX_NEW_TOKENS = Param("verify", "max_new_tokens", int, 16, "greedy tokens per prompt", limits={"ge": 1, "le": 4096})
 PERPLEXITY_TEXT = Param("verify", "perplexity_text", str | None, None, "text file for perplexity vs fp32")
 #: the bars this verify measures (``verify.thresholds``)
 THRESHOLDS = (
-    Threshold("token_agreement", "min", "token_agreement",
-              "share of greedy tokens equal to fp32's choice after the same tokens",
-              "a share of tokens", 0.0, True, 1.0),
-    Threshold("prefix_match_mean", "min", "prefix_match", "mean length of the matching greedy prefix",
-              "a number of tokens up to verify.max_new_tokens", 0.0, True, None),
+    Threshold(
+        "token_agreement",
+        "min",
+        "token_agreement",
+        "share of greedy tokens equal to fp32's choice after the same tokens",
+        "a share of tokens",
+        0.0,
+        True,
+        1.0,
+    ),
+    Threshold(
+        "prefix_match_mean",
+        "min",
+        "prefix_match",
+        "mean length of the matching greedy prefix",
+        "a number of tokens up to verify.max_new_tokens",
+        0.0,
+        True,
+        None,
+    ),
     Threshold("logits_cosine_mean", "min", "logits_cosine", "mean prefill logits cosine", "a cosine", 0.0, False, 1.0),
-    Threshold("perplexity_ratio", "max", None, "perplexity(compiled) / perplexity(fp32)", "a ratio of perplexities",
-              0.0, False, math.inf),
-    Threshold("genai_runner_agreement", "min", None, "runtime genai: share of prompts where onnxruntime-genai's "
-              "tokens equal LLMRunner's on the same graphs", "a share of prompts", 0.0, False, 1.0),
-    Threshold("genie_runner_agreement", "min", None, "runtime genie: share of prompts where Genie's tokens (its "
-              "graphs, on the simulator) equal LLMRunner's on the genai graphs", "a share of prompts", 0.0, False, 1.0),
+    Threshold(
+        "perplexity_ratio",
+        "max",
+        None,
+        "perplexity(compiled) / perplexity(fp32)",
+        "a ratio of perplexities",
+        0.0,
+        False,
+        math.inf,
+    ),
+    Threshold(
+        "genai_runner_agreement",
+        "min",
+        None,
+        "runtime genai: share of prompts where onnxruntime-genai's tokens equal LLMRunner's on the same graphs",
+        "a share of prompts",
+        0.0,
+        False,
+        1.0,
+    ),
+    Threshold(
+        "genie_runner_agreement",
+        "min",
+        None,
+        "runtime genie: share of prompts where Genie's tokens (its "
+        "graphs, on the simulator) equal LLMRunner's on the genai graphs",
+        "a share of prompts",
+        0.0,
+        False,
+        1.0,
+    ),
 )
 
 
@@ -50,23 +95,36 @@ def preflight(recipe) -> list[tuple[str, str]]:
 
     e, v = recipe.export, recipe.verify
     if e.sequence_length + v.max_new_tokens > e.context_length - 1:  # the runners' bound (tasks/llm/runner.py)
-        return [("verify.max_new_tokens", f"expected verify.max_new_tokens + export.sequence_length (one padded prompt "
-                                          f"window) <= export.context_length - 1 = {e.context_length - 1}, found "
-                                          f"{v.max_new_tokens} + {e.sequence_length} = "
-                                          f"{v.max_new_tokens + e.sequence_length}")]
+        return [
+            (
+                "verify.max_new_tokens",
+                f"expected verify.max_new_tokens + export.sequence_length (one padded prompt "
+                f"window) <= export.context_length - 1 = {e.context_length - 1}, found "
+                f"{v.max_new_tokens} + {e.sequence_length} = "
+                f"{v.max_new_tokens + e.sequence_length}",
+            )
+        ]
     if recipe.verify.runtime != "genai":
         return []
     bad = []  # (what runtime genai needs, what the recipe has)
     if e.embedding != "first-part":
         bad.append(("export.embedding: first-part", f"export.embedding: {e.embedding}"))
     if e.context_length % e.sequence_length:
-        bad.append((f"export.context_length a multiple of export.sequence_length ({e.sequence_length})",
-                    f"export.context_length: {e.context_length}"))
+        bad.append(
+            (
+                f"export.context_length a multiple of export.sequence_length ({e.sequence_length})",
+                f"export.context_length: {e.context_length}",
+            )
+        )
     if importlib.util.find_spec("onnxruntime_genai") is None:
         bad.append(("the onnxruntime-genai package (pip install onnxruntime-genai==0.18.0)", "not installed"))
     if bad:
-        return [("verify.runtime", f"expected {', '.join(b[0] for b in bad)} for runtime genai, found "
-                                   f"{', '.join(b[1] for b in bad)}")]
+        return [
+            (
+                "verify.runtime",
+                f"expected {', '.join(b[0] for b in bad)} for runtime genai, found {', '.join(b[1] for b in bad)}",
+            )
+        ]
     return []
 
 
@@ -84,8 +142,11 @@ def joined_views(inputs: dict, tmp: Path) -> dict:
     bundle = Path(inputs["bundle"])
     desc = json.loads((bundle / "export.json").read_text())
     P = len(desc["parts"])
-    views = {"source": inputs["source"], "bundle": bundle,
-             "compiled_parts": [Path(inputs[f"compiled.part{k}"]) for k in range(P)]}
+    views = {
+        "source": inputs["source"],
+        "bundle": bundle,
+        "compiled_parts": [Path(inputs[f"compiled.part{k}"]) for k in range(P)],
+    }
     for side in ("reference", "qdq", "compiled"):
         v = Path(tmp) / side
         (v / "shared").mkdir(parents=True)
@@ -122,8 +183,9 @@ def run(inputs, files, params, out: Path) -> dict:
         resident, phases = memory_plan(views, files, params)
         report = verify_llm(views, files, params, resident=resident)
     run_info = report.pop("_run")
-    run_info["memory_phases"] = {k: {"estimate": phases[k], **run_info.get("memory_phases", {}).get(k, {})}
-                                 for k in phases}
+    run_info["memory_phases"] = {
+        k: {"estimate": phases[k], **run_info.get("memory_phases", {}).get(k, {})} for k in phases
+    }
     report["boundary"] = boundary_report(report.get("binaries") or {}, params.get("runtimes") or ["genai"])
     return {**common.write_report(out, report), **run_info}
 
@@ -132,7 +194,7 @@ def run(inputs, files, params, out: Path) -> dict:
 FLOAT_WHY = {
     ("genai", "logits"): "onnxruntime-genai reads logits as float32 or float16 only (src/models/logits.cpp)",
     ("genai", "hidden_states"): "the parts' quantize stages do not tie one encoding for the tensor two genai "
-                                "graphs share (Genie's parts do: tasks/llm/genie/quantize.py)",
+    "graphs share (Genie's parts do: tasks/llm/genie/quantize.py)",
 }
 
 
@@ -151,22 +213,42 @@ def boundary_report(binaries: dict, runtimes) -> dict:
             for gname, g in b.get("graphs", {}).items():
                 for t in g.get("inputs", []) + g.get("outputs", []):
                     if t[1] == "FLOAT":
-                        why = ("the recipe's quantize.kv_bits: 32 (a float32 KV cache)" if kv_cache(t[0])
-                               else FLOAT_WHY.get((rt, t[0].rstrip("0123456789").rstrip("_")), "not narrowed"))
-                        left.append({"binary": rel, "graph": gname.lstrip("_"), "tensor": t[0], "shape": t[2],
-                                     "why": why})
+                        why = (
+                            "the recipe's quantize.kv_bits: 32 (a float32 KV cache)"
+                            if kv_cache(t[0])
+                            else FLOAT_WHY.get((rt, t[0].rstrip("0123456789").rstrip("_")), "not narrowed")
+                        )
+                        left.append(
+                            {"binary": rel, "graph": gname.lstrip("_"), "tensor": t[0], "shape": t[2], "why": why}
+                        )
         out[rt] = {"traffic": layout_traffic(binaries, rt), "float32": left}
     return out
 
 
 STAGE = Stage(
-    kind="verify", module=__name__, version=8,  # 8: "boundary" (traffic, float32 tensors left)
-    tools=("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "transformers", "tokenizers", "numpy", "torch",
-           "onnxruntime-genai"), run=run,
+    kind="verify",
+    module=__name__,
+    version=8,  # 8: "boundary" (traffic, float32 tensors left)
+    tools=(
+        "onnxruntime",
+        "onnxruntime-qnn",
+        "qnn-sdk",
+        "transformers",
+        "tokenizers",
+        "numpy",
+        "torch",
+        "onnxruntime-genai",
+    ),
+    run=run,
     params=(BACKEND, RUNTIME, DATA_SAMPLES, MAX_NEW_TOKENS, THRESHOLDS_PARAM),
-    files={DATA_FILE: "data", PERPLEXITY_TEXT: "perplexity_text"}, line_samples=("data",),
-    wired=("target", "task", "runtimes"), key_exclude=("thresholds",),  # bars judge a result, not change it
-    key_extra=common.target_key_extra, check=common.checker(THRESHOLDS), thresholds=THRESHOLDS,
-    preflight=preflight, artifacts=common.VERIFY_ARTIFACTS,
+    files={DATA_FILE: "data", PERPLEXITY_TEXT: "perplexity_text"},
+    line_samples=("data",),
+    wired=("target", "task", "runtimes"),
+    key_exclude=("thresholds",),  # bars judge a result, not change it
+    key_extra=common.target_key_extra,
+    check=common.checker(THRESHOLDS),
+    thresholds=THRESHOLDS,
+    preflight=preflight,
+    artifacts=common.VERIFY_ARTIFACTS,
     memory_estimate=plan_estimate,
 )

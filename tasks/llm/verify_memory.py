@@ -36,16 +36,23 @@ def memory_plan(views: dict, files: dict, params: dict) -> tuple[int, dict]:
     side, suffix = (views["compiled"], "_ctx.onnx") if backend == "htp" else (views["qdq"], ".onnx")
 
     def paths(folder, suf):
-        return {(i, kind): Path(folder) / (desc["parts"][i][kind]["path"][:-len(".onnx")] + suf)
-                for i in range(P) for kind in ("prefill", "decode")}
+        return {
+            (i, kind): Path(folder) / (desc["parts"][i][kind]["path"][: -len(".onnx")] + suf)
+            for i in range(P)
+            for kind in ("prefill", "decode")
+        }
 
     graphs = {"compiled": paths(side, suffix), "reference": paths(views["reference"], ".onnx")}
     prompts = params["data"]["samples"] + (1 if "perplexity_text" in files else 0)
     genie = None
     if views.get("genie_parts"):
         gdesc = joined_genie_description(views["genie_parts"])
-        genie = [graph_bytes(e / rel) for rel in genie_files(gdesc, False) for e in views["genie_parts"]
-                 if (e / rel).is_file()]
+        genie = [
+            graph_bytes(e / rel)
+            for rel in genie_files(gdesc, False)
+            for e in views["genie_parts"]
+            if (e / rel).is_file()
+        ]
     # what this process holds while a runtime's child runs: with the modules verify_llm loads
     # before the children start, and what the read-back leaves (tokenizer, read-back figures)
     import onnxruntime  # noqa: F401
@@ -57,14 +64,28 @@ def memory_plan(views: dict, files: dict, params: dict) -> tuple[int, dict]:
     held, rss = held_bytes(False), (rss_now() or 0) + CHILD_HELD_MARGIN
 
     def phases_for(resident: int) -> dict:
-        return verify_phases(graphs, desc, backend, prompts, resident, genai=params.get("runtime") == "genai",
-                             genie_bytes=genie, held_start=held, held_children=rss)
+        return verify_phases(
+            graphs,
+            desc,
+            backend,
+            prompts,
+            resident,
+            genai=params.get("runtime") == "genai",
+            genie_bytes=genie,
+            held_start=held,
+            held_children=rss,
+        )
 
-    resident, phases = verify_plan(phases_for, P, keys={"parts": P, "context": desc["context_len"],
-                                                          "samples": params["data"]["samples"]})
+    resident, phases = verify_plan(
+        phases_for, P, keys={"parts": P, "context": desc["context_len"], "samples": params["data"]["samples"]}
+    )
     check("verify", max(phases.values()) - held, None, recipe_keys=None, held=held)  # recorded; fits by now
-    print("memory: verify phases (GiB) " + ", ".join(f"{k} {v / (1 << 30):.2f}" for k, v in phases.items())
-          + f"; compiled side keeps {resident} of {P} parts open", flush=True)
+    print(
+        "memory: verify phases (GiB) "
+        + ", ".join(f"{k} {v / (1 << 30):.2f}" for k, v in phases.items())
+        + f"; compiled side keeps {resident} of {P} parts open",
+        flush=True,
+    )
     return resident, phases
 
 
@@ -100,8 +121,18 @@ def graph_bytes(path) -> int:
     return sum(f.stat().st_size for f in g.parent.iterdir() if f.name.startswith(g.stem) and f.is_file())
 
 
-def verify_phases(graphs: dict, desc: dict, backend: str, prompts: int, resident: int, *,
-                  genai: bool, genie_bytes: list[int] | None, held_start: int, held_children: int) -> dict:
+def verify_phases(
+    graphs: dict,
+    desc: dict,
+    backend: str,
+    prompts: int,
+    resident: int,
+    *,
+    genai: bool,
+    genie_bytes: list[int] | None,
+    held_start: int,
+    held_children: int,
+) -> dict:
     """Estimated peak bytes of each phase of the LLM verify (:func:`tasks.llm.compare.verify_llm`),
     the whole process tree's, for ``resident`` parts of the compiled side kept open (1..parts):
     {phase: bytes} for "read_back", "genai" (``genai``), "genie" (``genie_bytes``: the Genie
@@ -130,16 +161,27 @@ def verify_phases(graphs: dict, desc: dict, backend: str, prompts: int, resident
 
     P = len(desc["parts"])
     S, V = desc["seq_len"], desc.get("vocab_size") or 0
-    kv = [sum(int(np.prod(t["shape"])) * np.dtype(t["dtype"]).itemsize for t in p["decode"]["inputs"]
-              if kv_cache(t["name"])) for p in desc["parts"]]
+    kv = [
+        sum(
+            int(np.prod(t["shape"])) * np.dtype(t["dtype"]).itemsize
+            for t in p["decode"]["inputs"]
+            if kv_cache(t["name"])
+        )
+        for p in desc["parts"]
+    ]
     logits = 2 * prompts * S * V * 4
     comp = graphs["compiled"]
     pre = max(graph_bytes(comp[(i, "prefill")]) for i in range(P))
     dec = sorted((graph_bytes(comp[(i, "decode")]) for i in range(P)), reverse=True)
     bins = [graph_bytes(g) for g in comp.values()]
-    out = {"read_back": BASE + held_start + 2 * max(bins),
-           "compiled": BASE + held_start + max(sessions_bytes(backend, [pre]), sessions_bytes(backend, dec[:resident]))
-           + prompts * sum(kv) + logits}
+    out = {
+        "read_back": BASE + held_start + 2 * max(bins),
+        "compiled": BASE
+        + held_start
+        + max(sessions_bytes(backend, [pre]), sessions_bytes(backend, dec[:resident]))
+        + prompts * sum(kv)
+        + logits,
+    }
     ref = graphs["reference"]
     fp32 = max(graph_bytes(ref[(i, "prefill")]) for i in range(P))
     out["reference"] = BASE + held_start + fp32 + 2 * max(kv) + logits
@@ -154,11 +196,11 @@ def verify_phases(graphs: dict, desc: dict, backend: str, prompts: int, resident
 VERIFY_LOWERS = {
     "read_back": "export.parts (now {parts}: smaller binaries)",
     "genai": "verify.runtime (now genai: runner does not load every part at once) or "
-             "export.context_length (now {context})",
+    "export.context_length (now {context})",
     "genie": "bundle.runtimes (now with genie: Genie loads every part at once) or "
-             "export.context_length (now {context})",
+    "export.context_length (now {context})",
     "compiled": "export.parts (now {parts}), verify.data.samples (now {samples}) or "
-                "export.context_length (now {context})",
+    "export.context_length (now {context})",
     "reference": "export.parts (now {parts}) or verify.data.samples (now {samples})",
 }
 
@@ -189,6 +231,8 @@ def verify_plan(phases_for, parts: int, *, stage: str = "verify", keys: dict) ->
     need, have = apart(over[0][1] / GiB, avail / GiB)
     what = ", ".join(f"{k} {apart(v / GiB, avail / GiB)[0]}" for k, v in over)
     lowers = "; ".join(f"{k}: change {VERIFY_LOWERS[k].format(**keys)}" for k, _ in over)
-    raise NotEnoughMemory(f"{stage} needs about {need} GiB with one part at a time (GiB over the budget by phase: "
-                          f"{what}), {have} GiB is available ({src}); to lower it, {lowers}, "
-                          "or raise NPUBUILD_MEMORY_GB")
+    raise NotEnoughMemory(
+        f"{stage} needs about {need} GiB with one part at a time (GiB over the budget by phase: "
+        f"{what}), {have} GiB is available ({src}); to lower it, {lowers}, "
+        "or raise NPUBUILD_MEMORY_GB"
+    )

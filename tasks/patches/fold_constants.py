@@ -59,11 +59,10 @@ def _ort_basic(model: onnx.ModelProto, large: bool, external_min_bytes: int) -> 
         so.inter_op_num_threads = 1
         if large:
             _save_external(model, src, "in.onnx.data", external_min_bytes)
+            so.add_session_config_entry("session.optimized_model_external_initializers_file_name", "out.onnx.data")
             so.add_session_config_entry(
-                "session.optimized_model_external_initializers_file_name", "out.onnx.data")
-            so.add_session_config_entry(
-                "session.optimized_model_external_initializers_min_size_in_bytes",
-                str(external_min_bytes))
+                "session.optimized_model_external_initializers_min_size_in_bytes", str(external_min_bytes)
+            )
             ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
         else:
             ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
@@ -111,8 +110,9 @@ def _signature(model: onnx.ModelProto) -> bytes:
 
 
 @register("fold-constants", 1)
-def fold_constants(model: onnx.ModelProto, level: str = "basic",
-                   external_min_bytes: int = 1024, max_passes: int = 4) -> PatchResult:
+def fold_constants(
+    model: onnx.ModelProto, level: str = "basic", external_min_bytes: int = 1024, max_passes: int = 4
+) -> PatchResult:
     """Fold constants and simplify with onnxruntime's *basic* graph optimizations.
 
     Matches: any model. onnxruntime (``SessionOptions.graph_optimization_level =
@@ -172,7 +172,10 @@ def fold_constants(model: onnx.ModelProto, level: str = "basic",
     if not out.metadata_props and model.metadata_props:
         out.metadata_props.extend(model.metadata_props)
     nb, na = len(model.graph.node), len(out.graph.node)
-    return PatchResult(out, changed=True,
-                       note=f"onnxruntime basic optimizations ({passes} pass(es)): {nb} -> {na} nodes, "
-                            f"{len(model.graph.initializer)} -> {len(out.graph.initializer)} initializers",
-                       counts={"nodes_before": nb, "nodes_after": na})
+    return PatchResult(
+        out,
+        changed=True,
+        note=f"onnxruntime basic optimizations ({passes} pass(es)): {nb} -> {na} nodes, "
+        f"{len(model.graph.initializer)} -> {len(out.graph.initializer)} initializers",
+        counts={"nodes_before": nb, "nodes_after": na},
+    )

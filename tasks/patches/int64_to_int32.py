@@ -15,23 +15,49 @@ I32_MIN, I32_MAX = -(2**31), 2**31 - 1  # np.iinfo(np.int32)
 # (op, input slot) pairs whose type is independent of the other inputs and accepts int32
 # as well as int64; the output type does not depend on it.
 SLOT_OK = {
-    ("Gather", 1), ("GatherElements", 1), ("Cast", 0), ("Shape", 0), ("Size", 0),
-    ("OneHot", 0), ("OneHot", 1), ("CumSum", 1), ("Trilu", 1), ("CastLike", 0),
+    ("Gather", 1),
+    ("GatherElements", 1),
+    ("Cast", 0),
+    ("Shape", 0),
+    ("Size", 0),
+    ("OneHot", 0),
+    ("OneHot", 1),
+    ("CumSum", 1),
+    ("Trilu", 1),
+    ("CastLike", 0),
 }
 # ops whose "T" inputs (slots below, None = all) and outputs share one type: if every T input
 # is int32 or an int64 constant that fits int32, the node runs in int32 and its T outputs
 # become int32 (and are followed further).
 SAME_T: dict[str, tuple[tuple[int, ...] | None, tuple[int, ...]]] = {
     # op: (T input slots or None for all, T output slots)
-    "Identity": ((0,), (0,)), "Unsqueeze": ((0,), (0,)), "Squeeze": ((0,), (0,)),
-    "Reshape": ((0,), (0,)), "Expand": ((0,), (0,)), "Flatten": ((0,), (0,)),
-    "Transpose": ((0,), (0,)), "Slice": ((0,), (0,)), "Tile": ((0,), (0,)),
-    "Gather": ((0,), (0,)), "GatherElements": ((0,), (0,)), "CumSum": ((0,), (0,)),
-    "Trilu": ((0,), (0,)), "Neg": ((0,), (0,)), "Abs": ((0,), (0,)),
-    "Add": (None, (0,)), "Sub": (None, (0,)), "Mul": (None, (0,)), "Max": (None, (0,)),
-    "Min": (None, (0,)), "Concat": (None, (0,)), "Where": ((1, 2), (0,)),
-    "Equal": (None, ()), "Less": (None, ()), "Greater": (None, ()),
-    "LessOrEqual": (None, ()), "GreaterOrEqual": (None, ()),
+    "Identity": ((0,), (0,)),
+    "Unsqueeze": ((0,), (0,)),
+    "Squeeze": ((0,), (0,)),
+    "Reshape": ((0,), (0,)),
+    "Expand": ((0,), (0,)),
+    "Flatten": ((0,), (0,)),
+    "Transpose": ((0,), (0,)),
+    "Slice": ((0,), (0,)),
+    "Tile": ((0,), (0,)),
+    "Gather": ((0,), (0,)),
+    "GatherElements": ((0,), (0,)),
+    "CumSum": ((0,), (0,)),
+    "Trilu": ((0,), (0,)),
+    "Neg": ((0,), (0,)),
+    "Abs": ((0,), (0,)),
+    "Add": (None, (0,)),
+    "Sub": (None, (0,)),
+    "Mul": (None, (0,)),
+    "Max": (None, (0,)),
+    "Min": (None, (0,)),
+    "Concat": (None, (0,)),
+    "Where": ((1, 2), (0,)),
+    "Equal": (None, ()),
+    "Less": (None, ()),
+    "Greater": (None, ()),
+    "LessOrEqual": (None, ()),
+    "GreaterOrEqual": (None, ()),
 }
 
 
@@ -66,8 +92,11 @@ def int64_to_int32(model: onnx.ModelProto, inputs: str = r".*") -> PatchResult:
     g = model.graph
     init_names = {t.name for t in g.initializer}
     pat = re.compile(inputs)
-    targets = [i for i in g.input if i.type.tensor_type.elem_type == onnx.TensorProto.INT64
-               and i.name not in init_names and pat.search(i.name)]
+    targets = [
+        i
+        for i in g.input
+        if i.type.tensor_type.elem_type == onnx.TensorProto.INT64 and i.name not in init_names and pat.search(i.name)
+    ]
     if not targets:
         return PatchResult(model, changed=False, note="no int64 graph input matched")
 
@@ -98,8 +127,11 @@ def int64_to_int32(model: onnx.ModelProto, inputs: str = r".*") -> PatchResult:
             if k in converted or node.domain not in ("", "ai.onnx") or node.op_type not in SAME_T:
                 continue
             slots, outs = SAME_T[node.op_type]
-            tin = [i for i in (slots if slots is not None else range(len(node.input)))
-                   if i < len(node.input) and node.input[i]]
+            tin = [
+                i
+                for i in (slots if slots is not None else range(len(node.input)))
+                if i < len(node.input) and node.input[i]
+            ]
             if not tin or not any(node.input[i] in i32 for i in tin):
                 continue
             if all(node.input[i] in i32 or const_fits(node.input[i]) for i in tin):
@@ -128,8 +160,12 @@ def int64_to_int32(model: onnx.ModelProto, inputs: str = r".*") -> PatchResult:
         if v not in casts:
             out = fresh(f"{v}_i64")
             casts[v] = out
-            cast_nodes.append((before, onnx.helper.make_node("Cast", [v], [out], to=onnx.TensorProto.INT64,
-                                                        name=fresh(f"{v}_cast_i64"))))
+            cast_nodes.append(
+                (
+                    before,
+                    onnx.helper.make_node("Cast", [v], [out], to=onnx.TensorProto.INT64, name=fresh(f"{v}_cast_i64")),
+                )
+            )
         return casts[v]
 
     first_use: dict[str, int] = {}
@@ -151,8 +187,9 @@ def int64_to_int32(model: onnx.ModelProto, inputs: str = r".*") -> PatchResult:
                     if src in inits:
                         arr = onnx.numpy_helper.to_array(inits[src])
                     else:
-                        arr = next(onnx.numpy_helper.to_array(a.t) for a in const_nodes[src].attribute
-                                   if a.name == "value")
+                        arr = next(
+                            onnx.numpy_helper.to_array(a.t) for a in const_nodes[src].attribute if a.name == "value"
+                        )
                     const_copies[src] = fresh(f"{src}_i32")
                     new_inits.append(onnx.numpy_helper.from_array(arr.astype(np.int32), const_copies[src]))
                 node.input[i] = const_copies[src]
@@ -181,8 +218,14 @@ def int64_to_int32(model: onnx.ModelProto, inputs: str = r".*") -> PatchResult:
             for c in cast_nodes:
                 if c[1].input[0] == out.name:
                     c[1].input[0] = internal
-            cast_nodes.append((len(g.node), onnx.helper.make_node(
-                "Cast", [internal], [out.name], to=onnx.TensorProto.INT64, name=fresh(f"{out.name}_cast_i64"))))
+            cast_nodes.append(
+                (
+                    len(g.node),
+                    onnx.helper.make_node(
+                        "Cast", [internal], [out.name], to=onnx.TensorProto.INT64, name=fresh(f"{out.name}_cast_i64")
+                    ),
+                )
+            )
 
     for t in targets:
         t.type.tensor_type.elem_type = onnx.TensorProto.INT32
@@ -205,12 +248,19 @@ def int64_to_int32(model: onnx.ModelProto, inputs: str = r".*") -> PatchResult:
             g.initializer.remove(inits[src])
     onnx.checker.check_model(model)
     onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
-    return PatchResult(model, changed=True,
-                       note=f"int32 inputs: {', '.join(t.name for t in targets)}; "
-                            f"{n_direct} int32 use(s), {len(cast_nodes)} Cast-to-int64 inserted, "
-                            f"{len(const_copies)} constant(s) copied to int32",
-                       counts={"inputs": len(targets), "casts": len(cast_nodes),
-                               "int32_nodes": len(converted), "const_copies": len(const_copies)})
+    return PatchResult(
+        model,
+        changed=True,
+        note=f"int32 inputs: {', '.join(t.name for t in targets)}; "
+        f"{n_direct} int32 use(s), {len(cast_nodes)} Cast-to-int64 inserted, "
+        f"{len(const_copies)} constant(s) copied to int32",
+        counts={
+            "inputs": len(targets),
+            "casts": len(cast_nodes),
+            "int32_nodes": len(converted),
+            "const_copies": len(const_copies),
+        },
+    )
 
 
 def _toposort(nodes: list[onnx.NodeProto], available: set[str]) -> list[onnx.NodeProto]:

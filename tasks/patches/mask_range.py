@@ -14,12 +14,41 @@ onnx = lazy.module("onnx")
 # elementwise ops that turn a 0/1 mask into an additive bias and add it to the scores.
 # The walk stops at anything else (Softmax, MatMul, Gather, Pow, LayerNormalization, ...),
 # so constants in the model proper are never touched.
-MASK_OPS = frozenset({
-    "Identity", "Cast", "CastLike", "Unsqueeze", "Squeeze", "Reshape", "Expand", "Flatten",
-    "Transpose", "Slice", "Concat", "Tile", "Trilu", "Where", "Not", "And", "Or", "Xor",
-    "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Sub", "Add", "Mul", "Neg",
-    "Min", "Max", "Clip", "ConstantOfShape",
-})
+MASK_OPS = frozenset(
+    {
+        "Identity",
+        "Cast",
+        "CastLike",
+        "Unsqueeze",
+        "Squeeze",
+        "Reshape",
+        "Expand",
+        "Flatten",
+        "Transpose",
+        "Slice",
+        "Concat",
+        "Tile",
+        "Trilu",
+        "Where",
+        "Not",
+        "And",
+        "Or",
+        "Xor",
+        "Equal",
+        "Less",
+        "LessOrEqual",
+        "Greater",
+        "GreaterOrEqual",
+        "Sub",
+        "Add",
+        "Mul",
+        "Neg",
+        "Min",
+        "Max",
+        "Clip",
+        "ConstantOfShape",
+    }
+)
 # onnx.TensorProto.FLOAT, FLOAT16, BFLOAT16, DOUBLE (the onnx.proto enum numbers; spelled out so
 # that importing this module does not import onnx)
 FLOAT_TYPES = {1, 10, 16, 11}
@@ -36,8 +65,13 @@ def _replace(arr: np.ndarray, threshold: float, fill: float) -> tuple[np.ndarray
 
 
 @register("mask-range", 1)
-def mask_range(model: onnx.ModelProto, fill: float = -100.0, threshold: float = 1e4,
-               mask_inputs: str = r"mask", scope: str = "mask") -> PatchResult:
+def mask_range(
+    model: onnx.ModelProto,
+    fill: float = -100.0,
+    threshold: float = 1e4,
+    mask_inputs: str = r"mask",
+    scope: str = "mask",
+) -> PatchResult:
     """Replace extreme float constants (|x| >= ``threshold``, incl. +-inf) on the attention-mask
     path with a finite fill value.
 
@@ -105,7 +139,8 @@ def mask_range(model: onnx.ModelProto, fill: float = -100.0, threshold: float = 
         # ConstantOfShape / Constant producers feeding the path count as on it too
         for node in g.node:
             if node.op_type == "ConstantOfShape" and any(
-                    id(c) in on_path for o in node.output for c, _ in consumers.get(o, [])):
+                id(c) in on_path for o in node.output for c, _ in consumers.get(o, [])
+            ):
                 on_path.add(id(node))
 
     inits = {t.name: t for t in g.initializer}
@@ -145,8 +180,7 @@ def mask_range(model: onnx.ModelProto, fill: float = -100.0, threshold: float = 
                 plan[name] = (new, n)
 
     if not plan and not cos_plan:
-        return PatchResult(model, changed=False,
-                           note=f"no float constant with |x| >= {threshold:g} on the mask path")
+        return PatchResult(model, changed=False, note=f"no float constant with |x| >= {threshold:g} on the mask path")
 
     replaced = 0
     used_names = {t.name for t in g.initializer} | {o for n in g.node for o in n.output}
@@ -175,8 +209,9 @@ def mask_range(model: onnx.ModelProto, fill: float = -100.0, threshold: float = 
             node = const_nodes[name]
             t = onnx.numpy_helper.from_array(new)
             if shared:
-                new_node = onnx.helper.make_node("Constant", [], [target], value=t,
-                                                 name=f"{node.name or name}_maskrange")
+                new_node = onnx.helper.make_node(
+                    "Constant", [], [target], value=t, name=f"{node.name or name}_maskrange"
+                )
                 idx = list(g.node).index(node)
                 g.node.insert(idx + 1, new_node)
             else:
@@ -189,7 +224,9 @@ def mask_range(model: onnx.ModelProto, fill: float = -100.0, threshold: float = 
             if a.name == "value":
                 a.t.CopyFrom(onnx.numpy_helper.from_array(new, a.t.name))
     names = sorted(plan) + sorted(n.name or n.output[0] for n, _, _ in cos_plan)
-    return PatchResult(model, changed=True,
-                       note=f"replaced {replaced} extreme value(s) in {len(names)} constant(s) "
-                            f"with {fill:g}: {', '.join(names)}",
-                       counts={"constants": len(names), "elements": replaced})
+    return PatchResult(
+        model,
+        changed=True,
+        note=f"replaced {replaced} extreme value(s) in {len(names)} constant(s) with {fill:g}: {', '.join(names)}",
+        counts={"constants": len(names), "elements": replaced},
+    )

@@ -8,9 +8,13 @@ from tasks.patches import PatchResult, register
 np = lazy.module("numpy")
 onnx = lazy.module("onnx")
 
-MATCH = {("", "SimplifiedLayerNormalization"), ("ai.onnx", "SimplifiedLayerNormalization"),
-         ("com.microsoft", "SimplifiedLayerNormalization"), ("", "RMSNormalization"),
-         ("ai.onnx", "RMSNormalization")}
+MATCH = {
+    ("", "SimplifiedLayerNormalization"),
+    ("ai.onnx", "SimplifiedLayerNormalization"),
+    ("com.microsoft", "SimplifiedLayerNormalization"),
+    ("", "RMSNormalization"),
+    ("ai.onnx", "RMSNormalization"),
+}
 
 
 def _opset(model: onnx.ModelProto) -> int:
@@ -78,8 +82,7 @@ def rmsnorm_decompose(model: onnx.ModelProto, square: str = "mul") -> PatchResul
     g = model.graph
     targets = [n for n in g.node if (n.domain, n.op_type) in MATCH]
     if not targets:
-        return PatchResult(model, changed=False,
-                           note="no SimplifiedLayerNormalization/RMSNormalization node")
+        return PatchResult(model, changed=False, note="no SimplifiedLayerNormalization/RMSNormalization node")
     opset = _opset(model)
     info = _types_and_ranks(model)
     used = {i for n in g.node for i in n.input} | {o.name for o in g.output}
@@ -106,8 +109,11 @@ def rmsnorm_decompose(model: onnx.ModelProto, square: str = "mul") -> PatchResul
         if len(node.output) > 2 and node.output[2] and node.output[2] in used:
             raise ValueError(f"{node.name}: third output {node.output[2]!r} is used")
         p = (node.name or node.output[0]).replace("/", "_") + "_rms"
-        compute_type = onnx.TensorProto.FLOAT if (stash == 1 and etype in (
-            onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)) else etype
+        compute_type = (
+            onnx.TensorProto.FLOAT
+            if (stash == 1 and etype in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16))
+            else etype
+        )
         np_type = onnx.helper.tensor_dtype_to_np_dtype(compute_type)
         nn: list[onnx.NodeProto] = []
         xin = x
@@ -123,11 +129,13 @@ def rmsnorm_decompose(model: onnx.ModelProto, square: str = "mul") -> PatchResul
         if opset >= 18:
             ax = onnx.numpy_helper.from_array(np.array(axes, np.int64), p + "_axes")
             new_inits.append(ax)
-            nn.append(onnx.helper.make_node("ReduceMean", [p + "_sq", ax.name], [p + "_ms"],
-                                       keepdims=1, name=p + "_mean"))
+            nn.append(
+                onnx.helper.make_node("ReduceMean", [p + "_sq", ax.name], [p + "_ms"], keepdims=1, name=p + "_mean")
+            )
         else:
-            nn.append(onnx.helper.make_node("ReduceMean", [p + "_sq"], [p + "_ms"], axes=axes,
-                                       keepdims=1, name=p + "_mean"))
+            nn.append(
+                onnx.helper.make_node("ReduceMean", [p + "_sq"], [p + "_ms"], axes=axes, keepdims=1, name=p + "_mean")
+            )
         e = onnx.numpy_helper.from_array(np.array(eps, np_type), p + "_eps")
         new_inits.append(e)
         nn.append(onnx.helper.make_node("Add", [p + "_ms", e.name], [p + "_mse"], name=p + "_addeps"))
@@ -154,6 +162,9 @@ def rmsnorm_decompose(model: onnx.ModelProto, square: str = "mul") -> PatchResul
         if len(keep) != len(model.opset_import):
             del model.opset_import[:]
             model.opset_import.extend(keep)
-    return PatchResult(model, changed=True,
-                       note=f"decomposed {done} RMS norm node(s) (opset {opset}, square={square})",
-                       counts={"decomposed": done})
+    return PatchResult(
+        model,
+        changed=True,
+        note=f"decomposed {done} RMS norm node(s) (opset {opset}, square={square})",
+        counts={"decomposed": done},
+    )

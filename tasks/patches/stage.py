@@ -45,8 +45,11 @@ def run(inputs, files, params, out: Path) -> dict:
                     **({"counts": res.counts} if res.counts else {}),
                 }
             )
-            print(f"    patch {p.name} on {rel.as_posix()}: {'changed' if res.changed else 'not applicable'}"
-                  f"{' - ' + res.note if res.note else ''}", flush=True)
+            print(
+                f"    patch {p.name} on {rel.as_posix()}: {'changed' if res.changed else 'not applicable'}"
+                f"{' - ' + res.note if res.note else ''}",
+                flush=True,
+            )
         (out / rel).parent.mkdir(parents=True, exist_ok=True)
         if changed_any:
             save_model(model, out / rel)
@@ -61,5 +64,6 @@ def run(inputs, files, params, out: Path) -> dict:
     return {"patches": report}
 
 
-STAGE = Stage(kind="patch", module=__name__, version=1, tools=("onnx", "onnxruntime"), run=run,
-              wired=("steps",))  # the recipe's ``patches`` (pre- or post-quantize) as the plan resolves them
+STAGE = Stage(
+    kind="patch", module=__name__, version=1, tools=("onnx", "onnxruntime"), run=run, wired=("steps",)
+)  # the recipe's ``patches`` (pre- or post-quantize) as the plan resolves them

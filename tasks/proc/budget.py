@@ -70,12 +70,16 @@ def budget_line() -> str:
     stands in for it (``MemAvailable``, which varies with what else runs)."""
     gib = budget_gib()
     if gib is not None:
-        return (f"{gib:g} GiB (NPUBUILD_MEMORY_GB): a stage whose estimated process tree peak exceeds it stops "
-                f"before work; LLM verify keeps open the compiled parts that fit in it")
+        return (
+            f"{gib:g} GiB (NPUBUILD_MEMORY_GB): a stage whose estimated process tree peak exceeds it stops "
+            f"before work; LLM verify keeps open the compiled parts that fit in it"
+        )
     avail = available_bytes()
     now = f", {avail / GiB:.1f} GiB now" if avail is not None else ""
-    return (f"none set (NPUBUILD_MEMORY_GB): stages are checked against the memory available{now}, "
-            "which changes with what else runs; set NPUBUILD_MEMORY_GB for a peak you can plan for")
+    return (
+        f"none set (NPUBUILD_MEMORY_GB): stages are checked against the memory available{now}, "
+        "which changes with what else runs; set NPUBUILD_MEMORY_GB for a peak you can plan for"
+    )
 
 
 #: what a stage without a ``memory_estimate`` hook asks of a cluster worker: the encoders built
@@ -114,8 +118,9 @@ def checked() -> dict | None:
     return _CHECKED
 
 
-def check(stage: str, estimate: int, part: int | None, *, recipe_keys: str | None, held: int = 0,
-          log: bool = True) -> None:
+def check(
+    stage: str, estimate: int, part: int | None, *, recipe_keys: str | None, held: int = 0, log: bool = True
+) -> None:
     """Raise :class:`NotEnoughMemory` when ``estimate`` + ``held`` (what the process running
     the stage holds already: :func:`held_bytes`) exceeds :func:`available_bytes`, naming the
     stage, the part (None: a whole-model stage), both figures (with the decimals that tell them
@@ -133,8 +138,12 @@ def check(stage: str, estimate: int, part: int | None, *, recipe_keys: str | Non
     estimate += held
     _CHECKED = {"estimate": estimate, "held": held, "budget": avail, "part": part}
     if log:
-        print(f"memory: {stage} estimate {estimate / GiB:.2f} GiB" + (f" ({held / GiB:.2f} held)" if held else "")
-              + (f", {avail / GiB:.2f} GiB available" if avail is not None else ", no budget known"), flush=True)
+        print(
+            f"memory: {stage} estimate {estimate / GiB:.2f} GiB"
+            + (f" ({held / GiB:.2f} held)" if held else "")
+            + (f", {avail / GiB:.2f} GiB available" if avail is not None else ", no budget known"),
+            flush=True,
+        )
     if avail is not None and estimate > avail:
         src = "NPUBUILD_MEMORY_GB" if budget_gib() is not None else "MemAvailable now"
         more = "raise NPUBUILD_MEMORY_GB" if src == "NPUBUILD_MEMORY_GB" else "free memory or use a larger machine"
@@ -147,8 +156,10 @@ def check(stage: str, estimate: int, part: int | None, *, recipe_keys: str | Non
         need, have = apart(estimate / GiB, avail / GiB)
         of = f" ({held / GiB:.1f} GiB of it held already by the process that runs it)" if held >= GiB // 10 else ""
         if of and estimate - held <= avail:  # a new process starts without what earlier stages left
-            fix = ("it fits in a new process: run the same command again (the stages built so far are cache hits), "
-                   f"or {fix}")
+            fix = (
+                "it fits in a new process: run the same command again (the stages built so far are cache hits), "
+                f"or {fix}"
+            )
         who = stage if part is None else f"{stage}: part {part}"
         raise NotEnoughMemory(f"{who} needs about {need} GiB{of}, {have} GiB is available ({src}); {fix}")
 
@@ -164,14 +175,22 @@ def manifest_memory(figures: dict) -> dict:
     tree's measured peak (:class:`tasks.proc.tree.TreeMeter`), "children_peak": the largest
     child's}. A peak above the estimate is a defect (tests/llm/test_budget_edge.py)."""
     c = _CHECKED or {}
-    mem = {"estimate": c.get("estimate"), "held": c.get("held"), "budget": c.get("budget"),
-           "peak": figures["tree_peak"], "children_peak": figures["children_peak"]}
+    mem = {
+        "estimate": c.get("estimate"),
+        "held": c.get("held"),
+        "budget": c.get("budget"),
+        "peak": figures["tree_peak"],
+        "children_peak": figures["children_peak"],
+    }
 
     def gib(b):
         return "unknown" if b is None else f"{b / GiB:.2f} GiB"
 
-    print(f"memory: process tree peak {gib(mem['peak'])}, estimate {gib(mem['estimate'])}"
-          + (f", budget {gib(mem['budget'])}" if mem["budget"] is not None else ""), flush=True)
+    print(
+        f"memory: process tree peak {gib(mem['peak'])}, estimate {gib(mem['estimate'])}"
+        + (f", budget {gib(mem['budget'])}" if mem["budget"] is not None else ""),
+        flush=True,
+    )
     out = {"memory": mem}
     if figures["stage_peak"] is not None:
         out["stage_peak_rss"] = figures["stage_peak"]

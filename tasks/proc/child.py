@@ -60,7 +60,8 @@ _REPORT_PEAK = (
     "    except (OSError, AttributeError):\n"
     "        pass\n"
     f"    if str(_o.getppid()) != _o.environ.get('{_PARENT}', str(_o.getppid())):\n"
-    "        _o._exit(137)\n")
+    "        _o._exit(137)\n"
+)
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding tasks/ (this file: tasks/proc/child.py)
 
 
@@ -96,8 +97,9 @@ class Result:
         return (self.stdout + self.stderr)[-n:]
 
 
-def run_python(code: str, *, cwd=None, env: dict | None = None, timeout: float | None = None,
-               forward: bool = False) -> Result:
+def run_python(
+    code: str, *, cwd=None, env: dict | None = None, timeout: float | None = None, forward: bool = False
+) -> Result:
     """Run python ``code`` in a child process of this interpreter, with this package importable
     (``PYTHONPATH`` starts with :data:`PACKAGE_ROOT`) and ``env`` added to this process's
     environment; in ``cwd`` if given. ``forward``: write the child's stdout / stderr to ours once
@@ -106,8 +108,9 @@ def run_python(code: str, *, cwd=None, env: dict | None = None, timeout: float |
     return _run([sys.executable, "-c", _REPORT_PEAK + code], None, cwd, env, timeout, forward)
 
 
-def run_function(fn, *args, cwd=None, env: dict | None = None, timeout: float | None = None,
-                 forward: bool = False, **kwargs) -> Result:
+def run_function(
+    fn, *args, cwd=None, env: dict | None = None, timeout: float | None = None, forward: bool = False, **kwargs
+) -> Result:
     """Call ``fn(*args, **kwargs)`` in a child process (``python -m tasks.proc.child``), as
     :func:`run_python` runs code: same environment, ``cwd``, ``timeout`` and ``forward``, the
     same :class:`Result` (exit code 1 and the traceback on stderr when ``fn`` raises). Raises
@@ -134,9 +137,14 @@ def _run(argv, payload: bytes | None, cwd, env, timeout, forward) -> Result:
 
     meter = tree.current()
     started = meter.child_started() if meter is not None else None
-    with subprocess.Popen(argv, stdin=subprocess.PIPE if payload is not None else subprocess.DEVNULL,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full,
-                          cwd=None if cwd is None else str(cwd)) as p:
+    with subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE if payload is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=full,
+        cwd=None if cwd is None else str(cwd),
+    ) as p:
         _RUNNING.add(p)
         try:
             out_b, err_b = p.communicate(input=payload, timeout=timeout)
@@ -150,7 +158,7 @@ def _run(argv, payload: bytes | None, cwd, env, timeout, forward) -> Result:
     peak, err = None, []
     for ln in stderr.splitlines(keepends=True):
         if ln.startswith(_PEAK):
-            peak = int(ln[len(_PEAK):])
+            peak = int(ln[len(_PEAK) :])
         else:
             err.append(ln)
     r = Result(p.returncode, stdout, "".join(err), peak)
@@ -186,7 +194,8 @@ def write_trace(who: str, modules, task: str | None = None) -> None:
     task = task or os.environ.get(TRACE_STAGE_ENV, "")
     try:
         Path(folder, f"{who}-{os.getpid()}-{len(list(Path(folder).iterdir()))}.json").write_text(
-            json.dumps({"task": task, "who": who, "modules": names}))
+            json.dumps({"task": task, "who": who, "modules": names})
+        )
     except OSError:
         pass
 

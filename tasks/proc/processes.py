@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 def process_state(pid: int) -> str:
-    """"running", "stopped" (SIGSTOP'd or traced: state T/t in ``/proc/<pid>/stat``) or "gone"
+    """ "running", "stopped" (SIGSTOP'd or traced: state T/t in ``/proc/<pid>/stat``) or "gone"
     for a process of this host. Without ``/proc`` a live process counts as running."""
     try:
         os.kill(pid, 0)

@@ -19,4 +19,4 @@ def sample_text(text: str, limit: int = 60) -> str:
     """A data-file line as ``verify.json`` quotes it: scrubbed, cut to ``limit`` characters
     (``...`` marks a cut)."""
     text = scrub(text)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -73,8 +73,11 @@ class TreeMeter:
             with self.lock:
                 kids = self.children[first:]
             own = peak_rss()
-            out.update(peak=_bound(own, kids), stage_peak=own,
-                       children_peak=max((c.peak for c in kids if c.peak is not None), default=None))
+            out.update(
+                peak=_bound(own, kids),
+                stage_peak=own,
+                children_peak=max((c.peak for c in kids if c.peak is not None), default=None),
+            )
             self.phases[name] = dict(out)
 
     def child_started(self) -> _Child:
@@ -97,8 +100,12 @@ class TreeMeter:
             kids = list(self.children)
         tree = _bound(own, kids)
         peaks = [c.peak for c in kids if c.peak is not None]
-        return {"tree_peak": tree, "stage_peak": own, "children_peak": max(peaks) if peaks else None,
-                "children": len(kids)}
+        return {
+            "tree_peak": tree,
+            "stage_peak": own,
+            "children_peak": max(peaks) if peaks else None,
+            "children": len(kids),
+        }
 
 
 def _bound(own: int | None, kids: list[_Child]) -> int | None:

@@ -33,11 +33,23 @@ from tasks.errors import InputMissing, UserError
 #: QNN ``Qnn_DataType_t`` codes (QnnTypes.h) -> the ONNX TensorProto name of the same element
 #: type as seen at a graph's boundary (fixed-point types carry their integer container)
 QNN_DTYPES = {
-    0x0008: "INT8", 0x0016: "INT16", 0x0032: "INT32", 0x0064: "INT64",
-    0x0108: "UINT8", 0x0116: "UINT16", 0x0132: "UINT32", 0x0164: "UINT64",
-    0x0216: "FLOAT16", 0x0232: "FLOAT", 0x0264: "DOUBLE",
-    0x0308: "INT8", 0x0316: "INT16", 0x0332: "INT32",      # sfixed-point 8/16/32
-    0x0408: "UINT8", 0x0416: "UINT16", 0x0432: "UINT32",   # ufixed-point 8/16/32
+    0x0008: "INT8",
+    0x0016: "INT16",
+    0x0032: "INT32",
+    0x0064: "INT64",
+    0x0108: "UINT8",
+    0x0116: "UINT16",
+    0x0132: "UINT32",
+    0x0164: "UINT64",
+    0x0216: "FLOAT16",
+    0x0232: "FLOAT",
+    0x0264: "DOUBLE",
+    0x0308: "INT8",
+    0x0316: "INT16",
+    0x0332: "INT32",  # sfixed-point 8/16/32
+    0x0408: "UINT8",
+    0x0416: "UINT16",
+    0x0432: "UINT32",  # ufixed-point 8/16/32
     0x0508: "BOOL",
 }
 
@@ -56,6 +68,7 @@ class Tensor:
     ``zero_point`` (value = (integer - zero_point) x scale; QNN stores ``offset`` =
     -zero_point, ``QnnTypes.h`` ``Qnn_ScaleOffset_t``); None otherwise. Neither enters
     equality nor :meth:`ContextBinary.figures`."""
+
     name: str
     dtype: str
     shape: tuple[int, ...]
@@ -71,6 +84,7 @@ class Graph:
     ``shared_weight_bytes`` the part of it shared with the binary's other graphs
     (``sharedWeightsSize``), ``spill_fill_bytes`` the spill-fill buffer in DDR, ``io_bytes``
     its I/O tensors (``ioTensorSize``)."""
+
     name: str
     inputs: tuple[Tensor, ...]
     outputs: tuple[Tensor, ...]
@@ -85,6 +99,7 @@ class ContextBinary:
     """What :func:`read` found in one binary: ``sdk_build_id`` (e.g. ``v2.51.0.260929181845``),
     ``soc_model`` (QNN's SoC id, ``tasks/qnn/targets.py``'s ``soc_model``), ``bytes`` the file's
     size, ``graphs`` in the binary's order."""
+
     path: str
     sdk_build_id: str
     soc_model: int
@@ -100,17 +115,29 @@ class ContextBinary:
         I/O bytes and its inputs and outputs ([name, dtype, shape, bytes] each: what a call
         moves across the graph's boundary)."""
         io = lambda ts: [[t.name, t.dtype, list(t.shape), t.bytes] for t in ts]  # noqa: E731
-        return {"bytes": self.bytes, "sdk_build_id": self.sdk_build_id, "soc_model": self.soc_model,
-                "graphs": {g.name: {"weight_bytes": g.weight_bytes, "shared_weight_bytes": g.shared_weight_bytes,
-                                    "spill_fill_bytes": g.spill_fill_bytes, "io_bytes": g.io_bytes,
-                                    "inputs": io(g.inputs), "outputs": io(g.outputs)}
-                           for g in self.graphs}}
+        return {
+            "bytes": self.bytes,
+            "sdk_build_id": self.sdk_build_id,
+            "soc_model": self.soc_model,
+            "graphs": {
+                g.name: {
+                    "weight_bytes": g.weight_bytes,
+                    "shared_weight_bytes": g.shared_weight_bytes,
+                    "spill_fill_bytes": g.spill_fill_bytes,
+                    "io_bytes": g.io_bytes,
+                    "inputs": io(g.inputs),
+                    "outputs": io(g.outputs),
+                }
+                for g in self.graphs
+            },
+        }
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
 # ------------------------------------------------------------------ the QNN structs (x86_64)
+
 
 class _Version(C.Structure):  # Qnn_Version_t
     _fields_ = [("major", C.c_uint32), ("minor", C.c_uint32), ("patch", C.c_uint32)]
@@ -121,9 +148,16 @@ class _QuantizeParams(C.Structure):  # Qnn_QuantizeParams_t: 40 bytes, pointer-a
 
 
 class _TensorV1(C.Structure):  # Qnn_TensorV1_t, the prefix Qnn_TensorV2_t shares
-    _fields_ = [("id", C.c_uint32), ("name", C.c_char_p), ("type", C.c_uint32), ("dataFormat", C.c_uint32),
-                ("dataType", C.c_uint32), ("quantizeParams", _QuantizeParams), ("rank", C.c_uint32),
-                ("dimensions", C.POINTER(C.c_uint32))]
+    _fields_ = [
+        ("id", C.c_uint32),
+        ("name", C.c_char_p),
+        ("type", C.c_uint32),
+        ("dataFormat", C.c_uint32),
+        ("dataType", C.c_uint32),
+        ("quantizeParams", _QuantizeParams),
+        ("rank", C.c_uint32),
+        ("dimensions", C.POINTER(C.c_uint32)),
+    ]
 
 
 class _Tensor(C.Structure):  # Qnn_Tensor_t: a version, then the union of V1 / V2 (144 bytes in all)
@@ -131,11 +165,19 @@ class _Tensor(C.Structure):  # Qnn_Tensor_t: a version, then the union of V1 / V
 
 
 class _GraphInfoV3(C.Structure):  # QnnSystemContext_GraphInfoV3_t (V1 and V2 share its prefix)
-    _fields_ = [("graphName", C.c_char_p), ("numGraphInputs", C.c_uint32), ("graphInputs", C.POINTER(_Tensor)),
-                ("numGraphOutputs", C.c_uint32), ("graphOutputs", C.POINTER(_Tensor)),
-                ("numUpdateableTensors", C.c_uint32), ("updateableTensors", C.c_void_p),
-                ("graphBlobInfoSize", C.c_uint32), ("graphBlobInfo", C.c_void_p),
-                ("startOpIndex", C.c_uint32), ("endOpIndex", C.c_uint32)]
+    _fields_ = [
+        ("graphName", C.c_char_p),
+        ("numGraphInputs", C.c_uint32),
+        ("graphInputs", C.POINTER(_Tensor)),
+        ("numGraphOutputs", C.c_uint32),
+        ("graphOutputs", C.POINTER(_Tensor)),
+        ("numUpdateableTensors", C.c_uint32),
+        ("updateableTensors", C.c_void_p),
+        ("graphBlobInfoSize", C.c_uint32),
+        ("graphBlobInfo", C.c_void_p),
+        ("startOpIndex", C.c_uint32),
+        ("endOpIndex", C.c_uint32),
+    ]
 
 
 class _GraphInfo(C.Structure):  # QnnSystemContext_GraphInfo_t (88 bytes)
@@ -143,11 +185,21 @@ class _GraphInfo(C.Structure):  # QnnSystemContext_GraphInfo_t (88 bytes)
 
 
 class _BinaryInfoV3(C.Structure):  # QnnSystemContext_BinaryInfoV3_t (V1, V2 share the prefix to `graphs`)
-    _fields_ = [("backendId", C.c_uint32), ("buildId", C.c_char_p), ("coreApiVersion", _Version),
-                ("backendApiVersion", _Version), ("socVersion", C.c_char_p), ("contextBlobVersion", _Version),
-                ("contextBlobSize", C.c_uint64), ("numContextTensors", C.c_uint32), ("contextTensors", C.c_void_p),
-                ("numGraphs", C.c_uint32), ("graphs", C.POINTER(_GraphInfo)), ("platformInfo", C.c_uint8 * 24),
-                ("socModel", C.c_uint32)]
+    _fields_ = [
+        ("backendId", C.c_uint32),
+        ("buildId", C.c_char_p),
+        ("coreApiVersion", _Version),
+        ("backendApiVersion", _Version),
+        ("socVersion", C.c_char_p),
+        ("contextBlobVersion", _Version),
+        ("contextBlobSize", C.c_uint64),
+        ("numContextTensors", C.c_uint32),
+        ("contextTensors", C.c_void_p),
+        ("numGraphs", C.c_uint32),
+        ("graphs", C.POINTER(_GraphInfo)),
+        ("platformInfo", C.c_uint8 * 24),
+        ("socModel", C.c_uint32),
+    ]
 
 
 class _BinaryInfo(C.Structure):  # QnnSystemContext_BinaryInfo_t
@@ -158,17 +210,27 @@ _ERR = C.c_uint64  # Qnn_ErrorHandle_t
 
 
 class _SystemFunctions(C.Structure):  # QNN_SYSTEM_INTERFACE_VER_TYPE's first members
-    _fields_ = [("systemContextCreate", C.CFUNCTYPE(_ERR, C.POINTER(C.c_void_p))),
-                ("systemContextGetBinaryInfo", C.CFUNCTYPE(_ERR, C.c_void_p, C.c_void_p, C.c_uint64,
-                                                           C.POINTER(C.POINTER(_BinaryInfo)), C.POINTER(C.c_uint64))),
-                ("systemContextGetMetaData", C.c_void_p),
-                ("systemContextFree", C.CFUNCTYPE(_ERR, C.c_void_p)),
-                ("systemTensorGetMemoryFootprint", C.CFUNCTYPE(_ERR, _Tensor, C.POINTER(C.c_uint64)))]
+    _fields_ = [
+        ("systemContextCreate", C.CFUNCTYPE(_ERR, C.POINTER(C.c_void_p))),
+        (
+            "systemContextGetBinaryInfo",
+            C.CFUNCTYPE(
+                _ERR, C.c_void_p, C.c_void_p, C.c_uint64, C.POINTER(C.POINTER(_BinaryInfo)), C.POINTER(C.c_uint64)
+            ),
+        ),
+        ("systemContextGetMetaData", C.c_void_p),
+        ("systemContextFree", C.CFUNCTYPE(_ERR, C.c_void_p)),
+        ("systemTensorGetMemoryFootprint", C.CFUNCTYPE(_ERR, _Tensor, C.POINTER(C.c_uint64))),
+    ]
 
 
 class _SystemInterface(C.Structure):  # QnnSystemInterface_t
-    _fields_ = [("backendId", C.c_uint32), ("providerName", C.c_char_p), ("systemApiVersion", _Version),
-                ("fns", _SystemFunctions)]
+    _fields_ = [
+        ("backendId", C.c_uint32),
+        ("providerName", C.c_char_p),
+        ("systemApiVersion", _Version),
+        ("fns", _SystemFunctions),
+    ]
 
 
 def library_path() -> Path:
@@ -214,8 +276,16 @@ def _tensors(array, count: int, footprint) -> tuple[Tensor, ...]:
         size = C.c_uint64(0)
         nbytes = size.value if footprint(t, C.byref(size)) == 0 else 0
         scale, zp = _scale_offset(v.quantizeParams) if v.dataType >> 8 in (3, 4) else (None, None)  # fixed point
-        out.append(Tensor(v.name.decode(), QNN_DTYPES.get(v.dataType, f"0x{v.dataType:04x}"),
-                          tuple(v.dimensions[d] for d in range(v.rank)), nbytes, scale, zp))
+        out.append(
+            Tensor(
+                v.name.decode(),
+                QNN_DTYPES.get(v.dataType, f"0x{v.dataType:04x}"),
+                tuple(v.dimensions[d] for d in range(v.rank)),
+                nbytes,
+                scale,
+                zp,
+            )
+        )
     return tuple(out)
 
 
@@ -279,8 +349,14 @@ def _parse(fns: _SystemFunctions, path: Path, address: int, size: int) -> Contex
             v = g.v
             htp = _htp_figures(v.graphBlobInfo, v.graphBlobInfoSize) if g.version == 3 else {}
             footprint = fns.systemTensorGetMemoryFootprint
-            graphs.append(Graph(v.graphName.decode(), _tensors(v.graphInputs, v.numGraphInputs, footprint),
-                                _tensors(v.graphOutputs, v.numGraphOutputs, footprint), **htp))
+            graphs.append(
+                Graph(
+                    v.graphName.decode(),
+                    _tensors(v.graphInputs, v.numGraphInputs, footprint),
+                    _tensors(v.graphOutputs, v.numGraphOutputs, footprint),
+                    **htp,
+                )
+            )
         return ContextBinary(str(path), (b.buildId or b"").decode(), int(b.socModel), size, tuple(graphs))
     finally:
         fns.systemContextFree(handle)

@@ -32,6 +32,7 @@ class Mismatch(UserError, RuntimeError):
 @dataclass(frozen=True)
 class Expected:
     """A graph a binary must hold: its name and, where known, its I/O (name -> (dtype, shape))."""
+
     name: str
     inputs: dict[str, tuple[str, tuple[int, ...]]]
     outputs: dict[str, tuple[str, tuple[int, ...]]]
@@ -44,8 +45,10 @@ def _onnx_io(values) -> dict[str, tuple[str, tuple[int, ...]]]:
     out = {}
     for v in values:
         t = v.type.tensor_type
-        out[v.name] = (onnx.TensorProto.DataType.Name(t.elem_type),
-                       tuple(d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim))
+        out[v.name] = (
+            onnx.TensorProto.DataType.Name(t.elem_type),
+            tuple(d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim),
+        )
     return out
 
 
@@ -82,8 +85,13 @@ def planned_graphs(root: Path, models: list[str]) -> dict[str, list[Expected]]:
                 continue
             binary = os.path.normpath(os.path.join(os.path.dirname(rel), ref)).replace(os.sep, "/")
             out.setdefault(binary, []).append(
-                Expected(n.name, {i: typed[i] for i in n.input if i in typed},
-                         {o: typed[o] for o in n.output if o in typed}, rel))
+                Expected(
+                    n.name,
+                    {i: typed[i] for i in n.input if i in typed},
+                    {o: typed[o] for o in n.output if o in typed},
+                    rel,
+                )
+            )
     return out
 
 
@@ -93,15 +101,22 @@ def _io_lines(where: str, expected: dict, found: tuple[Tensor, ...], what: str) 
     for name, (dtype, shape) in expected.items():
         t = have.get(name)
         if t is None:
-            lines.append(f"{where}, {what} {name}: expected {dtype} {list(shape)}, found no such tensor "
-                         f"(the graph's {what}s: {', '.join(sorted(have)) or 'none'})")
+            lines.append(
+                f"{where}, {what} {name}: expected {dtype} {list(shape)}, found no such tensor "
+                f"(the graph's {what}s: {', '.join(sorted(have)) or 'none'})"
+            )
         elif t.dtype != dtype or tuple(t.shape) != tuple(shape):
             lines.append(f"{where}, {what} {name}: expected {dtype} {list(shape)}, found {t.dtype} {list(t.shape)}")
     return lines
 
 
-def check(binary: ContextBinary, expected: list[Expected], target: str | None = None,
-          exact_graphs: bool = True, label: str | None = None) -> list[str]:
+def check(
+    binary: ContextBinary,
+    expected: list[Expected],
+    target: str | None = None,
+    exact_graphs: bool = True,
+    label: str | None = None,
+) -> list[str]:
     """Differences between ``binary`` and the graphs it must hold: each graph of ``expected``
     present (by name) with every input and output of the same name, dtype and shape;
     with ``exact_graphs``, no graph beside them; and the SoC model of ``target`` (a name in
@@ -113,21 +128,27 @@ def check(binary: ContextBinary, expected: list[Expected], target: str | None = 
     lines = []
     soc_model = get_target(target).soc_model if target is not None else None
     if soc_model is not None and binary.soc_model != soc_model:
-        lines.append(f"{name}: SoC model expected {soc_model} ({target}), found {binary.soc_model} "
-                     f"(the binary was prepared for another SoC)")
+        lines.append(
+            f"{name}: SoC model expected {soc_model} ({target}), found {binary.soc_model} "
+            f"(the binary was prepared for another SoC)"
+        )
     for e in expected:
         g = binary.graph(e.name)
         if g is None:
-            lines.append(f"{name}, graph {e.name} (from {e.source}): expected in the binary, found graphs "
-                         f"{', '.join(x.name for x in binary.graphs) or 'none'}")
+            lines.append(
+                f"{name}, graph {e.name} (from {e.source}): expected in the binary, found graphs "
+                f"{', '.join(x.name for x in binary.graphs) or 'none'}"
+            )
             continue
         where = f"{name}, graph {e.name}"
         lines += _io_lines(where, e.inputs, g.inputs, "input") + _io_lines(where, e.outputs, g.outputs, "output")
     if exact_graphs:
         extra = sorted({g.name for g in binary.graphs} - {e.name for e in expected})
         for x in extra:
-            lines.append(f"{name}, graph {x}: expected no such graph (planned: "
-                         f"{', '.join(e.name for e in expected)}), found it in the binary")
+            lines.append(
+                f"{name}, graph {x}: expected no such graph (planned: "
+                f"{', '.join(e.name for e in expected)}), found it in the binary"
+            )
     return lines
 
 
@@ -138,6 +159,7 @@ class Declared:
     which file says so, and ``dtypes``: tensor name -> element type as a binary reads back
     (``FLOAT``, ``UINT8``: :data:`tasks.qnn.context_binary.QNN_DTYPES`) for the tensors whose type
     the file gives (``export.json`` does; genai's config does not)."""
+
     inputs: dict[str, tuple[int, ...] | None]
     outputs: dict[str, tuple[int, ...] | None]
     source: str
@@ -154,8 +176,15 @@ def onnx_dtype_name(numpy_name: str) -> str:
     return onnx.TensorProto.DataType.Name(onnx.helper.np_dtype_to_tensor_dtype(np.dtype(numpy_name)))
 
 
-def _declared_lines(where: str, said: dict, have: dict[str, Tensor], what: str, source: str,
-                    missing: str, dtypes: dict[str, str] | None = None) -> list[str]:
+def _declared_lines(
+    where: str,
+    said: dict,
+    have: dict[str, Tensor],
+    what: str,
+    source: str,
+    missing: str,
+    dtypes: dict[str, str] | None = None,
+) -> list[str]:
     """Lines for the tensors ``said`` ({name: shape or None}) that ``have`` ({name: Tensor})
     lacks (``found {missing}``) or holds with another shape, or with another element type than
     ``dtypes`` gives ({name: ONNX type name}); ``where`` prefixes each line."""
@@ -172,9 +201,14 @@ def _declared_lines(where: str, said: dict, have: dict[str, Tensor], what: str, 
     return lines
 
 
-def check_models(root: Path, models: list[str], target: str | None, qdq: dict[str, Path] | None = None,
-                 declared: dict[str, list[Declared]] | None = None,
-                 somewhere: list[Declared] | None = None) -> dict[str, ContextBinary]:
+def check_models(
+    root: Path,
+    models: list[str],
+    target: str | None,
+    qdq: dict[str, Path] | None = None,
+    declared: dict[str, list[Declared]] | None = None,
+    somewhere: list[Declared] | None = None,
+) -> dict[str, ContextBinary]:
     """Read back every context binary that the EPContext models ``models`` (paths relative to
     ``root``: every compiled model the plan made) reference, and check them:
 
@@ -221,8 +255,10 @@ def check_models(root: Path, models: list[str], target: str | None, qdq: dict[st
         for e in expected:
             graph_of[e.source] = (rel_bin, e.name)
         if not path.is_file():
-            lines.append(f"{rel_bin}: expected (named by {', '.join(sorted({e.source for e in expected}))} "
-                         f"in ep_cache_context), found no such file")
+            lines.append(
+                f"{rel_bin}: expected (named by {', '.join(sorted({e.source for e in expected}))} "
+                f"in ep_cache_context), found no such file"
+            )
             continue
         binary = read(path)
         found[rel_bin] = binary
@@ -238,15 +274,22 @@ def check_models(root: Path, models: list[str], target: str | None, qdq: dict[st
             if g is None:
                 continue  # already a line from check()
             for what, said, have in (("input", d.inputs, g.inputs), ("output", d.outputs, g.outputs)):
-                lines += _declared_lines(f"{rel_bin}, graph {gname} ({rel}), ", said, {t.name: t for t in have}, what,
-                                         d.source, f"no such tensor (the graph's {what}s: "
-                                                   f"{', '.join(sorted(t.name for t in have)) or 'none'})", d.dtypes)
+                lines += _declared_lines(
+                    f"{rel_bin}, graph {gname} ({rel}), ",
+                    said,
+                    {t.name: t for t in have},
+                    what,
+                    d.source,
+                    f"no such tensor (the graph's {what}s: {', '.join(sorted(t.name for t in have)) or 'none'})",
+                    d.dtypes,
+                )
     graphs = [found[b].graph(n) for b, n in graph_of.values() if b in found and found[b].graph(n)]
     for d in somewhere or []:
         for what, said in (("input", d.inputs), ("output", d.outputs)):
             have = {t.name: t for g in graphs for t in (g.inputs if what == "input" else g.outputs)}
-            lines += _declared_lines("", said, have, what, d.source,
-                                     f"in none of the graphs of {', '.join(sorted(found))}", d.dtypes)
+            lines += _declared_lines(
+                "", said, have, what, d.source, f"in none of the graphs of {', '.join(sorted(found))}", d.dtypes
+            )
     if lines:
         print(
             "npubuild: context binaries read back, differences:\n  " + "\n  ".join(lines), flush=True

@@ -52,14 +52,22 @@ def register() -> str:
 def provider_options(target: str, **extra) -> dict[str, str]:
     """QNN EP provider options for a named target (``tasks/qnn/targets.py``), as strings."""
     t = get_target(target)
-    opts = {"backend_type": "htp", "soc_model": str(t.soc_model), "htp_arch": str(t.htp_arch),
-            "offload_graph_io_quantization": "0"}
+    opts = {
+        "backend_type": "htp",
+        "soc_model": str(t.soc_model),
+        "htp_arch": str(t.htp_arch),
+        "offload_graph_io_quantization": "0",
+    }
     opts.update({k: str(v) for k, v in extra.items()})
     return opts
 
 
-def session_options(target: str, config: dict | None = None, disable_cpu_ep_fallback: bool = True,
-                    extra_provider_options: dict | None = None):
+def session_options(
+    target: str,
+    config: dict | None = None,
+    disable_cpu_ep_fallback: bool = True,
+    extra_provider_options: dict | None = None,
+):
     """SessionOptions with the QNN EP's HTP device added for ``target``."""
     import onnxruntime as ort
 
@@ -77,8 +85,14 @@ def session_options(target: str, config: dict | None = None, disable_cpu_ep_fall
     return so
 
 
-def compile_graph(qdq: Path, ctx: Path, target: str, disable_cpu_ep_fallback: bool = True,
-                  config: dict | None = None, extra_provider_options: dict | None = None) -> None:
+def compile_graph(
+    qdq: Path,
+    ctx: Path,
+    target: str,
+    disable_cpu_ep_fallback: bool = True,
+    config: dict | None = None,
+    extra_provider_options: dict | None = None,
+) -> None:
     """Compile QDQ model ``qdq`` into ``ctx`` (``*_ctx.onnx``) + ``*_ctx_qnn.bin``.
 
     Raises NotOnNPU, listing the op types QNN did not take, when ``disable_cpu_ep_fallback``
@@ -104,8 +118,14 @@ def compile_graph(qdq: Path, ctx: Path, target: str, disable_cpu_ep_fallback: bo
         raise
 
 
-def compile_in_subprocess(qdq: Path, ctx: Path, target: str, disable_cpu_ep_fallback: bool = True,
-                          config: dict | None = None, extra_provider_options: dict | None = None) -> None:
+def compile_in_subprocess(
+    qdq: Path,
+    ctx: Path,
+    target: str,
+    disable_cpu_ep_fallback: bool = True,
+    config: dict | None = None,
+    extra_provider_options: dict | None = None,
+) -> None:
     """:func:`compile_graph` in a fresh Python process.
 
     Why: the QNN EP numbers tensors with process-wide counters, so a second compile in the same
@@ -119,9 +139,14 @@ def compile_in_subprocess(qdq: Path, ctx: Path, target: str, disable_cpu_ep_fall
     """
     from tasks.proc.child import run_function
 
-    spec = {"qdq": Path(qdq).name, "ctx": str(Path(ctx).absolute()), "target": target,
-            "disable_cpu_ep_fallback": disable_cpu_ep_fallback, "config": config or {},
-            "extra_provider_options": extra_provider_options or {}}
+    spec = {
+        "qdq": Path(qdq).name,
+        "ctx": str(Path(ctx).absolute()),
+        "target": target,
+        "disable_cpu_ep_fallback": disable_cpu_ep_fallback,
+        "config": config or {},
+        "extra_provider_options": extra_provider_options or {},
+    }
     r = run_function(_compile_child, json.dumps(spec), cwd=Path(qdq).absolute().parent)
     if r.returncode == 0:  # the child's output (QNN / onnxruntime logs) goes to ours: the stage's log
         sys.stdout.write(r.stdout)
@@ -156,7 +181,7 @@ def compile_in_subprocess(qdq: Path, ctx: Path, target: str, disable_cpu_ep_fall
 # with the fewest marks; when :data:`CONFIRM` compiles in a row are byte-identical the marks are
 # data, and it stops.
 RACY_BLOCK = 128  # HVX vector length in bytes (Hexagon V73 HVX: 1024-bit vectors)
-_FILL_RUN = 256   # shortest 0xff run taken as a fill
+_FILL_RUN = 256  # shortest 0xff run taken as a fill
 _NOT_FF = re.compile(rb"[^\xff]")
 
 
@@ -227,9 +252,11 @@ def compile_settled(compile_into, ctx: Path, tries: int = 8) -> int:
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
     if best:
-        print(f"npubuild: {binary.name}: {len(best)} run(s) that look like the QNN SDK's racy padding variant "
-              f"after {n} compile(s)" + (f" ({same_in_a_row} identical in a row: weight data)"
-                                          if same_in_a_row >= CONFIRM else ""))
+        print(
+            f"npubuild: {binary.name}: {len(best)} run(s) that look like the QNN SDK's racy padding variant "
+            f"after {n} compile(s)"
+            + (f" ({same_in_a_row} identical in a row: weight data)" if same_in_a_row >= CONFIRM else "")
+        )
     return n
 
 
@@ -241,8 +268,10 @@ class NotOnNPU(UserError):
         self.op_types = op_types
         self.detail = detail
         ops = ", ".join(f"{k} x{v}" for k, v in sorted(op_types.items())) or "unknown (see detail)"
-        super().__init__(f"{Path(model).name}: not every node runs on QNN HTP; op types left on the CPU: "
-                         f"{ops}. (onnxruntime: {detail.splitlines()[0][:300]})")
+        super().__init__(
+            f"{Path(model).name}: not every node runs on QNN HTP; op types left on the CPU: "
+            f"{ops}. (onnxruntime: {detail.splitlines()[0][:300]})"
+        )
 
 
 def cpu_op_types(qdq: Path, target: str) -> dict[str, int]:
@@ -253,8 +282,11 @@ def cpu_op_types(qdq: Path, target: str) -> dict[str, int]:
     with tempfile.TemporaryDirectory() as tmp:
         ctx = Path(tmp) / "probe_ctx.onnx"
         try:
-            so = session_options(target, {"ep.context_enable": "1", "ep.context_file_path": str(ctx),
-                                          "ep.context_embed_mode": "0"}, disable_cpu_ep_fallback=False)
+            so = session_options(
+                target,
+                {"ep.context_enable": "1", "ep.context_file_path": str(ctx), "ep.context_embed_mode": "0"},
+                disable_cpu_ep_fallback=False,
+            )
             ort.InferenceSession(str(qdq), sess_options=so)
             return cpu_nodes(ctx)
         except Exception:
@@ -269,9 +301,15 @@ def ep_context_info(ctx: Path) -> list[dict]:
     for n in m.graph.node:
         if n.op_type == "EPContext":
             attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
-            out.append({k: (v.decode() if isinstance(v, bytes) else v) for k, v in attrs.items()
-                        if k in ("ep_sdk_version", "ep_cache_context", "source", "main_context",
-                                 "embed_mode", "partition_name")} | {"node": n.name})
+            out.append(
+                {
+                    k: (v.decode() if isinstance(v, bytes) else v)
+                    for k, v in attrs.items()
+                    if k
+                    in ("ep_sdk_version", "ep_cache_context", "source", "main_context", "embed_mode", "partition_name")
+                }
+                | {"node": n.name}
+            )
     return out
 
 
@@ -331,8 +369,14 @@ def _compile_child(spec_json: str) -> None:
     """The child side of :func:`compile_in_subprocess`: exit 3 with a JSON report on NotOnNPU."""
     spec = json.loads(spec_json)
     try:
-        compile_graph(Path(spec["qdq"]), Path(spec["ctx"]), spec["target"], spec["disable_cpu_ep_fallback"],
-                      spec["config"], spec["extra_provider_options"])
+        compile_graph(
+            Path(spec["qdq"]),
+            Path(spec["ctx"]),
+            spec["target"],
+            spec["disable_cpu_ep_fallback"],
+            spec["config"],
+            spec["extra_provider_options"],
+        )
     except NotOnNPU as e:
         print(json.dumps({"op_types": e.op_types, "detail": e.detail}))
         sys.exit(3)

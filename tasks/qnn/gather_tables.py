@@ -20,8 +20,16 @@ def gather_tables_8bit(qdq) -> list[str]:
     DequantizeLinear: what :func:`narrow_gather_tables` wrote (a split table counts each part)."""
     inits = {i.name: i for i in qdq.graph.initializer}
     dq = {n.output[0]: n.input[0] for n in qdq.graph.node if n.op_type == "DequantizeLinear"}
-    return sorted({dq[g.input[0]] for g in qdq.graph.node if g.op_type == "Gather" and g.input[0] in dq
-                   and dq[g.input[0]] in inits and inits[dq[g.input[0]]].data_type == onnx.TensorProto.UINT8})
+    return sorted(
+        {
+            dq[g.input[0]]
+            for g in qdq.graph.node
+            if g.op_type == "Gather"
+            and g.input[0] in dq
+            and dq[g.input[0]] in inits
+            and inits[dq[g.input[0]]].data_type == onnx.TensorProto.UINT8
+        }
+    )
 
 
 #: elements of a table narrowed at a time (:func:`narrow_gather_tables`): float64 temporaries
@@ -60,8 +68,10 @@ def narrow_gather_tables(qdq, min_rows: int = 1024, block: int = NARROW_BLOCK) -
         if len(table.dims) != 2 or table.dims[0] < min_rows:
             continue
         q16 = numpy_helper.to_array(table)
-        scale, zp = (_dq_param(dq, numpy_helper.to_array(inits[n]).astype(np.float64), q16.shape, table.name)
-                     for n in dq.input[1:3])
+        scale, zp = (
+            _dq_param(dq, numpy_helper.to_array(inits[n]).astype(np.float64), q16.shape, table.name)
+            for n in dq.input[1:3]
+        )
         step = max(1, block // max(1, q16.shape[1]))
         rows = [slice(r, r + step) for r in range(0, q16.shape[0], step)]
 
@@ -103,10 +113,12 @@ def _dq_param(dq, v, shape: tuple, name: str):
         return lambda r: one
     want = ((shape[0], -(-shape[1] // bs)) if axis == 1 else (-(-shape[0] // bs), shape[1])) if bs else (shape[axis],)
     if v.shape != want:
-        raise ValueError(f"{name}: expected its DequantizeLinear's scale and zero point of shape {want} or one value "
-                         f"(axis {axis}, block_size {bs}, table {list(shape)}), found {list(v.shape)}")
+        raise ValueError(
+            f"{name}: expected its DequantizeLinear's scale and zero point of shape {want} or one value "
+            f"(axis {axis}, block_size {bs}, table {list(shape)}), found {list(v.shape)}"
+        )
     if not bs:
         return (lambda r: v) if axis == 1 else (lambda r: v[r, None])
     if axis == 1:
-        return lambda r: np.repeat(v[r], bs, axis=1)[:, :shape[1]]
+        return lambda r: np.repeat(v[r], bs, axis=1)[:, : shape[1]]
     return lambda r: v[np.arange(shape[0])[r] // bs]

@@ -102,8 +102,9 @@ def block_factors(blocks: list, damp: float = GPTQ_DAMP, dtype: str = "float32",
     return (U[0][1] if len(U) == 1 else U), np.concatenate(dead)
 
 
-def codes(W, U, dead, S, qmin: int = -8, qmax: int = 7, step: int = 16, block: int = 256,
-          chunk_bytes: int = 256 * 2**20):
+def codes(
+    W, U, dead, S, qmin: int = -8, qmax: int = 7, step: int = 16, block: int = 256, chunk_bytes: int = 256 * 2**20
+):
     """GPTQ codes int8 [K, N] in [qmin, qmax] for weight W [K, N] (float, a MatMul's constant
     input: K in-features) with fixed scales S (broadcastable to [K, N]) and ``(U, dead)`` of its
     input from :func:`inverse_factor` (U's dtype is the arithmetic's); U may also be
@@ -162,11 +163,11 @@ def _codes(W, U, dead, S, qmin, qmax, step, block):
                 Q[c0 + j] = q
                 torch.sub(w, q.mul_(s), out=e).div_(U[c0 + j, c0 + j])
                 if j + 1 < c1 - c0:
-                    Wb[j + 1:].addr_(U[c0 + j, c0 + j + 1:c1], e, alpha=-1)
+                    Wb[j + 1 :].addr_(U[c0 + j, c0 + j + 1 : c1], e, alpha=-1)
             if c1 < b1:
-                W[c1:b1].addmm_(U[c0:c1, c1:b1].T, E[c0 - b0:c1 - b0], alpha=-1)
+                W[c1:b1].addmm_(U[c0:c1, c1:b1].T, E[c0 - b0 : c1 - b0], alpha=-1)
         if b1 < K:
-            W[b1:].addmm_(U[b0:b1, b1:].T, E[:b1 - b0], alpha=-1)
+            W[b1:].addmm_(U[b0:b1, b1:].T, E[: b1 - b0], alpha=-1)
     return Q.numpy()
 
 

@@ -134,8 +134,14 @@ def save_model(model: onnx.ModelProto, path: Path) -> None:
     except ValueError:  # protobuf refuses to measure past 2 GB
         big = True
     if big:
-        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=path.name + ".data", size_threshold=1024)
+        onnx.save_model(
+            model,
+            str(path),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=path.name + ".data",
+            size_threshold=1024,
+        )
     else:
         onnx.save_model(model, str(path))
 

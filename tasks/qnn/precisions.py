@@ -15,17 +15,20 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Precision:
     name: str
-    weight_type: str      # tasks.qnn.quantconfig type name of the weights
+    weight_type: str  # tasks.qnn.quantconfig type name of the weights
     activation_type: str  # ... of the activations
     weight_bits: int
     activation_bits: int
 
 
-PRECISIONS: dict[str, Precision] = {p.name: p for p in [
-    Precision("w8a16", "uint8", "uint16", 8, 16),
-    Precision("w4a16", "int4", "uint16", 4, 16),
-    Precision("w8a8", "uint8", "uint8", 8, 8),
-]}
+PRECISIONS: dict[str, Precision] = {
+    p.name: p
+    for p in [
+        Precision("w8a16", "uint8", "uint16", 8, 16),
+        Precision("w4a16", "int4", "uint16", 4, 16),
+        Precision("w8a8", "uint8", "uint8", 8, 8),
+    ]
+}
 NAMES: tuple[str, ...] = tuple(PRECISIONS)
 #: a recipe's precision when it names none
 DEFAULT_PRECISION = "w8a16"

@@ -13,13 +13,19 @@ def qtype(name: str):
     for any other."""
     from onnxruntime.quantization import QuantType
 
-    return {"uint8": QuantType.QUInt8, "int8": QuantType.QInt8, "int4": QuantType.QInt4,
-            "uint4": QuantType.QUInt4, "uint16": QuantType.QUInt16,
-            "int16": QuantType.QInt16}[name]
+    return {
+        "uint8": QuantType.QUInt8,
+        "int8": QuantType.QInt8,
+        "int4": QuantType.QInt4,
+        "uint4": QuantType.QUInt4,
+        "uint16": QuantType.QUInt16,
+        "int16": QuantType.QInt16,
+    }[name]
 
 
-def matmul_weight_overrides(model, weight_type: str, axis: int = 1, symmetric: bool = True,
-                            keep_8bit: tuple = ()) -> dict:
+def matmul_weight_overrides(
+    model, weight_type: str, axis: int = 1, symmetric: bool = True, keep_8bit: tuple = ()
+) -> dict:
     """Tensor-quant overrides making every constant MatMul weight ([K, N]) per-channel on ``axis``
     (1 = output channel). ``get_qnn_qdq_config(per_channel=True)`` alone leaves MatMul weights
     per-tensor (its source says "QNN does not support per-channel MatMul"; that applies to
@@ -30,11 +36,9 @@ def matmul_weight_overrides(model, weight_type: str, axis: int = 1, symmetric: b
     kept = set().union(*(matching_weights(model, k) for k in keep_8bit))
     out = {}
     for n in model.graph.node:
-        if n.op_type == "MatMul" and len(n.input) > 1 and n.input[1] in inits \
-                and len(inits[n.input[1]].dims) == 2:
+        if n.op_type == "MatMul" and len(n.input) > 1 and n.input[1] in inits and len(inits[n.input[1]].dims) == 2:
             wt = "uint8" if n.input[1] in kept else weight_type
-            out[n.input[1]] = [{"quant_type": qtype(wt), "axis": axis,
-                                "symmetric": symmetric}]
+            out[n.input[1]] = [{"quant_type": qtype(wt), "axis": axis, "symmetric": symmetric}]
     return out
 
 
@@ -48,8 +52,12 @@ def per_tensor_4bit(overrides: dict) -> dict:
     the same bytes (tests/llm/test_llm_qnn.py compares both paths). Returns a new dict; 8-bit entries as they are."""
     out = {}
     for name, specs in overrides.items():
-        out[name] = [{k: v for k, v in s.items() if k != "axis"}
-                     if getattr(s.get("quant_type"), "name", "") in ("QInt4", "QUInt4") else s for s in specs]
+        out[name] = [
+            {k: v for k, v in s.items() if k != "axis"}
+            if getattr(s.get("quant_type"), "name", "") in ("QInt4", "QUInt4")
+            else s
+            for s in specs
+        ]
     return out
 
 

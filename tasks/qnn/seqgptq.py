@@ -49,8 +49,9 @@ class Plan:
             if n.op_type == "MatMul" and len(n.input) > 1 and n.input[1] in weights:
                 w, act = n.input[1], n.input[0]
                 if read_by.setdefault(w, act) != act:
-                    raise ValueError(f"{w}: expected its MatMuls to read one input, found {read_by[w]} and {act} "
-                                     f"(node {n.name})")
+                    raise ValueError(
+                        f"{w}: expected its MatMuls to read one input, found {read_by[w]} and {act} (node {n.name})"
+                    )
                 by_act.setdefault(act, []).append((i, w))
         key_of, first = {}, {}
         for uses in by_act.values():
@@ -69,9 +70,11 @@ class Plan:
             if n.op_type == "MatMul" and len(n.input) > 1 and n.input[1] in key_of:
                 r = rank[key_of[n.input[1]]]
                 if d > r:
-                    raise ValueError(f"{n.input[1]}: expected its MatMul ({n.name}) to read only tensors of the "
-                                     f"groups before its own ({self.keys[r]}), found one of {self.keys[d]} "
-                                     f"(the graph's nodes are not in topological order)")
+                    raise ValueError(
+                        f"{n.input[1]}: expected its MatMul ({n.name}) to read only tensors of the "
+                        f"groups before its own ({self.keys[r]}), found one of {self.keys[d]} "
+                        f"(the graph's nodes are not in topological order)"
+                    )
                 d = r
             node_dep.append(d)
             for o in n.output:
@@ -117,10 +120,18 @@ class Plan:
         nodes = [g.node[i] for i in sorted(keep)]
         used = {x for n in nodes for x in n.input}
         ins = [i for i in g.input if i.name in used and i.name not in given]
-        ins += [onnx.helper.make_tensor_value_info(t, onnx.helper.np_dtype_to_tensor_dtype(types[t]), None)
-                 for t in sorted(given) if t in used or t in outputs]
-        graph = onnx.helper.make_graph(nodes, "gptq_piece", ins, [onnx.ValueInfoProto(name=o) for o in outputs],
-                                       initializer=[inits[t] for t in sorted(used) if t in inits])
+        ins += [
+            onnx.helper.make_tensor_value_info(t, onnx.helper.np_dtype_to_tensor_dtype(types[t]), None)
+            for t in sorted(given)
+            if t in used or t in outputs
+        ]
+        graph = onnx.helper.make_graph(
+            nodes,
+            "gptq_piece",
+            ins,
+            [onnx.ValueInfoProto(name=o) for o in outputs],
+            initializer=[inits[t] for t in sorted(used) if t in inits],
+        )
         m = onnx.helper.make_model(graph, opset_imports=self.model.opset_import, ir_version=self.model.ir_version)
         return m.SerializeToString(), [i.name for i in ins], [t for t in sorted(used) if t in inits]
 
@@ -152,8 +163,9 @@ def _feed(feeds, i: int, names: list[str]) -> dict:
     return load(i, names) if load else {k: feeds[i][k] for k in names if k in feeds[i]}
 
 
-def sequential(graphs, weights: set[str], quantize, damp: float, dtype: str = "float32",
-               log=None, span: int | None = None) -> dict:
+def sequential(
+    graphs, weights: set[str], quantize, damp: float, dtype: str = "float32", log=None, span: int | None = None
+) -> dict:
     """Run sequential GPTQ. ``graphs``: [(fp32 graph path, feeds)] of graphs holding the same
     ``weights`` (feeds: a sequence of feed dicts or a :class:`tasks.llm.feed_store.FeedStore`);
     ``quantize(names, U, dead, last) -> {name: W_hat}``: encodes the weights ``names`` that read
@@ -179,8 +191,13 @@ def sequential(graphs, weights: set[str], quantize, damp: float, dtype: str = "f
         states.append([{} for _ in range(len(feeds))])
     keys = plans[0][0].keys
     t = getattr(torch, dtype)
-    report = {"groups": len(keys), "rows": {}, "hessian_bytes": 0, "batched": 0,
-              "seconds": {"inputs": 0.0, "rounding": 0.0, "outputs": 0.0}}
+    report = {
+        "groups": len(keys),
+        "rows": {},
+        "hessian_bytes": 0,
+        "batched": 0,
+        "seconds": {"inputs": 0.0, "rounding": 0.0, "outputs": 0.0},
+    }
     for gi, key in enumerate(keys):
         t0 = time.perf_counter()
         H: dict[tuple, object] = {}  # {weights reading one input: X^T X}
@@ -211,12 +228,13 @@ def sequential(graphs, weights: set[str], quantize, damp: float, dtype: str = "f
                         H[a] = [(k0, torch.zeros((k1 - k0, k1 - k0), dtype=t)) for k0, k1 in spans(x.shape[1], span)]
                         rows[a] = 0
                     for k0, h in H[a]:
-                        xb = x[:, k0:k0 + h.shape[0]]
+                        xb = x[:, k0 : k0 + h.shape[0]]
                         h.addmm_(xb.T, xb)
                     rows[a] += x.shape[0]
             del sess
-        report["hessian_bytes"] = max(report["hessian_bytes"],
-                                      sum(h.numel() * h.element_size() for hs in H.values() for _, h in hs))
+        report["hessian_bytes"] = max(
+            report["hessian_bytes"], sum(h.numel() * h.element_size() for hs in H.values() for _, h in hs)
+        )
         report["rows"][key] = max(rows.values(), default=0)
         t1 = time.perf_counter()
         W_hat = {}
@@ -231,8 +249,10 @@ def sequential(graphs, weights: set[str], quantize, damp: float, dtype: str = "f
         for k, a, b in (("inputs", t0, t1), ("rounding", t1, t2), ("outputs", t2, t3)):
             report["seconds"][k] += b - a
         if log:
-            log(f"GPTQ {key}: {sum(len(a) for a in rows)} weights, {report['rows'][key]} rows; inputs {t1 - t0:.1f} s, "
-                f"rounding {t2 - t1:.1f} s, outputs {t3 - t2:.1f} s ({batched} of {len(plans)} graphs row-wise)")
+            log(
+                f"GPTQ {key}: {sum(len(a) for a in rows)} weights, {report['rows'][key]} rows; inputs {t1 - t0:.1f} s, "
+                f"rounding {t2 - t1:.1f} s, outputs {t3 - t2:.1f} s ({batched} of {len(plans)} graphs row-wise)"
+            )
     return report
 
 
@@ -273,10 +293,43 @@ ROWS_PER_CALL = 512
 
 #: ops whose every output row is computed from the same row of their inputs alone, with the
 #: features on the last axis (their constant inputs checked by :func:`rowwise`)
-ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Reciprocal", "Neg", "Sigmoid", "Tanh",
-                         "Erf", "Relu", "Exp", "Log", "Abs", "Softplus", "Cast", "Identity", "Clip", "Max", "Min"})
-LAST_AXIS = frozenset({"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceL2", "LayerNormalization",
-                       "SimplifiedLayerNormalization", "RMSNormalization"})
+ELEMENTWISE = frozenset(
+    {
+        "Add",
+        "Sub",
+        "Mul",
+        "Div",
+        "Pow",
+        "Sqrt",
+        "Reciprocal",
+        "Neg",
+        "Sigmoid",
+        "Tanh",
+        "Erf",
+        "Relu",
+        "Exp",
+        "Log",
+        "Abs",
+        "Softplus",
+        "Cast",
+        "Identity",
+        "Clip",
+        "Max",
+        "Min",
+    }
+)
+LAST_AXIS = frozenset(
+    {
+        "ReduceMean",
+        "ReduceSum",
+        "ReduceMax",
+        "ReduceMin",
+        "ReduceL2",
+        "LayerNormalization",
+        "SimplifiedLayerNormalization",
+        "RMSNormalization",
+    }
+)
 
 
 def rowwise(graph, inputs: list[str], state: list[dict]) -> bool:
@@ -351,6 +404,6 @@ def _run_rows(sess, ins: list[str], outs: list[str], state: list[dict], got: lis
         at = 0
         for f in range(i, j):
             m = state[f][ins[0]].shape[-2]
-            got[f] = {name: np.ascontiguousarray(y[..., at:at + m, :]) for name, y in zip(outs, res)}
+            got[f] = {name: np.ascontiguousarray(y[..., at : at + m, :]) for name, y in zip(outs, res)}
             at += m
         i = j

@@ -56,7 +56,7 @@ def int4_tensor(name: str, codes):
     flat = np.asarray(codes, np.int8).ravel()
     if flat.size % 2:
         flat = np.concatenate([flat, np.zeros(1, np.int8)])
-    u = (flat.astype(np.uint8) & 0x0F)
+    u = flat.astype(np.uint8) & 0x0F
     t = TensorProto(name=name, data_type=TensorProto.INT4, dims=list(np.shape(codes)))
     t.raw_data = (u[0::2] | (u[1::2] << 4)).astype(np.uint8).tobytes()
     return t
@@ -74,9 +74,15 @@ def unfuse_gemm(model) -> int:
     new, n = [], 0
     for node in model.graph.node:
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        if (node.op_type == "Gemm" and len(node.input) == 3 and node.input[1] in inits
-                and not attrs.get("transA", 0) and not attrs.get("transB", 0)
-                and attrs.get("alpha", 1.0) == 1.0 and attrs.get("beta", 1.0) == 1.0):
+        if (
+            node.op_type == "Gemm"
+            and len(node.input) == 3
+            and node.input[1] in inits
+            and not attrs.get("transA", 0)
+            and not attrs.get("transB", 0)
+            and attrs.get("alpha", 1.0) == 1.0
+            and attrs.get("beta", 1.0) == 1.0
+        ):
             mid = node.output[0] + "_matmul"
             new.append(helper.make_node("MatMul", node.input[:2], [mid], name=node.name + "/MatMul"))
             new.append(helper.make_node("Add", [mid, node.input[2]], list(node.output), name=node.name + "/Add"))
@@ -172,8 +178,16 @@ def encode_int4(model, wname: str, W, block: int | None, codes=None) -> dict:
         S[S == 0] = 1e-12
         if codes is None:
             codes = np.clip(np.round(W / S), INT4_MIN, INT4_MAX)
-        _set_encoding(model, wname, None, [numpy_helper.from_array(S, s), int4_tensor(wname + "_quantized", codes),
-                                           int4_tensor(z, np.zeros(N, np.int8))])
+        _set_encoding(
+            model,
+            wname,
+            None,
+            [
+                numpy_helper.from_array(S, s),
+                int4_tensor(wname + "_quantized", codes),
+                int4_tensor(z, np.zeros(N, np.int8)),
+            ],
+        )
         return {"scales": S}
     if K % block:
         raise InputError(f"{wname}: expected in-features divisible by quantize.block_size {block}, found {K}")
@@ -225,9 +239,16 @@ def _set_encoding(model, wname: str, block: int | None, tensors: list) -> None:
     model.graph.initializer.remove(inits[z])
     model.graph.initializer.extend(tensors[1:])
     nodes = list(model.graph.node)
-    model.graph.node.insert(nodes.index(dq), helper.make_node(
-        "DequantizeLinear", [wname + "_bint", wname + "_pc", wname + "_pc_zero_point"], [s], axis=1,
-        name=wname + "_block_scales"))
+    model.graph.node.insert(
+        nodes.index(dq),
+        helper.make_node(
+            "DequantizeLinear",
+            [wname + "_bint", wname + "_pc", wname + "_pc_zero_point"],
+            [s],
+            axis=1,
+            name=wname + "_block_scales",
+        ),
+    )
     dq.domain = ""  # onnx's own DequantizeLinear (opset 21) has block_size
     del dq.attribute[:]
     dq.attribute.extend([helper.make_attribute("axis", 0), helper.make_attribute("block_size", block)])
@@ -262,8 +283,17 @@ def replaces_int4(block: int | None, rounding: str) -> bool:
     return bool(block) or rounding != "nearest"
 
 
-def reencode(fp32_path, qdq_path, feeds, block: int | None, rounding: str, tables: bool, more=(),
-             same_as=None, span: int | None = None) -> dict:
+def reencode(
+    fp32_path,
+    qdq_path,
+    feeds,
+    block: int | None,
+    rounding: str,
+    tables: bool,
+    more=(),
+    same_as=None,
+    span: int | None = None,
+) -> dict:
     """Re-encode the int4 MatMul weights of the QDQ model at ``qdq_path`` in place: LPBQ blocks
     of ``block`` rows (None: per-channel), codes by ``rounding`` (``nearest`` | ``gptq`` on
     ``feeds``, the calibration feed dicts of the fp32 graph, iterated once more); with
@@ -291,8 +321,12 @@ def reencode(fp32_path, qdq_path, feeds, block: int | None, rounding: str, table
     if not (replaces_int4(block, rounding) or tables):
         return {}
     fp32_path, qdq_path = Path(fp32_path), Path(qdq_path)
-    old_data = {e.value for t in onnx.load(str(qdq_path), load_external_data=False).graph.initializer
-                for e in t.external_data if e.key == "location"}
+    old_data = {
+        e.value
+        for t in onnx.load(str(qdq_path), load_external_data=False).graph.initializer
+        for e in t.external_data
+        if e.key == "location"
+    }
     q = onnx.load(str(qdq_path))
     fp32 = onnx.load(str(fp32_path), load_external_data=False)
     fp = {i.name: i for i in fp32.graph.initializer}
@@ -300,9 +334,10 @@ def reencode(fp32_path, qdq_path, feeds, block: int | None, rounding: str, table
     if block:
         bad = [f"{w} ({fp[w].dims[0]})" for w in names if fp[w].dims[0] % block]
         if bad:
-            raise InputError(f"{fp32_path.name}: expected MatMul in-features divisible by quantize.block_size {block}, "
-                             f"found {len(bad)} weights that are not: {', '.join(bad[:6])}"
-                             + (" ..." if len(bad) > 6 else ""))
+            raise InputError(
+                f"{fp32_path.name}: expected MatMul in-features divisible by quantize.block_size {block}, "
+                f"found {len(bad)} weights that are not: {', '.join(bad[:6])}" + (" ..." if len(bad) > 6 else "")
+            )
     own = names  # the weights encoded here; with same_as, none: each takes the other graph's
     if same_as is not None and names:
         _take_encodings(q, fp, names, block, *same_as)
@@ -328,8 +363,14 @@ def reencode(fp32_path, qdq_path, feeds, block: int | None, rounding: str, table
     if todo:  # input by input, each computed with the weights before it already quantized
         from tasks.qnn.seqgptq import sequential
 
-        sequential([(fp32_path, feeds), *more], todo, quantize, GPTQ_DAMP, span=span,
-                   log=lambda line: print(f"{fp32_path.name}: {line}", flush=True))  # into the stage's log
+        sequential(
+            [(fp32_path, feeds), *more],
+            todo,
+            quantize,
+            GPTQ_DAMP,
+            span=span,
+            log=lambda line: print(f"{fp32_path.name}: {line}", flush=True),
+        )  # into the stage's log
     for w in own:
         if w not in todo:
             encode_int4(q, w, read(w), block)  # scales fixed, codes rounded to nearest
@@ -345,15 +386,19 @@ def _take_encodings(q, fp: dict, names: list[str], block: int | None, other_fp32
     at ``other_qdq`` holds for them (:func:`reencode` ``same_as``), after checking that each
     weight's fp32 data in ``fp`` (``q``'s fp32 graph's initializers) is the same file range as in
     ``other_fp32``. Raises ValueError naming the first weight that differs or is missing."""
+
     def where(t):
-        return sorted((e.key, e.value) for e in t.external_data if e.key in ("location", "offset", "length")) \
-            or t.raw_data
+        return (
+            sorted((e.key, e.value) for e in t.external_data if e.key in ("location", "offset", "length")) or t.raw_data
+        )
 
     ofp = {i.name: i for i in onnx.load(str(other_fp32), load_external_data=False).graph.initializer}
     for w in names:
         if w not in ofp or where(ofp[w]) != where(fp[w]):
-            raise ValueError(f"{other_fp32}: expected the same fp32 data for weight {w} as the graph being "
-                             f"re-encoded, found {'none' if w not in ofp else 'other data'}")
+            raise ValueError(
+                f"{other_fp32}: expected the same fp32 data for weight {w} as the graph being "
+                f"re-encoded, found {'none' if w not in ofp else 'other data'}"
+            )
     other = {i.name: i for i in onnx.load(str(other_qdq)).graph.initializer}
     for w in names:
         _set_encoding(q, w, block, [other[n] for n in _encoding_names(w, block)])

@@ -26,7 +26,7 @@ MAX_SAMPLE_CHARS = 100_000
 
 
 def recipe_link_out(f: Path, directory: Path) -> str:
-    """"" unless recipe file ``f`` is a link that resolves outside the recipes folder, the
+    """ "" unless recipe file ``f`` is a link that resolves outside the recipes folder, the
     project and ``NPUBUILD_ALLOW_PATHS``, else the message naming where it points."""
     from tasks.store.paths import allowed_dirs
 
@@ -36,12 +36,14 @@ def recipe_link_out(f: Path, directory: Path) -> str:
     roots = [Path(directory).resolve(), *allowed_dirs()]
     if any(real.is_relative_to(d) for d in roots):
         return ""
-    return (f"expected a recipe file inside {', '.join(str(d) for d in roots)} once links are followed, "
-            f"found a link to {real}")
+    return (
+        f"expected a recipe file inside {', '.join(str(d) for d in roots)} once links are followed, "
+        f"found a link to {real}"
+    )
 
 
 def _outside(rel: str) -> str:
-    """"" if ``rel`` (relative to the project root, or absolute) lies inside the project root
+    """ "" if ``rel`` (relative to the project root, or absolute) lies inside the project root
     or a folder of ``NPUBUILD_ALLOW_PATHS`` once resolved (``..`` and symlinks followed), else
     the problem's message."""
     from tasks.store.paths import allowed_dirs, root
@@ -67,8 +69,9 @@ def read_data_text(f: Path, rel: str) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         line = raw.count(b"\n", 0, e.start) + 1
-        raise InputError(f"expected UTF-8 text, found byte {raw[e.start]:#04x} at line {line} "
-                         f"(byte offset {e.start}) of {rel}") from None
+        raise InputError(
+            f"expected UTF-8 text, found byte {raw[e.start]:#04x} at line {line} (byte offset {e.start}) of {rel}"
+        ) from None
 
 
 def check_data_files(path: Path, r: Recipe, memo: dict | None = None) -> None:
@@ -98,9 +101,14 @@ def check_data_files(path: Path, r: Recipe, memo: dict | None = None) -> None:
                 rows = text.splitlines()
                 memo["lines", rel] = sum(1 for ln in rows if ln.strip())  # as tasks/datafiles.py read_lines
                 longest = max(range(len(rows)), key=lambda i: len(rows[i]), default=None)
-                memo["long", rel] = "" if longest is None or len(rows[longest]) <= MAX_SAMPLE_CHARS else (
-                    f"expected at most {MAX_SAMPLE_CHARS:,} characters per sample line, found {len(rows[longest]):,} "
-                    f"on line {longest + 1} of {rel} (each sample is tokenized whole before it is cut to its length)")
+                memo["long", rel] = (
+                    ""
+                    if longest is None or len(rows[longest]) <= MAX_SAMPLE_CHARS
+                    else (
+                        f"expected at most {MAX_SAMPLE_CHARS:,} characters per sample line, found {len(rows[longest]):,} "
+                        f"on line {longest + 1} of {rel} (each sample is tokenized whole before it is cut to its length)"
+                    )
+                )
             except (OSError, ValueError) as e:
                 memo["lines", rel] = (
                     str(e) if isinstance(e, ValueError) else f"expected a readable file, found {e.strerror}"
@@ -155,8 +163,12 @@ def check_data_files(path: Path, r: Recipe, memo: dict | None = None) -> None:
             elif bad := file_problem(r.export.family, key, f, rel, memo):
                 problems.append((key, bad))
             elif per_line and n < data.samples:
-                problems.append((key.removesuffix(".file") + ".samples",
-                                 f"expected at most the {n} non-empty lines of {rel}, found {data.samples}"))
+                problems.append(
+                    (
+                        key.removesuffix(".file") + ".samples",
+                        f"expected at most the {n} non-empty lines of {rel}, found {data.samples}",
+                    )
+                )
     if problems:
         raise RecipeError(path, problems)
 
@@ -210,8 +222,16 @@ def load_all(directory: Path | None = None, collect_errors: bool = False):
                 raise RecipeError(f, [("", bad)])
             r = load_recipe(f)
             if r.name != f.stem and r.name in stems:
-                raise RecipeError(f, [("name", f"expected a name that is not another file's stem, found {r.name!r}, "
-                                               f"the recipe of {stems[r.name].name}")])
+                raise RecipeError(
+                    f,
+                    [
+                        (
+                            "name",
+                            f"expected a name that is not another file's stem, found {r.name!r}, "
+                            f"the recipe of {stems[r.name].name}",
+                        )
+                    ],
+                )
             loaded[f] = r
         except RecipeError as e:
             errors[f.stem] = e
@@ -308,10 +328,15 @@ def check_source_config(path: Path, r: Recipe) -> None:
     if not isinstance(cfg, dict):
         raise RecipeError(path, [("source", f"expected a JSON object in {f}, found {type(cfg).__name__}")])
     if cfg.get("auto_map"):
-        problems.append(("source", "expected a model transformers implements, found auto_map in its config.json "
-                                   "(custom modelling code that runs only with trust_remote_code=True); npubuild "
-                                   "refuses custom-code models: that code would run unreviewed and is not part "
-                                   "of any stage key"))
+        problems.append(
+            (
+                "source",
+                "expected a model transformers implements, found auto_map in its config.json "
+                "(custom modelling code that runs only with trust_remote_code=True); npubuild "
+                "refuses custom-code models: that code would run unreviewed and is not part "
+                "of any stage key",
+            )
+        )
     from tasks.contract import family
 
     if (check := family(r.export.family).source_check) is not None:
@@ -322,9 +347,15 @@ def check_source_config(path: Path, r: Recipe) -> None:
         feats["head_dim x num_attention_heads"] = cfg["head_dim"] * cfg["num_attention_heads"]
     for key, n in feats.items() if bs else ():
         if isinstance(n, int) and n % bs:
-            problems.append(("quantize.block_size", f"expected a block size that divides the model's in-features, "
-                                                    f"found {bs} with {key} {n} in {f.name}"))
+            problems.append(
+                (
+                    "quantize.block_size",
+                    f"expected a block size that divides the model's in-features, "
+                    f"found {bs} with {key} {n} in {f.name}",
+                )
+            )
     if problems:  # a model not implemented, and nothing else wrong: UnsupportedModel (the catalog lists it)
         unsupported = any(isinstance(p, Unsupported) for p in problems)
         raise (UnsupportedModel if unsupported and len(problems) == 1 else RecipeError)(
-            path, [tuple(p) for p in problems])
+            path, [tuple(p) for p in problems]
+        )

@@ -148,8 +148,11 @@ class PatchStep(Strict):
         try:
             patches.check_params(name, v)  # ValueError naming the param
         except ValueError as e:
-            hints = "".join(yaml11_hint(x, "bool" if types.get(k) is bool else "number")
-                            for k, x in v.items() if f"{name}.{k} " in str(e))
+            hints = "".join(
+                yaml11_hint(x, "bool" if types.get(k) is bool else "number")
+                for k, x in v.items()
+                if f"{name}.{k} " in str(e)
+            )
             raise ValueError(f"{e}{hints}") from None
         floats = {k for k, t in types.items() if t is float}
         return {k: float(x) if k in floats and type(x) is int else x for k, x in v.items()}
@@ -183,8 +186,10 @@ class _RecipeTop(Strict):
         if not NAME_RE.fullmatch(v):
             raise ValueError(f"expected lowercase letters, digits, '.' and '-', found {v!r}")
         if len(v) > MAX_NAME:
-            raise ValueError(f"expected at most {MAX_NAME} characters (the name is part of file names under build/, "
-                             f"dist/ and the home's locks, which a file system caps at 255), found {len(v)}")
+            raise ValueError(
+                f"expected at most {MAX_NAME} characters (the name is part of file names under build/, "
+                f"dist/ and the home's locks, which a file system caps at 255), found {len(v)}"
+            )
         return v
 
 

@@ -75,8 +75,9 @@ class Planner:
 
         return files_from(self.section(section), kind or section, self.family)
 
-    def spec(self, name: str, kind: str, params: dict, inputs: dict | None = None,
-             files: dict | None = None) -> StageSpec:
+    def spec(
+        self, name: str, kind: str, params: dict, inputs: dict | None = None, files: dict | None = None
+    ) -> StageSpec:
         """Stage ``name`` of the recipe, of kind ``kind``, reading ``inputs`` ({role: upstream
         stage name}) and ``files`` ({role: path})."""
         return StageSpec(self.recipe.name, name, kind, params, dict(inputs or {}), dict(files or {}), self.family)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-MAX_DEPTH = 32                # nesting levels of mappings and lists (recipes use about 5)
+MAX_DEPTH = 32  # nesting levels of mappings and lists (recipes use about 5)
 
 
 class _Core12Resolver(yaml.resolver.BaseResolver):
@@ -25,14 +25,24 @@ for _tag, _re, _first in [
     ("null", r"^(?:~|null|Null|NULL|)$", ["~", "n", "N", ""]),
     ("bool", r"^(?:true|True|TRUE|false|False|FALSE)$", list("tTfF")),
     ("int", r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$", list("-+0123456789")),
-    ("float", r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
-              r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$", list("-+.0123456789")),
+    (
+        "float",
+        r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$",
+        list("-+.0123456789"),
+    ),
 ]:
     _Core12Resolver.add_implicit_resolver(f"tag:yaml.org,2002:{_tag}", re.compile(_re), _first)
 
 
-class _RecipeLoader(yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser, yaml.composer.Composer,
-                    yaml.constructor.SafeConstructor, _Core12Resolver):
+class _RecipeLoader(
+    yaml.reader.Reader,
+    yaml.scanner.Scanner,
+    yaml.parser.Parser,
+    yaml.composer.Composer,
+    yaml.constructor.SafeConstructor,
+    _Core12Resolver,
+):
     """Safe loading with YAML 1.2 core-schema scalars (:class:`_Core12Resolver`) that rejects
     duplicate mapping keys (PyYAML silently keeps the last), nesting deeper than
     ``MAX_DEPTH`` and anchors/aliases (a recipe reuses another with ``extends``; aliases also
@@ -51,14 +61,26 @@ class _RecipeLoader(yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser
         ev = self.peek_event()
         if isinstance(ev, yaml.events.AliasEvent):
             raise yaml.composer.ComposerError(
-                None, None, f"anchors and aliases (*name, <<: *name) are not supported in recipes; use extends "
-                f"(a value starting with '*' is an alias: quote a glob pattern, \"*{ev.anchor}\")", ev.start_mark)
+                None,
+                None,
+                f"anchors and aliases (*name, <<: *name) are not supported in recipes; use extends "
+                f"(a value starting with '*' is an alias: quote a glob pattern, \"*{ev.anchor}\")",
+                ev.start_mark,
+            )
         if getattr(ev, "anchor", None):
-            raise yaml.composer.ComposerError(None, None, "anchors and aliases (&name, *name) are not "
-                                              "supported in recipes; use extends", ev.start_mark)
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                "anchors and aliases (&name, *name) are not supported in recipes; use extends",
+                ev.start_mark,
+            )
         if self._depth >= MAX_DEPTH:
-            raise yaml.composer.ComposerError(None, None, f"expected at most {MAX_DEPTH} levels of nested "
-                                              "mappings and lists, found more", ev.start_mark)
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                f"expected at most {MAX_DEPTH} levels of nested mappings and lists, found more",
+                ev.start_mark,
+            )
         self._depth += 1
         try:
             return super().compose_node(parent, index)
@@ -108,7 +130,7 @@ def glob_hint(text: str, mark) -> str:
         line = text.splitlines()[mark.line]
     except (IndexError, AttributeError):
         return ""
-    word = re.match(r"[^\s,\]}]*", line[mark.column:]).group(0)
+    word = re.match(r"[^\s,\]}]*", line[mark.column :]).group(0)
     if not word.startswith("*"):
         return ""
     return f"; a value starting with '*' is a YAML alias: quote a glob pattern, \"{word}\""
@@ -148,8 +170,9 @@ def parse_cached(raw: bytes, text: str):
         parsed.append(yaml.load(text, Loader=_RecipeLoader))
         return json.dumps(parsed[0]) if _json_exact(parsed[0]) else None  # e.g. `1: x` keys stay ints
 
-    stored = digest.default_stat_cache().derived(f"recipe-yaml:{yaml.__version__}", digest.digest_bytes(raw),
-                                                 parse, reader=Path(__file__))
+    stored = digest.default_stat_cache().derived(
+        f"recipe-yaml:{yaml.__version__}", digest.digest_bytes(raw), parse, reader=Path(__file__)
+    )
     return json.loads(stored) if stored is not None else parsed[0]
 
 

@@ -35,7 +35,7 @@ def _utf8(name: str) -> bool:
 
 
 def folder_problem(folder: Path, roots: list[Path], what: str) -> str:
-    """"" when every file of source folder ``folder`` resolves inside ``roots`` and this user
+    """ "" when every file of source folder ``folder`` resolves inside ``roots`` and this user
     can read it, else the message naming the first links out and where they point, or the first
     files it cannot read with their owner and mode (a link out would be copied into the cache
     and shipped; a 0600 file of another user would be a PermissionError traceback). ``what``:
@@ -47,16 +47,23 @@ def folder_problem(folder: Path, roots: list[Path], what: str) -> str:
     files = source_files(folder)
     if odd := [f for f in files if not _utf8(str(f.relative_to(folder)))]:  # keys, manifests and logs are UTF-8
         shown = "; ".join(repr(os.fsencode(f.relative_to(folder)))[1:] for f in odd[:3])
-        return (f"expected file names in UTF-8 in {what} ({folder}), found {len(odd)} that are not: {shown} "
-                "(rename or remove them)")
+        return (
+            f"expected file names in UTF-8 in {what} ({folder}), found {len(odd)} that are not: {shown} "
+            "(rename or remove them)"
+        )
     if out := links_out(folder, roots, files):
         shown = "; ".join(f"{rel} -> {real}" for rel, real in out[:3]) + (
-            f" (and {len(out) - 3} more)" if len(out) > 3 else "")
-        return (f"expected every file of {what} to lie inside {', '.join(str(r) for r in roots)} once links are "
-                f"followed, found {len(out)} link{'s' if len(out) > 1 else ''} out: {shown}")
+            f" (and {len(out) - 3} more)" if len(out) > 3 else ""
+        )
+        return (
+            f"expected every file of {what} to lie inside {', '.join(str(r) for r in roots)} once links are "
+            f"followed, found {len(out)} link{'s' if len(out) > 1 else ''} out: {shown}"
+        )
     if unread := [f for f in files if not os.access(f, os.R_OK)]:
-        shown = "; ".join(f"{f.relative_to(folder).as_posix()} (uid {f.stat().st_uid}, mode "
-                          f"{f.stat().st_mode & 0o777:04o})" for f in unread[:3])
+        shown = "; ".join(
+            f"{f.relative_to(folder).as_posix()} (uid {f.stat().st_uid}, mode {f.stat().st_mode & 0o777:04o})"
+            for f in unread[:3]
+        )
         return f"expected every file of {what} to be readable by this user, found {len(unread)} that are not: {shown}"
     return ""
 
@@ -94,8 +101,9 @@ def local_files(params: dict) -> tuple[Path, list[Path]]:
         folder = local_folder(params)
         return folder, source_files(folder)
     if params.get("path") is not None:
-        bad = inside_problem(f.parent, f"source.path {params['path']!r}") or \
-            _file_problem(f, paths.allowed_dirs(), f"source.path {params['path']!r}")
+        bad = inside_problem(f.parent, f"source.path {params['path']!r}") or _file_problem(
+            f, paths.allowed_dirs(), f"source.path {params['path']!r}"
+        )
     else:
         bad = _file_problem(f, [_package_folder(params["package"]).resolve()], f"source package {params['package']!r}")
     if bad:
@@ -108,8 +116,10 @@ def _file_problem(f: Path, roots: list[Path], what: str) -> str:
 
     real = f.resolve()
     if not any(r == real or r in real.parents for r in roots):
-        return (f"expected {what}'s file to lie inside {', '.join(str(r) for r in roots)} once links are followed, "
-                f"found {f} -> {real}")
+        return (
+            f"expected {what}'s file to lie inside {', '.join(str(r) for r in roots)} once links are followed, "
+            f"found {f} -> {real}"
+        )
     if not os.access(real, os.R_OK):
         return f"expected {what}'s file to be readable by this user, found {f} (mode {real.stat().st_mode & 0o777:04o})"
     return ""
@@ -129,8 +139,9 @@ def local_folder(params: dict) -> Path:
     a file of it (:func:`folder_problem`)."""
     p = _folder(params)
     if params.get("path") is not None:
-        bad = inside_problem(p, f"source.path {params['path']!r}") or \
-            folder_problem(p, paths.allowed_dirs(), f"source.path {params['path']!r}")
+        bad = inside_problem(p, f"source.path {params['path']!r}") or folder_problem(
+            p, paths.allowed_dirs(), f"source.path {params['path']!r}"
+        )
     else:
         bad = folder_problem(p, [p.resolve()], f"source package {params['package']!r}")
     if bad:
@@ -139,20 +150,27 @@ def local_folder(params: dict) -> Path:
 
 
 #: the folders npubuild writes, by the setting that moves each
-WRITTEN = {"NPUBUILD_CACHE": paths.cache_dir, "NPUBUILD_BUILD": paths.build_dir, "NPUBUILD_HOME": paths.state_dir,
-           "NPUBUILD_DIST": paths.dist_dir, "NPUBUILD_CATALOG": paths.catalog_dir}
+WRITTEN = {
+    "NPUBUILD_CACHE": paths.cache_dir,
+    "NPUBUILD_BUILD": paths.build_dir,
+    "NPUBUILD_HOME": paths.state_dir,
+    "NPUBUILD_DIST": paths.dist_dir,
+    "NPUBUILD_CATALOG": paths.catalog_dir,
+}
 
 
 def inside_problem(folder: Path, what: str) -> str:
-    """"" unless a folder npubuild writes (:data:`WRITTEN`) lies inside source ``folder``: then
+    """ "" unless a folder npubuild writes (:data:`WRITTEN`) lies inside source ``folder``: then
     the message naming it (the download would copy the cache or the build into itself: a key
     that never settles, or a source that changes while it is read, for ever)."""
     src = Path(folder).resolve()
     for name, where in WRITTEN.items():
         w = Path(where()).resolve()
         if w == src or src in w.parents:
-            return (f"expected {what} ({src}) to hold no folder npubuild writes, found {name} ({w}) inside it: "
-                    f"set {name} to a folder outside the source")
+            return (
+                f"expected {what} ({src}) to hold no folder npubuild writes, found {name} ({w}) inside it: "
+                f"set {name} to a folder outside the source"
+            )
     return ""
 
 
@@ -161,8 +179,11 @@ def _folder(params: dict) -> Path:
         p = (paths.root() / params["path"]).absolute()
         if not p.is_dir():
             m = re.fullmatch(r"\.fixtures/tiny-(\w+)/?", params["path"])
-            how = (f"train it with `.venv/bin/python scripts/tiny_llm.py {m.group(1)}` (about 2 minutes)" if m
-                   else "the recipe's comments say how to make it")
+            how = (
+                f"train it with `.venv/bin/python scripts/tiny_llm.py {m.group(1)}` (about 2 minutes)"
+                if m
+                else "the recipe's comments say how to make it"
+            )
             raise SourceError(f"source path {params['path']!r} is not a folder (looked at {p}); {how}")
         return p
     p = _package_folder(params["package"]) / params.get("subdir", "")

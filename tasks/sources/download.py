@@ -91,8 +91,12 @@ def local_revisions(repo: str) -> dict[str, set[str]]:
         info = scan_cache_dir(constants.HF_HUB_CACHE)
     except Exception:  # CacheNotFound, an unreadable folder: nothing local to offer
         return {}
-    return {rev.commit_hash: set(rev.refs) for r in info.repos if r.repo_id == repo and r.repo_type == "model"
-            for rev in r.revisions}
+    return {
+        rev.commit_hash: set(rev.refs)
+        for r in info.repos
+        if r.repo_id == repo and r.repo_type == "model"
+        for rev in r.revisions
+    }
 
 
 def _short_hash(repo: str, revision: str) -> str:
@@ -104,8 +108,10 @@ def _short_hash(repo: str, revision: str) -> str:
         return f"{head}; write the full 40-hex commit: `revision: {found[0]}` (found in the local Hugging Face cache)"
     if found:
         return f"{head}; it matches {len(found)} commits of the local Hugging Face cache: {', '.join(found)}"
-    return (f"{head} and the local Hugging Face cache ({constants.HF_HUB_CACHE}) has no commit starting with it; "
-            f"write the full 40-hex commit")
+    return (
+        f"{head} and the local Hugging Face cache ({constants.HF_HUB_CACHE}) has no commit starting with it; "
+        f"write the full 40-hex commit"
+    )
 
 
 def _connection_failed(err: BaseException) -> bool:
@@ -126,14 +132,25 @@ def _unreachable(repo: str, revision: str, err: Exception) -> str:
     from huggingface_hub import constants
 
     local = local_revisions(repo)
-    by_ref = sorted(c for c, refs in local.items() if revision in refs or
-                    (re.fullmatch(r"[0-9a-f]{7,39}", revision) and c.startswith(revision)))
-    hint = (f"; the local Hugging Face cache has {revision} = {by_ref[0]}: set HF_HUB_OFFLINE=1 to build from it, or "
-            f"write `revision: {by_ref[0]}`") if by_ref else ""
+    by_ref = sorted(
+        c
+        for c, refs in local.items()
+        if revision in refs or (re.fullmatch(r"[0-9a-f]{7,39}", revision) and c.startswith(revision))
+    )
+    hint = (
+        (
+            f"; the local Hugging Face cache has {revision} = {by_ref[0]}: set HF_HUB_OFFLINE=1 to build from it, or "
+            f"write `revision: {by_ref[0]}`"
+        )
+        if by_ref
+        else ""
+    )
     first = _whole(err)
-    return scrub(f"cannot resolve revision {revision!r} of Hub model {repo!r}: connection to the Hub "
-                 f"({constants.ENDPOINT}) failed, so this says nothing about whether the model exists "
-                 f"[{type(err).__name__}: {first}]{hint}")
+    return scrub(
+        f"cannot resolve revision {revision!r} of Hub model {repo!r}: connection to the Hub "
+        f"({constants.ENDPOINT}) failed, so this says nothing about whether the model exists "
+        f"[{type(err).__name__}: {first}]{hint}"
+    )
 
 
 def _missing(repo: str, revision: str, err: Exception) -> str:
@@ -143,21 +160,29 @@ def _missing(repo: str, revision: str, err: Exception) -> str:
 
     first = f"[{type(err).__name__}: {_whole(err)}]"
     if _offline():
-        return scrub(f"cannot get Hub model {repo!r} at revision {revision!r}: the Hub is offline (HF_HUB_OFFLINE=1) "
-                     f"and it is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) {first}")
-    what = ("it is gated: accept its terms on the Hub and log in (HF_TOKEN)" if isinstance(err, GatedRepoError) else
-            f"the Hub has no revision {revision!r} of it (a branch, tag or full 40-hex commit)"
-            if isinstance(err, RevisionNotFoundError) else
-            "the Hub has no such model, or the token in use has no access to it"
-            if isinstance(err, RepositoryNotFoundError) else "the Hub refused")
+        return scrub(
+            f"cannot get Hub model {repo!r} at revision {revision!r}: the Hub is offline (HF_HUB_OFFLINE=1) "
+            f"and it is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) {first}"
+        )
+    what = (
+        "it is gated: accept its terms on the Hub and log in (HF_TOKEN)"
+        if isinstance(err, GatedRepoError)
+        else f"the Hub has no revision {revision!r} of it (a branch, tag or full 40-hex commit)"
+        if isinstance(err, RevisionNotFoundError)
+        else "the Hub has no such model, or the token in use has no access to it"
+        if isinstance(err, RepositoryNotFoundError)
+        else "the Hub refused"
+    )
     return scrub(f"cannot get Hub model {repo!r} at revision {revision!r} from {constants.ENDPOINT}: {what} {first}")
 
 
 def _listing(folder: Path, files: list[Path] | None = None) -> dict[str, str]:
     """{relative POSIX path: xxh3} of what the stage copies from a local source folder (or of
     ``files`` under it: a file source's one file)."""
-    return {f.relative_to(folder).as_posix(): digest.file_digest(f) for f in
-            (source_files(folder) if files is None else files)}
+    return {
+        f.relative_to(folder).as_posix(): digest.file_digest(f)
+        for f in (source_files(folder) if files is None else files)
+    }
 
 
 def key_extra(params: dict) -> dict:
@@ -194,9 +219,11 @@ def check_read(out: Path, material: dict, params: dict) -> None:
         from tasks.sources.shape import key_material
 
         if key_material(params) != material.get("extra"):
-            raise digest.InputChanged(f"source.shape: the kept facts of {params['hf']!r} or the tokenizer folder "
-                                      f"{params.get('tokenizer')!r} changed while the build read them; nothing was "
-                                      "cached: build again")
+            raise digest.InputChanged(
+                f"source.shape: the kept facts of {params['hf']!r} or the tokenizer folder "
+                f"{params.get('tokenizer')!r} changed while the build read them; nothing was "
+                "cached: build again"
+            )
         return
     want = material.get("extra", {}).get("content")
     if want is None:
@@ -209,8 +236,10 @@ def check_read(out: Path, material: dict, params: dict) -> None:
     what = (
         f"source.path {params['path']!r}" if params.get("path") is not None else f"source package {params['package']!r}"
     )
-    raise digest.InputChanged(f"{what}: {', '.join(changed[:5])} changed while the build read the folder (its "
-                              f"content no longer matches the stage key); nothing was cached: build again")
+    raise digest.InputChanged(
+        f"{what}: {', '.join(changed[:5])} changed while the build read the folder (its "
+        f"content no longer matches the stage key); nothing was cached: build again"
+    )
 
 
 @contextmanager
@@ -265,9 +294,12 @@ def run(inputs, files, params, out: Path) -> dict:
         commit = resolve_revision(params["hf"], params["revision"])
         try:
             with _hub_bars():
-                folder = snapshot_download(params["hf"], revision=commit,
-                                           allow_patterns=params.get("allow_patterns"),
-                                           local_files_only=_offline())
+                folder = snapshot_download(
+                    params["hf"],
+                    revision=commit,
+                    allow_patterns=params.get("allow_patterns"),
+                    local_files_only=_offline(),
+                )
         except Exception as e:
             why = _unreachable if _connection_failed(e) and not _offline() else _missing
             raise SourceError(why(params["hf"], params["revision"], e)) from None
@@ -285,8 +317,10 @@ def run(inputs, files, params, out: Path) -> dict:
         return _copy_file(local_files(params)[1][0], out, params, what)
     src = local_folder(params)
     if bad := format_missing(src, {f.relative_to(src).as_posix() for f in source_files(src)}):
-        raise SourceError(f"{what}: expected a complete model folder at {src}, found it missing {'; '.join(bad)} "
-                          "(links that point nowhere count as missing); nothing was cached")
+        raise SourceError(
+            f"{what}: expected a complete model folder at {src}, found it missing {'; '.join(bad)} "
+            "(links that point nowhere count as missing); nothing was cached"
+        )
     names = _copy_tree(src, out)
     info = {"source": "package" if params.get("package") else "path", "files": len(names)}
     if params.get("package"):
@@ -307,12 +341,16 @@ def _copy_file(f: Path, out: Path, params: dict, what: str) -> dict:
     try:
         m = onnx.load(str(f), load_external_data=False)
     except Exception as e:
-        raise SourceError(f"{what}: expected an ONNX model at {f}, found a file onnx cannot read "
-                          f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+        raise SourceError(
+            f"{what}: expected an ONNX model at {f}, found a file onnx cannot read "
+            f"({type(e).__name__}: {str(e).splitlines()[0][:200]})"
+        ) from None
     ext = [t.name for t in m.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
     if ext:
-        raise SourceError(f"{what}: expected one self-contained ONNX file at {f}, found {len(ext)} initializers in "
-                          f"external data (first {ext[0]!r}); nothing was cached")
+        raise SourceError(
+            f"{what}: expected one self-contained ONNX file at {f}, found {len(ext)} initializers in "
+            f"external data (first {ext[0]!r}); nothing was cached"
+        )
     shutil.copyfile(f, out / f.name)
     info = {"source": "package" if params.get("package") else "path", "file": f.name, "files": 1}
     if params.get("package"):
@@ -324,10 +362,15 @@ def _copy_file(f: Path, out: Path, params: dict, what: str) -> dict:
 
 
 STAGE = Stage(
-    kind="download", module=__name__, version=1, tools=("huggingface-hub",), run=run,
+    kind="download",
+    module=__name__,
+    version=1,
+    tools=("huggingface-hub",),
+    run=run,
     whole=("source", "tasks.sources.schema:Source"),  # imported when the recipe schema is assembled
     # the content (a local folder's digest, the resolved Hub commit) is in key_extra; where it
     # came from, and a branch name, do not change the output
     key_exclude=("path", "package", "subdir", "revision", "file"),
-    key_extra=key_extra, check_read=check_read,
+    key_extra=key_extra,
+    check_read=check_read,
 )

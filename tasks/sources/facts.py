@@ -12,7 +12,7 @@ from tasks.sources import SourceError
 
 
 def nonfinite(name: str, t) -> str:
-    """"" when torch tensor ``t`` holds only finite values, else the message naming tensor
+    """ "" when torch tensor ``t`` holds only finite values, else the message naming tensor
     ``name`` and its NaN / Inf counts."""
     import torch
 
@@ -20,7 +20,7 @@ def nonfinite(name: str, t) -> str:
         return ""
     flat = t.reshape(-1)
     step = 1 << 24  # elements per look: the bool temporary stays <= 16 MB for a 545 M-element table
-    if all(bool(torch.isfinite(flat[i:i + step]).all()) for i in range(0, flat.numel(), step)):
+    if all(bool(torch.isfinite(flat[i : i + step]).all()) for i in range(0, flat.numel(), step)):
         return ""
     nan = int(torch.isnan(flat).sum())
     inf = int(torch.isinf(flat).sum())
@@ -57,9 +57,10 @@ def stored_shapes(folder: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     return out
 
 
-def shape_problem(folder: Path, expected, model: str, optional=frozenset(), prefix: str = "",
-                  require: bool = True) -> str:
-    """"" when the safetensors checkpoint of ``folder`` holds each tensor of ``expected`` (an
+def shape_problem(
+    folder: Path, expected, model: str, optional=frozenset(), prefix: str = "", require: bool = True
+) -> str:
+    """ "" when the safetensors checkpoint of ``folder`` holds each tensor of ``expected`` (an
     iterable of (name, shape), the parameters ``model``, a transformers class name, makes for
     the folder's config.json) at that shape, else one line: the first that differs, as
     ``<file>: tensor '<name>': expected shape (..) (transformers' <model> for config.json),
@@ -71,16 +72,21 @@ def shape_problem(folder: Path, expected, model: str, optional=frozenset(), pref
     stored = stored_shapes(folder)
     if not stored:
         return ""
-    whole = "model.safetensors.index.json" if (Path(folder) / "model.safetensors.index.json").is_file() \
+    whole = (
+        "model.safetensors.index.json"
+        if (Path(folder) / "model.safetensors.index.json").is_file()
         else "model.safetensors"
+    )
     bad = []
     for name, shape in expected:
         hit = stored.get(name) or (stored.get(f"{prefix}.{name}") if prefix else None)
         if hit is None and (not require or name in optional):
             continue
         if hit is None or hit[1] != tuple(shape):
-            bad.append(f"{hit[0] if hit else whole}: tensor {name!r}: expected shape {tuple(shape)} (transformers' "
-                       f"{model} for config.json), found {hit[1] if hit else 'no such tensor'}")
+            bad.append(
+                f"{hit[0] if hit else whole}: tensor {name!r}: expected shape {tuple(shape)} (transformers' "
+                f"{model} for config.json), found {hit[1] if hit else 'no such tensor'}"
+            )
     if not bad:
         return ""
     more = len(bad) - 1
@@ -105,5 +111,7 @@ def check_vocabulary(folder: Path) -> None:
     except (OSError, ValueError):  # no tokenizer files: the stages that need one say so
         return
     if len(tok) > rows:
-        raise SourceError(f"tokenizer: {len(tok)} tokens (ids 0..{len(tok) - 1}), expected at most the {rows} rows "
-                          f"of the token embedding (config.json vocab_size)")
+        raise SourceError(
+            f"tokenizer: {len(tok)} tokens (ids 0..{len(tok) - 1}), expected at most the {rows} rows "
+            f"of the token embedding (config.json vocab_size)"
+        )

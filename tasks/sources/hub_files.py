@@ -75,8 +75,12 @@ def hub_mismatches(repo: str, commit: str, folder: Path, patterns: list[str] | N
     try:
         info = HfApi().model_info(repo, revision=commit, files_metadata=True)
     except Exception as e:
-        raise SourceError(scrub(f"Hub model {repo!r} at commit {commit}: cannot read its file listing to check the "
-                                f"snapshot {folder} [{type(e).__name__}: {_whole(e)}]; nothing was cached")) from None
+        raise SourceError(
+            scrub(
+                f"Hub model {repo!r} at commit {commit}: cannot read its file listing to check the "
+                f"snapshot {folder} [{type(e).__name__}: {_whole(e)}]; nothing was cached"
+            )
+        ) from None
     out = []
     for s in filter_repo_objects(info.siblings or [], allow_patterns=patterns, key=lambda s: s.rfilename):
         f = folder / s.rfilename
@@ -113,9 +117,13 @@ def _incomplete_message(repo: str, commit: str, folder: Path, bad: list[str]) ->
     n = f"{len(bad)} file{'s' if len(bad) > 1 else ''}"
     it = "it" if len(bad) == 1 else "them"
     if _offline():
-        return scrub(f"Hub model {repo!r} at commit {commit}: the local Hugging Face cache's snapshot {folder} is "
-                     f"incomplete, missing {n}: {'; '.join(bad)}; nothing was cached: fetch {it} with the Hub "
-                     f"reachable (`hf download {repo} --revision {commit}`) and build again")
-    return scrub(f"Hub model {repo!r} at commit {commit}: the snapshot {folder} differs from the Hub's file listing "
-                 f"in {n}: {'; '.join(bad)}; nothing was cached: download {it} again (`hf download {repo} "
-                 f"--revision {commit} --force-download`) and build again")
+        return scrub(
+            f"Hub model {repo!r} at commit {commit}: the local Hugging Face cache's snapshot {folder} is "
+            f"incomplete, missing {n}: {'; '.join(bad)}; nothing was cached: fetch {it} with the Hub "
+            f"reachable (`hf download {repo} --revision {commit}`) and build again"
+        )
+    return scrub(
+        f"Hub model {repo!r} at commit {commit}: the snapshot {folder} differs from the Hub's file listing "
+        f"in {n}: {'; '.join(bad)}; nothing was cached: download {it} again (`hf download {repo} "
+        f"--revision {commit} --force-download`) and build again"
+    )

@@ -92,11 +92,19 @@ def check_download(out: Path, repo: str, commit: str) -> None:
     try:
         got = json.loads(cfg_file.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        raise SourceError(f"{repo}@{commit[:12]}: expected a readable config.json to check against {f.name}, "
-                          f"found {type(e).__name__}: {e}") from None
+        raise SourceError(
+            f"{repo}@{commit[:12]}: expected a readable config.json to check against {f.name}, "
+            f"found {type(e).__name__}: {e}"
+        ) from None
     for key, want in doc["config"].items():
         found = got.get(key, "absent") if isinstance(got, dict) else "absent"
-        if found != want and not (isinstance(want, (int, float)) and isinstance(found, (int, float))
-                                  and not isinstance(found, bool) and float(found) == float(want)):
-            raise SourceError(f"{repo}@{commit[:12]} config.json key {key!r}: expected {json.dumps(want)[:200]} "
-                              f"(kept in recipes/models/{f.name}), found {json.dumps(found)[:200]}")
+        if found != want and not (
+            isinstance(want, (int, float))
+            and isinstance(found, (int, float))
+            and not isinstance(found, bool)
+            and float(found) == float(want)
+        ):
+            raise SourceError(
+                f"{repo}@{commit[:12]} config.json key {key!r}: expected {json.dumps(want)[:200]} "
+                f"(kept in recipes/models/{f.name}), found {json.dumps(found)[:200]}"
+            )

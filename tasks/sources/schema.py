@@ -22,11 +22,17 @@ class Source(BaseModel):
     path: str | None = Field(None, description="local folder, relative to the project root")
     package: str | None = Field(None, description="importable package that ships a model folder")
     subdir: str = Field("", description="folder inside the package (package only)")
-    file: str | None = Field(None, description="package only: one model file (an ONNX graph) inside the package's "
-                                                  "folder, e.g. models/ch_PP-OCRv4_rec_infer.onnx; a path source "
-                                                  "names a file by its path")
-    shape: bool = Field(False, description="hf only: a shape build, random weights of the model's kept config "
-                                           "(recipes/models/) instead of the Hub's (tasks/sources/shape.py)")
+    file: str | None = Field(
+        None,
+        description="package only: one model file (an ONNX graph) inside the package's "
+        "folder, e.g. models/ch_PP-OCRv4_rec_infer.onnx; a path source "
+        "names a file by its path",
+    )
+    shape: bool = Field(
+        False,
+        description="hf only: a shape build, random weights of the model's kept config "
+        "(recipes/models/) instead of the Hub's (tasks/sources/shape.py)",
+    )
     tokenizer: str | None = Field(
         None, description="shape only: folder of tokenizer files, relative to the project root"
     )
@@ -54,8 +60,10 @@ class Source(BaseModel):
             if self.file.startswith("/") or ".." in self.file.split("/") or not self.file.strip("/"):
                 raise ValueError(f"expected a path relative to the package's folder, without '..', found {self.file!r}")
         if self.shape and (self.hf is None or self.tokenizer is None):
-            raise ValueError("expected 'hf', 'revision' and 'tokenizer' with 'shape: true' (random weights of the Hub "
-                             f"model's kept config), found {'no tokenizer' if self.hf else 'no hf'}")
+            raise ValueError(
+                "expected 'hf', 'revision' and 'tokenizer' with 'shape: true' (random weights of the Hub "
+                f"model's kept config), found {'no tokenizer' if self.hf else 'no hf'}"
+            )
         if not self.shape and (self.tokenizer is not None or self.seed):
             raise ValueError("'tokenizer' and 'seed' apply to shape builds only (shape: true)")
         return self

@@ -27,9 +27,19 @@ from tasks.sources.errors import SourceError
 SHARD_BYTES = 2 * 10**9
 #: tokenizer files taken from the ``tokenizer`` folder (the model's own config.json is written)
 #: (every file set :data:`tasks.sources.folder_files.TOKENIZERS` accepts is among them)
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
-                   "merges.txt", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "vocab.txt",
-                   "added_tokens.json", "generation_config.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "vocab.txt",
+    "added_tokens.json",
+    "generation_config.json",
+)
 
 
 def facts_of(params: dict) -> tuple[Path, dict]:
@@ -46,7 +56,7 @@ def facts_of(params: dict) -> tuple[Path, dict]:
 
 
 def tokenizer_problem(folder: Path, rel: str) -> str:
-    """"" when ``folder`` (``source.tokenizer`` ``rel``, as the recipe writes it) holds one of
+    """ "" when ``folder`` (``source.tokenizer`` ``rel``, as the recipe writes it) holds one of
     the file sets a tokenizer is saved as (:data:`tasks.sources.folder_files.TOKENIZERS`, the
     download's own completeness rule), else the message saying what it holds. A folder with
     only ``tokenizer_config.json`` was taken, and transformers failed at download in a 44-line
@@ -82,9 +92,11 @@ def key_material(params: dict) -> dict:
 
     f, _ = facts_of(params)
     tok = tokenizer_folder(params)
-    return {"facts": digest.file_digest(f),
-            "tokenizer": {n: digest.file_digest(tok / n) for n in TOKENIZER_FILES if (tok / n).is_file()},
-            "seed": int(params.get("seed", 0))}
+    return {
+        "facts": digest.file_digest(f),
+        "tokenizer": {n: digest.file_digest(tok / n) for n in TOKENIZER_FILES if (tok / n).is_file()},
+        "seed": int(params.get("seed", 0)),
+    }
 
 
 def parameter_shapes(config) -> list[tuple[str, tuple[int, ...]]]:
@@ -118,11 +130,15 @@ def write_checkpoint(out: Path, params: dict) -> dict:
         vocab = len(AutoTokenizer.from_pretrained(str(tok), local_files_only=True))
     except Exception as e:  # files present that transformers cannot load: its reason, one line
         why = " ".join(str(e).split())[:300]
-        raise SourceError(f"source.tokenizer {params['tokenizer']!r}: expected a tokenizer transformers loads, found "
-                          f"{type(e).__name__}: {why}") from None
+        raise SourceError(
+            f"source.tokenizer {params['tokenizer']!r}: expected a tokenizer transformers loads, found "
+            f"{type(e).__name__}: {why}"
+        ) from None
     if vocab > config.vocab_size:
-        raise SourceError(f"source.tokenizer {params['tokenizer']!r}: expected at most {config.vocab_size} tokens "
-                          f"(the model's vocab_size), found {vocab}")
+        raise SourceError(
+            f"source.tokenizer {params['tokenizer']!r}: expected at most {config.vocab_size} tokens "
+            f"(the model's vocab_size), found {vocab}"
+        )
     out.mkdir(parents=True, exist_ok=True)
     g = torch.Generator().manual_seed(int(params.get("seed", 0)))
     shards, cur, size, total = [], {}, 0, 0
@@ -135,8 +151,11 @@ def write_checkpoint(out: Path, params: dict) -> dict:
             cur, size = {}, 0
 
     for name, shape in parameter_shapes(config):
-        t = torch.ones(shape, dtype=torch.bfloat16) if name.endswith("norm.weight") else \
-            (torch.randn(shape, generator=g) * 0.02).to(torch.bfloat16)
+        t = (
+            torch.ones(shape, dtype=torch.bfloat16)
+            if name.endswith("norm.weight")
+            else (torch.randn(shape, generator=g) * 0.02).to(torch.bfloat16)
+        )
         cur[name] = t
         size += t.numel() * 2
         total += t.numel()
@@ -150,15 +169,29 @@ def write_checkpoint(out: Path, params: dict) -> dict:
         (out / f"shard-{k}.safetensors").rename(out / final)
         weight_map.update({name: final for name in names})
     size_bytes = sum(p.stat().st_size for p in out.glob("model-*.safetensors"))
-    (out / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": size_bytes}, "weight_map": dict(sorted(weight_map.items()))}, indent=1) + "\n")
-    (out / "config.json").write_text(json.dumps({**config.to_dict(), "architectures":
-                                                 [type(config).__name__.replace("Config", "ForCausalLM")]},
-                                                indent=1, sort_keys=True) + "\n")
+    (out / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": size_bytes}, "weight_map": dict(sorted(weight_map.items()))}, indent=1)
+        + "\n"
+    )
+    (out / "config.json").write_text(
+        json.dumps(
+            {**config.to_dict(), "architectures": [type(config).__name__.replace("Config", "ForCausalLM")]},
+            indent=1,
+            sort_keys=True,
+        )
+        + "\n"
+    )
     import shutil
 
     copied = [n for n in TOKENIZER_FILES if (tok / n).is_file()]
     for name in copied:
         shutil.copyfile(tok / name, out / name)
-    return {"source": "shape", "repo": params["hf"], "commit": params["revision"], "facts": f.name,
-            "parameters": total, "shards": n, "files": n + 2 + len(copied)}
+    return {
+        "source": "shape",
+        "repo": params["hf"],
+        "commit": params["revision"],
+        "facts": f.name,
+        "parameters": total,
+        "shards": n,
+        "files": n + 2 + len(copied),
+    }

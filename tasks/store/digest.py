@@ -112,8 +112,9 @@ class StatCache:
                 "CREATE TABLE IF NOT EXISTS stat2 (path TEXT PRIMARY KEY, inode INTEGER,"
                 " size INTEGER, mtime_ns INTEGER, ctime_ns INTEGER, digest TEXT)"
             )
-            conn.execute("CREATE TABLE IF NOT EXISTS derived (what TEXT, digest TEXT, value TEXT,"
-                         " PRIMARY KEY (what, digest))")
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS derived (what TEXT, digest TEXT, value TEXT, PRIMARY KEY (what, digest))"
+            )
         except sqlite3.DatabaseError:
             conn.close()
             raise
@@ -146,8 +147,10 @@ class StatCache:
                 digest = hash_file_uncached(path)
                 self.bytes_read += st.st_size
                 after = path.stat()
-                settled = max(st.st_mtime_ns, st.st_ctime_ns) <= started - RACY_NS and \
-                    (after.st_ino, after.st_size, after.st_mtime_ns, after.st_ctime_ns) == key
+                settled = (
+                    max(st.st_mtime_ns, st.st_ctime_ns) <= started - RACY_NS
+                    and (after.st_ino, after.st_size, after.st_mtime_ns, after.st_ctime_ns) == key
+                )
                 if settled:  # else hashed again next time: the file may still change unseen
                     with conn:
                         conn.execute("INSERT OR REPLACE INTO stat2 VALUES (?,?,?,?,?,?)", (str(path), *key, digest))
@@ -226,8 +229,11 @@ def damaged(err: Exception) -> bool:
 def unwritable(path: Path, err: Exception, what: str) -> StoreUnwritable:
     """The one-line error for a database ``path`` that cannot be written (``damaged`` is False)."""
     name = getattr(err, "sqlite_errorname", type(err).__name__)
-    hint = ("free space on that disk or point NPUBUILD_HOME to another" if "full" in str(err) else
-            "make it writable by this user or point NPUBUILD_HOME elsewhere")
+    hint = (
+        "free space on that disk or point NPUBUILD_HOME to another"
+        if "full" in str(err)
+        else "make it writable by this user or point NPUBUILD_HOME elsewhere"
+    )
     return StoreUnwritable(f"{path}: {what} cannot be written ({name}: {err}); {hint}; nothing was moved or lost")
 
 
@@ -246,8 +252,12 @@ def reset_database(path: Path, err: Exception, what: str) -> Path | None:
         if f.exists():
             os.replace(f, str(dest) + suffix)
             moved = moved or dest
-    print(f"npubuild: {path}: {what} could not be read ({type(err).__name__}: {err}); moved to {dest} "
-          f"and rebuilt (nothing is lost but time)", file=sys.stderr, flush=True)
+    print(
+        f"npubuild: {path}: {what} could not be read ({type(err).__name__}: {err}); moved to {dest} "
+        f"and rebuilt (nothing is lost but time)",
+        file=sys.stderr,
+        flush=True,
+    )
     return moved
 
 
@@ -262,8 +272,11 @@ def _report_io() -> None:  # NPUBUILD_STATS=1: what this process hashed and read
     except OSError:
         pass
     c = _default
-    print(f"npubuild-stats hashed_bytes={c.bytes_read if c else 0} stat_hits={c.hits if c else 0} "
-          f"rchar={io.get('rchar', '?').strip()} pydantic={int('pydantic' in sys.modules)}", file=sys.stderr)
+    print(
+        f"npubuild-stats hashed_bytes={c.bytes_read if c else 0} stat_hits={c.hits if c else 0} "
+        f"rchar={io.get('rchar', '?').strip()} pydantic={int('pydantic' in sys.modules)}",
+        file=sys.stderr,
+    )
 
 
 if os.environ.get("NPUBUILD_STATS"):
@@ -303,8 +316,7 @@ def tree_listing(folder: Path) -> dict[str, dict]:
     """{relative POSIX path: {"size": bytes, "xxh3": digest}} for every file under ``folder``."""
     folder = Path(folder)
     return {
-        p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "xxh3": file_digest(p)}
-        for p in list_files(folder)
+        p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "xxh3": file_digest(p)} for p in list_files(folder)
     }
 
 
@@ -339,7 +351,6 @@ def sha256_file(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-
 class InputChanged(UserError):
     """A file a stage reads no longer holds the bytes its key hashed (it was edited while the
     build ran): nothing is cached; the next build hashes it again."""
@@ -361,9 +372,11 @@ def snapshot(files: dict[str, Path], expected: dict[str, str], names: dict[str, 
         shutil.copyfile(src, dest)
         got = hash_file_uncached(dest)
         if got != expected[role]:
-            raise InputChanged(f"{names[role]}: changed while the build ran (the stage key hashed xxh3 "
-                               f"{expected[role][:16]}, the file now holds {got[:16]}); nothing was cached: "
-                               f"build again to use its new content")
+            raise InputChanged(
+                f"{names[role]}: changed while the build ran (the stage key hashed xxh3 "
+                f"{expected[role][:16]}, the file now holds {got[:16]}); nothing was cached: "
+                f"build again to use its new content"
+            )
         out[role] = dest
     return out
 

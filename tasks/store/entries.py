@@ -42,8 +42,16 @@ from pathlib import Path
 from collections.abc import Callable
 
 from tasks.store import digest
-from tasks.store.fileops import (DISK_NEARLY_FULL, DiskFull, folder_bytes, free_bytes, is_disk_full, rmtree,
-                                  temp_area, write_json)
+from tasks.store.fileops import (
+    DISK_NEARLY_FULL,
+    DiskFull,
+    folder_bytes,
+    free_bytes,
+    is_disk_full,
+    rmtree,
+    temp_area,
+    write_json,
+)
 from tasks.store.entry import Entry, EntryUnreadable, entry_problems
 from tasks.store.keylock import KeyLock
 from tasks.store.remote import Rejected, Remote, RemoteError, warn
@@ -55,8 +63,14 @@ class Cache:
     the roots already rid of dead builds' leftovers (:meth:`clean_stale`): a command's caches
     share its session's; by default this cache's own."""
 
-    def __init__(self, root: Path, remote: Remote | None = None, key_of: Callable[[dict], str] | None = None,
-                 on_quarantine: Callable[[str, str], list] | None = None, cleaned: set[str] | None = None):
+    def __init__(
+        self,
+        root: Path,
+        remote: Remote | None = None,
+        key_of: Callable[[dict], str] | None = None,
+        on_quarantine: Callable[[str, str], list] | None = None,
+        cleaned: set[str] | None = None,
+    ):
         if remote is not None and key_of is None:
             raise ValueError("a Cache with a remote needs key_of, to check remote manifests")
         self.root = Path(root)
@@ -107,9 +121,12 @@ class Cache:
         dest.parent.mkdir(parents=True, exist_ok=True)
         os.replace(self.entry_path(kind, key), dest)
         marked = self.on_quarantine(kind, key) if self.on_quarantine else []
-        print(f"npubuild: cache entry {kind}/{key} is damaged ({'; '.join(probs[:3])}); moved to {dest}; "
-              f"the next build rebuilds it"
-              + (f"; cleared its files from {', '.join(map(str, marked))}" if marked else ""), file=sys.stderr)
+        print(
+            f"npubuild: cache entry {kind}/{key} is damaged ({'; '.join(probs[:3])}); moved to {dest}; "
+            f"the next build rebuilds it"
+            + (f"; cleared its files from {', '.join(map(str, marked))}" if marked else ""),
+            file=sys.stderr,
+        )
         return dest
 
     def confirm_damage(self, kind: str, key: str, probs: list[str]) -> Path | None:
@@ -209,8 +226,10 @@ class Cache:
         except RemoteError as e:
             rmtree(tmp)
             if not e.repeated:  # said once per run: later stages neither try nor say it again
-                warn(f"remote cache unavailable ({e}); building {kind}/{key} locally, and every later stage of "
-                     f"this run without trying the remote again")
+                warn(
+                    f"remote cache unavailable ({e}); building {kind}/{key} locally, and every later stage of "
+                    f"this run without trying the remote again"
+                )
             return None
         except BaseException:
             rmtree(tmp)
@@ -237,8 +256,9 @@ class Cache:
 
     # ------------------------------------------------------------ writing
 
-    def get_or_build(self, kind: str, key: str, manifest_base: dict,
-                     build: Callable[[Path], dict]) -> tuple[Entry, bool]:
+    def get_or_build(
+        self, kind: str, key: str, manifest_base: dict, build: Callable[[Path], dict]
+    ) -> tuple[Entry, bool]:
         """Return (entry, built). If an intact entry exists it is returned (a cache hit);
         else, with a remote, a checked remote entry is pulled (:meth:`fetch`); otherwise
         ``build(out_dir)`` runs in a temp folder, must fill ``out_dir`` and return a JSON-able
@@ -264,10 +284,19 @@ class Cache:
                     os.chmod(f, stat.S_IREAD | stat.S_IRGRP | stat.S_IROTH)
                     st = f.stat()
                     listing[f.relative_to(tmp / "out").as_posix()] = {
-                        "size": st.st_size, "mtime_ns": st.st_mtime_ns, "xxh3": digest.file_digest(f)}
-                manifest = dict(manifest_base, key=key, kind=kind, outputs=listing,
-                                output_digest=digest.listing_digest(listing), info=info,
-                                timings={"build_seconds": round(seconds, 3), "finished": time.time()})
+                        "size": st.st_size,
+                        "mtime_ns": st.st_mtime_ns,
+                        "xxh3": digest.file_digest(f),
+                    }
+                manifest = dict(
+                    manifest_base,
+                    key=key,
+                    kind=kind,
+                    outputs=listing,
+                    output_digest=digest.listing_digest(listing),
+                    info=info,
+                    timings={"build_seconds": round(seconds, 3), "finished": time.time()},
+                )
                 write_json(tmp / "manifest.json", manifest)
                 dest = self._commit(tmp, kind, key)
             except BaseException as e:
@@ -278,17 +307,22 @@ class Cache:
                 rmtree(tmp)
                 if full:
                     free = shutil.disk_usage(tmp.parent).free
-                    raise DiskFull(f"{tmp.parent}: no space left on its device while building {kind}/{key}: the stage "
-                                   f"needs more than the {free / 1e6:.1f} MB free there (it had written "
-                                   f"{written / 1e6:.1f} MB when the disk filled); free space or set NPUBUILD_CACHE "
-                                   f"to a larger disk") from None
+                    raise DiskFull(
+                        f"{tmp.parent}: no space left on its device while building {kind}/{key}: the stage "
+                        f"needs more than the {free / 1e6:.1f} MB free there (it had written "
+                        f"{written / 1e6:.1f} MB when the disk filled); free space or set NPUBUILD_CACHE "
+                        f"to a larger disk"
+                    ) from None
                 raise
         entry = Entry(kind, key, dest, manifest, "built")
         if self.remote is not None:
             try:
                 pushed = self.remote.push(kind, key, entry.out, manifest, self.key_of)
-                print(f"npubuild: {'pushed' if pushed else 'already on the remote:'} {kind}/{key} "
-                      f"({self.remote.display})", flush=True)
+                print(
+                    f"npubuild: {'pushed' if pushed else 'already on the remote:'} {kind}/{key} "
+                    f"({self.remote.display})",
+                    flush=True,
+                )
             except (Rejected, RemoteError) as e:
                 if not getattr(e, "repeated", False):
                     warn(f"could not push {kind}/{key}: {e}")

@@ -25,9 +25,11 @@ class EntryUnreadable(UserError):
             whose = f"it belongs to uid {st.st_uid}, mode {st.st_mode & 0o777:04o}"
         except OSError:
             whose = "its owner and mode cannot be read either"
-        super().__init__(f"{path}: this user (uid {os.getuid()}) cannot read this cache entry ({whose}); it is "
-                         "another user's: ask them to make the shared cache's entries group-readable (umask 002), "
-                         "or set NPUBUILD_CACHE to a cache of your own")
+        super().__init__(
+            f"{path}: this user (uid {os.getuid()}) cannot read this cache entry ({whose}); it is "
+            "another user's: ask them to make the shared cache's entries group-readable (umask 002), "
+            "or set NPUBUILD_CACHE to a cache of your own"
+        )
 
 
 @dataclass
@@ -74,8 +76,11 @@ def entry_problems(path: Path, key: str, full: bool = False) -> list[str] | None
     out = []
     if m.get("key") != key:
         out.append(f"manifest key {m.get('key')} != folder name {key}")
-    present = {p.relative_to(path / "out").as_posix() for p in digest.list_files(path / "out")} \
-        if (path / "out").is_dir() else set()
+    present = (
+        {p.relative_to(path / "out").as_posix() for p in digest.list_files(path / "out")}
+        if (path / "out").is_dir()
+        else set()
+    )
     for rel in sorted(present - set(listed)):
         out.append(f"{rel}: not in the manifest")
     for rel, meta in sorted(listed.items()):

@@ -21,6 +21,7 @@ def rmtree(path: Path) -> None:
     are read-only; Windows will not unlink them otherwise), and what another process removes
     at the same time is taken as removed (two doit processes that start together both clean
     the same dead build's temp folder, and the slower one must not fail its stage)."""
+
     def onexc(func, p, exc):
         if isinstance(exc, FileNotFoundError):
             return

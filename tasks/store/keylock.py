@@ -83,26 +83,40 @@ class KeyLock:
             h = self.holder()
             here = h is not None and h.get("host") == socket.gethostname()
             state = _process_state(h["pid"]) if here else "running"
-            who = (f"pid {h['pid']} on host {h.get('host')} since "
-                   f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(h.get('since', 0)))}"
-                   f"{' (' + state + ')' if state != 'running' else ''}") if h else "another process"
+            who = (
+                (
+                    f"pid {h['pid']} on host {h.get('host')} since "
+                    f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(h.get('since', 0)))}"
+                    f"{' (' + state + ')' if state != 'running' else ''}"
+                )
+                if h
+                else "another process"
+            )
             if (h and (h["pid"], h.get("since"), state)) != told:
                 told = h and (h["pid"], h.get("since"), state)
-                print(f"npubuild: waiting for the lock of {self.what} ({self.path}), held by {who}", file=sys.stderr,
-                      flush=True)
+                print(
+                    f"npubuild: waiting for the lock of {self.what} ({self.path}), held by {who}",
+                    file=sys.stderr,
+                    flush=True,
+                )
             if state == "running":
                 stuck_since = None
                 continue
             stuck_since = stuck_since or time.monotonic()
             if time.monotonic() - stuck_since >= limit:
-                raise LockTimeout(f"{self.path}: gave up waiting for the lock of {self.what} after {limit:g} s: "
-                                  f"held by {who}, which is {state}; resume it (kill -CONT {h['pid']}) or end it, "
-                                  f"then run again (NPUBUILD_LOCK_TIMEOUT sets the wait)")
+                raise LockTimeout(
+                    f"{self.path}: gave up waiting for the lock of {self.what} after {limit:g} s: "
+                    f"held by {who}, which is {state}; resume it (kill -CONT {h['pid']}) or end it, "
+                    f"then run again (NPUBUILD_LOCK_TIMEOUT sets the wait)"
+                )
         self._stamp()
 
     def _stamp(self) -> None:
-        self.path.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
-                                         "what": self.what}) + "\n", encoding="utf-8")
+        self.path.write_text(
+            json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(), "what": self.what})
+            + "\n",
+            encoding="utf-8",
+        )
 
     def release(self) -> None:
         try:

@@ -25,8 +25,10 @@ def disk_full(folder: Path, what: str, setting: str, need: int | None = None) ->
         free = "free space unknown"
     size = f"{need / 1e6:.1f} MB, " if need is not None else ""
     move = f"give {setting} a folder on" if setting.startswith("--") else f"set {setting} to"
-    return DiskFull(f"{folder}: no space left on its device while writing {what} ({size}{free}); its previous "
-                    f"contents are whole; free space or {move} a larger disk")
+    return DiskFull(
+        f"{folder}: no space left on its device while writing {what} ({size}{free}); its previous "
+        f"contents are whole; free space or {move} a larger disk"
+    )
 
 
 @contextmanager
@@ -70,7 +72,7 @@ def _mount_point(path: Path) -> Path:
 
 
 def unwritable(name: str, folder: Path) -> str:
-    """"" when this user can create files in ``folder`` and in each folder directly under it
+    """ "" when this user can create files in ``folder`` and in each folder directly under it
     (a cache's kinds), or, while it does not exist, in the nearest folder above it that does
     (where it will be made); else one line naming the folder and saying what is true: it is on
     a read-only file system (and where that is mounted), or its mode does not let its owner,
@@ -92,8 +94,10 @@ def unwritable(name: str, folder: Path) -> str:
         where = d if d == folder else f"{d} (where it {'is' if folder.is_dir() else 'would be made'})"
         try:
             if hasattr(os, "statvfs") and os.statvfs(d).f_flag & os.ST_RDONLY:
-                return (f"{name} {folder}: {where} is on a read-only file system (mounted at {_mount_point(d)}): "
-                        f"use a folder on a writable file system (set {name})")
+                return (
+                    f"{name} {folder}: {where} is on a read-only file system (mounted at {_mount_point(d)}): "
+                    f"use a folder on a writable file system (set {name})"
+                )
             st = d.stat()
         except OSError as e:
             return (
@@ -101,8 +105,12 @@ def unwritable(name: str, folder: Path) -> str:
             )
         mode = f"mode {st.st_mode & 0o777:04o}"
         if uid is not None and st.st_uid == uid:
-            return (f"{name} {folder}: {where} belongs to this user (uid {uid}) but its {mode} does not let its "
-                    f"owner write: `chmod u+wx {d}`, or set {name} to another folder")
-        return (f"{name} {folder}: {where} is not writable by this user (uid {uid}; it belongs to uid {st.st_uid}, "
-                f"{mode}): use a folder of your own (set {name}) or ask its owner to make it group-writable")
+            return (
+                f"{name} {folder}: {where} belongs to this user (uid {uid}) but its {mode} does not let its "
+                f"owner write: `chmod u+wx {d}`, or set {name} to another folder"
+            )
+        return (
+            f"{name} {folder}: {where} is not writable by this user (uid {uid}; it belongs to uid {st.st_uid}, "
+            f"{mode}): use a folder of your own (set {name}) or ask its owner to make it group-writable"
+        )
     return ""

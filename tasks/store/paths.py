@@ -43,8 +43,7 @@ def _remembered(k: tuple, make) -> Path:
 
 def _at(name: str, sub: str) -> Path:
     """``$name``, else ``root() / sub``."""
-    return _remembered((name, os.environ.get(name), os.environ.get("NPUBUILD_ROOT")),
-                       lambda: _env(name, root() / sub))
+    return _remembered((name, os.environ.get(name), os.environ.get("NPUBUILD_ROOT")), lambda: _env(name, root() / sub))
 
 
 def root() -> Path:

@@ -118,9 +118,16 @@ def signature(recipes_dir: str, stamp: tuple) -> dict:
         places = [str(root().resolve()), *(str(d) for d in allowed_dirs())]
     except ValueError as e:  # a relative NPUBUILD_ALLOW_PATHS entry: the load reports it
         places = [str(e)]
-    return {"version": VERSION, "recipes_dir": recipes_dir, "stamp": [list(s) for s in stamp],
-            "code": _code(), "env": dict(sorted(env.items())), "places": places, "python": sys.version,
-            "sys_path": [p or os.getcwd() for p in sys.path]}
+    return {
+        "version": VERSION,
+        "recipes_dir": recipes_dir,
+        "stamp": [list(s) for s in stamp],
+        "code": _code(),
+        "env": dict(sorted(env.items())),
+        "places": places,
+        "python": sys.version,
+        "sys_path": [p or os.getcwd() for p in sys.path],
+    }
 
 
 def _context(sig: dict) -> str:
@@ -147,10 +154,15 @@ def load(state_dir: Path, sig: dict) -> dict | None:
             return None
         recipes = stored["recipes"]
         ok = isinstance(recipes, dict) and all(
-            isinstance(row, dict) and isinstance(row.get("abstract"), bool)
-            and (row.get("specs") is None
-                 or isinstance(row["specs"], list) and all(isinstance(d, dict) for d in row["specs"]))
-            for row in recipes.values())
+            isinstance(row, dict)
+            and isinstance(row.get("abstract"), bool)
+            and (
+                row.get("specs") is None
+                or isinstance(row["specs"], list)
+                and all(isinstance(d, dict) for d in row["specs"])
+            )
+            for row in recipes.values()
+        )
         return recipes if ok else None
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -111,10 +111,10 @@ def _relative_local(url: str) -> str | None:
     rest = url
     for scheme in ("file://", "local://", "file:", "local:"):
         if url.startswith(scheme):
-            rest = url[len(scheme):]
+            rest = url[len(scheme) :]
             break
     if rest.startswith("localhost/"):
-        rest = rest[len("localhost"):]
+        rest = rest[len("localhost") :]
     return None if rest.startswith("/") or ntpath.isabs(rest) and ntpath.splitdrive(rest)[0] else rest
 
 
@@ -131,13 +131,17 @@ class Remote:
         self.display = redact(url)
         protocol = fsspec.utils.get_protocol(url)
         if protocol in ("file", "local") and (rel := _relative_local(url)) is not None:
-            raise InputError(f"{ENV}={self.display!r}: expected an absolute path or file:///absolute/path (doit "
-                             f"changes into the dodo.py folder), found the relative path {rel!r}")
+            raise InputError(
+                f"{ENV}={self.display!r}: expected an absolute path or file:///absolute/path (doit "
+                f"changes into the dodo.py folder), found the relative path {rel!r}"
+            )
         try:
             self.fs, root = fsspec.core.url_to_fs(url, **_storage_options(protocol))
         except (ImportError, ValueError) as e:
-            raise InputError(f"{ENV}={self.display}: cannot open it with fsspec ({type(e).__name__}: {e}; "
-                             "s3:// needs s3fs, gs:// gcsfs)") from None
+            raise InputError(
+                f"{ENV}={self.display}: cannot open it with fsspec ({type(e).__name__}: {e}; "
+                "s3:// needs s3fs, gs:// gcsfs)"
+            ) from None
         self.root = root.rstrip("/")
         self.local = isinstance(self.fs, LocalFileSystem)
         # the first read / write error of this process, after which reads / writes fail fast
@@ -253,8 +257,7 @@ class Remote:
                 raise Rejected(f"{where}: out/{rel}: size {st.st_size} != {meta['size']} in manifest.json")
             got = digest.file_digest(dest)  # the stat cache then knows the new local file
             if got != meta["xxh3"]:
-                raise Rejected(f"{where}: out/{rel}: content differs from manifest.json "
-                               f"(xxh3 {got} != {meta['xxh3']})")
+                raise Rejected(f"{where}: out/{rel}: content differs from manifest.json (xxh3 {got} != {meta['xxh3']})")
             meta["mtime_ns"] = st.st_mtime_ns
         m["remote"] = dict(m["remote"], pulled_from=self.display)
         return m

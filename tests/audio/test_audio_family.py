@@ -13,7 +13,10 @@ from tasks.recipe.load import load_recipe
 
 def test_audio_verify_declares_its_three_bars():
     assert [t.name for t in implementation("verify", "audio").thresholds] == [
-        "frame_agreement", "speech_span_iou_mean", "probability_max_abs_error"]
+        "frame_agreement",
+        "speech_span_iou_mean",
+        "probability_max_abs_error",
+    ]
 
 
 def test_the_vad_recipe_without_bars_gets_the_bar_it_ships_with(tmp_path):

@@ -58,8 +58,12 @@ def proj(tmp_path_factory, tiny_bert) -> Project:
     shutil.copyfile(REPO / "recipes" / "tiny-qwen2-w8a16.yaml", p.root / "recipes" / "tiny-qwen2-w8a16.yaml")
     shutil.copytree(tiny_model("qwen2"), p.root / ".fixtures" / "tiny-qwen2")
     p.recipe("t8", backend="htp")
-    p.recipe("nobars", TINY_RECIPE.format(precision="w8a16", targets="[x-elite]", backend="htp").replace(
-        "thresholds: {pooled_cosine_mean: 0.9}", "thresholds: {}"))
+    p.recipe(
+        "nobars",
+        TINY_RECIPE.format(precision="w8a16", targets="[x-elite]", backend="htp").replace(
+            "thresholds: {pooled_cosine_mean: 0.9}", "thresholds: {}"
+        ),
+    )
     p.recipe("cardllm", CARDLLM)
     p.doit("run", "build:t8", "build:nobars", "build:cardllm")
     p.published = {r: p.doit("run", f"publish:{r}").log() for r in ("t8", "nobars", "cardllm")}
@@ -74,8 +78,13 @@ def blocks(card: str) -> list[tuple[str, str]]:
 def run_python(code: str, cwd: Path, tmp: Path) -> tuple[subprocess.CompletedProcess, Path]:
     (tmp / "snippet.py").write_text(code, encoding="utf-8")
     (tmp / "wrapper.py").write_text(WRAPPER)
-    p = subprocess.run([sys.executable, str(tmp / "wrapper.py"), str(tmp / "snippet.py"), str(tmp / "out.npy")],
-                       cwd=cwd, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [sys.executable, str(tmp / "wrapper.py"), str(tmp / "snippet.py"), str(tmp / "out.npy")],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, (code, p.stdout, p.stderr[-3000:])
     return p, tmp / "out.npy"
 
@@ -104,8 +113,12 @@ def test_encoder_card_snippet_runs_on_the_simulator_and_gives_the_embedding(proj
     cos = float((got * ref).sum())
     assert cos > 0.99, cos  # w8a16 on the simulator against fp32
     # the I/O table is the shipped EPContext model's
-    for row in ("| `input_ids` | in | int32 | [1, 16] |", "| `attention_mask` | in | int32 | [1, 16] |",
-                "| `token_type_ids` | in | int32 | [1, 16] |", "| `last_hidden_state` | out | float | [1, 16, 32] |"):
+    for row in (
+        "| `input_ids` | in | int32 | [1, 16] |",
+        "| `attention_mask` | in | int32 | [1, 16] |",
+        "| `token_type_ids` | in | int32 | [1, 16] |",
+        "| `last_hidden_state` | out | float | [1, 16, 32] |",
+    ):
         assert row in card, row
 
 
@@ -134,10 +147,15 @@ def test_llm_card_snippets_genai_and_genie_give_verifys_tokens(proj, tmp_path):
     desc = json.loads((b / "export.json").read_text())
     kv = {t["name"]: t for t in desc["parts"][0]["prefill"]["inputs"] if t["name"].startswith("past_key_")}
     scales = ", ".join(f"{l}: {kv[f'past_key_{l}']['scale']:.6g}" for l in range(4))
-    assert (f"| `past_key_{{l}}` (layers 0-3) | in | uint8 | [1, 2, 64, 32] | layer l's K cache, all 64 slots; genai "
-            f"binds it and present_key_{{l}} to one buffer | zero point 128; scale by layer {scales} |") in card
-    assert re.search(r"\| `past_key_\{l\}_in` \(layers 0-3\) \| in \| uint8 \| \[2, 1, 32, 48\] \| .* zero point 128; "
-                     rf"scale by layer {re.escape(scales[:10])}", card)
+    assert (
+        f"| `past_key_{{l}}` (layers 0-3) | in | uint8 | [1, 2, 64, 32] | layer l's K cache, all 64 slots; genai "
+        f"binds it and present_key_{{l}} to one buffer | zero point 128; scale by layer {scales} |"
+    ) in card
+    assert re.search(
+        r"\| `past_key_\{l\}_in` \(layers 0-3\) \| in \| uint8 \| \[2, 1, 32, 48\] \| .* zero point 128; "
+        rf"scale by layer {re.escape(scales[:10])}",
+        card,
+    )
     assert "| `logits` | out | float | [1, 16, 1024] |" in card  # genai reads float logits
     # the versions that built and ran it, and the device figures verify computed
     assert "| onnxruntime-genai | 0.18.0 |" in card and "Genie API 1.21.0" in card
@@ -154,8 +172,10 @@ def test_the_cards_signature_commands_are_the_stock_cli_and_verify(proj, tmp_pat
     priv, pub = _ec_keypair(tmp_path, "publisher")
     ca, cert, key = _ca_and_leaf(tmp_path, "publisher")
     cli = str(Path(sys.executable).with_name("model_signing"))
-    for how, sign, env in (("key", ["--sign", str(priv)], {"PUBLIC_KEY": str(pub)}),
-                           ("certificate", ["--sign", str(key), "--signing-cert", str(cert)], {"CA_CHAIN": str(ca)})):
+    for how, sign, env in (
+        ("key", ["--sign", str(priv)], {"PUBLIC_KEY": str(pub)}),
+        ("certificate", ["--sign", str(key), "--signing-cert", str(cert)], {"CA_CHAIN": str(ca)}),
+    ):
         signer = Project.__new__(Project)
         signer.root, signer.env = proj.root, dict(proj.env, NPUBUILD_DIST=str(tmp_path / how))
         signer.doit("run", "publish:t8", *sign, *(["--cert-chain", str(ca)] if how == "certificate" else []))
@@ -169,8 +189,14 @@ def test_the_cards_signature_commands_are_the_stock_cli_and_verify(proj, tmp_pat
         assert bad.returncode != 0 and "config.json" in bad.stdout + bad.stderr, (bad.stdout, bad.stderr)
     # a certificate without its CA chain: one line saying so (model-signing failed on the key file's name)
     run = signer.doit("run", "publish:t8", "--sign", str(key), "--signing-cert", str(cert), check=False)
-    assert run.code != 0 and (f"{cert}: signing with a certificate needs the CA certificate(s) that issued it "
-                              f"(--cert-chain CA.pem), found none") in run.log(), run.log()
+    assert (
+        run.code != 0
+        and (
+            f"{cert}: signing with a certificate needs the CA certificate(s) that issued it "
+            f"(--cert-chain CA.pem), found none"
+        )
+        in run.log()
+    ), run.log()
 
 
 def test_a_recipe_without_bars_is_built_no_bars_never_verified(proj):
@@ -181,7 +207,8 @@ def test_a_recipe_without_bars_is_built_no_bars_never_verified(proj):
     b = proj.root / "dist" / "nobars"
     card = (b / "README.md").read_text()
     assert "**State: built (no bars).**" in card and "verified" not in card.split("## Use it")[0].replace(
-        "not verified", "")
+        "not verified", ""
+    )
     assert json.loads((b / "manifest.json").read_text())["state"] == "built (no bars)"
     assert json.loads((proj.root / "dist" / "t8" / "manifest.json").read_text())["state"] == "verified"
 
@@ -194,8 +221,9 @@ def test_check_bundle_takes_the_archive_and_every_command_counts_alike(proj, tmp
     assert f"({n} files)" in proj.published["t8"]
     for path in (b, archive):
         run = proj.doit("run", "check_bundle", "--path", str(path))
-        assert f"{path}: {n} files (manifest.json and the {n - 1} it lists), 0 mismatched, 0 missing, 0 extra" \
-            in run.log(), run.log()
+        assert (
+            f"{path}: {n} files (manifest.json and the {n - 1} it lists), 0 mismatched, 0 missing, 0 extra" in run.log()
+        ), run.log()
     # an archive whose model card changed is caught, naming the file
     bad = tmp_path / archive.name
     with tarfile.open(archive) as src, tarfile.open(bad, "w:gz") as dst:
@@ -235,8 +263,10 @@ def test_chat_template_is_cut_around_one_user_message(tmp_path):
         shutil.copyfile(src / f, tmp_path / f)
     assert chat_parts(tmp_path) is None  # the fixture's tokenizer has none: plain text
     cfg = json.loads((tmp_path / "tokenizer_config.json").read_text())
-    cfg["chat_template"] = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-                            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    cfg["chat_template"] = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(cfg))
     before, after = chat_parts(tmp_path)
     assert (before, after) == ("<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n")

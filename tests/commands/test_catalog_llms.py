@@ -23,13 +23,36 @@ HUB_REPO = "acme/tiny-bert"
 def _doit(tmp: Path, *args: str) -> subprocess.CompletedProcess:
     """``doit <args>`` on this checkout's recipes, with a cache, build and catalog of its own
     (so nothing is built or found built) and the Hub offline."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", NPUBUILD_CACHE=str(tmp / "cache"), NPUBUILD_BUILD=str(tmp / "build"),
-               NPUBUILD_HOME=str(tmp / "home"), NPUBUILD_CATALOG=str(tmp / "catalog"), NPUBUILD_DIST=str(tmp / "dist"))
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        NPUBUILD_CACHE=str(tmp / "cache"),
+        NPUBUILD_BUILD=str(tmp / "build"),
+        NPUBUILD_HOME=str(tmp / "home"),
+        NPUBUILD_CATALOG=str(tmp / "catalog"),
+        NPUBUILD_DIST=str(tmp / "dist"),
+    )
     env.pop("NPUBUILD_ROOT", None)
     cmd = ["list"] if args[0] == "list" else ["run"]
-    return subprocess.run([sys.executable, "-m", "doit", *cmd, "-f", str(REPO / "dodo.py"), "-d", str(tmp),
-                           "--db-file", str(tmp / ".doit.db"), *[a for a in args if a != "list"]], env=env,
-                          capture_output=True, text=True, timeout=900)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "doit",
+            *cmd,
+            "-f",
+            str(REPO / "dodo.py"),
+            "-d",
+            str(tmp),
+            "--db-file",
+            str(tmp / ".doit.db"),
+            *[a for a in args if a != "list"],
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -80,18 +103,31 @@ def test_qwen7b_decode_ceiling_on_x_elite(catalog):
 
 def test_catalog_rows_and_terminal_table(catalog):
     run, rows, tmp = catalog
-    for name in ("qwen2.5-0.5b-w4a16", "llama3.2-1b-w4a16", "phi3.5-mini-w4a16", "qwen3-8b-w4a16",
-                 "deepseek-r1-qwen-7b-w4a16", "gemma2-2b-w4a16"):
+    for name in (
+        "qwen2.5-0.5b-w4a16",
+        "llama3.2-1b-w4a16",
+        "phi3.5-mini-w4a16",
+        "qwen3-8b-w4a16",
+        "deepseek-r1-qwen-7b-w4a16",
+        "gemma2-2b-w4a16",
+    ):
         assert rows[name]["precision"] == "w4a16" and rows[name]["targets"] == ["x-elite"]
-        assert rows[name]["source"]["revision"] == _facts(next(
-            p.stem for p in (REPO / "recipes" / "models").glob("*.json")
-            if json.loads(p.read_text())["repo"] == rows[name]["source"]["repo"]))["revision"]
+        assert (
+            rows[name]["source"]["revision"]
+            == _facts(
+                next(
+                    p.stem
+                    for p in (REPO / "recipes" / "models").glob("*.json")
+                    if json.loads(p.read_text())["repo"] == rows[name]["source"]["repo"]
+                )
+            )["revision"]
+        )
     g = rows["gemma2-2b-w4a16"]
     assert g["state"] == "unsupported" and "soft-capping" in g["reason"] and "sliding-window" in g["reason"]
     lines = run.stdout.splitlines()
     head = next(i for i, ln in enumerate(lines) if ln.startswith("NAME "))
     assert lines[head].split() == ["NAME", "STATE", "PARAMS", "PRECISION", "BUNDLE", "MEMORY", "DECODE", "CEILING"]
-    table = {ln.split()[0]: ln for ln in lines[head + 1:] if ln.split() and ln.split()[0] in rows}
+    table = {ln.split()[0]: ln for ln in lines[head + 1 :] if ln.split() and ln.split()[0] in rows}
     assert set(table) == set(rows)
     q = rows["qwen7b-int4"]
     cells = table["qwen7b-int4"].split()
@@ -169,20 +205,37 @@ def test_download_checks_kept_facts(facts_project, tmp_path):
         download.run({}, {}, params, tmp_path / "out2")
     msg = str(e.value)
     assert "\n" not in msg
-    assert (f"config.json key 'num_hidden_layers': expected {kept['num_hidden_layers'] + 1} (kept in "
-            f"recipes/models/tiny.json), found {kept['num_hidden_layers']}") in msg
+    assert (
+        f"config.json key 'num_hidden_layers': expected {kept['num_hidden_layers'] + 1} (kept in "
+        f"recipes/models/tiny.json), found {kept['num_hidden_layers']}"
+    ) in msg
 
 
 def _binary(ar: int, nbytes: int, kv_dtype: str = "UINT8") -> dict:
     """A read-back binary's figures (tasks.qnn.context_binary.ContextBinary.figures) holding one
     genai graph of ``ar`` tokens per call: ids in, logits and 2 layers' KV buffers in and out."""
-    kv = [[f"{d}_{kind}_{l}", kv_dtype, [1, 2, 64, 32], 4096] for d in ("past",) for kind in ("key", "value")
-          for l in range(2)]
+    kv = [
+        [f"{d}_{kind}_{l}", kv_dtype, [1, 2, 64, 32], 4096]
+        for d in ("past",)
+        for kind in ("key", "value")
+        for l in range(2)
+    ]
     out = [[n.replace("past", "present"), t, s, b] for n, t, s, b in kv]
-    return {"bytes": nbytes, "sdk_build_id": "v2.51", "soc_model": 60,
-            "graphs": {f"g{ar}": {"weight_bytes": nbytes - 4096, "shared_weight_bytes": 0, "spill_fill_bytes": 0,
-                                  "io_bytes": 0, "inputs": [["input_ids", "INT32", [1, ar], 4 * ar], *kv],
-                                  "outputs": [["logits", "FLOAT", [1, ar, 1024], 4096 * ar], *out]}}}
+    return {
+        "bytes": nbytes,
+        "sdk_build_id": "v2.51",
+        "soc_model": 60,
+        "graphs": {
+            f"g{ar}": {
+                "weight_bytes": nbytes - 4096,
+                "shared_weight_bytes": 0,
+                "spill_fill_bytes": 0,
+                "io_bytes": 0,
+                "inputs": [["input_ids", "INT32", [1, ar], 4 * ar], *kv],
+                "outputs": [["logits", "FLOAT", [1, ar, 1024], 4096 * ar], *out],
+            }
+        },
+    }
 
 
 def test_without_weight_sharing_a_token_streams_the_decode_binary_only(tmp_path):
@@ -192,15 +245,29 @@ def test_without_weight_sharing_a_token_streams_the_decode_binary_only(tmp_path)
     from tasks.llm.figures import device_figures
     from tasks.recipe.load import load_recipe
 
-    (tmp_path / "r.yaml").write_text((REPO / "recipes" / "tiny-qwen2-w8a16.yaml").read_text()
-                                     .replace("source: {path: .fixtures/tiny-qwen2}", "source: {path: m}")
-                                     .replace("weight_sharing: true", "weight_sharing: false"))
+    (tmp_path / "r.yaml").write_text(
+        (REPO / "recipes" / "tiny-qwen2-w8a16.yaml")
+        .read_text()
+        .replace("source: {path: .fixtures/tiny-qwen2}", "source: {path: m}")
+        .replace("weight_sharing: true", "weight_sharing: false")
+    )
     (tmp_path / "m").mkdir()
     r = load_recipe(tmp_path / "r.yaml")
-    cfg = {"num_hidden_layers": 2, "hidden_size": 192, "num_attention_heads": 6, "num_key_value_heads": 2,
-           "vocab_size": 1024, "intermediate_size": 512, "tie_word_embeddings": False}
-    f = device_figures(cfg, r, "x-elite", {"part0/prefill_ctx_qnn.bin": _binary(16, 3_000_000),
-                                           "part0/decode_ctx_qnn.bin": _binary(1, 2_900_000)})
+    cfg = {
+        "num_hidden_layers": 2,
+        "hidden_size": 192,
+        "num_attention_heads": 6,
+        "num_key_value_heads": 2,
+        "vocab_size": 1024,
+        "intermediate_size": 512,
+        "tie_word_embeddings": False,
+    }
+    f = device_figures(
+        cfg,
+        r,
+        "x-elite",
+        {"part0/prefill_ctx_qnn.bin": _binary(16, 3_000_000), "part0/decode_ctx_qnn.bin": _binary(1, 2_900_000)},
+    )
     table = 1024 * 192 * 2  # the 16-bit token table, one row of which a token reads
     assert f["bundle_bytes"] == 5_900_000 and f["weight_bytes_read_per_token"] == 2_900_000 - table + 192 * 2
     assert f["kv_bytes_read_per_token"] == 4 * 4096 and f["io_bytes_written_per_token"] == 4 * 4096 + 4096

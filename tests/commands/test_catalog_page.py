@@ -31,14 +31,28 @@ from llm_fixtures import tiny_model
 sys.path.insert(0, str(REPO / "scripts"))
 from chromium_page import CHROMIUM, Chromium  # noqa: E402  (scripts/: the DevTools client)
 
-LLM_DATA = ["tasks/llm/data/tiny-corpus.txt", "recipes/data/prompts-tiny.txt", "recipes/data/ppl-tiny.txt",
-            "recipes/data/calib-chat.jsonl"]
+LLM_DATA = [
+    "tasks/llm/data/tiny-corpus.txt",
+    "recipes/data/prompts-tiny.txt",
+    "recipes/data/ppl-tiny.txt",
+    "recipes/data/calib-chat.jsonl",
+]
 FIELD = ["qwen7b-int4", "qwen2.5-7b-w4a16", "qwen2.5-0.5b-w4a16", "llama3.2-1b-w4a16"]  # not built: estimated
 OTHERS = ["qwen2.5-0.5b-shape", "gemma2-2b-w4a16"]  # a shape build, an unsupported model
-LISTING = {"t8": "model", "t4": "model", "t8-strict": "model", "t8-again": "alias", "tq8": "fixture",
-           "tiny-qwen2-w8a16": "fixture", "qwen7b-int4": "alias", "qwen2.5-7b-w4a16": "model",
-           "qwen2.5-0.5b-w4a16": "model", "llama3.2-1b-w4a16": "model", "qwen2.5-0.5b-shape": "shape",
-           "gemma2-2b-w4a16": "unsupported"}
+LISTING = {
+    "t8": "model",
+    "t4": "model",
+    "t8-strict": "model",
+    "t8-again": "alias",
+    "tq8": "fixture",
+    "tiny-qwen2-w8a16": "fixture",
+    "qwen7b-int4": "alias",
+    "qwen2.5-7b-w4a16": "model",
+    "qwen2.5-0.5b-w4a16": "model",
+    "llama3.2-1b-w4a16": "model",
+    "qwen2.5-0.5b-shape": "shape",
+    "gemma2-2b-w4a16": "unsupported",
+}
 MODELS = sorted(n for n, k in LISTING.items() if k == "model")
 
 
@@ -58,8 +72,11 @@ def page(tmp_path_factory, tiny_bert):
         shutil.copyfile(REPO / "recipes" / f"{name}.yaml", p.root / "recipes" / f"{name}.yaml")
     shutil.copytree(REPO / "recipes" / "models", p.root / "recipes" / "models")
     shutil.copytree(tiny_model("qwen2"), p.root / ".fixtures" / "tiny-qwen2")
-    p.recipe("tq8", "extends: tiny-qwen2-w8a16\ndescription: the tiny Qwen2, verified on the CPU\n"
-                    "verify: {backend: cpu-qdq, data: {samples: 2}, max_new_tokens: 8}\n")
+    p.recipe(
+        "tq8",
+        "extends: tiny-qwen2-w8a16\ndescription: the tiny Qwen2, verified on the CPU\n"
+        "verify: {backend: cpu-qdq, data: {samples: 2}, max_new_tokens: 8}\n",
+    )
     for r in ("t8", "t4", "tq8"):
         p.doit("run", f"build:{r}")
     assert p.doit("run", "build:t8-strict", check=False).code != 0  # verify judges it below its bar
@@ -67,11 +84,19 @@ def page(tmp_path_factory, tiny_bert):
     p.doit("run", "catalog")
     rows = {r["name"]: r for r in json.loads((p.root / "catalog" / "catalog.json").read_text())["recipes"]}
     assert {n: r["listing"] for n, r in rows.items()} == LISTING
-    assert {n: r["alias_of"] for n, r in rows.items() if r["alias_of"]} == {"t8-again": "t8",
-                                                                             "qwen7b-int4": "qwen2.5-7b-w4a16"}
-    assert {n: r["state"] for n, r in rows.items() if n in ("t8", "t8-again", "t8-strict", "tq8", "gemma2-2b-w4a16")} \
-        == {"t8": "verified", "t8-again": "verified", "t8-strict": "verify-failed", "tq8": "verified",
-            "gemma2-2b-w4a16": "unsupported"}
+    assert {n: r["alias_of"] for n, r in rows.items() if r["alias_of"]} == {
+        "t8-again": "t8",
+        "qwen7b-int4": "qwen2.5-7b-w4a16",
+    }
+    assert {
+        n: r["state"] for n, r in rows.items() if n in ("t8", "t8-again", "t8-strict", "tq8", "gemma2-2b-w4a16")
+    } == {
+        "t8": "verified",
+        "t8-again": "verified",
+        "t8-strict": "verify-failed",
+        "tq8": "verified",
+        "gemma2-2b-w4a16": "unsupported",
+    }
     return p, rows
 
 
@@ -106,10 +131,14 @@ def _judge_tab(c: Chromium) -> None:
 def _shown(c: Chromium, table: str = "catalog") -> list:
     """Names (catalog, in the order shown) or [name, target] (device) of the rows the page shows."""
     if table == "catalog":
-        return c.evaluate("Array.from(document.querySelectorAll('#catalog tbody.recipe')).filter(b => !b.hidden)"
-                          ".map(b => b.dataset.name)")
-    return c.evaluate("Array.from(document.querySelectorAll('#device tbody tr')).filter(r => !r.hidden)"
-                      ".map(r => [r.dataset.name, r.dataset.target])")
+        return c.evaluate(
+            "Array.from(document.querySelectorAll('#catalog tbody.recipe')).filter(b => !b.hidden)"
+            ".map(b => b.dataset.name)"
+        )
+    return c.evaluate(
+        "Array.from(document.querySelectorAll('#device tbody tr')).filter(r => !r.hidden)"
+        ".map(r => [r.dataset.name, r.dataset.target])"
+    )
 
 
 def _points(c: Chromium, chart: str) -> list[dict]:
@@ -127,9 +156,13 @@ def _points(c: Chromium, chart: str) -> list[dict]:
             x, y, bw, bh = lab["box"]
             assert 0 <= x and x + bw <= w + 0.5 and 0 <= y and y + bh <= h + 0.5, (lab, w, h)
         for i, a in enumerate(labels):
-            for b in labels[i + 1:]:
-                apart = (a["box"][0] + a["box"][2] <= b["box"][0] or b["box"][0] + b["box"][2] <= a["box"][0]
-                         or a["box"][1] + a["box"][3] <= b["box"][1] or b["box"][1] + b["box"][3] <= a["box"][1])
+            for b in labels[i + 1 :]:
+                apart = (
+                    a["box"][0] + a["box"][2] <= b["box"][0]
+                    or b["box"][0] + b["box"][2] <= a["box"][0]
+                    or a["box"][1] + a["box"][3] <= b["box"][1]
+                    or b["box"][1] + b["box"][3] <= a["box"][1]
+                )
                 assert apart, (a, b)
         keyed = [lab for lab in labels if lab["text"].isdigit()]  # numbered labels are listed under the chart
         listed = c.evaluate(f"[...document.querySelectorAll('#{chart}-key li')].map(li => [li.value, li.textContent])")
@@ -140,9 +173,11 @@ def _points(c: Chromium, chart: str) -> list[dict]:
 def _choose(c: Chromium, control: str, value: str) -> None:
     """Pick ``value`` in the page's <select id=control> as a user does: set it, fire "change"."""
     n = c.evaluate("document.body.dataset.rendered")
-    ok = c.evaluate(f"(() => {{ const s = document.getElementById({json.dumps(control)});"
-                    f" if (![...s.options].some(o => o.value === {json.dumps(value)})) return false;"
-                    f" s.value = {json.dumps(value)}; s.dispatchEvent(new Event('change')); return true; }})()")
+    ok = c.evaluate(
+        f"(() => {{ const s = document.getElementById({json.dumps(control)});"
+        f" if (![...s.options].some(o => o.value === {json.dumps(value)})) return false;"
+        f" s.value = {json.dumps(value)}; s.dispatchEvent(new Event('change')); return true; }})()"
+    )
     assert ok, f"#{control} has no option {value!r}"
     c.wait_for(f"document.body.dataset.rendered !== {json.dumps(n)}", timeout=10)  # the page rendered again
 
@@ -150,8 +185,10 @@ def _choose(c: Chromium, control: str, value: str) -> None:
 def _tick(c: Chromium, on: bool) -> None:
     """Set the "also shape builds, fixtures, ..." switch as a user does."""
     n = c.evaluate("document.body.dataset.rendered")
-    c.evaluate(f"(() => {{ const b = document.getElementById('all'); b.checked = {json.dumps(on)};"
-               f" b.dispatchEvent(new Event('change')); }})()")
+    c.evaluate(
+        f"(() => {{ const b = document.getElementById('all'); b.checked = {json.dumps(on)};"
+        f" b.dispatchEvent(new Event('change')); }})()"
+    )
     c.wait_for(f"document.body.dataset.rendered !== {json.dumps(n)}", timeout=10)
 
 
@@ -160,18 +197,38 @@ def _quality(rows: dict, name: str, target: str, metric: str, failed: bool = Fal
     r = rows[name]
     dev = (r["device"] or {}).get(target)
     x = dev["bundle_bytes"] if dev else sum(r["artifacts"][target].values())
-    return {"name": name, "target": target, "series": metric + (" (below a verify bar)" if failed else ""), "x": x,
-            "y": r["verify"][target]["metrics"][metric]}
+    return {
+        "name": name,
+        "target": target,
+        "series": metric + (" (below a verify bar)" if failed else ""),
+        "x": x,
+        "y": r["verify"][target]["metrics"][metric],
+    }
 
 
 def _device(rows: dict, name: str, target: str = "x-elite") -> list[dict]:
     """The decode chart's points of ``name`` on ``target``: our ceiling, and what others measured."""
     f = rows[name]["device"][target]
     built = f["bundle_bytes_from"].startswith("read back")
-    out = [{"name": name, "target": target, "series": "our ceiling, " + ("built" if built else "estimated"),
-            "x": f["memory_bytes"], "y": f["decode_tokens_per_s_ceiling"]}]
-    out += [{"name": name, "target": target, "series": "measured by others", "x": f["memory_bytes"],
-             "y": m["decode_tokens_per_s"]} for m in rows[name]["measured"].get(target, [])]
+    out = [
+        {
+            "name": name,
+            "target": target,
+            "series": "our ceiling, " + ("built" if built else "estimated"),
+            "x": f["memory_bytes"],
+            "y": f["decode_tokens_per_s_ceiling"],
+        }
+    ]
+    out += [
+        {
+            "name": name,
+            "target": target,
+            "series": "measured by others",
+            "x": f["memory_bytes"],
+            "y": m["decode_tokens_per_s"],
+        }
+        for m in rows[name]["measured"].get(target, [])
+    ]
     return out
 
 
@@ -190,15 +247,19 @@ def test_real_models_by_default_and_the_switch(page, chromium):
         c.evaluate("document.getElementById('shown').textContent") == f"Showing {len(MODELS)} of {len(MODELS)} models."
     )
     assert _points(c, "encoder-chart") == [
-        _quality(rows, "t4", "8gen2", "pooled_cosine_mean"), _quality(rows, "t4", "x-elite", "pooled_cosine_mean"),
+        _quality(rows, "t4", "8gen2", "pooled_cosine_mean"),
+        _quality(rows, "t4", "x-elite", "pooled_cosine_mean"),
         _quality(rows, "t8", "x-elite", "pooled_cosine_mean"),
-        _quality(rows, "t8-strict", "x-elite", "pooled_cosine_mean", failed=True)]
+        _quality(rows, "t8-strict", "x-elite", "pooled_cosine_mean", failed=True),
+    ]
     assert _points(c, "llm-chart") == []  # the only built LLM is a fixture: the chart says how to see it
     assert c.evaluate("document.getElementById('llm-chart').textContent") == (
-        "No built LLM with token_agreement passes the filters. 1 more with “also shape builds, fixtures, …” ticked.")
+        "No built LLM with token_agreement passes the filters. 1 more with “also shape builds, fixtures, …” ticked."
+    )
     device = _points(c, "device-chart")
-    assert device == _sorted(_device(rows, "llama3.2-1b-w4a16") + _device(rows, "qwen2.5-0.5b-w4a16")
-                             + _device(rows, "qwen2.5-7b-w4a16"))
+    assert device == _sorted(
+        _device(rows, "llama3.2-1b-w4a16") + _device(rows, "qwen2.5-0.5b-w4a16") + _device(rows, "qwen2.5-7b-w4a16")
+    )
     assert [p["y"] for p in device if p["series"] == "measured by others"] == [12.33811]  # Qwen2.5-7B on X Elite
     assert c.evaluate("location.hash") == ""
 
@@ -210,11 +271,17 @@ def test_real_models_by_default_and_the_switch(page, chromium):
     assert [p["name"] for p in _points(c, "encoder-chart")] == ["t4", "t4", "t8", "t8-again", "t8-strict"]
     assert {p["name"] for p in _points(c, "device-chart")} == {n for n, r in rows.items() if r["device"]}
     assert c.evaluate("[...document.querySelectorAll('#filter-task option')].map(o => o.textContent)") == [
-        "all", "feature-extraction (4)", "text-generation (8)"]  # counts of every recipe now
+        "all",
+        "feature-extraction (4)",
+        "text-generation (8)",
+    ]  # counts of every recipe now
     _tick(c, False)
     assert c.evaluate("location.hash") == "" and _shown(c) == MODELS
     assert c.evaluate("[...document.querySelectorAll('#filter-task option')].map(o => o.textContent)") == [
-        "all", "feature-extraction (3)", "text-generation (3)"]
+        "all",
+        "feature-extraction (3)",
+        "text-generation (3)",
+    ]
     _open(c, index, "#all=1")
     assert _shown(c) == sorted(rows) and c.evaluate("document.getElementById('all').checked") is True
     _judge_tab(c)
@@ -227,15 +294,22 @@ def test_filters_from_the_fragment_and_the_controls(page, chromium, tmp_path):
     # fits in 1 GB: the built encoders (their context binaries read back) and the two small LLMs (estimated)
     _open(c, index, "#fits=1")
     assert _shown(c) == ["llama3.2-1b-w4a16", "qwen2.5-0.5b-w4a16", "t4", "t8", "t8-strict"]
-    assert rows["llama3.2-1b-w4a16"]["device"]["x-elite"]["memory_bytes"] <= 1e9 \
+    assert (
+        rows["llama3.2-1b-w4a16"]["device"]["x-elite"]["memory_bytes"]
+        <= 1e9
         < rows["qwen2.5-7b-w4a16"]["device"]["x-elite"]["memory_bytes"]
+    )
     assert _points(c, "device-chart") == _sorted(
         _device(rows, "llama3.2-1b-w4a16") + _device(rows, "qwen2.5-0.5b-w4a16")
     )
     _choose(c, "filter-fits", "8")
     assert c.evaluate("location.hash") == "#fits=8" and "qwen2.5-7b-w4a16" in _shown(c)
-    assert "qwen2.5-7b-w4a16" not in c.evaluate("[...document.getElementById('filter-fits').options]"
-                                               ".filter(o => o.value === '1').map(o => o.textContent)")[0]
+    assert (
+        "qwen2.5-7b-w4a16"
+        not in c.evaluate(
+            "[...document.getElementById('filter-fits').options].filter(o => o.value === '1').map(o => o.textContent)"
+        )[0]
+    )
 
     # task and licence; the fragment follows the controls
     _choose(c, "filter-fits", "")
@@ -273,10 +347,17 @@ def test_measured_figures_beside_our_ceilings(page, chromium):
     proj, rows = page
     c = chromium
     _open(c, proj.root / "catalog" / "index.html")
-    cells = c.evaluate("Object.fromEntries([...document.querySelectorAll('#device tbody tr')].filter(r => !r.hidden)"
-                       ".map(r => [r.dataset.name + ' ' + r.dataset.target, [...r.cells].map(td => td.textContent)]))")
-    assert sorted(cells) == ["llama3.2-1b-w4a16 8elite", "llama3.2-1b-w4a16 x-elite", "qwen2.5-0.5b-w4a16 x-elite",
-                             "qwen2.5-7b-w4a16 8elite", "qwen2.5-7b-w4a16 x-elite"]
+    cells = c.evaluate(
+        "Object.fromEntries([...document.querySelectorAll('#device tbody tr')].filter(r => !r.hidden)"
+        ".map(r => [r.dataset.name + ' ' + r.dataset.target, [...r.cells].map(td => td.textContent)]))"
+    )
+    assert sorted(cells) == [
+        "llama3.2-1b-w4a16 8elite",
+        "llama3.2-1b-w4a16 x-elite",
+        "qwen2.5-0.5b-w4a16 x-elite",
+        "qwen2.5-7b-w4a16 8elite",
+        "qwen2.5-7b-w4a16 x-elite",
+    ]
     q = rows["qwen2.5-7b-w4a16"]
     ceiling = q["device"]["x-elite"]["decode_tokens_per_s_ceiling"]
     (m,) = q["measured"]["x-elite"]
@@ -288,13 +369,18 @@ def test_measured_figures_beside_our_ceilings(page, chromium):
     href = c.evaluate(
         'document.querySelector(\'#device tr[data-name="qwen2.5-7b-w4a16"][data-target="x-elite"] a\').href'
     )
-    assert href == ("https://github.com/quic/ai-hub-models/blob/v0.46.0/qai_hub_models/models/qwen2_5_7b_instruct/"
-                    "perf.yaml") == m["url"]
+    assert (
+        href
+        == ("https://github.com/quic/ai-hub-models/blob/v0.46.0/qai_hub_models/models/qwen2_5_7b_instruct/perf.yaml")
+        == m["url"]
+    )
     # a measurement on a target the recipe does not build for: shown, without a ratio
     assert cells["llama3.2-1b-w4a16 8elite"][3:6] == ["not a target of llama3.2-1b-w4a16", "53.6 tok/s", ""]
     assert cells["qwen2.5-0.5b-w4a16 x-elite"][4:6] == ["", ""]
-    assert c.evaluate("document.getElementById('recipe-qwen2.5-7b-w4a16').rows[0].cells[7].textContent") == \
-        f"≤ {ceiling:.1f} tok/s (measured: 12.3)"
+    assert (
+        c.evaluate("document.getElementById('recipe-qwen2.5-7b-w4a16').rows[0].cells[7].textContent")
+        == f"≤ {ceiling:.1f} tok/s (measured: 12.3)"
+    )
     _judge_tab(c)
 
 
@@ -307,11 +393,15 @@ def test_layout_at_a_laptop_and_a_phone_width(page, chromium, tmp_path, size):
     _open(c, proj.root / "catalog" / "index.html", "#all=1", size=size)
     c.evaluate("[...document.querySelectorAll('button.more')].slice(0, 2).forEach(b => b.click())")  # two details rows
     assert c.evaluate("document.documentElement.scrollWidth") <= size[0]
-    wide = c.evaluate("[...document.querySelectorAll('.scroll, .chart, .panel, #filters')]"
-                      ".filter(e => e.scrollWidth > e.clientWidth).map(e => e.id || e.className)")
+    wide = c.evaluate(
+        "[...document.querySelectorAll('.scroll, .chart, .panel, #filters')]"
+        ".filter(e => e.scrollWidth > e.clientWidth).map(e => e.id || e.className)"
+    )
     assert wide == [], wide
-    charts = c.evaluate("[...document.querySelectorAll('.chart canvas')].map(cv => [cv.getBoundingClientRect().right,"
-                        " cv.closest('.panel').getBoundingClientRect().right])")
+    charts = c.evaluate(
+        "[...document.querySelectorAll('.chart canvas')].map(cv => [cv.getBoundingClientRect().right,"
+        " cv.closest('.panel').getBoundingClientRect().right])"
+    )
     assert charts and all(right <= panel for right, panel in charts), charts
     cards = c.evaluate("getComputedStyle(document.querySelector('#catalog thead')).display") == "none"
     assert cards == (size[0] < 760)
@@ -326,12 +416,35 @@ def repo_catalog(tmp_path_factory) -> tuple[Path, dict]:
     """(index.html, {name: row}) of this checkout's own recipes, nothing built (a cache of its
     own), the Hub offline: the dense view a user opens first."""
     tmp = tmp_path_factory.mktemp("repo-catalog")
-    env = dict(os.environ, HF_HUB_OFFLINE="1", NPUBUILD_CACHE=str(tmp / "cache"), NPUBUILD_BUILD=str(tmp / "build"),
-               NPUBUILD_HOME=str(tmp / "home"), NPUBUILD_CATALOG=str(tmp / "catalog"), NPUBUILD_DIST=str(tmp / "dist"))
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        NPUBUILD_CACHE=str(tmp / "cache"),
+        NPUBUILD_BUILD=str(tmp / "build"),
+        NPUBUILD_HOME=str(tmp / "home"),
+        NPUBUILD_CATALOG=str(tmp / "catalog"),
+        NPUBUILD_DIST=str(tmp / "dist"),
+    )
     env.pop("NPUBUILD_ROOT", None)
-    run = subprocess.run([sys.executable, "-m", "doit", "run", "-f", str(REPO / "dodo.py"), "-d", str(tmp),
-                          "--db-file", str(tmp / ".doit.db"), "catalog"], env=env, capture_output=True, text=True,
-                         timeout=300)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "doit",
+            "run",
+            "-f",
+            str(REPO / "dodo.py"),
+            "-d",
+            str(tmp),
+            "--db-file",
+            str(tmp / ".doit.db"),
+            "catalog",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     rows = {r["name"]: r for r in json.loads((tmp / "catalog" / "catalog.json").read_text())["recipes"]}
     return tmp / "catalog" / "index.html", rows
@@ -356,8 +469,13 @@ def test_the_repos_own_catalog_at_a_laptop_and_a_phone_width(repo_catalog, chrom
         points = _points(c, "device-chart")
         assert {p["name"] for p in points} == {n for n in shown if rows[n]["device"]}
         assert c.evaluate("document.documentElement.scrollWidth") <= size[0]
-        assert c.evaluate("[...document.querySelectorAll('.scroll, .chart, .panel, #filters')]"
-                          ".filter(e => e.scrollWidth > e.clientWidth).length") == 0
+        assert (
+            c.evaluate(
+                "[...document.querySelectorAll('.scroll, .chart, .panel, #filters')]"
+                ".filter(e => e.scrollWidth > e.clientWidth).length"
+            )
+            == 0
+        )
     _judge_tab(c)
 
 
@@ -379,8 +497,10 @@ def test_sort_details_and_links(page, chromium):
     # a name opens its details row: every other fact of the row
     assert c.evaluate("document.getElementById('details-t8').hidden") is True
     c.evaluate("document.querySelector('#recipe-t8 button.more').click()")
-    facts = c.evaluate("Object.fromEntries([...document.querySelectorAll('#details-t8 dt')]"
-                       ".map(dt => [dt.textContent, dt.nextElementSibling.textContent]))")
+    facts = c.evaluate(
+        "Object.fromEntries([...document.querySelectorAll('#details-t8 dt')]"
+        ".map(dt => [dt.textContent, dt.nextElementSibling.textContent]))"
+    )
     assert facts["QNN SDK"] == rows["t8"]["tools"]["qnn-sdk"] and facts["Runtimes"] == "onnxruntime-qnn"
     assert facts["Architecture"] == "bert (BertModel)"
     alias = c.evaluate("document.querySelector('#details-qwen7b-int4 dd').parentElement.textContent")

@@ -91,8 +91,18 @@ def _archive(proj: Project) -> Path:
 def test_publish_makes_bundle_manifest_card_and_archive(proj):
     b = _bundle(proj)
     files = set(tree_sums(b))
-    assert {"model_ctx.onnx", "model_ctx_qnn.bin", "tokenizer.json", "tokenizer_config.json", "vocab.txt",
-            "config.json", "special_tokens_map.json", "verify.json", "README.md", "manifest.json"} == files
+    assert {
+        "model_ctx.onnx",
+        "model_ctx_qnn.bin",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "vocab.txt",
+        "config.json",
+        "special_tokens_map.json",
+        "verify.json",
+        "README.md",
+        "manifest.json",
+    } == files
     m = json.loads((b / "manifest.json").read_text())
     assert set(m["files"]) == files - {"manifest.json"}
     for rel, meta in m["files"].items():
@@ -146,10 +156,15 @@ def test_one_artifact_listing_for_build_folder_bundle_and_catalog(proj, monkeypa
     shipped = {k: v for k, v in tree_sums(_bundle(proj)).items() if k not in ("README.md", "manifest.json")}
     assert built == shipped == {rel: sha256(a.path) for rel, a in arts.items()}
     assert artifact_sizes(status.recipe_status("t8")) == {
-        "x-elite": {a.rel: a.path.stat().st_size for a in arts.values() if a.kind == "compile"}}
+        "x-elite": {a.rel: a.path.stat().st_size for a in arts.values() if a.kind == "compile"}
+    }
     stale = build_state(status.ReadOnlyResolver(session, "stale"), read_state(session, "stale"))
-    assert [stale.stages[s].status for s in ("prepatch", "quantize", "compile", "verify")] == \
-        ["local hit", "stale", "blocked", "blocked"]
+    assert [stale.stages[s].status for s in ("prepatch", "quantize", "compile", "verify")] == [
+        "local hit",
+        "stale",
+        "blocked",
+        "blocked",
+    ]
     assert "quantize" in stale.stages["compile"].problem
 
 
@@ -174,8 +189,13 @@ def test_three_builds_from_empty_caches_are_byte_identical(proj, tmp_path):
     (issue 12; the context binary's racy padding variant is compiled again: tasks/qnn/ep.py compile_settled)."""
     bundles, archives = [tree_sums(_bundle(proj))], [_archive(proj)]
     for folder in (tmp_path / "b", tmp_path / "a much longer folder name" / "deeper" / "c"):
-        env = dict(proj.env, NPUBUILD_CACHE=str(folder / "cache"), NPUBUILD_BUILD=str(folder / "build"),
-                   NPUBUILD_HOME=str(folder / "home"), NPUBUILD_DIST=str(folder / "dist"))
+        env = dict(
+            proj.env,
+            NPUBUILD_CACHE=str(folder / "cache"),
+            NPUBUILD_BUILD=str(folder / "build"),
+            NPUBUILD_HOME=str(folder / "home"),
+            NPUBUILD_DIST=str(folder / "dist"),
+        )
         other = Project.__new__(Project)
         other.root, other.env = proj.root, env
         run = other.doit("run", "build:t8", "publish:t8")
@@ -223,8 +243,10 @@ def test_reproduce_refuses_a_recipe_changed_since_publishing(proj):
     log = run.log()
     assert run.code != 0 and "DIFFERS" not in log and "Traceback" not in log, log
     build_key = json.loads((_bundle(proj) / "manifest.json").read_text())["build_key"]
-    assert (f"manifest.json: published (build {build_key}) from another recipe than t8 resolves to now: "
-            f"quantize.calibration.samples: 4 -> 5; a rebuild would not be that bundle") in log, log
+    assert (
+        f"manifest.json: published (build {build_key}) from another recipe than t8 resolves to now: "
+        f"quantize.calibration.samples: 4 -> 5; a rebuild would not be that bundle"
+    ) in log, log
     assert "[reproduce:t8] doit build:t8" not in log  # refused before any rebuild
 
 
@@ -272,7 +294,11 @@ def test_catalog_lists_every_recipe_with_its_state(proj):
     rows = {r["name"]: r for r in cat["recipes"]}
     assert [r["name"] for r in cat["recipes"]] == ["failing", "hub", "stale", "t8"]
     assert {n: r["state"] for n, r in rows.items()} == {
-        "t8": "verified", "failing": "verify-failed", "stale": "stale", "hub": "not-built"}
+        "t8": "verified",
+        "failing": "verify-failed",
+        "stale": "stale",
+        "hub": "not-built",
+    }
     t8 = rows["t8"]
     assert t8["architecture"] == {"model_type": "bert", "architectures": ["BertModel"]}
     assert 900_000 < t8["parameters"] < 1_100_000  # 30522x32 word embeddings + 2 tiny layers
@@ -354,7 +380,11 @@ def test_catalog_html_parses_to_one_row_per_recipe(proj):
     assert heads == ["Recipe", "Task", "Licence", "Size", "Precision", "Context", "Memory", "Decode", "State", "Links"]
     assert [r[0][1] for r in p.rows] == ["failing", "hub", "stale", "t8"]
     assert {r[0][1]: r[heads.index("State")][1] for r in p.rows} == {
-        "t8": "verified", "failing": "verify-failed", "stale": "stale", "hub": "not-built"}
+        "t8": "verified",
+        "failing": "verify-failed",
+        "stale": "stale",
+        "hub": "not-built",
+    }
     assert all(len(r) == len(heads) and all(c[0] is not None for c in r) for r in p.rows)  # sortable cells
     assert "<dt>QNN SDK</dt>" in page  # the other facts, in each row's details
     params = heads.index("Size")
@@ -364,8 +394,17 @@ def test_catalog_html_parses_to_one_row_per_recipe(proj):
     # once published the bundle under dist/ (t8: published by the fixture), and the pages of the
     # figures measured by others (tasks/commands/catalog/published.json)
     assert p.net == [] and p.scripts >= 1 and "http://" not in page, (p.net, p.scripts)
-    assert all(u.startswith(("https://huggingface.co/", "https://pypi.org/project/", "../dist/",
-                             "https://github.com/quic/ai-hub-models/")) for u in p.links), p.links
+    assert all(
+        u.startswith(
+            (
+                "https://huggingface.co/",
+                "https://pypi.org/project/",
+                "../dist/",
+                "https://github.com/quic/ai-hub-models/",
+            )
+        )
+        for u in p.links
+    ), p.links
     assert {"../dist/t8/README.md", "../dist/t8/"} <= set(p.links), p.links
 
 
@@ -381,10 +420,25 @@ def test_catalog_page_screenshot(proj, tmp_path):
 
     def shot(page: Path) -> Path:
         out = tmp_path / f"{page.stem}.png"
-        subprocess.run([str(chromium), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                        f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={out}", "--window-size=1600,600",
-                        page.as_uri()], check=True, capture_output=True, timeout=120)
+        subprocess.run(
+            [
+                str(chromium),
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                f"--user-data-dir={tmp_path / 'profile'}",
+                f"--screenshot={out}",
+                "--window-size=1600,600",
+                page.as_uri(),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
         return out
 
     page, blank = shot(proj.root / "catalog" / "index.html"), shot(tmp_path / "blank.html")
@@ -409,8 +463,7 @@ def test_bundle_check_catches_a_flipped_byte(proj, bundle_copy):
     data = bytearray(f.read_bytes())
     data[len(data) // 2] ^= 0x01
     f.write_bytes(bytes(data))
-    assert check_bundle(bundle_copy) == {"mismatch": ["model_ctx_qnn.bin: sha256 differs"],
-                                                 "missing": [], "extra": []}
+    assert check_bundle(bundle_copy) == {"mismatch": ["model_ctx_qnn.bin: sha256 differs"], "missing": [], "extra": []}
     run = proj.doit("run", "check_bundle", "--path", str(bundle_copy), check=False)
     assert run.code != 0 and "MISMATCH model_ctx_qnn.bin: sha256 differs" in run.log()
 
@@ -503,16 +556,36 @@ class _HubStandIn(BaseHTTPRequestHandler):
             return self._send({"errors": [], "warnings": []})
         if path.startswith("/api/models/") and "/preupload/" in path:
             files = json.loads(body)["files"]
-            return self._send({"files": [{"path": f["path"], "uploadMode": "lfs" if f["path"].endswith(".bin")
-                                          else "regular", "shouldIgnore": False} for f in files]})
+            return self._send(
+                {
+                    "files": [
+                        {
+                            "path": f["path"],
+                            "uploadMode": "lfs" if f["path"].endswith(".bin") else "regular",
+                            "shouldIgnore": False,
+                        }
+                        for f in files
+                    ]
+                }
+            )
         if path.endswith(".git/info/lfs/objects/batch"):
             req = json.loads(body)
             s.lfs_transfers.append(req["transfers"])
-            return self._send({"transfer": "basic", "objects": [
-                {"oid": o["oid"], "size": o["size"], "actions": {"upload": {"href": f"{base}/lfs-upload/{o['oid']}"}}}
-                for o in req["objects"]]})
+            return self._send(
+                {
+                    "transfer": "basic",
+                    "objects": [
+                        {
+                            "oid": o["oid"],
+                            "size": o["size"],
+                            "actions": {"upload": {"href": f"{base}/lfs-upload/{o['oid']}"}},
+                        }
+                        for o in req["objects"]
+                    ],
+                }
+            )
         if path.startswith("/api/models/") and "/commit/" in path:
-            repo = path[len("/api/models/"):].split("/commit/")[0]
+            repo = path[len("/api/models/") :].split("/commit/")[0]
             header, files = None, {}
             for line in body.splitlines():
                 item = json.loads(line)
@@ -523,13 +596,14 @@ class _HubStandIn(BaseHTTPRequestHandler):
                     files[v["path"]] = base64.b64decode(v["content"])
                 elif item["key"] == "lfsFile":
                     files[v["path"]] = s.lfs[v["oid"]]
-            oid = hashlib.sha1(json.dumps(sorted((k, hashlib.sha256(v).hexdigest()) for k, v in files.items()))
-                               .encode()).hexdigest()
+            oid = hashlib.sha1(
+                json.dumps(sorted((k, hashlib.sha256(v).hexdigest()) for k, v in files.items())).encode()
+            ).hexdigest()
             s.repos[repo]["files"].update(files)
             s.repos[repo]["commits"].append({"oid": oid, "message": header["summary"]})
             return self._send({"commitUrl": f"{base}/{repo}/commit/{oid}", "commitOid": oid})
         if path.startswith("/api/models/") and "/tag/" in path:
-            repo, rev = path[len("/api/models/"):].split("/tag/")
+            repo, rev = path[len("/api/models/") :].split("/tag/")
             s.repos[repo]["tags"][json.loads(body)["tag"]] = rev
             return self._send({})
         self._send({"error": f"stand-in does not implement POST {path}"}, 404)
@@ -547,9 +621,16 @@ def hub_standin():
 
 
 def test_publish_to_hub_standin(proj, hub_standin, tmp_path):
-    env = dict(proj.env, HF_ENDPOINT=f"http://127.0.0.1:{hub_standin.server_port}", HF_HUB_OFFLINE="0",
-               HF_TOKEN="hf_standintoken0123456789", HF_HOME=str(tmp_path / "hf-home"),
-               NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost", HF_HUB_DISABLE_TELEMETRY="1")
+    env = dict(
+        proj.env,
+        HF_ENDPOINT=f"http://127.0.0.1:{hub_standin.server_port}",
+        HF_HUB_OFFLINE="0",
+        HF_TOKEN="hf_standintoken0123456789",
+        HF_HOME=str(tmp_path / "hf-home"),
+        NO_PROXY="127.0.0.1,localhost",
+        no_proxy="127.0.0.1,localhost",
+        HF_HUB_DISABLE_TELEMETRY="1",
+    )
     other = Project.__new__(Project)
     other.root, other.env = proj.root, env
     run = other.doit("run", "publish:t8", "--hub-repo", "npubuild-test/tiny-t8")
@@ -594,7 +675,7 @@ def test_racy_marks_are_the_starts_of_long_0xff_runs_two_bytes_into_a_block(tmp_
         for _ in range(rng.randrange(0, 6)):
             at, n = rng.randrange(0, len(data) + 1), rng.choice([255, 256, 257, 300, 600])
             at = at - at % 128 + rng.choice([0, 1, 2, 3, 126]) if rng.random() < 0.7 else at
-            data[at:at + n] = b"\xff" * n
+            data[at : at + n] = b"\xff" * n
         data = bytes(data)
         assert qnn.racy_marks(data) == by_definition(data), len(data)
         seen += len(by_definition(data))
@@ -626,12 +707,13 @@ def test_racy_variant_is_compiled_again_never_rewritten(proj, tmp_path):
     qdq = _t8_qdq(proj, tmp_path)
     plain = tmp_path / "plain"
     plain.mkdir()  # the reference, itself settled (a plain compile is the 0xff variant now and then)
-    qnn.compile_settled(lambda d: qnn.compile_in_subprocess(qdq, d / "model_ctx.onnx", "x-elite"),
-                        plain / "model_ctx.onnx")
+    qnn.compile_settled(
+        lambda d: qnn.compile_in_subprocess(qdq, d / "model_ctx.onnx", "x-elite"), plain / "model_ctx.onnx"
+    )
     common = (plain / "model_ctx_qnn.bin").read_bytes()
     assert qnn.racy_marks(common) == ()
     fill = common.index(b"\xff" * 256)
-    assert fill % qnn.RACY_BLOCK == 0 and common[fill - 126:fill] == bytes(126)
+    assert fill % qnn.RACY_BLOCK == 0 and common[fill - 126 : fill] == bytes(126)
     calls = []
 
     def compile_into(folder: Path) -> None:  # a real compile; the first one as the SDK's 0xff variant
@@ -640,7 +722,7 @@ def test_racy_variant_is_compiled_again_never_rewritten(proj, tmp_path):
         if len(calls) == 1:
             b = folder / "model_ctx_qnn.bin"
             data = b.read_bytes()
-            b.write_bytes(data[:fill - 126] + b"\xff" * 126 + data[fill:])
+            b.write_bytes(data[: fill - 126] + b"\xff" * 126 + data[fill:])
             assert qnn.racy_marks(b.read_bytes()) == (fill - 126,)
 
     out = tmp_path / "out"
@@ -678,15 +760,16 @@ def test_weights_that_look_like_the_racy_run_are_kept(tiny_bert, tmp_path):
     built = (state_entry / "out" / "model_ctx_qnn.bin").read_bytes()
     (mark,) = qnn.racy_marks(built)  # the weights' run, unchanged; the real padding run is the common 0x00
     fill = [m.start() for m in __import__("re").finditer(b"\xff{256,}", built)]
-    assert mark in fill and any(f % qnn.RACY_BLOCK == 0 and built[f - 126:f] == bytes(126) for f in fill)
+    assert mark in fill and any(f % qnn.RACY_BLOCK == 0 and built[f - 126 : f] == bytes(126) for f in fill)
     # the rewrite this replaced would have zeroed 126 bytes of embedding rows 2000-2001 here
-    assert built[mark:mark + 126] == b"\xff" * 126
+    assert built[mark : mark + 126] == b"\xff" * 126
     qdq = next((p.cache / "quantize").iterdir()) / "out" / "model.onnx"
     d = tmp_path / "plain"
     d.mkdir()
     shutil.copyfile(qdq, d / "model.onnx")
-    qnn.compile_settled(lambda f: qnn.compile_in_subprocess(d / "model.onnx", f / "model_ctx.onnx", "x-elite"),
-                        d / "model_ctx.onnx")
+    qnn.compile_settled(
+        lambda f: qnn.compile_in_subprocess(d / "model.onnx", f / "model_ctx.onnx", "x-elite"), d / "model_ctx.onnx"
+    )
     assert (d / "model_ctx_qnn.bin").read_bytes() == built
 
 

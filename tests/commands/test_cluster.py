@@ -32,8 +32,14 @@ def _recipes(p: Project) -> None:
 
 def _worker_env(p: Project, name: str, url: str, tmp: Path, pythonpath: Path = REPO) -> dict:
     d = tmp / f"worker-{name}"
-    return dict(p.env, NPUBUILD_CACHE=str(d / "cache"), NPUBUILD_HOME=str(d / "home"),
-                NPUBUILD_BUILD=str(d / "build"), NPUBUILD_REMOTE=url, PYTHONPATH=str(pythonpath))
+    return dict(
+        p.env,
+        NPUBUILD_CACHE=str(d / "cache"),
+        NPUBUILD_HOME=str(d / "home"),
+        NPUBUILD_BUILD=str(d / "build"),
+        NPUBUILD_REMOTE=url,
+        PYTHONPATH=str(pythonpath),
+    )
 
 
 @pytest.fixture
@@ -140,7 +146,7 @@ def test_worker_with_other_code_refuses(tmp_path, tiny_bert, cluster):
         "worker E (tcp://127.0.0.1:" in out and "refuses export:r8 (export): its outputs would have other keys" in out
     ), out
     assert f"modules: tasks.encoder.export {ours} (client) vs {theirs} (worker)" in out, out
-    digest = keys.code_digest(Session(), StageSpec('r8', 'export', 'export', {}, family='encoder'))
+    digest = keys.code_digest(Session(), StageSpec("r8", "export", "export", {}, family="encoder"))
     assert f"code digest differs: {digest} (client)" in out
     # the download stage (its code is the same) was built and pushed; nothing else
     assert sorted(k.split("/")[0] for k in remote_manifests(url)) == ["download"]
@@ -170,7 +176,8 @@ def test_killed_worker_mid_push(tmp_path, tiny_bert, cluster):
         "    _put(self, lpath, rpath, *a, **kw)\n"
         f"    open({str(marker)!r}, 'a').write(rpath + '\\n')\n"
         "    time.sleep(30)\n"
-        "LocalFileSystem.put_file = put_file\n")
+        "LocalFileSystem.put_file = put_file\n"
+    )
     a = cluster.add_worker("A", _worker_env(client, "A", url, tmp_path, pythonpath=f"{slow}{os.pathsep}{REPO}"))
     proc = client.popen("run", "cluster", "--scheduler", cluster.address)
     deadline = time.time() + 60
@@ -181,7 +188,7 @@ def test_killed_worker_mid_push(tmp_path, tiny_bert, cluster):
         time.sleep(0.05)
     a.kill()
     first = marker.read_text().split()[0]
-    rroot = Path(url[len("file://"):])
+    rroot = Path(url[len("file://") :])
     kind, key, data = Path(first).relative_to(rroot).parts[:3]
     # A's partial upload: a file in its data folder, no manifest: no entry for any reader
     assert kind == "download" and Path(first).is_file()
@@ -208,9 +215,17 @@ def test_killed_worker_mid_push(tmp_path, tiny_bert, cluster):
     assert client.doit("run", "build:r8").ran() == []
 
 
-QWEN7B = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-              num_key_value_heads=4, vocab_size=152064, max_position_embeddings=32768, model_type="qwen2",
-              tie_word_embeddings=False)  # Qwen/Qwen2.5-7B-Instruct's config.json (benchmarks/bench_llm.py)
+QWEN7B = dict(
+    hidden_size=3584,
+    intermediate_size=18944,
+    num_hidden_layers=28,
+    num_attention_heads=28,
+    num_key_value_heads=4,
+    vocab_size=152064,
+    max_position_embeddings=32768,
+    model_type="qwen2",
+    tie_word_embeddings=False,
+)  # Qwen/Qwen2.5-7B-Instruct's config.json (benchmarks/bench_llm.py)
 
 
 def test_stage_no_worker_can_hold_is_reported(tmp_path, tiny_bert, cluster):
@@ -224,8 +239,12 @@ def test_stage_no_worker_can_hold_is_reported(tmp_path, tiny_bert, cluster):
     url = (tmp_path / "remote").as_uri()
     client = Project(tmp_path / "client", tiny_bert)
     shutil.copy(REPO / "recipes" / "qwen7b-int4.yaml", client.root / "recipes")
-    for rel in ("tasks/llm/data/tiny-corpus.txt", "recipes/data/prompts-tiny.txt", "recipes/data/ppl-tiny.txt",
-                "recipes/data/calib-chat.jsonl"):
+    for rel in (
+        "tasks/llm/data/tiny-corpus.txt",
+        "recipes/data/prompts-tiny.txt",
+        "recipes/data/ppl-tiny.txt",
+        "recipes/data/calib-chat.jsonl",
+    ):
         (client.root / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / rel, client.root / rel)
     rev = "a09a35458c702b33eeacc393d103063234e8bc28"
@@ -251,8 +270,10 @@ def test_cluster_needs_a_remote(project):
     project.recipe("r8")
     run = project.doit("run", "cluster", "--scheduler", "tcp://127.0.0.1:9", "r8", check=False)
     assert run.code != 0
-    assert ("ClusterError: a cluster build needs a remote cache: set NPUBUILD_REMOTE to an fsspec URL that "
-            "this machine and every worker can reach") in run.log(), run.log()
+    assert (
+        "ClusterError: a cluster build needs a remote cache: set NPUBUILD_REMOTE to an fsspec URL that "
+        "this machine and every worker can reach"
+    ) in run.log(), run.log()
     assert not project.cache.exists()
 
 
@@ -275,8 +296,10 @@ def test_tool_and_file_differences_are_named(project, monkeypatch):
     expected["material"]["files"] = {"calibration": "0" * 32}
     diffs = cluster._differences(session, spec, expected, mine)
     assert diffs[0] == f"tool versions differ: onnxruntime 1.31.0 (client) vs {mine['tools']['onnxruntime']} (worker)"
-    assert diffs[1] == (f'files differs: {{"calibration": "{"0" * 32}"}} (client) vs '
-                        f'{{"calibration": "{mine["files"]["calibration"]}"}} (worker)')
+    assert diffs[1] == (
+        f'files differs: {{"calibration": "{"0" * 32}"}} (client) vs '
+        f'{{"calibration": "{mine["files"]["calibration"]}"}} (worker)'
+    )
     assert len(diffs) == 2
 
 
@@ -317,12 +340,30 @@ def test_longest_chain_first():
     before (benchmarks/README, the cluster's LLM timeline)."""
     from tasks.commands.cluster.build import chain_lengths
 
-    ups = {"download": {}, "export.part0": {"s": "download"}, "export.part1": {"s": "download"},
-           "calibrate.part0": {"m": "export.part0"}, "calibrate.part1": {"m": "export.part1", "p": "calibrate.part0"},
-           "quantize.part0": {"c": "calibrate.part0"}, "quantize.part1": {"c": "calibrate.part1"},
-           "compile.part0": {"m": "quantize.part0"}, "compile.part1": {"m": "quantize.part1"},
-           "bundle": {"a": "compile.part0", "b": "compile.part1"}, "verify": {"b": "bundle", "s": "download"}}
+    ups = {
+        "download": {},
+        "export.part0": {"s": "download"},
+        "export.part1": {"s": "download"},
+        "calibrate.part0": {"m": "export.part0"},
+        "calibrate.part1": {"m": "export.part1", "p": "calibrate.part0"},
+        "quantize.part0": {"c": "calibrate.part0"},
+        "quantize.part1": {"c": "calibrate.part1"},
+        "compile.part0": {"m": "quantize.part0"},
+        "compile.part1": {"m": "quantize.part1"},
+        "bundle": {"a": "compile.part0", "b": "compile.part1"},
+        "verify": {"b": "bundle", "s": "download"},
+    }
     rank = chain_lengths({n: {"ups": u} for n, u in ups.items()})
-    assert rank == {"download": 8, "export.part0": 7, "export.part1": 6, "calibrate.part0": 6, "calibrate.part1": 5,
-                    "quantize.part0": 4, "quantize.part1": 4, "compile.part0": 3, "compile.part1": 3, "bundle": 2,
-                    "verify": 1}
+    assert rank == {
+        "download": 8,
+        "export.part0": 7,
+        "export.part1": 6,
+        "calibrate.part0": 6,
+        "calibrate.part1": 5,
+        "quantize.part0": 4,
+        "quantize.part1": 4,
+        "compile.part0": 3,
+        "compile.part1": 3,
+        "bundle": 2,
+        "verify": 1,
+    }

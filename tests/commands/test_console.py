@@ -24,8 +24,11 @@ LINE = re.compile(r"^(?P<task>\S+)\s+(?P<key>[0-9a-f]{12})\s+(?P<status>built|ca
 
 # third-party lines the tiny htp build really prints, and the stage whose log holds them
 THIRD_PARTY = {
-    "export": ["`torch_dtype` is deprecated! Use `dtype` instead!", "TracerWarning: ",
-               "Weight deduplication check in the ONNX export requires accelerate"],
+    "export": [
+        "`torch_dtype` is deprecated! Use `dtype` instead!",
+        "TracerWarning: ",
+        "Weight deduplication check in the ONNX export requires accelerate",
+    ],
     "quantize": ["pre-processing before quantization", "Axis 1 is out-of-range for weight"],
     "compile": ["# LIBNATIVE: No alternate configuration present in libnative_tls.conf"],
     "verify": ["# LIBNATIVE: No alternate configuration present in libnative_tls.conf"],
@@ -80,8 +83,12 @@ def test_one_line_per_stage_full_logs_in_entries(project):
 
     # verify below a threshold (the entry is a cache hit: thresholds are not in the key): the
     # line says FAILED, the error names the entry's log
-    project.recipe("strict", TINY_RECIPE.format(precision="w8a16", targets="[x-elite]", backend="htp")
-                   .replace("thresholds: {pooled_cosine_mean: 0.9}", "thresholds: {max_abs_error: 1.0e-9}"))
+    project.recipe(
+        "strict",
+        TINY_RECIPE.format(precision="w8a16", targets="[x-elite]", backend="htp").replace(
+            "thresholds: {pooled_cosine_mean: 0.9}", "thresholds: {max_abs_error: 1.0e-9}"
+        ),
+    )
     strict = doit(project, "run", "build:strict")
     assert strict.returncode != 0
     assert [m["status"] for m in stage_lines(strict.stdout).values()] == ["cache hit"] * 5 + ["FAILED"]
@@ -100,8 +107,12 @@ def test_one_line_per_stage_full_logs_in_entries(project):
     for f in (project.root / "models" / "tiny-bert").iterdir():
         (broken / f.name).write_bytes(f.read_bytes())
     (broken / "model.safetensors").write_bytes(b"\xff" * 1000)
-    project.recipe("broken", TINY_RECIPE.format(precision="w8a16", targets="[x-elite]", backend="htp")
-                   .replace("models/tiny-bert", "models/broken"))
+    project.recipe(
+        "broken",
+        TINY_RECIPE.format(precision="w8a16", targets="[x-elite]", backend="htp").replace(
+            "models/tiny-bert", "models/broken"
+        ),
+    )
     bad = doit(project, "run", "build:broken")
     assert bad.returncode != 0
     assert [m["status"] for m in stage_lines(bad.stdout).values()] == ["built", "FAILED"], bad.stdout
@@ -124,8 +135,13 @@ def test_ctrl_c_is_one_line_and_leaves_nothing_built(project):
     import signal
 
     project.recipe("cc", TINY_RECIPE.format(precision="w8a16", targets="[x-elite]", backend="htp"))
-    p = subprocess.Popen([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(project.root),
-                          "build:cc"], env=project.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(project.root), "build:cc"],
+        env=project.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     first = p.stdout.readline()  # download's line: export (importing torch: seconds) runs next
     assert first.startswith("download:cc "), first
     import time
@@ -136,8 +152,10 @@ def test_ctrl_c_is_one_line_and_leaves_nothing_built(project):
     assert p.returncode == -signal.SIGINT, (p.returncode, out, err)
     assert re.match(r"^export:cc\s+[0-9a-f]{12}\s+stopped\s+\d+\.\ds$", out.splitlines()[0]), out
     kept = project.root / ".npubuild" / "logs" / "cc" / "export.failed.txt"
-    assert err == ("npubuild: interrupted; cache entries are whole or absent (a stage stopped midway left none); "
-                   f"the stopped stage's log: {kept}\n"), err
+    assert err == (
+        "npubuild: interrupted; cache entries are whole or absent (a stage stopped midway left none); "
+        f"the stopped stage's log: {kept}\n"
+    ), err
     assert "Traceback" not in out + err and kept.is_file()
     assert project.entries("export") == []
     assert not (project.cache / ".tmp").exists() or not any((project.cache / ".tmp").iterdir())
@@ -149,8 +167,10 @@ def test_unknown_task_names_the_close_ones(project):
     project.recipe("minilm-a")
     project.recipe("minilm-b")
     project.recipe("other")
-    said = {arg: (r := doit(project, arg)).stdout + r.stderr
-            for arg in ("build:minilm", "explain:minilm-aa", "biuld:other", "publsh", "zzz:qqq")}
+    said = {
+        arg: (r := doit(project, arg)).stdout + r.stderr
+        for arg in ("build:minilm", "explain:minilm-aa", "biuld:other", "publsh", "zzz:qqq")
+    }
     assert all('Invalid parameter: "' in text for text in said.values()), said
     assert "Did you mean: build:minilm-a, build:minilm-b?" in said["build:minilm"]
     assert "Did you mean: explain:minilm-a, explain:minilm-b?" in said["explain:minilm-aa"]
@@ -162,8 +182,13 @@ def test_unknown_task_names_the_close_ones(project):
 def test_a_closed_pipe_ends_quietly(project):
     """``doit list --all | head``: the reader is gone before doit writes; no traceback."""
     project.recipe("bp")
-    p = subprocess.Popen([sys.executable, "-m", "doit", "list", "-f", str(REPO / "dodo.py"), "-d", str(project.root),
-                          "--all"], env=project.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "doit", "list", "-f", str(REPO / "dodo.py"), "-d", str(project.root), "--all"],
+        env=project.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     p.stdout.close()
     err = p.stderr.read()
     p.wait(60)
@@ -228,7 +253,7 @@ def test_capture_takes_fds_and_shows_only_what_matters(tmp_path):
         import ctypes, logging, os, sys, warnings
         sys.path.insert(0, {str(REPO)!r})
         from tasks.store import stagelog
-        with stagelog.capture({str(tmp_path / 'log.txt')!r}, "export:x"):
+        with stagelog.capture({str(tmp_path / "log.txt")!r}, "export:x"):
             print("ours on stdout")
             os.write(1, b"native stdout\\n")
             ctypes.CDLL(None).puts(b"libc buffered stdout")
@@ -250,9 +275,18 @@ def test_capture_takes_fds_and_shows_only_what_matters(tmp_path):
         "after the stage",
     ]
     log = (tmp_path / "log.txt").read_text()
-    for text in ("ours on stdout", "native stdout", "libc buffered stdout", "Weight deduplication check",
-                 "native stderr: something new", "  its detail line", "TracerWarning: constants in the trace",
-                 "  inverted_mask = torch.tensor(1.0)", "logged warning", "UserWarning: torch.tensor results"):
+    for text in (
+        "ours on stdout",
+        "native stdout",
+        "libc buffered stdout",
+        "Weight deduplication check",
+        "native stderr: something new",
+        "  its detail line",
+        "TracerWarning: constants in the trace",
+        "  inverted_mask = torch.tensor(1.0)",
+        "logged warning",
+        "UserWarning: torch.tensor results",
+    ):
         assert text in log, text
     assert "after the stage" not in log
 
@@ -267,8 +301,13 @@ def _pty_doit(project, *args, env: dict) -> tuple[str, str, int]:
 
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # a fresh pty has 0 columns
-    p = subprocess.Popen([sys.executable, "-m", "doit", args[0], "-f", str(REPO / "dodo.py"), "-d", str(project.root),
-                          *args[1:]], env=env, stdout=subprocess.PIPE, stderr=slave, stdin=subprocess.DEVNULL)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "doit", args[0], "-f", str(REPO / "dodo.py"), "-d", str(project.root), *args[1:]],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=slave,
+        stdin=subprocess.DEVNULL,
+    )
     os.close(slave)
     tty = b""
     while True:
@@ -299,8 +338,12 @@ def test_progress_bars_on_a_terminal_only(project):
     for pattern, _ in stagelog.HARMLESS:  # the terminal got bars, not the harmless lines
         assert not re.search(pattern, tty), pattern
     # NPUBUILD_PROGRESS=0 turns them off on a terminal too (only verify reruns: fewer samples)
-    project.recipe("t8", TINY_RECIPE.format(precision="w8a16", targets="[x-elite]", backend="cpu-qdq")
-                   .replace("samples: 3", "samples: 2"))
+    project.recipe(
+        "t8",
+        TINY_RECIPE.format(precision="w8a16", targets="[x-elite]", backend="cpu-qdq").replace(
+            "samples: 3", "samples: 2"
+        ),
+    )
     tty, out, code = _pty_doit(project, "run", "build:t8", env=dict(env, NPUBUILD_PROGRESS="0"))
     assert code == 0, out + tty
     assert tty == "" and [m["status"] for m in stage_lines(out).values()] == ["cache hit"] * 5 + ["built"]
@@ -310,8 +353,12 @@ def test_doit_build_prints_one_line_per_failing_recipe(project):
     """Issue 23: ``doit build`` with three recipes whose sources are missing printed ~15 lines a
     recipe (doit's header, every later stage "not run"); now one line each and one for ``build``."""
     for name in ("a", "b", "c"):
-        project.recipe(name, TINY_RECIPE.format(precision="w8a16", targets="[x-elite]", backend="cpu-qdq")
-                       .replace("models/tiny-bert", f"models/missing-{name}"))
+        project.recipe(
+            name,
+            TINY_RECIPE.format(precision="w8a16", targets="[x-elite]", backend="cpu-qdq").replace(
+                "models/tiny-bert", f"models/missing-{name}"
+            ),
+        )
     r = doit(project, "run", "build")
     assert r.returncode != 0 and "Traceback" not in r.stdout + r.stderr
     lines = r.stdout.splitlines()

@@ -52,15 +52,27 @@ def _damage(f: Path, at: int = 100, n: int = 64) -> None:
 # ------------------------------------------------------------ manifests that are not one (fault 11)
 
 
-@pytest.mark.parametrize("files, words", [
-    (["model_ctx.onnx"], "files: expected an object {relative path: {sha256, size}}, found a list"),
-    ({"model_ctx.onnx": {"sha256": "0" * 64}}, "files.model_ctx.onnx.size: expected an integer >= 0, found nothing"),
-    ({"model_ctx.onnx": {"sha256": "xyz", "size": "12"}}, "files.model_ctx.onnx.size: expected an integer >= 0, "
-                                                           "found a string \"12\"; files.model_ctx.onnx.sha256: "
-                                                           "expected 64 lowercase hex digits"),
-    ({"../../etc/passwd": {"sha256": "0" * 64, "size": 1}}, "files.../../etc/passwd: expected a relative path inside"),
-    (None, "files: expected an object {relative path: {sha256, size}}, found nothing"),
-])
+@pytest.mark.parametrize(
+    "files, words",
+    [
+        (["model_ctx.onnx"], "files: expected an object {relative path: {sha256, size}}, found a list"),
+        (
+            {"model_ctx.onnx": {"sha256": "0" * 64}},
+            "files.model_ctx.onnx.size: expected an integer >= 0, found nothing",
+        ),
+        (
+            {"model_ctx.onnx": {"sha256": "xyz", "size": "12"}},
+            "files.model_ctx.onnx.size: expected an integer >= 0, "
+            'found a string "12"; files.model_ctx.onnx.sha256: '
+            "expected 64 lowercase hex digits",
+        ),
+        (
+            {"../../etc/passwd": {"sha256": "0" * 64, "size": 1}},
+            "files.../../etc/passwd: expected a relative path inside",
+        ),
+        (None, "files: expected an object {relative path: {sha256, size}}, found nothing"),
+    ],
+)
 def test_malformed_bundle_manifest_is_one_message(proj, tmp_path, files, words):
     b = tmp_path / "a"
     shutil.copytree(_bundle(proj), b)
@@ -85,8 +97,11 @@ def test_oversized_bundle_manifest_is_refused_unread(proj, tmp_path):
     with open(b / "manifest.json", "r+b") as f:  # sparse: 200 MB without writing them
         f.truncate(200 * 1000**2)
     t0 = time.monotonic()
-    with pytest.raises(PublishError, match=r"expected at most 16777216 bytes \(MANIFEST_MAX_BYTES\), "
-                                                   r"found 200000000 bytes; not read"):
+    with pytest.raises(
+        PublishError,
+        match=r"expected at most 16777216 bytes \(MANIFEST_MAX_BYTES\), "
+        r"found 200000000 bytes; not read",
+    ):
         check_bundle(b)
     assert time.monotonic() - t0 < 1.0
 
@@ -100,10 +115,12 @@ def _ec_keypair(folder: Path, name: str) -> tuple[Path, Path]:
 
     key = ec.generate_private_key(ec.SECP256R1())
     priv, pub = folder / f"{name}.pem", folder / f"{name}.pub.pem"
-    priv.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                       serialization.NoEncryption()))
-    pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                  serialization.PublicFormat.SubjectPublicKeyInfo))
+    priv.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    pub.write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
     return priv, pub
 
 
@@ -137,15 +154,17 @@ def test_signed_bundle_catches_consistent_tampering(proj, tmp_path):
     (b / "manifest.json").write_text(json.dumps(m, indent=2, sort_keys=True) + "\n")
     res = check_bundle(b, public_key=pub)
     assert res["mismatch"] == res["missing"] == res["extra"] == [] and len(res["signature"]) == 1
-    assert res["signature"] == [f"{SIGNATURE}: does not verify against {pub}: files changed since signing: "
-                                f"manifest.json, verify.json"]
+    assert res["signature"] == [
+        f"{SIGNATURE}: does not verify against {pub}: files changed since signing: manifest.json, verify.json"
+    ]
     run = proj.doit("run", "check_bundle", "--path", str(b), "--public-key", str(pub), check=False)
     assert run.code != 0 and "SIGNATURE npubuild.sig: does not verify" in run.log()
 
     # variant: the signature removed; a verifier that expects one still fails
     (b / SIGNATURE).unlink()
     assert check_bundle(b, public_key=pub)["signature"] == [
-        f"{SIGNATURE}: expected a signature (a key to check one was given), found none"]
+        f"{SIGNATURE}: expected a signature (a key to check one was given), found none"
+    ]
 
 
 def _ca_and_leaf(folder: Path, name: str) -> tuple[Path, Path, Path]:
@@ -161,26 +180,50 @@ def _ca_and_leaf(folder: Path, name: str) -> tuple[Path, Path, Path]:
     day = datetime.timedelta(days=1)
 
     def usage(sign_certs: bool) -> x509.KeyUsage:
-        return x509.KeyUsage(digital_signature=not sign_certs, content_commitment=False, key_encipherment=False,
-                             data_encipherment=False, key_agreement=False, key_cert_sign=sign_certs,
-                             crl_sign=sign_certs, encipher_only=False, decipher_only=False)
+        return x509.KeyUsage(
+            digital_signature=not sign_certs,
+            content_commitment=False,
+            key_encipherment=False,
+            data_encipherment=False,
+            key_agreement=False,
+            key_cert_sign=sign_certs,
+            crl_sign=sign_certs,
+            encipher_only=False,
+            decipher_only=False,
+        )
 
     ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{name} CA")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-          .serial_number(1).not_valid_before(now - day).not_valid_after(now + day)
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .add_extension(usage(True), critical=True).sign(ca_key, hashes.SHA256()))
-    leaf = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
-            .issuer_name(ca_name).public_key(key.public_key()).serial_number(2)
-            .not_valid_before(now - day).not_valid_after(now + day).add_extension(usage(False), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CODE_SIGNING]), critical=False)
-            .sign(ca_key, hashes.SHA256()))
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(1)
+        .not_valid_before(now - day)
+        .not_valid_after(now + day)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(usage(True), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    leaf = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(2)
+        .not_valid_before(now - day)
+        .not_valid_after(now + day)
+        .add_extension(usage(False), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CODE_SIGNING]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
     out = (folder / f"{name}-ca.pem", folder / f"{name}-cert.pem", folder / f"{name}-key.pem")
     out[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     out[1].write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
-    out[2].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                         serialization.NoEncryption()))
+    out[2].write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return out
 
 
@@ -201,7 +244,8 @@ def test_certificate_signed_bundle(proj, tmp_path):
     m["files"]["verify.json"] = {"sha256": digest.sha256_file(v), "size": v.stat().st_size}
     (b / "manifest.json").write_text(json.dumps(m))
     assert check_bundle(b, cert_chain=[ca])["signature"] == [
-        f"{SIGNATURE}: does not verify against {ca}: files changed since signing: manifest.json, verify.json"]
+        f"{SIGNATURE}: does not verify against {ca}: files changed since signing: manifest.json, verify.json"
+    ]
 
 
 def test_sign_with_a_key_that_is_not_one_names_it(proj, tmp_path):
@@ -230,8 +274,11 @@ def test_reproduce_rechecks_the_published_side_first(proj):
         _damage(_bundle(proj) / "model_ctx_qnn.bin")
         t0 = time.monotonic()
         run = proj.doit("run", "reproduce:a", check=False)
-        assert run.code != 0 and "the published bundle does not match its manifest.json (mismatch " \
-                                 "model_ctx_qnn.bin: sha256 differs)" in run.log()
+        assert (
+            run.code != 0
+            and "the published bundle does not match its manifest.json (mismatch model_ctx_qnn.bin: sha256 differs)"
+            in run.log()
+        )
         assert time.monotonic() - t0 < 30  # refused up front, nothing rebuilt
     finally:
         shutil.rmtree(_bundle(proj))
@@ -250,8 +297,10 @@ def test_damaged_cache_file_is_never_shipped_and_build_links_are_cleared(proj):
 
     run = proj.doit("run", "publish:a", check=False)
     assert run.code != 0 and "Traceback" not in run.log()
-    assert f"refusing to publish model_ctx_qnn.bin: cache entry compile/{compile_entry.name} file " \
-           f"model_ctx_qnn.bin does not match its manifest" in run.log()
+    assert (
+        f"refusing to publish model_ctx_qnn.bin: cache entry compile/{compile_entry.name} file "
+        f"model_ctx_qnn.bin does not match its manifest" in run.log()
+    )
     assert digest.sha256_file(_bundle(proj) / "model_ctx_qnn.bin") == published  # dist/ left as it was
     assert not compile_entry.exists() and any((proj.cache / ".damaged").iterdir())
     for r in ("a", "b"):  # both build/ folders that linked to it lose its files and artifacts.json
@@ -271,8 +320,12 @@ def test_damaged_cache_file_is_never_shipped_and_build_links_are_cleared(proj):
     export_entry = _entry_of(proj, "export")
     _damage(export_entry / "out" / "tokenizer.json", at=10, n=8)
     run = proj.doit("run", "reproduce:a", check=False)
-    assert run.code != 0 and f"was published from cache entry export/{export_entry.name} (stage export), which is " \
-                             f"damaged: tokenizer.json: content differs (xxh3)" in run.log()
+    assert (
+        run.code != 0
+        and f"was published from cache entry export/{export_entry.name} (stage export), which is "
+        f"damaged: tokenizer.json: content differs (xxh3)"
+        in run.log()
+    )
     assert not export_entry.exists()
     proj.doit("run", "build:a", "build:b")
     proj.doit("run", "publish:a")

@@ -60,7 +60,7 @@ def test_doit_list_names_the_recipes_and_each_command_once(project):
     assert re.search(r"^  t8 +not-built +encoder +w8a16$", r.stdout, re.M)
     assert re.search(r"^  bad +invalid$", r.stdout, re.M)
     head = lines.index("Commands (doit <command>; those with :<recipe> take one):")
-    commands = [ln.split()[0] for ln in lines[head + 1:] if ln.startswith("  ") and not ln.startswith("   ")]
+    commands = [ln.split()[0] for ln in lines[head + 1 :] if ln.startswith("  ") and not ln.startswith("   ")]
     assert commands[:4] == ["build:<recipe>", "cache_verify", "catalog", "check_bundle"]
     assert len(commands) == len(set(commands))
     assert "publish:<recipe>" in commands and "explain:<recipe>" in commands
@@ -80,8 +80,14 @@ def test_dry_run_says_what_build_would_run_and_runs_nothing(built):
         assert lines[7:] == ["  then link its artifacts into build/t9/"], r.stdout
         stages = dict(re.findall(r"^  (\S+:t9) +\S+ +(.*)$", r.stdout, re.M))
         after = "build once quantize:t9 is built"
-        assert stages == {"download:t9": "cache hit", "export:t9": "cache hit", "prepatch:t9": "cache hit",
-                          "quantize:t9": "build: no cache entry for its key", "compile:t9": after, "verify:t9": after}
+        assert stages == {
+            "download:t9": "cache hit",
+            "export:t9": "cache hit",
+            "prepatch:t9": "cache hit",
+            "quantize:t9": "build: no cache entry for its key",
+            "compile:t9": after,
+            "verify:t9": after,
+        }
     assert _entries(built) == before and not (built.root / "build" / "t9").exists()  # nothing ran
     r = doit(built, "run", "build:t8", "-n")
     assert r.stdout.splitlines()[0] == "build:t8 --dry-run (nothing is run): every stage is a cache hit"
@@ -130,9 +136,11 @@ def test_bare_publish_publishes_the_verified_and_never_drops_a_signature(built, 
             r = doit(built, "run", *args)
             said = [ln for ln in (r.stdout + r.stderr).splitlines() if "refusing" in ln]
             assert r.returncode != 0 and len(said) == 1, r.stdout + r.stderr
-            assert said[0] == (f"publish:t8  PublishError: refusing to replace {sig.parent}/: it is signed "
-                               f"({SIGNATURE}) and this build's bundle differs from the one signed; publish with "
-                               f"--sign KEY.pem to sign the new one, or delete {sig} to publish it unsigned")
+            assert said[0] == (
+                f"publish:t8  PublishError: refusing to replace {sig.parent}/: it is signed "
+                f"({SIGNATURE}) and this build's bundle differs from the one signed; publish with "
+                f"--sign KEY.pem to sign the new one, or delete {sig} to publish it unsigned"
+            )
             assert sig.read_bytes() == signed and check_bundle(sig.parent, public_key=pub)["signature"] == []
     finally:
         built.recipe("t8", T8)

@@ -51,8 +51,9 @@ def test_download_hf_missing_offline_names_repo_and_revision(tmp_path, monkeypat
     download.resolve_revision.cache_clear()
     cache = Cache(tmp_path / "cache")
     with pytest.raises(download.SourceError) as err:
-        cache.get_or_build("download", "k" * 32, {}, lambda out: download.run(
-            {}, {}, {"hf": "acme/absent", "revision": "v1.0"}, out))
+        cache.get_or_build(
+            "download", "k" * 32, {}, lambda out: download.run({}, {}, {"hf": "acme/absent", "revision": "v1.0"}, out)
+        )
     msg = str(err.value)
     assert "'acme/absent'" in msg and "'v1.0'" in msg and "offline" in msg
     assert "SECRET" not in msg
@@ -123,8 +124,9 @@ def test_compile_is_byte_identical_across_folders(tmp_path):
     _float_model(tmp_path / "f.onnx", "Relu")
     rng = np.random.default_rng(0)
     feeds = [{"x": rng.standard_normal((1, 4, 4)).astype(np.float32)} for _ in range(4)]
-    cfg = get_qnn_qdq_config(str(tmp_path / "f.onnx"), ListReader(feeds), activation_type=QuantType.QUInt16,
-                             weight_type=QuantType.QUInt8)
+    cfg = get_qnn_qdq_config(
+        str(tmp_path / "f.onnx"), ListReader(feeds), activation_type=QuantType.QUInt16, weight_type=QuantType.QUInt8
+    )
     quantize(str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx"), cfg)
     sums = []
     for d in ("a", "b/c"):
@@ -169,9 +171,15 @@ def test_naive_pipeline_is_caught_by_verify(project):
     (NOTES-qnn.md); verify (cpu-qdq: the loss is in quantization) fails with the metric, the
     threshold and the worst sentence."""
     _minilm_project(project)
-    project.recipe("naive", MINILM.format(patches="  - {name: fold-constants, when: pre-quantize}",
-                                          precision="w8a16", backend="cpu-qdq",
-                                          thresholds="{pooled_cosine_mean: 0.995, pooled_cosine_min: 0.99}"))
+    project.recipe(
+        "naive",
+        MINILM.format(
+            patches="  - {name: fold-constants, when: pre-quantize}",
+            precision="w8a16",
+            backend="cpu-qdq",
+            thresholds="{pooled_cosine_mean: 0.995, pooled_cosine_min: 0.99}",
+        ),
+    )
     run = project.doit("run", "build:naive", check=False)
     assert run.code != 0
     out = run.tasks["verify:naive"]["error"] + run.tasks["verify:naive"]["out"]
@@ -180,8 +188,15 @@ def test_naive_pipeline_is_caught_by_verify(project):
     report = json.loads(next((project.cache / "verify").glob("*/out/verify.json")).read_text())
     assert report["metrics"]["pooled_cosine_min"] < 0.9
     # with the fix, the same check passes (still cpu-qdq, so the loss was quantization)
-    project.recipe("fixed", MINILM.format(patches=FIXED, precision="w8a16", backend="cpu-qdq",
-                                          thresholds="{pooled_cosine_mean: 0.995, pooled_cosine_min: 0.99}"))
+    project.recipe(
+        "fixed",
+        MINILM.format(
+            patches=FIXED,
+            precision="w8a16",
+            backend="cpu-qdq",
+            thresholds="{pooled_cosine_mean: 0.995, pooled_cosine_min: 0.99}",
+        ),
+    )
     ok = project.doit("run", "build:fixed")
     assert ok.ran() == ["compile:fixed", "prepatch:fixed", "quantize:fixed", "verify:fixed"]  # download, export reused
 
@@ -191,8 +206,15 @@ def test_main_job_minilm_w8a16_on_htp_simulator(project):
     """The README's main job on the real weights: compiled for x-elite, every node on HTP, and
     run on the HTP simulator against fp32."""
     _minilm_project(project)
-    project.recipe("minilm", MINILM.format(patches=FIXED, precision="w8a16", backend="htp",
-                                           thresholds="{pooled_cosine_mean: 0.995, pooled_cosine_min: 0.99}"))
+    project.recipe(
+        "minilm",
+        MINILM.format(
+            patches=FIXED,
+            precision="w8a16",
+            backend="htp",
+            thresholds="{pooled_cosine_mean: 0.995, pooled_cosine_min: 0.99}",
+        ),
+    )
     project.doit("run", "build:minilm")
     b = project.root / "build" / "minilm"
     for f in ("model_ctx.onnx", "model_ctx_qnn.bin", "tokenizer.json", "vocab.txt", "verify.json"):
@@ -236,8 +258,10 @@ def test_repo_w4a16_recipe_meets_its_measured_bar(project):
     r = json.loads((project.root / "build" / "minilm-l6-w4a16" / "verify.json").read_text())
     assert r["backend"] == "htp" and r["all_on_htp"] is True and len(r["samples"]) == 16
     assert r["metrics"]["pooled_cosine_mean"] >= 0.99 and r["metrics"]["pooled_cosine_min"] >= 0.97
-    size = {n: (project.root / "build" / n / "model_ctx_qnn.bin").stat().st_size
-            for n in ("minilm-l6-w8a16", "minilm-l6-w4a16")}
+    size = {
+        n: (project.root / "build" / n / "model_ctx_qnn.bin").stat().st_size
+        for n in ("minilm-l6-w8a16", "minilm-l6-w4a16")
+    }
     assert size["minilm-l6-w4a16"] <= 0.65 * size["minilm-l6-w8a16"], size
     key = json.loads((project.root / "build" / "minilm-l6-w4a16" / "stages.json").read_text())["quantize"]["key"]
     q = json.loads((project.cache / "quantize" / key / "manifest.json").read_text())
@@ -252,9 +276,17 @@ def test_offline_hub_and_7b_recipes_expand_and_show_their_plan(project):
     assert "download:minilm-l6-hub-w8a16" in hub and "verify:minilm-l6-hub-w8a16" in hub
     assert "c9745ed1d9f207416be6d2e6f8de32d1f16199bf" in hub and "not built" in hub
     q = project.doit("run", "explain:qwen7b-int4").tasks["explain:qwen7b-int4"]["out"]
-    for want in ('"parts": 4', '"context_length": 4096', '"sequence_length": 128', '"precision": "w4a16"',
-                 '"block_size": 128', '"embedding_bits": 8', '"calibration": "recipes/data/calib-chat.jsonl"',
-                 '"weight_sharing": true', '"target": "x-elite"'):
+    for want in (
+        '"parts": 4',
+        '"context_length": 4096',
+        '"sequence_length": 128',
+        '"precision": "w4a16"',
+        '"block_size": 128',
+        '"embedding_bits": 8',
+        '"calibration": "recipes/data/calib-chat.jsonl"',
+        '"weight_sharing": true',
+        '"target": "x-elite"',
+    ):
         assert want in q, want
     # the int8 recipe's download and export stages have the same keys as int4's: shared
     keys = {}
@@ -288,9 +320,16 @@ def test_cpu_qdq_sessions_compute_the_qdq_graph_as_written(project):
     def shape(i):
         return [d if isinstance(d, int) else 16 for d in i.shape]
 
-    feed = {i.name: (rng.randint(1, 100, size=shape(i)) if i.name == "input_ids" else
-                     np.ones(shape(i)) if i.name == "attention_mask" else np.zeros(shape(i)))
-            .astype(np.int64 if "int64" in i.type else np.int32) for i in ours.get_inputs()}
+    feed = {
+        i.name: (
+            rng.randint(1, 100, size=shape(i))
+            if i.name == "input_ids"
+            else np.ones(shape(i))
+            if i.name == "attention_mask"
+            else np.zeros(shape(i))
+        ).astype(np.int64 if "int64" in i.type else np.int32)
+        for i in ours.get_inputs()
+    }
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     plain = ort.InferenceSession(str(model), sess_options=so, providers=["CPUExecutionProvider"]).run(None, feed)[0]

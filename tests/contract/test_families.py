@@ -1,5 +1,6 @@
 """The registry of model families (``tasks.contract``): a family found by its name, the stage
 kinds its table and the others' merge into, and an implementation found through a table."""
+
 import pytest
 
 from tasks.contract import FAMILIES, family, implementation, implementation_modules, kinds
@@ -17,8 +18,18 @@ def test_a_family_is_found_by_name_and_an_unknown_one_is_named_with_the_known():
 def test_the_kinds_of_every_table_merge_in_build_order():
     """The LLM table's own kinds land where its table puts them among the encoder's."""
     order = [k for k in kinds() if k in family("encoder").stages or k in family("llm").stages]
-    assert order == ["download", "export", "patch", "calibrate", "quantize", "compile", "genie_quantize",
-                     "genie_compile", "bundle", "verify"]
+    assert order == [
+        "download",
+        "export",
+        "patch",
+        "calibrate",
+        "quantize",
+        "compile",
+        "genie_quantize",
+        "genie_compile",
+        "bundle",
+        "verify",
+    ]
 
 
 def test_an_implementation_is_found_through_the_familys_table():

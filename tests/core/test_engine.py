@@ -36,14 +36,24 @@ def test_second_build_runs_nothing(project):
 def test_quantize_param_change_reruns_only_downstream(project):
     project.recipe("t8")
     project.doit("run", "build:t8")
-    p = project.recipe("t8", TINY_RECIPE.format(precision="w8a16", targets="[x-elite]", backend="cpu-qdq")
-                       .replace("samples: 4", "samples: 5"))
+    p = project.recipe(
+        "t8",
+        TINY_RECIPE.format(precision="w8a16", targets="[x-elite]", backend="cpu-qdq").replace(
+            "samples: 4", "samples: 5"
+        ),
+    )
     assert "samples: 5" in p.read_text()
     before = project.doit("run", "explain:t8").tasks["explain:t8"]["out"]
     assert "changed: params.calibration.samples: 4 -> 5" in before
     status = {ln.split(None, 3)[0]: ln.split(None, 3)[3] for ln in before.splitlines() if not ln.startswith(" ")}
-    assert status == {"download:t8": "local hit", "export:t8": "local hit", "prepatch:t8": "local hit",
-                      "quantize:t8": "stale", "compile:t8": "blocked", "verify:t8": "blocked"}
+    assert status == {
+        "download:t8": "local hit",
+        "export:t8": "local hit",
+        "prepatch:t8": "local hit",
+        "quantize:t8": "stale",
+        "compile:t8": "blocked",
+        "verify:t8": "blocked",
+    }
     run = project.doit("run", "build:t8")
     assert run.ran() == chain("t8", "quantize:{r}", "compile:{r}", "verify:{r}")
     assert len(project.entries("export")) == 1 and len(project.entries("quantize")) == 2
@@ -95,17 +105,24 @@ def test_patch_that_does_not_apply_cuts_off_downstream(project):
     project.doit("run", "build:t8")
     # add a patch that finds nothing in this graph (no RMSNorm in BERT): prepatch reruns,
     # its output is byte-identical, so quantize/compile/verify stay up to date
-    text = (project.root / "recipes" / "t8.yaml").read_text().replace(
-        "  - {name: mask-range, when: pre-quantize}",
-        "  - {name: mask-range, when: pre-quantize}\n  - {name: rmsnorm-decompose, when: pre-quantize}")
+    text = (
+        (project.root / "recipes" / "t8.yaml")
+        .read_text()
+        .replace(
+            "  - {name: mask-range, when: pre-quantize}",
+            "  - {name: mask-range, when: pre-quantize}\n  - {name: rmsnorm-decompose, when: pre-quantize}",
+        )
+    )
     project.recipe("t8", text)
     ex = project.doit("run", "explain:t8").tasks["explain:t8"]["out"]
     assert "prepatch" in ex and "steps" in ex and "rmsnorm-decompose" in ex
     run = project.doit("run", "build:t8")
     assert run.ran() == ["prepatch:t8"]
     assert len(project.entries("patch")) == 2 and len(project.entries("quantize")) == 1
-    outs = {json.loads((project.cache / "patch" / k / "manifest.json").read_text())["output_digest"]
-            for k in project.entries("patch")}
+    outs = {
+        json.loads((project.cache / "patch" / k / "manifest.json").read_text())["output_digest"]
+        for k in project.entries("patch")
+    }
     assert len(outs) == 1
 
 
@@ -176,8 +193,12 @@ def test_parallel_targets_and_damaged_entry(project):
 
 def test_build_all_builds_what_it_can_and_reports_the_rest(project):
     project.recipe("t8")
-    project.recipe("hub", TINY_RECIPE.format(precision="w8a16", targets="[x-elite]", backend="cpu-qdq")
-                   .replace("source: {path: models/tiny-bert}", "source: {hf: acme/absent, revision: main}"))
+    project.recipe(
+        "hub",
+        TINY_RECIPE.format(precision="w8a16", targets="[x-elite]", backend="cpu-qdq").replace(
+            "source: {path: models/tiny-bert}", "source: {hf: acme/absent, revision: main}"
+        ),
+    )
     run = project.doit("run", "build", check=False)
     assert run.code != 0
     assert run.tasks["verify:t8"]["result"] == "success" and run.tasks["build:t8"]["result"] == "success"

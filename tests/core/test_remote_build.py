@@ -13,14 +13,23 @@ from remote_contents import build_files, remote_fs, remote_manifests
 from tasks.store import digest
 
 KINDS = ["compile", "download", "export", "patch", "quantize", "verify"]
-STAGES = {"download": "download", "export": "export", "prepatch": "patch", "quantize": "quantize",
-          "compile": "compile", "verify": "verify"}
+STAGES = {
+    "download": "download",
+    "export": "export",
+    "prepatch": "patch",
+    "quantize": "quantize",
+    "compile": "compile",
+    "verify": "verify",
+}
 
 
 def _status(project: Project, recipe: str) -> dict[str, str]:
     out = project.doit("run", f"explain:{recipe}").tasks[f"explain:{recipe}"]["out"]
-    return {ln.split(None, 3)[0].split(":")[0]: ln.split(None, 3)[3] for ln in out.splitlines()
-            if ln and not ln.startswith(" ")}
+    return {
+        ln.split(None, 3)[0].split(":")[0]: ln.split(None, 3)[3]
+        for ln in out.splitlines()
+        if ln and not ln.startswith(" ")
+    }
 
 
 def test_checkouts_share_one_remote(tmp_path, tiny_bert, remote_url):
@@ -80,8 +89,9 @@ def test_checkouts_share_one_remote(tmp_path, tiny_bert, remote_url):
     third = c.doit("run", "build:t8")
     assert third.ran() == ["export:t8", "verify:t8"], third.log()  # the rest pulled
     bad = digest.digest_bytes(bytes(blob))
-    assert (f"remote entry export/{ekey}: out/{rel}: content differs from manifest.json "
-            f"(xxh3 {bad} != {meta['xxh3']})") in third.log(), third.log()
+    assert (
+        f"remote entry export/{ekey}: out/{rel}: content differs from manifest.json (xxh3 {bad} != {meta['xxh3']})"
+    ) in third.log(), third.log()
     assert f"rejected, building export/{ekey} locally" in third.log()
     # nothing bad was copied: C's export entry is its own build, equal to the manifest
     assert c.entries("export") == [ekey]
@@ -138,8 +148,10 @@ def test_a_rejected_remote_entry_is_said_once(tmp_path, tiny_bert):
     p = b.popen("run", "download:t8")
     out = p.communicate(timeout=300)[0]
     lines = [ln for ln in out.splitlines() if "; rejected, building" in ln]
-    assert p.returncode == 0 and lines == [f"npubuild: remote entry download/{key}: out/config.json: content differs "
-                                           f"from manifest.json (xxh3 {digest.file_digest(target)} != "
-                                           f"{m['outputs']['config.json']['xxh3']}); rejected, building download/{key} "
-                                           f"locally (remote {remote.as_uri()})"], out
+    assert p.returncode == 0 and lines == [
+        f"npubuild: remote entry download/{key}: out/config.json: content differs "
+        f"from manifest.json (xxh3 {digest.file_digest(target)} != "
+        f"{m['outputs']['config.json']['xxh3']}); rejected, building download/{key} "
+        f"locally (remote {remote.as_uri()})"
+    ], out
     assert b.entries("download") == [key]

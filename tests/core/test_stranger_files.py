@@ -52,8 +52,12 @@ def test_a_cache_or_build_folder_inside_the_source_folder_is_one_line(project):
     src = project.root / "models" / "tiny-bert"
     for name, sub in (("NPUBUILD_CACHE", "cache"), ("NPUBUILD_BUILD", "out")):
         env = dict(project.env, **{name: str(src / sub)})
-        p = subprocess.run([sys.executable, "-m", "doit", "run", "-f", str(REPO / "dodo.py"), "-d", str(project.root),
-                            "build:r"], env=env, capture_output=True, text=True)
+        p = subprocess.run(
+            [sys.executable, "-m", "doit", "run", "-f", str(REPO / "dodo.py"), "-d", str(project.root), "build:r"],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         said = [ln for ln in (p.stdout + p.stderr).splitlines() if f"found {name} (" in ln]
         assert p.returncode != 0 and said and "inside it" in said[0], p.stdout + p.stderr
         assert not (src / sub / "download").exists()
@@ -75,9 +79,25 @@ def test_another_users_unreadable_entry_is_one_line_and_not_moved(project):
     (entry,) = (project.cache / "download").iterdir()
     os.chown(entry, 12345, 12345)
     os.chmod(entry, stat.S_IRWXU)
-    p = subprocess.run(["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search,-fowner",
-                        sys.executable, "-m", "doit", "run", "-f", str(REPO / "dodo.py"), "-d", str(project.root),
-                        "build:r"], env=project.env, capture_output=True, text=True)
+    p = subprocess.run(
+        [
+            "setpriv",
+            "--inh-caps=-all",
+            "--bounding-set=-dac_override,-dac_read_search,-fowner",
+            sys.executable,
+            "-m",
+            "doit",
+            "run",
+            "-f",
+            str(REPO / "dodo.py"),
+            "-d",
+            str(project.root),
+            "build:r",
+        ],
+        env=project.env,
+        capture_output=True,
+        text=True,
+    )
     out = p.stdout + p.stderr
     assert p.returncode != 0 and "cannot read this cache entry" in out and "uid 12345" in out, out
     assert "Traceback" not in out and not (project.cache / ".damaged").exists() and entry.is_dir(), out

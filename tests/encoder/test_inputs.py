@@ -64,8 +64,9 @@ def test_zeros_for_token_type_ids_are_what_the_model_computes_without_them(e5_pr
     assert feed["token_type_ids"].dtype == np.int32 and not feed["token_type_ids"].any()
     got = ort.InferenceSession(str(export / "model.onnx")).run(["last_hidden_state"], feed)[0]
     src = p.root / "models" / "tiny-bert"
-    enc = AutoTokenizer.from_pretrained(str(src))("The cat sat on the mat.", padding="max_length", max_length=16,
-                                                  return_tensors="pt")
+    enc = AutoTokenizer.from_pretrained(str(src))(
+        "The cat sat on the mat.", padding="max_length", max_length=16, return_tensors="pt"
+    )
     assert "token_type_ids" not in enc
     with torch.no_grad():
         want = BertModel.from_pretrained(str(src)).eval()(**enc).last_hidden_state.numpy()
@@ -75,15 +76,19 @@ def test_zeros_for_token_type_ids_are_what_the_model_computes_without_them(e5_pr
 def test_graph_input_no_tokenizer_gives_is_one_message(tmp_path, tiny_bert):
     """A graph that wants an input the tokenizer does not give and no zeros can stand for."""
     g = helper.make_graph(
-        [helper.make_node("Add", ["input_ids", "position_ids"], ["y"])], "g",
+        [helper.make_node("Add", ["input_ids", "position_ids"], ["y"])],
+        "g",
         [helper.make_tensor_value_info(n, TensorProto.INT32, [1, 8]) for n in ("input_ids", "position_ids")],
-        [helper.make_tensor_value_info("y", TensorProto.INT32, [1, 8])])
+        [helper.make_tensor_value_info("y", TensorProto.INT32, [1, 8])],
+    )
     onnx.save(helper.make_model(g), tmp_path / "model.onnx")
     with pytest.raises(ValueError) as e:
         encoder_feeds(tmp_path / "model.onnx", tiny_bert, ["hello"], 8)
-    assert str(e.value).startswith(f"{tmp_path / 'model.onnx'}: graph inputs ['position_ids']: expected the tokenizer "
-                                   f"in {tiny_bert} to give them, found only ['attention_mask', 'input_ids', "
-                                   f"'token_type_ids']")
+    assert str(e.value).startswith(
+        f"{tmp_path / 'model.onnx'}: graph inputs ['position_ids']: expected the tokenizer "
+        f"in {tiny_bert} to give them, found only ['attention_mask', 'input_ids', "
+        f"'token_type_ids']"
+    )
 
 
 @pytest.mark.parametrize("names", [["input_ids", "token_type_ids"], ["attention_mask"]])
@@ -97,5 +102,9 @@ def test_tokenizer_without_a_required_input_is_a_load_error(tmp_path, tiny_bert,
     proc = p.popen("list")
     out = proc.communicate(timeout=120)[0]
     assert proc.returncode != 0, out
-    assert f"{p.root / 'recipes' / 'bad.yaml'}: 1 problem(s)\n  source: expected a tokenizer whose model_input_names " \
-           f"include input_ids, attention_mask" in out and f"found model_input_names {json.dumps(names)} in {tc}" in out
+    assert (
+        f"{p.root / 'recipes' / 'bad.yaml'}: 1 problem(s)\n  source: expected a tokenizer whose model_input_names "
+        f"include input_ids, attention_mask"
+        in out
+        and f"found model_input_names {json.dumps(names)} in {tc}" in out
+    )

@@ -98,7 +98,7 @@ def test_every_stage_records_its_estimate_and_tree_peak_and_stays_within(built):
     assert phases["genai"]["children_peak"] > 0 and phases["genie"]["children_peak"] > 0, phases
     assert mans["verify"]["info"]["memory"]["estimate"] == max(ph["estimate"] for ph in phases.values())
     # the stage log and doit explain show both figures
-    log = (Path(built.root / "build" / "edge" / "stages.json").parent / "stages.json")
+    log = Path(built.root / "build" / "edge" / "stages.json").parent / "stages.json"
     vlog = (Path(json.loads(log.read_text())["verify"]["entry"]) / "log.txt").read_text()
     assert "memory: process tree peak " in vlog and "memory: verify phases (GiB) read_back" in vlog, vlog[-2000:]
     out = built.doit("run", "explain:edge").log()
@@ -120,7 +120,7 @@ def test_refused_below_its_need_and_built_just_above(built):
     run = built.doit("run", "build:edge", check=False)
     log = run.log()
     assert run.code != 0 and "Traceback" not in log and "PythonAction Error" not in log, log
-    lines = {ln[ln.index("NotEnoughMemory"):] for ln in log.splitlines() if "NotEnoughMemory" in ln}
+    lines = {ln[ln.index("NotEnoughMemory") :] for ln in log.splitlines() if "NotEnoughMemory" in ln}
     lines = list(lines)  # the console's line and the task's error: the same one line
     assert len(lines) == 1 and f"{man['kind']}: part {man['params']['part']} needs about " in lines[0], log
     assert "GiB is available (NPUBUILD_MEMORY_GB); " in lines[0] and "change export.parts" in lines[0], lines

@@ -25,8 +25,7 @@ def test_chat_set_covers_languages_and_domains():
     for r in rows:
         roles = [m["role"] for m in r["messages"]]
         body = roles[1:] if roles[0] == "system" else roles
-        assert body[0] == "user" and body[-1] == "assistant" and all(
-            a != b for a, b in zip(body, body[1:])), r["id"]
+        assert body[0] == "user" and body[-1] == "assistant" and all(a != b for a, b in zip(body, body[1:])), r["id"]
 
 
 class _Tok:
@@ -60,15 +59,18 @@ def test_jsonl_samples_use_the_chat_template_when_the_tokenizer_has_one(tmp_path
 GOOD_LINE = '{"messages": [{"role": "user", "content": "a"}]}\n'
 
 
-@pytest.mark.parametrize("bad, words", [
-    ('{"msgs": []}', "expected a JSON object with a non-empty list 'messages'"),
-    ('[1, 2]', "expected a JSON object with a non-empty list 'messages'"),
-    ('null', "expected a JSON object with a non-empty list 'messages'"),
-    ('{"messages": [{"role": "user"}]}', "expected messages[0] to be"),
-    ('{"messages": ["hello"]}', "expected messages[0] to be"),
-    ('{"messages": [{"role": "user", "content": 3}]}', "expected messages[0] to be"),
-    ('{"messages": [{"role": "user", "content": "a"}', "expected one JSON object per line, found invalid JSON"),
-])
+@pytest.mark.parametrize(
+    "bad, words",
+    [
+        ('{"msgs": []}', "expected a JSON object with a non-empty list 'messages'"),
+        ("[1, 2]", "expected a JSON object with a non-empty list 'messages'"),
+        ("null", "expected a JSON object with a non-empty list 'messages'"),
+        ('{"messages": [{"role": "user"}]}', "expected messages[0] to be"),
+        ('{"messages": ["hello"]}', "expected messages[0] to be"),
+        ('{"messages": [{"role": "user", "content": 3}]}', "expected messages[0] to be"),
+        ('{"messages": [{"role": "user", "content": "a"}', "expected one JSON object per line, found invalid JSON"),
+    ],
+)
 def test_a_bad_conversation_names_file_and_line(tmp_path, bad, words):
     """Every kind of malformed line is one ValueError naming the file and line (no KeyError,
     TypeError or AttributeError from inside the reader); the recipe load reports it too."""
@@ -95,7 +97,8 @@ def test_an_llm_recipe_with_a_bad_chat_file_is_a_load_error(tmp_path, monkeypatc
     (tmp_path / "data" / "v.txt").write_text("one\ntwo\n")
     (tmp_path / "recipes" / "r.yaml").write_text(
         "source: {path: models/m}\nexport: {family: llm, sequence_length: 16, context_length: 64}\n"
-        "quantize:\n  calibration: {file: data/c.jsonl, samples: 2}\nverify:\n  data: {file: data/v.txt, samples: 2}\n")
+        "quantize:\n  calibration: {file: data/c.jsonl, samples: 2}\nverify:\n  data: {file: data/v.txt, samples: 2}\n"
+    )
     ok, errs = load_all(tmp_path / "recipes", collect_errors=True)
     assert "r" not in ok
     msg = dict(errs["r"].problems)["quantize.calibration.file"]
@@ -124,10 +127,14 @@ def test_a_feed_store_cuts_empty_cache_slots_and_reads_them_back_exactly(tmp_pat
     k = np.zeros((1, 2, 64, 8), np.float32)
     k[:, :, :5] = rng.standard_normal((1, 2, 5, 8))
     k[0, 1, 3, 7] = 0.0  # a zero inside the written slots stays
-    feed = {"past_key_0": k, "past_value_0": np.zeros((1, 2, 64, 8), np.float32),
-            "hidden": rng.standard_normal((1, 16, 24)).astype(np.float32),
-            "input_ids": np.array([[5, 6, 7] + [0] * 13], np.int32),
-            "past_seq_len": np.array([[15]], np.int32), "total_seq_len": np.array([64], np.int32)}
+    feed = {
+        "past_key_0": k,
+        "past_value_0": np.zeros((1, 2, 64, 8), np.float32),
+        "hidden": rng.standard_normal((1, 16, 24)).astype(np.float32),
+        "input_ids": np.array([[5, 6, 7] + [0] * 13], np.int32),
+        "past_seq_len": np.array([[15]], np.int32),
+        "total_seq_len": np.array([64], np.int32),
+    }
     feed["signed"] = np.array([1.0] + [-0.0] * 9, np.float32)  # -0.0 is not an empty slot: kept bit for bit
     feed["flags"] = np.array([True] + [False] * 9)
     stores = [FeedStore(tmp_path / d) for d in ("a", "b")]

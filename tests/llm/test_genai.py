@@ -2,6 +2,7 @@
 tokens equal LLMRunner's on the same QDQ graphs (CPU EP) and the same per-graph context binaries
 (QNN HTP simulator). The doit-level check (every tiny recipe, all verify prompts) is in
 tests/llm/test_llm_recipes.py."""
+
 import json
 
 import numpy as np
@@ -11,8 +12,9 @@ import pytest
 from llm_fixtures import PROMPTS, random_phi3_hd80, tiny_export, tiny_model
 
 
-LONG = ("Every morning the farmer milked the cows, fed the chickens, and opened the gate for "
-        "the sheep. In the afternoon he")
+LONG = (
+    "Every morning the farmer milked the cows, fed the chickens, and opened the gate for the sheep. In the afternoon he"
+)
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +70,7 @@ def test_genai_on_qdq_graphs_equals_llmrunner(qwen2_bundle, tmp_path):
     for ids in prompts:
         ref = runner.generate(ids, 16, eos_token_id=eos)
         assert len(set(ref)) >= 4  # a varied continuation, so equality can fail
-        assert genai.generate(ids, 16) == (ref[:ref.index(eos)] if eos in ref else ref)  # genai drops eos
+        assert genai.generate(ids, 16) == (ref[: ref.index(eos)] if eos in ref else ref)  # genai drops eos
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +84,12 @@ def phi3_qdq(tmp_path_factory):
 
     model = random_phi3_hd80(tmp_path_factory.mktemp("phi3-hd80"))
     ex = tmp_path_factory.mktemp("phi3-export")
-    export.run({"source": model}, {}, {"part": 0, "parts": 1, "sequence_length": 16, "context_length": 64,
-                                       "embedding": "first-part"}, ex)
+    export.run(
+        {"source": model},
+        {},
+        {"part": 0, "parts": 1, "sequence_length": 16, "context_length": 64, "embedding": "first-part"},
+        ex,
+    )
     cal = calibrate_parts(model, ex, tmp_path_factory.mktemp("phi3-calib"), 8)
     qdq = quantize_parts(ex, cal, {"precision": "w8a16"}, tmp_path_factory.mktemp("phi3-qdq"))
     return {"model": model, "qdq": qdq, "desc": json.loads((ex / "export.json").read_text())}
@@ -120,8 +126,9 @@ def test_genai_on_the_cpu_gives_llmrunners_logits_bit_for_bit(phi3_qdq, tmp_path
         gen.append_tokens(ids)
         logits, tokens = runner.prefill_logits(ids), []
         for step in range(K):
-            np.testing.assert_array_equal(np.asarray(gen.get_logits()).reshape(-1), logits,
-                                          err_msg=f"{text!r}, step {step}")
+            np.testing.assert_array_equal(
+                np.asarray(gen.get_logits()).reshape(-1), logits, err_msg=f"{text!r}, step {step}"
+            )
             gen.generate_next_token()
             tokens.append(int(gen.get_next_tokens()[0]))
             assert tokens[-1] == int(np.argmax(logits))
@@ -129,7 +136,7 @@ def test_genai_on_the_cpu_gives_llmrunners_logits_bit_for_bit(phi3_qdq, tmp_path
                 break
             logits = runner.step(tokens[-1])
         ref = runner.generate(ids, K, eos_token_id=eos)
-        same.append(genai.generate(ids, K) == (ref[:ref.index(eos)] if eos in ref else ref))
+        same.append(genai.generate(ids, K) == (ref[: ref.index(eos)] if eos in ref else ref))
     assert np.mean(same) == 1.0, same  # the bar genai_runner_agreement
 
 
@@ -150,7 +157,7 @@ def test_genai_on_htp_simulator_equals_llmrunner(qwen2_bundle):
     eos = desc["eos_token_id"]
     for ids in _prompts()[:2] + _prompts()[-1:]:
         ref = runner.generate(ids, 8, eos_token_id=eos)
-        assert genai.generate(ids, 8) == (ref[:ref.index(eos)] if eos in ref else ref)
+        assert genai.generate(ids, 8) == (ref[: ref.index(eos)] if eos in ref else ref)
 
 
 def test_genai_config_shape(qwen2_bundle, tmp_path):
@@ -162,8 +169,13 @@ def test_genai_config_shape(qwen2_bundle, tmp_path):
     og.Config(str(tmp_path))
     cfg = genai_config(desc, bundle_files(desc))
     sw = cfg["model"]["decoder"]["sliding_window"]
-    assert sw == {"window_size": desc["seq_len"], "pad_value": 0, "alignment": "left",
-                  "slide_key_value_cache": False, "slide_inputs": True}
+    assert sw == {
+        "window_size": desc["seq_len"],
+        "pad_value": 0,
+        "alignment": "left",
+        "slide_key_value_cache": False,
+        "slide_inputs": True,
+    }
     assert "_unverified" not in cfg
     with pytest.raises(ValueError, match="separate"):
         genai_config({**desc, "embed": "separate"}, bundle_files(desc))
@@ -182,9 +194,17 @@ def test_kv_encodings_one_per_layer_and_kv_in_either_layout():
     other tensors keep their own range."""
     from tasks.llm.boundary import encodings, kv_cache
 
-    assert [kv_cache(n) for n in ("past_key_3", "present_value_3", "past_key_3_in", "past_value_3_out",
-                                  "hidden_states_0", "past_seq_len")] == ["key_3", "value_3", "key_3", "value_3",
-                                                                          None, None]
+    assert [
+        kv_cache(n)
+        for n in (
+            "past_key_3",
+            "present_value_3",
+            "past_key_3_in",
+            "past_value_3_out",
+            "hidden_states_0",
+            "past_seq_len",
+        )
+    ] == ["key_3", "value_3", "key_3", "value_3", None, None]
     for past, present in (("past_key_0", "present_key_0"), ("past_key_0_in", "past_key_0_out")):
         ranges = [{past: [-1.0, 2.0], present: [-3.0, 1.5], "logits": [-4.0, 8.0]}, {past: [-0.5, 2.5]}]
         e8 = encodings(ranges, [past, present, "logits"], 8)

@@ -1,4 +1,5 @@
 """The host KV cache (tasks/llm/kv_cache.py): its file keeps the written slots only and restores them exactly."""
+
 import numpy as np
 
 

@@ -1,17 +1,32 @@
 """Static prefill/decode ONNX export: shapes, dtypes, op set, determinism, part split."""
+
 import onnx
 import pytest
 
 from llm_fixtures import CONTEXT_LEN, SEQ_LEN, tiny_export, tiny_model
 
 _DT = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.INT32: "int32"}
-BANNED = {"Where", "IsNaN", "IsInf", "Equal", "ConstantOfShape", "Expand", "ScatterND",
-          "GatherND", "Range", "Shape", "Cos", "Sin", "Cast"}
+BANNED = {
+    "Where",
+    "IsNaN",
+    "IsInf",
+    "Equal",
+    "ConstantOfShape",
+    "Expand",
+    "ScatterND",
+    "GatherND",
+    "Range",
+    "Shape",
+    "Cos",
+    "Sin",
+    "Cast",
+}
 
 
 def _io(vis):
-    return [(v.name, [d.dim_value for d in v.type.tensor_type.shape.dim],
-             _DT[v.type.tensor_type.elem_type]) for v in vis]
+    return [
+        (v.name, [d.dim_value for d in v.type.tensor_type.shape.dim], _DT[v.type.tensor_type.elem_type]) for v in vis
+    ]
 
 
 @pytest.mark.parametrize("arch,parts", [("qwen2", 1), ("llama", 2)])
@@ -76,8 +91,14 @@ def test_parts_weigh_the_embedding_and_lm_head():
     split is the even one, the remainder to the earlier parts."""
     from tasks.llm.parts import layer_elements, split_for, split_layers
 
-    qwen7b = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-                  num_key_value_heads=4, vocab_size=152064)
+    qwen7b = dict(
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        vocab_size=152064,
+    )
     assert layer_elements(qwen7b) == 233_046_016
     assert split_for(qwen7b, 4) == [(0, 6), (6, 14), (14, 22), (22, 28)]
     assert split_for(qwen7b, 4, embed_in_part=False) == [(0, 8), (8, 16), (16, 23), (23, 28)]  # head only
@@ -112,14 +133,24 @@ def test_llama3_rope_scaling_is_honoured(tmp_path):
     src, d = tiny_model("llama"), tmp_path / "llama3"
     shutil.copytree(src, d)
     cfg = json.loads((d / "config.json").read_text())
-    cfg["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                           "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+    cfg["rope_scaling"] = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16,
+    }
     (d / "config.json").write_text(json.dumps(cfg))
     export_llm(d, tmp_path / "ex", seq_len=8, context_len=32)
     got = LLMRunner.from_export(tmp_path / "ex", cpu_session).prefill_logits(list(range(3, 23)))
     with torch.no_grad():
-        ref = {m: AutoModelForCausalLM.from_pretrained(m, dtype=torch.float32).eval()(
-            torch.tensor([list(range(3, 23))])).logits[0, -1].numpy() for m in (d, src)}
+        ref = {
+            m: AutoModelForCausalLM.from_pretrained(m, dtype=torch.float32)
+            .eval()(torch.tensor([list(range(3, 23))]))
+            .logits[0, -1]
+            .numpy()
+            for m in (d, src)
+        }
     np.testing.assert_allclose(got, ref[d], atol=2e-4, rtol=0)
     assert np.abs(got - ref[src]).max() > 1e-2
 

@@ -1,4 +1,5 @@
 """Trained tiny LLM fixtures: loadable offline, GQA, varied confident greedy continuations."""
+
 import json
 
 import pytest
@@ -12,8 +13,7 @@ def test_fixture_is_real_and_varied(arch):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     d = tiny_model(arch)
-    for f in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-              "generation_config.json"):
+    for f in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         assert (d / f).exists(), f
     m = AutoModelForCausalLM.from_pretrained(d).eval()
     tok = AutoTokenizer.from_pretrained(d)
@@ -36,8 +36,9 @@ def test_fixture_is_real_and_varied(arch):
     with torch.no_grad():
         for p in PROMPTS[:4]:
             x = tok(p, return_tensors="pt").input_ids
-            out = m.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=16,
-                             do_sample=False)[0, x.shape[1]:].tolist()
+            out = m.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=16, do_sample=False)[
+                0, x.shape[1] :
+            ].tolist()
             assert len(set(out)) >= 8, (p, tok.decode(out))  # not one token repeated
             distinct.update(out)
             # confident: top-1 probability of the first prediction
@@ -55,8 +56,13 @@ def test_fixture_training_is_deterministic(tmp_path):
     digests = []
     for i in range(2):
         d = make_tiny_model("llama", tmp_path / str(i), seed=1, train_seconds=3)
-        digests.append({p.name: hashlib.sha256(p.read_bytes()).hexdigest()
-                        for p in sorted(d.iterdir()) if p.name != "train_time.txt"})
+        digests.append(
+            {
+                p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(d.iterdir())
+                if p.name != "train_time.txt"
+            }
+        )
     assert digests[0] == digests[1]
 
 

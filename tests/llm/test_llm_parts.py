@@ -17,6 +17,7 @@ import pytest
 from conftest import REPO, Project, needs
 from llm_projects import parts_project_at
 
+
 @pytest.fixture
 def parts_project(tmp_path, tiny_bert) -> Project:
     return parts_project_at(tmp_path / "proj", tiny_bert)
@@ -33,15 +34,21 @@ def test_parts_are_stages_resume_by_part_and_are_shared(parts_project):
     the entries, the joined bundle and verify; a lost entry rebuilds one stage; another target
     shares every part stage before compile."""
     proj = parts_project
-    listed = subprocess.run([sys.executable, "-m", "doit", "list", "--all", "-f", str(REPO / "dodo.py"), "-d",
-                             str(proj.root)], env=proj.env, capture_output=True, text=True, check=True).stdout
+    listed = subprocess.run(
+        [sys.executable, "-m", "doit", "list", "--all", "-f", str(REPO / "dodo.py"), "-d", str(proj.root)],
+        env=proj.env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     for k in range(3):
         for s in ("export", "calibrate", "quantize", "compile"):
             assert f"{s}.part{k}:tiny3" in listed, listed
 
     first = proj.doit("run", "calibrate.part2:tiny3")  # every export and calibration first (fast)
-    assert first.ran() == sorted(["download:tiny3"] + [f"{s}.part{k}:tiny3" for k in range(3)
-                                                       for s in ("export", "calibrate")]), first.log()
+    assert first.ran() == sorted(
+        ["download:tiny3"] + [f"{s}.part{k}:tiny3" for k in range(3) for s in ("export", "calibrate")]
+    ), first.log()
     p = proj.popen("run", "build:tiny3", start_new_session=True)
     seen, t0 = [], time.time()
     for line in p.stdout:
@@ -122,14 +129,16 @@ def test_parts_are_stages_resume_by_part_and_are_shared(parts_project):
     # the same model for another target shares every part stage before compile
     proj.recipe("tiny3-8gen3", "extends: tiny3\ncompile: {targets: [8gen3]}\n")
     other = proj.doit("run", "build:tiny3-8gen3")
-    assert other.ran() == sorted([f"compile.part{k}:tiny3-8gen3" for k in range(3)]
-                                 + ["bundle:tiny3-8gen3", "verify:tiny3-8gen3"]), other.log()
+    assert other.ran() == sorted(
+        [f"compile.part{k}:tiny3-8gen3" for k in range(3)] + ["bundle:tiny3-8gen3", "verify:tiny3-8gen3"]
+    ), other.log()
     # both targets in one recipe: every stage is one of the two builds' (cache hits), and each
     # target's folder holds what onnxruntime-genai loads from one folder, the tokenizer included
     proj.recipe("tiny3-both", "extends: tiny3\ncompile: {targets: [x-elite, 8gen3]}\n")
     both = proj.doit("run", "build:tiny3-both")
     assert both.ran() == [], both.log()
     from transformers import AutoTokenizer
+
     want = AutoTokenizer.from_pretrained(str(proj.root / ".fixtures" / "tiny-qwen2"))("a cat sat")["input_ids"]
     for t in ("x-elite", "8gen3"):
         folder = proj.root / "build" / "tiny3-both" / t
@@ -139,8 +148,9 @@ def test_parts_are_stages_resume_by_part_and_are_shared(parts_project):
     # verified on cpu-qdq (the 7B's way), a weight-shared part compiles only the binary it ships
     proj.recipe("tiny3-cpu", "extends: tiny3\nverify: {backend: cpu-qdq}\n")
     cpu = proj.doit("run", "build:tiny3-cpu")
-    assert cpu.ran() == sorted([f"compile.part{k}:tiny3-cpu" for k in range(3)]
-                               + ["bundle:tiny3-cpu", "verify:tiny3-cpu"]), cpu.log()
+    assert cpu.ran() == sorted(
+        [f"compile.part{k}:tiny3-cpu" for k in range(3)] + ["bundle:tiny3-cpu", "verify:tiny3-cpu"]
+    ), cpu.log()
     st = _stages(proj, "tiny3-cpu")
     for k in range(3):
         out = proj.cache / "compile" / st[f"compile.part{k}"]["key"] / "out"
@@ -242,8 +252,23 @@ def test_calibration_disk_estimate_and_a_calibration_that_cannot_fit(parts_proje
     try:
         proj.recipe("many", "extends: tiny3\nquantize: {calibration: {samples: 100000}}\n")
         env = dict(proj.env, NPUBUILD_CACHE=str(huge))
-        p = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-d", str(proj.root), "run",
-                            "calibrate.part0:many"], env=env, capture_output=True, text=True, timeout=600)
+        p = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "doit",
+                "-f",
+                str(REPO / "dodo.py"),
+                "-d",
+                str(proj.root),
+                "run",
+                "calibrate.part0:many",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert p.returncode != 0, p.stdout + p.stderr
         line = [ln for ln in (p.stdout + p.stderr).splitlines() if "DiskFull" in ln]
         assert (
@@ -271,6 +296,6 @@ def test_calibration_text_too_short_names_the_key_the_file_and_the_counts(parts_
     run = proj.doit("run", "calibrate.part0:short", check=False)
     log = run.log()
     assert run.code != 0 and "Traceback" not in log, log
-    line, = [ln for ln in log.splitlines() if "quantize.calibration.file" in ln]
+    (line,) = [ln for ln in log.splitlines() if "quantize.calibration.file" in ln]
     assert "data/short.txt" in line and "expected at least" in line and "tokens of text" in line, line
     assert proj.entries("calibrate") == []

@@ -1,4 +1,5 @@
 """w8a16 QDQ -> QNN HTP compile (all nodes on HTP) -> HTP simulator via LLMRunner; weight sharing."""
+
 import numpy as np
 import pytest
 import torch
@@ -17,8 +18,10 @@ def qwen2_qdq(tmp_path_factory):
     entry = export_entry(mdir, ex, tmp_path_factory.mktemp("export") / "entry")
     feeds = feed_stores(calibrate_parts(mdir, entry, tmp_path_factory.mktemp("calib"), 6))
     out = tmp_path_factory.mktemp("qdq")
-    res = {g: qdq.quantize_qdq(ex / "part0" / f"{g}.onnx", out / f"{g}.qdq.onnx", feeds[g][0])
-           for g in ("prefill", "decode")}
+    res = {
+        g: qdq.quantize_qdq(ex / "part0" / f"{g}.onnx", out / f"{g}.qdq.onnx", feeds[g][0])
+        for g in ("prefill", "decode")
+    }
     res["feeds"] = feeds
     return res
 
@@ -50,8 +53,9 @@ def test_compile_and_run_on_htp_simulator(qwen2_qdq, tmp_path):
 def test_weight_shared_binary_is_smaller(qwen2_qdq, tmp_path):
     from tasks.llm import htp
 
-    singles = [htp.compile_single(qwen2_qdq[g], tmp_path / "single", name=g)["bin_bytes"]
-               for g in ("prefill", "decode")]
+    singles = [
+        htp.compile_single(qwen2_qdq[g], tmp_path / "single", name=g)["bin_bytes"] for g in ("prefill", "decode")
+    ]
     shared = htp.compile_shared(qwen2_qdq["prefill"], qwen2_qdq["decode"], tmp_path / "shared")
     assert len(shared["bins"]) == 1
     assert shared["bin_bytes"] < 0.7 * sum(singles), (shared["bin_bytes"], singles)
@@ -66,8 +70,9 @@ def test_w4a16_weights_and_htp_prefill(qwen2_qdq, tmp_path):
     from tasks.llm import htp, qdq
 
     ex = tiny_export("qwen2")
-    q = qdq.quantize_qdq(ex / "part0" / "prefill.onnx", tmp_path / "p4.qdq.onnx",
-                           qwen2_qdq["feeds"]["prefill"][0], weight_type="int4")
+    q = qdq.quantize_qdq(
+        ex / "part0" / "prefill.onnx", tmp_path / "p4.qdq.onnx", qwen2_qdq["feeds"]["prefill"][0], weight_type="int4"
+    )
     m = onnx.load(str(q))
     inits = {i.name: i for i in m.graph.initializer}
     deq = {n.output[0]: n for n in m.graph.node if n.op_type == "DequantizeLinear"}
@@ -130,8 +135,9 @@ def test_decode_graph_takes_the_prefills_int4_encodings(qwen2_qdq, tmp_path):
 
 
 @pytest.mark.parametrize("kw", [dict(block_size=64), dict(rounding="gptq")], ids=["lpbq", "gptq-per-channel"])
-def test_int4_weights_reencoded_whole_are_quantized_per_tensor_first_and_leave_the_same_bytes(qwen2_qdq, tmp_path,
-                                                                                            monkeypatch, kw):
+def test_int4_weights_reencoded_whole_are_quantized_per_tensor_first_and_leave_the_same_bytes(
+    qwen2_qdq, tmp_path, monkeypatch, kw
+):
     """When reencode replaces every int4 MatMul weight's encoding (LPBQ blocks, GPTQ codes),
     onnxruntime's quantizer is handed those weights per-tensor (its cheap path,
     :func:`tasks.qnn.quantconfig.per_tensor_4bit`); the QDQ model left is the bytes its per-channel
@@ -145,8 +151,9 @@ def test_int4_weights_reencoded_whole_are_quantized_per_tensor_first_and_leave_t
     ex, feeds = tiny_export("qwen2"), qwen2_qdq["feeds"]
 
     def q(out):
-        return qdq.quantize_qdq(ex / "part0" / "prefill.onnx", tmp_path / out, feeds["prefill"][0],
-                                weight_type="int4", **kw)
+        return qdq.quantize_qdq(
+            ex / "part0" / "prefill.onnx", tmp_path / out, feeds["prefill"][0], weight_type="int4", **kw
+        )
 
     fast = q("fast.onnx")
     calls = []
@@ -164,7 +171,9 @@ def test_per_tensor_4bit_drops_the_axis_of_4_bit_weights_only():
 
     from tasks.qnn.quantconfig import per_tensor_4bit
 
-    o = {"a": [{"quant_type": QuantType.QInt4, "axis": 1, "symmetric": True}],
-         "b": [{"quant_type": QuantType.QUInt8, "axis": 1, "symmetric": True}]}
+    o = {
+        "a": [{"quant_type": QuantType.QInt4, "axis": 1, "symmetric": True}],
+        "b": [{"quant_type": QuantType.QUInt8, "axis": 1, "symmetric": True}],
+    }
     assert per_tensor_4bit(o) == {"a": [{"quant_type": QuantType.QInt4, "symmetric": True}], "b": o["b"]}
     assert o["a"][0]["axis"] == 1  # a new dict

@@ -18,14 +18,21 @@ from conftest import REPO, Project
 from llm_fixtures import random_phi3_hd80, tiny_model
 from llm_projects import DATA, assert_within_estimates, stage_manifests
 
+
 @pytest.fixture(scope="module")
 def llm_project(tmp_path_factory, tiny_bert) -> Project:
     proj = Project(tmp_path_factory.mktemp("llm") / "proj", tiny_bert)
     for rel in DATA:
         (proj.root / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(REPO / rel, proj.root / rel)
-    for name in ("tiny-qwen2-w8a16", "tiny-llama-w8a16", "tiny-qwen2-w4a16", "tiny-qwen3-w8a16", "tiny-phi3-w8a16",
-                 "tiny-gemma-w8a16"):
+    for name in (
+        "tiny-qwen2-w8a16",
+        "tiny-llama-w8a16",
+        "tiny-qwen2-w4a16",
+        "tiny-qwen3-w8a16",
+        "tiny-phi3-w8a16",
+        "tiny-gemma-w8a16",
+    ):
         shutil.copyfile(REPO / "recipes" / f"{name}.yaml", proj.root / "recipes" / f"{name}.yaml")
     for arch in ("qwen2", "llama", "qwen3", "phi3", "gemma"):
         shutil.copytree(tiny_model(arch), proj.root / ".fixtures" / f"tiny-{arch}")
@@ -40,8 +47,13 @@ def _compile_info(proj: Project, recipe: str) -> dict:
     """{"parts": [row per part]} from the recipe's ``compile.part{k}`` entries (issue 22)."""
     state = json.loads((proj.root / "build" / recipe / "stages.json").read_text())
     names = sorted((n for n in state if n.startswith("compile.part")), key=lambda n: int(n.split("part")[1]))
-    return {"parts": [row for n in names
-                      for row in json.loads((Path(state[n]["entry"]) / "manifest.json").read_text())["info"]["parts"]]}
+    return {
+        "parts": [
+            row
+            for n in names
+            for row in json.loads((Path(state[n]["entry"]) / "manifest.json").read_text())["info"]["parts"]
+        ]
+    }
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3", "phi3", "gemma"])
@@ -79,8 +91,10 @@ def test_tiny_llm_w8a16_builds_and_matches_fp32_on_htp(llm_project, arch):
     import onnxruntime_genai as og
 
     cfg = json.loads((b / "genai_config.json").read_text())
-    assert [next(iter(p.values()))["filename"] for p in cfg["model"]["decoder"]["pipeline"]] == \
-        ["shared/part0/prefill_ctx.onnx", "shared/part0/decode_ctx.onnx"]
+    assert [next(iter(p.values()))["filename"] for p in cfg["model"]["decoder"]["pipeline"]] == [
+        "shared/part0/prefill_ctx.onnx",
+        "shared/part0/decode_ctx.onnx",
+    ]
     og.Config(str(b))
     # every stage within the memory estimate checked before it ran, its whole process tree
     assert_within_estimates(stage_manifests(llm_project, recipe))
@@ -90,8 +104,9 @@ def test_w4a16_after_w8a16_reuses_download_and_export(llm_project):
     llm_project.doit("run", "build:tiny-qwen2-w8a16")
     run = llm_project.doit("run", "build:tiny-qwen2-w4a16")
     # download and export.part0 are shared; calibration differs (64 prompts, not 8)
-    assert run.ran() == [f"{s}:tiny-qwen2-w4a16" for s in ("bundle", "calibrate.part0", "compile.part0",
-                                                            "quantize.part0", "verify")]
+    assert run.ran() == [
+        f"{s}:tiny-qwen2-w4a16" for s in ("bundle", "calibrate.part0", "compile.part0", "quantize.part0", "verify")
+    ]
     m = _report(llm_project, "tiny-qwen2-w4a16")["metrics"]
     # int4 block-wise + GPTQ, lm_head too, v/down projections 8-bit: measured 100 % / 0.9979 (issue 21);
     # with calibrate recording 4 consecutive decode steps (was 4 of 24) 95 of 96 tokens / 0.99803
@@ -145,8 +160,11 @@ def test_the_genai_binaries_take_the_kv_cache_in_8_bits(llm_project):
     desc = json.loads((build / "export.json").read_text())
     kv = _kv_io(build)
     layers, shape = desc["num_layers"], (1, desc["num_kv_heads"], desc["context_len"], desc["head_dim"])
-    assert sorted({b for b, _, _ in kv}) == ["part0/decode_ctx_qnn.bin", "part0/prefill_ctx_qnn.bin",
-                                             "shared/part0/prefill_ctx_qnn.bin"]
+    assert sorted({b for b, _, _ in kv}) == [
+        "part0/decode_ctx_qnn.bin",
+        "part0/prefill_ctx_qnn.bin",
+        "shared/part0/prefill_ctx_qnn.bin",
+    ]
     assert len(kv) == 4 * layers * 4  # 4 graphs (2 per-graph binaries, 2 in the shared one) x 4 tensors a layer
     assert set(kv.values()) == {("UINT8", shape)}, sorted({v for v in kv.values()})
     enc = {}
@@ -180,8 +198,9 @@ def test_an_llm_threshold_fails_the_build_and_stays_out_of_the_verify_key(llm_pr
     are not in its key) and the build fails naming the metric, its value and the bar."""
     llm_project.doit("run", "build:tiny-qwen2-w8a16")
     got = _report(llm_project, "tiny-qwen2-w8a16")["metrics"]["logits_cosine_mean"]
-    llm_project.recipe("tiny-qwen2-strict", "extends: tiny-qwen2-w8a16\n"
-                       "verify: {thresholds: {logits_cosine_mean: 0.9999999}}\n")
+    llm_project.recipe(
+        "tiny-qwen2-strict", "extends: tiny-qwen2-w8a16\nverify: {thresholds: {logits_cosine_mean: 0.9999999}}\n"
+    )
     before = {k: llm_project.entries(k) for k in ("quantize", "compile", "verify")}
     run = llm_project.doit("run", "build:tiny-qwen2-strict", check=False)
     # the verify task runs only to judge the cached entry: no stage built anything
@@ -210,9 +229,12 @@ def test_genai_and_the_runner_agree_on_a_phi3_with_head_dim_80(llm_project):
     out = llm_project.root / "models" / "phi3-hd80"
     Phi3ForCausalLM(Phi3Config(**cfg)).eval().save_pretrained(out)
     AutoTokenizer.from_pretrained(src).save_pretrained(out)
-    llm_project.recipe("phi3-hd80", "extends: tiny-phi3-w8a16\nsource: {path: models/phi3-hd80}\n"
-                       "verify: {thresholds: {token_agreement: 0.1, logits_cosine_mean: 0.9, perplexity_ratio: 1.5, "
-                       "genai_runner_agreement: 1.0}}\n")  # random weights: near ties, so loose bars but genai = runner
+    llm_project.recipe(
+        "phi3-hd80",
+        "extends: tiny-phi3-w8a16\nsource: {path: models/phi3-hd80}\n"
+        "verify: {thresholds: {token_agreement: 0.1, logits_cosine_mean: 0.9, perplexity_ratio: 1.5, "
+        "genai_runner_agreement: 1.0}}\n",
+    )  # random weights: near ties, so loose bars but genai = runner
     llm_project.doit("run", "build:phi3-hd80")
     r = _report(llm_project, "phi3-hd80")
     assert json.loads((out / "config.json").read_text())["hidden_size"] // 2 == 80
@@ -228,9 +250,12 @@ def test_genai_and_the_runner_agree_on_the_cpu_on_a_random_phi3(llm_project):
     because genai's CPU sessions computed the QDQ graphs' weight MatMuls with int8 activations:
     ``tasks/llm/sessions.py``). The other bars are loosened: random weights, near ties."""
     random_phi3_hd80(llm_project.root / "models" / "phi3-hd80-seeded")
-    llm_project.recipe("phi3-hd80-cpu", "extends: tiny-qwen2-w8a16\nsource: {path: models/phi3-hd80-seeded}\n"
-                       "verify: {backend: cpu-qdq, thresholds: {token_agreement: 0.1, logits_cosine_mean: 0.9, "
-                       "perplexity_ratio: 1.5, genai_runner_agreement: 1.0}}\n")
+    llm_project.recipe(
+        "phi3-hd80-cpu",
+        "extends: tiny-qwen2-w8a16\nsource: {path: models/phi3-hd80-seeded}\n"
+        "verify: {backend: cpu-qdq, thresholds: {token_agreement: 0.1, logits_cosine_mean: 0.9, "
+        "perplexity_ratio: 1.5, genai_runner_agreement: 1.0}}\n",
+    )
     run = llm_project.doit("run", "build:phi3-hd80-cpu", check=False)
     assert run.code == 0, run.log()
     r = _report(llm_project, "phi3-hd80-cpu")
@@ -249,8 +274,11 @@ def test_tiny_llm_builds_byte_identical_in_two_folders(llm_project, tmp_path):
     import hashlib
 
     def sums(folder: Path) -> dict[str, str]:
-        return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-                for p in sorted(folder.rglob("*")) if p.is_file()}
+        return {
+            p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*"))
+            if p.is_file()
+        }
 
     recipe = "tiny-qwen2-w8a16"
     llm_project.doit("run", f"build:{recipe}", f"publish:{recipe}")
@@ -258,8 +286,13 @@ def test_tiny_llm_builds_byte_identical_in_two_folders(llm_project, tmp_path):
     for folder in (tmp_path / "x" / "second folder",):
         other = Project.__new__(Project)
         other.root = llm_project.root
-        other.env = dict(llm_project.env, NPUBUILD_CACHE=str(folder / "cache"), NPUBUILD_BUILD=str(folder / "build"),
-                         NPUBUILD_HOME=str(folder / "home"), NPUBUILD_DIST=str(folder / "dist"))
+        other.env = dict(
+            llm_project.env,
+            NPUBUILD_CACHE=str(folder / "cache"),
+            NPUBUILD_BUILD=str(folder / "build"),
+            NPUBUILD_HOME=str(folder / "home"),
+            NPUBUILD_DIST=str(folder / "dist"),
+        )
         run = other.doit("run", f"build:{recipe}", f"publish:{recipe}")
         assert f"compile.part0:{recipe}" in run.ran() and f"export.part0:{recipe}" in run.ran()
         dists.append(folder / "dist")
@@ -278,7 +311,6 @@ def test_tiny_llm_builds_byte_identical_in_two_folders(llm_project, tmp_path):
     assert len({hashlib.sha256(a.read_bytes()).hexdigest() for a in archives}) == 1
 
 
-
 def test_every_module_an_llm_stage_runs_is_in_its_key(llm_project, tmp_path):
     """Issue 24, through the doit CLI: an LLM build whose quantize children (GPTQ, with the
     decode graph's feeds handed over as FeedStores) and compile children (``tasks.llm.htp``)
@@ -286,11 +318,14 @@ def test_every_module_an_llm_stage_runs_is_in_its_key(llm_project, tmp_path):
     stage's code digest."""
     from code_graph import traced_modules_outside_keys
 
-    llm_project.recipe("tiny-qwen2-trace", "extends: tiny-qwen2-w8a16\nexport: {sequence_length: 8}\n"
-                       "quantize: {precision: w4a16, block_size: 32, rounding: gptq, gptq_span: 256,\n"
-                       "  calibration: {samples: 4}}\n"
-                       "verify: {data: {samples: 2}, max_new_tokens: 4,\n"
-                       "  thresholds: {token_agreement: 0.0, logits_cosine_mean: 0.5, perplexity_ratio: 10.0}}\n")
+    llm_project.recipe(
+        "tiny-qwen2-trace",
+        "extends: tiny-qwen2-w8a16\nexport: {sequence_length: 8}\n"
+        "quantize: {precision: w4a16, block_size: 32, rounding: gptq, gptq_span: 256,\n"
+        "  calibration: {samples: 4}}\n"
+        "verify: {data: {samples: 2}, max_new_tokens: 4,\n"
+        "  thresholds: {token_agreement: 0.0, logits_cosine_mean: 0.5, perplexity_ratio: 10.0}}\n",
+    )
     trace = tmp_path / "trace"
     trace.mkdir()
     env = dict(llm_project.env)
@@ -329,7 +364,11 @@ def test_max_new_tokens_beyond_the_context_is_refused_at_load(llm_project):
     run = llm_project.doit("run", "build:tiny-qwen2-long", check=False)
     assert run.code != 0
     said = [ln for ln in run.log().splitlines() if "verify.max_new_tokens" in ln]
-    assert said and "expected verify.max_new_tokens + export.sequence_length (one padded prompt window) <= " \
-                    "export.context_length - 1 = 63, found 48 + 16 = 64" in said[0], run.log()
+    assert (
+        said
+        and "expected verify.max_new_tokens + export.sequence_length (one padded prompt window) <= "
+        "export.context_length - 1 = 63, found 48 + 16 = 64"
+        in said[0]
+    ), run.log()
     assert "Traceback" not in run.log()
     assert {k: llm_project.entries(k) for k in ("download", "export")} == before  # nothing built

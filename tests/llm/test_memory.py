@@ -1,6 +1,7 @@
 """Issue 8: one part in memory at a time. The part loader reads exactly one part's tensors from a
 sharded checkpoint; stages refuse, before starting, a build whose estimate exceeds the memory
 available, naming the recipe keys to change."""
+
 import json
 
 import numpy as np
@@ -73,8 +74,14 @@ def test_estimates_follow_the_largest_part_not_the_model():
     from tasks.llm.parts import split_layers
     from tasks.llm.memory import GiB, estimates, part_params
 
-    cfg = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-               num_key_value_heads=4, vocab_size=152064)
+    cfg = dict(
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        vocab_size=152064,
+    )
     assert abs(part_params(cfg, 0, 28, True, True, True) - 7.6156e9) < 1e6  # Qwen2.5-7B: 7.62 B
     four = estimates(cfg, split_layers(28, 4), 128, 4096)
     one = estimates(cfg, split_layers(28, 1), 128, 4096)
@@ -93,8 +100,14 @@ def test_the_086b_quantize_estimates_cover_its_children_and_fit_4_gib_beside_the
     from tasks.llm.memory import GiB, estimates
     from tasks.llm.parts import split_for, split_sizes
 
-    cfg = dict(hidden_size=1024, intermediate_size=5632, num_hidden_layers=28, num_attention_heads=16,
-               num_key_value_heads=2, vocab_size=151936)
+    cfg = dict(
+        hidden_size=1024,
+        intermediate_size=5632,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=2,
+        vocab_size=151936,
+    )
     assert split_sizes(1024, 151936) == [75968, 75968]
     ranges = split_for(cfg, 4)
     est = [estimates(cfg, ranges, 128, 256, True, 4, p, 4)["quantize"][0] for p in range(4)]
@@ -124,8 +137,10 @@ def test_stage_refuses_a_build_that_does_not_fit(tmp_path):
     log = run.log()
     # one line, no traceback (testers saw 20 lines), and the advice that can help here
     assert "Traceback" not in log and "PythonAction Error" not in log, log
-    assert ("download needs about 0.8 GiB, 0.5 GiB is available (NPUBUILD_MEMORY_GB); the budget is below "
-            "the 0.8 GiB any stage takes (Python and its libraries): raise NPUBUILD_MEMORY_GB") in log, log
+    assert (
+        "download needs about 0.8 GiB, 0.5 GiB is available (NPUBUILD_MEMORY_GB); the budget is below "
+        "the 0.8 GiB any stage takes (Python and its libraries): raise NPUBUILD_MEMORY_GB"
+    ) in log, log
     assert proj.entries("download") == [] and proj.entries("export") == []
     for bad in ("abc", "0", "-1", "nan", "inf", "1e400", "1e300", "1_0"):  # refused before any task runs, one line
         proj.env["NPUBUILD_MEMORY_GB"] = bad
@@ -137,8 +152,10 @@ def test_stage_refuses_a_build_that_does_not_fit(tmp_path):
                 == f"npubuild: NPUBUILD_MEMORY_GB: expected a number of GiB > 0 and at most 1048576, found {bad!r}"
             ), r.log()
     proj.env["NPUBUILD_MEMORY_GB"] = "4"
-    assert proj.doit("run", "export.part0:tiny-qwen2-w8a16").ran() == ["download:tiny-qwen2-w8a16",
-                                                                       "export.part0:tiny-qwen2-w8a16"]
+    assert proj.doit("run", "export.part0:tiny-qwen2-w8a16").ran() == [
+        "download:tiny-qwen2-w8a16",
+        "export.part0:tiny-qwen2-w8a16",
+    ]
 
 
 def test_not_enough_memory_names_the_recipe_keys_that_lower_it(monkeypatch):
@@ -173,10 +190,13 @@ def test_the_check_adds_what_the_stage_process_holds_already(monkeypatch):
     assert abs(child - rss) < 64 * 2**20 and abs(own - (rss - budget.BASE)) < 64 * 2**20 and own >= 0.7 * budget.GiB
     est = int(63.5 * budget.GiB)
     budget.check("compile", est, 0, recipe_keys="export.parts (now 4)")  # fits without what is held
-    with pytest.raises(budget.NotEnoughMemory, match=r"compile: part 0 needs about 6\d\.\d GiB \(\d\.\d GiB of it held "
-                                                     r"already by the process that runs it\), 64\.0 GiB is available "
-                                                     r"\(NPUBUILD_MEMORY_GB\); it fits in a new process: run the same "
-                                                     r"command again .*, or to lower it change export\.parts"):
+    with pytest.raises(
+        budget.NotEnoughMemory,
+        match=r"compile: part 0 needs about 6\d\.\d GiB \(\d\.\d GiB of it held "
+        r"already by the process that runs it\), 64\.0 GiB is available "
+        r"\(NPUBUILD_MEMORY_GB\); it fits in a new process: run the same "
+        r"command again .*, or to lower it change export\.parts",
+    ):
         budget.check("compile", est, 0, recipe_keys="export.parts (now 4)", held=child)
     with pytest.raises(budget.NotEnoughMemory) as e:  # too big even alone: no advice to run it again
         budget.check("compile", int(64.5 * budget.GiB), 0, recipe_keys="export.parts (now 4)", held=child)
@@ -192,15 +212,23 @@ def test_export_check_names_its_part_and_that_no_recipe_key_lowers_it(monkeypatc
     from tasks.llm import memory
     from tasks.errors import apart
 
-    cfg = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-               num_key_value_heads=4, vocab_size=152064)
+    cfg = dict(
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        vocab_size=152064,
+    )
     monkeypatch.setenv("NPUBUILD_MEMORY_GB", "2")
     mid = memory.check_stage("export", cfg, parts=4, seq_len=128, context_len=4096, part=1)
     assert mid == memory.BASE + 6 * 3584 * 18944
     with pytest.raises(memory.NotEnoughMemory) as e:
         memory.check_stage("export", cfg, parts=4, seq_len=128, context_len=4096, part=3)
-    assert str(e.value) == ("export: part 3 needs about 3.8 GiB, 2.0 GiB is available (NPUBUILD_MEMORY_GB); "
-                            "no recipe key lowers it: raise NPUBUILD_MEMORY_GB")
+    assert str(e.value) == (
+        "export: part 3 needs about 3.8 GiB, 2.0 GiB is available (NPUBUILD_MEMORY_GB); "
+        "no recipe key lowers it: raise NPUBUILD_MEMORY_GB"
+    )
     monkeypatch.setenv("NPUBUILD_MEMORY_GB", f"{mid / memory.GiB - 0.001}")
     with pytest.raises(memory.NotEnoughMemory, match=r"part 1 needs about 1\.179 GiB, 1\.178 GiB is available"):
         memory.check_stage("export", cfg, parts=4, seq_len=128, context_len=4096, part=1)
@@ -254,8 +282,12 @@ def test_verify_keeps_open_the_most_parts_that_fit_and_refuses_in_one_line_when_
     from tasks.llm.verify_memory import verify_plan
 
     def phases_for(resident):
-        return {"read_back": GiB, "genai": int(2.2 * GiB), "compiled": int((1 + 0.5 * resident) * GiB),
-                "reference": int(1.5 * GiB)}
+        return {
+            "read_back": GiB,
+            "genai": int(2.2 * GiB),
+            "compiled": int((1 + 0.5 * resident) * GiB),
+            "reference": int(1.5 * GiB),
+        }
 
     keys = {"parts": 4, "context": 256, "samples": 6}
     monkeypatch.setenv("NPUBUILD_MEMORY_GB", "3")
@@ -270,7 +302,8 @@ def test_verify_keeps_open_the_most_parts_that_fit_and_refuses_in_one_line_when_
         "reference 1.5), 1.4 GiB is available (NPUBUILD_MEMORY_GB); to lower it, genai: change verify.runtime (now "
         "genai: runner does not load every part at once) or export.context_length (now 256); compiled: change "
         "export.parts (now 4), verify.data.samples (now 6) or export.context_length (now 256); reference: change "
-        "export.parts (now 4) or verify.data.samples (now 6), or raise NPUBUILD_MEMORY_GB")
+        "export.parts (now 4) or verify.data.samples (now 6), or raise NPUBUILD_MEMORY_GB"
+    )
     monkeypatch.delenv("NPUBUILD_MEMORY_GB")
     monkeypatch.setattr("tasks.proc.budget.available_bytes", lambda: None)
     assert verify_plan(phases_for, 4, keys=keys)[0] == 1  # nothing known: one part at a time

@@ -27,10 +27,17 @@ def _lpbq_matmul(K: int, N: int, block: int, seed: int = 0):
         numpy_helper.from_array(s, "w_scale"),
         helper.make_tensor("w_zero_point", TensorProto.INT4, [N], [0] * N),
     ]
-    nodes = [helper.make_node("DequantizeLinear", ["w_quantized", "w_scale", "w_zero_point"], ["wd"], axis=1),
-             helper.make_node("MatMul", ["x", "wd"], ["y"])]
-    g = helper.make_graph(nodes, "mm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "M", K])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "M", N])], inits)
+    nodes = [
+        helper.make_node("DequantizeLinear", ["w_quantized", "w_scale", "w_zero_point"], ["wd"], axis=1),
+        helper.make_node("MatMul", ["x", "wd"], ["y"]),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "mm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "M", K])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "M", N])],
+        inits,
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
     m.ir_version = 10
     weights.encode_int4(m, "w", W, block)

@@ -1,4 +1,5 @@
 """LLMRunner over the fp32 ONNX graphs on the CPU EP == transformers greedy generate; calib feeds."""
+
 import json
 from pathlib import Path
 
@@ -22,13 +23,22 @@ def _hf(arch):
 
 
 # prompt lengths cover < S (padded at the end), and > S (two prefill windows with a real past)
-LONG = ("Every morning the farmer milked the cows, fed the chickens, and opened the gate for "
-        "the sheep. In the afternoon he")
+LONG = (
+    "Every morning the farmer milked the cows, fed the chickens, and opened the gate for the sheep. In the afternoon he"
+)
 
 
-@pytest.mark.parametrize("arch,parts,embed", [("qwen2", 1, "part0"), ("llama", 1, "part0"), ("qwen2", 2, "separate"),
-                                             ("qwen3", 1, "part0"), ("phi3", 2, "part0"),
-                                             ("gemma", 2, "separate")])
+@pytest.mark.parametrize(
+    "arch,parts,embed",
+    [
+        ("qwen2", 1, "part0"),
+        ("llama", 1, "part0"),
+        ("qwen2", 2, "separate"),
+        ("qwen3", 1, "part0"),
+        ("phi3", 2, "part0"),
+        ("gemma", 2, "separate"),
+    ],
+)
 def test_runner_matches_transformers_generate(arch, parts, embed):
     from tasks.llm.runner import LLMRunner
 
@@ -101,7 +111,7 @@ def test_calibration_feeds_are_real(tmp_path):
         past = out.past_key_values
         for l in range(2):
             np.testing.assert_allclose(f0[f"past_key_{l}"][0, :, :n], past.layers[l].keys[0, :, :n].numpy(), atol=1e-4)
-            assert not f0[f"past_key_{l}"][0, :, -(-n // SEQ_LEN) * SEQ_LEN:].any()  # after the padded prompt
+            assert not f0[f"past_key_{l}"][0, :, -(-n // SEQ_LEN) * SEQ_LEN :].any()  # after the padded prompt
         np.testing.assert_allclose(
             f1[f"past_value_{lo1}"][0, :, :n], past.layers[lo1].values[0, :, :n].numpy(), atol=1e-4
         )
@@ -123,8 +133,11 @@ def test_calibration_ranges_equal_onnxruntime_minmax(tmp_path):
     mdir, ex = tiny_model("qwen2"), tiny_export("qwen2")
     feeds = feed_stores(calibrate_parts(mdir, export_entry(mdir, ex, tmp_path / "export"), tmp_path / "w", 3))
     mine = calib.collect_ranges(ex / "part0" / "decode.onnx", feeds["decode"][0]).data
-    c = create_calibrator(ex / "part0" / "decode.onnx", augmented_model_path=str(tmp_path / "aug.onnx"),
-                          calibrate_method=CalibrationMethod.MinMax)
+    c = create_calibrator(
+        ex / "part0" / "decode.onnx",
+        augmented_model_path=str(tmp_path / "aug.onnx"),
+        calibrate_method=CalibrationMethod.MinMax,
+    )
     feeds["decode"][0].rewind()
     c.collect_data(feeds["decode"][0])
     ref = c.compute_data().data
@@ -155,8 +168,16 @@ def test_calibrate_records_the_ranges_quantize_would_stream(tmp_path):
             assert all(np.array_equal(mine[t].range_value, ref[t].range_value) for t in ref), (k, g)
     params = {"precision": "w8a16", "per_channel": True}
     w8a16 = get_precision(params["precision"])
-    quantize_part(entry, desc["parts"][1], cal[1] / "feeds", params, tmp_path / "a", tmp_path / "wa",
-                  ranges=cal[1] / "ranges", precision=w8a16)
+    quantize_part(
+        entry,
+        desc["parts"][1],
+        cal[1] / "feeds",
+        params,
+        tmp_path / "a",
+        tmp_path / "wa",
+        ranges=cal[1] / "ranges",
+        precision=w8a16,
+    )
     quantize_part(entry, desc["parts"][1], cal[1] / "feeds", params, tmp_path / "b", tmp_path / "wb", precision=w8a16)
     for g in ("prefill", "decode"):
         a, b = (tmp_path / d / "part1" / f"{g}.onnx" for d in "ab")
@@ -300,8 +321,9 @@ def test_part_stream_score_is_teacher_forcing_in_prefill_windows(embed):
     rows = s.score(ids)
     assert rows.shape == (len(ids) - 1, desc["vocab_size"] if "vocab_size" in desc else rows.shape[1])
     assert s.loads == 2  # each part's prefill graph once
-    _, steps = PartStream(desc, path, cpu, resident=2, embed_table=embed_table).run([ids[:1]], len(ids) - 1,
-                                                                                   forced=[ids[1:]])
+    _, steps = PartStream(desc, path, cpu, resident=2, embed_table=embed_table).run(
+        [ids[:1]], len(ids) - 1, forced=[ids[1:]]
+    )
     np.testing.assert_allclose(rows, np.stack(steps[0]), atol=2e-4)
     assert abs(perplexity(rows, ids[1:]) / perplexity(steps[0], ids[1:]) - 1) < 1e-4
     with pytest.raises(ValueError, match="expected at least 2 tokens"):
@@ -331,8 +353,9 @@ def test_part_stream_teacher_forcing_loads_each_prefill_graph_once(embed):
 
     def stream(resident):
         made.clear()
-        return PartStream(desc, lambda i, kind: ex / desc["parts"][i][kind]["path"], make, resident=resident,
-                          embed_table=embed_table)
+        return PartStream(
+            desc, lambda i, kind: ex / desc["parts"][i][kind]["path"], make, resident=resident, embed_table=embed_table
+        )
 
     greedy = {}
     for steps in (3, 9):

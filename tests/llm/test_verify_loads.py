@@ -15,6 +15,7 @@ from llm_projects import parts_project_at
 def _counted(lists: list):
     """A ``wrap_sessions`` hook: each stream's factory records the graph paths it opens in a
     list of its own, appended to ``lists`` (the compiled side's first, then fp32's)."""
+
     def wrap(factory):
         made = []
         lists.append(made)
@@ -22,7 +23,9 @@ def _counted(lists: list):
         def make(path):
             made.append(Path(path).relative_to(Path(path).parents[1]).as_posix())
             return factory(path)
+
         return make
+
     return wrap
 
 
@@ -53,11 +56,16 @@ def test_verify_loads_each_part_once_per_side_whatever_the_tokens(tmp_path, tiny
     graphs = sorted(f"part{k}/{g}.onnx" for k in range(2) for g in ("prefill", "decode"))
     with tempfile.TemporaryDirectory() as tmp:
         views = joined_views(inputs, Path(tmp))
-        decode_bytes = sum(f.stat().st_size for k in range(2) for f in (views["qdq"] / f"part{k}").iterdir()
-                           if f.name.startswith("decode"))
+        decode_bytes = sum(
+            f.stat().st_size
+            for k in range(2)
+            for f in (views["qdq"] / f"part{k}").iterdir()
+            if f.name.startswith("decode")
+        )
         desc = json.loads((views["reference"] / "export.json").read_text())
-        assert {t["dtype"] for p in desc["parts"] for t in p["decode"]["inputs"] if kv_cache(t["name"])} \
-            == {"uint8"}  # the KV cache as the quantized graphs take it (quantize.kv_bits: 8)
+        assert {t["dtype"] for p in desc["parts"] for t in p["decode"]["inputs"] if kv_cache(t["name"])} == {
+            "uint8"
+        }  # the KV cache as the quantized graphs take it (quantize.kv_bits: 8)
         kv = 3 * desc["num_layers"] * 2 * desc["num_kv_heads"] * desc["context_len"] * desc["head_dim"] * 1
         need = int(decode_bytes * SESSION_BYTES_PER_FILE_BYTE["cpu-qdq"]) + kv  # 3 prompts' KV caches
         assert resident_bytes(lambda i, kind: views["qdq"] / f"part{i}" / f"{kind}.onnx", 2, "cpu-qdq", 3, desc) == need

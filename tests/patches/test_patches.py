@@ -53,6 +53,7 @@ def test_registry_lists_all_four():
 
 # ----------------------------------------------------------------------------- mask-range
 
+
 def bert_mask_graph(fill_value=F32_MIN, shared_big=False):
     """scores[1,2,4,4] + Where(bool(1 - mask), fill, 1 - mask) -> Softmax, as in
     transformers' _expand_mask exported by optimum (BERT/MiniLM)."""
@@ -77,13 +78,21 @@ def bert_mask_graph(fill_value=F32_MIN, shared_big=False):
         nodes[6] = h.make_node("Where", ["invb", "big", "inv"], ["bias"])
         nodes.append(h.make_node("Max", ["scores", "big"], ["clipped"]))
         outputs.append(h.make_tensor_value_info("clipped", TP.FLOAT, [1, 2, 4, 4]))
-    return make(nodes, [h.make_tensor_value_info("scores", TP.FLOAT, [1, 2, 4, 4]),
-                        h.make_tensor_value_info("attention_mask", TP.INT64, [1, 4])],
-                outputs, inits)
+    return make(
+        nodes,
+        [
+            h.make_tensor_value_info("scores", TP.FLOAT, [1, 2, 4, 4]),
+            h.make_tensor_value_info("attention_mask", TP.INT64, [1, 4]),
+        ],
+        outputs,
+        inits,
+    )
 
 
-MASK_FEEDS = {"scores": np.random.default_rng(0).standard_normal((1, 2, 4, 4)).astype(np.float32),
-              "attention_mask": np.array([[1, 1, 1, 0]], np.int64)}
+MASK_FEEDS = {
+    "scores": np.random.default_rng(0).standard_normal((1, 2, 4, 4)).astype(np.float32),
+    "attention_mask": np.array([[1, 1, 1, 0]], np.int64),
+}
 
 
 def test_mask_range_replaces_finfo_min_and_keeps_outputs():
@@ -129,8 +138,7 @@ def test_mask_range_constant_of_shape_fill_and_inf():
     # causal-style: ConstantOfShape(-inf) feeding Where on the mask path
     nodes = [
         h.make_node("Constant", [], ["shape"], value=nh.from_array(np.array([1, 1, 1, 4], np.int64))),
-        h.make_node("ConstantOfShape", ["shape"], ["neg"],
-                    value=nh.from_array(np.array([-np.inf], np.float32))),
+        h.make_node("ConstantOfShape", ["shape"], ["neg"], value=nh.from_array(np.array([-np.inf], np.float32))),
         h.make_node("Constant", [], ["axes"], value=nh.from_array(np.array([1, 2], np.int64))),
         h.make_node("Unsqueeze", ["attention_mask", "axes"], ["m4"]),
         h.make_node("Cast", ["m4"], ["mb"], to=TP.BOOL),
@@ -139,9 +147,14 @@ def test_mask_range_constant_of_shape_fill_and_inf():
         h.make_node("Add", ["scores", "bias"], ["masked"]),
         h.make_node("Softmax", ["masked"], ["probs"], axis=-1),
     ]
-    m = make(nodes, [h.make_tensor_value_info("scores", TP.FLOAT, [1, 2, 4, 4]),
-                     h.make_tensor_value_info("attention_mask", TP.INT64, [1, 4])],
-             [h.make_tensor_value_info("probs", TP.FLOAT, [1, 2, 4, 4])])
+    m = make(
+        nodes,
+        [
+            h.make_tensor_value_info("scores", TP.FLOAT, [1, 2, 4, 4]),
+            h.make_tensor_value_info("attention_mask", TP.INT64, [1, 4]),
+        ],
+        [h.make_tensor_value_info("probs", TP.FLOAT, [1, 2, 4, 4])],
+    )
     ref = run(m, MASK_FEEDS)
     _, res = apply("mask-range", copy.deepcopy(m))
     assert res.changed and res.counts["elements"] == 1
@@ -156,9 +169,12 @@ def test_mask_range_not_applicable_is_byte_identical():
         assert not res.changed and res.note
         assert res.model.SerializeToString() == before
     # extreme constant off the mask path (no mask input reaches it): untouched
-    m = make([h.make_node("Max", ["x", "c"], ["y"])],
-             [h.make_tensor_value_info("x", TP.FLOAT, [4])], [h.make_tensor_value_info("y", TP.FLOAT, [4])],
-             [nh.from_array(np.array(F32_MIN, np.float32), "c")])
+    m = make(
+        [h.make_node("Max", ["x", "c"], ["y"])],
+        [h.make_tensor_value_info("x", TP.FLOAT, [4])],
+        [h.make_tensor_value_info("y", TP.FLOAT, [4])],
+        [nh.from_array(np.array(F32_MIN, np.float32), "c")],
+    )
     before, res = apply("mask-range", m)
     assert not res.changed and res.model.SerializeToString() == before
 
@@ -172,6 +188,7 @@ def test_mask_range_bad_params():
 
 # ----------------------------------------------------------------------------- rmsnorm-decompose
 
+
 def rms_ref(x, scale, eps, axes):
     return x / np.sqrt(np.mean(x * x, axis=axes, keepdims=True) + eps) * scale
 
@@ -180,15 +197,21 @@ def rms_graph(op, domain, opset, axis, shape=(2, 3, 8), extra=()):
     scale_shape = shape[axis:]
     scale = np.linspace(0.5, 1.5, int(np.prod(scale_shape)), dtype=np.float32).reshape(scale_shape)
     node = h.make_node(op, ["x", "scale"], ["y"], domain=domain, axis=axis, epsilon=1e-3)
-    m = make([node], [h.make_tensor_value_info("x", TP.FLOAT, list(shape))],
-             [h.make_tensor_value_info("y", TP.FLOAT, list(shape))],
-             [nh.from_array(scale, "scale")], opset=opset, extra_opsets=extra)
+    m = make(
+        [node],
+        [h.make_tensor_value_info("x", TP.FLOAT, list(shape))],
+        [h.make_tensor_value_info("y", TP.FLOAT, list(shape))],
+        [nh.from_array(scale, "scale")],
+        opset=opset,
+        extra_opsets=extra,
+    )
     return m, scale
 
 
-@pytest.mark.parametrize("op,opset,axis", [("SimplifiedLayerNormalization", 18, -1),
-                                           ("RMSNormalization", 23, -1),
-                                           ("RMSNormalization", 23, 1)])
+@pytest.mark.parametrize(
+    "op,opset,axis",
+    [("SimplifiedLayerNormalization", 18, -1), ("RMSNormalization", 23, -1), ("RMSNormalization", 23, 1)],
+)
 def test_rmsnorm_decompose_numeric(op, opset, axis):
     m, scale = rms_graph(op, "", opset, axis)
     x = np.random.default_rng(1).standard_normal((2, 3, 8)).astype(np.float32) * 3
@@ -221,33 +244,41 @@ def test_rmsnorm_decompose_opset13_axes_attribute_and_pow():
 
 def test_rmsnorm_decompose_com_microsoft_domain():
     # ORT's CPU EP has no com.microsoft SimplifiedLayerNormalization: check against numpy
-    m, scale = rms_graph("SimplifiedLayerNormalization", "com.microsoft", 17, -1,
-                         extra=[h.make_opsetid("com.microsoft", 1)])
+    m, scale = rms_graph(
+        "SimplifiedLayerNormalization", "com.microsoft", 17, -1, extra=[h.make_opsetid("com.microsoft", 1)]
+    )
     _, res = apply("rmsnorm-decompose", m)
     assert res.changed and all(n.domain == "" for n in res.model.graph.node)
     assert [o.domain for o in res.model.opset_import] == [""]
     x = np.random.default_rng(3).standard_normal((2, 3, 8)).astype(np.float32)
-    np.testing.assert_allclose(run(res.model, {"x": x})[0], rms_ref(x, scale, 1e-3, (-1,)),
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(run(res.model, {"x": x})[0], rms_ref(x, scale, 1e-3, (-1,)), rtol=1e-5, atol=1e-5)
 
 
 def test_rmsnorm_decompose_not_applicable_and_errors():
-    m = make([h.make_node("Relu", ["x"], ["y"])], [h.make_tensor_value_info("x", TP.FLOAT, [2])],
-             [h.make_tensor_value_info("y", TP.FLOAT, [2])])
+    m = make(
+        [h.make_node("Relu", ["x"], ["y"])],
+        [h.make_tensor_value_info("x", TP.FLOAT, [2])],
+        [h.make_tensor_value_info("y", TP.FLOAT, [2])],
+    )
     before, res = apply("rmsnorm-decompose", m)
     assert not res.changed and res.model.SerializeToString() == before
     with pytest.raises(ValueError):
         patches.get("rmsnorm-decompose").fn(m, square="cube")
     # positive axis with an unknown rank cannot be turned into axes
     node = h.make_node("SimplifiedLayerNormalization", ["x", "s"], ["y"], axis=1)
-    g = h.make_graph([node], "g", [h.make_tensor_value_info("x", TP.FLOAT, None)],
-                     [h.make_tensor_value_info("y", TP.FLOAT, None)],
-                     [nh.from_array(np.ones(8, np.float32), "s")])
+    g = h.make_graph(
+        [node],
+        "g",
+        [h.make_tensor_value_info("x", TP.FLOAT, None)],
+        [h.make_tensor_value_info("y", TP.FLOAT, None)],
+        [nh.from_array(np.ones(8, np.float32), "s")],
+    )
     with pytest.raises(ValueError, match="rank"):
         patches.get("rmsnorm-decompose").fn(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]))
 
 
 # ----------------------------------------------------------------------------- int64-to-int32
+
 
 def ids_graph():
     """input_ids -> Gather(emb); position_ids + 1 -> Gather(pos); attention_mask == 0 -> Where;
@@ -267,17 +298,23 @@ def ids_graph():
         h.make_node("Add", ["hm", "tok2"], ["out"]),
         h.make_node("Add", ["input_ids", "seven"], ["ids7"]),
     ]
-    inits = [nh.from_array(emb, "emb"), nh.from_array(np.array(0, np.int64), "zero"),
-             nh.from_array(np.array([-1], np.int64), "axm1"), nh.from_array(np.array(0.0, np.float32), "fzero"),
-             nh.from_array(np.array(7, np.int64), "seven")]
+    inits = [
+        nh.from_array(emb, "emb"),
+        nh.from_array(np.array(0, np.int64), "zero"),
+        nh.from_array(np.array([-1], np.int64), "axm1"),
+        nh.from_array(np.array(0.0, np.float32), "fzero"),
+        nh.from_array(np.array(7, np.int64), "seven"),
+    ]
     ins = [h.make_tensor_value_info(n, TP.INT64, [1, 6]) for n in ("input_ids", "position_ids", "attention_mask")]
     outs = [h.make_tensor_value_info("out", TP.FLOAT, [1, 6, 4]), h.make_tensor_value_info("ids7", TP.INT64, [1, 6])]
     return make(nodes, ins, outs, inits)
 
 
-IDS_FEEDS = {"input_ids": np.array([[3, 9, 41, 0, 0, 0]], np.int64),
-             "position_ids": np.arange(6, dtype=np.int64)[None],
-             "attention_mask": np.array([[1, 1, 1, 0, 0, 0]], np.int64)}
+IDS_FEEDS = {
+    "input_ids": np.array([[3, 9, 41, 0, 0, 0]], np.int64),
+    "position_ids": np.arange(6, dtype=np.int64)[None],
+    "attention_mask": np.array([[1, 1, 1, 0, 0, 0]], np.int64),
+}
 
 
 def test_int64_to_int32_casts_only_where_needed():
@@ -316,13 +353,17 @@ def test_int64_to_int32_input_filter_and_not_applicable():
     np.testing.assert_array_equal(run(res.model, feeds)[0], run(m, IDS_FEEDS)[0])
     before, res = apply("int64-to-int32", m, inputs=r"^nothing$")
     assert not res.changed and res.model.SerializeToString() == before
-    f = make([h.make_node("Relu", ["x"], ["y"])], [h.make_tensor_value_info("x", TP.FLOAT, [2])],
-             [h.make_tensor_value_info("y", TP.FLOAT, [2])])
+    f = make(
+        [h.make_node("Relu", ["x"], ["y"])],
+        [h.make_tensor_value_info("x", TP.FLOAT, [2])],
+        [h.make_tensor_value_info("y", TP.FLOAT, [2])],
+    )
     before, res = apply("int64-to-int32", f)
     assert not res.changed and res.model.SerializeToString() == before
 
 
 # ----------------------------------------------------------------------------- fold-constants
+
 
 def foldable_graph():
     """Shape-of-fixed-input plumbing + a constant subgraph + an Identity: all foldable."""
@@ -339,11 +380,19 @@ def foldable_graph():
         h.make_node("MatMul", ["x2", "wt3"], ["y0"]),
         h.make_node("Relu", ["y0"], ["y"]),
     ]
-    inits = [nh.from_array(w, "w"), nh.from_array(np.array(0, np.int64), "i0"),
-             nh.from_array(np.array([0], np.int64), "ax0"), nh.from_array(np.array([-1], np.int64), "m1"),
-             nh.from_array(np.array(2.0, np.float32), "two")]
-    return make(nodes, [h.make_tensor_value_info("x", TP.FLOAT, [2, 1, 3])],
-                [h.make_tensor_value_info("y", TP.FLOAT, [2, 4])], inits)
+    inits = [
+        nh.from_array(w, "w"),
+        nh.from_array(np.array(0, np.int64), "i0"),
+        nh.from_array(np.array([0], np.int64), "ax0"),
+        nh.from_array(np.array([-1], np.int64), "m1"),
+        nh.from_array(np.array(2.0, np.float32), "two"),
+    ]
+    return make(
+        nodes,
+        [h.make_tensor_value_info("x", TP.FLOAT, [2, 1, 3])],
+        [h.make_tensor_value_info("y", TP.FLOAT, [2, 4])],
+        inits,
+    )
 
 
 def test_fold_constants_folds_and_keeps_outputs():
@@ -370,8 +419,11 @@ def test_fold_constants_deterministic_and_idempotent():
 
 
 def test_fold_constants_not_applicable_is_byte_identical():
-    m = make([h.make_node("Relu", ["x"], ["y"])], [h.make_tensor_value_info("x", TP.FLOAT, [2])],
-             [h.make_tensor_value_info("y", TP.FLOAT, [2])])
+    m = make(
+        [h.make_node("Relu", ["x"], ["y"])],
+        [h.make_tensor_value_info("x", TP.FLOAT, [2])],
+        [h.make_tensor_value_info("y", TP.FLOAT, [2])],
+    )
     before, res = apply("fold-constants", m)
     assert not res.changed and res.model.SerializeToString() == before
     with pytest.raises(ValueError):

@@ -15,10 +15,10 @@ from conftest import REPO, needs
 from tasks.proc import heap
 
 
-
 @pytest.fixture(autouse=True)
 def _glibc():
     needs(heap.available(), "glibc (Linux)")
+
 
 # allocate and free a 96 MiB buffer (written in full) twice; report the minor page faults of
 # the second allocation
@@ -42,15 +42,16 @@ _PROBE = textwrap.dedent("""
 
 
 def _probe(steps: list[bool]) -> list[list]:
-    r = subprocess.run([sys.executable, "-c", _PROBE.format(repo=str(REPO), steps=steps)],
-                       capture_output=True, text=True, check=True)
+    r = subprocess.run(
+        [sys.executable, "-c", _PROBE.format(repo=str(REPO), steps=steps)], capture_output=True, text=True, check=True
+    )
     return json.loads(r.stdout)
 
 
 def test_kept_memory_is_not_faulted_in_again_and_defaults_come_back():
     # glibc's default: a 96 MiB buffer is mmap'd and munmap'd each time: ~24,576 pages faulted
     # in again; kept: reused from the heap, (almost) no faults; back to the defaults: faulted again
-    (default,), = [_probe([False])]
+    ((default,),) = [_probe([False])]
     keep, back = _probe([True, False])
     assert default[0] is False and default[1] > 20_000, default
     assert keep[0] is True and keep[1] < 1_000, keep
@@ -71,8 +72,9 @@ _GC_PROBE = textwrap.dedent("""
 
 
 def test_gc_threshold_follows_the_stage_and_objects_are_frozen_at_exit():
-    r = subprocess.run([sys.executable, "-c", _GC_PROBE.format(repo=str(REPO))], capture_output=True, text=True,
-                       check=True)
+    r = subprocess.run(
+        [sys.executable, "-c", _GC_PROBE.format(repo=str(REPO))], capture_output=True, text=True, check=True
+    )
     lines = r.stdout.splitlines()
     assert lines[0] == "default: 700 frozen: 0"
     assert lines[1] == f"keeping: {heap.GC_YOUNG}" and heap.GC_YOUNG > 700
@@ -93,6 +95,10 @@ def test_only_stages_of_small_inputs_keep(tmp_path):
     assert heap.input_bytes({"model": small}) <= heap.KEEP_INPUT_MAX < heap.input_bytes({"source": big})
     assert heap.input_bytes({}) == 0
     # the Qwen2.5-0.5B shape's source (988 MB): its export gives memory back (at 1 GiB it kept: +21 % peak)
-    qwen05 = Entry("download", "k", tmp_path, {"outputs": {"model.safetensors": {"size": 988_097_824},
-                                                           "tokenizer.json": {"size": 7_031_645}}})
+    qwen05 = Entry(
+        "download",
+        "k",
+        tmp_path,
+        {"outputs": {"model.safetensors": {"size": 988_097_824}, "tokenizer.json": {"size": 7_031_645}}},
+    )
     assert heap.input_bytes({"source": qwen05}) > heap.KEEP_INPUT_MAX

@@ -62,8 +62,11 @@ def _reseal(entry: Path, change) -> None:
     listing = {}
     for f in digest.list_files(out):
         st = f.stat()
-        listing[f.relative_to(out).as_posix()] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns,
-                                                  "xxh3": digest.hash_file_uncached(f)}
+        listing[f.relative_to(out).as_posix()] = {
+            "size": st.st_size,
+            "mtime_ns": st.st_mtime_ns,
+            "xxh3": digest.hash_file_uncached(f),
+        }
     m.update(outputs=listing, output_digest=digest.listing_digest(listing))
     (entry / "manifest.json").write_text(json.dumps(m, indent=2, sort_keys=True) + "\n")
 
@@ -111,13 +114,17 @@ def test_tampered_bundles_fail_verify_with_one_line_each(tmp_path, tiny_bert):
     def put(entry, rel, data):
         def change(out):
             (out / rel).write_bytes(data)
+
         _reseal(entry, change)
 
     # 1. part 1's binary swapped for part 0's: part 1's graphs take hidden states, part 0's token ids
     put(c1, "shared/part1/prefill_ctx_qnn.bin", keep0)
     (line,) = _failure(proj, "tampered")
-    assert "shared/part1/prefill_ctx_qnn.bin, graph " in line and "expected FLOAT" in line and \
-        "found no such tensor" in line, line
+    assert (
+        "shared/part1/prefill_ctx_qnn.bin, graph " in line
+        and "expected FLOAT" in line
+        and "found no such tensor" in line
+    ), line
     put(c1, "shared/part1/prefill_ctx_qnn.bin", keep1)
     proj.doit("run", "build:tampered")  # restored: every stage a cache hit again (stages.json too)
 
@@ -131,8 +138,10 @@ def test_tampered_bundles_fail_verify_with_one_line_each(tmp_path, tiny_bert):
     assert r.returncode == 0, r.tail(2000)
     put(c0, "shared/part0/prefill_ctx_qnn.bin", (alone / "prefill_ctx_qnn.bin").read_bytes())
     (line,) = _failure(proj, "tampered")
-    assert "shared/part0/prefill_ctx_qnn.bin, graph " in line and "(from shared/part0/decode_ctx.onnx): expected in " \
-        "the binary, found graphs" in line, line
+    assert (
+        "shared/part0/prefill_ctx_qnn.bin, graph " in line
+        and "(from shared/part0/decode_ctx.onnx): expected in the binary, found graphs" in line
+    ), line
     put(c0, "shared/part0/prefill_ctx_qnn.bin", keep0)
     proj.doit("run", "build:tampered")
 
@@ -142,11 +151,14 @@ def test_tampered_bundles_fail_verify_with_one_line_each(tmp_path, tiny_bert):
 
     def rename(out):
         (out / "genai_config.json").write_text(cfg.replace('"past_key_%d"', '"past_keys_%d"'))
+
     _reseal(bundle, rename)
     (line,) = _failure(proj, "tampered")
-    assert line.startswith("Mismatch: input past_keys_0: expected (named by genai_config.json (KV cache names)), "
-                           "found in none of the graphs of shared/part0/prefill_ctx_qnn.bin, "
-                           "shared/part1/prefill_ctx_qnn.bin"), line
+    assert line.startswith(
+        "Mismatch: input past_keys_0: expected (named by genai_config.json (KV cache names)), "
+        "found in none of the graphs of shared/part0/prefill_ctx_qnn.bin, "
+        "shared/part1/prefill_ctx_qnn.bin"
+    ), line
     _reseal(bundle, lambda out: (out / "genai_config.json").write_text(cfg))
     proj.doit("run", "build:tampered")
 

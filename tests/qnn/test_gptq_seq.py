@@ -29,19 +29,32 @@ def _two_layers(W0, W1, qdq: bool, weight_names=TWO_LAYERS):
         if qdq:
             s = (np.abs(W).max(0) / 7.5).astype(np.float32)
             q = np.clip(np.round(W / s), -8, 7).astype(np.int8)
-            inits += [weights.int4_tensor(w + "_quantized", q), numpy_helper.from_array(s, w + "_scale"),
-                      weights.int4_tensor(w + "_zero_point", np.zeros(W.shape[1], np.int8))]
-            nodes.append(helper.make_node("DequantizeLinear", [w + "_quantized", w + "_scale", w + "_zero_point"],
-                                          [w + "_dq"], axis=1))
+            inits += [
+                weights.int4_tensor(w + "_quantized", q),
+                numpy_helper.from_array(s, w + "_scale"),
+                weights.int4_tensor(w + "_zero_point", np.zeros(W.shape[1], np.int8)),
+            ]
+            nodes.append(
+                helper.make_node(
+                    "DequantizeLinear", [w + "_quantized", w + "_scale", w + "_zero_point"], [w + "_dq"], axis=1
+                )
+            )
             names.append(w + "_dq")
         else:
             inits.append(numpy_helper.from_array(W, w))
             names.append(w)
-    nodes += [helper.make_node("MatMul", ["x", names[0]], ["h"], name="/model/layers.0/MatMul"),
-              helper.make_node("Relu", ["h"], ["r"], name="/model/layers.0/Relu"),
-              helper.make_node("MatMul", ["r", names[1]], ["y"], name="/model/layers.1/MatMul")]
-    g = helper.make_graph(nodes, "two", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, M, K0])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, M, N1])], inits)
+    nodes += [
+        helper.make_node("MatMul", ["x", names[0]], ["h"], name="/model/layers.0/MatMul"),
+        helper.make_node("Relu", ["h"], ["r"], name="/model/layers.0/Relu"),
+        helper.make_node("MatMul", ["r", names[1]], ["y"], name="/model/layers.1/MatMul"),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "two",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, M, K0])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, M, N1])],
+        inits,
+    )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
 
 
@@ -74,7 +87,8 @@ def _codes(model, w: str) -> np.ndarray:
 
 @pytest.mark.parametrize("weight_names", [TWO_LAYERS, ONE_LAYER], ids=["two-layers", "one-layer"])
 def test_the_second_inputs_hessian_comes_from_the_quantized_first_weight_and_reencodes_are_byte_identical(
-        tmp_path, weight_names):
+    tmp_path, weight_names
+):
     """Through :func:`tasks.qnn.weights.reencode`: the second weight's codes are GPTQ's codes for the
     Hessian of relu(x @ W0_hat) (W0_hat: the first weight's dequantized GPTQ codes), not of
     relu(x @ W0) (the per-graph method's); the two Hessians differ. The same when both weights
@@ -190,8 +204,16 @@ def test_float32_gives_float64s_codes_on_correlated_inputs():
     assert abs(err(c32) / err(c64) - 1) < 0.005
 
 
-QWEN7B = {"hidden_size": 3584, "intermediate_size": 18944, "vocab_size": 152064, "num_attention_heads": 28,
-          "num_key_value_heads": 4, "num_hidden_layers": 28, "head_dim": 128, "tie_word_embeddings": False}
+QWEN7B = {
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "vocab_size": 152064,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 28,
+    "head_dim": 128,
+    "tie_word_embeddings": False,
+}
 
 
 def test_the_quantize_check_counts_gptq_and_fails_before_work_in_one_line(monkeypatch):
@@ -203,8 +225,7 @@ def test_the_quantize_check_counts_gptq_and_fails_before_work_in_one_line(monkey
     from tasks.llm import memory
     from tasks.llm.parts import split_for
 
-    four = [memory.estimates(QWEN7B, split_for(QWEN7B, 4), 128, 4096, True, 4, p, 16)["quantize"][0]
-            for p in range(4)]
+    four = [memory.estimates(QWEN7B, split_for(QWEN7B, 4), 128, 4096, True, 4, p, 16)["quantize"][0] for p in range(4)]
     assert max(four) <= 16 * 2**30, max(four) / 2**30
     monkeypatch.setenv("NPUBUILD_MEMORY_GB", "16")
     memory.check_stage("quantize", QWEN7B, parts=4, seq_len=128, context_len=4096, gptq_samples=16)
@@ -221,22 +242,34 @@ def test_the_quantize_check_counts_gptq_and_fails_before_work_in_one_line(monkey
 def _norm_chain(W0, W1, W2, gamma):
     """x [1, M, K0] -> MatMul (layers.0.a) -> Relu -> MatMul (layers.0.b) -> RMS norm (Mul,
     ReduceMean over the last axis, Add, Sqrt, Div, Mul by ``gamma``) -> MatMul (layers.1.c)."""
-    inits = [numpy_helper.from_array(W, n) for W, n in ((W0, "model.layers.0.a"), (W1, "model.layers.0.b"),
-                                                          (W2, "model.layers.1.c"))]
-    inits += [numpy_helper.from_array(gamma, "gamma"), numpy_helper.from_array(np.array(1e-6, np.float32), "eps"),
-              numpy_helper.from_array(np.array([-1], np.int64), "last")]
-    nodes = [helper.make_node("MatMul", ["x", "model.layers.0.a"], ["h0"]),
-             helper.make_node("Relu", ["h0"], ["r"]),
-             helper.make_node("MatMul", ["r", "model.layers.0.b"], ["h"]),
-             helper.make_node("Mul", ["h", "h"], ["sq"]),
-             helper.make_node("ReduceMean", ["sq", "last"], ["ms"], keepdims=1),
-             helper.make_node("Add", ["ms", "eps"], ["mse"]),
-             helper.make_node("Sqrt", ["mse"], ["rms"]),
-             helper.make_node("Div", ["h", "rms"], ["hn"]),
-             helper.make_node("Mul", ["hn", "gamma"], ["n"]),
-             helper.make_node("MatMul", ["n", "model.layers.1.c"], ["y"])]
-    g = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, M, K0])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, M, N1])], inits)
+    inits = [
+        numpy_helper.from_array(W, n)
+        for W, n in ((W0, "model.layers.0.a"), (W1, "model.layers.0.b"), (W2, "model.layers.1.c"))
+    ]
+    inits += [
+        numpy_helper.from_array(gamma, "gamma"),
+        numpy_helper.from_array(np.array(1e-6, np.float32), "eps"),
+        numpy_helper.from_array(np.array([-1], np.int64), "last"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "model.layers.0.a"], ["h0"]),
+        helper.make_node("Relu", ["h0"], ["r"]),
+        helper.make_node("MatMul", ["r", "model.layers.0.b"], ["h"]),
+        helper.make_node("Mul", ["h", "h"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq", "last"], ["ms"], keepdims=1),
+        helper.make_node("Add", ["ms", "eps"], ["mse"]),
+        helper.make_node("Sqrt", ["mse"], ["rms"]),
+        helper.make_node("Div", ["h", "rms"], ["hn"]),
+        helper.make_node("Mul", ["hn", "gamma"], ["n"]),
+        helper.make_node("MatMul", ["n", "model.layers.1.c"], ["y"]),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "chain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, M, K0])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, M, N1])],
+        inits,
+    )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
 
 
@@ -261,6 +294,7 @@ def test_a_rowwise_piece_runs_every_feeds_rows_at_once_with_the_same_values(tmp_
         def quantize(names, U, dead, last):
             seen[names[0]] = U.numpy().copy()
             return {} if last else {n: np.round(W[n] * 20) / 20 for n in names}
+
         rep = seqgptq.sequential([(tmp_path / "fp.onnx", feeds)], set(W), quantize, 0.1)
         return rep, seen
 
@@ -276,8 +310,18 @@ def test_a_rowwise_piece_runs_every_feeds_rows_at_once_with_the_same_values(tmp_
         assert np.allclose(seen_one[w], seen_per_feed[w], rtol=1e-5, atol=1e-6), w
 
 
-@pytest.mark.parametrize("change", ["transpose", "matmul-of-two", "const-by-row", "reduce-rows", "no-keepdims",
-                                    "broadcast-adds-an-axis", "reduce-of-a-constant"])
+@pytest.mark.parametrize(
+    "change",
+    [
+        "transpose",
+        "matmul-of-two",
+        "const-by-row",
+        "reduce-rows",
+        "no-keepdims",
+        "broadcast-adds-an-axis",
+        "reduce-of-a-constant",
+    ],
+)
 def test_rowwise_refuses_what_mixes_rows(change):
     """:func:`tasks.qnn.seqgptq.rowwise` says False for a piece where a row's result depends on
     other rows or on its position: a Transpose, a MatMul of two computed tensors, a constant
@@ -287,28 +331,43 @@ def test_rowwise_refuses_what_mixes_rows(change):
     from tasks.qnn.seqgptq import rowwise
 
     F = 8
-    inits = [numpy_helper.from_array(np.ones((F, F), np.float32), "w"),
-             numpy_helper.from_array(np.ones((M, F), np.float32), "by_row"),
-             numpy_helper.from_array(np.array([1], np.int64), "rows"),
-             numpy_helper.from_array(np.array([-1], np.int64), "last"),
-             numpy_helper.from_array(np.ones((1, 1, 1, F), np.float32), "four_d"),
-             numpy_helper.from_array(np.ones((M, 2), np.float32), "table"),
-             numpy_helper.from_array(np.ones(F, np.float32), "scale")]
+    inits = [
+        numpy_helper.from_array(np.ones((F, F), np.float32), "w"),
+        numpy_helper.from_array(np.ones((M, F), np.float32), "by_row"),
+        numpy_helper.from_array(np.array([1], np.int64), "rows"),
+        numpy_helper.from_array(np.array([-1], np.int64), "last"),
+        numpy_helper.from_array(np.ones((1, 1, 1, F), np.float32), "four_d"),
+        numpy_helper.from_array(np.ones((M, 2), np.float32), "table"),
+        numpy_helper.from_array(np.ones(F, np.float32), "scale"),
+    ]
     ok = [helper.make_node("MatMul", ["h", "w"], ["a"]), helper.make_node("Sigmoid", ["a"], ["y"])]
-    bad = {"transpose": [helper.make_node("Transpose", ["h"], ["y"], perm=[0, 2, 1])],
-           "matmul-of-two": [helper.make_node("Transpose", ["h"], ["t"], perm=[0, 2, 1]),
-                             helper.make_node("MatMul", ["h", "t"], ["y"])],
-           "const-by-row": [helper.make_node("Add", ["h", "by_row"], ["y"])],
-           "reduce-rows": [helper.make_node("ReduceMean", ["h", "rows"], ["y"], keepdims=1)],
-           "no-keepdims": [helper.make_node("ReduceMean", ["h", "last"], ["y"], keepdims=0)],
-           "broadcast-adds-an-axis": [helper.make_node("Add", ["h", "four_d"], ["b"]),
-                                      helper.make_node("LayerNormalization", ["b", "scale"], ["y"], axis=2)],
-           "reduce-of-a-constant": [helper.make_node("ReduceSum", ["table", "last"], ["s"], keepdims=1),
-                                    helper.make_node("Add", ["h", "s"], ["y"])]}
+    bad = {
+        "transpose": [helper.make_node("Transpose", ["h"], ["y"], perm=[0, 2, 1])],
+        "matmul-of-two": [
+            helper.make_node("Transpose", ["h"], ["t"], perm=[0, 2, 1]),
+            helper.make_node("MatMul", ["h", "t"], ["y"]),
+        ],
+        "const-by-row": [helper.make_node("Add", ["h", "by_row"], ["y"])],
+        "reduce-rows": [helper.make_node("ReduceMean", ["h", "rows"], ["y"], keepdims=1)],
+        "no-keepdims": [helper.make_node("ReduceMean", ["h", "last"], ["y"], keepdims=0)],
+        "broadcast-adds-an-axis": [
+            helper.make_node("Add", ["h", "four_d"], ["b"]),
+            helper.make_node("LayerNormalization", ["b", "scale"], ["y"], axis=2),
+        ],
+        "reduce-of-a-constant": [
+            helper.make_node("ReduceSum", ["table", "last"], ["s"], keepdims=1),
+            helper.make_node("Add", ["h", "s"], ["y"]),
+        ],
+    }
     state = [{"h": np.zeros((1, M, F), np.float32)}, {"h": np.zeros((1, 1, F), np.float32)}]
     for nodes, want in ((ok, True), (bad[change], False)):
-        g = helper.make_graph(nodes, "piece", [helper.make_tensor_value_info("h", TensorProto.FLOAT, None)],
-                              [onnx.ValueInfoProto(name="y")], inits)
+        g = helper.make_graph(
+            nodes,
+            "piece",
+            [helper.make_tensor_value_info("h", TensorProto.FLOAT, None)],
+            [onnx.ValueInfoProto(name="y")],
+            inits,
+        )
         assert rowwise(g, ["h"], state) is want, change
 
 
@@ -320,7 +379,7 @@ def _algorithm1(W, U, dead, S):
     for k in range(W.shape[0]):
         q = np.clip(np.round(W[k] / S[k]), -8, 7)
         Q[k] = q
-        W[k + 1:] -= np.outer(U[k, k + 1:], (W[k] - q * S[k]) / U[k, k])
+        W[k + 1 :] -= np.outer(U[k, k + 1 :], (W[k] - q * S[k]) / U[k, k])
     return Q
 
 

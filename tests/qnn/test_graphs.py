@@ -17,12 +17,19 @@ def _model(weight_rows: int = 64):
     w = numpy_helper.from_array(np.arange(weight_rows * 256, dtype=np.float32).reshape(weight_rows, 256) / 7, "w")
     q = helper.make_tensor("q4", TensorProto.INT4, [4, 2], [1, -2, 3, -4, 5, -6, 7, -8])
     ids = numpy_helper.from_array(np.array([3, 1], dtype=np.int64), "ids")
-    nodes = [helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(np.float32([2.5]), "cv")),
-             helper.make_node("Gather", ["w", "ids"], ["g"], name="gather"),
-             helper.make_node("Mul", ["g", "c"], ["y"], name="mul")]
-    graph = helper.make_graph(nodes, "g", [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 256])],
-                              initializer=[w, q, ids],
-                              value_info=[helper.make_tensor_value_info("g", TensorProto.FLOAT, [2, 256])])
+    nodes = [
+        helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(np.float32([2.5]), "cv")),
+        helper.make_node("Gather", ["w", "ids"], ["g"], name="gather"),
+        helper.make_node("Mul", ["g", "c"], ["y"], name="mul"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 256])],
+        initializer=[w, q, ids],
+        value_info=[helper.make_tensor_value_info("g", TensorProto.FLOAT, [2, 256])],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
 
 
@@ -31,10 +38,18 @@ def test_structure_keeps_every_node_and_io_and_each_initializers_name_type_and_d
     onnx.save(m, tmp_path / "m.onnx")
     s = load_structure(tmp_path / "m.onnx")
     assert [n.SerializeToString() for n in s.graph.node] == [n.SerializeToString() for n in m.graph.node]
-    assert (s.graph.input, s.graph.output, s.graph.value_info, s.opset_import, s.ir_version) == \
-        (m.graph.input, m.graph.output, m.graph.value_info, m.opset_import, m.ir_version)
-    assert [(t.name, list(t.dims), t.data_type) for t in s.graph.initializer] == \
-        [("w", [64, 256], TensorProto.FLOAT), ("q4", [4, 2], TensorProto.INT4), ("ids", [2], TensorProto.INT64)]
+    assert (s.graph.input, s.graph.output, s.graph.value_info, s.opset_import, s.ir_version) == (
+        m.graph.input,
+        m.graph.output,
+        m.graph.value_info,
+        m.opset_import,
+        m.ir_version,
+    )
+    assert [(t.name, list(t.dims), t.data_type) for t in s.graph.initializer] == [
+        ("w", [64, 256], TensorProto.FLOAT),
+        ("q4", [4, 2], TensorProto.INT4),
+        ("ids", [2], TensorProto.INT64),
+    ]
     assert all(not (t.raw_data or t.float_data or t.int32_data or t.int64_data) for t in s.graph.initializer)
     # the Constant node's tensor is part of the node: kept whole
     assert numpy_helper.to_array(s.graph.node[0].attribute[0].t).tolist() == [2.5]
@@ -78,6 +93,15 @@ print(hwm() - before)
 def test_structure_of_a_300_mb_graph_takes_no_memory_for_its_weights(tmp_path):
     """What it is for: the weights inline in a QDQ graph are not parsed into the process."""
     onnx.save(_model(weight_rows=300 * 1024), tmp_path / "big.onnx")  # 300 Mi float32 values / 256 = 300 MiB
-    grew = {how: int(subprocess.run([sys.executable, "-c", PEAK, str(tmp_path / "big.onnx"), how], check=True,
-                                     capture_output=True, text=True).stdout) for how in ("structure", "onnx")}
+    grew = {
+        how: int(
+            subprocess.run(
+                [sys.executable, "-c", PEAK, str(tmp_path / "big.onnx"), how],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+        )
+        for how in ("structure", "onnx")
+    }
     assert grew["onnx"] > 300 << 20 and grew["structure"] < 30 << 20, grew  # measured: 600 MiB vs 2 MiB

@@ -39,8 +39,13 @@ def _qdq_matmul(W: np.ndarray, M: int = 32):
         helper.make_node("QuantizeLinear", ["y", "ys", "yz"], ["yq"]),
         helper.make_node("DequantizeLinear", ["yq", "ys", "yz"], ["out"]),
     ]
-    g = helper.make_graph(nodes, "mm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, M, K])],
-                          [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, M, N])], inits)
+    g = helper.make_graph(
+        nodes,
+        "mm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, M, K])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, M, N])],
+        inits,
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
     m.ir_version = 10
     return m
@@ -150,10 +155,13 @@ def test_unfuse_gemm_keeps_the_function():
 
     rng = np.random.default_rng(1)
     B, C = rng.standard_normal((8, 4)).astype(np.float32), rng.standard_normal(4).astype(np.float32)
-    g = helper.make_graph([helper.make_node("Gemm", ["a", "B", "C"], ["y"], name="fc")], "g",
-                          [helper.make_tensor_value_info("a", TensorProto.FLOAT, [3, 8])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])],
-                          [numpy_helper.from_array(B, "B"), numpy_helper.from_array(C, "C")])
+    g = helper.make_graph(
+        [helper.make_node("Gemm", ["a", "B", "C"], ["y"], name="fc")],
+        "g",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [3, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])],
+        [numpy_helper.from_array(B, "B"), numpy_helper.from_array(C, "C")],
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     a = rng.standard_normal((3, 8)).astype(np.float32)
     want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"a": a})[0]
@@ -216,8 +224,12 @@ def test_override_patterns_are_regular_expressions_for_llm_matmuls():
     from tasks.qnn.quantconfig import matmul_weight_overrides
 
     nodes, inits = [], []
-    for name in ("/model/layers.0/mlp/down_proj/MatMul", "/model/layers.0/self_attn/v_proj/MatMul",
-                 "/model/layers.0/self_attn/q_proj/MatMul", "/lm_head/MatMul"):
+    for name in (
+        "/model/layers.0/mlp/down_proj/MatMul",
+        "/model/layers.0/self_attn/v_proj/MatMul",
+        "/model/layers.0/self_attn/q_proj/MatMul",
+        "/lm_head/MatMul",
+    ):
         w = name.split("/")[-2] + "_w"
         inits.append(numpy_helper.from_array(np.zeros((4, 4), np.float32), w))
         nodes.append(helper.make_node("MatMul", ["x", w], [name + "_out"], name=name))
@@ -233,11 +245,19 @@ def test_int4_weights_are_matmul_weights_only():
     """A Gather table an override made int4 is not a MatMul weight: the block-wise / GPTQ
     re-encode leaves it (it has no in-features; a tester's `.*` at 4 bits crashed on it)."""
     m = _qdq_matmul(np.ones((64, 8), np.float32))
-    m.graph.initializer.extend([helper.make_tensor("t_quantized", TensorProto.INT4, [4, 8], [1] * 32),
-                                numpy_helper.from_array(np.array(0.1, np.float32), "t_scale"),
-                                helper.make_tensor("t_zero_point", TensorProto.INT4, [], [0])])
-    m.graph.node.extend([helper.make_node("DequantizeLinear", ["t_quantized", "t_scale", "t_zero_point"], ["t"]),
-                         helper.make_node("Gather", ["t", "ids"], ["rows"])])
+    m.graph.initializer.extend(
+        [
+            helper.make_tensor("t_quantized", TensorProto.INT4, [4, 8], [1] * 32),
+            numpy_helper.from_array(np.array(0.1, np.float32), "t_scale"),
+            helper.make_tensor("t_zero_point", TensorProto.INT4, [], [0]),
+        ]
+    )
+    m.graph.node.extend(
+        [
+            helper.make_node("DequantizeLinear", ["t_quantized", "t_scale", "t_zero_point"], ["t"]),
+            helper.make_node("Gather", ["t", "ids"], ["rows"]),
+        ]
+    )
     fp = {"w": None, "t": None}
     assert weights.int4_weights(m, fp) == ["w"]
 
@@ -246,8 +266,11 @@ def test_per_tensor_w4a16_with_an_8_bit_table_builds_all_on_htp(project):
     """per_channel: false + embedding_bits 8 (no block, no GPTQ): the weights are left as
     onnxruntime wrote them and the graph compiles with every node on HTP (a tester found a
     per-channel scale written beside a per-tensor zero point: an invalid graph)."""
-    text = project.recipe("tp", precision="w4a16").read_text().replace(
-        "  precision: w4a16\n", "  precision: w4a16\n  per_channel: false\n  embedding_bits: 8\n")
+    text = (
+        project.recipe("tp", precision="w4a16")
+        .read_text()
+        .replace("  precision: w4a16\n", "  precision: w4a16\n  per_channel: false\n  embedding_bits: 8\n")
+    )
     project.recipe("tp", text)
     project.doit("run", "build:tp")
     info = _quantize_manifest(project, "tp")["info"]["graphs"]["model.onnx"]
@@ -262,8 +285,14 @@ def test_reencode_leaves_no_stale_external_data(tmp_path):
     once re-encoded is saved inline, and its old ``.data`` file is removed: the 7B benchmark's
     part 0 kept a 1.86 GB orphan beside each re-encoded graph before this."""
     W = np.random.default_rng(0).standard_normal((128, 96)).astype(np.float32)
-    onnx.save(_qdq_matmul(W), str(tmp_path / "q.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
-              location="q.onnx.data", size_threshold=0)
+    onnx.save(
+        _qdq_matmul(W),
+        str(tmp_path / "q.onnx"),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="q.onnx.data",
+        size_threshold=0,
+    )
     fp = _qdq_matmul(W)
     fp.graph.initializer.append(numpy_helper.from_array(W, "w"))
     onnx.save(fp, str(tmp_path / "fp.onnx"))
@@ -302,12 +331,19 @@ def _qdq_gather(q16: np.ndarray, scale: float, zp: int):
         numpy_helper.from_array(np.array(0.01, np.float32), "gs"),
         numpy_helper.from_array(np.array(32768, np.uint16), "gz"),
     ]
-    nodes = [helper.make_node("DequantizeLinear", ["t_quantized", "t_scale", "t_zero_point"], ["td"]),
-             helper.make_node("Gather", ["td", "ids"], ["g"]),
-             helper.make_node("QuantizeLinear", ["g", "gs", "gz"], ["gq"]),
-             helper.make_node("DequantizeLinear", ["gq", "gs", "gz"], ["out"])]
-    g = helper.make_graph(nodes, "emb", [helper.make_tensor_value_info("ids", TensorProto.INT32, [1, 4])],
-                          [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 4, cols])], inits)
+    nodes = [
+        helper.make_node("DequantizeLinear", ["t_quantized", "t_scale", "t_zero_point"], ["td"]),
+        helper.make_node("Gather", ["td", "ids"], ["g"]),
+        helper.make_node("QuantizeLinear", ["g", "gs", "gz"], ["gq"]),
+        helper.make_node("DequantizeLinear", ["gq", "gs", "gz"], ["out"]),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "emb",
+        [helper.make_tensor_value_info("ids", TensorProto.INT32, [1, 4])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 4, cols])],
+        inits,
+    )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
 
 
@@ -374,8 +410,9 @@ def test_narrowing_reads_the_tables_dequantize_as_onnx_defines_it(layout):
     s = rng.uniform(1e-4, 1e-3, n)
     z = rng.integers(20000, 40000, n).astype(np.uint16)
     col = layout == "per-column"
-    real = (q16 - (z if col else z[:, None]).astype(np.float64)) * (s.astype(np.float32).astype(np.float64)
-                                                                      if col else s.astype(np.float32)[:, None])
+    real = (q16 - (z if col else z[:, None]).astype(np.float64)) * (
+        s.astype(np.float32).astype(np.float64) if col else s.astype(np.float32)[:, None]
+    )
     lo, hi = min(real.min(), 0.0), max(real.max(), 0.0)
     s8 = np.float32((hi - lo) / 255)
     want = np.clip(np.round(real / s8) + np.uint8(np.clip(np.round(-lo / s8), 0, 255)), 0, 255).astype(np.uint8)
@@ -387,8 +424,10 @@ def test_narrowing_reads_the_tables_dequantize_as_onnx_defines_it(layout):
         t["t_scale"].CopyFrom(numpy_helper.from_array(s.astype(np.float32).reshape(shp), "t_scale"))
         t["t_zero_point"].CopyFrom(numpy_helper.from_array(z.reshape(shp), "t_zero_point"))
         dq = m.graph.node[0]
-        dq.attribute.extend([helper.make_attribute("axis", 1 if layout != "per-row" else 0)]
-                            + ([helper.make_attribute("block_size", cols)] if layout == "blocked-rows" else []))
+        dq.attribute.extend(
+            [helper.make_attribute("axis", 1 if layout != "per-row" else 0)]
+            + ([helper.make_attribute("block_size", cols)] if layout == "blocked-rows" else [])
+        )
         return m
 
     for block in (7, rows * cols):

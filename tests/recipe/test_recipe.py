@@ -52,75 +52,139 @@ BAD = {
     "yaml-syntax": ("source: {path: [unclosed\n", "", "invalid YAML: line"),
     "duplicate-key": (GOOD + "source: {path: other}\n", "", "duplicate key 'source'"),
     "not-a-mapping": ("- just\n- a list\n", "", "expected a mapping at the top level"),
-    "missing-required": ("source: {path: m}\nverify: {data: {file: v.txt}}\n", "quantize",
-                         "expected a value, found nothing"),
+    "missing-required": (
+        "source: {path: m}\nverify: {data: {file: v.txt}}\n",
+        "quantize",
+        "expected a value, found nothing",
+    ),
     "unknown-key": (GOOD + "quantise: {precision: w8a16}\n", "quantise", "unknown"),
     "wrong-type": (GOOD + "export: {sequence_length: long}\n", "export.sequence_length", "found 'long'"),
     "bad-name": (GOOD + "name: Bad_Name\n", "name", "lowercase"),
-    "target-typo": (GOOD + "compile: {targets: [x-elit]}\n", "compile.targets",
-                    "found unknown ['x-elit']; did you mean 'x-elite'?"),
-    "key-typo": (GOOD.replace("calibration:", "calibraton: {file: data/c.txt}\n  calibration:"),
-                 "quantize.calibraton", "expected no such key (unknown), found {file: data/c.txt}; did you mean "
-                                        "'calibration'?"),
+    "target-typo": (
+        GOOD + "compile: {targets: [x-elit]}\n",
+        "compile.targets",
+        "found unknown ['x-elit']; did you mean 'x-elite'?",
+    ),
+    "key-typo": (
+        GOOD.replace("calibration:", "calibraton: {file: data/c.txt}\n  calibration:"),
+        "quantize.calibraton",
+        "expected no such key (unknown), found {file: data/c.txt}; did you mean 'calibration'?",
+    ),
     "section-typo": (GOOD + "verfy: {backend: htp}\n", "verfy", "found {backend: htp}; did you mean 'verify'?"),
-    "yaml-values": (GOOD + "export: {sequence_length: true}\n", "export.sequence_length",
-                    "found true"),
-    "batch-size": (GOOD + "export: {batch_size: 2}\n", "export.batch_size",
-                   "expected 1 (quantize and verify feed one sequence per call"),
+    "yaml-values": (GOOD + "export: {sequence_length: true}\n", "export.sequence_length", "found true"),
+    "batch-size": (
+        GOOD + "export: {batch_size: 2}\n",
+        "export.batch_size",
+        "expected 1 (quantize and verify feed one sequence per call",
+    ),
     "unknown-target": (GOOD + "compile: {targets: [x-elite, snapdragon-99]}\n", "compile.targets", "8gen3"),
     "unknown-patch": (GOOD + "patches: [{name: make-it-fast}]\n", "patches[0].name", "mask-range"),
     "bad-precision": (GOOD.replace("calibration:", "precision: w3a5\n  calibration:"), "quantize.precision", "w4a16"),
     "two-sources": (GOOD.replace("{path: models/m}", "{path: m, package: p}"), "source", "exactly one of"),
     "hf-without-revision": (GOOD.replace("{path: models/m}", "{hf: org/name}"), "source", "revision"),
-    "block-size-at-8-bit": (GOOD.replace("calibration:", "block_size: 32\n  calibration:"), "quantize.block_size",
-                            "expected null with precision w8a16 (it applies to 4-bit weights: precision w4a16; set it "
-                            "to null where it comes through extends), found 32"),
-    "block-size-per-tensor": (GOOD.replace("calibration:", "precision: w4a16\n  per_channel: false\n  block_size: 32\n"
-                                           "  calibration:"), "quantize.block_size",
-                              "expected per_channel: true with block_size 32 (block-wise and GPTQ weights have scales "
-                              "per output channel), found per_channel: false"),
-    "llm-override-bits": (GOOD.replace("calibration:", "overrides: [{pattern: q_proj, weight_bits: 4}]\n  calibration:")
-                          + "export: {family: llm, sequence_length: 16, context_length: 64}\n",
-                          "quantize.overrides[0].weight_bits", "expected 8 in an LLM recipe"),
-    "jsonl-for-an-encoder": (GOOD.replace("{file: data/c.txt}", "{file: data/c.jsonl}"), "quantize.calibration.file",
-                             "expected a text file with one sample per line for an encoder, found 'data/c.jsonl'"),
-    "block-size-value": (GOOD.replace("calibration:", "precision: w4a16\n  block_size: 48\n  calibration:"),
-                         "quantize.block_size", "expected 16, 32, 64 or 128; found 48"),
-    "rounding-value": (GOOD.replace("calibration:", "precision: w4a16\n  rounding: gptq4\n  calibration:"),
-                       "quantize.rounding", "expected 'nearest' or 'gptq'; found 'gptq4'"),
-    "rounding-at-8-bit": (GOOD.replace("calibration:", "rounding: gptq\n  calibration:"), "quantize.rounding",
-                          'rounding: expected "nearest" with precision w8a16'),
-    "gptq-span-without-gptq": (GOOD.replace("calibration:", "precision: w4a16\n  gptq_span: 1024\n  calibration:"),
-                               "quantize.gptq_span", 'expected null with rounding "nearest" (it applies to rounding: '
-                                                     'gptq; set it to null where it comes through extends), '
-                                                     'found 1024'),
-    "gptq-span-not-32": (GOOD.replace("calibration:", "precision: w4a16\n  rounding: gptq\n  gptq_span: 1000\n"
-                                      "  calibration:"), "quantize.gptq_span", "expected a multiple of 32, found 1000"),
-    "embedding-bits": (GOOD.replace("calibration:", "precision: w4a16\n  embedding_bits: 4\n  calibration:"),
-                       "quantize.embedding_bits", "expected 8 or 16; found 4"),
-    "unknown-threshold": (GOOD.replace("data: {file: data/v.txt}",
-                                       "data: {file: data/v.txt}\n  thresholds: {accuracy: 0.9}"),
-                          "verify.thresholds", "pooled_cosine_mean"),
-    "negative-samples": (GOOD.replace("{file: data/c.txt}", "{file: data/c.txt, samples: -3}"),
-                         "quantize.calibration.samples", "greater than or equal to 1"),
-    "llm-lengths": (GOOD + "export: {family: llm, sequence_length: 128, context_length: 64}\n", "export.context_length",
-                    "sequence_length < context_length"),
+    "block-size-at-8-bit": (
+        GOOD.replace("calibration:", "block_size: 32\n  calibration:"),
+        "quantize.block_size",
+        "expected null with precision w8a16 (it applies to 4-bit weights: precision w4a16; set it "
+        "to null where it comes through extends), found 32",
+    ),
+    "block-size-per-tensor": (
+        GOOD.replace("calibration:", "precision: w4a16\n  per_channel: false\n  block_size: 32\n  calibration:"),
+        "quantize.block_size",
+        "expected per_channel: true with block_size 32 (block-wise and GPTQ weights have scales "
+        "per output channel), found per_channel: false",
+    ),
+    "llm-override-bits": (
+        GOOD.replace("calibration:", "overrides: [{pattern: q_proj, weight_bits: 4}]\n  calibration:")
+        + "export: {family: llm, sequence_length: 16, context_length: 64}\n",
+        "quantize.overrides[0].weight_bits",
+        "expected 8 in an LLM recipe",
+    ),
+    "jsonl-for-an-encoder": (
+        GOOD.replace("{file: data/c.txt}", "{file: data/c.jsonl}"),
+        "quantize.calibration.file",
+        "expected a text file with one sample per line for an encoder, found 'data/c.jsonl'",
+    ),
+    "block-size-value": (
+        GOOD.replace("calibration:", "precision: w4a16\n  block_size: 48\n  calibration:"),
+        "quantize.block_size",
+        "expected 16, 32, 64 or 128; found 48",
+    ),
+    "rounding-value": (
+        GOOD.replace("calibration:", "precision: w4a16\n  rounding: gptq4\n  calibration:"),
+        "quantize.rounding",
+        "expected 'nearest' or 'gptq'; found 'gptq4'",
+    ),
+    "rounding-at-8-bit": (
+        GOOD.replace("calibration:", "rounding: gptq\n  calibration:"),
+        "quantize.rounding",
+        'rounding: expected "nearest" with precision w8a16',
+    ),
+    "gptq-span-without-gptq": (
+        GOOD.replace("calibration:", "precision: w4a16\n  gptq_span: 1024\n  calibration:"),
+        "quantize.gptq_span",
+        'expected null with rounding "nearest" (it applies to rounding: '
+        "gptq; set it to null where it comes through extends), "
+        "found 1024",
+    ),
+    "gptq-span-not-32": (
+        GOOD.replace("calibration:", "precision: w4a16\n  rounding: gptq\n  gptq_span: 1000\n  calibration:"),
+        "quantize.gptq_span",
+        "expected a multiple of 32, found 1000",
+    ),
+    "embedding-bits": (
+        GOOD.replace("calibration:", "precision: w4a16\n  embedding_bits: 4\n  calibration:"),
+        "quantize.embedding_bits",
+        "expected 8 or 16; found 4",
+    ),
+    "unknown-threshold": (
+        GOOD.replace("data: {file: data/v.txt}", "data: {file: data/v.txt}\n  thresholds: {accuracy: 0.9}"),
+        "verify.thresholds",
+        "pooled_cosine_mean",
+    ),
+    "negative-samples": (
+        GOOD.replace("{file: data/c.txt}", "{file: data/c.txt, samples: -3}"),
+        "quantize.calibration.samples",
+        "greater than or equal to 1",
+    ),
+    "llm-lengths": (
+        GOOD + "export: {family: llm, sequence_length: 128, context_length: 64}\n",
+        "export.context_length",
+        "sequence_length < context_length",
+    ),
     "name-with-newline": (GOOD + 'name: "abc\\n"\n', "name", "lowercase"),
     "alias": (GOOD + "patches: &p [{name: mask-range}]\ndescription: *p\n", "", "anchors and aliases"),
     "merge-key": ("base: &b {x: 1}\n" + GOOD, "", "anchors and aliases"),
-    "patch-param-type": (GOOD + "patches: [{name: mask-range, params: {fill: abc}}]\n", "patches[0].params",
-                         "expected mask-range.fill to be float, found 'abc'"),
-    "patch-param-unknown": (GOOD + "patches: [{name: mask-range, params: {fil: -5.0}}]\n", "patches[0].params",
-                            "found unknown 'fil'"),
-    "bad-regex": (GOOD.replace("calibration:", "overrides: [{pattern: '([', weight_bits: 8}]\n  calibration:"),
-                  "quantize.overrides[0].pattern", "expected a regular expression"),
-    "nan-threshold": (GOOD.replace("data: {file: data/v.txt}",
-                                   "data: {file: data/v.txt}\n  thresholds: {cosine_mean: .nan}"),
-                      "verify.thresholds", "expected finite thresholds"),
-    "nul-in-a-path": (GOOD.replace("{file: data/c.txt}", '{file: "data/c\\u0000.txt"}'), "quantize.calibration.file",
-                      "expected text without NUL characters, found 'data/c\\x00.txt'"),
-    "bool-for-int": (GOOD.replace("{file: data/c.txt}", "{file: data/c.txt, samples: true}"),
-                     "quantize.calibration.samples", "valid integer"),
+    "patch-param-type": (
+        GOOD + "patches: [{name: mask-range, params: {fill: abc}}]\n",
+        "patches[0].params",
+        "expected mask-range.fill to be float, found 'abc'",
+    ),
+    "patch-param-unknown": (
+        GOOD + "patches: [{name: mask-range, params: {fil: -5.0}}]\n",
+        "patches[0].params",
+        "found unknown 'fil'",
+    ),
+    "bad-regex": (
+        GOOD.replace("calibration:", "overrides: [{pattern: '([', weight_bits: 8}]\n  calibration:"),
+        "quantize.overrides[0].pattern",
+        "expected a regular expression",
+    ),
+    "nan-threshold": (
+        GOOD.replace("data: {file: data/v.txt}", "data: {file: data/v.txt}\n  thresholds: {cosine_mean: .nan}"),
+        "verify.thresholds",
+        "expected finite thresholds",
+    ),
+    "nul-in-a-path": (
+        GOOD.replace("{file: data/c.txt}", '{file: "data/c\\u0000.txt"}'),
+        "quantize.calibration.file",
+        "expected text without NUL characters, found 'data/c\\x00.txt'",
+    ),
+    "bool-for-int": (
+        GOOD.replace("{file: data/c.txt}", "{file: data/c.txt, samples: true}"),
+        "quantize.calibration.samples",
+        "valid integer",
+    ),
 }
 
 
@@ -150,8 +214,11 @@ def test_extends_missing_parent_and_cycle(tmp_path):
     with pytest.raises(RecipeError, match=r"extends: expected an existing recipe nowhere.yaml"):
         load_recipe(write(tmp_path, "orphan", "extends: nowhere\n"))
     write(tmp_path, "tiny-base", GOOD)
-    with pytest.raises(RecipeError, match=r"extends: expected an existing recipe tiny-bsae.yaml, found none; did you "
-                                          r"mean 'tiny-base'\?"):
+    with pytest.raises(
+        RecipeError,
+        match=r"extends: expected an existing recipe tiny-bsae.yaml, found none; did you "
+        r"mean 'tiny-base'\?",
+    ):
         load_recipe(write(tmp_path, "typo", "extends: tiny-bsae\n"))
     write(tmp_path, "a", "extends: b\n")
     f = write(tmp_path, "b", "extends: a\n")
@@ -224,13 +291,16 @@ verify:
 """
 
 
-@pytest.mark.parametrize("key,text", [
-    ("quantize.calibrate_method", "quantize: {calibrate_method: Percentile, calibration: {file: data/c.txt}}"),
-    ("export.opset", "export: {family: llm, opset: 17}"),
-    ("quantize.calibration.max_length", "quantize: {calibration: {file: data/c.txt, max_length: 32}}"),
-    ("verify.data.max_length", "verify: {data: {file: data/v.txt, max_length: 32}}"),
-    ("compile.disable_cpu_ep_fallback", "compile: {disable_cpu_ep_fallback: false}"),
-])
+@pytest.mark.parametrize(
+    "key,text",
+    [
+        ("quantize.calibrate_method", "quantize: {calibrate_method: Percentile, calibration: {file: data/c.txt}}"),
+        ("export.opset", "export: {family: llm, opset: 17}"),
+        ("quantize.calibration.max_length", "quantize: {calibration: {file: data/c.txt, max_length: 32}}"),
+        ("verify.data.max_length", "verify: {data: {file: data/v.txt, max_length: 32}}"),
+        ("compile.disable_cpu_ep_fallback", "compile: {disable_cpu_ep_fallback: false}"),
+    ],
+)
 def test_param_the_llm_path_never_reads_is_a_load_error(tmp_path, key, text):
     """Issue 11: a key the recipe's family does not read is an error naming the file and the
     key path, never silently ignored; the same key on an encoder recipe loads."""
@@ -253,11 +323,14 @@ def test_param_the_llm_path_never_reads_is_a_load_error(tmp_path, key, text):
     load_recipe(write(tmp_path, "e", yaml.safe_dump(enc)))  # encoders read it
 
 
-@pytest.mark.parametrize("key,text", [
-    ("export.context_length", "export: {context_length: 64}"),
-    ("verify.max_new_tokens", "verify: {max_new_tokens: 4, data: {file: data/v.txt}}"),
-    ("compile.weight_sharing", "compile: {weight_sharing: false}"),
-])
+@pytest.mark.parametrize(
+    "key,text",
+    [
+        ("export.context_length", "export: {context_length: 64}"),
+        ("verify.max_new_tokens", "verify: {max_new_tokens: 4, data: {file: data/v.txt}}"),
+        ("compile.weight_sharing", "compile: {weight_sharing: false}"),
+    ],
+)
 def test_llm_only_param_on_an_encoder_is_a_load_error(tmp_path, key, text):
     import yaml
 
@@ -273,8 +346,13 @@ def test_llm_only_param_on_an_encoder_is_a_load_error(tmp_path, key, text):
 def test_entropy_is_rejected_with_the_reason(tmp_path):
     """Issue 11: Entropy gave a quantized model byte-identical to MinMax (onnxruntime's entropy
     calibrator searches one candidate with its default bins), so it is refused at load."""
-    p = write(tmp_path, "ent", GOOD.replace("  calibration: {file: data/c.txt}",
-                                            "  calibrate_method: Entropy\n  calibration: {file: data/c.txt}"))
+    p = write(
+        tmp_path,
+        "ent",
+        GOOD.replace(
+            "  calibration: {file: data/c.txt}", "  calibrate_method: Entropy\n  calibration: {file: data/c.txt}"
+        ),
+    )
     with pytest.raises(RecipeError, match=r"quantize.calibrate_method: expected MinMax or Percentile, found 'Entropy'"):
         load_recipe(p)
 
@@ -305,15 +383,24 @@ def test_genai_runtime_is_checked_at_load(tmp_path):
         "runtime" not in [s for s in expand(load_recipe(write(tmp_path, "enc", GOOD))) if s.kind == "verify"][0].params
     )
     for name, text, why in [
-            ("enc2", GOOD.replace("verify:\n", "verify:\n  runtime: genai\n"),
-             "no such key in an encoder recipe .export.family: encoder.: only an LLM recipe reads it"),
-            ("host", llm.replace("context_length: 64}", "context_length: 64, embedding: host}")
-             .replace("verify:\n", "verify:\n  runtime: genai\n"),
-             "export.embedding: first-part for runtime genai, found export.embedding: host"),  # not 'genai'
-            ("odd",
-             llm.replace("context_length: 64", "context_length: 60")
-             .replace("verify:\n", "verify:\n  runtime: genai\n"),
-             "a multiple of export.sequence_length .* found export.context_length: 60")]:
+        (
+            "enc2",
+            GOOD.replace("verify:\n", "verify:\n  runtime: genai\n"),
+            "no such key in an encoder recipe .export.family: encoder.: only an LLM recipe reads it",
+        ),
+        (
+            "host",
+            llm.replace("context_length: 64}", "context_length: 64, embedding: host}").replace(
+                "verify:\n", "verify:\n  runtime: genai\n"
+            ),
+            "export.embedding: first-part for runtime genai, found export.embedding: host",
+        ),  # not 'genai'
+        (
+            "odd",
+            llm.replace("context_length: 64", "context_length: 60").replace("verify:\n", "verify:\n  runtime: genai\n"),
+            "a multiple of export.sequence_length .* found export.context_length: 60",
+        ),
+    ]:
         with pytest.raises(RecipeError, match=rf"verify.runtime: expected .*{why}"):
             load_recipe(write(tmp_path, name, text))
 
@@ -326,12 +413,20 @@ def test_other_familys_threshold_is_a_load_error(tmp_path):
         "e",
         GOOD.replace("  data: {file: data/v.txt}", "  data: {file: data/v.txt}\n  thresholds: {token_agreement: 0.9}"),
     )
-    with pytest.raises(RecipeError, match=r"verify.thresholds.token_agreement: expected a threshold an encoder verify "
-                                          r"measures \(cosine_mean, .*\), found 'token_agreement', which only an LLM"):
+    with pytest.raises(
+        RecipeError,
+        match=r"verify.thresholds.token_agreement: expected a threshold an encoder verify "
+        r"measures \(cosine_mean, .*\), found 'token_agreement', which only an LLM",
+    ):
         load_recipe(p)
-    p = write(tmp_path, "l", LLM.replace(
-        "  data: {file: data/v.txt, samples: 2}",
-        "  data: {file: data/v.txt, samples: 2}\n  thresholds: {pooled_cosine_mean: 0.9}"))
+    p = write(
+        tmp_path,
+        "l",
+        LLM.replace(
+            "  data: {file: data/v.txt, samples: 2}",
+            "  data: {file: data/v.txt, samples: 2}\n  thresholds: {pooled_cosine_mean: 0.9}",
+        ),
+    )
     with pytest.raises(RecipeError, match=r"verify.thresholds.pooled_cosine_mean: expected a threshold an LLM verify"):
         load_recipe(p)
 
@@ -342,8 +437,12 @@ def test_a_key_that_failed_is_not_judged_by_its_default_and_explain_says_why(pro
     the recipe never says (rounding failed, and its check saw the default); and
     ``explain:<child>`` fails with the same reason as ``build:<child>`` (before: doit's
     'Invalid parameter' and no reason). Through the real doit CLI."""
-    project.recipe("t4", TINY_RECIPE.format(precision="w4a16", targets="[x-elite]", backend="cpu-qdq")
-                   .replace("  calibration:", "  block_size: 32\n  rounding: gptq\n  gptq_span: 64\n  calibration:"))
+    project.recipe(
+        "t4",
+        TINY_RECIPE.format(precision="w4a16", targets="[x-elite]", backend="cpu-qdq").replace(
+            "  calibration:", "  block_size: 32\n  rounding: gptq\n  gptq_span: 64\n  calibration:"
+        ),
+    )
     project.recipe("child", "extends: t4\nquantize: {per_channel: false}\n")
     errors = {}
     for task in ("build:child", "explain:child"):
@@ -366,15 +465,22 @@ def test_each_family_has_default_bars_and_genie_brings_its_own(tmp_path):
     from tasks.encoder.family import DEFAULT_THRESHOLDS as ENCODER
     from tasks.llm.family import DEFAULT_THRESHOLDS as LLM_BARS
 
-    assert load_recipe(write(tmp_path, "e", GOOD)).verify.thresholds == ENCODER == {
-        "pooled_cosine_mean": 0.99, "pooled_cosine_min": 0.97}
-    write(tmp_path, "e-own", GOOD.replace("  data: {file: data/v.txt}", "  data: {file: data/v.txt}\n"
-                                                                       "  thresholds: {cosine_min: 0.5}"))
+    assert (
+        load_recipe(write(tmp_path, "e", GOOD)).verify.thresholds
+        == ENCODER
+        == {"pooled_cosine_mean": 0.99, "pooled_cosine_min": 0.97}
+    )
+    write(
+        tmp_path,
+        "e-own",
+        GOOD.replace("  data: {file: data/v.txt}", "  data: {file: data/v.txt}\n  thresholds: {cosine_min: 0.5}"),
+    )
     assert load_recipe(tmp_path / "e-own.yaml").verify.thresholds == {"cosine_min": 0.5}
     null = write(tmp_path, "e-null", "extends: e-own\nverify: {thresholds: null}\n")
     assert load_recipe(null).verify.thresholds == ENCODER
-    none = write(tmp_path, "e-none", GOOD.replace("  data: {file: data/v.txt}",
-                                                  "  data: {file: data/v.txt}\n  thresholds: {}"))
+    none = write(
+        tmp_path, "e-none", GOOD.replace("  data: {file: data/v.txt}", "  data: {file: data/v.txt}\n  thresholds: {}")
+    )
     assert load_recipe(none).verify.thresholds == {}
     # an LLM: the quality bars (perplexity_ratio only with a perplexity text), then the runtimes'
     r = load_recipe(write(tmp_path, "l", LLM))

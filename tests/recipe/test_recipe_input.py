@@ -24,9 +24,16 @@ def problems(f) -> dict:
 # ------------------------------------------------------------ 1. YAML 1.2 core schema
 
 
-@pytest.mark.parametrize("text, value", [
-    ("0100", 100), ("010", 10), ("0o100", 64), ("0x80", 128), ("+96", 96),
-])
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("0100", 100),
+        ("010", 10),
+        ("0o100", 64),
+        ("0x80", 128),
+        ("+96", 96),
+    ],
+)
 def test_integers_read_as_yaml_1_2(tmp_path, text, value):
     """A leading zero is decimal (YAML 1.1 read 0100 as octal 64); 0o / 0x are explicit."""
     r = load_recipe(write(tmp_path, "r", GOOD + f"export: {{sequence_length: {text}}}\n"))
@@ -36,8 +43,10 @@ def test_integers_read_as_yaml_1_2(tmp_path, text, value):
 @pytest.mark.parametrize("word", ["yes", "no", "on", "off", "Yes", "OFF"])
 def test_yaml_1_1_booleans_are_text_with_a_hint(tmp_path, word):
     f = write(tmp_path, "r", GOOD.replace("calibration:", f"per_channel: {word}\n  calibration:"))
-    assert problems(f) == {"quantize.per_channel": f"expected a valid boolean; found '{word}' "
-                                                    f"(YAML 1.2 reads {word} as text: write true or false)"}
+    assert problems(f) == {
+        "quantize.per_channel": f"expected a valid boolean; found '{word}' "
+        f"(YAML 1.2 reads {word} as text: write true or false)"
+    }
 
 
 @pytest.mark.parametrize("text", ["2:08", "1:00:00"])
@@ -45,7 +54,8 @@ def test_sexagesimal_is_text_with_a_hint(tmp_path, text):
     f = write(tmp_path, "r", GOOD.replace("{file: data/c.txt}", f"{{file: data/c.txt, samples: {text}}}"))
     assert problems(f)["quantize.calibration.samples"] == (
         f"expected a valid integer; found '{text}' (YAML 1.2 reads {text} as text, not a base-60 number: "
-        "write the number in decimal)")
+        "write the number in decimal)"
+    )
 
 
 def test_underscores_and_binary_are_text_with_a_hint(tmp_path):
@@ -59,8 +69,11 @@ def test_underscores_and_binary_are_text_with_a_hint(tmp_path):
 
 def test_yaml_1_2_floats_dates_and_keys(tmp_path):
     """1e9 is a float (YAML 1.1 read it as text); a date stays text; `on:` is the key "on"."""
-    r = load_recipe(write(tmp_path, "r", GOOD + "patches: [{name: mask-range, params: {threshold: 1e4}}]\n"
-                                                "description: 2024-01-31\n"))
+    r = load_recipe(
+        write(
+            tmp_path, "r", GOOD + "patches: [{name: mask-range, params: {threshold: 1e4}}]\ndescription: 2024-01-31\n"
+        )
+    )
     assert r.patches[0].params == {"threshold": 1e4} and r.description == "2024-01-31"
     p = problems(write(tmp_path, "k", GOOD + "on: 1\n"))
     assert p == {"on": "expected no such key (unknown), found 1"}
@@ -80,19 +93,25 @@ def test_patch_float_param_takes_an_int_but_not_text(tmp_path):
         assert problems(f) == {"patches[0].params": f"expected mask-range.fill to be float, found {found}"}
 
 
-@pytest.mark.parametrize("flow, word", [
-    ("allow_patterns: [*safetensors]", "*safetensors"),
-    ("allow_patterns: [*.json, model.bin]", "*.json"),
-    ("allow_patterns:\n    - *.safetensors", "*.safetensors"),
-])
+@pytest.mark.parametrize(
+    "flow, word",
+    [
+        ("allow_patterns: [*safetensors]", "*safetensors"),
+        ("allow_patterns: [*.json, model.bin]", "*.json"),
+        ("allow_patterns:\n    - *.safetensors", "*.safetensors"),
+    ],
+)
 def test_unquoted_glob_explains_quoting(tmp_path, flow, word):
     f = write(
         tmp_path, "g", GOOD.replace("source: {path: models/m}", f"source:\n  hf: org/name\n  revision: main\n  {flow}")
     )
     msg = problems(f)[""]
-    assert msg.startswith("invalid YAML: line ") and f"quote a glob pattern, \"{word}\"" in msg, msg
-    ok = write(tmp_path, "q", GOOD.replace("source: {path: models/m}", f"source: {{hf: o/n, revision: main, "
-                                                                        f"allow_patterns: [\"{word}\"]}}"))
+    assert msg.startswith("invalid YAML: line ") and f'quote a glob pattern, "{word}"' in msg, msg
+    ok = write(
+        tmp_path,
+        "q",
+        GOOD.replace("source: {path: models/m}", f'source: {{hf: o/n, revision: main, allow_patterns: ["{word}"]}}'),
+    )
     assert load_recipe(ok).source.allow_patterns == [word]
 
 
@@ -100,37 +119,53 @@ def test_unquoted_glob_explains_quoting(tmp_path, flow, word):
 
 
 def thresholds(tmp_path, text: str, extra: str = ""):
-    return write(tmp_path, "t", GOOD.replace("data: {file: data/v.txt}",
-                                             f"data: {{file: data/v.txt}}\n  thresholds: {{{text}}}{extra}"))
+    return write(
+        tmp_path,
+        "t",
+        GOOD.replace("data: {file: data/v.txt}", f"data: {{file: data/v.txt}}\n  thresholds: {{{text}}}{extra}"),
+    )
 
 
-@pytest.mark.parametrize("text, key, message", [
-    ("cosine_mean: -5.0", "cosine_mean", "expected a cosine in (0, 1], found -5.0"),
-    ("pooled_cosine_min: 1.5", "pooled_cosine_min", "expected a cosine in (0, 1], found 1.5"),
-    ("logits_cosine_mean: 0", "logits_cosine_mean", "expected a cosine in (0, 1], found 0.0"),
-    ("token_agreement: 1.01", "token_agreement", "expected a share of tokens in [0, 1], found 1.01"),
-    ("top1_agreement: -0.1", "top1_agreement", "expected a share of tokens in [0, 1], found -0.1"),
-    ("perplexity_ratio: 0.0", "perplexity_ratio", "expected a ratio of perplexities > 0, found 0.0"),
-    ("max_abs_error: -1", "max_abs_error", "expected an absolute error >= 0, found -1.0"),
-    ("prefix_match_mean: 17", "prefix_match_mean",
-     "expected a number of tokens up to verify.max_new_tokens in [0, 16], found 17.0"),
-])
+@pytest.mark.parametrize(
+    "text, key, message",
+    [
+        ("cosine_mean: -5.0", "cosine_mean", "expected a cosine in (0, 1], found -5.0"),
+        ("pooled_cosine_min: 1.5", "pooled_cosine_min", "expected a cosine in (0, 1], found 1.5"),
+        ("logits_cosine_mean: 0", "logits_cosine_mean", "expected a cosine in (0, 1], found 0.0"),
+        ("token_agreement: 1.01", "token_agreement", "expected a share of tokens in [0, 1], found 1.01"),
+        ("top1_agreement: -0.1", "top1_agreement", "expected a share of tokens in [0, 1], found -0.1"),
+        ("perplexity_ratio: 0.0", "perplexity_ratio", "expected a ratio of perplexities > 0, found 0.0"),
+        ("max_abs_error: -1", "max_abs_error", "expected an absolute error >= 0, found -1.0"),
+        (
+            "prefix_match_mean: 17",
+            "prefix_match_mean",
+            "expected a number of tokens up to verify.max_new_tokens in [0, 16], found 17.0",
+        ),
+    ],
+)
 def test_threshold_out_of_range(tmp_path, text, key, message):
     assert problems(thresholds(tmp_path, text)) == {f"verify.thresholds.{key}": message}
 
 
 def test_thresholds_in_range_ints_and_all_bad_reported_together(tmp_path):
     llm = "\nexport: {family: llm, sequence_length: 16, context_length: 64}\n"  # max_new_tokens is LLM-only
-    r = load_recipe(thresholds(tmp_path, "token_agreement: 1, perplexity_ratio: 1.3, prefix_match_mean: 20",
-                               "\n  max_new_tokens: 32" + llm))
+    r = load_recipe(
+        thresholds(
+            tmp_path, "token_agreement: 1, perplexity_ratio: 1.3, prefix_match_mean: 20", "\n  max_new_tokens: 32" + llm
+        )
+    )
     assert r.verify.thresholds == {"token_agreement": 1.0, "perplexity_ratio": 1.3, "prefix_match_mean": 20.0}
     p = problems(thresholds(tmp_path, "cosine_min: 2.0, top1_agreement: 3", "\n  max_new_tokens: 0" + llm))
-    assert p == {"verify.thresholds.cosine_min": "expected a cosine in (0, 1], found 2.0",
-                 "verify.thresholds.top1_agreement": "expected a share of tokens in [0, 1], found 3.0",
-                 "verify.max_new_tokens": "expected greater than or equal to 1; found 0"}
+    assert p == {
+        "verify.thresholds.cosine_min": "expected a cosine in (0, 1], found 2.0",
+        "verify.thresholds.top1_agreement": "expected a share of tokens in [0, 1], found 3.0",
+        "verify.max_new_tokens": "expected greater than or equal to 1; found 0",
+    }
     p = problems(thresholds(tmp_path, "max_abs_error: '0.1', top1_agreement: yes"))
-    assert p == {"verify.thresholds.max_abs_error": "expected a valid number; found '0.1'",
-                 "verify.thresholds.top1_agreement": "expected a valid number; found 'yes'"}
+    assert p == {
+        "verify.thresholds.max_abs_error": "expected a valid number; found '0.1'",
+        "verify.thresholds.top1_agreement": "expected a valid number; found 'yes'",
+    }
 
 
 def test_every_threshold_is_declared_once_with_a_range():
@@ -167,8 +202,10 @@ def _bad_files(d, good: str):
     (d / "same-2.yaml").write_text(good + "name: same\n")
     (d / "good.yaml").write_text(good)
     return {
-        "deep": ("<top>: invalid YAML: line 1, column 40: expected at most 32 levels of nested mappings and lists, "
-                 "found more"),
+        "deep": (
+            "<top>: invalid YAML: line 1, column 40: expected at most 32 levels of nested mappings and lists, "
+            "found more"
+        ),
         "dangling": "<top>: expected a readable file, found a dangling symlink",
         "fifo": "<top>: expected a regular file, found a FIFO",
         "folder": "<top>: expected a regular file, found a directory",
@@ -250,17 +287,23 @@ def load_errors(root, text: str) -> dict:
     return dict(errors["r"].problems)
 
 
-@pytest.mark.parametrize("encoding, line, offset, byte", [
-    ("cp1252", 3, 23, "0x93"),   # \u201c in cp1252
-    ("latin-1", 3, 33, "0xe9"),  # \u00e9 in latin-1 (no curly quotes there)
-    ("utf-16", 1, 0, "0xff"),    # a BOM-led UTF-16 file
-])
+@pytest.mark.parametrize(
+    "encoding, line, offset, byte",
+    [
+        ("cp1252", 3, 23, "0x93"),  # \u201c in cp1252
+        ("latin-1", 3, 33, "0xe9"),  # \u00e9 in latin-1 (no curly quotes there)
+        ("utf-16", 1, 0, "0xff"),  # a BOM-led UTF-16 file
+    ],
+)
 def test_non_utf8_data_file_names_file_line_offset_and_key(proj, encoding, line, offset, byte):
     quote = "\u201c" if encoding != "latin-1" else ""
     text = f"first line\nsecond line\n{quote}quoted caf\u00e9\n" + "more\n" * 20
     (proj / "data" / "c.txt").write_bytes(text.encode(encoding))
-    assert load_errors(proj, GOOD) == {"quantize.calibration.file": (
-        f"expected UTF-8 text, found byte {byte} at line {line} (byte offset {offset}) of data/c.txt")}
+    assert load_errors(proj, GOOD) == {
+        "quantize.calibration.file": (
+            f"expected UTF-8 text, found byte {byte} at line {line} (byte offset {offset}) of data/c.txt"
+        )
+    }
     from tasks.datafiles import read_lines
 
     with pytest.raises(UnicodeDecodeError):  # what the quantize stage would have met mid-build
@@ -287,18 +330,24 @@ def test_paths_outside_the_project_are_refused_unless_allowed(proj, tmp_path, mo
     (outside / "model").mkdir(parents=True)
     (outside / "c.txt").write_text("a sentence\n" * 20)
     (proj / "data" / "link.txt").symlink_to(outside / "c.txt")
-    text = (GOOD.replace("{path: models/m}", "{path: ../elsewhere/model}")
-            .replace("data/c.txt", str(outside / "c.txt")).replace("data/v.txt", "data/link.txt"))
+    text = (
+        GOOD.replace("{path: models/m}", "{path: ../elsewhere/model}")
+        .replace("data/c.txt", str(outside / "c.txt"))
+        .replace("data/v.txt", "data/link.txt")
+    )
     p = load_errors(proj, text)
     want = f"expected a path inside the project {proj} (or in a folder of NPUBUILD_ALLOW_PATHS), found "
-    assert p == {"source.path": f"{want}'../elsewhere/model', which is {outside / 'model'}",
-                 "quantize.calibration.file": f"{want}'{outside / 'c.txt'}', which is {outside / 'c.txt'}",
-                 "verify.data.file": f"{want}'data/link.txt', which is {outside / 'c.txt'}"}
+    assert p == {
+        "source.path": f"{want}'../elsewhere/model', which is {outside / 'model'}",
+        "quantize.calibration.file": f"{want}'{outside / 'c.txt'}', which is {outside / 'c.txt'}",
+        "verify.data.file": f"{want}'data/link.txt', which is {outside / 'c.txt'}",
+    }
     p = load_errors(proj, GOOD.replace("data/c.txt", "../../../../../../etc/passwd"))
     assert p == {"quantize.calibration.file": f"{want}'../../../../../../etc/passwd', which is /etc/passwd"}
     monkeypatch.setenv("NPUBUILD_ALLOW_PATHS", "relative/dir")
     assert load_errors(proj, text)["source.path"].endswith(
-        "(NPUBUILD_ALLOW_PATHS entry 'relative/dir' is not an absolute path)")
+        "(NPUBUILD_ALLOW_PATHS entry 'relative/dir' is not an absolute path)"
+    )
     from tasks.recipe.checks import load_all
 
     monkeypatch.setenv("NPUBUILD_ALLOW_PATHS", f"/nonexistent/x{__import__('os').pathsep}{outside}")

@@ -1,6 +1,7 @@
 """What a source's config.json says is checked when the recipe loads, before any stage runs
 (issues 9 and 14): an LLM family the export does not write, more parts than layers, lengths past
 max_position_embeddings, custom-code models; and `doit list` reports it in one line."""
+
 import json
 
 import pytest
@@ -57,21 +58,27 @@ def test_qwen3_phi3_and_gemma_load(proj, mt):
 @pytest.mark.parametrize("act", ["gelu", "relu", "gelu_new"])
 def test_an_mlp_activation_the_export_does_not_write_is_a_load_error(proj, act):
     errs = _errors(proj, LLM, {**CFG, "hidden_act": act})
-    assert errs == {"export.family": f"expected an MLP activation the LLM export writes (silu, gelu_pytorch_tanh), "
-                                     f"found hidden_act {act!r} in config.json"}
+    assert errs == {
+        "export.family": f"expected an MLP activation the LLM export writes (silu, gelu_pytorch_tanh), "
+        f"found hidden_act {act!r} in config.json"
+    }
 
 
 def test_more_parts_than_layers_and_a_context_past_the_positions(proj):
     errs = _errors(proj, LLM.replace("parts: 2", "parts: 5").replace("context_length: 64", "context_length: 128"), CFG)
-    assert errs == {"export.parts": "expected at most the model's 4 layers (num_hidden_layers), found 5",
-                    "export.context_length": "expected at most the model's max_position_embeddings (64), found 128"}
+    assert errs == {
+        "export.parts": "expected at most the model's 4 layers (num_hidden_layers), found 5",
+        "export.context_length": "expected at most the model's max_position_embeddings (64), found 128",
+    }
 
 
 @pytest.mark.parametrize("length, bad", [(64, False), (65, True), (4096, True)])
 def test_encoder_sequence_length_past_the_positions(proj, length, bad):
-    enc = (f"source: {{path: models/m}}\nexport: {{sequence_length: {length}}}\n"
-           "quantize:\n  calibration: {file: data/c.txt, samples: 2}\n"
-           "verify:\n  data: {file: data/v.txt, samples: 2}\n")
+    enc = (
+        f"source: {{path: models/m}}\nexport: {{sequence_length: {length}}}\n"
+        "quantize:\n  calibration: {file: data/c.txt, samples: 2}\n"
+        "verify:\n  data: {file: data/v.txt, samples: 2}\n"
+    )
     errs = _errors(proj, enc, {"model_type": "bert", "max_position_embeddings": 64})
     assert errs == (
         {"export.sequence_length": f"expected at most the model's max_position_embeddings (64), found {length}"}
@@ -113,8 +120,16 @@ def test_doit_list_names_the_unknown_family_in_one_line(project):
 def test_block_size_must_divide_the_in_features(proj, block, bad):
     """quantize.block_size is checked at load against config.json's hidden_size and
     intermediate_size (the in-features of every MatMul of an encoder layer; issue 21)."""
-    enc = (f"source: {{path: models/m}}\nquantize:\n  precision: w4a16\n  block_size: {block}\n"
-           "  calibration: {file: data/c.txt, samples: 2}\nverify:\n  data: {file: data/v.txt, samples: 2}\n")
+    enc = (
+        f"source: {{path: models/m}}\nquantize:\n  precision: w4a16\n  block_size: {block}\n"
+        "  calibration: {file: data/c.txt, samples: 2}\nverify:\n  data: {file: data/v.txt, samples: 2}\n"
+    )
     errs = _errors(proj, enc, {"model_type": "bert", "hidden_size": 96, "intermediate_size": 384})
-    assert errs == ({"quantize.block_size": f"expected a block size that divides the model's in-features, found "
-                                            f"{block} with {bad} in config.json"} if bad else {})
+    assert errs == (
+        {
+            "quantize.block_size": f"expected a block size that divides the model's in-features, found "
+            f"{block} with {bad} in config.json"
+        }
+        if bad
+        else {}
+    )

@@ -21,14 +21,21 @@ def _edit_config(p, **changes):
     f.write_text(json.dumps({**json.loads(f.read_text()), **changes}, indent=1))
 
 
-@pytest.mark.parametrize("changes, want", [
-    ({"intermediate_size": 512},  # the checkpoint's MLP is 768 wide
-     "model.safetensors: tensor 'model.layers.0.mlp.gate_proj.weight': expected shape (512, 192) "
-     "(transformers' Qwen2ForCausalLM for config.json), found (768, 192); 11 more tensors differ"),
-    ({"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "head_dim": 32},  # Qwen3 has q_norm/k_norm
-     "model.safetensors: tensor 'model.layers.0.self_attn.q_norm.weight': expected shape (32,) "
-     "(transformers' Qwen3ForCausalLM for config.json), found no such tensor; 7 more tensors differ"),
-])
+@pytest.mark.parametrize(
+    "changes, want",
+    [
+        (
+            {"intermediate_size": 512},  # the checkpoint's MLP is 768 wide
+            "model.safetensors: tensor 'model.layers.0.mlp.gate_proj.weight': expected shape (512, 192) "
+            "(transformers' Qwen2ForCausalLM for config.json), found (768, 192); 11 more tensors differ",
+        ),
+        (
+            {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "head_dim": 32},  # Qwen3 has q_norm/k_norm
+            "model.safetensors: tensor 'model.layers.0.self_attn.q_norm.weight': expected shape (32,) "
+            "(transformers' Qwen3ForCausalLM for config.json), found no such tensor; 7 more tensors differ",
+        ),
+    ],
+)
 def test_tensors_that_disagree_with_the_config_are_one_line_at_export(tmp_path, tiny_bert, changes, want):
     p = parts_project_at(tmp_path / "proj", tiny_bert, "tiny1", parts=1)
     _edit_config(p, **changes)
@@ -36,7 +43,8 @@ def test_tensors_that_disagree_with_the_config_are_one_line_at_export(tmp_path, 
     out = run.stdout + run.stderr
     assert run.returncode != 0 and "Traceback" not in out, out
     assert [ln for ln in out.splitlines() if ln.startswith("export.part0:tiny1  ") and " FAILED " not in ln] == [
-        f"export.part0:tiny1  SourceError: {want}"], out
+        f"export.part0:tiny1  SourceError: {want}"
+    ], out
     assert p.entries("export") == []
 
 
@@ -50,5 +58,6 @@ def test_an_encoder_tensor_of_another_shape_is_one_line_at_export(tmp_path, tiny
     assert run.returncode != 0 and "Traceback" not in out, out
     assert [ln for ln in out.splitlines() if ln.startswith("export:r  ") and " FAILED " not in ln] == [
         "export:r  SourceError: model.safetensors: tensor 'encoder.layer.0.intermediate.dense.weight': expected "
-        "shape (128, 32) (transformers' BertModel for config.json), found (64, 32); 5 more tensors differ"], out
+        "shape (128, 32) (transformers' BertModel for config.json), found (64, 32); 5 more tensors differ"
+    ], out
     assert p.entries("export") == []

@@ -56,9 +56,11 @@ def _error(revision: str) -> str:
 
 def test_short_commit_offline_names_the_full_one(hub, offline):
     msg = _error(COMMIT[:7])
-    assert msg == (f"cannot use revision '{COMMIT[:7]}' of Hub model '{REPO}': a short commit hash is not resolved "
-                   f"offline; write the full 40-hex commit: `revision: {COMMIT}` (found in the local Hugging Face "
-                   f"cache)")
+    assert msg == (
+        f"cannot use revision '{COMMIT[:7]}' of Hub model '{REPO}': a short commit hash is not resolved "
+        f"offline; write the full 40-hex commit: `revision: {COMMIT}` (found in the local Hugging Face "
+        f"cache)"
+    )
     assert download.resolve_revision(REPO, "main") == COMMIT  # a branch offline: the local refs
 
 
@@ -75,11 +77,15 @@ def test_short_commit_offline_variants(hub, offline, tiny_bert):
 
 def test_branch_without_network_is_a_connection_failure(hub, no_network):
     msg = _error("main")
-    assert msg.startswith(f"cannot resolve revision 'main' of Hub model '{REPO}': connection to the Hub "
-                          f"({no_network}) failed, so this says nothing about whether the model exists [")
+    assert msg.startswith(
+        f"cannot resolve revision 'main' of Hub model '{REPO}': connection to the Hub "
+        f"({no_network}) failed, so this says nothing about whether the model exists ["
+    )
     assert "not in the local" not in msg
-    assert msg.endswith(f"; the local Hugging Face cache has main = {COMMIT}: set HF_HUB_OFFLINE=1 to build from it, "
-                        f"or write `revision: {COMMIT}`")
+    assert msg.endswith(
+        f"; the local Hugging Face cache has main = {COMMIT}: set HF_HUB_OFFLINE=1 to build from it, "
+        f"or write `revision: {COMMIT}`"
+    )
     # variants: a branch the local cache does not know; a short commit without network
     v2 = _error("release")
     assert "connection to the Hub" in v2 and "local Hugging Face cache has" not in v2
@@ -95,18 +101,26 @@ def test_short_commit_in_a_recipe_through_doit(tmp_path, tiny_bert):
     p = Project(tmp_path / "proj", tiny_bert)
     root = fake_hub_cache(tmp_path / "hub", REPO, tiny_bert)
     p.env["HF_HUB_CACHE"] = str(root)
-    p.recipe("r", TINY_RECIPE.format(precision="w8a16", targets="[x-elite]", backend="cpu-qdq").replace(
-        "source: {path: models/tiny-bert}", f"source: {{hf: {REPO}, revision: '{COMMIT[:7]}'}}"))
+    p.recipe(
+        "r",
+        TINY_RECIPE.format(precision="w8a16", targets="[x-elite]", backend="cpu-qdq").replace(
+            "source: {path: models/tiny-bert}", f"source: {{hf: {REPO}, revision: '{COMMIT[:7]}'}}"
+        ),
+    )
     run = p.doit("run", "build:r", check=False)
     assert run.code != 0 and "Traceback" not in run.log()
-    assert f"SourceError: cannot use revision '{COMMIT[:7]}' of Hub model '{REPO}': a short commit hash is not " \
-           f"resolved offline; write the full 40-hex commit: `revision: {COMMIT}`" in run.log()
+    assert (
+        f"SourceError: cannot use revision '{COMMIT[:7]}' of Hub model '{REPO}': a short commit hash is not "
+        f"resolved offline; write the full 40-hex commit: `revision: {COMMIT}`" in run.log()
+    )
 
 
 def test_a_library_message_is_kept_whole():
     """Issue 23: the Hub's message was its first line cut at 200 characters."""
-    err = OSError("401 Client Error. (Request ID: Root=1-abc)\n\nRepository Not Found for url: "
-                  "https://huggingface.co/api/models/org/name/revision/main.\n" + "Please make sure " * 20 + "you are "
-                  "authenticated.")
+    err = OSError(
+        "401 Client Error. (Request ID: Root=1-abc)\n\nRepository Not Found for url: "
+        "https://huggingface.co/api/models/org/name/revision/main.\n" + "Please make sure " * 20 + "you are "
+        "authenticated."
+    )
     msg = download._missing("org/name", "main", err)
     assert msg.endswith("Please make sure you are authenticated.]") and "Repository Not Found for url:" in msg

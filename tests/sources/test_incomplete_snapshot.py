@@ -21,7 +21,8 @@ from tasks.store import digest
 
 REPO = "acme/tiny-bert"
 HF_RECIPE = TINY_RECIPE.format(precision="w8a16", targets="[x-elite]", backend="cpu-qdq").replace(
-    "source: {path: models/tiny-bert}", f"source: {{hf: {REPO}, revision: main}}")
+    "source: {path: models/tiny-bert}", f"source: {{hf: {REPO}, revision: main}}"
+)
 
 
 def _snapshot(tmp_path, tiny_bert, leave_out: set[str]):
@@ -53,10 +54,12 @@ def test_an_incomplete_snapshot_is_one_line_and_no_entry_then_builds_once_comple
     assert run.returncode != 0 and "Traceback" not in out
     assert p.entries("download") == [] and p.entries("export") == []
     lines = [ln for ln in out.splitlines() if ln.startswith("download:r  SourceError")]
-    assert lines == [f"download:r  SourceError: Hub model '{REPO}' at commit {COMMIT}: the local Hugging Face "
-                     f"cache's snapshot {snap} is incomplete, missing 1 file: model.safetensors (the weights; or "
-                     f"model.safetensors.index.json and its shards); nothing was cached: fetch it with the Hub "
-                     f"reachable (`hf download {REPO} --revision {COMMIT}`) and build again"]
+    assert lines == [
+        f"download:r  SourceError: Hub model '{REPO}' at commit {COMMIT}: the local Hugging Face "
+        f"cache's snapshot {snap} is incomplete, missing 1 file: model.safetensors (the weights; or "
+        f"model.safetensors.index.json and its shards); nothing was cached: fetch it with the Hub "
+        f"reachable (`hf download {REPO} --revision {COMMIT}`) and build again"
+    ]
     _add(snap, tiny_bert / "model.safetensors")
     run = p.doit("run", "build:r")
     assert run.ran() == ["compile:r", "download:r", "export:r", "prepatch:r", "quantize:r", "verify:r"]
@@ -70,13 +73,16 @@ def test_format_missing_names_each_missing_file(tmp_path):
 
     from tasks.sources.hub_files import format_missing
 
-    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
-        "a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))
+    (tmp_path / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}})
+    )
     names = {"model.safetensors.index.json", "model-00001-of-00002.safetensors", "vocab.json"}
     assert format_missing(tmp_path, names, ["*.json", "generation_config.json"]) == [
-        "config.json", "generation_config.json",
+        "config.json",
+        "generation_config.json",
         "model-00002-of-00002.safetensors (a shard model.safetensors.index.json names)",
-        "tokenizer.json (or tokenizer.model, vocab.txt, or vocab.json and merges.txt)"]
+        "tokenizer.json (or tokenizer.model, vocab.txt, or vocab.json and merges.txt)",
+    ]
     assert format_missing(tmp_path, names | {"config.json", "merges.txt", "model-00002-of-00002.safetensors"}) == []
 
 
@@ -107,12 +113,20 @@ def test_a_stage_failing_on_an_upstream_entry_names_it_and_how_to_drop_it(tmp_pa
     out = run.stdout + run.stderr
     assert run.returncode != 0 and "Traceback" not in out
     line = next(ln for ln in out.splitlines() if ln.startswith("export:r  UpstreamUnusable"))
-    assert line.startswith(f"export:r  UpstreamUnusable: upstream entry download/{key} ({entry}), built by "
-                           f"download:r, cannot be used [OSError: ")
+    assert line.startswith(
+        f"export:r  UpstreamUnusable: upstream entry download/{key} ({entry}), built by "
+        f"download:r, cannot be used [OSError: "
+    )
     assert line.endswith(f"]: drop it (`rm -rf {entry}`) and build again; download:r rebuilds it")
     shutil.rmtree(entry)
-    assert p.doit("run", "build:r").ran() == ["compile:r", "download:r", "export:r", "prepatch:r", "quantize:r",
-                                             "verify:r"]
+    assert p.doit("run", "build:r").ran() == [
+        "compile:r",
+        "download:r",
+        "export:r",
+        "prepatch:r",
+        "quantize:r",
+        "verify:r",
+    ]
 
 
 class _HubListing(BaseHTTPRequestHandler):
@@ -139,8 +153,18 @@ class _HubListing(BaseHTTPRequestHandler):
                 if name.endswith(".safetensors"):
                     row["lfs"] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
             siblings.append(row)
-        body = json.dumps({"id": REPO, "modelId": REPO, "sha": COMMIT, "siblings": siblings, "private": False,
-                           "tags": [], "downloads": 0, "likes": 0}).encode()
+        body = json.dumps(
+            {
+                "id": REPO,
+                "modelId": REPO,
+                "sha": COMMIT,
+                "siblings": siblings,
+                "private": False,
+                "tags": [],
+                "downloads": 0,
+                "likes": 0,
+            }
+        ).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -161,8 +185,14 @@ def test_online_a_snapshot_file_that_differs_from_the_hubs_listing_is_one_line_a
         data = bytearray(blob.read_bytes())
         data[len(data) // 2] ^= 0xFF
         blob.write_bytes(bytes(data))
-        p.env.update(HF_HUB_CACHE=str(hub), HF_HUB_OFFLINE="0", HF_ENDPOINT=f"http://127.0.0.1:{srv.server_port}",
-                     NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost", HF_HUB_DISABLE_TELEMETRY="1")
+        p.env.update(
+            HF_HUB_CACHE=str(hub),
+            HF_HUB_OFFLINE="0",
+            HF_ENDPOINT=f"http://127.0.0.1:{srv.server_port}",
+            NO_PROXY="127.0.0.1,localhost",
+            no_proxy="127.0.0.1,localhost",
+            HF_HUB_DISABLE_TELEMETRY="1",
+        )
         p.recipe("r", HF_RECIPE)
         run = console(p, "run", "download:r")
         out = run.stdout + run.stderr
@@ -173,7 +203,8 @@ def test_online_a_snapshot_file_that_differs_from_the_hubs_listing_is_one_line_a
             f"download:r  SourceError: Hub model '{REPO}' at commit {COMMIT}: the snapshot {snap} differs from the "
             f"Hub's file listing in 1 file: model.safetensors (sha256 {hashlib.sha256(data).hexdigest()}, the Hub "
             f"lists {want}); nothing was cached: download it again (`hf download {REPO} --revision {COMMIT} "
-            f"--force-download`) and build again"], out
+            f"--force-download`) and build again"
+        ], out
         assert any("blobs=" in c for c in srv.calls), srv.calls
         blob.write_bytes(srv.files["model.safetensors"])  # repaired: the same build succeeds
         assert console(p, "run", "download:r").returncode == 0 and len(p.entries("download")) == 1

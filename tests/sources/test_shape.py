@@ -13,10 +13,24 @@ from conftest import Project
 from llm_projects import assert_within_estimates, parts_project_at, stage_manifests
 
 COMMIT = "f" * 40
-FACTS = {"repo": "acme/tiny-llama-shape", "revision": COMMIT, "revision_source": "a test", "config_source": "a test",
-         "config": {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
-                    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1024, "rope_theta": 10000.0,
-                    "tie_word_embeddings": False, "max_position_embeddings": 256}}
+FACTS = {
+    "repo": "acme/tiny-llama-shape",
+    "revision": COMMIT,
+    "revision_source": "a test",
+    "config_source": "a test",
+    "config": {
+        "model_type": "llama",
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 1024,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "max_position_embeddings": 256,
+    },
+}
 RECIPE = f"""\
 extends: tiny-qwen2-w8a16
 description: random weights in the shape of acme/tiny-llama-shape
@@ -66,7 +80,9 @@ def test_a_shape_build_builds_offline_reproducibly_and_is_marked(tmp_path, tiny_
     assert r["binaries"] and all(b["soc_model"] == 60 for b in r["binaries"].values())
     assert_within_estimates(stage_manifests(a, "shape"))  # the shape download's estimate among them
     a.doit("run", "catalog")
-    row, = [x for x in json.loads((a.root / "catalog" / "catalog.json").read_text())["recipes"] if x["name"] == "shape"]
+    (row,) = [
+        x for x in json.loads((a.root / "catalog" / "catalog.json").read_text())["recipes"] if x["name"] == "shape"
+    ]
     assert row["shape_build"] is True and row["source"]["kind"] == "shape" and row["state"] == "shape-built"
     run = a.doit("run", "publish:shape", check=False)  # random weights are never shipped
     assert run.code != 0 and "refusing to publish shape: it is a shape build" in run.log()
@@ -91,8 +107,10 @@ def test_a_tokenizer_folder_without_a_tokenizer_is_a_load_error(tmp_path, tiny_b
     out = run.stdout + run.stderr
     assert run.returncode != 0 and "Traceback" not in out, out
     assert p.entries("download") == []
-    want = ("source.tokenizer: expected a folder of tokenizer files with tokenizer.json (or tokenizer.model, "
-            "vocab.txt, or vocab.json and merges.txt), found only tokenizer_config.json in tok")
+    want = (
+        "source.tokenizer: expected a folder of tokenizer files with tokenizer.json (or tokenizer.model, "
+        "vocab.txt, or vocab.json and merges.txt), found only tokenizer_config.json in tok"
+    )
     assert any(ln.rstrip().endswith(want) for ln in out.splitlines()), out
     (tok / "tokenizer.json").write_text("{not json")  # the files are there and transformers cannot load them
     run = console(p, "run", "download:shape")
@@ -100,4 +118,5 @@ def test_a_tokenizer_folder_without_a_tokenizer_is_a_load_error(tmp_path, tiny_b
     assert run.returncode != 0 and "Traceback" not in out, out
     assert [ln for ln in out.splitlines() if ln.startswith("download:shape  SourceError")] == [
         "download:shape  SourceError: source.tokenizer 'tok': expected a tokenizer transformers loads, found "
-        "Exception: key must be a string at line 1 column 2"], out
+        "Exception: key must be a string at line 1 column 2"
+    ], out

@@ -59,8 +59,9 @@ def test_failed_build_commits_nothing(tmp_path):
 
 
 def test_nan_never_passes_verify(tmp_path):
-    (tmp_path / "verify.json").write_text(json.dumps({"metrics": {"pooled_cosine_mean": float("nan"),
-                                                                  "max_abs_error": float("nan")}, "samples": []}))
+    (tmp_path / "verify.json").write_text(
+        json.dumps({"metrics": {"pooled_cosine_mean": float("nan"), "max_abs_error": float("nan")}, "samples": []})
+    )
     fails = verify.STAGE.check(tmp_path, {}, {"thresholds": {"pooled_cosine_mean": 0.99, "max_abs_error": 1.0}})
     assert len(fails) == 2 and all("not a number" in f for f in fails)
     import numpy as np

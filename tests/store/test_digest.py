@@ -125,5 +125,6 @@ def test_stage_code_enters_the_key():
     a, b = code_digest(spec("mask-range")), code_digest(spec("fold-constants"))
     assert a != b and len(a) == 32
     assert code_digest(spec("mask-range")) == a  # stable
-    assert code_digest(StageSpec("r", "export", "export", {}, family="encoder")) != \
-        code_digest(StageSpec("r", "compile", "compile", {}, family="encoder"))
+    assert code_digest(StageSpec("r", "export", "export", {}, family="encoder")) != code_digest(
+        StageSpec("r", "compile", "compile", {}, family="encoder")
+    )

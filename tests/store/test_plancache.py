@@ -40,8 +40,13 @@ def _age(root: Path) -> None:
 
 
 def probe(project, **env) -> dict:
-    p = subprocess.run([sys.executable, "-c", PROBE], env=dict(project.env, PYTHONPATH=str(REPO), **env),
-                       capture_output=True, text=True, cwd=project.root)
+    p = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        env=dict(project.env, PYTHONPATH=str(REPO), **env),
+        capture_output=True,
+        text=True,
+        cwd=project.root,
+    )
     assert p.returncode == 0, p.stderr
     return json.loads(p.stdout.splitlines()[-1])
 
@@ -67,9 +72,15 @@ def test_stored_plan_used_without_pydantic(cached):
     assert again["cached"] and not again["pydantic"]
     assert again["plans"] == first["plans"]
     assert again["plans"]["a"]["quantize"]["calibration"]["samples"] == 4
+
     def doit_list():
-        r = subprocess.run([sys.executable, "-m", "doit", "list", "-f", str(REPO / "dodo.py"), "-d", str(project.root)],
-                           env=dict(project.env, NPUBUILD_STATS="1"), capture_output=True, text=True, cwd=project.root)
+        r = subprocess.run(
+            [sys.executable, "-m", "doit", "list", "-f", str(REPO / "dodo.py"), "-d", str(project.root)],
+            env=dict(project.env, NPUBUILD_STATS="1"),
+            capture_output=True,
+            text=True,
+            cwd=project.root,
+        )
         assert r.returncode == 0, r.stderr
         return r
 
@@ -115,16 +126,22 @@ def _unreadable(p):
     (p.root / "data" / "calib.txt").chmod(0)
 
 
-@pytest.mark.parametrize("change, check", [
-    (_edit_recipe, lambda r: r["plans"]["a"]["quantize"]["calibration"]["samples"] == 5),
-    (_short_data, lambda r: r["errors"] == ["a"]),
-    (_config_limit, lambda r: r["errors"] == ["a"]),
-    (_tokenizer_inputs, lambda r: r["errors"] == ["a"]),
-    (_new_recipe, lambda r: sorted(r["plans"]) == ["a", "b"] and r["plans"]["b"]["quantize"]["precision"] == "w4a16"),
-    (_replaced_keeping_mtime, lambda r: r["errors"] == ["a"]),
-    (_unreadable, lambda r: True),  # the mode is part of the stat (as root the file stays readable)
-], ids=["recipe-edit", "data-file", "source-config", "tokenizer-config", "new-recipe", "replaced-old-mtime",
-        "mode"])
+@pytest.mark.parametrize(
+    "change, check",
+    [
+        (_edit_recipe, lambda r: r["plans"]["a"]["quantize"]["calibration"]["samples"] == 5),
+        (_short_data, lambda r: r["errors"] == ["a"]),
+        (_config_limit, lambda r: r["errors"] == ["a"]),
+        (_tokenizer_inputs, lambda r: r["errors"] == ["a"]),
+        (
+            _new_recipe,
+            lambda r: sorted(r["plans"]) == ["a", "b"] and r["plans"]["b"]["quantize"]["precision"] == "w4a16",
+        ),
+        (_replaced_keeping_mtime, lambda r: r["errors"] == ["a"]),
+        (_unreadable, lambda r: True),  # the mode is part of the stat (as root the file stays readable)
+    ],
+    ids=["recipe-edit", "data-file", "source-config", "tokenizer-config", "new-recipe", "replaced-old-mtime", "mode"],
+)
 def test_each_input_invalidates(cached, change, check):
     project, _ = cached
     change(project)
@@ -180,7 +197,8 @@ def _tiny(old: str, new: str) -> str:
     from conftest import TINY_RECIPE
 
     return TINY_RECIPE.format(precision="w8a16", targets="[x-elite]", backend="cpu-qdq").replace(
-        f"file: {old}, samples: 4", f"file: {new}, samples: 4")
+        f"file: {old}, samples: 4", f"file: {new}, samples: 4"
+    )
 
 
 def test_home_and_xdg_are_part_of_the_environment(cached):
@@ -205,19 +223,24 @@ def test_file_changed_while_loading_is_not_taken_as_read(tmp_path):
 
 
 def test_package_source_not_installed_stores_nothing(project):
-    text = _tiny("data/calib.txt", "data/calib.txt").replace("source: {path: models/tiny-bert}",
-                                                            "source: {package: no_such_package_xyz, subdir: model}")
+    text = _tiny("data/calib.txt", "data/calib.txt").replace(
+        "source: {path: models/tiny-bert}", "source: {package: no_such_package_xyz, subdir: model}"
+    )
     project.recipe("a", text=text)
     _age(project.root)
     got = probe(project)
     assert got["errors"] == [] and not _stored(project)
 
 
-@pytest.mark.parametrize("damage", [
-    lambda rows: rows["a"].pop("specs"),
-    lambda rows: rows["a"].update(specs=5),
-    lambda rows: rows["a"]["specs"][0].update(colour="red"),
-], ids=["row-without-specs", "specs-not-a-list", "unknown-field"])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda rows: rows["a"].pop("specs"),
+        lambda rows: rows["a"].update(specs=5),
+        lambda rows: rows["a"]["specs"][0].update(colour="red"),
+    ],
+    ids=["row-without-specs", "specs-not-a-list", "unknown-field"],
+)
 def test_damaged_rows_count_as_absent(cached, damage):
     project, first = cached
     (f,) = _stored(project)
@@ -245,8 +268,13 @@ def test_a_folder_with_an_unsupported_model_still_gets_the_plan_cache(project):
     _age(project.root)
 
     def doit_list():
-        r = subprocess.run([sys.executable, "-m", "doit", "list", "-f", str(REPO / "dodo.py"), "-d", str(project.root)],
-                           env=dict(project.env, NPUBUILD_STATS="1"), capture_output=True, text=True, cwd=project.root)
+        r = subprocess.run(
+            [sys.executable, "-m", "doit", "list", "-f", str(REPO / "dodo.py"), "-d", str(project.root)],
+            env=dict(project.env, NPUBUILD_STATS="1"),
+            capture_output=True,
+            text=True,
+            cwd=project.root,
+        )
         assert r.returncode == 0, r.stderr
         return r
 

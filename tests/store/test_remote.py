@@ -84,8 +84,10 @@ def test_tampered_remote_file_is_rejected_and_rebuilt(tmp_path, remote_url, caps
     c2 = _cache(tmp_path / "c2", remote_url)
     assert c2.fetch("export", KEY) is None
     err = capsys.readouterr().err
-    assert (f"remote entry export/{KEY}: out/a.bin: content differs from manifest.json "
-            f"(xxh3 {digest.digest_bytes(bad)} != {digest.digest_bytes(good)})") in err
+    assert (
+        f"remote entry export/{KEY}: out/a.bin: content differs from manifest.json "
+        f"(xxh3 {digest.digest_bytes(bad)} != {digest.digest_bytes(good)})"
+    ) in err
     assert f"rejected, building export/{KEY} locally" in err
     assert c2.problems("export", KEY) is None and list((tmp_path / "c2" / ".tmp").iterdir()) == []
 
@@ -134,15 +136,20 @@ def test_existing_remote_entry_is_never_overwritten(tmp_path, remote_url):
     assert (pulled.out / "a.bin").read_bytes() == b"\x01" * 1000
 
 
-@pytest.mark.parametrize("corrupt, says", ids=["material-edited", "material-missing", "path-escape",
-                                               "listing-vs-output-digest", "size-lies"], argvalues=[
-    (lambda m: m["material"]["params"].update(n=2), "key material hashes to"),
-    (lambda m: m.pop("material"), "no usable key material"),
-    (lambda m: m["outputs"].update({"../escape.bin": m["outputs"].pop("a.bin")}),
-     "out/../escape.bin: not a plain relative path"),
-    (lambda m: m["outputs"]["a.bin"].update(xxh3="0" * 32), "output_digest is not that of its file listing"),
-    (lambda m: m["outputs"]["a.bin"].update(size=999), f"remote entry export/{KEY}: out/a.bin: size 1000 != 999"),
-])
+@pytest.mark.parametrize(
+    "corrupt, says",
+    ids=["material-edited", "material-missing", "path-escape", "listing-vs-output-digest", "size-lies"],
+    argvalues=[
+        (lambda m: m["material"]["params"].update(n=2), "key material hashes to"),
+        (lambda m: m.pop("material"), "no usable key material"),
+        (
+            lambda m: m["outputs"].update({"../escape.bin": m["outputs"].pop("a.bin")}),
+            "out/../escape.bin: not a plain relative path",
+        ),
+        (lambda m: m["outputs"]["a.bin"].update(xxh3="0" * 32), "output_digest is not that of its file listing"),
+        (lambda m: m["outputs"]["a.bin"].update(size=999), f"remote entry export/{KEY}: out/a.bin: size 1000 != 999"),
+    ],
+)
 def test_bad_remote_manifest_is_rejected_before_any_download(tmp_path, remote_url, capsys, corrupt, says):
     c1 = _cache(tmp_path / "c1", remote_url)
     c1.get_or_build("export", KEY, {"material": MATERIAL}, _build(b"\x01" * 1000))

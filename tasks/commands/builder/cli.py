@@ -97,8 +97,14 @@ def _dry_run_action(session: Session, recipe: str, dry_run: bool = True):
 
 
 #: the build tasks' dry-run option (doit passes it as the ``dry_run`` param)
-DRY_RUN = {"name": "dry_run", "short": "n", "long": "dry-run", "type": bool, "default": False,
-           "help": "say what build:<recipe> would run (stage by stage: cache hit, pull or build) and run nothing"}
+DRY_RUN = {
+    "name": "dry_run",
+    "short": "n",
+    "long": "dry-run",
+    "type": bool,
+    "default": False,
+    "help": "say what build:<recipe> would run (stage by stage: cache hit, pull or build) and run nothing",
+}
 
 
 def _admit_action(session: Session, recipe: str):
@@ -178,12 +184,24 @@ def creators(session: Session) -> dict:
         ``doit build`` builds every recipe (one line per failing one)."""
         yield {"name": None, "params": [DRY_RUN], "doc": "build every recipe (-n: say what each would run)"}
         for stem, err in sorted(_invalid(session).items()):
-            yield {"name": stem, "doc": f"INVALID recipe {stem}.yaml (run it to see why)", "params": [DRY_RUN],
-                   "actions": [(_fail, [str(err)])], "uptodate": [False], "verbosity": 2}
+            yield {
+                "name": stem,
+                "doc": f"INVALID recipe {stem}.yaml (run it to see why)",
+                "params": [DRY_RUN],
+                "actions": [(_fail, [str(err)])],
+                "uptodate": [False],
+                "verbosity": 2,
+            }
         for name in recipeset.buildable(session):
             if session.request and session.request.dry_run(f"build:{name}"):
-                yield {"name": name, "doc": f"what build:{name} would run", "params": [DRY_RUN],
-                       "actions": [(_dry_run_action, [session, name])], "uptodate": [False], "verbosity": 2}
+                yield {
+                    "name": name,
+                    "doc": f"what build:{name} would run",
+                    "params": [DRY_RUN],
+                    "actions": [(_dry_run_action, [session, name])],
+                    "uptodate": [False],
+                    "verbosity": 2,
+                }
                 continue
             specs = recipeset.plan(session, name)
             yield {
@@ -199,19 +217,37 @@ def creators(session: Session) -> dict:
     def task_admit():
         """admit:<recipe> refuses the build before any stage runs when one cannot fit the budget."""
         for name in recipeset.buildable(session):
-            yield {"name": name, "actions": [(_admit_action, [session, name])],
-                   "uptodate": [_admit_uptodate(session, name)],
-                   "verbosity": 2, "doc": f"check {name}'s stages to build against NPUBUILD_MEMORY_GB"}
+            yield {
+                "name": name,
+                "actions": [(_admit_action, [session, name])],
+                "uptodate": [_admit_uptodate(session, name)],
+                "verbosity": 2,
+                "doc": f"check {name}'s stages to build against NPUBUILD_MEMORY_GB",
+            }
 
     def task_explain():
         """explain:<recipe> prints each stage's key, params, status and what changed; of an
         invalid or unsupported recipe it fails with the reason, as build:<recipe> does."""
         for stem, err in sorted(_invalid(session).items()):
-            yield {"name": stem, "doc": f"INVALID recipe {stem}.yaml (run it to see why)",
-                   "actions": [(_fail, [str(err)])], "uptodate": [False], "verbosity": 2}
+            yield {
+                "name": stem,
+                "doc": f"INVALID recipe {stem}.yaml (run it to see why)",
+                "actions": [(_fail, [str(err)])],
+                "uptodate": [False],
+                "verbosity": 2,
+            }
         for name in recipeset.buildable(session):
-            yield {"name": name, "actions": [(_print_explain, [session, name])], "uptodate": [False],
-                   "verbosity": 2, "doc": f"show {name}'s plan, stage keys and why a stage is stale"}
+            yield {
+                "name": name,
+                "actions": [(_print_explain, [session, name])],
+                "uptodate": [False],
+                "verbosity": 2,
+                "doc": f"show {name}'s plan, stage keys and why a stage is stale",
+            }
 
-    return {"task_stages": task_stages, "task_build": task_build, "task_admit": task_admit,
-            "task_explain": task_explain}
+    return {
+        "task_stages": task_stages,
+        "task_build": task_build,
+        "task_admit": task_admit,
+        "task_explain": task_explain,
+    }

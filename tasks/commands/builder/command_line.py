@@ -9,8 +9,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 #: doit's commands (doit 0.37, ``DoitMain.DOIT_CMDS``); without one, the command is ``run``
-COMMANDS = ("auto", "clean", "dumpdb", "forget", "help", "ignore", "info", "list", "reset-dep", "run", "strace",
-            "tabcompletion")
+COMMANDS = (
+    "auto",
+    "clean",
+    "dumpdb",
+    "forget",
+    "help",
+    "ignore",
+    "info",
+    "list",
+    "reset-dep",
+    "run",
+    "strace",
+    "tabcompletion",
+)
 
 #: the options of the dry run a ``build`` task takes (doit gives them to the task as its params)
 DRY_RUN = ("-n", "--dry-run")

@@ -11,13 +11,15 @@ from tasks.core import recipeset
 from tasks.core.session import Session
 
 #: what a stage's status means for a build: (verb, would it run)
-DOES = {"local hit": ("cache hit", False),
-        "remote hit": ("pull from the remote cache", True),
-        "failed": ("cache hit that fails its check, so the build fails", False),
-        "stale": ("build: its key changed", True),
-        "not built": ("build: no cache entry for its key", True),
-        "blocked": ("build", True),
-        "unknown": ("cannot tell", True)}
+DOES = {
+    "local hit": ("cache hit", False),
+    "remote hit": ("pull from the remote cache", True),
+    "failed": ("cache hit that fails its check, so the build fails", False),
+    "stale": ("build: its key changed", True),
+    "not built": ("build: no cache entry for its key", True),
+    "blocked": ("build", True),
+    "unknown": ("cannot tell", True),
+}
 
 
 def plan_lines(session: Session, recipe: str, rows: list[dict]) -> list[str]:
@@ -30,14 +32,19 @@ def plan_lines(session: Session, recipe: str, rows: list[dict]) -> list[str]:
 
     width = max(len(r["task"]) for r in rows)
     runs = sum(DOES[r["status"]][1] for r in rows)
-    out = [f"build:{recipe} --dry-run (nothing is run): " + (f"{runs} of {len(rows)} stages would build or pull"
-                                                             if runs else "every stage is a cache hit")]
+    out = [
+        f"build:{recipe} --dry-run (nothing is run): "
+        + (f"{runs} of {len(rows)} stages would build or pull" if runs else "every stage is a cache hit")
+    ]
     for r in rows:
         verb, _ = DOES[r["status"]]
         why = ""
         if r["status"] == "blocked":
-            why = f" once {r['changes'][0].split('waits for ', 1)[-1].split(',', 1)[0]} is built" \
-                if r.get("changes") and "waits for " in r["changes"][0] else ""
+            why = (
+                f" once {r['changes'][0].split('waits for ', 1)[-1].split(',', 1)[0]} is built"
+                if r.get("changes") and "waits for " in r["changes"][0]
+                else ""
+            )
         elif r["status"] in ("unknown", "stale") and r.get("changes"):
             why = f": {r['changes'][0]}" if r["status"] == "unknown" else f" ({r['changes'][0]})"
         elif r["status"] == "failed" and r.get("fails"):

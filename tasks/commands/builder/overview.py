@@ -47,8 +47,10 @@ def print_overview(session: Session, commands: dict[str, str], stage_groups: lis
     if header:
         print(header)
     rows = recipe_lines(session)
-    print(f"Recipes ({len(rows)}; their state in the local cache; `doit catalog` writes the full table and a page "
-          "to pick from):")
+    print(
+        f"Recipes ({len(rows)}; their state in the local cache; `doit catalog` writes the full table and a page "
+        "to pick from):"
+    )
     if rows:
         w = [max(len(r[i]) for r in rows) for i in range(3)]
         for name, state, family, precision in rows:
@@ -63,8 +65,11 @@ def print_overview(session: Session, commands: dict[str, str], stage_groups: lis
         for more in lines[1:]:
             print(f"  {'':<{w}}{more}")
     if stage_groups:
-        stages = textwrap.wrap(f"{', '.join(stage_groups)}: one task per stage of every recipe, run by build:<recipe> "
-                               "(doit list --all lists them)", width=width - 4)
+        stages = textwrap.wrap(
+            f"{', '.join(stage_groups)}: one task per stage of every recipe, run by build:<recipe> "
+            "(doit list --all lists them)",
+            width=width - 4,
+        )
         print("Stage tasks (<stage>:<recipe>):")
         for line in stages:
             print(f"  {line}")

@@ -32,8 +32,15 @@ def console_reporter(session: Session):
 
             base, _, recipe = task.name.partition(":")
             bare_publish = base == "publish" and session.request is not None and "publish" in session.request.names()
-            return (bool(recipe) and (base in ("build", "admit") or task.name in session.stage_tasks or bare_publish
-                                      or recipe in recipeset.recipe_errors(session))) or task.name == "recipes"
+            return (
+                bool(recipe)
+                and (
+                    base in ("build", "admit")
+                    or task.name in session.stage_tasks
+                    or bare_publish
+                    or recipe in recipeset.recipe_errors(session)
+                )
+            ) or task.name == "recipes"
 
         def execute_task(self, task):
             if not self._ours(task):
@@ -65,15 +72,17 @@ def console_reporter(session: Session):
         @staticmethod
         def _recipe_of(task: str) -> str | None:
             """The recipe of a stage task or of ``build:<recipe>`` / ``admit:<recipe>``, else None."""
-            return session.stage_tasks.get(task) or (task.split(":", 1)[1] if task.startswith(("build:", "admit:"))
-                                                     else None)
+            return session.stage_tasks.get(task) or (
+                task.split(":", 1)[1] if task.startswith(("build:", "admit:")) else None
+            )
 
         def skip_uptodate(self, task):
             checked = session.checked.get(task.name)
             if task.name in session.stage_tasks and checked:
                 recipe = session.stage_tasks[task.name]
-                self.write(run.line(task.name, checked[0], checked[2], checked[1], run.task_width(session, recipe))
-                           + "\n")
+                self.write(
+                    run.line(task.name, checked[0], checked[2], checked[1], run.task_width(session, recipe)) + "\n"
+                )
             elif task.name.startswith("admit:"):  # every stage is built: the memory check had nothing to say
                 pass
             else:
@@ -89,10 +98,11 @@ def console_reporter(session: Session):
             """doit's end of run, after one line per recipe a bare group command passed over
             (``session.skipped``: ``doit publish`` and the recipes that are not verified)."""
             for group, passed in sorted(session.skipped.items()):
-                self.write(f"{group}: {len(passed)} recipe(s) not {group}ed, not verified: "
-                           + ", ".join(f"{r} ({why})" for r, why in passed) + "\n")
+                self.write(
+                    f"{group}: {len(passed)} recipe(s) not {group}ed, not verified: "
+                    + ", ".join(f"{r} ({why})" for r, why in passed)
+                    + "\n"
+                )
             super().complete_run()
 
     return Reporter
-
-

@@ -32,15 +32,26 @@ def environment_problems() -> list[str]:
     from tasks.store import outputs
 
     problems = []
-    for where in (paths.root, paths.recipes_dir, paths.cache_dir, paths.build_dir, paths.state_dir,
-                  paths.dist_dir, paths.catalog_dir, paths.allowed_dirs):
+    for where in (
+        paths.root,
+        paths.recipes_dir,
+        paths.cache_dir,
+        paths.build_dir,
+        paths.state_dir,
+        paths.dist_dir,
+        paths.catalog_dir,
+        paths.allowed_dirs,
+    ):
         try:
             where()
         except ValueError as e:  # every folder under a relative NPUBUILD_ROOT says the same: once
             if str(e) not in problems:
                 problems.append(str(e))
-    for name, where in (("NPUBUILD_CACHE", paths.cache_dir), ("NPUBUILD_BUILD", paths.build_dir),
-                        ("NPUBUILD_HOME", paths.state_dir)):
+    for name, where in (
+        ("NPUBUILD_CACHE", paths.cache_dir),
+        ("NPUBUILD_BUILD", paths.build_dir),
+        ("NPUBUILD_HOME", paths.state_dir),
+    ):
         try:
             if bad := outputs.unwritable(name, where()):
                 problems.append(bad)
@@ -80,9 +91,11 @@ def _home_problem() -> str:
         return ""
     if free >= HOME_MIN_FREE:
         return ""
-    return (f"NPUBUILD_HOME {home}: {free / 2**20:.1f} MiB free on its disk, expected at least "
-            f"{HOME_MIN_FREE >> 20} MiB (doit's database and the stat cache write there): free space or point "
-            f"NPUBUILD_HOME to another disk; nothing was changed")
+    return (
+        f"NPUBUILD_HOME {home}: {free / 2**20:.1f} MiB free on its disk, expected at least "
+        f"{HOME_MIN_FREE >> 20} MiB (doit's database and the stat cache write there): free space or point "
+        f"NPUBUILD_HOME to another disk; nothing was changed"
+    )
 
 
 def _interrupted(exc_type, exc, tb, _default=sys.excepthook):
@@ -92,8 +105,11 @@ def _interrupted(exc_type, exc, tb, _default=sys.excepthook):
     if not issubclass(exc_type, KeyboardInterrupt):
         return _default(exc_type, exc, tb)
     logs = [n for n in getattr(exc, "__notes__", ()) if n.startswith("log: ")]
-    sys.stderr.write("npubuild: interrupted; cache entries are whole or absent (a stage stopped midway left none)"
-                     + (f"; the stopped stage's {logs[0]}" if logs else "") + "\n")
+    sys.stderr.write(
+        "npubuild: interrupted; cache entries are whole or absent (a stage stopped midway left none)"
+        + (f"; the stopped stage's {logs[0]}" if logs else "")
+        + "\n"
+    )
 
 
 def suggestion(session: Session, groups, param: str | None) -> str:
@@ -112,8 +128,13 @@ def suggestion(session: Session, groups, param: str | None) -> str:
     recipes = sorted(recipeset.stems(session))
     groups = sorted({t.split(":", 1)[0] for t in session.stage_tasks} | set(groups()))
     gs = [group] if group in groups or not group else difflib.get_close_matches(group, groups, n=2, cutoff=0.6)
-    ns = [name] if not name or name in recipes else (
-        [r for r in recipes if r.startswith(name)][:3] or difflib.get_close_matches(name, recipes, n=3, cutoff=0.6))
+    ns = (
+        [name]
+        if not name or name in recipes
+        else (
+            [r for r in recipes if r.startswith(name)][:3] or difflib.get_close_matches(name, recipes, n=3, cutoff=0.6)
+        )
+    )
     close = [f"{g}:{n}" if n else g for g in gs for n in ns if f"{g}:{n}" != param and g != param]
     return f"Did you mean: {', '.join(close)}?\n" if close else ""
 
@@ -154,7 +175,6 @@ def _check_doit_db(path: Path) -> None:
         return  # full, read-only, locked: doit says so when it writes; the file is valid
     if bad != "ok":
         reset_database(path, sqlite3.DatabaseError(f"quick_check: {bad}"), "doit's database")
-
 
 
 def _doit_db_full_is_one_line() -> None:
@@ -202,9 +222,9 @@ def commands(namespace: dict) -> dict[str, str]:
     for name, fn in namespace.items():
         if not name.startswith("task_") or name in ("task_stages", "task_admit", "task_recipes"):
             continue
-        group, doc = name[len("task_"):], first_paragraph(getattr(fn, "__doc__", ""))
+        group, doc = name[len("task_") :], first_paragraph(getattr(fn, "__doc__", ""))
         if doc.startswith(f"{group}:<recipe> "):
-            rest = doc[len(group) + 10:]
+            rest = doc[len(group) + 10 :]
             out[f"{group}:<recipe>"] = rest[:1].upper() + rest[1:]
         else:
             out[group] = doc
@@ -234,8 +254,10 @@ def creators(session: Session, namespace: dict) -> dict:
     def task_recipes():
         """The recipes with their state in the local cache, and the commands: what a plain
         `doit` prints (it never builds; `doit build:<recipe>` builds one)."""
-        header = ("npubuild: nothing was built (a plain `doit` lists; `doit build:<recipe>` builds one, "
-                  "`doit build:<recipe> -n` first says what it would run)")
+        header = (
+            "npubuild: nothing was built (a plain `doit` lists; `doit build:<recipe>` builds one, "
+            "`doit build:<recipe> -n` first says what it would run)"
+        )
         return {"actions": [(_overview, [session, namespace, header])], "uptodate": [False], "verbosity": 2}
 
     return {"task_recipes": task_recipes}
@@ -271,16 +293,22 @@ def with_invalid_recipes(session: Session, made: dict) -> dict:
             if names & recipes:
                 for stem, err in sorted(recipeset.recipe_errors(session).items()):
                     if stem not in names and f"{group}:{stem}" in wanted:
-                        yield {"name": stem, "doc": f"INVALID recipe {stem}.yaml", "actions": [(_failing, [str(err)])],
-                               "uptodate": [False], "verbosity": 2}
+                        yield {
+                            "name": stem,
+                            "doc": f"INVALID recipe {stem}.yaml",
+                            "actions": [(_failing, [str(err)])],
+                            "uptodate": [False],
+                            "verbosity": 2,
+                        }
 
         return wrapped
 
-    return {n: c if n == "task_stages" else wrap(n[len("task_"):], c) for n, c in made.items()}
+    return {n: c if n == "task_stages" else wrap(n[len("task_") :], c) for n, c in made.items()}
 
 
-def _plain_list(pos_args=None, subtasks=False, quiet=False, status=False, private=False, list_deps=False,
-                template=None, **_) -> bool:
+def _plain_list(
+    pos_args=None, subtasks=False, quiet=False, status=False, private=False, list_deps=False, template=None, **_
+) -> bool:
     """Whether ``doit list`` was asked with nothing but (possibly) its sort: then it prints the
     overview instead of doit's one line per task group."""
     return not (pos_args or subtasks or quiet or status or private or list_deps or template)
@@ -321,8 +349,11 @@ def _list_fails_on_invalid_recipes(session: Session, namespace: dict) -> None:
                     print(f"npubuild: {e.file}: unsupported model, skipped: {e.problems[0][1]}", file=sys.stderr)
             errs = {k: e for k, e in errs.items() if not isinstance(e, UnsupportedModel)}
         if errs:
-            print(f"npubuild: {len(errs)} invalid recipe file(s), each with a failing build:<stem> task: "
-                  f"{', '.join(f'{s}.yaml' for s in sorted(errs))}", file=sys.stderr)
+            print(
+                f"npubuild: {len(errs)} invalid recipe file(s), each with a failing build:<stem> task: "
+                f"{', '.join(f'{s}.yaml' for s in sorted(errs))}",
+                file=sys.stderr,
+            )
         return code or (1 if errs else 0)
 
     _execute.npubuild = True

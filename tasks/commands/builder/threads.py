@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
-THREAD_MODE = ("-P thread: npubuild runs stages in processes: use `doit -n N` without `-P thread` (a stage "
-               "redirects its process's stdout/stderr into its log, and the exporters are not "
-               "thread-safe: concurrent exports failed in thread mode)")
+THREAD_MODE = (
+    "-P thread: npubuild runs stages in processes: use `doit -n N` without `-P thread` (a stage "
+    "redirects its process's stdout/stderr into its log, and the exporters are not "
+    "thread-safe: concurrent exports failed in thread mode)"
+)
 
 
 def thread_mode(argv: list[str]) -> bool:

@@ -35,6 +35,12 @@ def measured(row: dict) -> dict[str, list[dict]]:
         if f["model"] == repo and f["precision"] == row["precision"]:
             src = data["sources"][f["source"]]
             out.setdefault(f["target"], []).append(
-                {**f, "title": src["title"], "short": src["short"], "published": src["published"],
-                 "retrieved": src["retrieved"]})
+                {
+                    **f,
+                    "title": src["title"],
+                    "short": src["short"],
+                    "published": src["published"],
+                    "retrieved": src["retrieved"],
+                }
+            )
     return out

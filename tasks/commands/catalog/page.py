@@ -65,14 +65,28 @@ from tasks.commands.catalog.table import COLUMNS, STATES
 ASSETS = Path(__file__).resolve().parent / "assets"
 
 #: the filters, in the order the page shows them and writes them into the URL fragment
-FILTERS = (("task", "Task"), ("license", "Licence"), ("family", "Family"), ("size", "Size"),
-           ("fits", "Fits in"), ("precision", "Precision"), ("target", "Target"), ("state", "State"),
-           ("runs_on", "Runs on"), ("runtime", "Runtime"))
+FILTERS = (
+    ("task", "Task"),
+    ("license", "Licence"),
+    ("family", "Family"),
+    ("size", "Size"),
+    ("fits", "Fits in"),
+    ("precision", "Precision"),
+    ("target", "Target"),
+    ("state", "State"),
+    ("runs_on", "Runs on"),
+    ("runtime", "Runtime"),
+)
 
 #: parameter-count ranges: (fragment value, label, from (inclusive), to (exclusive))
-SIZES = (("lt100m", "under 100 M", 0, 1e8), ("100m-1b", "100 M to 1 B", 1e8, 1e9),
-         ("1b-3b", "1 B to 3 B", 1e9, 3e9), ("3b-5b", "3 B to 5 B", 3e9, 5e9),
-         ("5b-10b", "5 B to 10 B", 5e9, 1e10), ("10b-up", "10 B and more", 1e10, math.inf))
+SIZES = (
+    ("lt100m", "under 100 M", 0, 1e8),
+    ("100m-1b", "100 M to 1 B", 1e8, 1e9),
+    ("1b-3b", "1 B to 3 B", 1e9, 3e9),
+    ("3b-5b", "3 B to 5 B", 3e9, 5e9),
+    ("5b-10b", "5 B to 10 B", 5e9, 1e10),
+    ("10b-up", "10 B and more", 1e10, math.inf),
+)
 
 #: the "fits in" choices, GB of memory on the device (10^9 bytes): phones have 8 to 16 GB of
 #: RAM shared with everything else, X Elite laptops 16 to 64 GB
@@ -81,24 +95,31 @@ FITS = (1, 2, 4, 6, 8, 12, 16, 24, 32)
 UNKNOWN = "unknown"
 
 
-
 def quality_charts() -> list[tuple[str, str, str, str, str, str]]:
     """One chart per model family that declares one (``Family.catalog_chart``), in registry
     order: (element id ``<family>-chart``, title, family, metric plotted, its description, what
     one point is built from)."""
     from tasks.contract import families
 
-    return [(f"{f.name}-chart", title, f.name, metric, what, noun)
-            for f in families() if f.catalog_chart for title, noun, metric, what in [f.catalog_chart]]
+    return [
+        (f"{f.name}-chart", title, f.name, metric, what, noun)
+        for f in families()
+        if f.catalog_chart
+        for title, noun, metric, what in [f.catalog_chart]
+    ]
+
 
 #: the decode chart's series
-SERIES = {"read back": "our ceiling, built", "estimated": "our ceiling, estimated",
-          "measured": "measured by others"}
+SERIES = {"read back": "our ceiling, built", "estimated": "our ceiling, estimated", "measured": "measured by others"}
 
 #: the sort selector's choices: (fragment value, label, column key, descending)
-SORTS = (("name", "name", "name", False), ("size", "size, smallest first", "parameters", False),
-         ("memory", "memory, smallest first", "memory", False), ("decode", "decode, fastest first", "decode", True),
-         ("state", "state, verified first", "state", False))
+SORTS = (
+    ("name", "name", "name", False),
+    ("size", "size, smallest first", "parameters", False),
+    ("memory", "memory, smallest first", "memory", False),
+    ("decode", "decode, fastest first", "decode", True),
+    ("state", "state, verified first", "state", False),
+)
 
 
 def size_bucket(row: dict) -> str:
@@ -138,8 +159,13 @@ def memory(row: dict, target: str) -> tuple[int | None, str]:
         return dev["memory_bytes"], ("read back" if built else "estimated")
     bins = ((row.get("verify") or {}).get(target) or {}).get("binaries") or {}
     if bins and all(b.get("bytes") for b in bins.values()):
-        extra = sum(max(((g.get("spill_fill_bytes") or 0) + (g.get("io_bytes") or 0)
-                         for g in (b.get("graphs") or {}).values()), default=0) for b in bins.values())
+        extra = sum(
+            max(
+                ((g.get("spill_fill_bytes") or 0) + (g.get("io_bytes") or 0) for g in (b.get("graphs") or {}).values()),
+                default=0,
+            )
+            for b in bins.values()
+        )
         return sum(b["bytes"] for b in bins.values()) + extra, "read back"
     return None, UNKNOWN
 
@@ -163,20 +189,47 @@ def page_data(rows: list[dict]) -> dict:
                 "runtimes": (sorted(v.get("runtimes") or {}) if v else []) or r.get("runtimes") or [UNKNOWN],
                 "failed": bool(v and v.get("failures")),
                 "bytes": shipped_bytes(r, t) if built else None,
-                "quality": {m: v["metrics"][m] for _, _, _, m, *_ in charts
-                            if isinstance((v or {}).get("metrics", {}).get(m), (int, float))} if built else {},
-                "memory": mem, "memory_from": mem_from,
+                "quality": {
+                    m: v["metrics"][m]
+                    for _, _, _, m, *_ in charts
+                    if isinstance((v or {}).get("metrics", {}).get(m), (int, float))
+                }
+                if built
+                else {},
+                "memory": mem,
+                "memory_from": mem_from,
                 "decode": None if ceiling is None else {"ceiling": ceiling, "from": mem_from},
-                "measured": [{"tps": m["decode_tokens_per_s"], "device": m["device"], "url": m["url"],
-                              "ratio": ratio(m["decode_tokens_per_s"], ceiling)}
-                             for m in (r.get("measured") or {}).get(t, [])],
+                "measured": [
+                    {
+                        "tps": m["decode_tokens_per_s"],
+                        "device": m["device"],
+                        "url": m["url"],
+                        "ratio": ratio(m["decode_tokens_per_s"], ceiling),
+                    }
+                    for m in (r.get("measured") or {}).get(t, [])
+                ],
             }
-        recipes.append({"name": r["name"], "family": r["family"], "task": r["task"], "license": r["license"],
-                        "size": size_bucket(r), "precision": r["precision"], "state": r["state"],
-                        "listing": r.get("listing") or "model", "targets": targets,
-                        "plotted": bool(r.get("verify")) and not r.get("shape_build")})
-    return {"filters": [k for k, _ in FILTERS], "charts": [[c[0], c[2], c[3]] for c in charts],
-            "series": SERIES, "sorts": {v: [col, desc] for v, _, col, desc in SORTS}, "recipes": recipes}
+        recipes.append(
+            {
+                "name": r["name"],
+                "family": r["family"],
+                "task": r["task"],
+                "license": r["license"],
+                "size": size_bucket(r),
+                "precision": r["precision"],
+                "state": r["state"],
+                "listing": r.get("listing") or "model",
+                "targets": targets,
+                "plotted": bool(r.get("verify")) and not r.get("shape_build"),
+            }
+        )
+    return {
+        "filters": [k for k, _ in FILTERS],
+        "charts": [[c[0], c[2], c[3]] for c in charts],
+        "series": SERIES,
+        "sorts": {v: [col, desc] for v, _, col, desc in SORTS},
+        "recipes": recipes,
+    }
 
 
 def _facets(recipe: dict, key: str) -> set[str]:
@@ -201,8 +254,7 @@ def _options(data: dict) -> dict[str, list[tuple[str, str, int]]]:
     from collections import Counter
 
     fixed = {"size": [v for v, *_ in SIZES], "state": list(STATES), "fits": [str(n) for n in FITS]}
-    labels = ({v: lab for v, lab, *_ in SIZES} | {str(n): f"{n} GB" for n in FITS}
-              | {UNKNOWN: "unknown (not built)"})
+    labels = {v: lab for v, lab, *_ in SIZES} | {str(n): f"{n} GB" for n in FITS} | {UNKNOWN: "unknown (not built)"}
     out = {}
     for key, _ in FILTERS:
         every = Counter(v for r in data["recipes"] for v in _facets(r, key))
@@ -239,64 +291,88 @@ def render_page(rows: list[dict], published: dict | None = None) -> str:
     real = sum(r["listing"] == "model" for r in data["recipes"])
     others = {k: sum(r["listing"] == k for r in data["recipes"]) for k in LISTINGS[1:]}
 
-    out = ['<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n',
-           '<meta name="viewport" content="width=device-width, initial-scale=1">\n',
-           "<title>npubuild model catalog</title>\n",
-           "<!-- uPlot 1.6.32 (https://github.com/leeoniya/uPlot), inlined below:\n",
-           _asset("uPlot.LICENSE").replace("--", "- -"), "-->\n",
-           "<style>\n", _asset("uPlot.min.css"), "\n", _asset("page.css"), "</style>\n</head>\n<body>\n",
-           "<h1>npubuild model catalog</h1>\n",
-           f"<p>{real} models to build for Snapdragon NPUs, from <code>doit catalog</code> (recipes and the local "
-           "build cache). Filter by what you need; the address keeps the filters, so a view can be linked. "
-           "Open a recipe's name for every fact of it.</p>\n"]
+    out = [
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n',
+        "<title>npubuild model catalog</title>\n",
+        "<!-- uPlot 1.6.32 (https://github.com/leeoniya/uPlot), inlined below:\n",
+        _asset("uPlot.LICENSE").replace("--", "- -"),
+        "-->\n",
+        "<style>\n",
+        _asset("uPlot.min.css"),
+        "\n",
+        _asset("page.css"),
+        "</style>\n</head>\n<body>\n",
+        "<h1>npubuild model catalog</h1>\n",
+        f"<p>{real} models to build for Snapdragon NPUs, from <code>doit catalog</code> (recipes and the local "
+        "build cache). Filter by what you need; the address keeps the filters, so a view can be linked. "
+        "Open a recipe's name for every fact of it.</p>\n",
+    ]
 
     out.append('<form id="filters">\n')
     for key, label in FILTERS:
-        opts = "".join(f'<option value="{esc(v)}" data-real="{n}" data-all="{a}">{esc(lab)} ({n})</option>'
-                       for v, lab, n, a in options[key])
+        opts = "".join(
+            f'<option value="{esc(v)}" data-real="{n}" data-all="{a}">{esc(lab)} ({n})</option>'
+            for v, lab, n, a in options[key]
+        )
         first = "any size" if key == "fits" else "all"
-        out.append(f'<label>{esc(label)} <select name="{key}" id="filter-{key}"><option value="">{first}</option>'
-                   f"{opts}</select></label>\n")
+        out.append(
+            f'<label>{esc(label)} <select name="{key}" id="filter-{key}"><option value="">{first}</option>'
+            f"{opts}</select></label>\n"
+        )
     sorts = "".join(f'<option value="{esc(v)}">{esc(lab)}</option>' for v, lab, *_ in SORTS)
     out.append(f'<label>Sort by <select name="sort" id="sort">{sorts}</select></label>\n')
     also = ", ".join(f"{n} {k}{'' if n == 1 else ('es' if k.endswith('s') else 's')}" for k, n in others.items() if n)
-    out.append(f'<label class="switch"><input type="checkbox" id="all" name="all"> also shape builds, fixtures, '
-               f'unsupported recipes and aliases{f" ({esc(also)})" if also else ""}</label>\n'
-               '<button type="button" id="reset">reset</button>\n</form>\n'
-               '<p id="shown" data-count="">&nbsp;</p>\n<p id="hash-note" hidden></p>\n')
+    out.append(
+        f'<label class="switch"><input type="checkbox" id="all" name="all"> also shape builds, fixtures, '
+        f"unsupported recipes and aliases{f' ({esc(also)})' if also else ''}</label>\n"
+        '<button type="button" id="reset">reset</button>\n</form>\n'
+        '<p id="shown" data-count="">&nbsp;</p>\n<p id="hash-note" hidden></p>\n'
+    )
 
     out.append('<div class="charts">\n')
     for cid, title, _, metric, what, noun in quality_charts():
-        out.append(f'<section class="panel">\n<h2>{esc(title)}</h2>\n'
-                   f'<div class="chart" id="{cid}" data-count="" data-points="" data-labels=""></div>\n'
-                   f'<ol class="key" id="{cid}-key"></ol>\n'
-                   f'<p class="note">One point per built {esc(noun)} and target: '
-                   f"x = the bytes shipped for the target, y = <code>{esc(metric)}</code> "
-                   f"({esc(what)}, 1 = identical). "
-                   "Hollow: below a verify bar. Shape builds (random weights) are never plotted.</p>\n</section>\n")
-    out.append('<section class="panel">\n<h2>LLMs: decode speed versus memory</h2>\n'
-               '<div class="chart" id="device-chart" data-count="" data-points="" data-labels=""></div>\n'
-               '<ol class="key" id="device-chart-key"></ol>\n'
-               '<p class="note ceiling"><strong>Our figures are ceilings, not measurements</strong>: nothing here ran '
-               f"on a Snapdragon device ({esc(ceilings)}). "
-               "Green: decode rates others measured on a device for the same model and precision (their own "
-               "bundles), drawn at our build's memory; the table below gives each with its page, date and the "
-               "ratio to our ceiling.</p>\n</section>\n</div>\n")
+        out.append(
+            f'<section class="panel">\n<h2>{esc(title)}</h2>\n'
+            f'<div class="chart" id="{cid}" data-count="" data-points="" data-labels=""></div>\n'
+            f'<ol class="key" id="{cid}-key"></ol>\n'
+            f'<p class="note">One point per built {esc(noun)} and target: '
+            f"x = the bytes shipped for the target, y = <code>{esc(metric)}</code> "
+            f"({esc(what)}, 1 = identical). "
+            "Hollow: below a verify bar. Shape builds (random weights) are never plotted.</p>\n</section>\n"
+        )
+    out.append(
+        '<section class="panel">\n<h2>LLMs: decode speed versus memory</h2>\n'
+        '<div class="chart" id="device-chart" data-count="" data-points="" data-labels=""></div>\n'
+        '<ol class="key" id="device-chart-key"></ol>\n'
+        '<p class="note ceiling"><strong>Our figures are ceilings, not measurements</strong>: nothing here ran '
+        f"on a Snapdragon device ({esc(ceilings)}). "
+        "Green: decode rates others measured on a device for the same model and precision (their own "
+        "bundles), drawn at our build's memory; the table below gives each with its page, date and the "
+        "ratio to our ceiling.</p>\n</section>\n</div>\n"
+    )
 
     out.append("<h2>Recipes</h2>\n")
     shown = [(head, text) for head, text, _, _ in COLUMNS if head not in ("Recipe", "State", "Precision")]
-    body = [recipe_rows(r, d, published.get(r["name"]), [(head, text(r)) for head, text in shown])
-            for r, d in zip(rows, data["recipes"])]
+    body = [
+        recipe_rows(r, d, published.get(r["name"]), [(head, text(r)) for head, text in shown])
+        for r, d in zip(rows, data["recipes"])
+    ]
     th = "".join(f'<th data-key="{k}" data-type="{"num" if num else "text"}">{esc(h)}</th>' for k, h, num in PICK)
-    out.append(f'<div class="scroll"><table id="catalog" class="sortable cards">\n<thead><tr>{th}</tr></thead>\n'
-               + "".join(body) + "</table></div>\n")
+    out.append(
+        f'<div class="scroll"><table id="catalog" class="sortable cards">\n<thead><tr>{th}</tr></thead>\n'
+        + "".join(body)
+        + "</table></div>\n"
+    )
 
-    out.append('<h2 id="ceilings">Our ceilings beside measurements on devices</h2>\n'
-               '<p class="note ceiling">Memory on the device is weights + KV cache (+ spill-fill and I/O buffers once '
-               "built), without the runtime's own (not measured; no public figure); ~ marks an estimate before a "
-               "build. The decode ceiling is DRAM bandwidth / bytes read and written per token, the first-token bound "
-               "the prefill's ops / the NPU's INT8 peak (<code>tasks/llm/figures.py</code>): a real device is slower, "
-               "and the measured figures show by how much.</p>\n")
+    out.append(
+        '<h2 id="ceilings">Our ceilings beside measurements on devices</h2>\n'
+        '<p class="note ceiling">Memory on the device is weights + KV cache (+ spill-fill and I/O buffers once '
+        "built), without the runtime's own (not measured; no public figure); ~ marks an estimate before a "
+        "build. The decode ceiling is DRAM bandwidth / bytes read and written per token, the first-token bound "
+        "the prefill's ops / the NPU's INT8 peak (<code>tasks/llm/figures.py</code>): a real device is slower, "
+        "and the measured figures show by how much.</p>\n"
+    )
     out.append(device_table(rows, data))
     out.append(sources_note())
 

@@ -17,10 +17,18 @@ from tasks.commands.catalog.measured import published_figures
 from tasks.commands.catalog.formats import human_bytes, human_count, state_order
 
 #: the recipes table's columns, narrow enough for 1280 pixels: (key, header, numeric)
-PICK = (("name", "Recipe", False), ("task", "Task", False), ("license", "Licence", False),
-        ("parameters", "Size", True), ("precision", "Precision", False), ("context", "Context", True),
-        ("memory", "Memory", True), ("decode", "Decode", True), ("state", "State", True),
-        ("links", "Links", False))
+PICK = (
+    ("name", "Recipe", False),
+    ("task", "Task", False),
+    ("license", "Licence", False),
+    ("parameters", "Size", True),
+    ("precision", "Precision", False),
+    ("context", "Context", True),
+    ("memory", "Memory", True),
+    ("decode", "Decode", True),
+    ("state", "State", True),
+    ("links", "Links", False),
+)
 
 
 def ratio(measured: float | None, ceiling: float | None) -> float | None:
@@ -49,9 +57,13 @@ def published_bundles(rows: list[dict], dist_dir: Path, catalog_dir: Path) -> di
         keys = r.get("stage_keys") or {}
         current = bool(keys) and None not in keys.values() and digest_json(keys)[:12] == key
         archive = Path(dist_dir) / f"{r['name']}-{key}.tar.gz"
-        out[r["name"]] = {"card": _rel(folder / "README.md", catalog_dir), "folder": _rel(folder, catalog_dir) + "/",
-                          "archive": _rel(archive, catalog_dir) if archive.is_file() else None,
-                          "build_key": key, "current": current}
+        out[r["name"]] = {
+            "card": _rel(folder / "README.md", catalog_dir),
+            "folder": _rel(folder, catalog_dir) + "/",
+            "archive": _rel(archive, catalog_dir) if archive.is_file() else None,
+            "build_key": key,
+            "current": current,
+        }
     return out
 
 
@@ -148,19 +160,33 @@ def recipe_rows(r: dict, data: dict, pub: dict | None, facts: list[tuple[str, st
     params = r["parameters"] or r.get("parameters_estimate")
     ptext = human_count(r["parameters"]) if r["parameters"] else ("~" + human_count(params) if params else "")
     why = r["reason"] or "; ".join(r["failures"])
-    mem = _per_target(r, data, lambda t, tv: (("" if tv["memory_from"] != "estimated" else "~") + _bytes(tv["memory"]),
-                                              tv["memory"]) if tv["memory"] is not None else ("", None))
+    mem = _per_target(
+        r,
+        data,
+        lambda t, tv: (
+            (("" if tv["memory_from"] != "estimated" else "~") + _bytes(tv["memory"]), tv["memory"])
+            if tv["memory"] is not None
+            else ("", None)
+        ),
+    )
     dec = _per_target(r, data, _decode)
     ctx = _context(r)
     links, lsort, note = _links(r, pub)
     kind = "" if data["listing"] == "model" else f' <span class="tag">{esc(data["listing"])}</span>'
-    button = (f'<button type="button" class="more" aria-expanded="false" aria-controls="details-{esc(name)}" '
-              f'title="every fact of {esc(name)}">{esc(name)}</button>{kind}')
+    button = (
+        f'<button type="button" class="more" aria-expanded="false" aria-controls="details-{esc(name)}" '
+        f'title="every fact of {esc(name)}">{esc(name)}</button>{kind}'
+    )
     cells = [
         _td(button, name, "Recipe", raw=True),
-        _td(r["task"], r["task"], "Task"), _td(r["license"], r["license"], "Licence"),
-        _td(ptext, params or 0, "Size",
-            title="" if r["parameters"] else "from the model's config (not counted: not built)"),
+        _td(r["task"], r["task"], "Task"),
+        _td(r["license"], r["license"], "Licence"),
+        _td(
+            ptext,
+            params or 0,
+            "Size",
+            title="" if r["parameters"] else "from the model's config (not counted: not built)",
+        ),
         _td(r["precision"], r["precision"], "Precision"),
         _td(ctx[0], ctx[1], "Context"),
         _td(mem[0], mem[1], "Memory", title="on the device, without the runtime's own; ~ estimated before a build"),
@@ -178,18 +204,28 @@ def recipe_rows(r: dict, data: dict, pub: dict | None, facts: list[tuple[str, st
     if note:
         shown.append(("Published", note))
     dl = "".join(f"<dt>{esc(k)}</dt><dd>{esc(str(v))}</dd>" for k, v in shown if v not in ("", None))
-    return (f'<tbody class="recipe" data-name="{esc(name)}" id="recipe-{esc(name)}">\n'
-            f'<tr class="main">{"".join(cells)}</tr>\n'
-            f'<tr class="details" id="details-{esc(name)}" hidden><td colspan="{len(PICK)}"><dl>{dl}</dl></td></tr>\n'
-            "</tbody>\n")
+    return (
+        f'<tbody class="recipe" data-name="{esc(name)}" id="recipe-{esc(name)}">\n'
+        f'<tr class="main">{"".join(cells)}</tr>\n'
+        f'<tr class="details" id="details-{esc(name)}" hidden><td colspan="{len(PICK)}"><dl>{dl}</dl></td></tr>\n'
+        "</tbody>\n"
+    )
 
 
 def device_table(rows: list[dict], data: dict) -> str:
     """``#device``: per LLM and target (also the targets only a measurement exists for) the
     ceilings beside what others measured."""
     esc = html.escape
-    heads = [("Recipe", False), ("Target", False), ("Memory", True), ("Decode ceiling", True),
-             ("Measured decode", True), ("Measured / ceiling", True), ("First token", True), ("Measured on", False)]
+    heads = [
+        ("Recipe", False),
+        ("Target", False),
+        ("Memory", True),
+        ("Decode ceiling", True),
+        ("Measured decode", True),
+        ("Measured / ceiling", True),
+        ("First token", True),
+        ("Measured on", False),
+    ]
     body = []
     by_name = {d["name"]: d for d in data["recipes"]}
     for r in rows:
@@ -206,16 +242,20 @@ def device_table(rows: list[dict], data: dict) -> str:
                 if not f:
                     ctext = f"not a target of {r['name']}"
                 else:
-                    ctext = _rate(ceiling) + ("" if ceiling is not None else
-                                              f" ({f.get('dram_source', 'no DRAM bandwidth found')})")
+                    ctext = _rate(ceiling) + (
+                        "" if ceiling is not None else f" ({f.get('dram_source', 'no DRAM bandwidth found')})"
+                    )
                 share = ratio(m["decode_tokens_per_s"], ceiling) if m else None
                 ftext = ("≥ " + (f"{ft * 1000:.1f} ms" if ft is not None else "unknown")) if f else ""
                 if m:
                     lo, hi = m["first_token_ms"]
                     ftext += ("; " if ftext else "") + f"measured {lo:.0f} to {hi:,.0f} ms"
-                src = (f'<a href="{esc(m["url"])}">{esc(m["device"])}, {esc(m["runtime"])}</a> '
-                       f'<span class="note">({esc(m["short"])}, {esc(m["published"])})</span>'
-                       if m else '<span class="note">no public measurement found</span>')
+                src = (
+                    f'<a href="{esc(m["url"])}">{esc(m["device"])}, {esc(m["runtime"])}</a> '
+                    f'<span class="note">({esc(m["short"])}, {esc(m["published"])})</span>'
+                    if m
+                    else '<span class="note">no public measurement found</span>'
+                )
                 mem = _bytes(tv["memory"]) if tv and tv["memory"] is not None else ""
                 cells = [
                     _td(r["name"], r["name"], "Recipe"),
@@ -235,17 +275,24 @@ def device_table(rows: list[dict], data: dict) -> str:
                     _td(ftext, ft or 0, "First token"),
                     _td(src, m["device"] if m else "", "Measured on", raw=True),
                 ]
-                body.append(f'<tr data-name="{esc(r["name"])}" data-target="{esc(t)}" '
-                            f'data-listing="{esc(r.get("listing") or "model")}">{"".join(cells)}</tr>\n')
+                body.append(
+                    f'<tr data-name="{esc(r["name"])}" data-target="{esc(t)}" '
+                    f'data-listing="{esc(r.get("listing") or "model")}">{"".join(cells)}</tr>\n'
+                )
     th = "".join(f'<th data-type="{"num" if num else "text"}">{esc(h)}</th>' for h, num in heads)
-    return (f'<div class="scroll"><table id="device" class="sortable cards">\n<thead><tr>{th}</tr></thead>\n<tbody>\n'
-            + "".join(body) + "</tbody>\n</table></div>\n")
+    return (
+        f'<div class="scroll"><table id="device" class="sortable cards">\n<thead><tr>{th}</tr></thead>\n<tbody>\n'
+        + "".join(body)
+        + "</tbody>\n</table></div>\n"
+    )
 
 
 def sources_note() -> str:
     esc = html.escape
     items = []
     for s in published_figures()["sources"].values():
-        items.append(f'<li><a href="{esc(s["url"])}">{esc(s["title"])}</a>, published {esc(s["published"])}, '
-                     f'read {esc(s["retrieved"])}: {esc(s["note"])}.</li>')
-    return "<ul class=\"note sources\">" + "".join(items) + "</ul>\n"
+        items.append(
+            f'<li><a href="{esc(s["url"])}">{esc(s["title"])}</a>, published {esc(s["published"])}, '
+            f"read {esc(s['retrieved'])}: {esc(s['note'])}.</li>"
+        )
+    return '<ul class="note sources">' + "".join(items) + "</ul>\n"

@@ -14,8 +14,10 @@ def metrics_summary(row: dict) -> str:
         return ""
     parts = []
     for target, v in sorted(row["verify"].items()):
-        names = sorted(v["thresholds"]) or [n for n in ("pooled_cosine_mean", "cosine_mean", "token_agreement")
-                                            if n in v["metrics"]][:1]
+        names = (
+            sorted(v["thresholds"])
+            or [n for n in ("pooled_cosine_mean", "cosine_mean", "token_agreement") if n in v["metrics"]][:1]
+        )
         vals = ", ".join(f"{n}={v['metrics'][n]:.4f}" for n in names if isinstance(v["metrics"].get(n), (int, float)))
         if v.get("runtime"):
             vals += f" ({v['runtime']})"
@@ -29,8 +31,11 @@ def source(row: dict) -> str:
         at = f"{s['repo']}@{(s.get('commit') or s.get('revision') or '')[:12]}"
         return at if s["kind"] == "hf" else f"random weights in the shape of {at}"
     if s["kind"] == "package":
-        return f"{s['package']}" + (f"=={s['package_version']}" if s.get("package_version") else "") + (
-            f": {s['file']}" if s.get("file") else "")
+        return (
+            f"{s['package']}"
+            + (f"=={s['package_version']}" if s.get("package_version") else "")
+            + (f": {s['file']}" if s.get("file") else "")
+        )
     return s.get("path", "")
 
 

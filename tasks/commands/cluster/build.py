@@ -48,9 +48,11 @@ RESOURCE = "MEMORY"
 # the upstream output digests and come with the task)
 COMPARED = ("kind", "impl", "version", "params", "files", "tools", "code", "extra")
 
-NO_REMOTE = ("a cluster build needs a remote cache: set NPUBUILD_REMOTE to an fsspec URL that this "
-             "machine and every worker can reach (file:///shared/folder, s3://bucket/prefix, ...); "
-             "workers push what they build there and this machine pulls it (docs/environment.md: Cluster builds)")
+NO_REMOTE = (
+    "a cluster build needs a remote cache: set NPUBUILD_REMOTE to an fsspec URL that this "
+    "machine and every worker can reach (file:///shared/folder, s3://bucket/prefix, ...); "
+    "workers push what they build there and this machine pulls it (docs/environment.md: Cluster builds)"
+)
 
 
 class ClusterError(UserError):
@@ -82,18 +84,30 @@ def _differences(session: Session, spec, expected: dict, mine: dict) -> list[str
     out = []
     if want.get("tools") != mine.get("tools"):
         a, b = want.get("tools") or {}, mine.get("tools") or {}
-        out.append("tool versions differ: " + ", ".join(
-            f"{n} {a.get(n, 'absent')} (client) vs {b.get(n, 'absent')} (worker)"
-            for n in sorted(set(a) | set(b)) if a.get(n) != b.get(n)))
+        out.append(
+            "tool versions differ: "
+            + ", ".join(
+                f"{n} {a.get(n, 'absent')} (client) vs {b.get(n, 'absent')} (worker)"
+                for n in sorted(set(a) | set(b))
+                if a.get(n) != b.get(n)
+            )
+        )
     if want.get("code") != mine.get("code"):
         a, b = expected.get("modules") or {}, keys.code_files(session, spec)
-        out.append(f"code digest differs: {want.get('code')} (client) vs {mine.get('code')} (worker); modules: " +
-                   ", ".join(f"{n} {a.get(n, 'absent')} (client) vs {b.get(n, 'absent')} (worker)"
-                             for n in sorted(set(a) | set(b)) if a.get(n) != b.get(n)))
+        out.append(
+            f"code digest differs: {want.get('code')} (client) vs {mine.get('code')} (worker); modules: "
+            + ", ".join(
+                f"{n} {a.get(n, 'absent')} (client) vs {b.get(n, 'absent')} (worker)"
+                for n in sorted(set(a) | set(b))
+                if a.get(n) != b.get(n)
+            )
+        )
     for k in COMPARED:
         if k not in ("tools", "code") and want.get(k) != mine.get(k):
-            out.append(f"{k} differs: {json.dumps(want.get(k), sort_keys=True)} (client) vs "
-                       f"{json.dumps(mine.get(k), sort_keys=True)} (worker)")
+            out.append(
+                f"{k} differs: {json.dumps(want.get(k), sort_keys=True)} (client) vs "
+                f"{json.dumps(mine.get(k), sort_keys=True)} (worker)"
+            )
     return out
 
 
@@ -114,30 +128,48 @@ def build_on_worker(spec, upstream: dict, expected: dict) -> dict:
     material = keys.key_material(session, spec, pending)
     diffs = _differences(session, spec, expected, material)
     if diffs:
-        raise Refused(f"worker {who} refuses {spec.task} ({spec.kind}): its outputs would have other keys; "
-                      + "; ".join(diffs))
+        raise Refused(
+            f"worker {who} refuses {spec.task} ({spec.kind}): its outputs would have other keys; " + "; ".join(diffs)
+        )
     cache = resolve.cache(session)
     entries = {}
     for role, u in upstream.items():
         e = cache.fetch(u["kind"], u["key"])
         if e is None or e.output_digest != u["output_digest"]:
-            raise ClusterError(f"worker {who}: upstream {u['kind']}/{u['key']} of {spec.task} is neither in "
-                               f"this worker's cache nor on the remote {r.display}")
+            raise ClusterError(
+                f"worker {who}: upstream {u['kind']}/{u['key']} of {spec.task} is neither in "
+                f"this worker's cache nor on the remote {r.display}"
+            )
         entries[role] = e
     t0 = time.time()
     print(
         f"[{spec.task}] building {spec.kind} {keys.stage_key(material)[:12]}", flush=True
     )  # begun (a kill test reads it)
     key, material, entry, built = build_spec(
-        session, spec, entries, cache, material,
+        session,
+        spec,
+        entries,
+        cache,
+        material,
         estimate=estimate_or_none(session, spec.recipe, spec.name, memory_estimate),
     )
     if r.read_manifest(spec.kind, key) is None:  # its push failed (warned), or an older local entry
-        cache.push(spec.kind, key, material)     # raises RemoteError: the client could not pull it
-    print(f"npubuild-cluster: {spec.kind}/{key} {'built' if built else 'reused (' + entry.origin + ')'} "
-          f"for {spec.task} on {who}", flush=True)
-    return {"kind": spec.kind, "key": key, "output_digest": entry.output_digest, "built": built,
-            "origin": entry.origin, "worker": who, "pid": os.getpid(), "seconds": round(time.time() - t0, 3)}
+        cache.push(spec.kind, key, material)  # raises RemoteError: the client could not pull it
+    print(
+        f"npubuild-cluster: {spec.kind}/{key} {'built' if built else 'reused (' + entry.origin + ')'} "
+        f"for {spec.task} on {who}",
+        flush=True,
+    )
+    return {
+        "kind": spec.kind,
+        "key": key,
+        "output_digest": entry.output_digest,
+        "built": built,
+        "origin": entry.origin,
+        "worker": who,
+        "pid": os.getpid(),
+        "seconds": round(time.time() - t0, 3),
+    }
 
 
 # ------------------------------------------------------------ the client side
@@ -159,8 +191,9 @@ def _memory(session: Session, recipe: str, stage: str, spec) -> int:
     try:
         return int(memory_estimate(session, recipe, stage))
     except Exception as e:  # e.g. an LLM whose config.json is neither local nor in the Hub cache
-        raise ClusterError(f"{spec.task}: cannot estimate its memory, which sizes its {RESOURCE} request "
-                           f"({type(e).__name__}: {e})") from None
+        raise ClusterError(
+            f"{spec.task}: cannot estimate its memory, which sizes its {RESOURCE} request ({type(e).__name__}: {e})"
+        ) from None
 
 
 def plan(session: Session, recipes: list[str], log=print) -> tuple[dict, dict, dict]:
@@ -177,8 +210,10 @@ def plan(session: Session, recipes: list[str], log=print) -> tuple[dict, dict, d
         specs = recipeset.plan(session, recipe)
         for name, spec in specs.items():
             ups = {role: stage_node[(recipe, up)] for role, up in spec.inputs.items()}
-            pend = {role: SimpleNamespace(output_digest=done[n]["output_digest"] if n in done else f"pending:{n}")
-                    for role, n in ups.items()}
+            pend = {
+                role: SimpleNamespace(output_digest=done[n]["output_digest"] if n in done else f"pending:{n}")
+                for role, n in ups.items()
+            }
             material = keys.key_material(session, spec, pend)
             nid = keys.stage_key(material)
             stage_node[(recipe, name)] = nid
@@ -193,8 +228,9 @@ def plan(session: Session, recipes: list[str], log=print) -> tuple[dict, dict, d
                     try:
                         pushed = cache.push(spec.kind, nid, material=material)
                     except (remote.Rejected, remote.RemoteError) as err:
-                        raise ClusterError(f"{spec.task}: cannot push the local entry {spec.kind}/{nid} that "
-                                           f"workers need: {err}") from None
+                        raise ClusterError(
+                            f"{spec.task}: cannot push the local entry {spec.kind}/{nid} that workers need: {err}"
+                        ) from None
                     if pushed:
                         log(f"[cluster] {spec.task} {spec.kind}/{nid[:12]} pushed from the local cache")
                     done[nid] = {"kind": spec.kind, "key": nid, "output_digest": e.output_digest, "origin": "local"}
@@ -203,15 +239,27 @@ def plan(session: Session, recipes: list[str], log=print) -> tuple[dict, dict, d
                 if e is not None:
                     done[nid] = {"kind": spec.kind, "key": nid, "output_digest": e.output_digest, "origin": "remote"}
                     continue
-            nodes[nid] = {"spec": spec, "ups": ups, "tasks": [spec.task],
-                          "expected": {"material": {k: material.get(k) for k in COMPARED},
-                                       "modules": keys.code_files(session, spec)},
-                          "memory": _memory(session, recipe, name, spec)}
+            nodes[nid] = {
+                "spec": spec,
+                "ups": ups,
+                "tasks": [spec.task],
+                "expected": {
+                    "material": {k: material.get(k) for k in COMPARED},
+                    "modules": keys.code_files(session, spec),
+                },
+                "memory": _memory(session, recipe, name, spec),
+            }
     return nodes, done, stage_node
 
 
-def build(recipes: list[str] | None, scheduler: str | None, link=None, log=print,
-          timeout: float | None = None, session: Session | None = None) -> dict:
+def build(
+    recipes: list[str] | None,
+    scheduler: str | None,
+    link=None,
+    log=print,
+    timeout: float | None = None,
+    session: Session | None = None,
+) -> dict:
     """Build the stale stages of ``recipes`` (default: every valid, non-abstract recipe) on
     the Dask cluster at ``scheduler`` (default ``$NPUBUILD_SCHEDULER``), then pull their
     entries that ``build/<recipe>/`` and the checks read (not, e.g., a download or a quantize
@@ -235,8 +283,10 @@ def build(recipes: list[str] | None, scheduler: str | None, link=None, log=print
     if unknown:
         raise ClusterError(f"unknown recipe(s): {', '.join(unknown)} (known: {', '.join(sorted(valid))})")
     nodes, done, stage_node = plan(session, recipes, log)
-    log(f"[cluster] {len(stage_node)} stages of {len(recipes)} recipe(s): {len(nodes)} distinct stage(s) to build "
-        f"on {scheduler}, {len(done)} already cached")
+    log(
+        f"[cluster] {len(stage_node)} stages of {len(recipes)} recipe(s): {len(nodes)} distinct stage(s) to build "
+        f"on {scheduler}, {len(done)} already cached"
+    )
     results = dict(done)
     if nodes:
         results.update(_run(nodes, done, scheduler, log, timeout))
@@ -260,10 +310,15 @@ def build(recipes: list[str] | None, scheduler: str | None, link=None, log=print
                 failed.append(f"{spec.task} failed:\n  " + "\n  ".join(bad) + f"\n  (details: {e.out})")
         if link and not any(f.split(" ", 1)[0].endswith(f":{recipe}") for f in failed):
             link(recipe, res)
-    out = {"stages": len(stage_node), "submitted": len(nodes),
-           "built": sum(1 for n in nodes if results[n].get("built")),
-           "reused": sum(1 for n in nodes if not results[n].get("built")),
-           "on_remote": len(done), "pulled": pulled, "seconds": round(time.time() - t0, 2)}
+    out = {
+        "stages": len(stage_node),
+        "submitted": len(nodes),
+        "built": sum(1 for n in nodes if results[n].get("built")),
+        "reused": sum(1 for n in nodes if not results[n].get("built")),
+        "on_remote": len(done),
+        "pulled": pulled,
+        "seconds": round(time.time() - t0, 2),
+    }
     log("[cluster] " + ", ".join(f"{k} {v}" for k, v in out.items()))
     if failed:
         raise ClusterError("\n".join(failed))
@@ -311,18 +366,27 @@ def _run(nodes: dict, done: dict, scheduler: str, log, timeout: float | None) ->
         big = [(n["tasks"][0], n["memory"]) for n in nodes.values() if n["memory"] > most]
         if big:
             raise ClusterError(
-                "no worker of the cluster offers enough MEMORY for: " +
-                ", ".join(f"{t} ({m} bytes = {_gib(m)})" for t, m in big) +
-                f"; the largest offer is {most} bytes ({_gib(most)}) over {len(offers)} worker(s). Start a worker "
-                f"with `dask worker {scheduler} --resources {RESOURCE}=<bytes>` (docs/environment.md: Cluster builds)")
+                "no worker of the cluster offers enough MEMORY for: "
+                + ", ".join(f"{t} ({m} bytes = {_gib(m)})" for t, m in big)
+                + f"; the largest offer is {most} bytes ({_gib(most)}) over {len(offers)} worker(s). Start a worker "
+                f"with `dask worker {scheduler} --resources {RESOURCE}=<bytes>` (docs/environment.md: Cluster builds)"
+            )
         run = uuid.uuid4().hex[:8]
         futs, names = {}, {}
         rank = chain_lengths(nodes)
         for nid, n in nodes.items():
             ups = {role: futs[u] if u in futs else done[u] for role, u in n["ups"].items()}
             spec = n["spec"]
-            f = client.submit(build_on_worker, spec, ups, n["expected"], key=f"{spec.kind}-{nid[:16]}-{run}",
-                              resources={RESOURCE: n["memory"]}, retries=0, priority=rank[nid])
+            f = client.submit(
+                build_on_worker,
+                spec,
+                ups,
+                n["expected"],
+                key=f"{spec.kind}-{nid[:16]}-{run}",
+                resources={RESOURCE: n["memory"]},
+                retries=0,
+                priority=rank[nid],
+            )
             futs[nid], names[f.key] = f, nid
         results, errors = {}, {}
         for f in as_completed(list(futs.values()), timeout=timeout):
@@ -334,11 +398,15 @@ def _run(nodes: dict, done: dict, scheduler: str, log, timeout: float | None) ->
                 errors.setdefault(f"{type(e).__name__}: {e}", []).append(tasks)
                 continue
             results[nid] = r
-            log(f"[cluster] {tasks}: {r['kind']}/{r['key'][:12]} "
-                f"{'built' if r['built'] else 'reused (' + r['origin'] + ')'} on {r['worker']} in {r['seconds']}s")
+            log(
+                f"[cluster] {tasks}: {r['kind']}/{r['key'][:12]} "
+                f"{'built' if r['built'] else 'reused (' + r['origin'] + ')'} on {r['worker']} in {r['seconds']}s"
+            )
         if errors:
-            raise ClusterError("cluster build failed:\n" + "\n".join(
-                f"  {msg}\n    (stages: {', '.join(ts)})" for msg, ts in errors.items()))
+            raise ClusterError(
+                "cluster build failed:\n"
+                + "\n".join(f"  {msg}\n    (stages: {', '.join(ts)})" for msg, ts in errors.items())
+            )
         return results
     finally:
         client.close()

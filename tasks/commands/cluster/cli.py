@@ -15,8 +15,9 @@ def _cluster_action(session: Session, scheduler: str, recipes: list):
     from tasks.errors import UserError, shown
 
     try:
-        build.build(recipes, scheduler, link=lambda recipe, res: links.materialize(session, recipe, res),
-                    session=session)
+        build.build(
+            recipes, scheduler, link=lambda recipe, res: links.materialize(session, recipe, res), session=session
+        )
     except UserError as e:
         return TaskFailed(shown(e))
 
@@ -27,9 +28,20 @@ def creators(session: Session) -> dict:
     def task_cluster():
         """Build the stale stages of the given recipes (default: all) on a Dask cluster, then pull
         them: doit cluster --scheduler tcp://host:8786 [recipe ...] (needs NPUBUILD_REMOTE)."""
-        return {"actions": [(_cluster_action, [session])], "pos_arg": "recipes", "uptodate": [False],
-                "verbosity": 2,
-                "params": [{"name": "scheduler", "long": "scheduler", "type": str, "default": "",
-                            "help": "Dask scheduler address, tcp://host:8786 (default: $NPUBUILD_SCHEDULER)"}]}
+        return {
+            "actions": [(_cluster_action, [session])],
+            "pos_arg": "recipes",
+            "uptodate": [False],
+            "verbosity": 2,
+            "params": [
+                {
+                    "name": "scheduler",
+                    "long": "scheduler",
+                    "type": str,
+                    "default": "",
+                    "help": "Dask scheduler address, tcp://host:8786 (default: $NPUBUILD_SCHEDULER)",
+                }
+            ],
+        }
 
     return {"task_cluster": task_cluster}

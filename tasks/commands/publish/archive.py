@@ -48,8 +48,11 @@ def write_archive(folder: Path, dest: Path, prefix: str, mtime: int) -> Path:
 
 
 def _write_tar(folder: Path, tmp: Path, prefix: str, mtime: int, entries: list) -> None:
-    with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as gz, \
-            tarfile.open(fileobj=gz, mode="w", format=tarfile.GNU_FORMAT) as tar:
+    with (
+        open(tmp, "wb") as raw,
+        gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as gz,
+        tarfile.open(fileobj=gz, mode="w", format=tarfile.GNU_FORMAT) as tar,
+    ):
         for rel, is_dir in entries:
             ti = tarfile.TarInfo(f"{prefix}/{rel}".rstrip("/"))
             ti.mtime, ti.uid, ti.gid, ti.uname, ti.gname = mtime, 0, 0, "", ""

@@ -82,8 +82,7 @@ def bundle_sources(status) -> dict[str, Path]:
     return {rel: a.path for rel, a in artifacts(status.build).items()}
 
 
-def shipped_digests(session: Session, status,
-                    sources: dict[str, Path]) -> dict[str, tuple[str, int]]:
+def shipped_digests(session: Session, status, sources: dict[str, Path]) -> dict[str, tuple[str, int]]:
     """{bundle path: (sha256, size)} of the cache files ``sources`` ({bundle path: cache file},
     :func:`bundle_sources`), each read in full (never the stat cache) and checked against its
     cache entry's manifest (xxh3 and size): a file damaged in the cache with its size and mtime
@@ -99,11 +98,13 @@ def shipped_digests(session: Session, status,
         size = path.stat().st_size
         if (xxh3, size) != (want["xxh3"], want["size"]):
             moved = cache_of(session).confirm_damage(e.kind, e.key, [f"{inner}: content differs (xxh3)"])
-            raise PublishError(f"refusing to publish {rel}: cache entry {e.kind}/{e.key} file {inner} does not match "
-                               f"its manifest (xxh3 {xxh3[:16]}, manifest {want['xxh3'][:16]}; size {size}, manifest "
-                               f"{want['size']}): the entry is damaged"
-                               + (f"; moved to {moved}" if moved else "")
-                               + f". Run `doit build:{status.build.recipe}` to rebuild it, then publish again.")
+            raise PublishError(
+                f"refusing to publish {rel}: cache entry {e.kind}/{e.key} file {inner} does not match "
+                f"its manifest (xxh3 {xxh3[:16]}, manifest {want['xxh3'][:16]}; size {size}, manifest "
+                f"{want['size']}): the entry is damaged"
+                + (f"; moved to {moved}" if moved else "")
+                + f". Run `doit build:{status.build.recipe}` to rebuild it, then publish again."
+            )
         out[rel] = (sha, size)
     return out
 
@@ -118,8 +119,11 @@ def merged_tools(entries: dict) -> dict:
 
 
 def _build_platform(entries: dict) -> dict:
-    hosts = {json.dumps({k: e.manifest.get("host", {}).get(k) for k in ("system", "machine", "python")},
-                        sort_keys=True) for e in entries.values() if e.kind in ("compile", "verify")}
+    hosts = {
+        json.dumps({k: e.manifest.get("host", {}).get(k) for k in ("system", "machine", "python")}, sort_keys=True)
+        for e in entries.values()
+        if e.kind in ("compile", "verify")
+    }
     got = [json.loads(h) for h in sorted(hosts)]
     return got[0] if len(got) == 1 else {"hosts": got}
 
@@ -145,8 +149,7 @@ def archive_mtime(status) -> tuple[int, str]:
     return (t, "source commit time") if t is not None else (0, "unknown (0)")
 
 
-def build_manifest(recipe_name: str, recipe, status, files: dict[str, tuple[str, int]],
-                   row: dict) -> dict:
+def build_manifest(recipe_name: str, recipe, status, files: dict[str, tuple[str, int]], row: dict) -> dict:
     """manifest.json content of ``recipe`` (its Recipe), named ``recipe_name``. ``files``: {rel
     path: (sha256, size)} of every bundle file but manifest.json. Keys: schema_version, recipe,
     build_key, state (``verified`` or ``built (no bars)``: :func:`tasks.core.row.label`),
@@ -158,15 +161,22 @@ def build_manifest(recipe_name: str, recipe, status, files: dict[str, tuple[str,
     ents = status.entries
     mtime, mfrom = archive_mtime(status)
     return {
-        "schema_version": MANIFEST_SCHEMA, "recipe": recipe_name, "build_key": short_key(status),
+        "schema_version": MANIFEST_SCHEMA,
+        "recipe": recipe_name,
+        "build_key": short_key(status),
         "state": label(status.state),
         "files": {rel: {"sha256": h, "size": n} for rel, (h, n) in sorted(files.items())},
         "resolved_recipe": resolved_recipe(recipe),
-        "stages": {s: {"kind": e.kind, "key": e.key, "output_digest": e.output_digest,
-                       "tools": e.manifest.get("tools", {})} for s, e in ents.items()},
-        "tools": merged_tools(ents), "source": row["source"], "build_platform": _build_platform(ents),
-        "verify": {t: {k: v.get(k) for k in ("backend", "runtime", "metrics", "thresholds")}
-                   for t, v in row["verify"].items()},
+        "stages": {
+            s: {"kind": e.kind, "key": e.key, "output_digest": e.output_digest, "tools": e.manifest.get("tools", {})}
+            for s, e in ents.items()
+        },
+        "tools": merged_tools(ents),
+        "source": row["source"],
+        "build_platform": _build_platform(ents),
+        "verify": {
+            t: {k: v.get(k) for k in ("backend", "runtime", "metrics", "thresholds")} for t, v in row["verify"].items()
+        },
         "qnn_context_sdk": row["qnn_context_sdk"],
         "archive_mtime": {"seconds": mtime, "from": mfrom},
         "not_recorded": NOT_RECORDED,

@@ -31,7 +31,8 @@ def file_count(manifest: dict) -> int:
 
 def _found(v) -> str:
     return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
-        type(v), type(v).__name__) + ("" if isinstance(v, (dict, list)) else f" {json.dumps(v)[:40]}")
+        type(v), type(v).__name__
+    ) + ("" if isinstance(v, (dict, list)) else f" {json.dumps(v)[:40]}")
 
 
 def read_manifest(folder: str | Path) -> dict:
@@ -45,8 +46,9 @@ def read_manifest(folder: str | Path) -> dict:
     except OSError as e:
         raise PublishError(f"{f}: expected a bundle manifest, found none ({e.strerror})") from None
     if size > MANIFEST_MAX_BYTES:
-        raise PublishError(f"{f}: expected at most {MANIFEST_MAX_BYTES} bytes (MANIFEST_MAX_BYTES), found {size} "
-                           f"bytes; not read")
+        raise PublishError(
+            f"{f}: expected at most {MANIFEST_MAX_BYTES} bytes (MANIFEST_MAX_BYTES), found {size} bytes; not read"
+        )
     try:
         m = json.loads(f.read_bytes().decode("utf-8"))
     except (OSError, ValueError) as e:
@@ -55,24 +57,32 @@ def read_manifest(folder: str | Path) -> dict:
         raise PublishError(f"{f}: expected a JSON object, found {_found(m)}")
     files = m.get("files")
     if not isinstance(files, dict):
-        raise PublishError(f"{f}: files: expected an object {{relative path: {{sha256, size}}}}, "
-                           f"found {'nothing' if 'files' not in m else _found(files)}")
+        raise PublishError(
+            f"{f}: files: expected an object {{relative path: {{sha256, size}}}}, "
+            f"found {'nothing' if 'files' not in m else _found(files)}"
+        )
     problems = []
     for rel, meta in files.items():
         p = Path(rel)
         if not rel or p.is_absolute() or ".." in p.parts or rel in ("manifest.json", SIGNATURE):
-            problems.append(f"files.{rel}: expected a relative path inside the bundle (not manifest.json or "
-                            f"{SIGNATURE}), found {json.dumps(rel)}")
+            problems.append(
+                f"files.{rel}: expected a relative path inside the bundle (not manifest.json or "
+                f"{SIGNATURE}), found {json.dumps(rel)}"
+            )
         elif not isinstance(meta, dict):
             problems.append(f"files.{rel}: expected an object {{sha256, size}}, found {_found(meta)}")
         else:
             n, h = meta.get("size"), meta.get("sha256")
             if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-                problems.append(f"files.{rel}.size: expected an integer >= 0, found "
-                                f"{'nothing' if 'size' not in meta else _found(n)}")
+                problems.append(
+                    f"files.{rel}.size: expected an integer >= 0, found "
+                    f"{'nothing' if 'size' not in meta else _found(n)}"
+                )
             if not (isinstance(h, str) and _SHA256.fullmatch(h)):
-                problems.append(f"files.{rel}.sha256: expected 64 lowercase hex digits, found "
-                                f"{'nothing' if 'sha256' not in meta else _found(h)}")
+                problems.append(
+                    f"files.{rel}.sha256: expected 64 lowercase hex digits, found "
+                    f"{'nothing' if 'sha256' not in meta else _found(h)}"
+                )
     if problems:
         more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
         raise PublishError(f"{f}: " + "; ".join(problems[:5]) + more)
@@ -93,15 +103,19 @@ def unpacked(path: str | Path):
         yield path
         return
     if not path.is_file():
-        raise PublishError(f"{path}: expected a bundle folder or its .tar.gz archive, found "
-                           f"{'nothing' if not path.exists() else 'neither'}")
+        raise PublishError(
+            f"{path}: expected a bundle folder or its .tar.gz archive, found "
+            f"{'nothing' if not path.exists() else 'neither'}"
+        )
     with tempfile.TemporaryDirectory(prefix="npubuild-check-") as tmp:
         try:
             with tarfile.open(path, "r:*") as tar:
                 tops = {m.name.split("/", 1)[0] for m in tar.getmembers()}
                 if len(tops) != 1 or "" in tops or ".." in tops:
-                    raise PublishError(f"{path}: expected every member under one folder <recipe>/ (as publish "
-                                       f"writes it), found {len(tops)} top-level names: {', '.join(sorted(tops)[:5])}")
+                    raise PublishError(
+                        f"{path}: expected every member under one folder <recipe>/ (as publish "
+                        f"writes it), found {len(tops)} top-level names: {', '.join(sorted(tops)[:5])}"
+                    )
                 tar.extractall(tmp, filter="data")
         except (tarfile.TarError, OSError, EOFError) as e:
             raise PublishError(f"{path}: expected a bundle's .tar.gz archive, found {type(e).__name__}: {e}") from None
@@ -112,8 +126,9 @@ def unpacked(path: str | Path):
         yield folder
 
 
-def check_bundle(folder: str | Path, public_key: str | Path | None = None,
-                 cert_chain: list | None = None) -> dict[str, list[str]]:
+def check_bundle(
+    folder: str | Path, public_key: str | Path | None = None, cert_chain: list | None = None
+) -> dict[str, list[str]]:
     """Recompute the sha256 of every file of a bundle folder (full reads) against its
     manifest.json (:func:`read_manifest`); ``folder`` may be the bundle's archive
     (:func:`unpacked`). Returns {"mismatch": [rel: why], "missing": [rel],
@@ -159,6 +174,8 @@ def print_check(folder: str | Path, public_key: str | Path | None = None, cert_c
             print(f"{what.upper()} {item}")
     bad = sum(len(v) for v in res.values())
     sig = "" if "signature" not in res else ", signature " + ("verified" if not res["signature"] else "NOT verified")
-    print(f"{folder}: {n} files (manifest.json and the {n - 1} it lists), {len(res['mismatch'])} mismatched, "
-          f"{len(res['missing'])} missing, {len(res['extra'])} extra{sig}")
+    print(
+        f"{folder}: {n} files (manifest.json and the {n - 1} it lists), {len(res['mismatch'])} mismatched, "
+        f"{len(res['missing'])} missing, {len(res['extra'])} extra{sig}"
+    )
     return bad == 0

@@ -12,16 +12,20 @@ from tasks.commands.publish.errors import PublishError
 
 GENAI, GENIE, QNN_EP = "onnxruntime-genai", "Genie", "onnxruntime QNN EP"
 _TOKENIZER_NAMES = ("tokenizer*", "vocab*", "merges.txt", "special_tokens_map.json", "added_tokens.json")
-_METADATA = {"config.json": "metadata: the source model's configuration (transformers)",
-             "generation_config.json": "metadata: the source model's generation defaults (transformers)",
-             "verify.json": "metadata: npubuild's verify report (metrics, every binary read back)",
-             "io.json": "metadata: the graph's inputs and outputs, and the preprocessing or stream and decoding a "
-                        "caller needs (the model card's \"How to run it\")",
-             "metadata.json": "metadata: the source graph's metadata_props, kept aside at export (PP-OCR rec: the "
-                              "character list its output indexes)"}
+_METADATA = {
+    "config.json": "metadata: the source model's configuration (transformers)",
+    "generation_config.json": "metadata: the source model's generation defaults (transformers)",
+    "verify.json": "metadata: npubuild's verify report (metrics, every binary read back)",
+    "io.json": "metadata: the graph's inputs and outputs, and the preprocessing or stream and decoding a "
+    'caller needs (the model card\'s "How to run it")',
+    "metadata.json": "metadata: the source graph's metadata_props, kept aside at export (PP-OCR rec: the "
+    "character list its output indexes)",
+}
 #: what publish writes beside the artifacts, and who reads it (the card lists them too)
-WRITTEN = {"README.md": "people and the Hugging Face Hub: this model card",
-           "manifest.json": "`doit check_bundle`: sha256 and size of every other file, how it was built"}
+WRITTEN = {
+    "README.md": "people and the Hugging Face Hub: this model card",
+    "manifest.json": "`doit check_bundle`: sha256 and size of every other file, how it was built",
+}
 
 
 def _ep_binaries(ctx_path: Path, rel: str) -> list[str]:
@@ -82,16 +86,21 @@ def shipped_files(sources: dict[str, Path], family=None) -> dict[str, list[str]]
                 name(b, f"{runtime} (context binary of an EPContext model)", rel)
 
     # the folders a runtime config or the family's own rule decides: no other rule ships a model there
-    folders = sorted({posixpath.dirname(r) for r in sources
-                      if posixpath.basename(r) in ("genai_config.json", "genie_config.json")} | set(claimed))
+    folders = sorted(
+        {posixpath.dirname(r) for r in sources if posixpath.basename(r) in ("genai_config.json", "genie_config.json")}
+        | set(claimed)
+    )
     for d in folders:
+
         def at(f: str, d: str = d) -> str:
             return posixpath.join(d, f)
+
         if at("genai_config.json") in sources:
             cfg = json.loads(sources[at("genai_config.json")].read_text())
             dec = cfg["model"]["decoder"]
-            files = [next(iter(e.values()))["filename"] for e in dec.get("pipeline", [])] + \
-                ([dec["filename"]] if dec.get("filename") else [])
+            files = [next(iter(e.values()))["filename"] for e in dec.get("pipeline", [])] + (
+                [dec["filename"]] if dec.get("filename") else []
+            )
             name(at("genai_config.json"), f"{GENAI} (its config)", "genai_config.json")
             models(d, files, GENAI, at("genai_config.json"))
         if at("genie_config.json") in sources:

@@ -13,10 +13,25 @@ def hub_operations(plan: dict, repo_id: str) -> list[tuple[str, dict]]:
     is the commit upload_folder returns (shown as ``<commit of upload_folder>``)."""
     return [
         ("create_repo", {"repo_id": repo_id, "repo_type": "model", "exist_ok": True}),
-        ("upload_folder", {"repo_id": repo_id, "repo_type": "model", "folder_path": str(plan["folder"]),
-                           "commit_message": f"npubuild {plan['recipe']} build {plan['short']}"}),
-        ("create_tag", {"repo_id": repo_id, "repo_type": "model", "tag": f"npubuild-{plan['short']}",
-                        "revision": "<commit of upload_folder>", "exist_ok": True}),
+        (
+            "upload_folder",
+            {
+                "repo_id": repo_id,
+                "repo_type": "model",
+                "folder_path": str(plan["folder"]),
+                "commit_message": f"npubuild {plan['recipe']} build {plan['short']}",
+            },
+        ),
+        (
+            "create_tag",
+            {
+                "repo_id": repo_id,
+                "repo_type": "model",
+                "tag": f"npubuild-{plan['short']}",
+                "revision": "<commit of upload_folder>",
+                "exist_ok": True,
+            },
+        ),
     ]
 
 

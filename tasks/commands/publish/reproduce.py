@@ -61,8 +61,10 @@ def recheck_published(session: Session, folder: Path, manifest: dict) -> None:
     res = check_bundle(folder)
     bad = [f"{w} {item}" for w in ("mismatch", "missing", "extra") for item in res[w]]
     if bad:
-        raise PublishError(f"{folder}: the published bundle does not match its manifest.json ({'; '.join(bad[:5])}); "
-                           f"publish it again before comparing")
+        raise PublishError(
+            f"{folder}: the published bundle does not match its manifest.json ({'; '.join(bad[:5])}); "
+            f"publish it again before comparing"
+        )
     cache = cache_of(session)
     for stage, st in sorted(manifest.get("stages", {}).items()):
         if not (isinstance(st, dict) and artifact_patterns(str(st.get("kind"))) and isinstance(st.get("key"), str)):
@@ -70,9 +72,12 @@ def recheck_published(session: Session, folder: Path, manifest: dict) -> None:
         probs = cache.problems(st["kind"], st["key"], full=True)
         if probs:
             moved = cache.confirm_damage(st["kind"], st["key"], probs)
-            raise PublishError(f"{folder} was published from cache entry {st['kind']}/{st['key']} (stage {stage}), "
-                               f"which is damaged: {'; '.join(probs[:3])}" + (f"; moved to {moved}" if moved else "")
-                               + "; rebuild and publish again before comparing")
+            raise PublishError(
+                f"{folder} was published from cache entry {st['kind']}/{st['key']} (stage {stage}), "
+                f"which is damaged: {'; '.join(probs[:3])}"
+                + (f"; moved to {moved}" if moved else "")
+                + "; rebuild and publish again before comparing"
+            )
 
 
 def _run_shown(recipe: str, cmd: list[str], env: dict) -> tuple[int, str]:
@@ -109,23 +114,32 @@ def reproduce(recipe: str, keep: bool = False, session: Session | None = None) -
     recheck_published(session, old, old_manifest)
     changed = diff(old_manifest.get("resolved_recipe"), resolved_recipe(catalog_recipes(session)[recipe]))
     if changed:  # a rebuild would be another bundle: say so, not "DIFFERS" per file
-        raise PublishError(f"{old / 'manifest.json'}: published (build {old_manifest.get('build_key')}) from another "
-                           f"recipe than {recipe} resolves to now: {'; '.join(changed[:5])}"
-                           f"{f' (and {len(changed) - 5} more)' if len(changed) > 5 else ''}; a rebuild would not "
-                           f"be that bundle: restore the recipe to reproduce it, or `doit publish:{recipe}` to "
-                           f"publish what it gives now")
+        raise PublishError(
+            f"{old / 'manifest.json'}: published (build {old_manifest.get('build_key')}) from another "
+            f"recipe than {recipe} resolves to now: {'; '.join(changed[:5])}"
+            f"{f' (and {len(changed) - 5} more)' if len(changed) > 5 else ''}; a rebuild would not "
+            f"be that bundle: restore the recipe to reproduce it, or `doit publish:{recipe}` to "
+            f"publish what it gives now"
+        )
     old_archive = paths.dist_dir() / f"{recipe}-{old_manifest['build_key']}.tar.gz"
     tmp = Path(tempfile.mkdtemp(prefix=f"npubuild-reproduce-{recipe}-"))
-    env = dict(os.environ, NPUBUILD_ROOT=str(paths.root()), NPUBUILD_RECIPES=str(paths.recipes_dir()),
-               NPUBUILD_CACHE=str(tmp / "cache"), NPUBUILD_BUILD=str(tmp / "build"),
-               NPUBUILD_HOME=str(tmp / "home"), NPUBUILD_DIST=str(tmp / "dist"))
+    env = dict(
+        os.environ,
+        NPUBUILD_ROOT=str(paths.root()),
+        NPUBUILD_RECIPES=str(paths.recipes_dir()),
+        NPUBUILD_CACHE=str(tmp / "cache"),
+        NPUBUILD_BUILD=str(tmp / "build"),
+        NPUBUILD_HOME=str(tmp / "home"),
+        NPUBUILD_DIST=str(tmp / "dist"),
+    )
     env.pop("NPUBUILD_REMOTE", None)  # a rebuild from scratch, not a download
     env["PYTHONUNBUFFERED"] = "1"  # its stage lines as each stage ends (_run_shown), not when it exits
     dodo = Path(__file__).resolve().parents[3] / "dodo.py"  # tasks/commands/publish/ -> the project
     for task in (f"build:{recipe}", f"publish:{recipe}"):
         print(f"[reproduce:{recipe}] doit {task} in {tmp}", flush=True)
-        code, said = _run_shown(recipe, [sys.executable, "-m", "doit", "-f", str(dodo), "-d", str(paths.root()), task],
-                                env)
+        code, said = _run_shown(
+            recipe, [sys.executable, "-m", "doit", "-f", str(dodo), "-d", str(paths.root()), task], env
+        )
         if code != 0:
             raise PublishError(f"rebuild failed: doit {task} exited {code} (kept {tmp}):\n" + said[-4000:])
     new = tmp / "dist" / recipe
@@ -133,8 +147,9 @@ def reproduce(recipe: str, keep: bool = False, session: Session | None = None) -
     new_archive = tmp / "dist" / f"{recipe}-{new_manifest['build_key']}.tar.gz"
     pairs = [(rel, old_manifest["files"][rel]["sha256"], new / rel) for rel in sorted(old_manifest["files"])]
     pairs.append(("manifest.json", sha256_file(old / "manifest.json"), new / "manifest.json"))
-    pairs.append((f"archive {old_archive.name}", sha256_file(old_archive) if old_archive.exists() else None,
-                  new_archive))
+    pairs.append(
+        (f"archive {old_archive.name}", sha256_file(old_archive) if old_archive.exists() else None, new_archive)
+    )
     same = True
     for rel, want, path in pairs:
         got = sha256_file(path) if path.exists() else None
@@ -146,13 +161,22 @@ def reproduce(recipe: str, keep: bool = False, session: Session | None = None) -
             mine = old / rel if (old / rel).is_file() else (old_archive if rel.startswith("archive ") else None)
             if got is not None and mine is not None and mine.exists():
                 r = differing_ranges(mine, path)
-                print("           " + (r if isinstance(r, str) else "differing bytes: " + ", ".join(
-                    f"{s0}..{e0 - 1} ({e0 - s0} B)" for s0, e0 in r)))
+                print(
+                    "           "
+                    + (
+                        r
+                        if isinstance(r, str)
+                        else "differing bytes: " + ", ".join(f"{s0}..{e0 - 1} ({e0 - s0} B)" for s0, e0 in r)
+                    )
+                )
     old_v = {t: v["metrics"] for t, v in old_manifest.get("verify", {}).items()}
     new_v = {t: v["metrics"] for t, v in new_manifest.get("verify", {}).items()}
     print(f"verify metrics {'identical' if old_v == new_v else 'DIFFER'} (published vs rebuilt)")
-    rekeyed = sorted(st for st, v in old_manifest.get("stages", {}).items()
-                     if v.get("key") != new_manifest.get("stages", {}).get(st, {}).get("key"))
+    rekeyed = sorted(
+        st
+        for st, v in old_manifest.get("stages", {}).items()
+        if v.get("key") != new_manifest.get("stages", {}).get(st, {}).get("key")
+    )
     if not same and rekeyed:
         print(
             f"stage keys that differ (their code, tools or data files changed since publishing): {', '.join(rekeyed)}"

@@ -23,12 +23,15 @@ def check_signer(signing_cert, cert_chain) -> None:
     1.1.1 parses the chain and fails on none ("Unable to load PEM file ... MalformedFraming",
     which publish reported as the key file's problem), after the bundle was written."""
     if signing_cert and not cert_chain:
-        raise PublishError(f"{signing_cert}: signing with a certificate needs the CA certificate(s) that issued it "
-                           f"(--cert-chain CA.pem), found none")
+        raise PublishError(
+            f"{signing_cert}: signing with a certificate needs the CA certificate(s) that issued it "
+            f"(--cert-chain CA.pem), found none"
+        )
 
 
-def sign_bundle(folder: Path, private_key: str | Path, signing_cert: str | Path | None = None,
-                cert_chain: list | None = None) -> Path:
+def sign_bundle(
+    folder: Path, private_key: str | Path, signing_cert: str | Path | None = None, cert_chain: list | None = None
+) -> Path:
     """Sign every file of bundle ``folder`` (manifest.json included) with OpenSSF
     ``model-signing`` into ``<folder>/``:data:`SIGNATURE` (a Sigstore bundle, DSSE over the
     in-toto statement of each file's sha256), with a PEM elliptic-curve private key, or with
@@ -43,8 +46,9 @@ def sign_bundle(folder: Path, private_key: str | Path, signing_cert: str | Path 
     cfg = signing.Config().set_hashing_config(_hashing_config())
     try:
         if signing_cert:
-            cfg.use_certificate_signer(private_key=private_key, signing_certificate=signing_cert,
-                                       certificate_chain=cert_chain or [])
+            cfg.use_certificate_signer(
+                private_key=private_key, signing_certificate=signing_cert, certificate_chain=cert_chain or []
+            )
         else:
             cfg.use_elliptic_key_signer(private_key=private_key)
         cfg.sign(folder, folder / SIGNATURE)
@@ -68,8 +72,10 @@ def verify_signature(
     if not sig.exists():
         return [f"{SIGNATURE}: expected a signature (a key to check one was given), found none"]
     if not (public_key or cert_chain):
-        return [f"{SIGNATURE}: expected --public-key or --cert-chain to check the signature against, found neither "
-                f"(a signature anyone could have made proves nothing)"]
+        return [
+            f"{SIGNATURE}: expected --public-key or --cert-chain to check the signature against, found neither "
+            f"(a signature anyone could have made proves nothing)"
+        ]
     cfg = verifying.Config().set_hashing_config(_hashing_config())
     if public_key:
         cfg.use_elliptic_key_verifier(public_key=public_key)
@@ -80,7 +86,10 @@ def verify_signature(
     except Exception as e:
         # model_signing raises ValueError("Signature mismatch: [<diff lines>]"), the list's repr
         changed = sorted(set(re.findall(r"Hash mismatch for \\?'([^'\\]+)\\?'", str(e))))
-        why = (f"files changed since signing: {', '.join(changed)}" if changed else
-               f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}")
+        why = (
+            f"files changed since signing: {', '.join(changed)}"
+            if changed
+            else f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"
+        )
         return [f"{SIGNATURE}: does not verify against {public_key or ', '.join(map(str, cert_chain))}: {why}"]
     return []

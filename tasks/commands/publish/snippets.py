@@ -31,9 +31,16 @@ def _onnx_io(path: Path, declared: dict | None = None) -> list[dict]:
         for v in vals:
             t = v.type.tensor_type
             d = (declared or {}).get(v.name, {})
-            rows.append({"name": v.name, "io": io, "dtype": onnx.TensorProto.DataType.Name(t.elem_type),
-                         "shape": [x.dim_value if x.HasField("dim_value") else x.dim_param for x in t.shape.dim],
-                         "scale": d.get("scale"), "zero_point": d.get("zero_point")})
+            rows.append(
+                {
+                    "name": v.name,
+                    "io": io,
+                    "dtype": onnx.TensorProto.DataType.Name(t.elem_type),
+                    "shape": [x.dim_value if x.HasField("dim_value") else x.dim_param for x in t.shape.dim],
+                    "scale": d.get("scale"),
+                    "zero_point": d.get("zero_point"),
+                }
+            )
     return rows
 
 
@@ -51,7 +58,7 @@ def chat_parts(tokenizer_dir: Path) -> tuple[str, str] | None:
     before, after = text.split(_MARK, 1)
     bos = tok.bos_token
     if bos and before.startswith(bos) and tok("x")["input_ids"][:1] == [tok.bos_token_id]:
-        before = before[len(bos):]  # the tokenizer prepends it when encoding
+        before = before[len(bos) :]  # the tokenizer prepends it when encoding
     return before, after
 
 
@@ -66,20 +73,28 @@ def _encoder_snippet(lay: dict, files: dict[str, Path], recipe) -> list[str]:
     target = d or recipe.compile.targets[0]
     opts = provider_options(target)
     L = next(r["shape"][1] for r in rows if r["name"] == "input_ids")
-    feeds = "\n".join(f'    "{r["name"]}": enc["{r["name"]}"].astype(np.{r["dtype"].lower()}),'
-                      if r["name"] != "token_type_ids" else
-                      f'    "{r["name"]}": np.zeros_like(enc["input_ids"], dtype=np.{r["dtype"].lower()}),'
-                      for r in rows if r["io"] == "in")
+    feeds = "\n".join(
+        f'    "{r["name"]}": enc["{r["name"]}"].astype(np.{r["dtype"].lower()}),'
+        if r["name"] != "token_type_ids"
+        else f'    "{r["name"]}": np.zeros_like(enc["input_ids"], dtype=np.{r["dtype"].lower()}),'
+        for r in rows
+        if r["io"] == "in"
+    )
     out_name = next(r["name"] for r in rows if r["io"] == "out")
     pool = recipe.task == "feature-extraction" and out_name == "last_hidden_state"
-    tail = ("""
+    tail = (
+        """
 mask = feeds["attention_mask"][..., None].astype(np.float32)
 embedding = (output * mask).sum(axis=1) / mask.sum(axis=1)  # mean over the real tokens
 embedding /= np.linalg.norm(embedding, axis=1, keepdims=True)  # for cosine similarity
-print(embedding.shape, embedding[0, :4])""" if pool else """
-print(output.shape, output.reshape(-1)[:4])""")
+print(embedding.shape, embedding[0, :4])"""
+        if pool
+        else """
+print(output.shape, output.reshape(-1)[:4])"""
+    )
     tokdir = posixpath.dirname(next(r for r in files if posixpath.basename(r) == "tokenizer_config.json")) or "."
-    return _py(f'''
+    return _py(
+        f'''
 import numpy as np
 import onnxruntime as ort
 import onnxruntime_qnn  # the QNN execution provider (a plugin of onnxruntime)
@@ -97,21 +112,26 @@ enc = tok(["The cat sat on the mat."], padding="max_length", truncation=True, ma
 feeds = {{
 {feeds}
 }}
-(output,) = session.run(["{out_name}"], feeds)''' + tail)
+(output,) = session.run(["{out_name}"], feeds)'''
+        + tail
+    )
 
 
 def _genai_snippet(d: str, f: dict, chat) -> list[str]:
     desc = f["export"]
     S, C = desc["seq_len"], desc["context_len"]
-    prompt = ("question = \"Write one sentence about a lighthouse.\"\n"
-              f"prompt = {chat[0]!r} + question + {chat[1]!r}  # the chat template, one user message"
-              if chat else 'prompt = "The old lighthouse"  # plain text: the tokenizer has no chat template')
+    prompt = (
+        'question = "Write one sentence about a lighthouse."\n'
+        f"prompt = {chat[0]!r} + question + {chat[1]!r}  # the chat template, one user message"
+        if chat
+        else 'prompt = "The old lighthouse"  # plain text: the tokenizer has no chat template'
+    )
     return _py(f'''
 import onnxruntime_genai as og
 import onnxruntime_qnn  # the QNN execution provider, registered with genai
 
 og.register_execution_provider_library(onnxruntime_qnn.EP_NAME, onnxruntime_qnn.get_library_path())
-model = og.Model("{d or '.'}")  # the folder of genai_config.json
+model = og.Model("{d or "."}")  # the folder of genai_config.json
 tok = og.Tokenizer(model)
 {prompt}
 ids = tok.encode(prompt)
@@ -126,11 +146,14 @@ print(tok.decode(generator.get_sequence(0)[padded:]))''')
 
 
 def _genie_snippet(d: str, chat) -> list[str]:
-    prompt = ("question = \"Write one sentence about a lighthouse.\"\n"
-              f"prompt = {chat[0]!r} + question + {chat[1]!r}  # the chat template, one user message"
-              if chat else 'prompt = "The old lighthouse"  # plain text: the tokenizer has no chat template')
+    prompt = (
+        'question = "Write one sentence about a lighthouse."\n'
+        f"prompt = {chat[0]!r} + question + {chat[1]!r}  # the chat template, one user message"
+        if chat
+        else 'prompt = "The old lighthouse"  # plain text: the tokenizer has no chat template'
+    )
     chdir = f'os.chdir("{d}")  # ' if d else "# run in this folder: "
-    return _py(f'''
+    return _py(f"""
 import ctypes
 import os
 
@@ -151,53 +174,81 @@ on_text = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p)
 status = genie.GenieDialog_query(dialog, prompt.encode(), 0, on_text, None)  # 0: a complete sentence
 genie.GenieDialog_free(dialog)  # free every handle: without it the process crashed at exit
 genie.GenieDialogConfig_free(config)
-print(status, "".join(reply))''')
+print(status, "".join(reply))""")
 
 
 def snippets(recipe, files: dict[str, Path], lay: dict, tools: dict[str, str]) -> list[str]:
     """The card's "Use it" section: preprocessing and one runnable snippet per runtime the
     bundle serves (module docstring), with the pip line of the versions ``tools`` records."""
+
     def _v(tool: str) -> str:
         return tools.get(tool, "?")
 
     out = ["", "## Use it", ""]
     if lay["family"] == "encoder":
-        (d, f), = list(lay["folders"].items())[:1]
+        ((d, f),) = list(lay["folders"].items())[:1]
         rows = _onnx_io(files[f["models"][0]])
         L = next(r["shape"][1] for r in rows if r["name"] == "input_ids")
         pool = recipe.task == "feature-extraction"
-        out += [f"Run in this folder, with `pip install onnxruntime=={_v('onnxruntime')} "
-                f"onnxruntime-qnn=={_v('onnxruntime-qnn')} transformers`. Preprocessing: this folder's tokenizer "
-                f"(transformers' `AutoTokenizer`), padded at the end to {L} tokens and truncated beyond (what verify "
-                f"fed); every input int32."
-                + (" Pooling: the mean of `last_hidden_state` over the tokens `attention_mask` marks (the "
-                   "embedding verify's `pooled_cosine` compares), L2-normalized for cosine similarity."
-                   if pool else ""),
-                "", "### onnxruntime QNN EP", "", *_encoder_snippet(lay, files, recipe)]
+        out += [
+            f"Run in this folder, with `pip install onnxruntime=={_v('onnxruntime')} "
+            f"onnxruntime-qnn=={_v('onnxruntime-qnn')} transformers`. Preprocessing: this folder's tokenizer "
+            f"(transformers' `AutoTokenizer`), padded at the end to {L} tokens and truncated beyond (what verify "
+            f"fed); every input int32."
+            + (
+                " Pooling: the mean of `last_hidden_state` over the tokens `attention_mask` marks (the "
+                "embedding verify's `pooled_cosine` compares), L2-normalized for cosine similarity."
+                if pool
+                else ""
+            ),
+            "",
+            "### onnxruntime QNN EP",
+            "",
+            *_encoder_snippet(lay, files, recipe),
+        ]
         if len(lay["folders"]) > 1:
-            out += ["", "Other targets: the same, with that target's folder and provider options: " +
-                    ", ".join(f"`{t}/`" for t in list(lay["folders"])[1:]) + "."]
+            out += [
+                "",
+                "Other targets: the same, with that target's folder and provider options: "
+                + ", ".join(f"`{t}/`" for t in list(lay["folders"])[1:])
+                + ".",
+            ]
         return out
     d, f = next(iter(lay["folders"].items()))
     tokdir = next((files[r].parent for r in files if posixpath.basename(r) == "tokenizer_config.json"), None)
     chat = chat_parts(tokdir) if tokdir is not None else None
     desc = f["export"]
-    out += [f"Prompts go in windows of {desc['seq_len']} tokens into a context of {desc['context_len']} (prompt and "
-            "reply together). " + (
-                "Chat template (`tokenizer_config.json` `chat_template`, rendered by transformers for one user "
-                f"message): `{chat[0]!r}` + message + `{chat[1]!r}`; the snippets build the prompt so. For several "
-                "turns, render the template itself (`og.Tokenizer.apply_chat_template`, or transformers')."
-                if chat else "The tokenizer has no chat template (`tokenizer_config.json` has no `chat_template`): "
-                             "prompts are plain text."),
-            "", "### onnxruntime-genai", "",
-            f"`pip install onnxruntime-genai=={_v('onnxruntime-genai')} onnxruntime-qnn=={_v('onnxruntime-qnn')}`; "
-            f"genai pads the last prompt window with `pad_token_id`, so a prompt must hold two tokens or more and "
-            f"not that token.", "", *_genai_snippet(d, f, chat)]
+    out += [
+        f"Prompts go in windows of {desc['seq_len']} tokens into a context of {desc['context_len']} (prompt and "
+        "reply together). "
+        + (
+            "Chat template (`tokenizer_config.json` `chat_template`, rendered by transformers for one user "
+            f"message): `{chat[0]!r}` + message + `{chat[1]!r}`; the snippets build the prompt so. For several "
+            "turns, render the template itself (`og.Tokenizer.apply_chat_template`, or transformers')."
+            if chat
+            else "The tokenizer has no chat template (`tokenizer_config.json` has no `chat_template`): "
+            "prompts are plain text."
+        ),
+        "",
+        "### onnxruntime-genai",
+        "",
+        f"`pip install onnxruntime-genai=={_v('onnxruntime-genai')} onnxruntime-qnn=={_v('onnxruntime-qnn')}`; "
+        f"genai pads the last prompt window with `pad_token_id`, so a prompt must hold two tokens or more and "
+        f"not that token.",
+        "",
+        *_genai_snippet(d, f, chat),
+    ]
     if "genie" in f:
-        out += ["", "### Genie", "",
-                "Genie's C API (`GenieDialog_*`) from Python; in C, the same calls; with the QAIRT SDK's "
-                "`genie-t2t-run -c genie_config.json -p \"<prompt>\"` (not run here: the SDK's tools are not "
-                f"installed where this was built). `pip install onnxruntime-qnn=={_v('onnxruntime-qnn')}`. "
-                "`genie_config.json` carries the device's engine settings (threads, CPU mask, polling); "
-                "the prompt is text, tokenized by Genie with `tokenizer.json`.", "", *_genie_snippet(d, chat)]
+        out += [
+            "",
+            "### Genie",
+            "",
+            "Genie's C API (`GenieDialog_*`) from Python; in C, the same calls; with the QAIRT SDK's "
+            '`genie-t2t-run -c genie_config.json -p "<prompt>"` (not run here: the SDK\'s tools are not '
+            f"installed where this was built). `pip install onnxruntime-qnn=={_v('onnxruntime-qnn')}`. "
+            "`genie_config.json` carries the device's engine settings (threads, CPU mask, polling); "
+            "the prompt is text, tokenized by Genie with `tokenizer.json`.",
+            "",
+            *_genie_snippet(d, chat),
+        ]
     return out

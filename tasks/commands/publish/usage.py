@@ -37,12 +37,16 @@ MEANINGS = (
     # LLMs, onnxruntime-genai's pipeline layout (tasks/llm/genai.py)
     (r"past_seq_len", "tokens already in the KV cache (genai feeds it)"),
     (r"total_seq_len", "tokens in the KV cache after this call (genai feeds it)"),
-    (r"past_(key|value)_\{l\}",
-     "layer l's {kv} cache, all {C} slots; genai binds it and present_{0}_{{l}} to one buffer"),
+    (
+        r"past_(key|value)_\{l\}",
+        "layer l's {kv} cache, all {C} slots; genai binds it and present_{0}_{{l}} to one buffer",
+    ),
     (r"present_(key|value)_\{l\}", "layer l's {kv} cache after this call (the same buffer, updated in place)"),
     # LLMs, Genie's layout (tasks/llm/genie/graphs.py)
-    (r"past_(key)_\{l\}_in", "layer l's {kv} cache before this call: the context's slots less this call's, "
-                              "keys transposed"),
+    (
+        r"past_(key)_\{l\}_in",
+        "layer l's {kv} cache before this call: the context's slots less this call's, keys transposed",
+    ),
     (r"past_(value)_\{l\}_in", "layer l's {kv} cache before this call: the context's slots less this call's"),
     (r"past_(key|value)_\{l\}_out", "this call's new {kv} entries of layer l (Genie copies them into its cache)"),
     (r"position_ids_(cos|sin)", "{0} of the rotary angles of each position (Genie computes them)"),
@@ -90,19 +94,32 @@ def _encoding(r: dict) -> str:
     if r.get("scale") is None and not any(s is not None for s in r.get("scales") or []):
         return ""
     if r.get("layers"):
-        return (f"zero point {r['zero_point']}; scale by layer " +
-                ", ".join(f"{l}: {s:.6g}" for l, s in zip(r["layers"], r["scales"])))
+        return f"zero point {r['zero_point']}; scale by layer " + ", ".join(
+            f"{l}: {s:.6g}" for l, s in zip(r["layers"], r["scales"])
+        )
     return f"scale {r['scale']:.6g}, zero point {r['zero_point']}"
 
 
 def _table(title: str, rows: list[dict], genie: bool, context: int | None) -> list[str]:
-    out = ["", title, "", "| tensor | | dtype | shape | meaning | quantized: value = (integer - zero point) x scale |",
-           "|---|---|---|---|---|---|"]
+    out = [
+        "",
+        title,
+        "",
+        "| tensor | | dtype | shape | meaning | quantized: value = (integer - zero point) x scale |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in _fold(rows):
-        name = f"`{r['name']}`" + (f" (layers {r['layers'][0]}-{r['layers'][-1]})" if r.get("layers") and
-                                    len(r["layers"]) > 1 else f" (layer {r['layers'][0]})" if r.get("layers") else "")
-        out.append(f"| {name} | {r['io']} | {r['dtype'].lower()} | {list(r['shape'])} | "
-                   f"{meaning(r['name'], genie, context)} | {_encoding(r)} |")
+        name = f"`{r['name']}`" + (
+            f" (layers {r['layers'][0]}-{r['layers'][-1]})"
+            if r.get("layers") and len(r["layers"]) > 1
+            else f" (layer {r['layers'][0]})"
+            if r.get("layers")
+            else ""
+        )
+        out.append(
+            f"| {name} | {r['io']} | {r['dtype'].lower()} | {list(r['shape'])} | "
+            f"{meaning(r['name'], genie, context)} | {_encoding(r)} |"
+        )
     return out
 
 
@@ -113,9 +130,18 @@ def _binary_io(path: Path) -> dict[str, list[dict]]:
 
     out = {}
     for g in context_binary.read(path).graphs:
-        out[g.name.lstrip("_")] = [{"name": t.name, "io": io, "dtype": t.dtype, "shape": list(t.shape),
-                                    "scale": t.scale, "zero_point": t.zero_point}
-                                   for io, ts in (("in", g.inputs), ("out", g.outputs)) for t in ts]
+        out[g.name.lstrip("_")] = [
+            {
+                "name": t.name,
+                "io": io,
+                "dtype": t.dtype,
+                "shape": list(t.shape),
+                "scale": t.scale,
+                "zero_point": t.zero_point,
+            }
+            for io, ts in (("in", g.inputs), ("out", g.outputs))
+            for t in ts
+        ]
     return out
 
 
@@ -145,14 +171,18 @@ def io_tables(files: dict[str, Path], lay: dict) -> list[str]:
     the binaries read back). Tensors that differ only by layer share a row."""
     out = ["", "## Inputs and outputs", ""]
     if lay["family"] == "encoder":
-        out.append("What onnxruntime feeds the EPContext model and gets back (its context binary's own inputs and "
-                   "outputs, read back, are the same).")
+        out.append(
+            "What onnxruntime feeds the EPContext model and gets back (its context binary's own inputs and "
+            "outputs, read back, are the same)."
+        )
         for f in lay["folders"].values():
             for rel in f["models"]:
                 out += _table(f"`{rel}`", _onnx_io(files[rel]), False, None)
         return out
-    out.append("genai and Genie feed these themselves; they matter to a runtime of your own. S = tokens per call, "
-               "C = context length; the KV cache crosses the boundary as integers.")
+    out.append(
+        "genai and Genie feed these themselves; they matter to a runtime of your own. S = tokens per call, "
+        "C = context length; the KV cache crosses the boundary as integers."
+    )
     for d, f in lay["folders"].items():
         desc, C = f.get("export") or {}, (f.get("export") or {}).get("context_len")
         declared = {}
@@ -162,7 +192,7 @@ def io_tables(files: dict[str, Path], lay: dict) -> list[str]:
                     declared.setdefault(t["name"], t)
         if "genai" in f:
             for entry in f["genai"]["model"]["decoder"].get("pipeline", []):
-                (name, e), = entry.items()
+                ((name, e),) = entry.items()
                 rel = posixpath.join(d, e["filename"])
                 out += _table(f"onnxruntime-genai: `{rel}` ({name})", _onnx_io(files[rel], declared), False, C)
         if "genie" in f:
@@ -182,23 +212,39 @@ def version_lines(tools: dict[str, str], lay: dict, binaries_sdk: list[str]) -> 
     from tasks import tools as tool_versions
     from tasks.llm.genie import libgenie
 
-    rows = [("QNN SDK (compiled the context binaries)", f"{tools.get('qnn-sdk', '?')}"
-             + (f" (binaries: {', '.join(binaries_sdk)})" if binaries_sdk else "")),
-            ("onnxruntime", tools.get("onnxruntime", "?")),
-            ("onnxruntime-qnn (the QNN EP; ships the QNN runtime libraries)", tools.get("onnxruntime-qnn", "?"))]
+    rows = [
+        (
+            "QNN SDK (compiled the context binaries)",
+            f"{tools.get('qnn-sdk', '?')}" + (f" (binaries: {', '.join(binaries_sdk)})" if binaries_sdk else ""),
+        ),
+        ("onnxruntime", tools.get("onnxruntime", "?")),
+        ("onnxruntime-qnn (the QNN EP; ships the QNN runtime libraries)", tools.get("onnxruntime-qnn", "?")),
+    ]
     genie = any("genie" in f for f in lay["folders"].values())
     if lay["family"] == "llm":
         rows.append(("onnxruntime-genai", tools.get("onnxruntime-genai", "?")))
     if genie:
-        api = (libgenie.api_version() if tool_versions.version("onnxruntime-qnn") == tools.get("onnxruntime-qnn")
-               else None)
-        rows.append(("Genie (libGenie.so of onnxruntime-qnn)", f"onnxruntime-qnn {tools.get('onnxruntime-qnn', '?')}"
-                     + (f", Genie API {api}" if api else "")))
-    return ["", "## Runtime versions", "",
-            "What built this bundle and ran it in verify, as pinned (`constraints.txt`). Only these were tested; "
-            "which older runtimes load the binaries is not known here. A QNN runtime older than the SDK that "
-            "compiled a context binary is not expected to load it.", "",
-            "| runtime | version |", "|---|---|", *(f"| {a} | {b} |" for a, b in rows)]
+        api = (
+            libgenie.api_version() if tool_versions.version("onnxruntime-qnn") == tools.get("onnxruntime-qnn") else None
+        )
+        rows.append(
+            (
+                "Genie (libGenie.so of onnxruntime-qnn)",
+                f"onnxruntime-qnn {tools.get('onnxruntime-qnn', '?')}" + (f", Genie API {api}" if api else ""),
+            )
+        )
+    return [
+        "",
+        "## Runtime versions",
+        "",
+        "What built this bundle and ran it in verify, as pinned (`constraints.txt`). Only these were tested; "
+        "which older runtimes load the binaries is not known here. A QNN runtime older than the SDK that "
+        "compiled a context binary is not expected to load it.",
+        "",
+        "| runtime | version |",
+        "|---|---|",
+        *(f"| {a} | {b} |" for a, b in rows),
+    ]
 
 
 def check_lines() -> list[str]:
@@ -209,16 +255,27 @@ def check_lines() -> list[str]:
     from tasks import tools
     from tasks.commands.publish.signing import SIGNATURE
 
-    return ["", "## Check it", "",
-            "`manifest.json` lists every other file's sha256 and size; npubuild checks them with "
-            "`doit check_bundle --path <this folder, or its .tar.gz>`, and the same files are in the archive.", "",
-            f"A signed bundle holds `{SIGNATURE}`, an OpenSSF model-signing signature over every file here. Check it "
-            f"with the stock CLI (`pip install model-signing=={tools.version('model-signing')}`), in this folder, "
-            "with the publisher's public key (PEM) in `PUBLIC_KEY`:", "",
-            "```sh", f'model_signing verify key . --signature {SIGNATURE} --public_key "$PUBLIC_KEY"', "```", "",
-            "or, signed with a certificate, with the chain of its CA (PEM) in `CA_CHAIN`:", "",
-            "```sh", f'model_signing verify certificate . --signature {SIGNATURE} --certificate_chain "$CA_CHAIN"',
-            "```"]
+    return [
+        "",
+        "## Check it",
+        "",
+        "`manifest.json` lists every other file's sha256 and size; npubuild checks them with "
+        "`doit check_bundle --path <this folder, or its .tar.gz>`, and the same files are in the archive.",
+        "",
+        f"A signed bundle holds `{SIGNATURE}`, an OpenSSF model-signing signature over every file here. Check it "
+        f"with the stock CLI (`pip install model-signing=={tools.version('model-signing')}`), in this folder, "
+        "with the publisher's public key (PEM) in `PUBLIC_KEY`:",
+        "",
+        "```sh",
+        f'model_signing verify key . --signature {SIGNATURE} --public_key "$PUBLIC_KEY"',
+        "```",
+        "",
+        "or, signed with a certificate, with the chain of its CA (PEM) in `CA_CHAIN`:",
+        "",
+        "```sh",
+        f'model_signing verify certificate . --signature {SIGNATURE} --certificate_chain "$CA_CHAIN"',
+        "```",
+    ]
 
 
 def usage_lines(recipe, files: dict[str, Path], tools: dict[str, str], binaries_sdk: list[str]) -> list[str]:

@@ -41,24 +41,32 @@ def _verified_status(session: Session, recipe: str) -> RecipeStatus:
     the manifest say "built (no bars)", never "verified")."""
     recipes = catalog_recipes(session)
     if recipe not in recipes:
-        raise PublishError(f"refusing to publish {recipe!r}: no such (non-abstract) recipe; "
-                           f"known: {', '.join(recipes)}")
+        raise PublishError(
+            f"refusing to publish {recipe!r}: no such (non-abstract) recipe; known: {', '.join(recipes)}"
+        )
     if recipes[recipe].source.shape:
-        raise PublishError(f"refusing to publish {recipe}: it is a shape build (source.shape: random weights in the "
-                           f"model's configuration), built for time and memory, not a model to ship")
+        raise PublishError(
+            f"refusing to publish {recipe}: it is a shape build (source.shape: random weights in the "
+            f"model's configuration), built for time and memory, not a model to ship"
+        )
     st = recipe_status(recipe, session)
     if st.state == "verify-failed":
         raise PublishError(f"refusing to publish {recipe}: its verify failed:\n  " + "\n  ".join(st.failures))
     if st.state == "stale" and "is damaged" in (st.reason or ""):  # an entry changed after it was built
-        raise PublishError(f"refusing to publish {recipe}: a cache entry it ships is damaged ({st.reason}). "
-                           f"Run `doit cache_verify` (it moves damaged entries aside) and `doit build:{recipe}`.")
+        raise PublishError(
+            f"refusing to publish {recipe}: a cache entry it ships is damaged ({st.reason}). "
+            f"Run `doit cache_verify` (it moves damaged entries aside) and `doit build:{recipe}`."
+        )
     if st.state == "stale":
-        raise PublishError(f"refusing to publish {recipe}: its build is stale ({st.reason}); the recipe or a "
-                           f"tool changed since it was built. Run `doit build:{recipe}` first "
-                           f"(`doit explain:{recipe}` shows what changed).")
+        raise PublishError(
+            f"refusing to publish {recipe}: its build is stale ({st.reason}); the recipe or a "
+            f"tool changed since it was built. Run `doit build:{recipe}` first "
+            f"(`doit explain:{recipe}` shows what changed)."
+        )
     if st.state == "not-built":
-        raise PublishError(f"refusing to publish {recipe}: it is not built ({st.reason}). "
-                           f"Run `doit build:{recipe}` first.")
+        raise PublishError(
+            f"refusing to publish {recipe}: it is not built ({st.reason}). Run `doit build:{recipe}` first."
+        )
     return st
 
 
@@ -96,9 +104,16 @@ def plan_bundle(recipe: str, session: Session | None = None) -> dict:
     manifest = build_manifest(recipe, r, st, sums, row)
     files["manifest.json"] = json_bytes(manifest)
     dist = paths.dist_dir()
-    return {"recipe": recipe, "short": short, "status": st, "files": dict(sorted(files.items())),
-            "manifest": manifest, "folder": dist / recipe, "archive": dist / f"{recipe}-{short}.tar.gz",
-            "mtime": manifest["archive_mtime"]["seconds"]}
+    return {
+        "recipe": recipe,
+        "short": short,
+        "status": st,
+        "files": dict(sorted(files.items())),
+        "manifest": manifest,
+        "folder": dist / recipe,
+        "archive": dist / f"{recipe}-{short}.tar.gz",
+        "mtime": manifest["archive_mtime"]["seconds"],
+    }
 
 
 def _print_ops(plan: dict, dest, hub_repo) -> None:
@@ -108,8 +123,10 @@ def _print_ops(plan: dict, dest, hub_repo) -> None:
         size = len(v) if isinstance(v, bytes) else v.stat().st_size
         print(f"[dry-run]   {rel} ({size} bytes)")
     got = plan["manifest"]["archive_mtime"]["from"]
-    print(f"[dry-run] would write {plan['archive']} (every entry's mtime {plan['mtime']}: "
-          + ("the source has no commit time; SOURCE_DATE_EPOCH sets one)" if got == "unknown (0)" else f"{got})"))
+    print(
+        f"[dry-run] would write {plan['archive']} (every entry's mtime {plan['mtime']}: "
+        + ("the source has no commit time; SOURCE_DATE_EPOCH sets one)" if got == "unknown (0)" else f"{got})")
+    )
     if dest:
         print(f"[dry-run] would copy {plan['folder'].name}/ and {plan['archive'].name} to {Path(dest).absolute()}/")
     if hub_repo:
@@ -157,23 +174,35 @@ def _keep_signature(folder: Path, new: Path, new_archive: Path, sign) -> bool:
     old_sig = folder / SIGNATURE
     if sign or not old_sig.is_file():
         return False
-    same = ((folder / "manifest.json").is_file()
-            and (folder / "manifest.json").read_bytes() == (new / "manifest.json").read_bytes()
-            and _files(folder) - {SIGNATURE} == _files(new))
+    same = (
+        (folder / "manifest.json").is_file()
+        and (folder / "manifest.json").read_bytes() == (new / "manifest.json").read_bytes()
+        and _files(folder) - {SIGNATURE} == _files(new)
+    )
     if not same:
         shutil.rmtree(new, ignore_errors=True)
         new_archive.unlink(missing_ok=True)
-        raise PublishError(f"refusing to replace {folder}/: it is signed ({SIGNATURE}) and this build's bundle differs "
-                           f"from the one signed; publish with --sign KEY.pem to sign the new one, or delete "
-                           f"{old_sig} to publish it unsigned")
+        raise PublishError(
+            f"refusing to replace {folder}/: it is signed ({SIGNATURE}) and this build's bundle differs "
+            f"from the one signed; publish with --sign KEY.pem to sign the new one, or delete "
+            f"{old_sig} to publish it unsigned"
+        )
     shutil.copy2(old_sig, new / SIGNATURE)
     return True
 
 
-def publish(recipe: str, dest: str | Path | None = None, hub_repo: str | None = None, dry_run: bool = False,
-            endpoint: str | None = None, token: str | None = None, sign: str | Path | None = None,
-            signing_cert: str | Path | None = None, cert_chain: list | None = None,
-            session: Session | None = None) -> dict:
+def publish(
+    recipe: str,
+    dest: str | Path | None = None,
+    hub_repo: str | None = None,
+    dry_run: bool = False,
+    endpoint: str | None = None,
+    token: str | None = None,
+    sign: str | Path | None = None,
+    signing_cert: str | Path | None = None,
+    cert_chain: list | None = None,
+    session: Session | None = None,
+) -> dict:
     """Publish a verified recipe: write ``dist/<recipe>/`` and ``dist/<recipe>-<short>.tar.gz``,
     then copy both to ``dest`` and/or push the bundle to Hub repo ``hub_repo``. With
     ``dry_run`` only print the operations. With ``sign`` (a PEM private key; with
@@ -209,16 +238,22 @@ def publish(recipe: str, dest: str | Path | None = None, hub_repo: str | None = 
         shutil.rmtree(folder)
     tmp_folder.replace(folder)
     tmp_archive.replace(plan["archive"])
-    print(f"[publish:{recipe}] {plan['folder']} ({file_count(plan['manifest'])} files) and {plan['archive']} "
-          f"(sha256 {sha256_file(plan['archive'])[:16]}...)")
+    print(
+        f"[publish:{recipe}] {plan['folder']} ({file_count(plan['manifest'])} files) and {plan['archive']} "
+        f"(sha256 {sha256_file(plan['archive'])[:16]}...)"
+    )
     if plan["status"].state != "verified":
-        print(f"[publish:{recipe}] {label(plan['status'].state)}: verify measured it, no bar judged it (the recipe "
-              f"sets no verify.thresholds); its card and manifest say so")
+        print(
+            f"[publish:{recipe}] {label(plan['status'].state)}: verify measured it, no bar judged it (the recipe "
+            f"sets no verify.thresholds); its card and manifest say so"
+        )
     out = {"folder": plan["folder"], "archive": plan["archive"], "short": plan["short"]}
     sig_copy = plan["archive"].with_name(plan["archive"].name + ".sig")
     if kept:
-        print(f"[publish:{recipe}] kept its signature {folder / SIGNATURE}: the bundle is the one it signed, file "
-              "for file")
+        print(
+            f"[publish:{recipe}] kept its signature {folder / SIGNATURE}: the bundle is the one it signed, file "
+            "for file"
+        )
         out["signature"] = folder / SIGNATURE
     else:
         sig_copy.unlink(missing_ok=True)

@@ -79,8 +79,9 @@ def expected_graph(desc: dict, name: str, source: str = "genie_export.json"):
     raise KeyError(f"{source}: no graph {name!r}")
 
 
-def check_binaries(root, plan: dict[str, list[str]], desc: dict, target: str,
-                   source: str = "genie_export.json") -> dict:
+def check_binaries(
+    root, plan: dict[str, list[str]], desc: dict, target: str, source: str = "genie_export.json"
+) -> dict:
     """Read back the Genie context binaries ``plan`` names ({path relative to ``root``: graph
     names}) through libQnnSystem (:func:`tasks.qnn.context_binary.read`) and check each: it exists,
     holds exactly those graphs (a graph name as written by :func:`rename_graphs`, its ``_``
@@ -100,8 +101,9 @@ def check_binaries(root, plan: dict[str, list[str]], desc: dict, target: str,
             continue
         b = context_binary.read(root / rel)
         stripped = replace(b, graphs=tuple(replace(g, name=g.name.lstrip("_")) for g in b.graphs))
-        lines += context_binary_checks.check(stripped, [expected_graph(desc, g, source) for g in graphs], target,
-                                              label=rel)
+        lines += context_binary_checks.check(
+            stripped, [expected_graph(desc, g, source) for g in graphs], target, label=rel
+        )
         found[rel] = {**b.figures(), "graph_names": [g.name for g in b.graphs]}
     if lines:
         print("npubuild: Genie context binaries read back, differences:\n  " + "\n  ".join(lines), flush=True)

@@ -43,8 +43,12 @@ def _ort_names(ctx_models: list[Path]) -> list[str]:
     """The graph names onnxruntime gave, from each EPContext model's node names (in order)."""
     import onnx
 
-    return [n.name for m in ctx_models for n in onnx.load(str(m), load_external_data=False).graph.node
-            if n.op_type == "EPContext"]
+    return [
+        n.name
+        for m in ctx_models
+        for n in onnx.load(str(m), load_external_data=False).graph.node
+        if n.op_type == "EPContext"
+    ]
 
 
 def run(inputs, files, params, out: Path) -> dict:
@@ -65,9 +69,15 @@ def run(inputs, files, params, out: Path) -> dict:
     src, k = Path(inputs["model"]), params["part"]
     target = get_target(params["target"]).name
     desc = json.loads((src / "genie_export.json").read_text())
-    check_genie_stage("genie_compile", json.loads((src / "config.json").read_text(encoding="utf-8")),
-                      parts=len(desc["parts"]), seq_len=desc["seq_len"], context_len=desc["context_len"], part=k,
-                      weight_bits=weight_bits_of(src))
+    check_genie_stage(
+        "genie_compile",
+        json.loads((src / "config.json").read_text(encoding="utf-8")),
+        parts=len(desc["parts"]),
+        seq_len=desc["seq_len"],
+        context_len=desc["context_len"],
+        part=k,
+        weight_bits=weight_bits_of(src),
+    )
     p = desc["parts"][k]
     sharing, per_graph = params.get("weight_sharing", True), params.get("per_graph", True)
     plan = planned_binaries(desc, k, per_graph, sharing)
@@ -83,8 +93,15 @@ def run(inputs, files, params, out: Path) -> dict:
                 kind = "prompt" if graphs[0] == p["prompt"]["graph"] else "token"
                 run_child(htp.compile_single, paths[kind], str(work), cwd=here, name=graphs[0], target=target)
             else:
-                run_child(htp.compile_shared, paths["prompt"], paths["token"], str(work), target, cwd=here,
-                     names=tuple(graphs))
+                run_child(
+                    htp.compile_shared,
+                    paths["prompt"],
+                    paths["token"],
+                    str(work),
+                    target,
+                    cwd=here,
+                    names=tuple(graphs),
+                )
             bins = sorted(work.glob("*.bin"))
             if len(bins) != 1:
                 raise RuntimeError(f"compiling {rel}: expected one context binary, found {[b.name for b in bins]}")
@@ -97,10 +114,15 @@ def run(inputs, files, params, out: Path) -> dict:
 
 
 STAGE = Stage(
-    kind="genie_compile", module=__name__, version=1,
-    tools=("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "onnx"), run=run,
-    params=(WEIGHT_SHARING,), wired=("target", "part", "per_graph"),
+    kind="genie_compile",
+    module=__name__,
+    version=1,
+    tools=("onnxruntime", "onnxruntime-qnn", "qnn-sdk", "onnx"),
+    run=run,
+    params=(WEIGHT_SHARING,),
+    wired=("target", "part", "per_graph"),
     key_exclude=("target",),  # the name; the key holds what it resolves to (key_extra)
-    key_extra=target_key_extra, artifacts=("*.bin",),
+    key_extra=target_key_extra,
+    artifacts=("*.bin",),
     memory_estimate=plan_estimate,
 )

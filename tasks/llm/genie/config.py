@@ -15,8 +15,15 @@ from pathlib import Path
 #: values for every device; QAIRT's Genie docs say of ``use-mmap`` that it "typically should be
 #: turned on". ``cpu-mask`` 0xe0 = cores 5-7 (the performance cores of the Snapdragons AI Hub
 #: targets); ``poll`` true: the host thread spins on the NPU's completion instead of sleeping.
-DEVICE_SETTINGS = {"n-threads": 3, "use-mmap": True, "poll": True, "cpu-mask": "0xe0",
-                   "spill-fill-bufsize": 0, "mmap-budget": 0, "allow-async-init": False}
+DEVICE_SETTINGS = {
+    "n-threads": 3,
+    "use-mmap": True,
+    "poll": True,
+    "cpu-mask": "0xe0",
+    "spill-fill-bufsize": 0,
+    "mmap-budget": 0,
+    "allow-async-init": False,
+}
 
 #: What verify changes in its copy of the shipped config to run Genie on the x86_64 HTP
 #: simulator (:func:`tasks.llm.compare._genie_generate`); never shipped. Only ``poll``: the
@@ -44,9 +51,15 @@ def with_settings(cfg: dict, settings: dict) -> dict:
     return out
 
 
-def genie_config(desc: dict, ctx_bins: list[str], *, tokenizer: str = "tokenizer.json",
-                 extensions: str = "htp_backend_ext_config.json", settings: dict = DEVICE_SETTINGS,
-                 debug: dict | None = None) -> dict:
+def genie_config(
+    desc: dict,
+    ctx_bins: list[str],
+    *,
+    tokenizer: str = "tokenizer.json",
+    extensions: str = "htp_backend_ext_config.json",
+    settings: dict = DEVICE_SETTINGS,
+    debug: dict | None = None,
+) -> dict:
     """``genie_config.json`` (a ``dialog`` of type basic; schema: Genie's embedded
     ``urn:genie:schema:dialog``) for a :func:`tasks.llm.genie.graphs.export_genie` description and its compiled
     binaries ``ctx_bins`` (paths as Genie opens them: relative to its working folder).
@@ -55,19 +68,37 @@ def genie_config(desc: dict, ctx_bins: list[str], *, tokenizer: str = "tokenizer
     ``kv-dim`` = head_dim; ``pos-id-dim`` = rotary_dim / 2; ``rope-theta`` from the HF config (Genie reads an int).
     Engine settings (threads, cpu-mask, poll, mmap...): ``settings``, by default the device's
     (:data:`DEVICE_SETTINGS`), through :func:`with_settings`."""
-    cfg = {"dialog": {
-        "version": 1, "type": "basic",
-        "context": {"version": 1, "size": desc["context_len"], "n-vocab": desc["vocab_size"],
-                    "bos-token": desc["genie_bos_token"], "eos-token": desc["eos_token_id"]},
-        "sampler": {"version": 1, "seed": 42, "temp": 0.8, "top-k": 1, "top-p": 1.0, "greedy": True},
-        "tokenizer": {"version": 1, "path": tokenizer},
-        "engine": {"version": 1, **{k: settings[k] for k in ENGINE_KEYS if k in settings},  # Genie's order
-                   "backend": {"version": 1, "type": "QnnHtp",
-                               "QnnHtp": {"version": 1, "kv-dim": desc["head_dim"],
-                                          "pos-id-dim": desc["rotary_dim"] // 2,
-                                          "rope-theta": int(desc["rope_theta"])},
-                               "extensions": extensions},
-                   "model": {"version": 1, "type": "binary", "binary": {"version": 1, "ctx-bins": list(ctx_bins)}}}}}
+    cfg = {
+        "dialog": {
+            "version": 1,
+            "type": "basic",
+            "context": {
+                "version": 1,
+                "size": desc["context_len"],
+                "n-vocab": desc["vocab_size"],
+                "bos-token": desc["genie_bos_token"],
+                "eos-token": desc["eos_token_id"],
+            },
+            "sampler": {"version": 1, "seed": 42, "temp": 0.8, "top-k": 1, "top-p": 1.0, "greedy": True},
+            "tokenizer": {"version": 1, "path": tokenizer},
+            "engine": {
+                "version": 1,
+                **{k: settings[k] for k in ENGINE_KEYS if k in settings},  # Genie's order
+                "backend": {
+                    "version": 1,
+                    "type": "QnnHtp",
+                    "QnnHtp": {
+                        "version": 1,
+                        "kv-dim": desc["head_dim"],
+                        "pos-id-dim": desc["rotary_dim"] // 2,
+                        "rope-theta": int(desc["rope_theta"]),
+                    },
+                    "extensions": extensions,
+                },
+                "model": {"version": 1, "type": "binary", "binary": {"version": 1, "ctx-bins": list(ctx_bins)}},
+            },
+        }
+    }
     if debug:
         cfg["dialog"]["debug"] = dict(debug)
     return with_settings(cfg, settings)
@@ -80,10 +111,17 @@ def htp_backend_ext_config(target: str, weight_sharing: bool = False) -> dict:
     from tasks.qnn.targets import get as get_target
 
     tgt = get_target(target)
-    return {"devices": [{"soc_model": tgt.soc_model, "dsp_arch": f"v{tgt.htp_arch}",
-                         "cores": [{"core_id": 0, "perf_profile": "burst", "rpc_control_latency": 100}]}],
-            "memory": {"mem_type": "shared_buffer"},
-            "context": {"weight_sharing_enabled": weight_sharing}}
+    return {
+        "devices": [
+            {
+                "soc_model": tgt.soc_model,
+                "dsp_arch": f"v{tgt.htp_arch}",
+                "cores": [{"core_id": 0, "perf_profile": "burst", "rpc_control_latency": 100}],
+            }
+        ],
+        "memory": {"mem_type": "shared_buffer"},
+        "context": {"weight_sharing_enabled": weight_sharing},
+    }
 
 
 def config_binaries(config: dict, desc: dict) -> dict[str, list[str]]:
@@ -105,8 +143,10 @@ def config_binaries(config: dict, desc: dict) -> dict[str, list[str]]:
             p = parts[int(m.group(1))]
             out[rel] = [p["prompt"]["graph"], p["token"]["graph"]]
         else:
-            raise ValueError(f"genie_config.json, dialog.engine.model.binary.ctx-bins: expected {{graph}}.bin or "
-                             f"*_part_{{i}}_of_{len(parts)}.bin, found {rel!r}")
+            raise ValueError(
+                f"genie_config.json, dialog.engine.model.binary.ctx-bins: expected {{graph}}.bin or "
+                f"*_part_{{i}}_of_{len(parts)}.bin, found {rel!r}"
+            )
     return out
 
 

@@ -69,9 +69,11 @@ np = lazy.module("numpy")
 #: what Genie writes into a float32 / float16 attention mask for a masked slot (nsp-model.cpp)
 GENIE_MASK_NEG = -1000.0
 WEIGHTS_FILE = "weights.data"
-IO_LAYOUT = ("genie: int32 input_ids [1,S], attention_mask [1,1,S,C] (0/-1000), position_ids_cos/sin "
-             "[1,1,S,d/2], past_key_{l}_in [Hkv,1,d,C-S], past_value_{l}_in [Hkv,1,C-S,d]; "
-             "outputs logits [1,1,S,V], past_*_{l}_out (new entries only)")
+IO_LAYOUT = (
+    "genie: int32 input_ids [1,S], attention_mask [1,1,S,C] (0/-1000), position_ids_cos/sin "
+    "[1,1,S,d/2], past_key_{l}_in [Hkv,1,d,C-S], past_value_{l}_in [Hkv,1,C-S,d]; "
+    "outputs logits [1,1,S,V], past_*_{l}_out (new entries only)"
+)
 
 
 def graph_name(kind: str, S: int, C: int, part: int, parts: int) -> str:
@@ -86,9 +88,12 @@ def io_spec(dims: dict, lo: int, hi: int, first: bool, last: bool, S: int, C: in
 
     d, D, Hkv, V = dims["head_dim"], dims["hidden_size"], dims["num_kv_heads"], dims["vocab_size"]
     r, P = dims["rotary_dim"] // 2, C - S
-    ins = [("input_ids", [1, S], "int32") if first else (hidden_name(part - 1), [1, S, D], "float32"),
-           ("attention_mask", [1, 1, S, C], "float32"),
-           ("position_ids_cos", [1, 1, S, r], "float32"), ("position_ids_sin", [1, 1, S, r], "float32")]
+    ins = [
+        ("input_ids", [1, S], "int32") if first else (hidden_name(part - 1), [1, S, D], "float32"),
+        ("attention_mask", [1, 1, S, C], "float32"),
+        ("position_ids_cos", [1, 1, S, r], "float32"),
+        ("position_ids_sin", [1, 1, S, r], "float32"),
+    ]
     for l in range(lo, hi):
         ins += [(f"past_key_{l}_in", [Hkv, 1, d, P], "float32"), (f"past_value_{l}_in", [Hkv, 1, P, d], "float32")]
     outs = [("logits", [1, 1, S, V], "float32") if last else (hidden_name(part), [1, S, D], "float32")]
@@ -97,8 +102,20 @@ def io_spec(dims: dict, lo: int, hi: int, first: bool, last: bool, S: int, C: in
     return ins, outs
 
 
-def build_graph(dims: dict, lo: int, hi: int, first: bool, last: bool, S: int, C: int, weights: dict,
-                has_bias: bool, part: int = 0, parts: int = 1, sanitize_past: bool = True):
+def build_graph(
+    dims: dict,
+    lo: int,
+    hi: int,
+    first: bool,
+    last: bool,
+    S: int,
+    C: int,
+    weights: dict,
+    has_bias: bool,
+    part: int = 0,
+    parts: int = 1,
+    sanitize_past: bool = True,
+):
     """ONNX ModelProto of part ``part`` (layers ``lo..hi-1``) for AR-``S``, CL-``C`` in Genie's
     layout (module docstring). ``weights``: the part's external-data TensorProtos
     (:func:`tasks.llm.part_weights.write_part_weights`)."""
@@ -121,8 +138,20 @@ def build_graph(dims: dict, lo: int, hi: int, first: bool, last: bool, S: int, C
     if sanitize_past:
         row0 = g.op("mask", "Slice", [mask, g.const("s_0", [0]), g.const("s_1", [1]), g.const("ax2", [2])])
         row0 = g.op("mask", "Slice", [row0, g.const("s_0", [0]), g.const(f"s_{P}", [P]), g.const("axis_last", [-1])])
-        keep = g.op("mask", "Relu", [g.op("mask", "Add", [g.const("one", 1.0, np.float32), g.op(
-            "mask", "Mul", [row0, g.const("inv_mask_neg", -1.0 / GENIE_MASK_NEG, np.float32)])])])  # [1,1,1,P] 0/1
+        keep = g.op(
+            "mask",
+            "Relu",
+            [
+                g.op(
+                    "mask",
+                    "Add",
+                    [
+                        g.const("one", 1.0, np.float32),
+                        g.op("mask", "Mul", [row0, g.const("inv_mask_neg", -1.0 / GENIE_MASK_NEG, np.float32)]),
+                    ],
+                )
+            ],
+        )  # [1,1,1,P] 0/1
         keep_rows = g.op("mask", "Reshape", [keep, g.const(f"shape_keep_{P}", [1, 1, P, 1])])
     if grp > 1:
         mask = g.op("mask", "Concat", [mask] * grp, axis=2)  # [1, 1, grp*S, C]
@@ -131,10 +160,24 @@ def build_graph(dims: dict, lo: int, hi: int, first: bool, last: bool, S: int, C
     for l in range(lo, hi):
         p, s = f"model.layers.{l}", f"model/layers.{l}"
         heads = layer_heads(g, s, p, x, dims, eps, S, has_bias, weights)
-        q = _rotary(g, f"{s}/self_attn/rope_q", g.op(f"{s}/self_attn/q", "Transpose", [heads["q"]], perm=[0, 2, 1, 3]),
-                    cos, sin, d, rd)
-        k = _rotary(g, f"{s}/self_attn/rope_k", g.op(f"{s}/self_attn/k", "Transpose", [heads["k"]], perm=[0, 2, 1, 3]),
-                    cos, sin, d, rd)
+        q = _rotary(
+            g,
+            f"{s}/self_attn/rope_q",
+            g.op(f"{s}/self_attn/q", "Transpose", [heads["q"]], perm=[0, 2, 1, 3]),
+            cos,
+            sin,
+            d,
+            rd,
+        )
+        k = _rotary(
+            g,
+            f"{s}/self_attn/rope_k",
+            g.op(f"{s}/self_attn/k", "Transpose", [heads["k"]], perm=[0, 2, 1, 3]),
+            cos,
+            sin,
+            d,
+            rd,
+        )
         # new entries in Genie's layout: keys [Hkv, 1, d, S], values [Hkv, 1, S, d]
         k_out = g.op(f"{s}/self_attn/k", "Transpose", [k], perm=[1, 0, 3, 2], out=f"past_key_{l}_out")
         v_out = g.op(f"{s}/self_attn/v", "Transpose", [heads["v"]], perm=[2, 0, 1, 3], out=f"past_value_{l}_out")
@@ -153,16 +196,27 @@ def build_graph(dims: dict, lo: int, hi: int, first: bool, last: bool, S: int, C
     if last:
         x = _rmsnorm(g, "model/norm", x, "model.norm.weight", eps)
         heads = _split_names(g, "lm_head.weight.T")
-        lg = (g.op("lm_head", "MatMul", [x, g.w(heads[0])]) if len(heads) == 1 else
-              g.op("lm_head", "Concat", [g.op("lm_head", "MatMul", [x, g.w(t)]) for t in heads], axis=-1))
+        lg = (
+            g.op("lm_head", "MatMul", [x, g.w(heads[0])])
+            if len(heads) == 1
+            else g.op("lm_head", "Concat", [g.op("lm_head", "MatMul", [x, g.w(t)]) for t in heads], axis=-1)
+        )
         g.op("lm_head", "Reshape", [lg, g.const(f"shape_logits_{S}", [1, 1, S, dims["vocab_size"]])], out="logits")
     m = g.model(ins, outs)
     m.graph.name = graph_name("prompt" if S > 1 else "token", S, C, part, parts)
     return m
 
 
-def export_genie(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 4096, parts: int = 1,
-                 sanitize_past: bool = True, only_parts=None) -> dict:
+def export_genie(
+    model_dir,
+    out_dir,
+    *,
+    seq_len: int = 128,
+    context_len: int = 4096,
+    parts: int = 1,
+    sanitize_past: bool = True,
+    only_parts=None,
+) -> dict:
     """Export ``model_dir`` (a HF decoder folder of :mod:`tasks.llm.architectures`, safetensors) to
     ``out_dir/part{i}/{graph name}.onnx`` (:func:`graph_name`) in Genie's layout (module docstring), one part and one
     tensor at a time like :func:`tasks.llm.pipeline_graphs.export_llm` (the same ``part{i}/weights.data``
@@ -200,34 +254,48 @@ def export_genie(model_dir, out_dir, *, seq_len: int = 128, context_len: int = 4
     out_dir.mkdir(parents=True, exist_ok=True)
     ranges = split_for(ckpt.config, parts, embed_in_part=True)
     has_bias = "model.layers.0.self_attn.q_proj.bias" in ckpt
-    desc = {"model_type": ckpt.config["model_type"], "seq_len": seq_len, "context_len": context_len,
-            **{k: dims[k] for k in ("num_layers", "num_kv_heads", "num_heads", "head_dim", "rotary_dim",
-                                    "hidden_size", "vocab_size")},
-            "rope_theta": float(ckpt.config.get("rope_theta", 10000.0)), "io_layout": IO_LAYOUT,
-            "sanitize_past": sanitize_past, **special_tokens(ckpt.config), "parts": []}
+    desc = {
+        "model_type": ckpt.config["model_type"],
+        "seq_len": seq_len,
+        "context_len": context_len,
+        **{
+            k: dims[k]
+            for k in ("num_layers", "num_kv_heads", "num_heads", "head_dim", "rotary_dim", "hidden_size", "vocab_size")
+        },
+        "rope_theta": float(ckpt.config.get("rope_theta", 10000.0)),
+        "io_layout": IO_LAYOUT,
+        "sanitize_past": sanitize_past,
+        **special_tokens(ckpt.config),
+        "parts": [],
+    }
     for i, (lo, hi) in enumerate(ranges):
         first, last = i == 0, i == len(ranges) - 1
         write = only_parts is None or i in only_parts
         pdir = out_dir / f"part{i}"
         if write:
             pdir.mkdir(exist_ok=True)
-            weights = write_part_weights(ckpt, lo, hi, embed=first, head=last,
-                                         rope=(np.zeros((1, 1), np.float32),) * 2, path=pdir / WEIGHTS_FILE)
+            weights = write_part_weights(
+                ckpt, lo, hi, embed=first, head=last, rope=(np.zeros((1, 1), np.float32),) * 2, path=pdir / WEIGHTS_FILE
+            )
         pdesc = {"index": i, "layers": [lo, hi], "weights": f"part{i}/{WEIGHTS_FILE}"}
         for kind, S in (("prompt", seq_len), ("token", 1)):
             name = graph_name(kind, S, context_len, i, len(ranges))
             if write:
-                m = build_graph(dims, lo, hi, first, last, S, context_len, weights, has_bias, i, len(ranges),
-                                sanitize_past)
+                m = build_graph(
+                    dims, lo, hi, first, last, S, context_len, weights, has_bias, i, len(ranges), sanitize_past
+                )
                 # the file name makes the compiled graph's name: onnxruntime names it after a hash of
                 # the path as given (tasks/qnn/ep.py), and Genie keys graphs by name: two parts' graphs
                 # both compiled from "prompt.onnx" got one name, and GenieDialog_create failed with
                 # "<name> : input_ids - Tensor not found" (status -1)
                 onnx.save(m, str(pdir / f"{name}.onnx"))
             ins, outs = io_spec(dims, lo, hi, first, last, S, context_len, i)
-            pdesc[kind] = {"path": f"part{i}/{name}.onnx", "graph": name,
-                           "inputs": [{"name": n, "shape": s, "dtype": t} for n, s, t in ins],
-                           "outputs": [{"name": n, "shape": s, "dtype": t} for n, s, t in outs]}
+            pdesc[kind] = {
+                "path": f"part{i}/{name}.onnx",
+                "graph": name,
+                "inputs": [{"name": n, "shape": s, "dtype": t} for n, s, t in ins],
+                "outputs": [{"name": n, "shape": s, "dtype": t} for n, s, t in outs],
+            }
         desc["parts"].append(pdesc)
     copy_tokenizer(Path(model_dir), out_dir)
     desc["genie_bos_token"] = prepended_bos(out_dir)

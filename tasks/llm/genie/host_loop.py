@@ -45,15 +45,19 @@ class GenieHostLoop:
     def __init__(self, export_dir, make_session, suffix: str = ".onnx", fill: float = 0.0, upto: int | None = None):
         d = Path(export_dir)
         self.desc = json.loads((d / "genie_export.json").read_text())
-        rel = lambda p: str(d / (p[:-len(".onnx")] + suffix))  # noqa: E731
+        rel = lambda p: str(d / (p[: -len(".onnx")] + suffix))  # noqa: E731
         parts = self.desc["parts"][:upto]
         self.prompt = [make_session(rel(p["prompt"]["path"])) for p in parts]
         self.token = [make_session(rel(p["token"]["path"])) for p in parts]
         self.S, self.C, self.fill = self.desc["seq_len"], self.desc["context_len"], float(fill)
         # quantized boundary tensors (tasks/llm/boundary.py): {name: (dtype, scale, zero point)}
-        self.enc = {t["name"]: (np.dtype(t["dtype"]), t["scale"], t["zero_point"])
-                    for p in parts for kind in ("prompt", "token")
-                    for t in p[kind]["inputs"] + p[kind]["outputs"] if "scale" in t}
+        self.enc = {
+            t["name"]: (np.dtype(t["dtype"]), t["scale"], t["zero_point"])
+            for p in parts
+            for kind in ("prompt", "token")
+            for t in p[kind]["inputs"] + p[kind]["outputs"]
+            if "scale" in t
+        }
 
     def new_cache(self) -> dict:
         """{layer: (keys [Hkv, 1, d, C], values [Hkv, 1, C, d])}, every slot ``fill``: float32, or
@@ -64,10 +68,15 @@ class GenieHostLoop:
         def buf(name, shape):
             dt, _, z = self.enc.get(name, (np.dtype(np.float32), None, self.fill))
             return np.full(shape, z, dt)
-        return {l: (buf(f"past_key_{l}_in", (D["num_kv_heads"], 1, D["head_dim"], self.C)),
-                    buf(f"past_value_{l}_in", (D["num_kv_heads"], 1, self.C, D["head_dim"])))
-                for l in range(D["num_layers"]) if any(lo <= l < hi for lo, hi in
-                                                       (p["layers"] for p in D["parts"][:len(self.prompt)]))}
+
+        return {
+            l: (
+                buf(f"past_key_{l}_in", (D["num_kv_heads"], 1, D["head_dim"], self.C)),
+                buf(f"past_value_{l}_in", (D["num_kv_heads"], 1, self.C, D["head_dim"])),
+            )
+            for l in range(D["num_layers"])
+            if any(lo <= l < hi for lo, hi in (p["layers"] for p in D["parts"][: len(self.prompt)]))
+        }
 
     def _quantize(self, name: str, x):
         """``x`` as the graph takes ``name``: quantized with its boundary encoding (onnxruntime's
@@ -93,7 +102,7 @@ class GenieHostLoop:
         cache, n_past = self.new_cache(), 0
         toks = [int(t) for t in prompt_ids]
         for c, s in enumerate(range(0, len(toks), self.S)):
-            chunk = toks[s:s + self.S]
+            chunk = toks[s : s + self.S]
             self._call(self.prompt, self.S, chunk, n_past, cache, lambda k, f, c=c: on_feed("prompt", k, c, f))
             n_past += len(chunk)
         for c, t in enumerate(next_ids):
@@ -107,16 +116,23 @@ class GenieHostLoop:
         mask = np.full((1, 1, S, C), GENIE_MASK_NEG, np.float32)
         for i in range(n):
             mask[0, 0, i, :n_past] = 0.0
-            mask[0, 0, i, P:P + i + 1] = 0.0
+            mask[0, 0, i, P : P + i + 1] = 0.0
         pos = np.arange(n_past, n_past + S)
         cos, sin = rope_half_tables(pos, self.desc["rotary_dim"], self.desc["rope_theta"])
         x = ids
         for k, sess in enumerate(sessions):
             first = sess.get_inputs()[0].name
-            feeds = {first: x if k == 0 else self._quantize(first, x),
-                     **{n: self._quantize(n, v) for n, v in (
-                         ("attention_mask", mask), ("position_ids_cos", cos[None, None]),
-                         ("position_ids_sin", sin[None, None]))}}
+            feeds = {
+                first: x if k == 0 else self._quantize(first, x),
+                **{
+                    n: self._quantize(n, v)
+                    for n, v in (
+                        ("attention_mask", mask),
+                        ("position_ids_cos", cos[None, None]),
+                        ("position_ids_sin", sin[None, None]),
+                    )
+                },
+            }
             lo, hi = self.desc["parts"][k]["layers"]
             for l in range(lo, hi):
                 feeds[f"past_key_{l}_in"] = np.ascontiguousarray(cache[l][0][..., :P])
@@ -126,8 +142,8 @@ class GenieHostLoop:
             names = [o.name for o in sess.get_outputs()]
             res = dict(zip(names, sess.run(names, feeds)))
             for l in range(lo, hi):
-                cache[l][0][..., n_past:n_past + n] = res[f"past_key_{l}_out"][..., :n]
-                cache[l][1][:, :, n_past:n_past + n] = res[f"past_value_{l}_out"][:, :, :n]
+                cache[l][0][..., n_past : n_past + n] = res[f"past_key_{l}_out"][..., :n]
+                cache[l][1][:, :, n_past : n_past + n] = res[f"past_value_{l}_out"][:, :, :n]
             x = self._dequantize(names[0], res[names[0]])
         return x  # the last part's first output, float32: logits [1, 1, S, V] or hidden_states [1, S, D]
 
@@ -140,8 +156,8 @@ class GenieHostLoop:
         cache, n_past, rows = self.new_cache(), 0, []
         toks = [int(t) for t in ids]
         for s in range(0, len(toks), self.S):
-            chunk = toks[s:s + self.S]
-            rows.append(self._call(self.prompt, self.S, chunk, n_past, cache)[0, 0, :len(chunk)])
+            chunk = toks[s : s + self.S]
+            rows.append(self._call(self.prompt, self.S, chunk, n_past, cache)[0, 0, : len(chunk)])
             n_past += len(chunk)
         return np.concatenate(rows)
 
@@ -153,9 +169,9 @@ class GenieHostLoop:
         cache = self.new_cache()
         n_past, toks = 0, [int(t) for t in prompt_ids]
         for s in range(0, len(toks), self.S):
-            chunk = toks[s:s + self.S]
+            chunk = toks[s : s + self.S]
             logits = self._call(self.prompt, self.S, chunk, n_past, cache)[0, 0, len(chunk) - 1]
-            n_past += len(toks[s:s + self.S])
+            n_past += len(toks[s : s + self.S])
         out = []
         while len(out) < max_new_tokens:
             t = int(np.argmax(logits))

@@ -66,13 +66,19 @@ class GenieDialog:
         self._LOGCB = C.CFUNCTYPE(None, vp, C.c_char_p, C.c_int, C.c_uint64, vp)
         self._TOKCB = C.CFUNCTYPE(None, C.POINTER(u32), u32, C.c_int, vp)
         self._TXTCB = C.CFUNCTYPE(None, C.c_char_p, C.c_int, vp)
-        sigs = {"GenieLog_create": [vp, self._LOGCB, C.c_int, C.POINTER(vp)], "GenieLog_free": [vp],
-                "GenieDialogConfig_createFromJson": [C.c_char_p, C.POINTER(vp)],
-                "GenieDialogConfig_bindLogger": [vp, vp], "GenieDialogConfig_free": [vp],
-                "GenieDialog_create": [vp, C.POINTER(vp)], "GenieDialog_free": [vp], "GenieDialog_reset": [vp],
-                "GenieDialog_setMaxNumTokens": [vp, u32],
-                "GenieDialog_tokenQuery": [vp, C.POINTER(u32), u32, C.c_int, self._TOKCB, vp],
-                "GenieDialog_query": [vp, C.c_char_p, C.c_int, self._TXTCB, vp]}
+        sigs = {
+            "GenieLog_create": [vp, self._LOGCB, C.c_int, C.POINTER(vp)],
+            "GenieLog_free": [vp],
+            "GenieDialogConfig_createFromJson": [C.c_char_p, C.POINTER(vp)],
+            "GenieDialogConfig_bindLogger": [vp, vp],
+            "GenieDialogConfig_free": [vp],
+            "GenieDialog_create": [vp, C.POINTER(vp)],
+            "GenieDialog_free": [vp],
+            "GenieDialog_reset": [vp],
+            "GenieDialog_setMaxNumTokens": [vp, u32],
+            "GenieDialog_tokenQuery": [vp, C.POINTER(u32), u32, C.c_int, self._TOKCB, vp],
+            "GenieDialog_query": [vp, C.c_char_p, C.c_int, self._TXTCB, vp],
+        }
         for f, args in sigs.items():
             getattr(lib, f).argtypes, getattr(lib, f).restype = args, i32
         self.log_handle, self.cfg, self.dialog = vp(), vp(), vp()
@@ -89,8 +95,9 @@ class GenieDialog:
 
             self._logcb = self._LOGCB(_cb)
             self._check("GenieLog_create", lib.GenieLog_create(None, self._logcb, log_level, C.byref(self.log_handle)))
-        self._check("GenieDialogConfig_createFromJson",
-                    lib.GenieDialogConfig_createFromJson(config.encode(), C.byref(self.cfg)))
+        self._check(
+            "GenieDialogConfig_createFromJson", lib.GenieDialogConfig_createFromJson(config.encode(), C.byref(self.cfg))
+        )
         if self.log_handle.value:
             self._check("GenieDialogConfig_bindLogger", lib.GenieDialogConfig_bindLogger(self.cfg, self.log_handle))
         t = time.perf_counter()
@@ -182,15 +189,21 @@ def genie_said(output: str) -> str:
     keep = []
     for ln in output.splitlines():
         s = ln.strip()
-        if not s or s.startswith("{") or s.startswith(_NOISE) or s.startswith(("tasks.", "SystemExit")) \
-                or s.startswith(("with ", "self.", "fn(", "_main()", "raise ")):
+        if (
+            not s
+            or s.startswith("{")
+            or s.startswith(_NOISE)
+            or s.startswith(("tasks.", "SystemExit"))
+            or s.startswith(("with ", "self.", "fn(", "_main()", "raise "))
+        ):
             continue
         keep.append(s)
     return "; ".join(keep[-3:])
 
 
-def generate_in_child(folder, prompts: list[list[int]], max_new_tokens: int, timeout: float = 3600,
-                      what: str | None = None) -> dict:
+def generate_in_child(
+    folder, prompts: list[list[int]], max_new_tokens: int, timeout: float = 3600, what: str | None = None
+) -> dict:
     """Greedy tokens of every prompt (token ids) through ``GenieDialog_tokenQuery`` on
     ``folder/genie_config.json`` (paths in it relative to ``folder``), in a child process
     working in ``folder`` (a crash in the QNN libraries stays there); ``what`` names the config
@@ -201,8 +214,9 @@ def generate_in_child(folder, prompts: list[list[int]], max_new_tokens: int, tim
     from tasks.proc.child import run_function
 
     text = (Path(folder) / "genie_config.json").read_text()
-    r = run_function(_dialog_child, text, [[int(t) for t in p] for p in prompts], max_new_tokens, cwd=str(folder),
-                     timeout=timeout)
+    r = run_function(
+        _dialog_child, text, [[int(t) for t in p] for p in prompts], max_new_tokens, cwd=str(folder), timeout=timeout
+    )
     rows = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
     got = [x for x in rows if "tokens" in x]
     if r.returncode != 0 or len(got) != len(prompts):
@@ -211,10 +225,19 @@ def generate_in_child(folder, prompts: list[list[int]], max_new_tokens: int, tim
         failed = next((x["error"] for x in rows if "error" in x), None)
         if failed is None:
             code = r.returncode
-            failed = (f"the process ended with {signal.Signals(-code).name}"
-                      if code < 0 and -code in signal.valid_signals() else f"the process ended with exit {code}")
+            failed = (
+                f"the process ended with {signal.Signals(-code).name}"
+                if code < 0 and -code in signal.valid_signals()
+                else f"the process ended with exit {code}"
+            )
         said = genie_said(r.stdout + "\n" + r.stderr)
-        raise GenieRunFailed(f"Genie on {what or Path(folder) / 'genie_config.json'}: {failed} after {len(got)} of "
-                             f"{len(prompts)} prompts; Genie said: {said or 'nothing'}")
-    return {"tokens": [x["tokens"] for x in got], "status": [x["status"] for x in got],
-            "seconds": [x["seconds"] for x in got], "create_seconds": rows[0].get("create_seconds")}
+        raise GenieRunFailed(
+            f"Genie on {what or Path(folder) / 'genie_config.json'}: {failed} after {len(got)} of "
+            f"{len(prompts)} prompts; Genie said: {said or 'nothing'}"
+        )
+    return {
+        "tokens": [x["tokens"] for x in got],
+        "status": [x["status"] for x in got],
+        "seconds": [x["seconds"] for x in got],
+        "create_seconds": rows[0].get("create_seconds"),
+    }

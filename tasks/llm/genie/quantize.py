@@ -56,6 +56,7 @@ from pathlib import Path
 from tasks.contract.stage import Stage
 from tasks.contract.params import KV_BITS, LLM_QUANT_PARAMS
 from tasks.llm.memory import plan_estimate
+
 #: the calibration schedule calibrate.part0 drew (tasks/llm/calibrate.py SCHEDULE)
 SCHEDULE = "schedule.json"
 
@@ -76,8 +77,10 @@ def boundary_plan(desc_part: dict, ranges_dir: Path, kv_bits: int, earlier: dict
     out = {}
     for g, kind in (("prefill", "prompt"), ("decode", "token")):
         io = [t["name"] for t in desc_part[kind]["inputs"] + desc_part[kind]["outputs"] if t["dtype"] == "float32"]
-        out[g] = {**encodings(files, [n for n in io if n not in (earlier or {})], kv_bits),
-                  **{n: (earlier or {})[n] for n in io if n in (earlier or {})}}
+        out[g] = {
+            **encodings(files, [n for n in io if n not in (earlier or {})], kv_bits),
+            **{n: (earlier or {})[n] for n in io if n in (earlier or {})},
+        }
     return out
 
 
@@ -87,9 +90,13 @@ def _earlier(previous) -> dict[str, dict]:
     if previous is None:
         return {}
     desc = json.loads((Path(previous) / "genie_export.json").read_text())
-    return {t["name"]: {f: t[f] for f in ("dtype", "scale", "zero_point")}
-            for p in desc["parts"] for kind in ("prompt", "token")
-            for t in p[kind]["inputs"] + p[kind]["outputs"] if "scale" in t}
+    return {
+        t["name"]: {f: t[f] for f in ("dtype", "scale", "zero_point")}
+        for p in desc["parts"]
+        for kind in ("prompt", "token")
+        for t in p[kind]["inputs"] + p[kind]["outputs"]
+        if "scale" in t
+    }
 
 
 def record_feeds(export_dir: Path, k: int, sched: list[dict], feeds: Path, ranges: Path) -> dict[str, int]:
@@ -138,8 +145,14 @@ def _prepare(source: str, exp: str, e: dict, k: int, sched: list[dict], feeds: s
     ``k``'s feeds and ranges (:func:`record_feeds`), their counts in ``feeds/counts.json``."""
     from tasks.llm.genie.graphs import export_genie
 
-    export_genie(source, exp, seq_len=e["sequence_length"], context_len=e["context_length"], parts=e["parts"],
-                 only_parts=set(range(k + 1)))
+    export_genie(
+        source,
+        exp,
+        seq_len=e["sequence_length"],
+        context_len=e["context_length"],
+        parts=e["parts"],
+        only_parts=set(range(k + 1)),
+    )
     counts = record_feeds(Path(exp), k, sched, Path(feeds), Path(ranges))
     (Path(feeds) / "counts.json").write_text(json.dumps(counts))
 
@@ -167,27 +180,53 @@ def run(inputs, files, params, out: Path) -> dict:
     sched = json.loads((Path(inputs["calibration"]) / SCHEDULE).read_text())["calls"]
     config = json.loads((Path(inputs["source"]) / "config.json").read_text(encoding="utf-8"))
     precision = get_precision(params["precision"])  # resolved once: the helpers take the object
-    check_genie_stage("genie_quantize", config,
-                      parts=e["parts"], seq_len=e["sequence_length"], context_len=e["context_length"], part=k,
-                      weight_bits=precision.weight_bits,
-                      gptq_samples=len(sched) if params.get("rounding") == "gptq" else None)
+    check_genie_stage(
+        "genie_quantize",
+        config,
+        parts=e["parts"],
+        seq_len=e["sequence_length"],
+        context_len=e["context_length"],
+        part=k,
+        weight_bits=precision.weight_bits,
+        gptq_samples=len(sched) if params.get("rounding") == "gptq" else None,
+    )
     work = Path(tempfile.mkdtemp(prefix="genie-quantize-"))
     try:
         exp = work / "fp32"
         # in a child: the fp32 graphs of parts 0..k are open at once there, and what they held
         # goes back before the quantize child starts (the stage's process holds none of it)
-        r = run_function(_prepare, str(inputs["source"]), str(exp), e, k, sched, str(work / "feeds"),
-                         str(work / "ranges"), forward=True)
+        r = run_function(
+            _prepare,
+            str(inputs["source"]),
+            str(exp),
+            e,
+            k,
+            sched,
+            str(work / "feeds"),
+            str(work / "ranges"),
+            forward=True,
+        )
         if r.returncode != 0:
-            raise RuntimeError(f"genie_quantize.part{k}: the Genie export and calibration child failed "
-                               f"(exit {r.returncode}): {r.tail(3000)}")
+            raise RuntimeError(
+                f"genie_quantize.part{k}: the Genie export and calibration child failed "
+                f"(exit {r.returncode}): {r.tail(3000)}"
+            )
         desc = json.loads((exp / "genie_export.json").read_text())
         counts = json.loads((work / "feeds" / "counts.json").read_text())
         p = desc["parts"][k]
         row = {"prefill": p["prompt"], "decode": p["token"], "weights": p["weights"]}
         plan = boundary_plan(p, work / "ranges", params.get("kv_bits", 8), _earlier(inputs.get("previous")))
-        graphs, peak = quantize_part(exp, row, work / "feeds", params, out, work / "q", ranges=work / "ranges",
-                                     boundary=plan, precision=precision)
+        graphs, peak = quantize_part(
+            exp,
+            row,
+            work / "feeds",
+            params,
+            out,
+            work / "q",
+            ranges=work / "ranges",
+            boundary=plan,
+            precision=precision,
+        )
         encoded = {"prompt": plan["prefill"], "token": plan["decode"]}  # the Genie row's graph kinds
         (out / "genie_export.json").write_text(json.dumps(declare(desc, k, encoded), indent=1))
         copy_tokenizer(Path(inputs["source"]), out)
@@ -200,8 +239,11 @@ def run(inputs, files, params, out: Path) -> dict:
 
 
 STAGE = Stage(
-    kind="genie_quantize", module=__name__, version=4,  # 4: quantize.json beside the graphs
-    tools=("onnxruntime", "onnx", "numpy", "transformers", "tokenizers"), run=run,
+    kind="genie_quantize",
+    module=__name__,
+    version=4,  # 4: quantize.json beside the graphs
+    tools=("onnxruntime", "onnx", "numpy", "transformers", "tokenizers"),
+    run=run,
     params=(*LLM_QUANT_PARAMS, KV_BITS),  # as tasks/llm/quantize.py reads them, and the KV cache's bits
     wired=("part", "export"),  # export: sequence_length, context_length, parts
     memory_estimate=plan_estimate,

@@ -10,8 +10,11 @@ import pytest
 
 from llm_fixtures import hf_reference, tiny_model
 
-PROMPTS = ["The old lighthouse", "To plant a tree,",
-           "The teacher wrote a question on the board. Every morning the farmer"]  # 6, 6, 19 tokens
+PROMPTS = [
+    "The old lighthouse",
+    "To plant a tree,",
+    "The teacher wrote a question on the board. Every morning the farmer",
+]  # 6, 6, 19 tokens
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +46,13 @@ def test_genie_graphs_ignore_leftovers_in_the_cache(qwen2, tmp_path):
         desc = export_genie(model, out, seq_len=16, context_len=64, sanitize_past=sanitize)
         assert desc["parts"][0]["prompt"]["graph"] == "prompt_ar16_cl64_1_of_1"
         assert [i["shape"] for i in desc["parts"][0]["token"]["inputs"][:6]] == [
-            [1, 1], [1, 1, 1, 64], [1, 1, 1, 16], [1, 1, 1, 16], [2, 1, 32, 63], [2, 1, 63, 32]]
+            [1, 1],
+            [1, 1, 1, 64],
+            [1, 1, 1, 16],
+            [1, 1, 1, 16],
+            [2, 1, 32, 63],
+            [2, 1, 63, 32],
+        ]
         clean = [GenieHostLoop(out, _cpu).generate(i, 8) for i in ids]
         assert clean == hf
         poisoned = GenieHostLoop(out, _cpu, fill=7e34).generate(ids[2], 8)

@@ -20,6 +20,8 @@ def test_a_missing_libgenie_is_a_load_error(tmp_path, tiny_bert):
     out = run.stdout + run.stderr
     assert run.returncode != 0 and "Traceback" not in out, out
     assert p.entries("download") == [] and p.entries("export") == []
-    want = (f"bundle.runtimes: expected libGenie.so for runtime genie (onnxruntime-qnn's wheel ships it), "
-            f"found none at {fake / 'libGenie.so'}")
+    want = (
+        f"bundle.runtimes: expected libGenie.so for runtime genie (onnxruntime-qnn's wheel ships it), "
+        f"found none at {fake / 'libGenie.so'}"
+    )
     assert any(ln.strip() == want for ln in out.splitlines()), out

@@ -17,8 +17,10 @@ from conftest import REPO, Project
 from llm_fixtures import tiny_model
 
 DATA = ["tasks/llm/data/tiny-corpus.txt", "recipes/data/prompts-tiny.txt", "recipes/data/ppl-tiny.txt"]
-GENIE = ("extends: tiny-qwen2-w8a16\nbundle: {runtimes: [genai, genie]}\n"
-         "verify:\n  thresholds: {genie_runner_agreement: 1.0}\n")
+GENIE = (
+    "extends: tiny-qwen2-w8a16\nbundle: {runtimes: [genai, genie]}\n"
+    "verify:\n  thresholds: {genie_runner_agreement: 1.0}\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -122,16 +124,21 @@ def test_genie_config_the_parser_refuses_fails_the_bundle_in_one_line(genie_proj
     )
     run = genie_project.doit("run", "build:tiny-qwen2-genie-bad", check=False)
     assert run.code != 0
-    before = {n: (t["result"], t.get("out") or "") for n, t in run.tasks.items()
-              if n.split(":")[0] not in ("admit", "bundle", "verify", "build")}
+    before = {
+        n: (t["result"], t.get("out") or "")
+        for n, t in run.tasks.items()
+        if n.split(":")[0] not in ("admit", "bundle", "verify", "build")
+    }
     assert len(before) == 7 and not [n for n, (r, o) in before.items() if " built " in o], before  # none rebuilt
     bundle = run.tasks["bundle:tiny-qwen2-genie-bad"]
     assert bundle["result"] == "fail" and "FAILED" in bundle["out"]
     lines = bundle["error"].splitlines()
     assert len(lines) == 2 and lines[1].startswith("log: "), lines  # the reason in one line, then the log's path
-    assert lines[0].startswith("GenieConfigRefused: genie_config.json (bundle.genie_config merged in): expected a "
-                               "config Genie's parser (GenieDialogConfig_createFromJson) accepts, found status -8: "
-                               "at '/engine'"), lines[0]
+    assert lines[0].startswith(
+        "GenieConfigRefused: genie_config.json (bundle.genie_config merged in): expected a "
+        "config Genie's parser (GenieDialogConfig_createFromJson) accepts, found status -8: "
+        "at '/engine'"
+    ), lines[0]
     assert "'n-threadz'" in lines[0], lines[0]
 
 
@@ -139,8 +146,10 @@ def test_two_parts_genie_bundle_orders_splits_and_agrees(genie_project):
     """2 parts (2 prompts x 8 tokens): per part a weight-shared ``qwen2_part_{i}_of_2.bin`` in
     the config, in part order; Genie (4 per-graph binaries, splits ordered by their patched
     ``_{i}_of_2`` names) gives LLMRunner's tokens on both prompts."""
-    genie_project.recipe("tiny-qwen2-genie-p2", "extends: tiny-qwen2-genie\nexport: {parts: 2}\n"
-                                                "verify: {data: {samples: 2}, max_new_tokens: 8}\n")
+    genie_project.recipe(
+        "tiny-qwen2-genie-p2",
+        "extends: tiny-qwen2-genie\nexport: {parts: 2}\nverify: {data: {samples: 2}, max_new_tokens: 8}\n",
+    )
     genie_project.doit("run", "build:tiny-qwen2-genie-p2")
     build = genie_project.root / "build" / "tiny-qwen2-genie-p2"
     r = json.loads((build / "verify.json").read_text())
@@ -153,9 +162,13 @@ def test_two_parts_genie_bundle_orders_splits_and_agrees(genie_project):
         "genie/qwen2_part_2_of_2.bin",
     ]
     assert sorted(p.relative_to(build).as_posix() for p in (build / "genie").rglob("*.bin")) == [
-        "genie/part0/prompt_ar16_cl64_1_of_2.bin", "genie/part0/token_ar1_cl64_1_of_2.bin",
-        "genie/part1/prompt_ar16_cl64_2_of_2.bin", "genie/part1/token_ar1_cl64_2_of_2.bin",
-        "genie/qwen2_part_1_of_2.bin", "genie/qwen2_part_2_of_2.bin"]
+        "genie/part0/prompt_ar16_cl64_1_of_2.bin",
+        "genie/part0/token_ar1_cl64_1_of_2.bin",
+        "genie/part1/prompt_ar16_cl64_2_of_2.bin",
+        "genie/part1/token_ar1_cl64_2_of_2.bin",
+        "genie/qwen2_part_1_of_2.bin",
+        "genie/qwen2_part_2_of_2.bin",
+    ]
     from tasks.qnn import context_binary
 
     last = {g.name.lstrip("_"): g for g in context_binary.read(build / "genie" / "qwen2_part_2_of_2.bin").graphs}
@@ -192,13 +205,18 @@ def _named_by_runtime_configs(folder) -> dict[str, str]:
             for n in onnx.load(str(folder / e["filename"]), load_external_data=False).graph.node:
                 ref = next((a.s.decode() for a in n.attribute if a.name == "ep_cache_context"), "")
                 if n.op_type == "EPContext" and ref:
-                    named[posixpath.normpath(posixpath.join(posixpath.dirname(e["filename"]), ref))] = \
+                    named[posixpath.normpath(posixpath.join(posixpath.dirname(e["filename"]), ref))] = (
                         f"genai_config.json ({e['filename']})"
+                    )
     genie = folder / "genie_config.json"
     if genie.is_file():
         d = json.loads(genie.read_text())["dialog"]
-        for rel in (*d["engine"]["model"]["binary"]["ctx-bins"], d["tokenizer"]["path"],
-                    d["engine"]["backend"]["extensions"], "genie_config.json"):
+        for rel in (
+            *d["engine"]["model"]["binary"]["ctx-bins"],
+            d["tokenizer"]["path"],
+            d["engine"]["backend"]["extensions"],
+            "genie_config.json",
+        ):
             named.setdefault(rel, "genie_config.json")
     return named
 
@@ -217,8 +235,12 @@ def test_published_bundle_ships_only_files_a_runtime_config_or_the_card_names(ge
     assert unnamed == [], unnamed
     binaries = [f for f in files if f.endswith(".bin") or f.endswith("_ctx.onnx")]
     assert [f for f in binaries if f not in named] == [], binaries
-    assert sorted(binaries) == ["genie/qwen2_part_1_of_1.bin", "shared/part0/decode_ctx.onnx",
-                                "shared/part0/prefill_ctx.onnx", "shared/part0/prefill_ctx_qnn.bin"]
+    assert sorted(binaries) == [
+        "genie/qwen2_part_1_of_1.bin",
+        "shared/part0/decode_ctx.onnx",
+        "shared/part0/prefill_ctx.onnx",
+        "shared/part0/prefill_ctx_qnn.bin",
+    ]
     assert "Genie" in rows["genie/qwen2_part_1_of_1.bin"] and "genai" in rows["shared/part0/prefill_ctx_qnn.bin"]
     assert "Genie" in rows["tokenizer.json"] and "genai" in rows["tokenizer.json"]
     build = genie_project.root / "build" / "tiny-qwen2-genie"
@@ -236,10 +258,21 @@ def test_published_genie_config_carries_the_device_settings(genie_project, publi
     with poll false, and Genie's tokens still equal LLMRunner's."""
     engine = json.loads((published / "genie_config.json").read_text())["dialog"]["engine"]
     htp = engine["backend"]["QnnHtp"]
-    got = {"n-threads": engine["n-threads"], **{k: htp[k] for k in (
-        "use-mmap", "poll", "cpu-mask", "spill-fill-bufsize", "mmap-budget", "allow-async-init")}}
-    assert got == {"n-threads": 3, "use-mmap": True, "poll": True, "cpu-mask": "0xe0", "spill-fill-bufsize": 0,
-                   "mmap-budget": 0, "allow-async-init": False}, got
+    got = {
+        "n-threads": engine["n-threads"],
+        **{
+            k: htp[k] for k in ("use-mmap", "poll", "cpu-mask", "spill-fill-bufsize", "mmap-budget", "allow-async-init")
+        },
+    }
+    assert got == {
+        "n-threads": 3,
+        "use-mmap": True,
+        "poll": True,
+        "cpu-mask": "0xe0",
+        "spill-fill-bufsize": 0,
+        "mmap-budget": 0,
+        "allow-async-init": False,
+    }, got
     simulator = {"n-threads": 1, "cpu-mask": "0x1", "poll": False, "use-mmap": False}
     assert [k for k, v in simulator.items() if got[k] == v] == [], got
     build = genie_project.root / "build" / "tiny-qwen2-genie"
@@ -253,10 +286,14 @@ def test_genie_config_the_binaries_cannot_serve_is_refused_at_load(genie_project
     context beyond the binaries' 64 tokens and a tokenizer path it does not ship. Refused when
     the recipe loads, one line per key naming expected and found, no stage run (before: every
     stage built, then verify failed after ~80 s with Genie's reason at line 42 of 59)."""
-    genie_project.recipe("tiny-qwen2-genie-unservable", GENIE.replace(
-        "bundle: {runtimes: [genai, genie]}",
-        "bundle: {runtimes: [genai, genie], genie_config: {dialog: {context: {size: 4096}, "
-        "tokenizer: {path: tok/tokenizer.json}}}}"))
+    genie_project.recipe(
+        "tiny-qwen2-genie-unservable",
+        GENIE.replace(
+            "bundle: {runtimes: [genai, genie]}",
+            "bundle: {runtimes: [genai, genie], genie_config: {dialog: {context: {size: 4096}, "
+            "tokenizer: {path: tok/tokenizer.json}}}}",
+        ),
+    )
     run = genie_project.doit("run", "build:tiny-qwen2-genie-unservable", check=False)
     assert run.code != 0 and run.ran() == [], run.log()
     err = run.tasks["build:tiny-qwen2-genie-unservable"]["error"]
@@ -267,7 +304,8 @@ def test_genie_config_the_binaries_cannot_serve_is_refused_at_load(genie_project
         "bundle.genie_config.dialog.context.size: expected at most export.context_length 64 (the context the "
         "binaries are compiled for), found 4096",
         "bundle.genie_config.dialog.tokenizer.path: expected 'tokenizer.json' (the file the bundle ships), "
-        "found 'tok/tokenizer.json'"], lines
+        "found 'tok/tokenizer.json'",
+    ], lines
 
 
 def test_a_genie_failure_in_verify_is_one_line_with_genies_reason(built, tmp_path):
