@@ -105,8 +105,9 @@ def check_data_files(path: Path, r: Recipe, memo: dict | None = None) -> None:
                     ""
                     if longest is None or len(rows[longest]) <= MAX_SAMPLE_CHARS
                     else (
-                        f"expected at most {MAX_SAMPLE_CHARS:,} characters per sample line, found {len(rows[longest]):,} "
-                        f"on line {longest + 1} of {rel} (each sample is tokenized whole before it is cut to its length)"
+                        f"expected at most {MAX_SAMPLE_CHARS:,} characters per sample line, found "
+                        f"{len(rows[longest]):,} on line {longest + 1} of {rel} (each sample is tokenized whole "
+                        "before it is cut to its length)"
                     )
                 )
             except (OSError, ValueError) as e:
