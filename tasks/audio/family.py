@@ -181,5 +181,6 @@ FAMILY = Family(
         "verify": "tasks.audio.verify",
     },
     plan=plan,
+    source_kind="onnx",
     default_thresholds=default_thresholds,
 )

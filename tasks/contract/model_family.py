@@ -47,6 +47,10 @@ class Family:
     - ``params``: the recipe keys the plan reads itself (LLMs: ``bundle.runtimes``), each a
       :class:`~tasks.contract.stage.Param` defined once; every family reads ``export.family``
       and ``compile.targets`` (:data:`tasks.contract.params.PLAN_PARAMS`).
+    - ``source_kind``: what a recipe's ``source`` must name: ``"folder"`` (a model folder with
+      its ``config.json``: a Hub snapshot, a ``path`` or ``package`` folder) or ``"onnx"`` (one
+      ONNX graph: ``package`` + ``file``, or a ``path`` to an ``.onnx`` file); checked at load
+      (:func:`tasks.recipe.checks.check_source_kind`).
     - ``source_check(recipe, config, config_file) -> [(key path, message)]``: what this family
       cannot build of the recipe's model, from its ``config.json`` (``config`` the parsed dict,
       ``config_file`` where it was read, beside the tokenizer files when the source is local),
@@ -89,6 +93,7 @@ class Family:
     stages: Mapping[str, str]
     plan: Callable[..., list]
     params: tuple[Param, ...] = ()
+    source_kind: str = "folder"
     source_check: Callable[..., list] | None = None
     plan_lines: Callable[..., list] | None = None
     catalog_fields: Callable[..., dict] | None = None

@@ -248,6 +248,7 @@ def load_all(directory: Path | None = None, collect_errors: bool = False):
                     f, [("name", f"expected a unique name, found {r.name!r} also in {', '.join(others)}")]
                 )
             check_data_files(f, r, memo)
+            check_source_kind(f, r)
             check_source_config(f, r)
         except RecipeError as e:
             errors[f.stem] = e
@@ -300,6 +301,32 @@ def source_config_path(src: Source) -> Path | None:
         return None
     plancache.note(f)
     return f if f.is_file() else None
+
+
+def check_source_kind(path: Path, r: Recipe) -> None:
+    """The recipe's source against what its family builds from (``Family.source_kind``): one
+    ONNX graph (``package`` + ``file``, or a ``path`` ending in ``.onnx``) or a model folder.
+    Raises RecipeError naming ``source`` and ``export.family``, the families that take the other
+    kind, at load (an ONNX file given to a folder family otherwise failed at export)."""
+    from tasks.contract import FAMILIES, family
+
+    src = r.source
+    given = "onnx" if src.file is not None or (src.path is not None and src.path.endswith(".onnx")) else "folder"
+    want = family(r.export.family).source_kind
+    if given == want:
+        return
+    others = [name for name in FAMILIES if family(name).source_kind == given]
+    what = {"onnx": "one ONNX file", "folder": "a model folder with its config.json"}
+    raise RecipeError(
+        path,
+        [
+            (
+                "source",
+                f"expected {what[want]} for export.family {r.export.family}, found {what[given]}; "
+                f"{what[given]} builds with export.family {' or '.join(others)}",
+            )
+        ],
+    )
 
 
 def check_source_config(path: Path, r: Recipe) -> None:

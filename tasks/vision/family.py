@@ -253,5 +253,6 @@ FAMILY = Family(
         "verify": "tasks.vision.verify",
     },
     plan=plan,
+    source_kind="onnx",
     default_thresholds=default_thresholds,
 )

@@ -133,3 +133,19 @@ def test_block_size_must_divide_the_in_features(proj, block, bad):
         if bad
         else {}
     )
+
+
+def test_an_onnx_file_under_a_folder_family_is_refused_at_load(project):
+    """Through the real CLI: an ONNX file given to the encoder family (it exports a model
+    folder) is one load error naming source and the families that take a file, not an export
+    failure after download."""
+    t8 = project.recipe("t8").read_text()
+    onnx = "source: {package: silero_vad, file: data/silero_vad.onnx}"
+    project.recipe("onnx-enc", t8.replace("source: {path: models/tiny-bert}", onnx))
+    run = project.doit("run", "build:onnx-enc", check=False)
+    assert run.code != 0 and project.entries("download") == []
+    want = (
+        "source: expected a model folder with its config.json for export.family encoder, found one ONNX "
+        "file; one ONNX file builds with export.family vision or audio"
+    )
+    assert want in run.log(), run.log()
