@@ -184,7 +184,10 @@ def _folder(params: dict) -> Path:
                 if m
                 else "the recipe's comments say how to make it"
             )
-            raise SourceError(f"source path {params['path']!r} is not a folder (looked at {p}); {how}")
+            if not p.exists() and not p.is_symlink():
+                what = "a model folder or an .onnx file" if not p.suffix else f"a {p.suffix} file"
+                raise SourceError(f"source path {params['path']!r}: expected {what}, found nothing at {p}; {how}")
+            raise SourceError(f"source path {params['path']!r} is not a folder or a file (looked at {p}); {how}")
         return p
     p = _package_folder(params["package"]) / params.get("subdir", "")
     if not p.is_dir():

@@ -363,5 +363,8 @@ def test_doit_build_prints_one_line_per_failing_recipe(project):
     assert r.returncode != 0 and "Traceback" not in r.stdout + r.stderr
     lines = r.stdout.splitlines()
     assert [ln.split()[0] for ln in lines] == ["download:a", "download:b", "download:c", "build"], r.stdout
-    assert lines[0].startswith("download:a  SourceError: source path 'models/missing-a' is not a folder")
+    assert lines[0].startswith(
+        "download:a  SourceError: source path 'models/missing-a': "
+        "expected a model folder or an .onnx file, found nothing at "
+    )
     assert lines[3] == "build  not run: download:a download:b download:c failed"

@@ -64,6 +64,9 @@ def test_a_path_source_may_name_one_onnx_file(tmp_path, monkeypatch):
     (tmp_path / "models" / "bad.onnx").write_bytes(b"\x00\x01 garbage")
     with pytest.raises(SourceError, match="expected an ONNX model"):
         download.run({}, {}, Source(path="models/bad.onnx").model_dump(exclude_none=True), tmp_path / "out")
+    # a path to an .onnx file that is not there is said so, not "not a folder"
+    with pytest.raises(SourceError, match=r"source path 'models/gone.onnx': expected a \.onnx file, found nothing at"):
+        download.key_extra(Source(path="models/gone.onnx").model_dump(exclude_none=True))
 
 
 @pytest.mark.parametrize(
