@@ -16,6 +16,7 @@ estimate is a defect the tests catch (``tests/llm/test_budget_edge.py``).
 from __future__ import annotations
 
 import os
+import re
 
 from tasks.errors import InputError, UserError
 from tasks.proc.rss import proc_bytes as _proc_bytes
@@ -41,10 +42,8 @@ def budget_gib() -> float | None:
     env = os.environ.get("NPUBUILD_MEMORY_GB", "").strip()
     if not env:
         return None
-    try:
-        v = float(env) if "_" not in env else math.nan  # Python's float() reads "1_0" as 10
-    except ValueError:
-        v = math.nan
+    # ASCII digits only: Python's float() also reads "1_0" as 10 and "٤" (Arabic-Indic) as 4
+    v = float(env) if re.fullmatch(r"[0-9]+(\.[0-9]*)?|\.[0-9]+|[0-9]+(\.[0-9]*)?[eE][+-]?[0-9]+", env) else math.nan
     if not (math.isfinite(v) and 0 < v <= MAX_BUDGET_GIB):
         raise InputError(
             f"NPUBUILD_MEMORY_GB: expected a number of GiB > 0 and at most {MAX_BUDGET_GIB}, found {env!r}"

@@ -142,7 +142,18 @@ def test_stage_refuses_a_build_that_does_not_fit(tmp_path):
         "the 0.8 GiB any stage takes (Python and its libraries): raise NPUBUILD_MEMORY_GB"
     ) in log, log
     assert proj.entries("download") == [] and proj.entries("export") == []
-    for bad in ("abc", "0", "-1", "nan", "inf", "1e400", "1e300", "1_0"):  # refused before any task runs, one line
+    for bad in (
+        "abc",
+        "0",
+        "-1",
+        "nan",
+        "inf",
+        "1e400",
+        "1e300",
+        "1_0",
+        "\u0664",
+        "0x10",
+    ):  # refused before any task runs, one line
         proj.env["NPUBUILD_MEMORY_GB"] = bad
         for args in (("run", "build:tiny-qwen2-w8a16"), ("run", "explain:tiny-qwen2-w8a16")):
             r = proj.doit(*args, check=False)
