@@ -89,6 +89,15 @@ BUILT = ("verified", "verify-failed", "built-no-bars")  # the states whose every
 LABELS = MappingProxyType({"built-no-bars": "built (no bars)"})  # a state as people read it (:func:`label`)
 
 
+def _export_reads(family_name: str, key: str) -> bool:
+    """Whether the family's export stage reads recipe key ``key`` (its declared params): a row
+    states ``sequence_length`` or ``batch_size`` only for a family whose graph they shape
+    (an image or audio graph's dims come from its own keys)."""
+    from tasks.contract import implementation
+
+    return any(p.key == key for p in implementation("export", family_name).params)
+
+
 def label(state: str) -> str:
     """``state`` as a person reads it: ``built (no bars)`` for ``built-no-bars``, else the name."""
     return LABELS.get(state, state)
@@ -178,8 +187,8 @@ def catalog_row(name: str, recipe, st) -> dict:
         "family": ex.family,
         "precision": recipe.quantize.precision,
         "targets": list(recipe.compile.targets),
-        "batch_size": ex.batch_size,
-        "sequence_length": ex.sequence_length,
+        "batch_size": ex.batch_size if _export_reads(ex.family, "export.batch_size") else None,
+        "sequence_length": ex.sequence_length if _export_reads(ex.family, "export.sequence_length") else None,
         "context_length": None,
         "parts": None,  # the family's (_family_fields)
         "stage_keys": st.stage_keys,
@@ -265,8 +274,8 @@ def unsupported_row(stem: str, err) -> dict:
         "family": ex.family,
         "precision": recipe.quantize.precision,
         "targets": list(recipe.compile.targets),
-        "batch_size": ex.batch_size,
-        "sequence_length": ex.sequence_length,
+        "batch_size": ex.batch_size if _export_reads(ex.family, "export.batch_size") else None,
+        "sequence_length": ex.sequence_length if _export_reads(ex.family, "export.sequence_length") else None,
         "context_length": None,
         "parts": None,
         "stage_keys": {},

@@ -457,6 +457,9 @@ def test_the_repos_own_catalog_at_a_laptop_and_a_phone_width(repo_catalog, chrom
     no label on another, nothing wider than the screen, with and without the switch."""
     index, rows = repo_catalog
     assert rows["qwen7b-int4"]["alias_of"] == "qwen2.5-7b-w4a16" and rows["qwen2.5-7b-w4a16"]["listing"] == "model"
+    # a sequence length only where the family's export reads one (an image or audio graph has its own dims)
+    assert rows["minilm-l6-w8a16"]["sequence_length"] == 128 and rows["silero-vad-w8a16"]["sequence_length"] is None
+    assert rows["ppocrv4-rec-w8a16"]["sequence_length"] is None and rows["ppocrv4-rec-w8a16"]["batch_size"] is None
     assert {r["listing"] for n, r in rows.items() if n.endswith("-shape")} == {"shape"}
     assert rows["gemma2-2b-w4a16"]["listing"] == "unsupported"
     assert [m["decode_tokens_per_s"] for m in rows["qwen2.5-7b-w4a16"]["measured"]["x-elite"]] == [12.33811]

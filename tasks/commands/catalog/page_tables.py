@@ -137,7 +137,9 @@ def _per_target(row: dict, data: dict, fmt) -> tuple[str, float]:
 def _context(row: dict) -> tuple[str, int]:
     if row["context_length"]:
         return f"{row['context_length']:,} tokens", row["context_length"]
-    return f"{row['sequence_length']} tokens in", row["sequence_length"]
+    if row["sequence_length"]:
+        return f"{row['sequence_length']} tokens in", row["sequence_length"]
+    return "", 0
 
 
 def _decode(t: str, tv: dict) -> tuple[str, float | None]:

@@ -48,7 +48,7 @@ COLUMNS = [  # (header, cell text, sort value, numeric)
     ("Precision", lambda r: r["precision"], lambda r: r["precision"], False),
     ("Targets", lambda r: ", ".join(r["targets"]), lambda r: ", ".join(r["targets"]), False),
     ("Runs on", lambda r: r["runs_on"] or "", lambda r: r["runs_on"] or "", False),
-    ("Seq len", lambda r: str(r["sequence_length"]), lambda r: r["sequence_length"], True),
+    ("Seq len", lambda r: str(r["sequence_length"] or ""), lambda r: r["sequence_length"] or 0, True),
     ("Context", lambda r: str(r["context_length"] or ""), lambda r: r["context_length"] or 0, True),
     ("Parts", lambda r: str(r["parts"] or ""), lambda r: r["parts"] or 0, True),
     ("Artifacts", lambda r: human_bytes(r["artifact_bytes"]), lambda r: r["artifact_bytes"] or 0, True),
