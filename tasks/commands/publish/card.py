@@ -243,7 +243,8 @@ def model_card(
             f"the Python package `{src['package']}` {src.get('package_version', '')} (folder `{src.get('subdir', '')}`)"
         )
     else:
-        origin = f"the local folder `{src['path']}` (content xxh3 `{src.get('content_digest')}`)"
+        kind = "file" if str(src["path"]).endswith(".onnx") else "folder"
+        origin = f"the local {kind} `{src['path']}` (content xxh3 `{src.get('content_digest')}`)"
     lines = [
         "---",
         data.to_yaml(),
@@ -270,7 +271,7 @@ def model_card(
         "|---|---|",
         f"| architecture | {arch(row)} |",
         f"| parameters | {row['parameters']} |",
-        f"| sequence length | {row['sequence_length']} |",
+        *([f"| sequence length | {row['sequence_length']} |"] if row["sequence_length"] else []),
         *([f"| context length | {row['context_length']} |"] if row["context_length"] else []),
         *(usage_lines(recipe, files, tools or {}, row.get("qnn_context_sdk") or []) if files is not None else []),
         "",
