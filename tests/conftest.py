@@ -228,3 +228,21 @@ def remote_url(request, tmp_path, monkeypatch) -> str:
     for k, v in server.env.items():
         monkeypatch.setenv(k, v)
     return server.url()
+
+
+def card_python(folder: Path) -> list[str]:
+    """The ```python snippets of the model card ``folder``/README.md, in order."""
+    import re
+
+    return re.findall(r"^```python\n(.*?)^```$", (folder / "README.md").read_text(encoding="utf-8"), re.S | re.M)
+
+
+def run_snippet(code: str, folder: Path, tmp: Path) -> str:
+    """Run a card's snippet as written, in the bundle ``folder`` (its working directory), with
+    this Python; returns its stdout. Fails the test on a non-zero exit, with stderr's tail."""
+    (tmp / "snippet.py").write_text(code, encoding="utf-8")
+    p = subprocess.run(
+        [sys.executable, str(tmp / "snippet.py")], cwd=folder, capture_output=True, text=True, timeout=600
+    )
+    assert p.returncode == 0, (code, p.stdout, p.stderr[-3000:])
+    return p.stdout

@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from conftest import REPO, Project
+from conftest import REPO, Project, card_python, run_snippet
 
 
 @pytest.fixture(scope="module")
@@ -51,3 +51,14 @@ def test_the_if_is_folded_and_the_16_bit_convs_are_per_channel(vad):
     q = next((vad.cache / "quantize").iterdir())
     over = json.loads((q / "manifest.json").read_text())["info"]["graphs"]["model.onnx"]["overrides"]
     assert len(over) == 1 and len(over[0]["conv_per_channel"]) == 2 and over[0]["other"] == []
+
+
+def test_the_cards_snippet_streams_audio_as_written_on_the_simulator(vad, tmp_path):
+    """The published card's "Use it" snippet, run in the bundle folder as written: two seconds
+    made in it, streamed 512 samples a call (with 64 before them) with the LSTM state carried:
+    62 calls, silence below 0.5."""
+    vad.doit("run", "publish:silero-vad-w8a16")
+    (code,) = card_python(vad.root / "dist" / "silero-vad-w8a16")
+    last = run_snippet(code, vad.root / "dist" / "silero-vad-w8a16", tmp_path).strip().splitlines()[-1]
+    words = last.split()
+    assert words[:2] == ["62", "calls;"] and float(words[words.index("silence:") + 1]) < 0.5, last

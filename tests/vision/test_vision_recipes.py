@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, Project
+from conftest import REPO, Project, card_python, run_snippet
 
 SMALL = {  # recipe -> its calibration and verify sets here (the recipes': 32 / 20 lines, 4 / 3 pages + a photo,
     # 32 / 32 lines)
@@ -105,3 +105,19 @@ def test_the_page_pipeline_reads_a_page_through_the_published_bundles(ocr, tmp_p
     assert res["npu"]["lines"] == ["Birds fly south.", "The train leaves"]
     assert res["cer_vs_fp32"] == 0.0 and res["cer_vs_truth"] == {"npu": 0.0, "fp32": 0.0}
     assert "character error rate vs the fp32 pipeline's text: 0.0000" in p.stdout
+
+
+def test_each_cards_snippet_runs_as_written_on_the_simulator(ocr, tmp_path):
+    """The "Use it" snippet of each published card, run in its bundle folder as written: it draws
+    a line of text, preprocesses it as io.json says and reads the output: rec reads the line,
+    det finds text where it was drawn, cls says it is upright."""
+    said = {}
+    for name in SMALL:
+        (code,) = card_python(ocr.root / "dist" / name)
+        said[name] = run_snippet(code, ocr.root / "dist" / name, tmp_path).strip().splitlines()[-1]
+    assert said["ppocrv4-rec-w8a16"].startswith("text: ") and "".join(said["ppocrv4-rec-w8a16"][6:].split()) == (
+        "Hello2026"
+    ), said
+    assert said["ppocr-cls-w8a16"].startswith("turned by 0 degrees;"), said
+    pixels = int(said["ppocrv4-det-w8a16"].split()[2])
+    assert said["ppocrv4-det-w8a16"].startswith("text pixels: ") and pixels > 500, said

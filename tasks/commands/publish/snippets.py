@@ -252,3 +252,103 @@ def snippets(recipe, files: dict[str, Path], lay: dict, tools: dict[str, str]) -
             *_genie_snippet(d, chat),
         ]
     return out
+
+
+#: how an ``io.json`` graph's output is read in its snippet, by ``io.json``'s ``decode``
+#: (PP-OCR: tasks/vision/decode.py does the same for verify)
+_DECODE = {
+    "ctc": """
+meta = json.load(open("metadata.json"))
+chars = ["blank", *meta["character"].splitlines(), " "]  # io.json "decoding": CTC over this alphabet
+idx = out[0].argmax(-1)
+print("text:", "".join(chars[i] for j, i in enumerate(idx) if i != 0 and (j == 0 or i != idx[j - 1])))""",
+    "db": """
+text = out[0, 0] > 0.3  # io.json "decoding": a text probability map; PP-OCR boxes its regions above 0.3
+print("text pixels:", int(text.sum()), "of", text.size, "in rows", np.flatnonzero(text.any(axis=1))[[0, -1]])""",
+    "cls": """
+print("turned by", ["0", "180"][int(out[0].argmax())], "degrees; scores", out[0])""",
+}
+
+
+def io_snippet(io: dict, target: str, tools: dict[str, str]) -> list[str]:
+    """The "Use it" section of a graph shipped with an ``io.json`` (a model built from an ONNX
+    file: its inputs and outputs, ``preprocess`` for an image graph, ``stream`` for an audio
+    graph, ``decode`` naming how the output is read): the pip line, then one snippet that opens
+    ``model_ctx.onnx`` with onnxruntime's QNN EP for ``target``, makes an input here (a line of
+    text drawn with Pillow's own font; one second of silence and one of a tone), preprocesses it
+    as ``io.json`` says, runs it and reads the output. [] for an ``io.json`` with neither."""
+    opts = json.dumps(provider_options(target))
+    head = f"""
+import json
+
+import numpy as np
+import onnxruntime as ort
+import onnxruntime_qnn  # the QNN execution provider (a plugin of onnxruntime)
+{"from PIL import Image, ImageDraw, ImageFont" if io.get("preprocess") else ""}
+ort.register_execution_provider_library(onnxruntime_qnn.EP_NAME, onnxruntime_qnn.get_library_path())
+so = ort.SessionOptions()
+so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")  # fail rather than run on the CPU
+qnn = [d for d in ort.get_ep_devices() if d.ep_name == onnxruntime_qnn.EP_NAME]
+so.add_provider_for_devices(qnn, {opts})  # {target}
+session = ort.InferenceSession("model_ctx.onnx", sess_options=so)
+io = json.load(open("io.json"))
+"""
+    if io.get("preprocess") and io.get("decode") in _DECODE:
+        body = """
+pre = io["preprocess"]
+H, W = pre["size"]
+# your image: img = Image.open("line.png").convert("RGB"); here a line of text drawn in Pillow's font
+img = Image.new("RGB", (12 * 36, 48), "white")
+ImageDraw.Draw(img).text((6, 4), "Hello 2026", fill="black", font=ImageFont.load_default(size=36))
+if pre["resize"] == "height":  # H high keeping the aspect ratio, at most W wide; padded below
+    img = img.resize((min(W, max(1, round(img.width * H / img.height))), H), Image.BILINEAR)
+else:  # fitted into H x W keeping the aspect ratio, top-left on a white canvas
+    s = min(H / img.height, W / img.width)
+    canvas = Image.new("RGB", (W, H), "white")
+    canvas.paste(img.resize((max(1, round(img.width * s)), max(1, round(img.height * s))), Image.BILINEAR))
+    img = canvas
+x = np.asarray(img, dtype=np.float32) / 255.0
+x = x[..., ::-1] if pre["colour"] == "BGR" else x
+x = (x - np.array(pre["mean"], np.float32)) / np.array(pre["std"], np.float32)
+x = np.pad(x.transpose(2, 0, 1)[None], ((0, 0), (0, 0), (0, 0), (0, W - x.shape[1])), constant_values=pre["pad"])
+(out,) = session.run(None, {io["inputs"][0]["name"]: np.ascontiguousarray(x, dtype=np.float32)})""" + _DECODE[
+            io["decode"]
+        ]
+        what = "a line of text drawn here, preprocessed as `io.json` says"
+    elif io.get("stream"):
+        body = """
+st = io["stream"]
+rate, frame, ctx = st["rate"], st["frame"], st["context"]
+# your audio: mono float32 at `rate` Hz in [-1, 1]; here one second of silence, then one of a tone
+t = np.arange(rate, dtype=np.float32) / rate
+audio = np.concatenate([np.zeros(rate, np.float32), 0.5 * np.sin(2 * np.pi * 220 * t)])
+shapes = {i["name"]: i["shape"] for i in io["inputs"]}
+state = {i: np.zeros(shapes[i], np.float32) for i in st["recurrent"]}  # zeros, then each call's output
+prob = next(o["name"] for o in io["outputs"] if o["name"] not in st["recurrent"].values())
+names = [o.name for o in session.get_outputs()]
+before, probs = np.zeros(ctx, np.float32), []
+for k in range(0, len(audio) - frame + 1, frame):
+    x = np.concatenate([before, audio[k : k + frame]])[None]
+    before = x[0, -ctx:]
+    got = dict(zip(names, session.run(None, {st["input"]: x, **state})))
+    state = {i: got[o] for i, o in st["recurrent"].items()}
+    probs.append(float(got[prob].reshape(-1)[0]))
+half = len(probs) // 2
+print(len(probs), "calls; speech probability max, silence:", round(max(probs[:half]), 3),
+      "tone:", round(max(probs[half:]), 3))"""
+        what = "two seconds of audio made here, streamed as `io.json` says"
+    else:
+        return []
+    return [
+        "",
+        "## Use it",
+        "",
+        f"Run in this folder, with `pip install onnxruntime=={tools.get('onnxruntime', '?')} "
+        f"onnxruntime-qnn=={tools.get('onnxruntime-qnn', '?')} numpy"
+        + (" pillow`" if io.get("preprocess") else "`")
+        + f': {what} (the inputs, preprocessing and decoding are in "How to run it" below).',
+        "",
+        "### onnxruntime QNN EP",
+        "",
+        *_py(head + body),
+    ]

@@ -281,11 +281,15 @@ def check_lines() -> list[str]:
 def usage_lines(recipe, files: dict[str, Path], tools: dict[str, str], binaries_sdk: list[str]) -> list[str]:
     """The sections this module adds to a card, in order: "Use it", inputs and outputs, runtime
     versions (:func:`check_lines` goes after the files list). ``files``: {bundle path: file} of
-    what ships (publish's plan). A family other than ``encoder`` (text encoders) and ``llm``
-    (the vision and audio graphs shipped as ONNX files) gets the runtime versions only: its
-    card's "How to run it" comes from its ``io.json`` (:mod:`.card`), and no snippet of its own
-    is written here."""
+    what ships (publish's plan). A graph built from an ONNX file ships an ``io.json``: its snippet
+    reads it (:func:`.snippets.io_snippet`) and the card's "How to run it" tables it
+    (:mod:`.card`)."""
     lay = layout(files)
-    if recipe.export.family not in ("encoder", "llm"):  # a graph shipped as ONNX: its io.json's "How to run it"
-        return version_lines(tools, lay, binaries_sdk)
+    if "io.json" in files:  # a graph built from an ONNX file: the snippet reads its io.json
+        import json
+
+        from tasks.commands.publish.snippets import io_snippet
+
+        io = json.loads(files["io.json"].read_text(encoding="utf-8"))
+        return io_snippet(io, recipe.compile.targets[0], tools) + version_lines(tools, lay, binaries_sdk)
     return snippets(recipe, files, lay, tools) + io_tables(files, lay) + version_lines(tools, lay, binaries_sdk)
