@@ -72,7 +72,7 @@ def build(model_dir: Path, out: Path, seq: int, ctx: int, parts: int, sanitize: 
 
 def genie_child(spec: str) -> None:
     """Child process: run GenieDialog_tokenQuery for each prompt; prints one JSON line each."""
-    from tasks.llm.genie.libgenie import GenieDialog
+    from tasks.qnn.libgenie import GenieDialog
 
     s = json.loads(spec)
     lines: list[str] = []

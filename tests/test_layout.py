@@ -164,12 +164,7 @@ def _names_a_family(tree, names: set, folders: set) -> list[tuple[int, str]]:
 
 #: modules outside a family's folder that still name one in code, and why; each must still do so
 #: (a module that no longer does leaves this list), so it only shrinks
-NAMES_A_FAMILY = {
-    "commands/publish/usage.py": "the model card's I/O tables and runtime versions for encoder and LLM bundles are "
-    "written here, not yet by their families' declarations",
-    "commands/publish/snippets.py": "the model card's runnable snippets for encoder and LLM bundles are written "
-    "here, not yet by their families' declarations",
-}
+NAMES_A_FAMILY: dict[str, str] = {}  # {module: why it still names a family}: none now
 
 
 def test_a_family_is_named_in_its_folder_and_the_registry_only():
@@ -541,7 +536,7 @@ SHOWN_WITH_TRACEBACK = {
     "tasks.core.keys.NotReady": "an internal signal: resolve, state, status and cluster catch it",
     "tasks.store.remote.Rejected": "an internal signal: a remote entry failing its check is a miss (entries, "
     "cache push, cluster catch it)",
-    "tasks.llm.genie.libgenie.GenieError": "a Genie C API call's status: the traceback names the call",
+    "tasks.qnn.libgenie.GenieError": "a Genie C API call's status: the traceback names the call",
 }
 
 

@@ -119,11 +119,11 @@ def genie_override_problems(over: dict, context_length: int) -> list[tuple[str, 
 
 def genie_library_missing() -> str:
     """ "" when onnxruntime-qnn's wheel holds ``libGenie.so`` (what the bundle's parser check and
-    verify load: :mod:`tasks.llm.genie.libgenie`), else the message naming where it was looked for.
-    Found without importing the wheel (:func:`tasks.llm.genie.libgenie.library_path`). Before, a missing library
+    verify load: :mod:`tasks.qnn.libgenie`), else the message naming where it was looked for.
+    Found without importing the wheel (:func:`tasks.qnn.libgenie.library_path`). Before, a missing library
     was reported after five stages as a config Genie's parser refused (issue 51 case 5)."""
     from tasks.store import plancache
-    from tasks.llm.genie.libgenie import library_path
+    from tasks.qnn.libgenie import library_path
 
     plancache.note_sys_path()
     lib = library_path()

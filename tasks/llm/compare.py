@@ -223,7 +223,7 @@ def _genai_generate(desc: dict, inputs: dict, params: dict, prompts: list[list[i
 
 def _genie_generate(inputs: dict, prompts: list[list[int]], K: int) -> dict:
     """Greedy tokens of every prompt through Genie on the HTP simulator
-    (:func:`tasks.llm.genie.libgenie.generate_in_child`): the bundle's ``genie_config.json`` with its
+    (:func:`tasks.qnn.libgenie.generate_in_child`): the bundle's ``genie_config.json`` with its
     ``ctx-bins`` turned to the per-graph binaries (the simulator cannot load a two-graph
     binary: Genie on the shipped ``qwen2_part_1_of_1.bin`` ended with SIGSEGV, exit -11, as
     onnxruntime does on the genai shared binaries), in a temporary folder whose ``genie/part{k}`` link to the
@@ -237,7 +237,7 @@ def _genie_generate(inputs: dict, prompts: list[list[int]], K: int) -> dict:
 
     from tasks.llm.genie.config import SIMULATOR_SETTINGS, with_settings
     from tasks.llm.genie.names import genie_files, joined_genie_description
-    from tasks.llm.genie.libgenie import generate_in_child
+    from tasks.qnn.libgenie import generate_in_child
 
     entries, bundle = inputs["genie_parts"], Path(inputs["bundle"])
     desc = joined_genie_description(entries)  # each part's row from its own entry

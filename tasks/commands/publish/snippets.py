@@ -185,7 +185,7 @@ def snippets(recipe, files: dict[str, Path], lay: dict, tools: dict[str, str]) -
         return tools.get(tool, "?")
 
     out = ["", "## Use it", ""]
-    if lay["family"] == "encoder":
+    if lay["kind"] == "models":
         ((d, f),) = list(lay["folders"].items())[:1]
         rows = _onnx_io(files[f["models"][0]])
         L = next(r["shape"][1] for r in rows if r["name"] == "input_ids")

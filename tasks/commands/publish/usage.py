@@ -146,21 +146,22 @@ def _binary_io(path: Path) -> dict[str, list[dict]]:
 
 
 def layout(files: dict[str, Path]) -> dict:
-    """What the bundle holds, from its shipped files ``files`` ({bundle path: file}): {"family":
-    "encoder" | "llm", "folders": [the runtime folders: "" or a target's], and per folder
-    "models" (encoder: the ``*_ctx.onnx`` paths), "genai" (its config, parsed) and "genie"
-    (its config, parsed), "export" (export.json, parsed)}."""
+    """What the bundle holds, from its shipped files ``files`` ({bundle path: file}), whatever
+    family built it: {"kind": "parts" (an ``export.json`` and the runtime configs of a model in
+    parts: genai, Genie) | "models" (``*_ctx.onnx`` EPContext models), "folders": [the runtime
+    folders: "" or a target's], and per folder "models" (the ``*_ctx.onnx`` paths), "genai" (its
+    config, parsed) and "genie" (its config, parsed), "export" (export.json, parsed)}."""
     folders: dict[str, dict] = {}
     for rel in files:
         d, base = posixpath.dirname(rel), posixpath.basename(rel)
         if base in ("genai_config.json", "genie_config.json", "export.json"):
             folders.setdefault(d, {})[base.split("_")[0].removesuffix(".json")] = json.loads(files[rel].read_text())
-    llm = bool(folders)
-    if not llm:
+    parts = bool(folders)
+    if not parts:
         for rel in files:
             if rel.endswith("_ctx.onnx"):
                 folders.setdefault(posixpath.dirname(rel), {}).setdefault("models", []).append(rel)
-    return {"family": "llm" if llm else "encoder", "folders": dict(sorted(folders.items()))}
+    return {"kind": "parts" if parts else "models", "folders": dict(sorted(folders.items()))}
 
 
 def io_tables(files: dict[str, Path], lay: dict) -> list[str]:
@@ -170,7 +171,7 @@ def io_tables(files: dict[str, Path], lay: dict) -> list[str]:
     shipped ``export.json``, which the compile stage checked against the binaries; Genie's:
     the binaries read back). Tensors that differ only by layer share a row."""
     out = ["", "## Inputs and outputs", ""]
-    if lay["family"] == "encoder":
+    if lay["kind"] == "models":
         out.append(
             "What onnxruntime feeds the EPContext model and gets back (its context binary's own inputs and "
             "outputs, read back, are the same)."
@@ -207,10 +208,10 @@ def version_lines(tools: dict[str, str], lay: dict, binaries_sdk: list[str]) -> 
     """The card's "Runtime versions" section: the versions that built and verified the bundle
     (``tools``: {tool: version} merged from the stage entries' manifests), with the QNN SDK
     build the context binaries carry (``binaries_sdk``), and for Genie the API version of
-    ``libGenie.so`` (:func:`tasks.llm.genie.libgenie.api_version`, read only when the installed
+    ``libGenie.so`` (:func:`tasks.qnn.libgenie.api_version`, read only when the installed
     onnxruntime-qnn is the one recorded). No older version was run: the card says so."""
     from tasks import tools as tool_versions
-    from tasks.llm.genie import libgenie
+    from tasks.qnn import libgenie
 
     rows = [
         (
@@ -221,7 +222,7 @@ def version_lines(tools: dict[str, str], lay: dict, binaries_sdk: list[str]) -> 
         ("onnxruntime-qnn (the QNN EP; ships the QNN runtime libraries)", tools.get("onnxruntime-qnn", "?")),
     ]
     genie = any("genie" in f for f in lay["folders"].values())
-    if lay["family"] == "llm":
+    if lay["kind"] == "parts":
         rows.append(("onnxruntime-genai", tools.get("onnxruntime-genai", "?")))
     if genie:
         api = (

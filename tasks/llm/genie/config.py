@@ -156,7 +156,7 @@ def _parse_child(text: str) -> None:
 
     import onnxruntime_qnn  # noqa: F401  (the wheel loaded first, as its EP registration does)
 
-    from tasks.llm.genie.libgenie import library_path
+    from tasks.qnn.libgenie import library_path
 
     lib = C.CDLL(str(library_path()))
     lib.GenieDialogConfig_createFromJson.argtypes = [C.c_char_p, C.POINTER(C.c_void_p)]

@@ -2,7 +2,7 @@
 host loop that feeds these graphs as Genie does (:mod:`tasks.llm.genie.host_loop`), the graph
 names patched into the compiled binaries and their read-back (:mod:`tasks.llm.genie.binaries`),
 Genie's config files (:mod:`tasks.llm.genie.config`) and ``libGenie.so`` itself
-(:mod:`tasks.llm.genie.libgenie`).
+(:mod:`tasks.qnn.libgenie`).
 
 The graphs are the same decoder :mod:`tasks.llm.export` writes (RMSNorm as Pow/ReduceMean/..., q/k/v
 projections as MatMul, rotate-half RoPE, GQA with the query group folded into rows, SwiGLU; the

@@ -1,6 +1,6 @@
 """Genie (libGenie.so from the onnxruntime-qnn wheel) runs our Genie-layout graphs on the x86_64
 HTP simulator and generates transformers' fp32 greedy tokens (tasks/llm/genie/graphs.py,
-tasks/llm/genie/host_loop.py, tasks/llm/genie/libgenie.py, scripts/genie_run.py). Tiny trained Qwen2 fixture (4 layers,
+tasks/llm/genie/host_loop.py, tasks/qnn/libgenie.py, scripts/genie_run.py). Tiny trained Qwen2 fixture (4 layers,
 GQA 6/2 heads), AR-16 / AR-1, CL 64."""
 
 from __future__ import annotations

@@ -315,7 +315,7 @@ def test_a_genie_failure_in_verify_is_one_line_with_genies_reason(built, tmp_pat
     Genie's own reason (before: a RuntimeError with 1500 characters of the child's output, the
     reason at line 42 of 59)."""
     from tasks.llm.compare import _genie_generate
-    from tasks.llm.genie.libgenie import GenieRunFailed
+    from tasks.qnn.libgenie import GenieRunFailed
 
     st = json.loads((built.root / "build" / "tiny-qwen2-genie" / "stages.json").read_text())
     bundle = tmp_path / "bundle"
