@@ -33,7 +33,10 @@ for name in keys.code_modules(Session(), implementation(stage, family).module):
     f.write_text(text)
 t = keys.module_file(Session(), "tasks.qnn.targets")
 text = t.read_text()
-t.write_text(text.replace('Target("x-elite", 60, 73,', 'Target("x-elite", 61, 73,'))
+import re
+edited = re.sub(r'("x-elite",\s*)60(,\s*73,)', r"\g<1>61\2", text)  # the row however it is formatted
+assert edited != text, "no x-elite row with soc_model 60 in targets.py"
+t.write_text(edited)
 import importlib, tasks.qnn.targets, tasks.qnn.ep
 importlib.reload(tasks.qnn.targets); importlib.reload(tasks.qnn.ep)
 importlib.reload(tasks.contract.common)
