@@ -89,6 +89,22 @@ BUILT = ("verified", "verify-failed", "built-no-bars")  # the states whose every
 LABELS = MappingProxyType({"built-no-bars": "built (no bars)"})  # a state as people read it (:func:`label`)
 
 
+def _recipe_fields(recipe) -> dict:
+    """The row's fields that the recipe alone says, in the row's order (a built row and an
+    unsupported one alike)."""
+    ex = recipe.export
+    return {
+        "description": recipe.description,
+        "license": recipe.license,
+        "task": recipe.task,
+        "family": ex.family,
+        "precision": recipe.quantize.precision,
+        "targets": list(recipe.compile.targets),
+        "batch_size": ex.batch_size if _export_reads(ex.family, "export.batch_size") else None,
+        "sequence_length": ex.sequence_length if _export_reads(ex.family, "export.sequence_length") else None,
+    }
+
+
 def _export_reads(family_name: str, key: str) -> bool:
     """Whether the family's export stage reads recipe key ``key`` (its declared params): a row
     states ``sequence_length`` or ``batch_size`` only for a family whose graph they shape
@@ -174,21 +190,13 @@ def tool_versions(status, names=CATALOG_TOOLS) -> dict:
 def catalog_row(name: str, recipe, st) -> dict:
     """One catalog row (schema in the module docstring) for recipe ``name``: ``recipe`` its
     Recipe, ``st`` its state (:func:`tasks.core.status.recipe_status`)."""
-    ex = recipe.export
     row = {
         "name": name,
         "reason": st.reason,
         "failures": st.failures,
         # a shape build is never a verified model, whatever its (random) verify measured
         "state": "shape-built" if recipe.source.shape and st.state in BUILT else st.state,
-        "description": recipe.description,
-        "license": recipe.license,
-        "task": recipe.task,
-        "family": ex.family,
-        "precision": recipe.quantize.precision,
-        "targets": list(recipe.compile.targets),
-        "batch_size": ex.batch_size if _export_reads(ex.family, "export.batch_size") else None,
-        "sequence_length": ex.sequence_length if _export_reads(ex.family, "export.sequence_length") else None,
+        **_recipe_fields(recipe),
         "context_length": None,
         "parts": None,  # the family's (_family_fields)
         "stage_keys": st.stage_keys,
@@ -262,20 +270,12 @@ def unsupported_row(stem: str, err) -> dict:
     from tasks.recipe.load import load_recipe
 
     recipe = load_recipe(Path(err.file))
-    ex = recipe.export
     row = {
         "name": recipe.name,
         "state": "unsupported",
         "reason": err.problems[0][1],
         "failures": [],
-        "description": recipe.description,
-        "license": recipe.license,
-        "task": recipe.task,
-        "family": ex.family,
-        "precision": recipe.quantize.precision,
-        "targets": list(recipe.compile.targets),
-        "batch_size": ex.batch_size if _export_reads(ex.family, "export.batch_size") else None,
-        "sequence_length": ex.sequence_length if _export_reads(ex.family, "export.sequence_length") else None,
+        **_recipe_fields(recipe),
         "context_length": None,
         "parts": None,
         "stage_keys": {},
