@@ -35,8 +35,9 @@ MAX_BUDGET_GIB = 1 << 20
 
 def budget_gib() -> float | None:
     """The user's memory budget, ``NPUBUILD_MEMORY_GB`` (GiB), or None when unset. Raises
-    ValueError naming the variable for a value that is not a finite number > 0 (checked when
-    doit starts: :func:`tasks.commands.builder.startup.environment_problems`)."""
+    ValueError naming the variable for a value that is not a finite number > 0, or that is
+    more than the machine has (:func:`machine_bytes`); checked when doit starts
+    (:func:`tasks.commands.builder.startup.environment_problems`)."""
     import math
 
     env = os.environ.get("NPUBUILD_MEMORY_GB", "").strip()
@@ -48,7 +49,22 @@ def budget_gib() -> float | None:
         raise InputError(
             f"NPUBUILD_MEMORY_GB: expected a number of GiB > 0 and at most {MAX_BUDGET_GIB}, found {env!r}"
         )
+    machine = machine_bytes()
+    if machine is not None and v * GiB > machine:
+        raise InputError(
+            f"NPUBUILD_MEMORY_GB: {env} GiB is more than this machine has, {machine / GiB:.1f} GiB "
+            "(MemTotal + SwapTotal, /proc/meminfo): a stage within it could still be killed for memory; "
+            f"set at most {math.floor(machine / GiB * 10) / 10:g}"
+        )
     return v
+
+
+def machine_bytes() -> int | None:
+    """The memory this machine has for processes: Linux's ``MemTotal`` + ``SwapTotal``
+    (/proc/meminfo), bytes; None where /proc is absent. A budget above it is a promise the
+    machine cannot keep (issue 51: ``NPUBUILD_MEMORY_GB=64`` on a 24 GiB machine was taken)."""
+    total = _proc_bytes("/proc/meminfo", "MemTotal")
+    return None if total is None else total + (_proc_bytes("/proc/meminfo", "SwapTotal") or 0)
 
 
 def available_bytes() -> int | None:

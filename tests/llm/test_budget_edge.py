@@ -75,9 +75,9 @@ def _drop(proj: Project, kind: str, key: str) -> None:
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Project:
-    """``edge`` built once with room to spare (64 GiB): every stage's estimate and peak."""
+    """``edge`` built once with room to spare (16 GiB): every stage's estimate and peak."""
     proj = _project(tmp_path_factory.mktemp("edge") / "proj")
-    proj.env["NPUBUILD_MEMORY_GB"] = "64"
+    proj.env["NPUBUILD_MEMORY_GB"] = "16"
     proj.doit("run", "build:edge")
     return proj
 
@@ -89,7 +89,11 @@ def test_every_stage_records_its_estimate_and_tree_peak_and_stays_within(built):
     assert_within_estimates(mans)
     for s, m in mans.items():
         mem = m["info"]["memory"]
-        assert mem["budget"] == 64 * GiB and mem["estimate"] >= int(0.8 * GiB), (s, mem)  # every stage counts BASE
+        assert mem["budget"] == 16 * GiB and mem["estimate"] >= int(0.8 * GiB), (s, mem)  # every stage counts BASE
+        # a stage whose work runs in children counts the whole doit process, which waits holding it
+        # (tasks/llm/memory.py held_bytes(True)); the same figure a held of 0 would leave out
+        if s.split(".")[0] in ("quantize", "compile", "genie_quantize", "genie_compile"):
+            assert mem["held"] > 100 * 2**20, (s, mem)
     # the runtimes' children: genai and Genie each ran in one, measured apart, each within its estimate
     phases = mans["verify"]["info"]["memory_phases"]
     assert set(phases) == {"read_back", "genai", "genie", "compiled", "reference"}, phases
