@@ -2,8 +2,9 @@
 (:func:`start`). Settings of the environment npubuild cannot use are one line each and exit 2
 (:func:`environment_problems`, :func:`thread_mode`); Ctrl-C is one line; a task name doit does
 not know gets "Did you mean" (:func:`suggestion`); doit's database is moved aside when SQLite
-cannot read it and a full disk when doit writes it is one line; ``doit list`` exits 1 on an
-invalid recipe; :func:`start` returns doit's configuration with the console reporter (:mod:`.reporter`)."""
+cannot read it (doit opens it through :mod:`.doitdb`: written once per run, a full disk one
+line); ``doit list`` exits 1 on an invalid recipe; :func:`start` returns doit's configuration
+with the console reporter (:mod:`.reporter`)."""
 
 from __future__ import annotations
 
@@ -177,40 +178,6 @@ def _check_doit_db(path: Path) -> None:
         reset_database(path, sqlite3.DatabaseError(f"quick_check: {bad}"), "doit's database")
 
 
-def _doit_db_full_is_one_line() -> None:
-    """doit writes its database once, when the run ends (``SqliteDB.dump``, one transaction): on
-    a home whose disk filled meanwhile that was a traceback after the run's own lines. It is one
-    DiskFull line instead; the transaction is rolled back, so the database stays as it was
-    (doit re-checks this run's tasks next time: their results are in the cache)."""
-    import sqlite3
-
-    from doit.dependency import SqliteDB
-
-    from tasks.store import outputs
-
-    plain = SqliteDB.dump
-    if getattr(plain, "npubuild", False):
-        return
-
-    def dump(self):
-        try:
-            plain(self)
-        except sqlite3.OperationalError as e:
-            if (getattr(e, "sqlite_errorcode", 0) or 0) & 0xFF != 13 and "disk is full" not in str(e):  # SQLITE_FULL
-                raise
-            try:
-                self._conn.rollback()
-                self._conn.close()
-            except sqlite3.Error:
-                pass
-            self._dirty = set()
-            err = outputs.disk_full(paths.state_dir(), "doit's database doit.sqlite3", "NPUBUILD_HOME")
-            sys.stderr.write(f"npubuild: DiskFull: {err}\n")
-
-    dump.npubuild = True
-    SqliteDB.dump = dump
-
-
 def commands(namespace: dict) -> dict[str, str]:
     """{command as typed: what it does} from ``namespace``'s ``task_*`` creators (the stage
     tasks', ``admit``'s (every build runs it first) and the overview's left out): the first
@@ -377,13 +344,12 @@ def start(session: Session, namespace: dict) -> dict:
         session, lambda: [n[len("task_") :] for n in namespace if n.startswith("task_") and n != "task_stages"]
     )
     _check_doit_db(paths.state_dir() / "doit.sqlite3")
-    _doit_db_full_is_one_line()
     _list_fails_on_invalid_recipes(session, namespace)
     from tasks.commands.builder.command_line import parse
 
     session.request = parse(sys.argv[1:])
     return {
-        "backend": "sqlite3",  # the only doit backend that supports concurrent access
+        "backend": "npubuild-sqlite",  # doit's sqlite3 (concurrent access), written once per run: doitdb.py
         "dep_file": str(paths.state_dir() / "doit.sqlite3"),
         "verbosity": 2,
         "default_tasks": ["recipes"],  # a plain `doit` lists (tasks named `doit build` build them all)
