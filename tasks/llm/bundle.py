@@ -38,11 +38,15 @@ def preflight(recipe) -> list[tuple[str, str]]:
     HTP simulator (verify runs Genie on the per-graph binaries), and ``libGenie.so`` installed
     (:func:`genie_library_missing`); ``bundle.genie_config`` only with genie, and none that the
     binaries cannot serve or that names a file the bundle does not ship
-    (:func:`genie_override_problems`)."""
+    (:func:`genie_override_problems`) or that Genie's parser refuses (:func:`genie_parser_problems`)."""
     b = recipe.bundle
     if "genie" in b.runtimes and b.genie_config:
         if unservable := genie_override_problems(b.genie_config, recipe.export.context_length):
             return unservable
+        if missing := genie_library_missing():
+            return [("bundle.runtimes", missing)]
+        if refused := genie_parser_problems(b.genie_config, recipe.export.context_length):
+            return refused
     if "genie" not in b.runtimes:
         if b.genie_config is not None:
             from tasks.contract.schema import found
@@ -115,6 +119,38 @@ def genie_override_problems(over: dict, context_length: int) -> list[tuple[str, 
         what = f"{shipped!r} (the file the bundle ships)" if shipped else "no ctx-bins (the bundle names its binaries)"
         bad.append((f"bundle.genie_config.dialog.{'.'.join(path)}", f"expected {what}, found {found(v)}"))
     return bad
+
+
+def genie_parser_problems(over: dict, context_length: int) -> list[tuple[str, str]]:
+    """``bundle.genie_config`` (``over``) merged over the config the bundle generates, through
+    Genie's own parser (:func:`tasks.llm.genie.config.parse_config`, a child process) when the
+    recipe loads: a key Genie's schema does not know or a value of the wrong type is refused
+    before any stage runs, with Genie's reason (before: at the bundle stage, after every Genie
+    stage had built; issue 51). The generated part is the recipe's (context length, device
+    settings) with stand-ins for what the export fills (vocabulary, head size, token ids,
+    binary names), values of the types Genie's schema asks for, which it checks and the
+    bundle's own parse checks again with the real ones (:func:`write_genie`)."""
+    from tasks.llm.genie.config import genie_config, parse_config
+
+    stand_in = {
+        "context_len": context_length,
+        "vocab_size": 2,
+        "genie_bos_token": -1,
+        "eos_token_id": 1,
+        "head_dim": 64,
+        "rotary_dim": 64,
+        "rope_theta": 10000,
+    }
+    status, why = parse_config(json.dumps(deep_merge(genie_config(stand_in, ["part.bin"]), over)))
+    if status == 0:
+        return []
+    return [
+        (
+            "bundle.genie_config",
+            f"expected keys and values Genie's parser (GenieDialogConfig_createFromJson) accepts once merged "
+            f"over the generated genie_config.json, found status {status}: {why}",
+        )
+    ]
 
 
 def genie_library_missing() -> str:

@@ -110,36 +110,37 @@ def test_genie_runtime_adds_stages_and_leaves_the_genai_chain_alone(genie_projec
     assert all("-" not in genie[s] for s in same)  # real keys: the entries exist
 
 
-def test_genie_config_the_parser_refuses_fails_the_bundle_in_one_line(genie_project, built):
-    """A key Genie's schema does not know, merged in through ``bundle.genie_config``: the bundle
-    stage fails with one line naming the file, Genie's status and the key; the stages before it
-    are cache hits (``built`` built them)."""
-    genie_project.recipe(
-        "tiny-qwen2-genie-bad",
-        GENIE.replace(
-            "extends: tiny-qwen2-w8a16\nbundle: {runtimes: [genai, genie]}",
-            "extends: tiny-qwen2-w8a16\n"
-            "bundle: {runtimes: [genai, genie], genie_config: {dialog: {engine: {n-threadz: 2}}}}",
-        ),
-    )
-    run = genie_project.doit("run", "build:tiny-qwen2-genie-bad", check=False)
-    assert run.code != 0
-    before = {
-        n: (t["result"], t.get("out") or "")
-        for n, t in run.tasks.items()
-        if n.split(":")[0] not in ("admit", "bundle", "verify", "build")
-    }
-    assert len(before) == 7 and not [n for n, (r, o) in before.items() if " built " in o], before  # none rebuilt
-    bundle = run.tasks["bundle:tiny-qwen2-genie-bad"]
-    assert bundle["result"] == "fail" and "FAILED" in bundle["out"]
-    lines = bundle["error"].splitlines()
-    assert len(lines) == 2 and lines[1].startswith("log: "), lines  # the reason in one line, then the log's path
-    assert lines[0].startswith(
-        "GenieConfigRefused: genie_config.json (bundle.genie_config merged in): expected a "
-        "config Genie's parser (GenieDialogConfig_createFromJson) accepts, found status -8: "
-        "at '/engine'"
-    ), lines[0]
-    assert "'n-threadz'" in lines[0], lines[0]
+def test_genie_config_the_parser_refuses_is_refused_at_load(genie_project):
+    """A key Genie's schema does not know and a value of the wrong type, merged in through
+    ``bundle.genie_config``: refused when the recipe loads, one line naming the key path,
+    Genie's status and its reason, no stage run (before: every Genie stage built, then the
+    bundle stage failed, ~275 s in; issue 51)."""
+    for name, over, says in (
+        ("bad-key", "{dialog: {engine: {n-threadz: 2}}}", ("at '/engine'", "'n-threadz'")),
+        ("bad-type", "{dialog: {engine: {n-threads: two}}}", ("n-threads",)),
+    ):
+        genie_project.recipe(
+            f"tiny-qwen2-genie-{name}",
+            GENIE.replace(
+                "extends: tiny-qwen2-w8a16\nbundle: {runtimes: [genai, genie]}",
+                f"extends: tiny-qwen2-w8a16\nbundle: {{runtimes: [genai, genie], genie_config: {over}}}",
+            ),
+        )
+        run = genie_project.doit("run", f"build:tiny-qwen2-genie-{name}", check=False)
+        assert run.code != 0 and run.ran() == [], run.log()
+        err = run.tasks[f"build:tiny-qwen2-genie-{name}"]["error"]
+        assert "Traceback" not in err, err
+        lines = err.splitlines()
+        assert lines[0].endswith(f"tiny-qwen2-genie-{name}.yaml: 1 problem(s)") and len(lines) == 2, lines
+        assert (
+            lines[1]
+            .strip()
+            .startswith(
+                "bundle.genie_config: expected keys and values Genie's parser (GenieDialogConfig_createFromJson) "
+                "accepts once merged over the generated genie_config.json, found status -8: "
+            )
+        ), lines[1]
+        assert all(w in lines[1] for w in says), lines[1]
 
 
 def test_two_parts_genie_bundle_orders_splits_and_agrees(genie_project):
