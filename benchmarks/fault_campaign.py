@@ -2,12 +2,14 @@
 prints counts, exits 1 when a check failed).
 
     .venv/bin/python benchmarks/fault_campaign.py [--kills 20] [--concurrent 4] [--seed 0] [--recipes 2] [--keep DIR]
-                                                  [--syscall-kills] [--edits N]
+                                                  [--syscall-kills] [--edits N] [--genie]
 
 A throw-away project (a temp folder, or --keep DIR) with --recipes tiny-BERT recipes (the
 tests' model and recipe: w8a16, then w4a16; they share download, export and prepatch and each
-has its own quantize, compile (a real QNN context binary) and ``cpu-qdq`` verify), built
-through the real ``doit`` CLI, as the tests do:
+has its own quantize, compile (a real QNN context binary) and ``cpu-qdq`` verify), or with
+``--genie`` one LLM recipe with every kind of LLM stage (:data:`GENIE_RECIPE`: the tiny trained
+Qwen2 in 2 parts, genai and Genie in the bundle, verify on the HTP simulator), built through
+the real ``doit`` CLI, as the tests do:
 
 1. Reference: one build of every recipe from an empty cache: the sha256 of every file under
    build/, the cache entries (kind/key), each stage's seconds.
@@ -153,16 +155,43 @@ class Counts:
     failures: list = field(default_factory=list)
 
 
+#: ``--genie``: the tiny trained Qwen2 in 2 parts with genai and Genie in the bundle, verified on
+#: the HTP simulator: the LLM stages (export, calibrate, quantize, compile per part), the Genie
+#: stages (genie_quantize, genie_compile per part), admit, bundle and verify with both runtimes
+GENIE_RECIPE = """\
+extends: tiny-qwen2-w8a16
+export: {parts: 2}
+bundle: {runtimes: [genai, genie]}
+verify:
+  data: {samples: 2}
+  max_new_tokens: 8
+  thresholds: {genie_runner_agreement: 1.0, genai_runner_agreement: 1.0}
+"""
+
+
 class Campaign:
-    def __init__(self, work: Path, model: Path, recipes: int = 2, say=print):
-        from conftest import Project
+    def __init__(self, work: Path, model: Path, recipes: int = 2, say=print, genie: bool = False):
+        from conftest import REPO as REPO_, Project
 
         self.work, self.say = work, say
         self.p = Project(work / "proj", model)
         self.root = self.p.root
-        self.names = [f"fc-{prec}" for prec in ("w8a16", "w4a16", "w8a8")[:recipes]]
-        for n in self.names:
-            self.p.recipe(n, precision=n.split("-", 1)[1])
+        if genie:
+            from llm_fixtures import tiny_model
+            from llm_projects import DATA
+
+            for rel in DATA:
+                (self.root / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(REPO_ / rel, self.root / rel)
+            base = "recipes/tiny-qwen2-w8a16.yaml"
+            shutil.copyfile(REPO_ / base, self.root / base)
+            shutil.copytree(tiny_model("qwen2"), self.root / ".fixtures" / "tiny-qwen2")
+            self.names = ["fc-genie"]
+            self.p.recipe("fc-genie", GENIE_RECIPE)
+        else:
+            self.names = [f"fc-{prec}" for prec in ("w8a16", "w4a16", "w8a8")[:recipes]]
+            for n in self.names:
+                self.p.recipe(n, precision=n.split("-", 1)[1])
         self.systmp = work / "tmpdir"
         self.systmp.mkdir(parents=True)
         self.env = dict(
@@ -560,13 +589,14 @@ def campaign(
     recipes: int = 2,
     syscall_points: list[tuple[str, int, str]] | None | bool = False,
     say=print,
+    genie: bool = False,
 ) -> tuple[Counts, Counts]:
     """Run the whole campaign in ``work`` (an empty folder) with the tiny BERT at ``model``.
     ``syscall_points``: False (none), None (every rename and link of a build) or a list of
     (syscall, i, start state). Returns the counts of the random kills and concurrent builds, and of the
     kills at renames and links."""
     counts, at_calls = Counts(), Counts()
-    c = Campaign(work, model, recipes, say)
+    c = Campaign(work, model, recipes, say, genie)
     c.reference()
     rng = random.Random(seed)
     for i in range(1, kills + 1):
@@ -734,6 +764,11 @@ def main() -> None:
         default=0,
         help="builds whose calibration file is rewritten while they run, and a link out (issue 23)",
     )
+    ap.add_argument(
+        "--genie",
+        action="store_true",
+        help="build the tiny Qwen2 with genai and Genie (2 parts, HTP-simulator verify) instead of tiny BERTs",
+    )
     args = ap.parse_args()
 
     from conftest import make_tiny_bert
@@ -747,14 +782,22 @@ def main() -> None:
     try:
         model = make_tiny_bert(work / "tiny-bert")
         counts, at_calls = campaign(
-            work, model, args.kills, args.concurrent, args.seed, args.recipes, None if args.syscall_kills else False
+            work,
+            model,
+            args.kills,
+            args.concurrent,
+            args.seed,
+            args.recipes,
+            None if args.syscall_kills else False,
+            genie=args.genie,
         )
         edits = edit_rounds(work, model, args.edits, args.seed) if args.edits else None
     finally:
         if not args.keep:
             _rm(work)
     print(
-        f"\n{args.kills} kills (seed {args.seed}), {args.concurrent} concurrent builds, {args.recipes} recipes, "
+        f"\n{args.kills} kills (seed {args.seed}), {args.concurrent} concurrent builds, "
+        f"{'the tiny Qwen2 with Genie' if args.genie else f'{args.recipes} recipes'}, "
         f"{time.time() - t0:.0f} s in all"
     )
     if args.kills or args.concurrent:
