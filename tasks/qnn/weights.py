@@ -48,6 +48,15 @@ LPBQ_SCALE_MAX = 16
 INT4_MIN, INT4_MAX = -8, 7
 
 
+def simulator_crashes(in_features: int, block: int) -> bool:
+    """True when onnxruntime-qnn 2.7.0's HTP simulator (x86_64) crashes running an LPBQ MatMul
+    of ``in_features`` rows in blocks of ``block``: 7 to 9 blocks of 64 rows or more (SIGSEGV at
+    the first run, any runtime; 3-6, 10-12, 16 and 38 blocks run, as do 7-8 blocks of 32;
+    measured with ``benchmarks/lpbq_sim_crash.py``, 2026-12-07). Only the simulator is known to
+    crash: whether a device does is not measured here."""
+    return block >= 64 and in_features % block == 0 and 7 <= in_features // block <= 9
+
+
 def int4_tensor(name: str, codes):
     """An ONNX INT4 TensorProto of int codes (any shape, values in -8..7), packed two per byte
     with the first element in the low nibble (the ONNX spec's INT4 layout), from numpy."""

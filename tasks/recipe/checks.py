@@ -382,8 +382,36 @@ def check_source_config(path: Path, r: Recipe) -> None:
                     f"found {bs} with {key} {n} in {f.name}",
                 )
             )
+    if bs and r.verify.backend == "htp" and not any(p[0] == "quantize.block_size" for p in problems):
+        problems += _simulator_block_problems(feats, bs, f.name)
     if problems:  # a model not implemented, and nothing else wrong: UnsupportedModel (the catalog lists it)
         unsupported = any(isinstance(p, Unsupported) for p in problems)
         raise (UnsupportedModel if unsupported and len(problems) == 1 else RecipeError)(
             path, [tuple(p) for p in problems]
         )
+
+
+def _simulator_block_problems(feats: dict, bs: int, name: str) -> list[tuple[str, str]]:
+    """``quantize.block_size`` that makes an LPBQ MatMul the HTP simulator crashes on
+    (:func:`tasks.qnn.weights.simulator_crashes`), for a recipe verified there (``verify.backend``
+    htp): refused at load, naming the in-features, the block count and the block sizes that
+    avoid it, instead of a verify that crashes after the whole build (issue 54: the 0.86 B
+    shape, hidden size 1024 in blocks of 128)."""
+    from tasks.qnn.weights import simulator_crashes
+
+    sizes = [n for n in feats.values() if isinstance(n, int) and n > 0]
+    bad = [(k, n) for k, n in feats.items() if isinstance(n, int) and simulator_crashes(n, bs)]
+    if not bad:
+        return []
+    key, n = bad[0]
+    ok = [b for b in (16, 32, 64, 128) if all(m % b == 0 and not simulator_crashes(m, b) for m in sizes)]
+    return [
+        (
+            "quantize.block_size",
+            f"expected a block size the HTP simulator can verify, found {bs}: {key} {n} in {name} makes "
+            f"{n // bs} blocks, and onnxruntime-qnn 2.7.0's HTP simulator crashes on LPBQ MatMuls of 7 to 9 "
+            f"blocks of 64 rows or more (benchmarks/lpbq_sim_crash.py); "
+            + (f"use block_size {' or '.join(map(str, ok))}, or " if ok else "")
+            + "verify.backend cpu-qdq",
+        )
+    ]

@@ -135,6 +135,42 @@ def test_block_size_must_divide_the_in_features(proj, block, bad):
     )
 
 
+@pytest.mark.parametrize(
+    "hidden, block, backend, bad",
+    [
+        (1024, 128, "htp", "hidden_size 1024 in config.json makes 8 blocks"),  # the 0.86 B shape (issue 54)
+        (896, 128, "htp", "hidden_size 896 in config.json makes 7 blocks"),  # Qwen2.5-0.5B's
+        (576, 64, "htp", "hidden_size 576 in config.json makes 9 blocks"),
+        (1024, 128, "cpu-qdq", None),  # not run on the simulator
+        (1024, 64, "htp", None),  # 16 blocks
+        (384, 32, "htp", None),  # 12 blocks
+        (256, 32, "htp", None),  # 8 blocks of 32 run
+    ],
+)
+def test_a_block_size_the_simulator_crashes_on_is_refused_when_verify_runs_there(proj, hidden, block, backend, bad):
+    """LPBQ MatMuls of 7 to 9 blocks of 64 rows or more crash onnxruntime-qnn 2.7.0's HTP
+    simulator (benchmarks/lpbq_sim_crash.py): a recipe verified there is refused at load, with
+    the block sizes that avoid it, instead of a verify that crashes after the whole build."""
+    enc = (
+        f"source: {{path: models/m}}\nquantize:\n  precision: w4a16\n  block_size: {block}\n"
+        "  calibration: {file: data/c.txt, samples: 2}\n"
+        f"verify:\n  backend: {backend}\n  data: {{file: data/v.txt, samples: 2}}\n"
+    )
+    errs = _errors(proj, enc, {"model_type": "bert", "hidden_size": hidden, "intermediate_size": 4 * hidden})
+    if bad is None:
+        assert errs == {}
+        return
+    assert list(errs) == ["quantize.block_size"], errs
+    msg = errs["quantize.block_size"]
+    assert msg.startswith(f"expected a block size the HTP simulator can verify, found {block}: {bad}, and "), msg
+    ok = {
+        1024: "use block_size 16 or 32 or 64, or",
+        896: "use block_size 16 or 32 or 64, or",
+        576: "use block_size 16 or 32, or",
+    }
+    assert msg.endswith(f"(benchmarks/lpbq_sim_crash.py); {ok[hidden]} verify.backend cpu-qdq"), msg
+
+
 def test_an_onnx_file_under_a_folder_family_is_refused_at_load(project):
     """Through the real CLI: an ONNX file given to the encoder family (it exports a model
     folder) is one load error naming source and the families that take a file, not an export
