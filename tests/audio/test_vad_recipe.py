@@ -11,6 +11,7 @@ import shutil
 import pytest
 
 from conftest import REPO, Project, card_python, run_snippet
+from llm_projects import assert_within_estimates, stage_manifests
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +41,14 @@ def test_vad_streams_held_out_speech_on_htp_as_fp32_does(vad):
     for s in r["samples"]:
         a, b = s["known_span"]
         assert 0 < a < b and s["spans"], s  # speech found where espeak-ng spoke
+
+
+def test_every_stage_stays_within_its_memory_estimate(vad):
+    """The budget's promise for the audio family (issue 54): every stage's process tree peak is
+    at most the estimate checked before it ran (its manifest's ``info["memory"]``)."""
+    mans = stage_manifests(vad, "silero-vad-w8a16")
+    assert {m["kind"] for m in mans.values()} >= {"download", "quantize", "compile", "verify"}
+    assert_within_estimates(mans)
 
 
 def test_the_if_is_folded_and_the_16_bit_convs_are_per_channel(vad):

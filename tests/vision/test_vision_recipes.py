@@ -15,6 +15,7 @@ import sys
 import pytest
 
 from conftest import REPO, Project, card_python, run_snippet
+from llm_projects import assert_within_estimates, stage_manifests
 
 SMALL = {  # recipe -> its calibration and verify sets here (the recipes': 32 / 20 lines, 4 / 3 pages + a photo,
     # 32 / 32 lines)
@@ -40,6 +41,15 @@ def ocr(tmp_path_factory):
     for n in SMALL:
         p.doit("run", f"publish:{n}")
     return p
+
+
+def test_every_stage_stays_within_its_memory_estimate(ocr):
+    """The budget's promise for the vision family (issue 54): every stage's process tree peak
+    is at most the estimate checked before it ran (its manifest's ``info["memory"]``)."""
+    for n in SMALL:
+        mans = stage_manifests(ocr, n)
+        assert {m["kind"] for m in mans.values()} >= {"download", "quantize", "compile", "verify"}, n
+        assert_within_estimates(mans)
 
 
 def _verify(p: Project, name: str) -> dict:
