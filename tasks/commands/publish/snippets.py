@@ -66,12 +66,23 @@ def _py(text: str) -> list[str]:
     return ["```python", *text.strip("\n").splitlines(), "```"]
 
 
+def _qnn_session(model: str, target: str) -> str:
+    """The snippet lines that open ``model`` (an EPContext model) with onnxruntime's QNN EP for
+    ``target`` (its provider options, tasks/qnn/ep.py), no CPU fallback: a ``session``."""
+    return f"""
+ort.register_execution_provider_library(onnxruntime_qnn.EP_NAME, onnxruntime_qnn.get_library_path())
+so = ort.SessionOptions()
+so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")  # fail rather than run on the CPU
+qnn = [d for d in ort.get_ep_devices() if d.ep_name == onnxruntime_qnn.EP_NAME]
+so.add_provider_for_devices(qnn, {json.dumps(provider_options(target))})  # {target}
+session = ort.InferenceSession("{model}", sess_options=so)"""
+
+
 def _encoder_snippet(lay: dict, files: dict[str, Path], recipe) -> list[str]:
     d, f = next(iter(lay["folders"].items()))
     rel = f["models"][0]
     rows = _onnx_io(files[rel])
     target = d or recipe.compile.targets[0]
-    opts = provider_options(target)
     L = next(r["shape"][1] for r in rows if r["name"] == "input_ids")
     feeds = "\n".join(
         f'    "{r["name"]}": enc["{r["name"]}"].astype(np.{r["dtype"].lower()}),'
@@ -99,13 +110,7 @@ import numpy as np
 import onnxruntime as ort
 import onnxruntime_qnn  # the QNN execution provider (a plugin of onnxruntime)
 from transformers import AutoTokenizer
-
-ort.register_execution_provider_library(onnxruntime_qnn.EP_NAME, onnxruntime_qnn.get_library_path())
-so = ort.SessionOptions()
-so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")  # fail rather than run on the CPU
-qnn = [d for d in ort.get_ep_devices() if d.ep_name == onnxruntime_qnn.EP_NAME]
-so.add_provider_for_devices(qnn, {json.dumps(opts)})  # {target}
-session = ort.InferenceSession("{rel}", sess_options=so)
+{_qnn_session(rel, target)}
 
 tok = AutoTokenizer.from_pretrained("{tokdir}")
 enc = tok(["The cat sat on the mat."], padding="max_length", truncation=True, max_length={L}, return_tensors="np")
@@ -277,20 +282,13 @@ def io_snippet(io: dict, target: str, tools: dict[str, str]) -> list[str]:
     ``model_ctx.onnx`` with onnxruntime's QNN EP for ``target``, makes an input here (a line of
     text drawn with Pillow's own font; one second of silence and one of a tone), preprocesses it
     as ``io.json`` says, runs it and reads the output. [] for an ``io.json`` with neither."""
-    opts = json.dumps(provider_options(target))
     head = f"""
 import json
 
 import numpy as np
 import onnxruntime as ort
 import onnxruntime_qnn  # the QNN execution provider (a plugin of onnxruntime)
-{"from PIL import Image, ImageDraw, ImageFont" if io.get("preprocess") else ""}
-ort.register_execution_provider_library(onnxruntime_qnn.EP_NAME, onnxruntime_qnn.get_library_path())
-so = ort.SessionOptions()
-so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")  # fail rather than run on the CPU
-qnn = [d for d in ort.get_ep_devices() if d.ep_name == onnxruntime_qnn.EP_NAME]
-so.add_provider_for_devices(qnn, {opts})  # {target}
-session = ort.InferenceSession("model_ctx.onnx", sess_options=so)
+{"from PIL import Image, ImageDraw, ImageFont" if io.get("preprocess") else ""}{_qnn_session("model_ctx.onnx", target)}
 io = json.load(open("io.json"))
 """
     if io.get("preprocess") and io.get("decode") in _DECODE:
