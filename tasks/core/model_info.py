@@ -73,7 +73,8 @@ def parameter_count(download: Entry, *exports: Entry) -> int | None:
     """The model's parameters: the elements of the tensors in the source's ``*.safetensors``
     files (headers only, through ``safetensors.safe_open``), what the model card of a Hugging
     Face model counts; a tied LM head is counted once. Without safetensors, the elements of the
-    floating-point initializers of the exports' fp32 ONNX graphs, unique by name across graphs
+    floating-point initializers and ``Constant`` nodes (paddle2onnx writes PP-OCR's weights as
+    Constant nodes) of the exports' fp32 ONNX graphs, unique by name across graphs
     (an LLM's graphs also hold constant rotary and mask tables and a tied head's copy: the tiny
     Qwen2 counts 2.57 M there, 2.36 M in its checkpoint). None when neither exists."""
     shards = sorted(download.out.rglob("*.safetensors"))
@@ -91,7 +92,14 @@ def parameter_count(download: Entry, *exports: Entry) -> int | None:
     graphs = sorted(p for export in exports for p in export.out.rglob("*.onnx"))
     for g in graphs:
         m = onnx.load(str(g), load_external_data=False)
-        for t in m.graph.initializer:
-            if t.data_type in _FLOAT_TYPES and t.name not in seen:
-                seen[t.name] = math.prod(t.dims)
+        consts = [
+            (n.output[0], a.t)
+            for n in m.graph.node
+            if n.op_type == "Constant"
+            for a in n.attribute
+            if a.name == "value"
+        ]
+        for name, t in [(t.name, t) for t in m.graph.initializer] + consts:
+            if t.data_type in _FLOAT_TYPES and name not in seen:
+                seen[name] = math.prod(t.dims)
     return sum(seen.values()) if graphs else None

@@ -90,6 +90,9 @@ def test_the_catalog_and_the_card_show_task_licence_metric_and_how_to_run_it(ocr
     assert "| text_exact_fp32 | 1.000000 | 0.95 |" in card
     shipped = sorted(f.name for f in (ocr.root / "dist" / "ppocrv4-rec-w8a16").iterdir())
     assert {"io.json", "metadata.json", "model_ctx.onnx", "model_ctx_qnn.bin"} <= set(shipped)
+    # parameters: paddle2onnx writes PP-OCR's weights as Constant nodes (the cls row said 0)
+    got = {n: rows[n]["parameters"] for n in SMALL}
+    assert got == {"ppocrv4-rec-w8a16": 2_690_352, "ppocrv4-det-w8a16": 1_171_841, "ppocr-cls-w8a16": 133_700}, got
 
 
 def test_the_page_pipeline_reads_a_page_through_the_published_bundles(ocr, tmp_path):
