@@ -108,10 +108,10 @@ def checker(thresholds: tuple) -> Callable[[Path, dict, dict], list[str]]:
                     pick = min if direction == "min" else max
                     w = pick(range(len(samples)), key=lambda i: samples[i][per_sample])
                     worst = (
-                        f"; worst sample #{w} ({per_sample}={samples[w][per_sample]:.4f}): "
+                        f"; worst sample #{w} ({per_sample}={samples[w][per_sample]:.5f}): "
                         f"{samples[w].get('text', '')!r}"
                     )
-                shown = apart(value, float(bar), 4)[0] if math.isfinite(value) else f"{value}"
+                shown = apart(value, float(bar), 5)[0] if math.isfinite(value) else f"{value}"
                 nan = "" if math.isfinite(value) else " (not a number: the compiled model gave NaN/inf)"
                 fails.append(f"{name} = {shown}{nan}, threshold {'>=' if direction == 'min' else '<='} {bar}{worst}")
         return fails

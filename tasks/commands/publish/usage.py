@@ -29,7 +29,7 @@ from tasks.commands.publish.snippets import _onnx_io, snippets
 #: what an input or output means, by name (regex, fullmatch); ``{S}``, ``{C}``, ``{V}`` filled in
 MEANINGS = (
     # encoders (optimum's text encoder inputs; transformers' output names)
-    (r"input_ids", "token ids from `tokenizer.json` (a prompt window is padded at its end)"),
+    (r"input_ids", "token ids from `tokenizer.json`, padded at the end to the graph's length"),
     (r"attention_mask", "1 for a real token, 0 for padding"),
     (r"token_type_ids", "segment ids: all 0 for one text"),
     (r"last_hidden_state", "each token's embedding (padding rows included: pool with attention_mask)"),
