@@ -282,6 +282,28 @@ def test_publish_refuses_stale_build(proj):
     assert run.code != 0 and "refusing to publish hub: it is not built" in run.log()
 
 
+def test_a_republished_recipe_leaves_one_archive_in_dist(project):
+    """A recipe published, rebuilt with another key and published again: dist/ holds the new
+    archive only (the earlier one, which no longer matches dist/<recipe>/, was a stale choice
+    a new user picked); another recipe whose name starts the same keeps its archive."""
+    project.recipe("t8")
+    project.recipe("t8-x")
+    project.doit("run", "build:t8", "build:t8-x")
+    project.doit("run", "publish:t8")
+    project.doit("run", "publish:t8-x")
+    dist = project.root / "dist"
+    (first,) = dist.glob("t8-????????????.tar.gz")
+    (other,) = dist.glob("t8-x-*.tar.gz")
+    project.recipe("t8", _tiny(**{"samples: 4": "samples: 5"}))  # quantize key changes: a new short key
+    project.doit("run", "build:t8")
+    run = project.doit("run", "publish:t8")
+    (second,) = dist.glob("t8-????????????.tar.gz")
+    assert second != first and not first.exists() and other.exists()
+    assert f"removed {first.name}: an earlier build's archive" in run.log(), run.log()
+    m = json.loads((dist / "t8" / "manifest.json").read_text())
+    assert second.name == f"t8-{m['build_key']}.tar.gz"
+
+
 # ------------------------------------------------------------ catalog
 
 

@@ -164,6 +164,18 @@ def _files(folder: Path) -> set[str]:
     return {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
 
 
+def _older_archives(dist: Path, recipe: str, current: Path) -> list[Path]:
+    """Archives (and their ``.sig``) of ``recipe`` in ``dist`` from other builds:
+    ``<recipe>-<12 hex>.tar.gz[.sig]`` other than ``current``. Left beside the new bundle they
+    were a stale choice ``dist/`` offered (a new user's report); another recipe's archive never
+    matches (the name is the recipe's, then exactly one short key)."""
+    import re
+
+    pat = re.compile(re.escape(recipe) + r"-[0-9a-f]{12}\.tar\.gz(\.sig)?")
+    keep = {current.name, current.name + ".sig"}
+    return sorted(p for p in dist.iterdir() if pat.fullmatch(p.name) and p.name not in keep and p.is_file())
+
+
 def _keep_signature(folder: Path, new: Path, new_archive: Path, sign) -> bool:
     """Before the bundle ``new`` (written beside it) replaces ``folder``: a signature in
     ``folder`` is never dropped silently. Without ``sign``, a signed ``folder`` whose
@@ -238,6 +250,9 @@ def publish(
         shutil.rmtree(folder)
     tmp_folder.replace(folder)
     tmp_archive.replace(plan["archive"])
+    for old in _older_archives(dist, recipe, plan["archive"]):  # the folder is the new archive's alone
+        old.unlink(missing_ok=True)
+        print(f"[publish:{recipe}] removed {old.name}: an earlier build's archive, not the bundle in {folder.name}/")
     print(
         f"[publish:{recipe}] {plan['folder']} ({file_count(plan['manifest'])} files) and {plan['archive']} "
         f"(sha256 {sha256_file(plan['archive'])[:16]}...)"
