@@ -5,7 +5,7 @@ tiny recipes' sources use it. ``.venv/bin/python scripts/tiny_llm.py [arch ...]`
 ``.fixtures/tiny-<arch>`` (what ``recipes/tiny-*.yaml`` read); no argument: every arch.
 
 Why trained: a random-init tiny LLM greedily repeats one token, so fp32 / QDQ / HTP outputs agree
-trivially and token-agreement tests cannot fail (see /work/shared/NOTES-qnn.md). These fixtures are
+trivially and token-agreement tests cannot fail. These fixtures are
 trained for a fixed number of steps on ``data/tiny-corpus.txt`` (~10.6 KB of plain English written
 for this repo), so greedy continuations are varied and confident.
 

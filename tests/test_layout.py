@@ -735,3 +735,20 @@ def test_the_skip_policy_fails_as_root_and_names_the_skip_otherwise(tmp_path):
     else:
         assert out.returncode == 0 and "1 skipped" in out.stdout, out.stdout + out.stderr
         assert "SKIPPED" in out.stdout and "a right this run lacks" in out.stdout, out.stdout
+
+
+def test_nothing_in_the_repo_points_at_notes_outside_it():
+    """Docstrings and docs say what an outside note found, never its path: the notes beside the
+    project are not in a clone (``../shared/NOTES-qnn.md`` was cited in 17 places)."""
+    import subprocess
+
+    files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    outside = ("NOTES-qnn", "NOTES-build", "../shared/", "/work/shared")
+    hits = [
+        f"{f}: {w}"
+        for f in files
+        if f.endswith((".py", ".md", ".yaml", ".toml", ".txt", ".sh")) and f != "tests/test_layout.py"
+        for w in outside
+        if w in (REPO / f).read_text(encoding="utf-8", errors="replace")
+    ]
+    assert not hits, hits

@@ -26,7 +26,8 @@ the same history, equal to fp32 rounding), whatever the number of tokens. Metric
 - ``perplexity_ratio``: perplexity of the compiled model over a short text (teacher forced
   through the prefill graphs) divided by fp32's perplexity over the same tokens;
 - ``reference_distinct_tokens`` per prompt: a continuation that repeats one token makes the
-  agreement test unable to fail (NOTES-qnn.md), so tests check it.
+  agreement test unable to fail (a random-weight tiny LLM does: scripts/tiny_llm.py), so tests
+  check it.
 
 ``runtime: genai`` (:mod:`tasks.llm.genai`): the compiled side's greedy tokens come from
 onnxruntime-genai driving the same graphs through a ``genai_config.json`` (written to a temporary
@@ -48,7 +49,7 @@ genai binaries, both cut before the first eos. The read-back covers the Genie bi
 (:func:`read_back_bundle`).
 
 Shared (weight-shared) binaries: on x86_64 loading a context binary that holds two graphs
-crashes the HTP simulator (NOTES-qnn.md; reproduced by tasks/llm/htp.load_shared_probe),
+crashes the HTP simulator (reproduced by tasks/llm/htp.load_shared_probe),
 so verify runs the per-graph binaries compiled from the same QDQ graphs (``verify.json``
 ``"ran"``). Before it runs anything, every binary, the shipped weight-shared ones included, is
 read back (:func:`read_back_bundle`, ``tasks/qnn/context_binary.py``): its graphs, every input and

@@ -72,7 +72,7 @@ def plan(p) -> list:
     targets = p.targets()
     qdq = {}  # part -> the stage whose QDQ graphs the part's compile reads
     # one binary per graph too: what ships without weight sharing, and what verify runs on the
-    # x86_64 HTP simulator, which crashes loading a weight-shared binary (NOTES-qnn.md); a
+    # x86_64 HTP simulator, which crashes loading a weight-shared binary (tasks/llm/htp.py load_shared_probe); a
     # weight-shared recipe verified on cpu-qdq (the 7B) compiles only the binary it ships
     per_graph = not r.compile.weight_sharing or r.verify.backend == "htp"
     genie = "genie" in r.bundle.runtimes  # Genie-layout graphs per part too (tasks/llm/genie/quantize.py)

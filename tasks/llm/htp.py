@@ -95,7 +95,7 @@ def compile_shared(
     Writes ``out_dir/{names[0]}_ctx.onnx``, ``out_dir/{names[1]}_ctx.onnx`` (both EPContext models
     reference the same ``.bin``) and the ``.bin`` (named after the first graph). Returns
     ``{"ctx": [prefill_ctx, decode_ctx], "bins": [...], "bin_bytes": int, "seconds": float}``.
-    Note: on x86_64 loading such a multi-graph binary segfaulted the simulator (NOTES-qnn.md);
+    Note: on x86_64 loading such a multi-graph binary segfaulted the simulator;
     use per-graph binaries (:func:`compile_single`) to verify there, or see
     :func:`load_shared_probe`.
     """

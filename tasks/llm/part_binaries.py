@@ -8,9 +8,9 @@ Per part ``i`` the stage writes:
   with ``ep.stop_share_ep_contexts=1``): the artifact to ship (``weight_sharing: true``);
 - ``part{i}/{prefill,decode}_ctx.onnx`` + one binary per graph: what ships without weight
   sharing, and what verify runs on the x86_64 HTP simulator, which crashes loading a two-graph
-  binary (NOTES-qnn.md, reproduced); made only when one of the two needs them (``per_graph``,
-  set by the plan: ``tasks/recipe/plan.py``), so a weight-shared LLM verified on ``cpu-qdq`` (the 7B)
-  compiles one binary per part, not three.
+  binary (a segfault, reproduced by :func:`tasks.llm.htp.load_shared_probe`); made only when
+  one of the two needs them (``per_graph``, set by the plan: ``tasks/recipe/plan.py``), so a
+  weight-shared LLM verified on ``cpu-qdq`` (the 7B) compiles one binary per part, not three.
 
 Every compile runs in a fresh process (a second compile in one process writes other tensor ids
 into the binary; see tasks/qnn/ep.py ``compile_in_subprocess``). What belongs to the whole

@@ -65,7 +65,7 @@ copies (transposed weights after constant folding, the serialized protobuf). onn
 model builder works the same way (graph from config + weights), but emits GroupQueryAttention /
 RotaryEmbedding contrib ops and dynamic shapes that QNN HTP does not run, so it is not used.
 Optimum's ``text-generation-with-past`` export brings a ``Where`` on the mask path (QNN error
-6007, NOTES-qnn.md), int64 ids and dynamic axes. The ops are the ones the earlier TorchScript
+6007 at compile), int64 ids and dynamic axes. The ops are the ones the earlier TorchScript
 export produced and that compiled fully on HTP: RMSNorm as Pow/ReduceMean/Add/Sqrt/Div/Mul,
 q/k/v/o and MLP projections as MatMul (+ Add for Qwen2's q/k/v biases), rotate-half RoPE with
 Slice/Neg/Concat, GQA without repeating K/V (the ``g`` query heads of a KV head are folded into

@@ -149,8 +149,8 @@ def fold_constants(
     Source: onnxruntime docs, "Graph Optimizations in ONNX Runtime"
     (onnxruntime.ai/docs/performance/model-optimizations/graph-optimizations.html: basic
     optimizations are semantics-preserving and EP-independent; online/offline mode with
-    optimized_model_filepath); NOTES-qnn.md (pipelines that compiled used "ORT basic
-    optimizations" before QDQ).
+    optimized_model_filepath); the pipelines that compiled on QNN HTP here ran onnxruntime's
+    basic optimizations before QDQ.
     """
     if level != "basic":
         raise ValueError(f"level must be 'basic', got {level!r}")

@@ -85,8 +85,8 @@ def int64_to_int32(model: onnx.ModelProto, inputs: str = r".*") -> PatchResult:
     means an op in ``SAME_T``/``SLOT_OK`` was misclassified). The caller must feed int32.
     Values are not range-checked at run time: ids/masks/positions are assumed < 2**31.
 
-    Source: NOTES-qnn.md "Known failure kinds on QNN HTP" (int64 tensors: cast or export as
-    int32); the Qwen2 fixture there compiled with int32 input_ids/position_ids. Type
+    Source: QNN HTP's known failure kinds (int64 tensors: cast or export as int32); a Qwen2
+    fixture compiled with int32 input_ids/position_ids. Type
     constraints from onnx/docs/Operators.md (Gather Tind, Cast T1, ...).
     """
     g = model.graph

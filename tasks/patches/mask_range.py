@@ -103,9 +103,9 @@ def mask_range(
     Errors: ValueError for scope not in {"mask", "all"}, a non-finite fill, or
     |fill| >= threshold.
 
-    Source: NOTES-qnn.md, "all-MiniLM-L6-v2, w8a16, naive pipeline" (cosine 0.30-0.57 until the
-    mask fill was fixed) and "Masks filled with the float minimum ruin 16-bit activation
-    ranges"; the Qwen2 fixture there compiled and matched with a 0/-1e4 mask.
+    Source: all-MiniLM-L6-v2 at w8a16 through the naive pipeline gave cosine 0.30-0.57 until
+    the mask fill was fixed (masks filled with the float minimum ruin 16-bit activation ranges;
+    tests/contract/test_contract.py); a Qwen2 fixture compiled and matched with a 0/-1e4 mask.
     """
     if scope not in ("mask", "all"):
         raise ValueError(f"scope must be 'mask' or 'all', got {scope!r}")

@@ -72,8 +72,8 @@ def rmsnorm_decompose(model: onnx.ModelProto, square: str = "mul") -> PatchResul
     the rank of X cannot be found (declared or by shape inference); ValueError when a third
     output is used.
 
-    Source: NOTES-qnn.md "Known failure kinds on QNN HTP" (SimplifiedLayerNormalization /
-    RMSNorm not supported or only in recent versions; rewrite into standard ops); operator
+    Source: QNN HTP's known failure kinds (SimplifiedLayerNormalization / RMSNorm not
+    supported, or only in recent QNN versions: rewrite into standard ops); operator
     definitions: onnx/docs/Operators.md#RMSNormalization, onnxruntime
     docs/ContribOperators.md (SimplifiedLayerNormalization, ORT's LayerNormalization family).
     """

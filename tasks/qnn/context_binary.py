@@ -2,7 +2,8 @@
 :mod:`tasks.qnn.context_binary_checks`).
 
 A context binary is what ships: the file a user copies to a Snapdragon machine. The x86_64 HTP
-simulator cannot load a weight-shared binary (two graphs in one file; ../shared/NOTES-qnn.md),
+simulator cannot load a weight-shared binary (two graphs in one file: it segfaults, reproduced by
+:func:`tasks.llm.htp.load_shared_probe`),
 but ``libQnnSystem.so`` from the onnxruntime-qnn wheel reads any binary's metadata without a
 backend or device: ``QnnSystemInterface_getProviders`` -> ``systemContextCreate`` ->
 ``systemContextGetBinaryInfo``. :func:`read` returns it as plain data (milliseconds for a

@@ -1,7 +1,7 @@
 """onnxruntime + the onnxruntime-qnn plugin EP: sessions that compile and run context binaries.
 
-Facts used here (../shared/NOTES-qnn.md, checked on this machine; onnxruntime "QNN Execution
-Provider" and "EPContext design" doc pages):
+Facts used here (checked on this machine; onnxruntime "QNN Execution Provider" and "EPContext
+design" doc pages):
 
 - the plugin is registered with ``onnxruntime.register_execution_provider_library`` and its
   devices are added with ``SessionOptions.add_provider_for_devices``;

@@ -48,7 +48,7 @@ TARGETS: dict[str, Target] = {
             "SC8380XP",
             "Snapdragon X Elite / X Plus laptops",
             "onnxruntime QNN EP docs and microsoft/olive-recipes QNN recipes (soc_model 60, htp_arch 73); "
-            "compiled and run here, ../shared/NOTES-qnn.md",
+            "compiled here and run on the x86_64 HTP simulator",
             dram_gbps=8448 * 16 / 1000,  # 135.2
             dram_source="LPDDR5x-8448 on a 128-bit bus: 8448 MT/s x 16 bytes = 135.2 GB/s (Qualcomm's X1E-84/80/78-100 "
             "spec as reported by notebookcheck.pl, 'Snapdragon X Elite: Qualcomm prezentuje trzy warianty', "

@@ -168,7 +168,7 @@ def _minilm_project(project):
 
 def test_naive_pipeline_is_caught_by_verify(project):
     """Without the mask-range patch the packaged MiniLM loses its embeddings at w8a16
-    (NOTES-qnn.md); verify (cpu-qdq: the loss is in quantization) fails with the metric, the
+    (cosine 0.30-0.57); verify (cpu-qdq: the loss is in quantization) fails with the metric, the
     threshold and the worst sentence."""
     _minilm_project(project)
     project.recipe(
