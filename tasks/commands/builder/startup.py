@@ -17,6 +17,7 @@ from tasks.store import paths
 from tasks.core import recipeset
 from tasks.core.session import Session
 from tasks.proc import interrupt
+from tasks.commands.builder import doitdb
 from tasks.commands.builder.reporter import console_reporter
 from tasks.commands.builder.threads import THREAD_MODE, thread_mode
 
@@ -153,6 +154,26 @@ def _did_you_mean(session: Session, groups) -> None:
     InvalidCommand.__str__ = __str__
 
 
+def _backend_option(argv: list[str]) -> list[str]:
+    """The problem with a ``--backend`` other than ``sqlite3`` on the command line: npubuild keeps
+    doit's database in SQLite (:mod:`.doitdb`); doit's json and dbm backends cannot read that
+    file, and doit's plain sqlite3 one held it locked beside a failed task (issue 51)."""
+    for i, a in enumerate(argv):
+        v = (
+            a.split("=", 1)[1]
+            if a.startswith("--backend=")
+            else argv[i + 1]
+            if a == "--backend" and i + 1 < len(argv)
+            else None
+        )
+        if v is not None and v != "sqlite3":
+            return [
+                f"--backend {v}: expected sqlite3 or no --backend (npubuild keeps doit's database in "
+                "SQLite, NPUBUILD_HOME/doit.sqlite3, which doit's other backends cannot read)"
+            ]
+    return []
+
+
 def _check_doit_db(path: Path) -> None:
     """Move doit's database aside (one warning) when SQLite cannot read it, before doit opens
     it: it holds only doit's own records (our up-to-date checks read the cache), so doit
@@ -167,6 +188,9 @@ def _check_doit_db(path: Path) -> None:
         with sqlite3.connect(path, timeout=60) as conn:
             conn.execute("SELECT name FROM sqlite_master").fetchall()
             bad = conn.execute("PRAGMA quick_check").fetchone()[0]
+            cols = [r[1] for r in conn.execute("PRAGMA table_info(doit)")]
+            if bad == "ok" and cols and cols != ["task_id", "task_data"]:  # another program's table
+                bad = f"table doit has columns {cols}, doit's are ['task_id', 'task_data']"
         conn.close()
     except sqlite3.DatabaseError as e:
         from tasks.store.digest import damaged
@@ -175,7 +199,11 @@ def _check_doit_db(path: Path) -> None:
             reset_database(path, e, "doit's database")
         return  # full, read-only, locked: doit says so when it writes; the file is valid
     if bad != "ok":
-        reset_database(path, sqlite3.DatabaseError(f"quick_check: {bad}"), "doit's database")
+        reset_database(
+            path,
+            sqlite3.DatabaseError(bad if bad.startswith("table doit") else f"quick_check: {bad}"),
+            "doit's database",
+        )
 
 
 def commands(namespace: dict) -> dict[str, str]:
@@ -334,7 +362,11 @@ def start(session: Session, namespace: dict) -> dict:
     doit asks), the doit database checks and ``doit list``'s listing and exit status; read the
     command line into ``session.request`` (:mod:`.command_line`). Returns DOIT_CONFIG: a plain
     ``doit`` runs ``recipes`` (:func:`creators`), never a build."""
-    if problems := environment_problems() + ([THREAD_MODE] if thread_mode(sys.argv[1:]) else []):
+    if (
+        problems := environment_problems()
+        + ([THREAD_MODE] if thread_mode(sys.argv[1:]) else [])
+        + _backend_option(sys.argv[1:])
+    ):
         sys.stderr.write("".join(f"npubuild: {p}\n" for p in problems))
         sys.exit(2)
     paths.state_dir().mkdir(parents=True, exist_ok=True)
@@ -344,12 +376,13 @@ def start(session: Session, namespace: dict) -> dict:
         session, lambda: [n[len("task_") :] for n in namespace if n.startswith("task_") and n != "task_stages"]
     )
     _check_doit_db(paths.state_dir() / "doit.sqlite3")
+    doitdb.install()
     _list_fails_on_invalid_recipes(session, namespace)
     from tasks.commands.builder.command_line import parse
 
     session.request = parse(sys.argv[1:])
     return {
-        "backend": "npubuild-sqlite",  # doit's sqlite3 (concurrent access), written once per run: doitdb.py
+        "backend": "sqlite3",  # the only doit backend that supports concurrent access (as doitdb.py installs it)
         "dep_file": str(paths.state_dir() / "doit.sqlite3"),
         "verbosity": 2,
         "default_tasks": ["recipes"],  # a plain `doit` lists (tasks named `doit build` build them all)
