@@ -41,7 +41,9 @@ def preflight(recipe) -> list[tuple[str, str]]:
     (:func:`genie_override_problems`) or that Genie's parser refuses (:func:`genie_parser_problems`)."""
     b = recipe.bundle
     if "genie" in b.runtimes and b.genie_config:
-        if unservable := genie_override_problems(b.genie_config, recipe.export.context_length):
+        if unservable := genie_override_problems(
+            b.genie_config, recipe.export.context_length, recipe.export.sequence_length
+        ):
             return unservable
         if missing := genie_library_missing():
             return [("bundle.runtimes", missing)]
@@ -87,14 +89,27 @@ SHIPPED_FILES = {
 }
 
 
-def genie_override_problems(over: dict, context_length: int) -> list[tuple[str, str]]:
+#: genie_config.json keys (path under ``dialog``) written from the model and its export, which
+#: the binaries are compiled for: an override ships a config they do not match (a stranger's
+#: ``kv-dim: 48`` on a head size of 32 shipped; the simulator did not notice)
+MODEL_FACTS = {
+    ("context", "n-vocab"): "the vocabulary (config.json vocab_size)",
+    ("engine", "backend", "QnnHtp", "kv-dim"): "the head size (head_dim)",
+    ("engine", "backend", "QnnHtp", "pos-id-dim"): "half the rotary dimension",
+    ("engine", "backend", "QnnHtp", "rope-theta"): "config.json rope_theta",
+}
+
+
+def genie_override_problems(over: dict, context_length: int, sequence_length: int = 1) -> list[tuple[str, str]]:
     """``(key path, message)`` for each key of ``bundle.genie_config`` (``over``, merged over
     the generated config at bundle time) that Genie's parser accepts but the bundle cannot
     serve, known from the recipe alone: ``dialog.context.size`` beyond ``context_length``
     (tokens; the binaries' KV cache and attention mask are compiled for it: Genie fails
-    creating the dialog only in verify, ~80 s in, issue 51 case 4), and a file the bundle
-    does not ship (:data:`SHIPPED_FILES`: another tokenizer path, extensions file or
-    ``ctx-bins``, which Genie opens relative to the bundle)."""
+    creating the dialog only in verify, ~80 s in, issue 51 case 4) or below
+    ``sequence_length`` (one prefill window), a value the bundle writes from the model
+    (:data:`MODEL_FACTS`), and a file the bundle does not ship (:data:`SHIPPED_FILES`: another
+    tokenizer path, extensions file or ``ctx-bins``, which Genie opens relative to the
+    bundle)."""
     from tasks.contract.schema import found
 
     d = over.get("dialog") if isinstance(over, dict) else None
@@ -110,6 +125,26 @@ def genie_override_problems(over: dict, context_length: int) -> list[tuple[str, 
                 f"compiled for), found {size}",
             )
         )
+    elif isinstance(size, int) and not isinstance(size, bool) and size < sequence_length:
+        bad.append(
+            (
+                "bundle.genie_config.dialog.context.size",
+                f"expected at least export.sequence_length {sequence_length} (one prefill window: a smaller "
+                f"context holds no prompt, and verify's Genie run gave no token), found {size}",
+            )
+        )
+    for path, what in MODEL_FACTS.items():
+        v = d
+        for k in path:
+            v = v.get(k, KeyError) if isinstance(v, dict) else KeyError
+        if v is not KeyError:
+            bad.append(
+                (
+                    f"bundle.genie_config.dialog.{'.'.join(path)}",
+                    f"expected no override (the bundle writes it from {what}, which the binaries are "
+                    f"compiled for), found {found(v)}",
+                )
+            )
     for path, shipped in SHIPPED_FILES.items():
         v = d
         for k in path:

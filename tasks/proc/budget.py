@@ -52,9 +52,9 @@ def budget_gib() -> float | None:
     machine = machine_bytes()
     if machine is not None and v * GiB > machine:
         raise InputError(
-            f"NPUBUILD_MEMORY_GB: {env} GiB is more than this machine has, {machine / GiB:.1f} GiB "
+            f"NPUBUILD_MEMORY_GB: {env} GiB is more than this machine has, {machine / GiB:.2f} GiB "
             "(MemTotal + SwapTotal, /proc/meminfo): a stage within it could still be killed for memory; "
-            f"set at most {math.floor(machine / GiB * 10) / 10:g}"
+            f"set at most {math.floor(machine / GiB * 100) / 100:g}"
         )
     return v
 

@@ -167,9 +167,9 @@ def test_stage_refuses_a_build_that_does_not_fit(tmp_path):
     over = f"{machine_bytes() / GiB + 1:.0f}"  # issue 51: a budget the machine cannot keep was taken
     proj.env["NPUBUILD_MEMORY_GB"] = over
     r = proj.doit("run", "build:tiny-qwen2-w8a16", check=False)
-    most = f"{int(machine_bytes() / GiB * 10) / 10:g}"
+    most = f"{int(machine_bytes() / GiB * 100) / 100:g}"
     assert r.code == 2 and r.log().strip() == (
-        f"npubuild: NPUBUILD_MEMORY_GB: {over} GiB is more than this machine has, {machine_bytes() / GiB:.1f} GiB "
+        f"npubuild: NPUBUILD_MEMORY_GB: {over} GiB is more than this machine has, {machine_bytes() / GiB:.2f} GiB "
         "(MemTotal + SwapTotal, /proc/meminfo): a stage within it could still be killed for memory; "
         f"set at most {most}"
     ), r.log()

@@ -188,6 +188,9 @@ def parse_config(text: str) -> tuple[int, str]:
         return 0, ""
     reasons = [ln.strip(" -") for ln in said.splitlines() if ln.strip().startswith("- at ")]
     first = next((ln.strip() for ln in said.splitlines() if "Failed" in ln or "failed" in ln), "")
-    why = "; ".join(reasons) or first or "no reason printed"
+    # Genie's own one-line reasons ("Unknown dialog config key: foo", "Invalid dialog config:
+    # dialog is not an object", "Missing dialog field: dialog"): the last line it wrote
+    last = next((ln.strip() for ln in reversed(said.splitlines()) if ln.strip() and not ln.startswith("STATUS")), "")
+    why = "; ".join(reasons) or first or last or "no reason printed"
     why = re.sub(r"(at least one subschema has failed, but all of them are required to validate - )+", "", why)
     return status, why

@@ -118,6 +118,7 @@ def test_genie_config_the_parser_refuses_is_refused_at_load(genie_project):
     for name, over, says in (
         ("bad-key", "{dialog: {engine: {n-threadz: 2}}}", ("at '/engine'", "'n-threadz'")),
         ("bad-type", "{dialog: {engine: {n-threads: two}}}", ("n-threads",)),
+        ("bad-key-top", "{foo: 1}", ("Unknown dialog config key: foo",)),  # Genie's own line, not "no reason"
     ):
         genie_project.recipe(
             f"tiny-qwen2-genie-{name}",
@@ -306,6 +307,27 @@ def test_genie_config_the_binaries_cannot_serve_is_refused_at_load(genie_project
         "binaries are compiled for), found 4096",
         "bundle.genie_config.dialog.tokenizer.path: expected 'tokenizer.json' (the file the bundle ships), "
         "found 'tok/tokenizer.json'",
+    ], lines
+    # a context below one prefill window (a stranger's size 8: verify's Genie gave no token after 84 s),
+    # and values the bundle writes from the model (kv-dim 48 on a head size of 32 shipped)
+    genie_project.recipe(
+        "tiny-qwen2-genie-unservable",
+        GENIE.replace(
+            "bundle: {runtimes: [genai, genie]}",
+            "bundle: {runtimes: [genai, genie], genie_config: {dialog: {context: {size: 8, n-vocab: 7}, "
+            "engine: {backend: {QnnHtp: {kv-dim: 48}}}}}}",
+        ),
+    )
+    run = genie_project.doit("run", "build:tiny-qwen2-genie-unservable", check=False)
+    assert run.code != 0 and run.ran() == [], run.log()
+    lines = run.tasks["build:tiny-qwen2-genie-unservable"]["error"].splitlines()
+    assert sorted(ln.strip() for ln in lines[1:]) == [
+        "bundle.genie_config.dialog.context.n-vocab: expected no override (the bundle writes it from the "
+        "vocabulary (config.json vocab_size), which the binaries are compiled for), found 7",
+        "bundle.genie_config.dialog.context.size: expected at least export.sequence_length 16 (one prefill "
+        "window: a smaller context holds no prompt, and verify's Genie run gave no token), found 8",
+        "bundle.genie_config.dialog.engine.backend.QnnHtp.kv-dim: expected no override (the bundle writes it "
+        "from the head size (head_dim), which the binaries are compiled for), found 48",
     ], lines
 
 
