@@ -83,13 +83,18 @@ def estimates(
     """Estimated peak bytes per LLM stage: ``{stage: (bytes, part index)}``, the largest part's
     (``only``: part ``only``'s, for a stage that builds one part).
 
-    - export: the part's largest tensor (the embedding table in part 0, where a host-side
-      lookup's ``.npy`` is written too, and the LM head in the last part; else the MLP's
-      ``hidden x intermediate``) at 6 bytes per element: the float32 copy and what writing it
-      adds. Measured: Qwen2.5-7B parts 0 and 3 (545 M-element tables) 3.09-3.51 GiB, parts
-      1-2 1.21-1.23 GiB (estimated: 3.85 and 1.18); Qwen2.5-0.5B parts 0 and 3 1.35-1.38 GiB
-      (1.56), parts 1-2 0.42 (0.82) (benchmarks/README.md). Per part, not per model: the
-      model's largest tensor at 8 bytes per element would be 4.9 GiB for each 7B part.
+    - export: the larger of the part's table (the embedding table in part 0, where a host-side
+      lookup's ``.npy`` is written too, and the LM head in the last part) at 6 bytes per element
+      (the float32 copy and what writing it adds) and its largest Linear weight
+      (``hidden x max(intermediate, heads x head_dim)``) at 12: the float32 tensor read (4), its
+      transposed contiguous copy (4; written without another copy: ``_WeightFile.add``), the
+      bf16 tensor while it converts (2), with room. Measured: Qwen2.5-7B parts 0 and 3 (545
+      M-element tables) 3.09-3.78 GiB (estimated 3.85); parts 1-2 1.32-1.35 GiB (1.56), and
+      1.21-1.48 when writing copied the tensor once more (1.18 estimated then: over);
+      Qwen2.5-0.5B parts 0 and 3 1.35-1.38 GiB (1.56), parts 1-2 0.42 (0.82)
+      (benchmarks/README.md). Per part, not per
+      model: the model's largest tensor at 8 bytes per element would be 4.9 GiB for each 7B
+      part.
     - quantize: onnxruntime's quantizer holds the part's float32 weights once, plus the
       quantized copies (<= 2 bytes per weight: 16-bit Gather tables), plus one call's
       activations: the attention scores [1, H, S, C] float32 a few times over and the part's
@@ -116,7 +121,8 @@ def estimates(
     for i, (lo, hi) in enumerate(ranges):
         if only is not None and i != only:
             continue
-        largest = V * D if i in (0, len(ranges) - 1) else D * max(config["intermediate_size"], H * d)
+        linear = D * max(config["intermediate_size"], H * d)
+        largest = V * D if i in (0, len(ranges) - 1) else 0
         n = part_params(config, lo, hi, i == 0, i == len(ranges) - 1, embed_in_part)
         table = V * D if (i == 0 and embed_in_part) else 0
         layers = hi - lo
@@ -124,7 +130,7 @@ def estimates(
         act = 4 * H * seq_len * context_len * 4 + 2 * kv
         qdq = (n - table) * weight_bits // 8 + table * 2
         cand = {
-            "export": BASE + 6 * largest,
+            "export": BASE + max(6 * largest, 12 * linear),
             "calibrate": BASE + int(4.2 * n) + act,
             "quantize": BASE + QUANTIZER + 4 * n + 2 * n + act,
             "compile": BASE + 8 * qdq,

@@ -115,7 +115,7 @@ class _WeightFile:
         if off % ALIGN:
             self.f.write(b"\0" * (ALIGN - off % ALIGN))
             off = self.f.tell()
-        self.f.write(arr.tobytes())
+        arr.tofile(self.f)  # no bytes copy: tobytes() held the tensor a second time (the 7B's export parts 1-2)
         t = onnx.TensorProto(
             name=name, data_type=onnx.TensorProto.FLOAT, dims=list(arr.shape), data_location=onnx.TensorProto.EXTERNAL
         )
