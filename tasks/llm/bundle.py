@@ -100,6 +100,13 @@ MODEL_FACTS = {
 }
 
 
+def _at(d: dict, path: tuple):
+    """The value at ``path`` in nested dicts ``d``, or KeyError (the class) when absent."""
+    for k in path:
+        d = d.get(k, KeyError) if isinstance(d, dict) else KeyError
+    return d
+
+
 def genie_override_problems(over: dict, context_length: int, sequence_length: int = 1) -> list[tuple[str, str]]:
     """``(key path, message)`` for each key of ``bundle.genie_config`` (``over``, merged over
     the generated config at bundle time) that Genie's parser accepts but the bundle cannot
@@ -134,10 +141,7 @@ def genie_override_problems(over: dict, context_length: int, sequence_length: in
             )
         )
     for path, what in MODEL_FACTS.items():
-        v = d
-        for k in path:
-            v = v.get(k, KeyError) if isinstance(v, dict) else KeyError
-        if v is not KeyError:
+        if (v := _at(d, path)) is not KeyError:
             bad.append(
                 (
                     f"bundle.genie_config.dialog.{'.'.join(path)}",
@@ -146,10 +150,7 @@ def genie_override_problems(over: dict, context_length: int, sequence_length: in
                 )
             )
     for path, shipped in SHIPPED_FILES.items():
-        v = d
-        for k in path:
-            v = v.get(k, KeyError) if isinstance(v, dict) else KeyError
-        if v is KeyError or v == shipped:
+        if (v := _at(d, path)) is KeyError or v == shipped:
             continue
         what = f"{shipped!r} (the file the bundle ships)" if shipped else "no ctx-bins (the bundle names its binaries)"
         bad.append((f"bundle.genie_config.dialog.{'.'.join(path)}", f"expected {what}, found {found(v)}"))
