@@ -45,10 +45,6 @@ def preflight(recipe) -> list[tuple[str, str]]:
             b.genie_config, recipe.export.context_length, recipe.export.sequence_length
         ):
             return unservable
-        if missing := genie_library_missing():
-            return [("bundle.runtimes", missing)]
-        if refused := genie_parser_problems(b.genie_config, recipe.export.context_length):
-            return refused
     if "genie" not in b.runtimes:
         if b.genie_config is not None:
             from tasks.contract.schema import found
@@ -63,6 +59,8 @@ def preflight(recipe) -> list[tuple[str, str]]:
     bad = []
     if missing := genie_library_missing():
         return [("bundle.runtimes", missing)]
+    if b.genie_config and (refused := genie_parser_problems(b.genie_config, recipe.export.context_length)):
+        return refused
     if recipe.export.embedding != "first-part":
         bad.append(("export.embedding: first-part", f"export.embedding: {recipe.export.embedding}"))
     if recipe.verify.backend != "htp":
@@ -123,8 +121,9 @@ def genie_override_problems(over: dict, context_length: int, sequence_length: in
     if not isinstance(d, dict):
         return []
     bad = []
-    size = (d.get("context") or {}).get("size") if isinstance(d.get("context"), dict) else None
-    if isinstance(size, int) and not isinstance(size, bool) and size > context_length:
+    size = _at(d, ("context", "size"))
+    size = size if isinstance(size, int) and not isinstance(size, bool) else None
+    if size is not None and size > context_length:
         bad.append(
             (
                 "bundle.genie_config.dialog.context.size",
@@ -132,7 +131,7 @@ def genie_override_problems(over: dict, context_length: int, sequence_length: in
                 f"compiled for), found {size}",
             )
         )
-    elif isinstance(size, int) and not isinstance(size, bool) and size < sequence_length:
+    elif size is not None and size < sequence_length:
         bad.append(
             (
                 "bundle.genie_config.dialog.context.size",

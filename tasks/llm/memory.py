@@ -92,9 +92,8 @@ def estimates(
       M-element tables) 3.09-3.78 GiB (estimated 3.85); parts 1-2 1.32-1.35 GiB (1.56), and
       1.21-1.48 when writing copied the tensor once more (1.18 estimated then: over);
       Qwen2.5-0.5B parts 0 and 3 1.35-1.38 GiB (1.56), parts 1-2 0.42 (0.82)
-      (benchmarks/README.md). Per part, not per
-      model: the model's largest tensor at 8 bytes per element would be 4.9 GiB for each 7B
-      part.
+      (benchmarks/README.md). Per part, not per model: the model's largest tensor at 8 bytes
+      per element would be 4.9 GiB for each 7B part.
     - quantize: onnxruntime's quantizer holds the part's float32 weights once, plus the
       quantized copies (<= 2 bytes per weight: 16-bit Gather tables), plus one call's
       activations: the attention scores [1, H, S, C] float32 a few times over and the part's
@@ -121,8 +120,8 @@ def estimates(
     for i, (lo, hi) in enumerate(ranges):
         if only is not None and i != only:
             continue
-        linear = D * max(config["intermediate_size"], H * d)
-        largest = V * D if i in (0, len(ranges) - 1) else 0
+        linear = D * max(config["intermediate_size"], H * d)  # the largest Linear weight
+        edge_table = V * D if i in (0, len(ranges) - 1) else 0  # the embedding table / LM head
         n = part_params(config, lo, hi, i == 0, i == len(ranges) - 1, embed_in_part)
         table = V * D if (i == 0 and embed_in_part) else 0
         layers = hi - lo
@@ -130,7 +129,7 @@ def estimates(
         act = 4 * H * seq_len * context_len * 4 + 2 * kv
         qdq = (n - table) * weight_bits // 8 + table * 2
         cand = {
-            "export": BASE + max(6 * largest, 12 * linear),
+            "export": BASE + max(6 * edge_table, 12 * linear),
             "calibrate": BASE + int(4.2 * n) + act,
             "quantize": BASE + QUANTIZER + 4 * n + 2 * n + act,
             "compile": BASE + 8 * qdq,

@@ -23,7 +23,8 @@ kind applied when the graph calls for it (not one per model), in this order:
    16-bit path upgrades by itself, so both precisions start from one graph.
 
 Measured on PP-OCRv4 det/rec, PP-OCR cls (rapidocr-onnxruntime 1.4.4) and Silero VAD 6.2.3
-(the vision and audio recipes' builds, tests/vision/ and tests/audio/). Shapes, dtypes: as the graph declares them.
+(the vision and audio recipes' builds, tests/vision/ and tests/audio/). Shapes, dtypes: as the
+graph declares them.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ storage) times one float scale per output channel::
 The EP fuses this into one MatMul with a ``BLOCKWISE_EXPANSION`` encoding whose block-scale
 bit width is 4: integer block scales above 16 compile but compute garbage on the HTP simulator
 (measured: ints up to 255 gave cosine -0.09 against the reference, 1..16 gave 1.000000, on
-v73/v75/v79; that was the first try's bug: cosine 0.004 on the simulator, 0.99997 on the CPU EP). The per-channel scale
-and the integer block scales are chosen by a squared-error search (:func:`lpbq_scales`;
+v73/v75/v79; that was the first try's bug: cosine 0.004 on the simulator, 0.99997 on the CPU
+EP). The per-channel scale and the integer block scales are chosen by a squared-error search (:func:`lpbq_scales`;
 onnxruntime-qnn's ``ConvertBlockQuantScalesToLpbq`` takes the largest block scale / 16 and
 rounds, the rule this module used first). HTP stores these weights at 4 bits plus about a byte per block (384 x 1536 at
 block 64: 405,504-byte binary, int8 per-channel 675,840).

@@ -158,14 +158,8 @@ def _backend_option(argv: list[str]) -> list[str]:
     """The problem with a ``--backend`` other than ``sqlite3`` on the command line: npubuild keeps
     doit's database in SQLite (:mod:`.doitdb`); doit's json and dbm backends cannot read that
     file, and doit's plain sqlite3 one held it locked beside a failed task (issue 51)."""
-    for i, a in enumerate(argv):
-        v = (
-            a.split("=", 1)[1]
-            if a.startswith("--backend=")
-            else argv[i + 1]
-            if a == "--backend" and i + 1 < len(argv)
-            else None
-        )
+    for a, nxt in zip(argv, argv[1:] + [None]):
+        v = a.split("=", 1)[1] if a.startswith("--backend=") else nxt if a == "--backend" else None
         if v is not None and v != "sqlite3":
             return [
                 f"--backend {v}: expected sqlite3 or no --backend (npubuild keeps doit's database in "
