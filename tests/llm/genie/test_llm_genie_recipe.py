@@ -110,6 +110,23 @@ def test_genie_runtime_adds_stages_and_leaves_the_genai_chain_alone(genie_projec
     assert all("-" not in genie[s] for s in same)  # real keys: the entries exist
 
 
+def _refused_at_load(project, name: str, override: str) -> list[str]:
+    """``tiny-qwen2-genie`` with ``bundle.genie_config: <override>`` as recipe ``name``, built:
+    refused when it loads, no stage run, no traceback; the build task's error lines (the file's
+    "N problem(s)" line, then one line per problem)."""
+    project.recipe(
+        name,
+        GENIE.replace(
+            "bundle: {runtimes: [genai, genie]}", f"bundle: {{runtimes: [genai, genie], genie_config: {override}}}"
+        ),
+    )
+    run = project.doit("run", f"build:{name}", check=False)
+    assert run.code != 0 and run.ran() == [], run.log()
+    err = run.tasks[f"build:{name}"]["error"]
+    assert "Traceback" not in err, err
+    return err.splitlines()
+
+
 def test_genie_config_the_parser_refuses_is_refused_at_load(genie_project):
     """A key Genie's schema does not know and a value of the wrong type, merged in through
     ``bundle.genie_config``: refused when the recipe loads, one line naming the key path,
@@ -120,18 +137,7 @@ def test_genie_config_the_parser_refuses_is_refused_at_load(genie_project):
         ("bad-type", "{dialog: {engine: {n-threads: two}}}", ("n-threads",)),
         ("bad-key-top", "{foo: 1}", ("Unknown dialog config key: foo",)),  # Genie's own line, not "no reason"
     ):
-        genie_project.recipe(
-            f"tiny-qwen2-genie-{name}",
-            GENIE.replace(
-                "extends: tiny-qwen2-w8a16\nbundle: {runtimes: [genai, genie]}",
-                f"extends: tiny-qwen2-w8a16\nbundle: {{runtimes: [genai, genie], genie_config: {over}}}",
-            ),
-        )
-        run = genie_project.doit("run", f"build:tiny-qwen2-genie-{name}", check=False)
-        assert run.code != 0 and run.ran() == [], run.log()
-        err = run.tasks[f"build:tiny-qwen2-genie-{name}"]["error"]
-        assert "Traceback" not in err, err
-        lines = err.splitlines()
+        lines = _refused_at_load(genie_project, f"tiny-qwen2-genie-{name}", over)
         assert lines[0].endswith(f"tiny-qwen2-genie-{name}.yaml: 1 problem(s)") and len(lines) == 2, lines
         assert (
             lines[1]
@@ -288,19 +294,11 @@ def test_genie_config_the_binaries_cannot_serve_is_refused_at_load(genie_project
     context beyond the binaries' 64 tokens and a tokenizer path it does not ship. Refused when
     the recipe loads, one line per key naming expected and found, no stage run (before: every
     stage built, then verify failed after ~80 s with Genie's reason at line 42 of 59)."""
-    genie_project.recipe(
+    lines = _refused_at_load(
+        genie_project,
         "tiny-qwen2-genie-unservable",
-        GENIE.replace(
-            "bundle: {runtimes: [genai, genie]}",
-            "bundle: {runtimes: [genai, genie], genie_config: {dialog: {context: {size: 4096}, "
-            "tokenizer: {path: tok/tokenizer.json}}}}",
-        ),
+        "{dialog: {context: {size: 4096}, tokenizer: {path: tok/tokenizer.json}}}",
     )
-    run = genie_project.doit("run", "build:tiny-qwen2-genie-unservable", check=False)
-    assert run.code != 0 and run.ran() == [], run.log()
-    err = run.tasks["build:tiny-qwen2-genie-unservable"]["error"]
-    assert "Traceback" not in err, err
-    lines = err.splitlines()
     assert lines[0].endswith("tiny-qwen2-genie-unservable.yaml: 2 problem(s)"), lines
     assert sorted(ln.strip() for ln in lines[1:]) == [
         "bundle.genie_config.dialog.context.size: expected at most export.context_length 64 (the context the "
@@ -310,17 +308,11 @@ def test_genie_config_the_binaries_cannot_serve_is_refused_at_load(genie_project
     ], lines
     # a context below one prefill window (a stranger's size 8: verify's Genie gave no token after 84 s),
     # and values the bundle writes from the model (kv-dim 48 on a head size of 32 shipped)
-    genie_project.recipe(
+    lines = _refused_at_load(
+        genie_project,
         "tiny-qwen2-genie-unservable",
-        GENIE.replace(
-            "bundle: {runtimes: [genai, genie]}",
-            "bundle: {runtimes: [genai, genie], genie_config: {dialog: {context: {size: 8, n-vocab: 7}, "
-            "engine: {backend: {QnnHtp: {kv-dim: 48}}}}}}",
-        ),
+        "{dialog: {context: {size: 8, n-vocab: 7}, engine: {backend: {QnnHtp: {kv-dim: 48}}}}}",
     )
-    run = genie_project.doit("run", "build:tiny-qwen2-genie-unservable", check=False)
-    assert run.code != 0 and run.ran() == [], run.log()
-    lines = run.tasks["build:tiny-qwen2-genie-unservable"]["error"].splitlines()
     assert sorted(ln.strip() for ln in lines[1:]) == [
         "bundle.genie_config.dialog.context.n-vocab: expected no override (the bundle writes it from the "
         "vocabulary (config.json vocab_size), which the binaries are compiled for), found 7",
